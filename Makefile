@@ -1,0 +1,22 @@
+# The two commands a new user needs: `make demo` (set-up + the main job) and `make test`.
+VENV ?= .venv
+BIN := $(VENV)/bin
+NPROC ?= 2
+DEMO_ARGS ?= --mode torch --parallel ddp --steps 20 --warmup-steps 5
+
+.PHONY: setup demo test tensorboard clean-logs
+
+setup:
+	VENV=$(VENV) bash launch/setup.sh
+
+demo: setup
+	$(BIN)/torchrun --standalone --nproc_per_node $(NPROC) -m harness.train $(DEMO_ARGS)
+
+test: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+tensorboard: setup
+	$(BIN)/tensorboard --logdir profiler_logs --host 127.0.0.1
+
+clean-logs:
+	find profiler_logs -mindepth 1 ! -name .gitkeep -exec rm -rf {} +

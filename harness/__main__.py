@@ -1,0 +1,3 @@
+from harness.train import main
+
+main()

@@ -1,0 +1,76 @@
+"""Command line of `harness.train`: flags generated from the config dataclasses.
+
+Each flag maps to one `section.field`; only flags the user typed override the TOML preset, so
+`--config configs/data.toml --steps 10` changes the steps and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import typing
+from pathlib import Path
+from typing import Any, NoReturn
+
+from harness.config import SECTIONS, ConfigError, TrainConfig, build_config, flag_of, load_toml
+
+EXIT_CONFIG = 2
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag on one line and exits with code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_CONFIG, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _value_type(annotation: Any) -> type:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return args[0] if args else annotation
+
+
+def build_parser(prog: str = "harness.train") -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog=prog, description="Run a lab workload under torch.profiler (torchrun for several ranks).")
+    parser.add_argument("--config", type=Path, default=None, help="TOML preset (configs/<mode>.toml); flags override it")
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(section, cls.__doc__)
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kwargs: dict[str, Any] = {
+                "dest": f"{section}.{f.name}",
+                "default": argparse.SUPPRESS,
+                "help": f"{f.metadata['help']} (default: {f.default})",
+            }
+            vtype = _value_type(hints[f.name])
+            if vtype is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["type"] = vtype
+                if f.metadata.get("choices"):
+                    kwargs["choices"] = f.metadata["choices"]
+            group.add_argument(flag_of(section, f), **kwargs)
+    return parser
+
+
+def parse_config(argv: list[str] | None = None, prog: str = "harness.train") -> TrainConfig:
+    """Parse flags (and the `--config` preset) into a validated TrainConfig.
+
+    Raises ConfigError for invalid values; argparse itself exits 2 for unknown flags.
+    """
+    args = vars(build_parser(prog).parse_args(argv))
+    preset = args.pop("config")
+    layers: list[dict[str, dict[str, Any]]] = []
+    if preset is not None:
+        layers.append(load_toml(preset))
+    cli: dict[str, dict[str, Any]] = {}
+    for dest, value in args.items():
+        section, name = dest.split(".", 1)
+        cli.setdefault(section, {})[name] = value
+    layers.append(cli)
+    return build_config(layers)
+
+
+def fail_config(prog: str, exc: ConfigError) -> NoReturn:
+    print(f"{prog}: invalid config: {exc}", file=sys.stderr)
+    raise SystemExit(EXIT_CONFIG)

@@ -1,0 +1,81 @@
+"""Process group, device choice and the parallel wrapper (none | DDP | FSDP2), plus compile."""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from harness.config import LaunchEnv, ParallelConfig, SpeedConfig
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+PG_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+def pick_device(env: LaunchEnv) -> torch.device:
+    """One GPU per LOCAL_RANK when CUDA is present, else the CPU."""
+    if env.cuda:
+        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def init_process_group(par: ParallelConfig, env: LaunchEnv, device: torch.device) -> None:
+    if par.parallel == "none" and not env.distributed:
+        return
+    kwargs = {"backend": par.backend, "timeout": PG_TIMEOUT}
+    if device.type == "cuda":
+        kwargs["device_id"] = device  # binds NCCL to this GPU eagerly
+    dist.init_process_group(**kwargs)
+
+
+def wrap_model(model: nn.Module, par: ParallelConfig, speed: SpeedConfig, device: torch.device) -> nn.Module:
+    """Move to the device and wrap for the chosen parallelism; compile last, over the wrapper."""
+    model = model.to(device)
+    if speed.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if par.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=par.bucket_cap_mb,
+            gradient_as_bucket_view=par.gradient_as_bucket_view,
+            static_graph=par.static_graph,
+        )
+    elif par.parallel == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        dtype = AMP_DTYPES.get(speed.amp)
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+        for block in model.blocks:
+            if any(True for _ in block.parameters()):
+                fully_shard(block, reshard_after_forward=par.reshard_after_forward, mp_policy=mp)
+        fully_shard(model, reshard_after_forward=par.reshard_after_forward, mp_policy=mp)
+    if speed.compile:
+        model = torch.compile(model, mode=None if speed.compile_mode == "default" else speed.compile_mode)
+    return model
+
+
+def build_optimizer(model: nn.Module, speed: SpeedConfig) -> torch.optim.Optimizer:
+    kwargs = {"lr": 1e-3}
+    if speed.fused_optimizer:
+        kwargs["fused"] = True
+    return torch.optim.AdamW(model.parameters(), **kwargs)
+
+
+def destroy_process_group(clean_exit: bool = True) -> None:
+    """Tear the group down; after a clean run, wait for every rank first.
+
+    Without the barrier a fast rank can destroy its gloo context while a peer's last collective
+    still talks to it, and the peer aborts at exit ("terminate called without an active
+    exception") after a successful run.
+    """
+    if dist.is_available() and dist.is_initialized():
+        if clean_exit:
+            dist.barrier()
+        dist.destroy_process_group()

@@ -1,0 +1,67 @@
+"""File-name templates shared by every writer and reader of `profiler_logs/<run>/`.
+
+One source of truth: the training job writes with these, the collector and the tests read with
+them. The trace name must match torch-tb-profiler's worker pattern
+`^(.*?)(\\.\\d+)?\\.pt\\.trace\\.json(?:\\.gz)?$` (group 1 = worker, group 2 = span).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+DEFAULT_LOG_DIR = "profiler_logs"
+
+# Worker part starts with the zero-padded rank so a plain sort is rank order, then the host.
+WORKER_TEMPLATE = "rank{rank:05d}-{host}"
+# The span is the 1-based profiler window, zero-padded because torch-tb-profiler sorts spans as
+# strings before turning them into indices.
+TRACE_TEMPLATE = "{worker}.{window:04d}.pt.trace.json.gz"
+# Written first, renamed to the final name when complete: never matches TRACE_PATTERN.
+PARTIAL_SUFFIX = ".partial"
+
+TRACE_PATTERN = re.compile(r"^(?P<worker>.*?)(?:\.(?P<span>\d+))?\.pt\.trace\.json(?:\.gz)?$")
+WORKER_RANK_PATTERN = re.compile(r"^rank(?P<rank>\d+)-(?P<host>.+)$")
+
+# Names inside the traces, written by the training loop and read by the collector.
+TRACE_METADATA_KEY = "harness"  # top-level trace key with run id, rank, host, mode, window
+RANGE_PREFIX = "harness:"  # record_function / NVTX range = RANGE_PREFIX + phase
+STEP_PHASES = ("data", "h2d", "forward", "loss", "backward", "optimizer")
+
+STEPS_DIR = "steps"
+STEPS_TEMPLATE = "rank{rank}.jsonl"
+RUN_FILE = "run.json"
+
+_HOST_UNSAFE = re.compile(r"[^A-Za-z0-9-]+")
+
+
+def safe_host(host: str) -> str:
+    """Host name reduced to letters, digits and '-', so it cannot break the trace pattern."""
+    cleaned = _HOST_UNSAFE.sub("-", host).strip("-")
+    return cleaned or "host"
+
+
+def worker_name(rank: int, host: str) -> str:
+    return WORKER_TEMPLATE.format(rank=rank, host=safe_host(host))
+
+
+def trace_path(run_dir: Path, rank: int, host: str, window: int) -> Path:
+    return run_dir / TRACE_TEMPLATE.format(worker=worker_name(rank, host), window=window)
+
+
+def partial_path(final: Path) -> Path:
+    """Temporary name a trace is written under; still gzip, never matched as a trace."""
+    return final.with_name(final.name.removesuffix(".gz") + PARTIAL_SUFFIX + ".gz")
+
+
+def steps_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / STEPS_DIR / STEPS_TEMPLATE.format(rank=rank)
+
+
+def run_file(run_dir: Path) -> Path:
+    return run_dir / RUN_FILE
+
+
+def list_traces(run_dir: Path) -> list[Path]:
+    """Complete trace files directly inside `run_dir`, in rank-then-window order."""
+    return sorted(p for p in run_dir.iterdir() if p.is_file() and TRACE_PATTERN.match(p.name))

@@ -1,0 +1,119 @@
+"""The run's identity (agreed by all ranks), its output folder, and `run.json`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.config import ConfigError, LaunchEnv, OutputConfig, TrainConfig
+from harness.paths import STEPS_DIR, TRACE_PATTERN, run_file
+
+MIN_FREE_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    name: str
+    run_id: str
+    started_at: str
+    dir: Path
+
+
+def host_name() -> str:
+    return socket.gethostname()
+
+
+def _holds_run(path: Path) -> bool:
+    if not path.is_dir():
+        return False
+    if (path / STEPS_DIR).exists() or run_file(path).exists():
+        return True
+    return any(TRACE_PATTERN.match(p.name) for p in path.iterdir())
+
+
+def check_output(out: OutputConfig) -> None:
+    """Fail before training, not at step 500: the log folder must be writable with room left,
+    and an explicit run name must not overwrite an earlier run."""
+    root = Path(out.log_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"x")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError("output.log_dir", f"cannot write to {root} ({exc.strerror}); pass a writable --log-dir") from None
+    free = shutil.disk_usage(root).free
+    if free < MIN_FREE_BYTES:
+        raise ConfigError("output.log_dir", f"{root} has only {free // 2**20} MiB free; free space or pass another --log-dir")
+    if out.run_name is not None and _holds_run(root / out.run_name) and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        raise ConfigError("output.run_name", f"{root / out.run_name} already holds a run; pick another --run-name or remove it")
+
+
+def agree_identity(cfg: TrainConfig, env: LaunchEnv) -> RunIdentity:
+    """Rank 0 picks the run name and id; every other rank receives them."""
+    payload: list[Any] = [None]
+    if env.rank == 0:
+        root = Path(cfg.output.log_dir)
+        started = time.strftime("%Y%m%d-%H%M%S")
+        name = cfg.output.run_name
+        if name is None:
+            base = f"{cfg.workload.mode}-{cfg.parallel.parallel}-ws{env.world_size}-{started}"
+            name, n = base, 1
+            while (root / name).exists():
+                n += 1
+                name = f"{base}-{n}"
+        payload = [(name, uuid.uuid4().hex[:12], started)]
+    if dist.is_initialized():
+        dist.broadcast_object_list(payload, src=0)
+    name, run_id, started = payload[0]
+    run_dir = Path(cfg.output.log_dir) / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return RunIdentity(name=name, run_id=run_id, started_at=started, dir=run_dir)
+
+
+def gather(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order (just `[obj]` without a process group)."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def device_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return "cpu"
+
+
+def write_run_json(ident: RunIdentity, cfg: TrainConfig, env: LaunchEnv, device: torch.device, ranks: list[dict[str, Any]]) -> Path:
+    doc = {
+        "run_name": ident.name,
+        "run_id": ident.run_id,
+        "started_at": ident.started_at,
+        "finished_at": time.strftime("%Y%m%d-%H%M%S"),
+        "config": cfg.to_dict(),
+        "world_size": env.world_size,
+        "hosts": sorted({r["host"] for r in ranks}),
+        "backend": cfg.parallel.backend if dist.is_initialized() else None,
+        "parallel": cfg.parallel.parallel,
+        "device": device_description(device),
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "ranks": ranks,
+    }
+    path = run_file(ident.dir)
+    tmp = path.with_suffix(".json.partial")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,123 @@
+"""Per-step statistics: the JSONL log (flushed every step), system samples and the summary."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, TextIO
+
+import psutil
+import torch
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 100].
+
+    1. sort the values;
+    2. position = q/100 * (n - 1);
+    3. interpolate between the two values around that position.
+    """
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = q / 100 * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, float | int]:
+    """Steady-state summary of one rank's step records (warm-up steps excluded).
+
+    1. keep the records not marked `warmup`;
+    2. mean, p50, p90, p99 and max of their `step_ms`;
+    3. throughput = samples in those steps / their summed step time in seconds;
+    4. `unprofiled_mean_step_ms`: the mean over steady steps the profiler was not recording or
+       warming up in (NaN when every steady step was profiled), to show the profiler's cost.
+    """
+    steady = [r for r in records if not r.get("warmup")]
+    times = [r["step_ms"] for r in steady]
+    total_s = sum(times) / 1e3
+    samples = sum(r["samples"] for r in steady)
+    return {
+        "steps": len(steady),
+        "mean_step_ms": _mean(times),
+        "p50_step_ms": percentile(times, 50),
+        "p90_step_ms": percentile(times, 90),
+        "p99_step_ms": percentile(times, 99),
+        "max_step_ms": max(times) if times else math.nan,
+        "mean_data_ms": _mean([r["data_ms"] for r in steady]),
+        "unprofiled_mean_step_ms": _mean([r["step_ms"] for r in steady if r.get("profiler", "off") in ("off", "wait")]),
+        "throughput_samples_s": samples / total_s if total_s > 0 else math.nan,
+    }
+
+
+class SystemSampler:
+    """Memory and CPU utilisation at the end of each step.
+
+    GPU: peak allocated/reserved bytes since the previous sample (the caching allocator counts
+    at enqueue time on the host, so no sync is needed). CPU: process RSS. Both: host CPU
+    utilisation (all cores) and this process's CPU use since the previous sample.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.proc = psutil.Process()
+        psutil.cpu_percent(interval=None)  # first call only primes the counters
+        self.proc.cpu_percent(interval=None)
+
+    def sample(self) -> dict[str, float | int]:
+        out: dict[str, float | int] = {
+            "rss_bytes": self.proc.memory_info().rss,
+            "host_cpu_util_pct": psutil.cpu_percent(interval=None),
+            "proc_cpu_pct": self.proc.cpu_percent(interval=None),
+        }
+        if self.cuda:
+            out["gpu_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            out["gpu_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return out
+
+
+class StepLog:
+    """Appends one JSON object per step to `steps/rank<R>.jsonl`, flushed as each is written.
+
+    Flushing per step means a rank killed mid-run leaves every finished step on disk.
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.records: list[dict[str, Any]] = []
+        self._fh: TextIO = path.open("a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        self._fh.write(json.dumps(record) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def format_rank_table(rows: list[dict[str, Any]]) -> str:
+    """Plain-text table of per-rank summaries, slowest mean step marked."""
+    cols = [("rank", "rank", "{}"), ("host", "host", "{}"), ("mean_step_ms", "mean ms", "{:.2f}"),
+            ("p50_step_ms", "p50 ms", "{:.2f}"), ("p90_step_ms", "p90 ms", "{:.2f}"),
+            ("p99_step_ms", "p99 ms", "{:.2f}"), ("max_step_ms", "max ms", "{:.2f}"),
+            ("mean_data_ms", "data ms", "{:.2f}"), ("throughput_samples_s", "samples/s", "{:.1f}")]
+    body = [[fmt.format(r[key]) for key, _, fmt in cols] for r in rows]
+    slowest = max(range(len(rows)), key=lambda i: rows[i]["mean_step_ms"]) if len(rows) > 1 else None
+    header = [title for _, title, _ in cols]
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
+    for i, b in enumerate(body):
+        mark = "  <- slowest" if i == slowest else ""
+        lines.append("  ".join(c.rjust(w) for c, w in zip(b, widths)) + mark)
+    return "\n".join(lines)

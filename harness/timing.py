@@ -1,0 +1,106 @@
+"""Per-step and per-phase timing that tells the truth on CPU and on GPU.
+
+On CPU the host clock is the device clock: phases are `perf_counter` differences.
+
+On GPU the host only enqueues work, so host time per phase says little. Each phase boundary also
+records a CUDA event on the current stream, and a step's numbers are resolved only once its last
+event has completed on the device. That costs no per-step synchronisation: the host keeps
+enqueuing the next step while the previous one is resolved (`poll`), and `drain` synchronises
+once, at the end of the run.
+
+Algorithm for one step on GPU:
+1. `data_ms` is host time blocked in the DataLoader (host-side by nature).
+2. every other phase is the device-stream time between consecutive events.
+3. `step_ms` is the device-stream time from this step's start event to its end event. The start
+   event completes when the previous step's work has drained, so steps never overlap in it.
+4. `outside_step_ms` is host time between the previous step's end and this step's start (the
+   profiler's step bookkeeping and trace export land there, not inside any step).
+On CPU the same quantities come from the host clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class _PendingStep:
+    step: int
+    extra: dict[str, Any]
+    host_marks: list[tuple[str, float]] = field(default_factory=list)
+    events: list[tuple[str, Any]] = field(default_factory=list)
+
+
+class StepClock:
+    """Marks phase boundaries; hands back finished step timings in order."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self._current: _PendingStep | None = None
+        self._pending: deque[_PendingStep] = deque()
+        self._last_end_host: float | None = None
+
+    def start(self, step: int) -> None:
+        self._current = _PendingStep(step=step, extra={})
+        self.mark("start")
+
+    def mark(self, label: str) -> None:
+        """Boundary after phase `label` ("start" opens the step)."""
+        cur = self._current
+        assert cur is not None, "start() first"
+        cur.host_marks.append((label, time.perf_counter()))
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            cur.events.append((label, event))
+
+    def finish(self, **extra: Any) -> None:
+        """Close the step; `extra` fields are passed through to its record."""
+        cur = self._current
+        assert cur is not None
+        self.mark("end")
+        cur.extra = extra
+        self._pending.append(cur)
+        self._current = None
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Finished steps whose device work is complete (all of them on CPU)."""
+        done = []
+        while self._pending and self._complete(self._pending[0]):
+            done.append(self._resolve(self._pending.popleft()))
+        return done
+
+    def drain(self) -> list[dict[str, Any]]:
+        if self.cuda and self._pending:
+            torch.cuda.synchronize()  # once, at the end of the run
+        return self.poll()
+
+    def _complete(self, p: _PendingStep) -> bool:
+        return not self.cuda or p.events[-1][1].query()
+
+    def _resolve(self, p: _PendingStep) -> dict[str, Any]:
+        host = p.host_marks
+        phases_ms: dict[str, float] = {}
+        if self.cuda:
+            ev = p.events
+            for (_, a), (label, b) in zip(ev[:-1], ev[1:]):
+                if label != "end":
+                    phases_ms[label] = a.elapsed_time(b)
+            step_ms = ev[0][1].elapsed_time(ev[-1][1])
+        else:
+            for (_, a), (label, b) in zip(host[:-1], host[1:]):
+                if label != "end":
+                    phases_ms[label] = (b - a) * 1e3
+            step_ms = (host[-1][1] - host[0][1]) * 1e3
+        outside_ms = 0.0 if self._last_end_host is None else (host[0][1] - self._last_end_host) * 1e3
+        self._last_end_host = host[-1][1]
+        # Data wait is host time blocked on the loader, on either device.
+        data_ms = next(((b - a) * 1e3 for (_, a), (label, b) in zip(host[:-1], host[1:]) if label == "data"), 0.0)
+        phases_ms["data"] = data_ms
+        return {"step": p.step, "step_ms": step_ms, "data_ms": data_ms, "outside_step_ms": outside_ms,
+                "phases_ms": phases_ms, **p.extra}

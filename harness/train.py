@@ -1,0 +1,86 @@
+"""`python -m harness.train` / `torchrun ... -m harness.train`: run one lab workload.
+
+Parse and validate the config (exit 2 before any process group on a bad value), build the
+workload, wrap it, train under the profiler, then write run.json and print the per-rank table.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from harness.cli import fail_config, parse_config
+from harness.config import ConfigError, LaunchEnv, TrainConfig, resolve_environment
+from harness.parallel import build_optimizer, destroy_process_group, init_process_group, pick_device, wrap_model
+from harness.paths import steps_path
+from harness.profiling import TraceRecorder
+from harness.run_info import RunIdentity, agree_identity, check_output, gather, host_name, write_run_json
+from harness.stats import StepLog, format_rank_table, summarize
+from harness.trainer import Trainer, build_loader
+from harness.workloads import build_workload
+
+PROG = "harness.train"
+
+
+def configure(argv: list[str] | None) -> tuple[TrainConfig, LaunchEnv]:
+    try:
+        env = LaunchEnv.from_environ()
+        cfg = resolve_environment(parse_config(argv, PROG), env)
+        check_output(cfg.output)
+    except ConfigError as exc:
+        fail_config(PROG, exc)
+    return cfg, env
+
+
+def train(cfg: TrainConfig, env: LaunchEnv) -> None:
+    device = pick_device(env)
+    if cfg.speed.cudnn_benchmark:
+        torch.backends.cudnn.benchmark = True
+    init_process_group(cfg.parallel, env, device)
+    ident = agree_identity(cfg, env)
+    host = host_name()
+    workload = build_workload(cfg.workload, cfg.data, env.rank)
+    model = wrap_model(workload.model, cfg.parallel, cfg.speed, device)
+    trainer = Trainer(cfg=cfg, model=model, optimizer=build_optimizer(model, cfg.speed), workload=workload,
+                      loader=build_loader(workload, cfg, device), device=device, rank=env.rank, host=host)
+    metadata = {"run_id": ident.run_id, "run_name": ident.name, "rank": env.rank, "local_rank": env.local_rank,
+                "world_size": env.world_size, "host": host, "mode": cfg.workload.mode, "parallel": cfg.parallel.parallel}
+    log = StepLog(steps_path(ident.dir, env.rank))
+    try:
+        with TraceRecorder(cfg.profiler, run_dir=ident.dir, rank=env.rank, host=host, cuda=device.type == "cuda", metadata=metadata) as rec:
+            trainer.run(rec, log)
+    finally:
+        log.close()
+    row = {"rank": env.rank, "local_rank": env.local_rank, "host": host, **summarize(log.records),
+           "final_loss": trainer.last_loss, "traces": [p.name for p in rec.written],
+           "steps_file": str(log.path.relative_to(ident.dir))}
+    rows = gather(row)
+    if env.rank == 0:
+        path = write_run_json(ident, cfg, env, device, rows)
+        report(ident, rows, path)
+
+
+def report(ident: RunIdentity, rows: list[dict], run_json: Path) -> None:
+    n_traces = sum(len(r["traces"]) for r in rows)
+    print(f"\n{PROG}: run {ident.name} finished ({len(rows)} rank(s), steady state, warm-up excluded)")
+    print(format_rank_table(rows))
+    print(f"traces:  {ident.dir}/ ({n_traces} file(s), one per rank per profiler window)")
+    print(f"steps:   {ident.dir}/steps/rank<R>.jsonl")
+    print(f"summary: {run_json}")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg, env = configure(argv)
+    clean = False
+    try:
+        train(cfg, env)
+        clean = True
+    finally:
+        destroy_process_group(clean_exit=clean)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""The training loop: one `train_step` per step, each phase inside its named range."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from harness.config import TrainConfig
+from harness.faults import StragglerInjector
+from harness.parallel import AMP_DTYPES
+from harness.profiling import TraceRecorder
+from harness.ranges import phase_range
+from harness.stats import StepLog, SystemSampler
+from harness.timing import StepClock
+from harness.workloads import Workload
+
+
+def build_loader(workload: Workload, cfg: TrainConfig, device: torch.device) -> DataLoader:
+    data = cfg.data
+    kwargs: dict[str, Any] = {
+        "batch_size": cfg.workload.batch_size,
+        "shuffle": True,
+        "drop_last": True,
+        "num_workers": data.num_workers,
+        "pin_memory": data.pin_memory and device.type == "cuda",  # pinning needs a GPU
+        "persistent_workers": data.persistent_workers,
+        "generator": torch.Generator().manual_seed(cfg.workload.seed),
+    }
+    if data.prefetch_factor is not None:
+        kwargs["prefetch_factor"] = data.prefetch_factor
+    return DataLoader(workload.dataset, **kwargs)
+
+
+def _endless(loader: DataLoader) -> Iterator[Any]:
+    """Batches forever; a new epoch restarts the iterator (and, without persistent workers,
+    the worker processes: that start-up cost is part of what the data lab shows)."""
+    while True:
+        yield from loader
+
+
+@dataclass
+class Trainer:
+    cfg: TrainConfig
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    workload: Workload
+    loader: DataLoader
+    device: torch.device
+    rank: int
+    host: str
+
+    def __post_init__(self) -> None:
+        speed = self.cfg.speed
+        self.amp_dtype = AMP_DTYPES.get(speed.amp)
+        self.scaler = torch.amp.GradScaler(self.device.type) if speed.amp == "fp16" else None
+        self.nvtx = self.device.type == "cuda"
+        self.clock = StepClock(cuda=self.device.type == "cuda")
+        self.straggler = StragglerInjector(self.cfg.straggler, self.rank)
+        self.loss_sum = torch.zeros((), device=self.device)
+        self.loss_steps = 0
+        self.last_loss: float | None = None
+        self.sampler = SystemSampler(self.device)
+
+    def _to_device(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = batch
+        nb = self.cfg.speed.non_blocking
+        x = x.to(self.device, non_blocking=nb)
+        y = y.to(self.device, non_blocking=nb)
+        if self.cfg.speed.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y
+
+    def train_step(self, batches: Iterator[Any], step: int, profiler_state: str = "off") -> None:
+        clock, strag = self.clock, self.straggler
+        clock.start(step)
+        with phase_range("data", self.nvtx):
+            batch = next(batches)
+            strag.maybe_delay("data", step)
+        clock.mark("data")
+        with phase_range("h2d", self.nvtx):
+            x, y = self._to_device(batch)
+        clock.mark("h2d")
+        autocast = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext()
+        with autocast:
+            with phase_range("forward", self.nvtx):
+                strag.maybe_delay("forward", step)
+                logits = self.model(x)
+            clock.mark("forward")
+            with phase_range("loss", self.nvtx):
+                loss = self.workload.loss(logits, y)
+            clock.mark("loss")
+        with phase_range("backward", self.nvtx):
+            strag.maybe_delay("backward", step)
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        clock.mark("backward")
+        with phase_range("optimizer", self.nvtx):
+            strag.maybe_delay("optimizer", step)
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        clock.mark("optimizer")
+        extra: dict[str, Any] = {"profiler": profiler_state}
+        if self.cfg.speed.sync_loss:
+            # note: a host-device sync point every step (the anti-pattern --sync-loss reproduces)
+            extra["loss"] = loss.item()
+        else:
+            self.loss_sum += loss.detach().float()
+            self.loss_steps += 1
+        clock.finish(**extra, **self.sampler.sample())
+
+    def run(self, recorder: TraceRecorder, log: StepLog) -> None:
+        batches = _endless(self.loader)
+        for step in range(self.cfg.workload.steps):
+            self.train_step(batches, step, recorder.state)
+            recorder.step()
+            for rec in self.clock.poll():
+                self._log(log, rec)
+        for rec in self.clock.drain():
+            self._log(log, rec)
+        if self.loss_steps:
+            # note: the one host sync for the loss, at the end of the run
+            self.last_loss = (self.loss_sum / self.loss_steps).item()
+
+    def _log(self, log: StepLog, rec: dict[str, Any]) -> None:
+        rec.update(rank=self.rank, host=self.host, samples=self.cfg.workload.batch_size,
+                   warmup=rec["step"] < self.cfg.workload.warmup_steps)
+        log.write(rec)

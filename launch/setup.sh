@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Set-up on a fresh machine: a virtual environment with the package and its dependencies.
+# Reuses a torch that the base Python already has (GPU clusters bring their own build);
+# otherwise installs TORCH_SPEC (default torch==2.13.0, a CPU build on this kind of machine).
+# Idempotent: re-running only installs what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+EXTRAS=${EXTRAS:-test}
+
+if [ ! -x "$VENV/bin/python" ]; then
+    if "$PYTHON" -c "import torch" 2>/dev/null; then
+        echo "setup: reusing the torch of $PYTHON ($("$PYTHON" -c 'import torch; print(torch.__version__)'))"
+        "$PYTHON" -m venv --system-site-packages "$VENV"
+    else
+        "$PYTHON" -m venv "$VENV"
+    fi
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    echo "setup: installing $TORCH_SPEC"
+    "${PIP[@]}" install "$TORCH_SPEC"
+fi
+stamp="$VENV/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)-$EXTRAS"
+if [ ! -f "$stamp" ]; then
+    echo "setup: installing the harness and its dependencies into $VENV"
+    "${PIP[@]}" install -e ".[$EXTRAS]"
+    rm -f "$VENV"/.installed-*
+    touch "$stamp"
+fi
+"$VENV/bin/python" -c "import torch, harness; print(f'setup: ok (torch {torch.__version__}, cuda {torch.cuda.is_available()})')"

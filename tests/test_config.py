@@ -1,0 +1,118 @@
+"""Config validation: bad values exit 2 with one line naming the field, before any process group."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cli import parse_config
+from harness.config import ConfigError, LaunchEnv, resolve_environment
+
+from conftest import REPO
+
+CONFIGS = sorted((REPO / "configs").glob("*.toml"))
+
+
+def env(world_size: int = 1, distributed: bool = False, cuda: bool = False) -> LaunchEnv:
+    return LaunchEnv(rank=0, local_rank=0, world_size=world_size, distributed=distributed, cuda=cuda, accelerate_fsdp=False)
+
+
+def test_defaults_resolve_to_none_single_process_and_ddp_under_torchrun() -> None:
+    cfg = parse_config([])
+    assert resolve_environment(cfg, env()).parallel.parallel == "none"
+    resolved = resolve_environment(cfg, env(world_size=2, distributed=True))
+    assert resolved.parallel.parallel == "ddp"
+    assert resolved.parallel.backend == "gloo"
+    assert resolve_environment(cfg, env(world_size=2, distributed=True, cuda=True)).parallel.backend == "nccl"
+
+
+def test_cli_overrides_preset_and_only_what_was_typed(tmp_path: Path) -> None:
+    preset = tmp_path / "p.toml"
+    preset.write_text('[workload]\nmode = "data"\nsteps = 50\n[data]\nnum_workers = 2\n')
+    cfg = parse_config(["--config", str(preset), "--steps", "9"])
+    assert (cfg.workload.mode, cfg.workload.steps, cfg.data.num_workers) == ("data", 9, 2)
+    assert cfg.workload.hidden == 256  # the data mode's default width
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["--steps", "-1"], "workload.steps"),
+        (["--steps", "5", "--warmup-steps", "5"], "workload.warmup_steps"),
+        (["--prefetch-factor", "2"], "data.prefetch_factor"),
+        (["--straggler-ms", "50"], "straggler.rank"),
+        (["--active", "0"], "profiler.active"),
+        (["--bucket-cap-mb", "0"], "parallel.bucket_cap_mb"),
+        (["--run-name", "../x"], "output.run_name"),
+    ],
+)
+def test_invalid_values_name_the_field(argv: list[str], field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(argv)
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("argv", "environment", "field"),
+    [
+        (["--parallel", "fsdp"], env(), "parallel.parallel"),
+        (["--straggler-rank", "2", "--straggler-ms", "5"], env(world_size=2, distributed=True), "straggler.rank"),
+        (["--backend", "nccl"], env(world_size=2, distributed=True), "parallel.backend"),
+    ],
+)
+def test_invalid_for_the_launch(argv: list[str], environment: LaunchEnv, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        resolve_environment(parse_config(argv), environment)
+    assert err.value.field == field
+
+
+def test_toml_errors_name_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[workload]\nmdoe = "data"\n')
+    with pytest.raises(ConfigError, match=r"workload\.mdoe: unknown key"):
+        parse_config(["--config", str(bad)])
+    bad.write_text('[workload]\nsteps = "ten"\n')
+    with pytest.raises(ConfigError, match=r"workload\.steps: 'ten' is not a int"):
+        parse_config(["--config", str(bad)])
+
+
+@pytest.mark.parametrize("preset", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_presets_are_valid(preset: Path) -> None:
+    cfg = parse_config(["--config", str(preset)])
+    if preset.stem in ("baseline", "data", "torch", "kernel", "comm"):
+        assert cfg.workload.mode == preset.stem
+
+
+def test_every_mode_has_a_preset() -> None:
+    assert {p.stem for p in CONFIGS} >= {"baseline", "data", "torch", "kernel", "comm"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--mode", "nope"], "invalid choice: 'nope'"),
+        (["--parallel", "fsdp"], "parallel.parallel: fsdp needs a process group"),
+        (["--steps", "0"], "workload.steps: 0 must be >= 1"),
+        (["--config", "/no/such.toml"], "config: file /no/such.toml does not exist"),
+    ],
+)
+def test_command_line_errors_exit_2_with_one_line(argv: list[str], needle: str, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "harness.train", "--log-dir", str(tmp_path), *argv],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_unwritable_log_dir_fails_before_training(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    proc = subprocess.run([sys.executable, "-m", "harness.train", "--log-dir", str(blocker / "logs")],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2
+    assert "output.log_dir: cannot write to" in proc.stderr
