@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -11,7 +12,7 @@ import psutil
 import torch
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float | None:
     """Linear-interpolated percentile, q in [0, 100].
 
     1. sort the values;
@@ -19,7 +20,7 @@ def percentile(values: list[float], q: float) -> float:
     3. interpolate between the two values around that position.
     """
     if not values:
-        return math.nan
+        return None
     xs = sorted(values)
     pos = q / 100 * (len(xs) - 1)
     lo = math.floor(pos)
@@ -27,18 +28,19 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
-def summarize(records: list[dict[str, Any]]) -> dict[str, float | int]:
+def summarize(records: list[dict[str, Any]]) -> dict[str, float | int | None]:
     """Steady-state summary of one rank's step records (warm-up steps excluded).
 
     1. keep the records not marked `warmup`;
     2. mean, p50, p90, p99 and max of their `step_ms`;
     3. throughput = samples in those steps / their summed step time in seconds;
     4. `unprofiled_mean_step_ms`: the mean over steady steps the profiler was not recording or
-       warming up in (NaN when every steady step was profiled), to show the profiler's cost.
+       warming up in (null when every steady step was profiled), to show the profiler's cost.
+    Figures over no steps are null (JSON has no NaN).
     """
     steady = [r for r in records if not r.get("warmup")]
     times = [r["step_ms"] for r in steady]
@@ -50,34 +52,40 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float | int]:
         "p50_step_ms": percentile(times, 50),
         "p90_step_ms": percentile(times, 90),
         "p99_step_ms": percentile(times, 99),
-        "max_step_ms": max(times) if times else math.nan,
+        "max_step_ms": max(times) if times else None,
         "mean_data_ms": _mean([r["data_ms"] for r in steady]),
         "unprofiled_mean_step_ms": _mean([r["step_ms"] for r in steady if r.get("profiler", "off") in ("off", "wait")]),
-        "throughput_samples_s": samples / total_s if total_s > 0 else math.nan,
+        "throughput_samples_s": samples / total_s if total_s > 0 else None,
     }
 
 
 class SystemSampler:
     """Memory and CPU utilisation at the end of each step.
 
-    GPU: peak allocated/reserved bytes since the previous sample (the caching allocator counts
-    at enqueue time on the host, so no sync is needed). CPU: process RSS. Both: host CPU
-    utilisation (all cores) and this process's CPU use since the previous sample.
+    Memory, every step: process RSS; on GPU also the peak allocated/reserved bytes since the
+    previous step (the caching allocator counts at enqueue time on the host, so no sync).
+    CPU utilisation (host, all cores; and this process) is a rate over a window: it is re-read
+    only once `cpu_window_s` has passed (reading /proc/stat costs ~50 us), and each step carries
+    the latest completed window's value.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, cpu_window_s: float = 0.1) -> None:
         self.cuda = device.type == "cuda"
         self.device = device
         self.proc = psutil.Process()
+        self.cpu_window_s = cpu_window_s
         psutil.cpu_percent(interval=None)  # first call only primes the counters
         self.proc.cpu_percent(interval=None)
+        self._cpu_read_at = time.monotonic()
+        self._cpu: dict[str, float | None] = {"host_cpu_util_pct": None, "proc_cpu_pct": None}  # no window yet
 
-    def sample(self) -> dict[str, float | int]:
-        out: dict[str, float | int] = {
-            "rss_bytes": self.proc.memory_info().rss,
-            "host_cpu_util_pct": psutil.cpu_percent(interval=None),
-            "proc_cpu_pct": self.proc.cpu_percent(interval=None),
-        }
+    def sample(self) -> dict[str, float | int | None]:
+        now = time.monotonic()
+        if now - self._cpu_read_at >= self.cpu_window_s:
+            self._cpu = {"host_cpu_util_pct": psutil.cpu_percent(interval=None),
+                         "proc_cpu_pct": self.proc.cpu_percent(interval=None)}
+            self._cpu_read_at = now
+        out: dict[str, float | int | None] = {"rss_bytes": self.proc.memory_info().rss, **self._cpu}
         if self.cuda:
             out["gpu_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
             out["gpu_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
@@ -112,8 +120,9 @@ def format_rank_table(rows: list[dict[str, Any]]) -> str:
             ("p50_step_ms", "p50 ms", "{:.2f}"), ("p90_step_ms", "p90 ms", "{:.2f}"),
             ("p99_step_ms", "p99 ms", "{:.2f}"), ("max_step_ms", "max ms", "{:.2f}"),
             ("mean_data_ms", "data ms", "{:.2f}"), ("throughput_samples_s", "samples/s", "{:.1f}")]
-    body = [[fmt.format(r[key]) for key, _, fmt in cols] for r in rows]
-    slowest = max(range(len(rows)), key=lambda i: rows[i]["mean_step_ms"]) if len(rows) > 1 else None
+    body = [["-" if r[key] is None else fmt.format(r[key]) for key, _, fmt in cols] for r in rows]
+    timed = [i for i, r in enumerate(rows) if r["mean_step_ms"] is not None]
+    slowest = max(timed, key=lambda i: rows[i]["mean_step_ms"]) if len(timed) > 1 else None
     header = [title for _, title, _ in cols]
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]

@@ -78,28 +78,33 @@ class Trainer:
 
     def train_step(self, batches: Iterator[Any], step: int, profiler_state: str = "off") -> None:
         clock, strag = self.clock, self.straggler
+        annotate = profiler_state == "record"
+
+        def rng(phase: str):
+            return phase_range(phase, annotate=annotate, nvtx=self.nvtx)
+
         clock.start(step)
-        with phase_range("data", self.nvtx):
+        with rng("data"):
             batch = next(batches)
             strag.maybe_delay("data", step)
         clock.mark("data")
-        with phase_range("h2d", self.nvtx):
+        with rng("h2d"):
             x, y = self._to_device(batch)
         clock.mark("h2d")
         autocast = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext()
         with autocast:
-            with phase_range("forward", self.nvtx):
+            with rng("forward"):
                 strag.maybe_delay("forward", step)
                 logits = self.model(x)
             clock.mark("forward")
-            with phase_range("loss", self.nvtx):
+            with rng("loss"):
                 loss = self.workload.loss(logits, y)
             clock.mark("loss")
-        with phase_range("backward", self.nvtx):
+        with rng("backward"):
             strag.maybe_delay("backward", step)
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         clock.mark("backward")
-        with phase_range("optimizer", self.nvtx):
+        with rng("optimizer"):
             strag.maybe_delay("optimizer", step)
             if self.scaler:
                 self.scaler.step(self.optimizer)

@@ -1,0 +1,130 @@
+"""Benchmark (not a test): what the harness and its profiler cost per training step.
+
+Measured side by side in one process, on the same model and data, repetitions alternated
+(A B C D A B C D ...) so drift and noise hit every variant alike:
+
+  A  minimal hand-written loop: next(batch) -> forward -> loss -> backward -> step -> zero_grad
+  B  the harness loop (Trainer.run) with --no-profile: ranges, timing, JSONL, psutil sampling
+  C  the harness loop with the profiler on but every timed step outside its window (wait)
+  D  the harness loop with every timed step inside the profiler's active window
+
+Each variant's figure is the median over repetitions of (wall time of N steps) / N, with
+warm-up steps run first and not timed. Ratios: B/A (target <= 1.02), C/B (target <= 1.02),
+D/B (the profiler's cost while recording, reported).
+
+    python bench/overhead.py --mode torch --steps 200 --reps 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from harness.cli import parse_config
+from harness.config import LaunchEnv, TrainConfig, resolve_environment
+from harness.parallel import build_optimizer, wrap_model
+from harness.profiling import TraceRecorder
+from harness.stats import StepLog
+from harness.trainer import Trainer, _endless, build_loader
+from harness.workloads import build_workload
+
+
+def make_trainer(cfg: TrainConfig) -> Trainer:
+    workload = build_workload(cfg.workload, cfg.data, rank=0)
+    device = torch.device("cpu")
+    model = wrap_model(workload.model, cfg.parallel, cfg.speed, device)
+    return Trainer(cfg=cfg, model=model, optimizer=build_optimizer(model, cfg.speed), workload=workload,
+                   loader=build_loader(workload, cfg, device), device=device, rank=0, host="bench")
+
+
+def time_minimal(trainer: Trainer, steps: int, warmup: int) -> float:
+    """Variant A: the loop a person would write by hand, same model, data and optimizer."""
+    model, opt, loss_fn = trainer.model, trainer.optimizer, trainer.workload.loss
+    batches = _endless(trainer.loader)
+    total = torch.zeros(())
+    t0 = 0.0
+    for step in range(warmup + steps):
+        if step == warmup:
+            t0 = time.perf_counter()
+        x, y = next(batches)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        total += loss.detach()
+    elapsed = time.perf_counter() - t0
+    total.item()
+    return elapsed / steps * 1e3
+
+
+def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out: Path) -> float:
+    """Variants B-D: Trainer.run for warmup + steps, timing only the last `steps` steps.
+
+    profiler: "off" (B), "wait" (C: window placed after the run) or "record" (D: the timed steps
+    are all inside the active window).
+    """
+    total = warmup + steps
+    prof = dataclasses.replace(base.profiler, profile=profiler != "off")
+    if profiler == "wait":
+        prof = dataclasses.replace(prof, wait=total + 10, warmup=0, active=1, repeat=1)
+    elif profiler == "record":
+        prof = dataclasses.replace(prof, wait=0, warmup=max(warmup - 1, 1), active=total, repeat=1)
+    cfg = dataclasses.replace(base, profiler=prof, workload=dataclasses.replace(base.workload, steps=total, warmup_steps=warmup))
+    trainer = make_trainer(cfg)
+    log = StepLog(out / f"{profiler}-{time.monotonic_ns()}.jsonl")
+    stamps: list[float] = []
+    original = trainer.train_step
+
+    def timed_step(*args, **kwargs):  # wall clock at each step start, plus the run's end
+        stamps.append(time.perf_counter())
+        return original(*args, **kwargs)
+
+    trainer.train_step = timed_step  # type: ignore[method-assign]
+    with TraceRecorder(prof, run_dir=out, rank=0, host="bench", cuda=False, metadata={}) as rec:
+        trainer.run(rec, log)
+        stamps.append(time.perf_counter())  # before the profiler's exit exports the trace
+    log.close()
+    return (stamps[-1] - stamps[warmup]) / steps * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", default="torch")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--record-steps", type=int, default=40,
+                    help="timed steps of variant D (recording holds every event in memory)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 = least noise)")
+    args, extra = ap.parse_known_args()
+    torch.set_num_threads(args.threads)
+    base = resolve_environment(parse_config(["--mode", args.mode, *extra]), LaunchEnv.from_environ({}, cuda=False))
+    results: dict[str, list[float]] = {k: [] for k in ("A minimal", "B harness off", "C outside window", "D inside window")}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        for rep in range(args.reps):
+            trainer = make_trainer(base)
+            results["A minimal"].append(time_minimal(trainer, args.steps, args.warmup))
+            results["B harness off"].append(time_harness(base, args.steps, args.warmup, "off", out))
+            results["C outside window"].append(time_harness(base, args.steps, args.warmup, "wait", out))
+            results["D inside window"].append(time_harness(base, args.record_steps, args.warmup, "record", out))
+            print(f"rep {rep + 1}/{args.reps}: " + ", ".join(f"{k.split()[0]}={v[-1]:.3f}" for k, v in results.items()), flush=True)
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(f"\nmode={args.mode} steps={args.steps} (D: {args.record_steps}) reps={args.reps} threads={args.threads} torch={torch.__version__}")
+    print(f"{'variant':<20}{'median ms/step':>16}{'min':>10}{'max':>10}")
+    for k, v in results.items():
+        print(f"{k:<20}{med[k]:>16.3f}{min(v):>10.3f}{max(v):>10.3f}")
+    a, b, c, d = med.values()
+    print(f"\n(a) harness off / minimal loop:     {b / a:.4f}  (target <= 1.02)")
+    print(f"(b) outside window / profiling off: {c / b:.4f}  (target <= 1.02)")
+    print(f"(c) inside window / profiling off:  {d / b:.4f}  (the profiler's cost while recording)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Exact numbers for the step-statistics functions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.stats import format_rank_table, percentile, summarize
+
+
+def test_percentile_interpolates_linearly() -> None:
+    xs = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(xs, 0) == 1.0
+    assert percentile(xs, 50) == 2.5
+    assert percentile(xs, 100) == 4.0
+    assert percentile(xs, 90) == pytest.approx(3.7)
+    assert percentile([], 50) is None
+
+
+def test_summary_skips_warmup_and_counts_throughput() -> None:
+    records = [
+        {"step": 0, "step_ms": 100.0, "data_ms": 50.0, "samples": 8, "warmup": True, "profiler": "wait"},
+        {"step": 1, "step_ms": 10.0, "data_ms": 1.0, "samples": 8, "warmup": False, "profiler": "wait"},
+        {"step": 2, "step_ms": 30.0, "data_ms": 3.0, "samples": 8, "warmup": False, "profiler": "record"},
+    ]
+    s = summarize(records)
+    assert s["steps"] == 2
+    assert s["mean_step_ms"] == 20.0
+    assert s["p50_step_ms"] == 20.0
+    assert s["max_step_ms"] == 30.0
+    assert s["mean_data_ms"] == 2.0
+    assert s["unprofiled_mean_step_ms"] == 10.0
+    assert s["throughput_samples_s"] == pytest.approx(16 / 0.040)
+
+
+def test_summary_of_nothing_is_valid_json() -> None:
+    s = summarize([{"step": 0, "step_ms": 1.0, "data_ms": 0.0, "samples": 1, "warmup": True}])
+    assert s["mean_step_ms"] is None
+    json.loads(json.dumps(s, allow_nan=False))
+    row = {"rank": 0, "host": "h", **s}
+    assert "-" in format_rank_table([row, {**row, "rank": 1}])
+
+
+def test_table_marks_the_slowest_rank() -> None:
+    base = summarize([{"step": 0, "step_ms": 10.0, "data_ms": 0.0, "samples": 1, "warmup": False}])
+    slow = summarize([{"step": 0, "step_ms": 30.0, "data_ms": 0.0, "samples": 1, "warmup": False}])
+    table = format_rank_table([{"rank": 0, "host": "a", **base}, {"rank": 1, "host": "b", **slow}])
+    lines = table.splitlines()
+    assert lines[2].endswith("<- slowest") and not lines[1].endswith("<- slowest")
