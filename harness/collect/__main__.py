@@ -1,0 +1,3 @@
+from harness.collect.cli import main
+
+main()

@@ -1,0 +1,133 @@
+"""`python -m harness.collect RUN_DIR [MORE ...]` (also `harness-collect`).
+
+Exit codes: 0 report written (a partial one too, with warnings saying what is missing);
+2 nothing could be analysed (no such path, no traces, every trace unreadable, runs mixed)
+or a bad option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import NoReturn
+
+from harness.collect.analysis import analyze
+from harness.collect.discover import InputError, find_trace_files, group_ranks
+from harness.collect.model import RankTrace
+from harness.collect.parse import TraceError, parse_trace
+from harness.collect.report import build_report, console_summary, write_report
+from harness.collect.stragglers import Thresholds
+
+PROG = "harness.collect"
+EXIT_INPUT = 2
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_INPUT, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def parse_steps(spec: str) -> set[int]:
+    """'3-7', '5,6,9' or a mix ('1-3,8') -> a set of step numbers."""
+    out: set[int] = set()
+    try:
+        for part in spec.split(","):
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                if int(hi) < int(lo):
+                    raise ValueError
+                out.update(range(int(lo), int(hi) + 1))
+            else:
+                out.add(int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid step list {spec!r}; use e.g. 3-7 or 5,6,9") from None
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    th = Thresholds()
+    p = _OneLineParser(prog=PROG, description="Merge per-rank PyTorch profiler traces, align their clocks, find "
+                                              "stragglers and communication/computation overlap gaps.")
+    p.add_argument("inputs", nargs="+", help="run folders, trace files or globs (several folders: one per node)")
+    p.add_argument("-o", "--output", type=Path, help="report folder (default: <first input folder>/report)")
+    p.add_argument("--steps", type=parse_steps, help="steps to analyse, e.g. 3-7 or 5,6,9 (default: all)")
+    p.add_argument("--no-align", action="store_true", help="do not align rank clocks")
+    p.add_argument("--no-merged", action="store_true", help="skip merged.pt.trace.json.gz (large for big traces)")
+    p.add_argument("--min-lag-ms", type=float, default=th.min_lag_ms, help="straggler: least blame per step, ms")
+    p.add_argument("--rel-lag", type=float, default=th.rel_lag, help="straggler: least blame per step as a share of the median step")
+    p.add_argument("--min-last-fraction", type=float, default=th.min_last_fraction,
+                   help="straggler: least share of steps it must be the last to arrive in")
+    p.add_argument("-j", "--jobs", type=int, default=0, help="parallel parsers (default: one per core)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
+    return p
+
+
+def _parse_one(path: Path) -> RankTrace | str:
+    try:
+        return parse_trace(path)
+    except TraceError as exc:
+        return str(exc)
+
+
+def parse_all(files: list[Path], jobs: int, progress: bool) -> tuple[list[RankTrace], list[str]]:
+    """Parse the traces, in parallel processes when there are several; bad files become warnings."""
+    jobs = min(jobs or os.cpu_count() or 1, len(files))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(files), desc="parsing traces", unit="rank", file=sys.stderr, disable=None)
+    results: list[RankTrace | str] = []
+    if jobs <= 1:
+        for f in files:
+            results.append(_parse_one(f))
+            bar and bar.update()
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for r in pool.map(_parse_one, files):
+                results.append(r)
+                bar and bar.update()
+    if bar:
+        bar.close()
+    traces = [r for r in results if isinstance(r, RankTrace)]
+    errors = [r for r in results if isinstance(r, str)]
+    return traces, errors
+
+
+def default_output(inputs: list[str], files: list[Path]) -> Path:
+    first = Path(inputs[0])
+    return (first if first.is_dir() else files[0].parent) / "report"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        files = find_trace_files(args.inputs)
+        traces, errors = parse_all(files, args.jobs, progress=not args.quiet and len(files) > 1)
+        for e in errors:
+            print(f"{PROG}: warning: skipped {e}", file=sys.stderr)
+        if not traces:
+            raise InputError(f"none of the {len(files)} file(s) is a readable profiler trace (see the warnings above)")
+        runset = group_ranks(traces)
+    except InputError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_INPUT) from None
+    runset.warnings[:0] = [f"skipped {e}" for e in errors]
+    thresholds = Thresholds(min_lag_ms=args.min_lag_ms, rel_lag=args.rel_lag, min_last_fraction=args.min_last_fraction)
+    analysis = analyze(runset, align=not args.no_align, thresholds=thresholds, steps=args.steps)
+    doc = build_report(analysis, args.inputs)
+    out = args.output or default_output(args.inputs, files)
+    write_report(doc, out)
+    if not args.no_merged:
+        from harness.collect.merged import write_merged
+
+        write_merged(analysis, out)
+    if not args.quiet:
+        print(console_summary(doc))
+        for w in analysis.warnings:
+            print(f"warning: {w}")
+    print(f"\nverdict: {doc['headline']}")
+    print(f"report:  {out}/report.md (also report.json, steps.csv{'' if args.no_merged else ', merged.pt.trace.json.gz'})")

@@ -1,0 +1,124 @@
+"""Find the trace files of one run among folders and globs, and group them by rank."""
+
+from __future__ import annotations
+
+import glob
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.collect.model import RankTrace
+from harness.paths import TRACE_PATTERN
+
+REPORT_DIR = "report"
+TRACE_SUFFIXES = (".json", ".json.gz")
+NOT_TRACES = {"run.json", "report.json"}
+
+
+class InputError(ValueError):
+    """The inputs cannot be analysed (nothing there, runs mixed, ...); the message says what to do."""
+
+
+def find_trace_files(inputs: list[str]) -> list[Path]:
+    """Trace files under the given folders, files and globs.
+
+    1. a glob is expanded; a file is taken as it is; a folder is searched recursively;
+    2. in a folder, files named like profiler traces (`*.pt.trace.json[.gz]`) are taken; if
+       there are none, any `*.json[.gz]` (third-party traces keep other names);
+    3. the collector's own output (`report/` folders, run.json) is never taken.
+    """
+    files: list[Path] = []
+    for item in inputs:
+        matches = [Path(m) for m in sorted(glob.glob(item))] if glob.has_magic(item) else [Path(item)]
+        if not matches or not any(m.exists() for m in matches):
+            raise InputError(f"{item}: no such file or folder")
+        for m in matches:
+            if m.is_dir():
+                files.extend(_traces_in(m))
+            elif m.is_file():
+                files.append(m)
+    unique = sorted({f.resolve(): f for f in files}.values(), key=lambda p: str(p))
+    if not unique:
+        raise InputError(f"no trace files (*.pt.trace.json[.gz] or *.json[.gz]) under {', '.join(inputs)}; "
+                         "point at a run folder such as profiler_logs/<run>")
+    return unique
+
+
+def _traces_in(folder: Path) -> list[Path]:
+    candidates = [p for p in folder.rglob("*") if p.is_file() and REPORT_DIR not in p.relative_to(folder).parts[:-1]
+                  and p.name not in NOT_TRACES and p.name.endswith(TRACE_SUFFIXES)]
+    named = [p for p in candidates if TRACE_PATTERN.match(p.name)]
+    return named or candidates
+
+
+@dataclass
+class RunSet:
+    """The ranks of one run: traces grouped by rank (several windows of a rank merged)."""
+
+    ranks: list[RankTrace]
+    world_size: int | None
+    missing: list[int] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    run_id: str | None = None
+
+
+def group_ranks(traces: list[RankTrace]) -> RunSet:
+    """One RankTrace per rank.
+
+    1. traces naming different harness run ids are refused (two runs in one folder);
+    2. several traces of one rank from the same run are its profiler windows: merged in time
+       order; two traces of one rank with the same first step are duplicates: the first (by path)
+       is kept and the others are reported;
+    3. missing ranks = 0..world_size-1 (from distributedInfo) minus the ranks present.
+    """
+    run_ids = {t.run_id for t in traces if t.run_id}
+    if len(run_ids) > 1:
+        by_run = {rid: sorted(Path(t.path).parent.name + "/" + Path(t.path).name for t in traces if t.run_id == rid)[:2]
+                  for rid in sorted(run_ids)}
+        detail = "; ".join(f"run {rid}: {', '.join(files)}" for rid, files in by_run.items())
+        raise InputError(f"traces of {len(run_ids)} different runs are mixed ({detail}); collect one run at a time")
+    by_rank: dict[int, list[RankTrace]] = {}
+    for t in sorted(traces, key=lambda t: t.path):
+        by_rank.setdefault(t.rank, []).append(t)
+    ranks: list[RankTrace] = []
+    duplicates: list[str] = []
+    warnings: list[str] = []
+    for rank in sorted(by_rank):
+        parts = by_rank[rank]
+        kept: list[RankTrace] = []
+        seen_first_steps: dict[int | None, str] = {}
+        for t in parts:
+            first = t.steps[0].number if t.steps else None
+            if first in seen_first_steps:
+                duplicates.append(f"rank {rank}: {t.path} duplicates {seen_first_steps[first]} (ignored)")
+                continue
+            seen_first_steps[first] = t.path
+            kept.append(t)
+        ranks.append(_merge_windows(kept))
+    sizes = {t.world_size for t in traces if t.world_size}
+    world_size = max(sizes) if sizes else None
+    if len(sizes) > 1:
+        warnings.append(f"traces disagree on the world size ({sorted(sizes)}); using {world_size}")
+    missing = sorted(set(range(world_size)) - set(by_rank)) if world_size else []
+    return RunSet(ranks=ranks, world_size=world_size, missing=missing, duplicates=duplicates,
+                  warnings=warnings + duplicates, run_id=next(iter(run_ids), None))
+
+
+def _merge_windows(parts: list[RankTrace]) -> RankTrace:
+    if len(parts) == 1:
+        return parts[0]
+    base = parts[0].base_us
+    parts = sorted((p.shifted(base - p.base_us) for p in parts), key=lambda t: t.steps[0].start_us if t.steps else 0.0)
+    first = parts[0]
+    merged = RankTrace(
+        rank=first.rank, world_size=first.world_size, host=first.host, path=", ".join(p.path for p in parts),
+        run_id=first.run_id, device="gpu" if any(p.device == "gpu" for p in parts) else "cpu",
+        steps=[s for p in parts for s in p.steps], comms=[c for p in parts for c in p.comms],
+        compute=sorted(b for p in parts for b in p.compute), warnings=[w for p in parts for w in p.warnings],
+        steps_source=first.steps_source, rank_source=first.rank_source, base_us=first.base_us,
+    )
+    counters: dict[str, int] = {}
+    for c in merged.comms:
+        c.seq = counters.get(c.pg, 0)
+        counters[c.pg] = c.seq + 1
+    return merged

@@ -1,0 +1,74 @@
+"""Parsed, per-rank view of a trace: what every analysis reads. No torch, no I/O.
+
+Times are microseconds on the rank's own clock, already shifted so that every rank of a run
+shares one epoch (see `parse.py`); clock alignment between hosts is applied later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+Interval = tuple[float, float]  # (start_us, end_us)
+Busy = tuple[float, float, "int | None", str]  # (start_us, end_us, step it belongs to, kernel/op name)
+
+
+@dataclass(kw_only=True)
+class CommOp:
+    """One collective as seen by one rank: its communication interval on the device/worker."""
+
+    name: str  # normalised collective name: allreduce, allgather, reduce_scatter, ...
+    pg: str  # process group name ("default" when the trace does not say)
+    start_us: float
+    end_us: float
+    nelems: int | None = None
+    dtype: str | None = None
+    step: int | None = None
+    seq: int = -1  # index within its process group on this rank, set by parse
+    thread: tuple = ()  # the raw (pid, tid) it ran on, to place it in the merged trace
+
+    @property
+    def dur_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+@dataclass(kw_only=True)
+class Step:
+    number: int
+    start_us: float
+    end_us: float
+    phases_us: dict[str, float] = field(default_factory=dict)  # harness:<phase> durations
+    phase_spans: list[tuple[str, float, float]] = field(default_factory=list)  # (phase, start_us, end_us)
+    top_ops_us: dict[str, float] = field(default_factory=dict)  # main-thread top-level op durations
+
+    @property
+    def dur_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+@dataclass(kw_only=True)
+class RankTrace:
+    rank: int
+    world_size: int | None
+    host: str
+    path: str
+    run_id: str | None
+    device: str  # "gpu" when the trace has GPU kernels, else "cpu"
+    steps: list[Step]
+    comms: list[CommOp]
+    compute: list[Busy]  # device compute intervals, sorted by start (GPU: step of launch)
+    base_us: float = 0.0  # the trace's time origin (baseTimeNanoseconds / 1e3, else 0)
+    warnings: list[str] = field(default_factory=list)
+    steps_source: str = "ProfilerStep"  # or "harness ranges" or "whole trace"
+    rank_source: str = "distributedInfo"  # or "file name"
+
+    def shifted(self, offset_us: float) -> "RankTrace":
+        """A copy with every timestamp moved by -offset_us (clock alignment)."""
+        from dataclasses import replace
+
+        return replace(
+            self,
+            steps=[replace(s, start_us=s.start_us - offset_us, end_us=s.end_us - offset_us,
+                           phase_spans=[(p, a - offset_us, b - offset_us) for p, a, b in s.phase_spans]) for s in self.steps],
+            comms=[replace(c, start_us=c.start_us - offset_us, end_us=c.end_us - offset_us) for c in self.comms],
+            compute=[(a - offset_us, b - offset_us, st, n) for a, b, st, n in self.compute],
+        )

@@ -1,0 +1,250 @@
+"""Read one rank's Kineto/Chrome trace into a `RankTrace`.
+
+What is taken from where (the format facts are in ../shared/design.md):
+1. rank: `distributedInfo.rank`, else the harness metadata, else the file name (with a warning);
+2. steps: `ProfilerStep#N` on the main thread, else the harness phase ranges, else one window;
+3. communication: NCCL/RCCL kernels on GPU (identity from their args, else from the kernel name)
+   and `gloo:*` ranges on gloo worker threads;
+4. compute: GPU kernels that are not communication (memcpy/memset/sync are neither); on a trace
+   with no GPU kernels, the main thread's `aten::` ops;
+5. a GPU interval belongs to the step its launch (matched by correlation id) happened in.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import re
+import zlib
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from harness.collect.model import Busy, CommOp, RankTrace, Step
+from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_METADATA_KEY, WORKER_RANK_PATTERN, TRACE_PATTERN
+
+
+class TraceError(ValueError):
+    """A file that cannot be read as a profiler trace; the message says which and why."""
+
+
+NCCL_KERNEL = re.compile(r"^(?:nccl|rccl)(?:Dev)?Kernel_(?P<coll>[A-Za-z]+)", re.IGNORECASE)
+GLOO_RANGE = re.compile(r"^gloo:(?P<coll>\w+)")
+STEP_NAME = re.compile(r"^ProfilerStep#(?P<n>\d+)$")
+FILE_RANK = re.compile(r"(?:rank|worker)[-_]?(?P<rank>\d+)", re.IGNORECASE)
+LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "hip_runtime"}
+
+
+def canonical_collective(name: str) -> str:
+    """`all_reduce`, `AllReduce`, `allreduce` -> `allreduce` (letters only, lower case)."""
+    return re.sub(r"[^a-z]", "", name.lower())
+
+
+def load_json(path: Path) -> dict[str, Any]:
+    """The trace document; gzip is recognised by its magic bytes, not the file name."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
+    if not raw:
+        raise TraceError(f"{path}: empty file")
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceError(f"{path}: corrupt or truncated gzip ({exc})") from None
+    try:
+        doc = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: not valid JSON ({exc.__class__.__name__}: {exc}); truncated file?") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise TraceError(f"{path}: JSON without a traceEvents list; not a PyTorch profiler trace")
+    return doc
+
+
+def _rank_of(doc: dict[str, Any], path: Path, warnings: list[str]) -> tuple[int, int | None, str]:
+    info = doc.get("distributedInfo")
+    meta = doc.get(TRACE_METADATA_KEY) if isinstance(doc.get(TRACE_METADATA_KEY), dict) else {}
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        return info["rank"], info.get("world_size"), "distributedInfo"
+    if isinstance(meta.get("rank"), int):
+        return meta["rank"], meta.get("world_size"), "harness metadata"
+    m = TRACE_PATTERN.match(path.name)
+    worker = m["worker"] if m else path.name
+    wm = WORKER_RANK_PATTERN.match(worker) or FILE_RANK.search(worker)
+    if wm:
+        warnings.append(f"{path.name}: no distributedInfo; rank {int(wm['rank'])} taken from the file name")
+        return int(wm["rank"]), None, "file name"
+    raise TraceError(f"{path}: no distributedInfo and no rank in the file name; rename it to rank<N>.pt.trace.json")
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return None
+    return None
+
+
+def _complete_events(events: list[Any]) -> list[dict[str, Any]]:
+    """`ph: X` events with numeric ts and a non-negative dur (others cannot be placed in time)."""
+    out = []
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        ts, dur = _num(e.get("ts")), _num(e.get("dur"))
+        if ts is None or dur is None or dur < 0:
+            continue
+        e["ts"], e["dur"] = ts, dur
+        out.append(e)
+    out.sort(key=lambda e: e["ts"])
+    return out
+
+
+def _main_thread(events: list[dict[str, Any]]) -> tuple[Any, Any] | None:
+    for e in events:
+        if e.get("cat") == "user_annotation" and STEP_NAME.match(str(e.get("name", ""))):
+            return e.get("pid"), e.get("tid")
+    busy: dict[tuple[Any, Any], float] = defaultdict(float)
+    for e in events:
+        if e.get("cat") == "cpu_op":
+            busy[(e.get("pid"), e.get("tid"))] += e["dur"]
+    return max(busy, key=busy.get) if busy else None
+
+
+def _steps(events: list[dict[str, Any]], main: tuple[Any, Any] | None, warnings: list[str], name: str) -> tuple[list[Step], str]:
+    on_main = [e for e in events if (e.get("pid"), e.get("tid")) == main]
+    steps: dict[int, Step] = {}
+    for e in on_main:
+        m = STEP_NAME.match(str(e.get("name", "")))
+        if m and not str(e.get("cat", "")).startswith("gpu"):
+            n = int(m["n"])
+            if n not in steps:
+                steps[n] = Step(number=n, start_us=e["ts"], end_us=e["ts"] + e["dur"])
+    if steps:
+        return sorted(steps.values(), key=lambda s: s.start_us), "ProfilerStep"
+    first = RANGE_PREFIX + STEP_PHASES[0]
+    marks = [e for e in on_main if e.get("name") == first]
+    if marks:
+        warnings.append(f"{name}: no ProfilerStep#N markers; steps taken from the harness ranges")
+        ends = [e["ts"] for e in marks[1:]] + [max(x["ts"] + x["dur"] for x in on_main)]
+        return [Step(number=i, start_us=e["ts"], end_us=end) for i, (e, end) in enumerate(zip(marks, ends))], "harness ranges"
+    if not events:
+        return [], "whole trace"
+    warnings.append(f"{name}: no ProfilerStep#N markers or harness ranges; the whole trace is one step")
+    start = events[0]["ts"]
+    end = max(e["ts"] + e["dur"] for e in events)
+    return [Step(number=0, start_us=start, end_us=end)], "whole trace"
+
+
+class _StepIndex:
+    """Which step contains a host timestamp (steps sorted by start, non-overlapping)."""
+
+    def __init__(self, steps: list[Step]) -> None:
+        self.steps = steps
+        self.starts = [s.start_us for s in steps]
+
+    def at(self, ts: float) -> int | None:
+        i = bisect.bisect_right(self.starts, ts) - 1
+        if i >= 0 and ts <= self.steps[i].end_us:
+            return self.steps[i].number
+        return None
+
+
+def _top_level(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Events (sorted by start) not nested inside an earlier one."""
+    out: list[dict[str, Any]] = []
+    end = -float("inf")
+    for e in events:
+        if e["ts"] >= end:
+            out.append(e)
+            end = e["ts"] + e["dur"]
+    return out
+
+
+def parse_trace(path: Path, doc: dict[str, Any] | None = None) -> RankTrace:
+    """Parse one trace file (see the module docstring for what comes from where)."""
+    warnings: list[str] = []
+    doc = load_json(path) if doc is None else doc
+    rank, world_size, rank_source = _rank_of(doc, path, warnings)
+    meta = doc.get(TRACE_METADATA_KEY) if isinstance(doc.get(TRACE_METADATA_KEY), dict) else {}
+    host = str(meta.get("host") or doc.get("host_name") or "unknown")
+    base_ns = _num(doc.get("baseTimeNanoseconds")) or 0.0
+    events = _complete_events(doc["traceEvents"])
+    main = _main_thread(events)
+    steps, steps_source = _steps(events, main, warnings, path.name)
+    index = _StepIndex(steps)
+    by_number = {s.number: s for s in steps}
+
+    for e in events:
+        if (e.get("pid"), e.get("tid")) != main or e.get("cat") != "user_annotation":
+            continue
+        name = str(e.get("name", ""))
+        if name.startswith(RANGE_PREFIX):
+            st = index.at(e["ts"])
+            if st is not None:
+                step = by_number[st]
+                phase = name[len(RANGE_PREFIX):]
+                step.phases_us[phase] = step.phases_us.get(phase, 0.0) + e["dur"]
+                step.phase_spans.append((phase, e["ts"], e["ts"] + e["dur"]))
+    main_ops = [e for e in events if (e.get("pid"), e.get("tid")) == main and e.get("cat") == "cpu_op"]
+    for e in _top_level(main_ops):
+        st = index.at(e["ts"])
+        if st is not None:
+            ops = by_number[st].top_ops_us
+            ops[e["name"]] = ops.get(e["name"], 0.0) + e["dur"]
+
+    launch_ts: dict[Any, float] = {}
+    for e in events:
+        if e.get("cat") in LAUNCH_CATS:
+            corr = (e.get("args") or {}).get("correlation")
+            if corr is not None:
+                launch_ts[corr] = e["ts"]
+
+    comms: list[CommOp] = []
+    compute: list[Busy] = []
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    for e in kernels:
+        args = e.get("args") or {}
+        launched = launch_ts.get(args.get("correlation"), e["ts"])
+        step = index.at(launched)
+        m = NCCL_KERNEL.match(str(e.get("name", "")))
+        if m:
+            coll = args.get("Collective name") or m["coll"]
+            comms.append(CommOp(name=canonical_collective(str(coll)), pg=str(args.get("Process Group Name", "default")),
+                                start_us=e["ts"], end_us=e["ts"] + e["dur"], nelems=_int(args.get("In msg nelems")),
+                                dtype=args.get("dtype"), step=step, thread=(e.get("pid"), e.get("tid"))))
+        else:
+            compute.append((e["ts"], e["ts"] + e["dur"], step, str(e.get("name", ""))))
+    for e in events:
+        if e.get("cat") != "user_annotation":
+            continue
+        m = GLOO_RANGE.match(str(e.get("name", "")))
+        if m:
+            comms.append(CommOp(name=canonical_collective(m["coll"]), pg="default", start_us=e["ts"],
+                                end_us=e["ts"] + e["dur"], step=index.at(e["ts"]), thread=(e.get("pid"), e.get("tid"))))
+    if not kernels:
+        for e in main_ops:
+            if str(e.get("name", "")).startswith("aten::"):
+                compute.append((e["ts"], e["ts"] + e["dur"], index.at(e["ts"]), str(e["name"])))
+    comms.sort(key=lambda c: c.start_us)
+    compute.sort()
+    counters: dict[str, int] = defaultdict(int)
+    for c in comms:
+        c.seq = counters[c.pg]
+        counters[c.pg] += 1
+    return RankTrace(rank=rank, world_size=world_size if isinstance(world_size, int) else None, host=host,
+                     path=str(path), run_id=meta.get("run_id"), device="gpu" if kernels else "cpu", steps=steps,
+                     comms=comms, compute=compute, warnings=warnings, steps_source=steps_source,
+                     rank_source=rank_source, base_us=base_ns / 1e3)
+
+
+def _int(v: Any) -> int | None:
+    n = _num(v)
+    return int(n) if n is not None else None
