@@ -2,7 +2,10 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 NPROC ?= 2
-DEMO_ARGS ?= --mode torch --parallel ddp --steps 20 --warmup-steps 5
+DEMO_RUN := demo-$(shell date +%Y%m%d-%H%M%S)
+# A 2-rank torch-mode DDP run with rank 1 made slow in its data phase, then the collector.
+DEMO_ARGS ?= --mode torch --parallel ddp --steps 20 --warmup-steps 5 --active 6 \
+	--straggler-rank 1 --straggler-ms 30 --straggler-phase data
 
 .PHONY: setup demo test tensorboard clean-logs
 
@@ -10,7 +13,8 @@ setup:
 	VENV=$(VENV) bash launch/setup.sh
 
 demo: setup
-	$(BIN)/torchrun --standalone --nproc_per_node $(NPROC) -m harness.train $(DEMO_ARGS)
+	$(BIN)/torchrun --standalone --nproc_per_node $(NPROC) -m harness.train $(DEMO_ARGS) --run-name $(DEMO_RUN)
+	$(BIN)/python -m harness.collect profiler_logs/$(DEMO_RUN)
 
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -133,3 +133,26 @@ def test_existing_run_name_is_refused_not_overwritten(log_dir: Path) -> None:
     again = run_harness(["--mode", "torch", *QUICK], log_dir, nproc=None, check=False)
     assert again.proc.returncode == 2
     assert "already holds a run" in again.proc.stderr
+
+
+def test_speed_knobs_run_and_sync_loss_logs_every_loss(log_dir: Path) -> None:
+    run = run_harness(["--mode", "baseline", "--arch", "cnn", "--channels-last", "--amp", "bf16", "--fused-optimizer",
+                       "--sync-loss", "--non-blocking", "--cudnn-benchmark", "--static-graph", "--gradient-as-bucket-view",
+                       "--bucket-cap-mb", "1", *QUICK], log_dir)
+    check_run(run, world_size=2)
+    assert all(isinstance(r["loss"], float) for r in run.steps(0))
+    assert run.run_json["config"]["speed"]["amp"] == "bf16"
+
+
+def test_fp16_grad_scaler_and_data_workers(log_dir: Path) -> None:
+    run = run_harness(["--mode", "data", "--amp", "fp16", "--num-workers", "2", "--persistent-workers",
+                       "--prefetch-factor", "2", "--pin-memory", *QUICK, *SMALL["data"]], log_dir, nproc=None)
+    check_run(run, world_size=1)
+    assert run.run_json["ranks"][0]["final_loss"] > 0
+
+
+def test_compile(log_dir: Path) -> None:
+    run = run_harness(["--mode", "baseline", "--compile", *QUICK, "--hidden", "32"], log_dir, nproc=None, timeout=600)
+    check_run(run, world_size=1)
+    steps = run.steps(0)
+    assert steps[0]["step_ms"] > steps[-1]["step_ms"]  # the first step pays for compilation

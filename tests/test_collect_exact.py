@@ -1,0 +1,170 @@
+"""The collector's analyses on hand-built traces whose answers are known exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.collect.analysis import analyze
+from harness.collect.discover import group_ranks
+from harness.collect.overlap import intersect, merge, subtract
+from harness.collect.parse import parse_trace
+from harness.collect.report import build_report
+
+from tracebuild import GLOO, GpuRank, document, shift_doc, step, write, x
+
+
+def test_interval_algebra() -> None:
+    assert merge([(5, 6), (0, 2), (1, 3)]) == [(0, 3), (5, 6)]
+    assert intersect([(0, 3), (5, 6)], [(2, 5.5)]) == [(2, 3), (5, 5.5)]
+    assert subtract([(0, 10)], [(2, 3), (5, 6)]) == [(0, 2), (3, 5), (6, 10)]
+    assert subtract([(0, 3)], [(0, 3)]) == []
+
+
+def gpu_docs(arrive1_us: float = 500.0, end_us: float = 700.0, period_us: float = 1000.0) -> list[dict]:
+    """Two ranks, two steps. Per step on each rank (times relative to the step's base t):
+    compute [t+100, t+400] and [t+period-200, t+period-100]; an allreduce from t+300 (rank 0)
+    or t+arrive1 (rank 1) to t+end on both (a blocking collective ends together)."""
+    docs = []
+    for rank, arrive in ((0, 300.0), (1, arrive1_us)):
+        g = GpuRank()
+        events = []
+        for n, t in ((1, 0.0), (2, period_us)):
+            events.append(step(n, t, period_us))
+            g.kernel("volta_sgemm_128x64_nn", t + 10, t + 100, 300)
+            g.allreduce(t + 20, t + arrive, end_us - arrive)
+            g.kernel("vectorized_elementwise_kernel", t + 30, t + period_us - 200, 100)
+        docs.append(document(events + g.events, rank))
+    return docs
+
+
+def run_analysis(tmp_path: Path, docs: list[dict], **kw):
+    paths = [write(tmp_path / f"rank{r}.pt.trace.json.gz", d) for r, d in enumerate(docs)]
+    return analyze(group_ranks([parse_trace(p) for p in paths]), **kw)
+
+
+def test_gpu_overlap_and_gaps_exact(tmp_path: Path) -> None:
+    a = run_analysis(tmp_path, gpu_docs())
+    r0 = [o for o in a.overlap if o.rank == 0]
+    assert len(r0) == 2
+    for o in r0:
+        # window [100, 900]; C = 300 + 100; M = 400; C∩M = [300, 400]; idle = [700, 800]
+        assert (o.window_us, o.compute_us, o.comm_us, o.overlapped_comm_us, o.exposed_comm_us, o.idle_us) == (
+            800, 400, 400, 100, 300, 100)
+    r1 = [o for o in a.overlap if o.rank == 1][0]
+    # M = [500, 700] does not touch C: all 200 exposed; idle = [400, 500] + [700, 800]
+    assert (r1.comm_us, r1.overlapped_comm_us, r1.exposed_comm_us, r1.idle_us) == (200, 0, 200, 200)
+    g0 = sorted((g.kind, g.start_us % 1000, g.dur_us, g.collective) for g in a.gaps if g.rank == 0 and g.step == 1)
+    assert g0 == [("exposed_comm", 400, 300, "allreduce"), ("idle", 700, 100, "allreduce")]
+
+
+def test_gpu_waits_blame_and_offsets_exact(tmp_path: Path) -> None:
+    a = run_analysis(tmp_path, gpu_docs())
+    assert len(a.instances) == 2 and {i.name for i in a.instances} == {"allreduce"}
+    assert all(o.offset_us == 0 and o.spread_us == 0 for o in a.offsets.values())
+    res = a.stragglers
+    by = {r.rank: r for r in res.ranks}
+    # rank 0 arrives at 300, rank 1 at 500, twice: rank 0 waits 2 x 200 us for rank 1
+    assert (by[0].wait_ms, by[0].blame_ms) == (0.4, 0.0)
+    assert (by[1].wait_ms, by[1].blame_ms, by[1].last_fraction) == (0.0, 0.4, 1.0)
+    assert res.step_last == {1: 1, 2: 1}
+    assert res.per_step == {1: {0: 200.0, 1: 0.0}, 2: {0: 200.0, 1: 0.0}}
+    assert [row["transfer_us"] for row in res.instance_rows] == [200.0, 200.0]
+    # 0.2 ms of blame per step is below the 1 ms floor: balanced
+    assert res.verdict == "balanced"
+
+
+def test_gpu_straggler_above_threshold(tmp_path: Path) -> None:
+    # rank 1 arrives 1.7 ms after rank 0 in each 3 ms step; both finish at t+2200
+    a = run_analysis(tmp_path, gpu_docs(arrive1_us=2000.0, end_us=2200.0, period_us=3000.0))
+    assert all(abs(o.offset_us) < 1e-9 for o in a.offsets.values())
+    s = a.stragglers.stragglers
+    assert [r.rank for r in s] == [1]
+    assert s[0].blame_ms == pytest.approx(2 * 1.7)
+    assert s[0].last_fraction == 1.0
+    # its device sat idle from 400 to 2000 before arriving, rank 0's from 400 to 300 (none)
+    assert s[0].phase == "idle (waiting on the host)"
+    assert s[0].phase_excess_ms == pytest.approx(1.6)
+    # median step (window 100..2900 = 2.8 ms on both) minus 1.7 ms of waiting per step
+    assert s[0].whatif_step_ms == pytest.approx(3.0 - 1.7)
+    report = build_report(a, ["x"])
+    assert report["verdict"] == "straggler"
+    assert report["stragglers"][0]["rank"] == 1
+    assert "rank 1" in report["headline"]
+
+
+def test_skewed_clock_is_recovered_and_verdict_unchanged(tmp_path: Path) -> None:
+    base = run_analysis(tmp_path / "a", gpu_docs())
+    docs = gpu_docs()
+    docs[1] = shift_doc(docs[1], 50_000.0)  # rank 1's clock runs 50 ms ahead
+    skewed = run_analysis(tmp_path / "b", docs)
+    assert skewed.offsets[1].offset_us - base.offsets[1].offset_us == pytest.approx(50_000.0, abs=500)
+    assert skewed.stragglers.verdict == base.stragglers.verdict
+    assert [r.blame_ms for r in skewed.stragglers.ranks] == pytest.approx([r.blame_ms for r in base.stragglers.ranks])
+    unaligned = run_analysis(tmp_path / "c", docs, align=False)
+    # without alignment rank 1 looks 50 ms late at both collectives and rank 0 seems to wait for it
+    assert unaligned.stragglers.ranks[1].blame_ms == pytest.approx(2 * 50.2)
+    assert unaligned.stragglers.verdict == "straggler"
+
+
+def cpu_doc(rank: int, gloo_start: float) -> dict:
+    """One step [0, 1000] on the main thread: aten::mm [0, 300], aten::add [600, 650];
+    gloo:all_reduce on a worker thread from gloo_start to 500."""
+    events = [step(0, 0, 1000), x("aten::mm", "cpu_op", 0, 300), x("aten::add", "cpu_op", 600, 50),
+              x("gloo:all_reduce", "user_annotation", gloo_start, 500 - gloo_start, GLOO)]
+    return document(events, rank, base_ns=None)
+
+
+def test_cpu_gloo_overlap_exact(tmp_path: Path) -> None:
+    a = run_analysis(tmp_path, [cpu_doc(0, 200.0), cpu_doc(1, 400.0)])
+    o = {r.rank: r for r in a.overlap}
+    # rank 0: C = [0,300]+[600,650] = 350; M = [200,500] = 300; overlap 100; exposed 200; idle 450
+    assert (o[0].window_us, o[0].compute_us, o[0].comm_us, o[0].overlapped_comm_us, o[0].exposed_comm_us, o[0].idle_us) == (
+        1000, 350, 300, 100, 200, 450)
+    # rank 1: M = [400,500], no overlap; idle = [300,400] + [500,600] + [650,1000]
+    assert (o[1].comm_us, o[1].exposed_comm_us, o[1].idle_us) == (100, 100, 550)
+    idle0 = sorted((g.start_us, g.dur_us, g.collective) for g in a.gaps if g.rank == 0 and g.kind == "idle")
+    assert idle0 == [(500, 100, "allreduce"), (650, 350, "allreduce")]
+    assert {r.rank: r.wait_ms for r in a.stragglers.ranks} == {0: 0.2, 1: 0.0}
+
+
+def test_rank_from_file_name_when_distributed_info_is_missing(tmp_path: Path) -> None:
+    doc = cpu_doc(0, 200.0)
+    del doc["distributedInfo"]
+    t = parse_trace(write(tmp_path / "worker3.pt.trace.json", doc))
+    assert t.rank == 3 and t.rank_source == "file name"
+    assert any("rank 3 taken from the file name" in w for w in t.warnings)
+
+
+def test_steps_fall_back_to_one_window(tmp_path: Path) -> None:
+    doc = cpu_doc(0, 200.0)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not e["name"].startswith("ProfilerStep")]
+    t = parse_trace(write(tmp_path / "rank0.json", doc))
+    assert t.steps_source == "whole trace" and len(t.steps) == 1
+    assert any("whole trace is one step" in w for w in t.warnings)
+
+
+def test_missing_and_duplicate_ranks_are_reported(tmp_path: Path) -> None:
+    d0 = cpu_doc(0, 200.0)
+    for doc in (d0,):
+        doc["distributedInfo"]["world_size"] = 3
+    paths = [write(tmp_path / "a" / "rank0.json", d0), write(tmp_path / "b" / "rank0.json", d0)]
+    rs = group_ranks([parse_trace(p) for p in paths])
+    assert rs.missing == [1, 2]
+    assert len(rs.duplicates) == 1 and "duplicates" in rs.duplicates[0]
+
+
+def test_traces_of_two_runs_are_refused(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    for rank, run_id in ((0, "aaa"), (1, "bbb")):
+        write(tmp_path / f"rank{rank}.pt.trace.json", cpu_doc(rank, 200.0) | {"harness": {"run_id": run_id, "rank": rank}})
+    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert proc.returncode == 2
+    assert "2 different runs are mixed" in proc.stderr and "collect one run at a time" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

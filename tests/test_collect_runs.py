@@ -1,0 +1,172 @@
+"""The collector end to end: real harness runs on CPU/gloo, the third-party GPU traces, bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.paths import list_traces
+
+from conftest import QUICK, REPO, SHARED_TRACES, run_harness
+from tracebuild import shift_doc
+
+pytestmark = pytest.mark.slow
+
+# 12 steps, 6 of them recorded: enough steps for persistence, small enough to stay quick.
+STEPS = ["--steps", "12", "--warmup-steps", "2", "--wait", "3", "--warmup", "1", "--active", "6", "--batch-size", "16"]
+
+
+def collect(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "harness.collect", *args], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"collect {args} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def report_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "report" / "report.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("parallel", "nproc", "rank", "phase", "mode"),
+    [
+        ("ddp", 2, 1, "data", "baseline"),
+        ("ddp", 2, 0, "forward", "torch"),
+        ("ddp", 2, 1, "backward", "baseline"),
+        ("ddp", 2, 0, "optimizer", "baseline"),
+        ("fsdp", 2, 1, "data", "baseline"),
+        ("fsdp", 2, 0, "backward", "kernel"),
+        ("ddp", 4, 2, "forward", "baseline"),
+    ],
+)
+def test_injected_straggler_is_named_with_its_phase(parallel: str, nproc: int, rank: int, phase: str, mode: str,
+                                                     log_dir: Path) -> None:
+    run = run_harness(["--mode", mode, "--parallel", parallel, *STEPS, "--hidden", "128", "--micro-ops", "10",
+                       "--straggler-rank", str(rank), "--straggler-ms", "60", "--straggler-phase", phase],
+                      log_dir, nproc=nproc)
+    proc = collect(str(run.dir))
+    doc = report_of(run.dir)
+    assert doc["verdict"] == "straggler", proc.stdout
+    top = doc["stragglers"][0]
+    assert (top["rank"], top["phase"]) == (rank, phase), proc.stdout
+    assert len(doc["stragglers"]) == 1
+    assert top["last_fraction"] >= 0.5
+    assert top["blame_ms"] > 60 * (nproc - 1)  # every other rank waited ~60 ms per recorded step
+    assert top["whatif_step_ms"] < top["mean_step_ms"]
+    assert f"rank {rank}" in proc.stdout.split("verdict:")[1]
+    assert {r["rank"] for r in doc["ranks"]} == set(range(nproc))
+    assert all(abs(r["clock_offset_ms"]) < 10 for r in doc["ranks"])  # one host: near 0
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_clean_runs_are_balanced(parallel: str, log_dir: Path) -> None:
+    run = run_harness(["--mode", "baseline", "--parallel", parallel, *STEPS, "--hidden", "128"], log_dir)
+    collect(str(run.dir))
+    doc = report_of(run.dir)
+    assert doc["verdict"] == "balanced", json.dumps(doc["ranks"], indent=1)
+    assert doc["stragglers"] == []
+    out = run.dir / "report"
+    assert (out / "report.md").read_text().startswith("# Straggler and overlap report")
+    rows = (out / "steps.csv").read_text().splitlines()
+    assert rows[0].startswith("rank,step,step_ms,wait_ms,exposed_comm_ms")
+    assert len(rows) == 1 + 2 * 6
+    merged = json.loads(gzip.decompress((out / "merged.pt.trace.json.gz").read_bytes()))
+    names = {e["args"]["name"] for e in merged["traceEvents"] if e.get("name") == "process_name"}
+    assert names == {f"rank {r} ({doc['ranks'][r]['host']})" for r in range(2)}
+    flows = [e for e in merged["traceEvents"] if e.get("cat") == "collective"]
+    assert flows and {e["ph"] for e in flows} == {"s", "f"}
+
+
+def test_skew_injected_into_one_rank_is_recovered(log_dir: Path, tmp_path: Path) -> None:
+    run = run_harness(["--mode", "baseline", *STEPS, "--hidden", "128", "--straggler-rank", "1",
+                       "--straggler-ms", "60", "--straggler-phase", "data"], log_dir)
+    collect(str(run.dir), "-q")
+    before = report_of(run.dir)
+    skewed = tmp_path / "skewed"
+    shutil.copytree(run.dir, skewed, ignore=shutil.ignore_patterns("report"))
+    trace = next(p for p in list_traces(skewed) if p.name.startswith("rank00001-"))
+    doc = json.loads(gzip.decompress(trace.read_bytes()))
+    trace.write_bytes(gzip.compress(json.dumps(shift_doc(doc, 250_000.0)).encode()))  # +250 ms
+    collect(str(skewed), "-q")
+    after = report_of(skewed)
+    shift = after["ranks"][1]["clock_offset_ms"] - before["ranks"][1]["clock_offset_ms"]
+    assert shift == pytest.approx(250.0, abs=0.5)
+    assert after["verdict"] == before["verdict"] == "straggler"
+    assert [(s["rank"], s["phase"]) for s in after["stragglers"]] == [(s["rank"], s["phase"]) for s in before["stragglers"]]
+    collect(str(skewed), "-q", "--no-align", "-o", str(tmp_path / "unaligned"))
+    unaligned = json.loads((tmp_path / "unaligned" / "report.json").read_text())
+    assert unaligned["ranks"][1]["clock_offset_ms"] == 0.0
+
+
+def test_several_node_folders_at_once(log_dir: Path, tmp_path: Path) -> None:
+    run = run_harness(["--mode", "torch", *QUICK, "--micro-ops", "5"], log_dir)
+    for rank, path in enumerate(list_traces(run.dir)):
+        node = tmp_path / f"node{rank}" / run.dir.name
+        node.mkdir(parents=True)
+        shutil.copy(path, node)
+    out = tmp_path / "out"
+    proc = collect(str(tmp_path / "node0"), str(tmp_path / "node*"), "-o", str(out))
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["run"]["ranks_present"] == [0, 1] and doc["run"]["complete"]
+    assert "report:" in proc.stdout
+
+
+def test_missing_rank_gives_a_partial_report(log_dir: Path, tmp_path: Path) -> None:
+    run = run_harness(["--mode", "torch", *QUICK, "--micro-ops", "5"], log_dir, nproc=4)
+    part = tmp_path / "part"
+    part.mkdir()
+    for path in list_traces(run.dir):
+        if not path.name.startswith("rank00002-"):
+            shutil.copy(path, part)
+    proc = collect(str(part))
+    doc = report_of(part)
+    assert doc["run"]["ranks_missing"] == [2] and not doc["run"]["complete"]
+    assert "incomplete" in doc["headline"] and "2 missing" in proc.stdout
+    assert "Incomplete run" in (part / "report" / "report.md").read_text()
+
+
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is not present")
+@pytest.mark.parametrize("folder", ["dlrm_8rank_v100", "hta_trace_filter_2of128", "hta_single_rank"])
+def test_third_party_gpu_traces(folder: str, tmp_path: Path) -> None:
+    out = tmp_path / folder
+    collect(str(SHARED_TRACES / folder), "-o", str(out), "-q")
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["run"]["device"] == "gpu"
+    for r in doc["ranks"]:
+        assert r["compute_ms"] > 0 and r["comm_ms"] > 0
+        assert r["exposed_comm_ms"] <= r["comm_ms"] + 1e-6
+        assert r["overlapped_comm_ms"] + r["exposed_comm_ms"] == pytest.approx(r["comm_ms"])
+        assert r["idle_ms"] >= 0
+    if folder == "dlrm_8rank_v100":
+        # Ranks 1 and 3 have the longest steps, but everybody waits for rank 7.
+        assert doc["verdict"] == "straggler" and [s["rank"] for s in doc["stragglers"]] == [7]
+        steps = {r["rank"]: r["mean_step_ms"] for r in doc["ranks"]}
+        assert sorted(steps, key=steps.get)[-2:] in ([1, 3], [3, 1])
+        assert all(abs(r["clock_offset_ms"]) < 0.05 for r in doc["ranks"])
+    if folder == "hta_trace_filter_2of128":
+        assert doc["run"]["ranks_present"] == [0, 1] and len(doc["run"]["ranks_missing"]) == 126
+
+
+def test_bad_inputs_get_one_clear_line(tmp_path: Path) -> None:
+    proc = collect(str(tmp_path / "nope"), check=False)
+    assert proc.returncode == 2 and "no such file or folder" in proc.stderr and "Traceback" not in proc.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = collect(str(empty), check=False)
+    assert proc.returncode == 2 and "no trace files" in proc.stderr
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "config.json").write_text('{"hello": 1}')
+    (junk / "rank1.pt.trace.json").write_text('{"traceEvents": [{"ph": "X", "na')
+    proc = collect(str(junk), check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "not valid JSON" in proc.stderr and "truncated" in proc.stderr
+    proc = collect(str(junk), "--steps", "7-3", check=False)
+    assert proc.returncode == 2 and "invalid step list" in proc.stderr

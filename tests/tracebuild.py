@@ -1,0 +1,61 @@
+"""Hand-built Kineto-shaped traces with exactly known answers, for the collector's tests."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+MAIN = (100, 100)  # pid, tid of the host main thread
+GLOO = (100, 101)  # a gloo worker thread
+STREAM = (0, 7)  # GPU 0, stream 7
+
+
+def x(name: str, cat: str, ts: float, dur: float, where: tuple[int, int] = MAIN, **args: Any) -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "pid": where[0], "tid": where[1], "ts": ts, "dur": dur, "args": args}
+
+
+def step(n: int, ts: float, dur: float) -> dict[str, Any]:
+    return x(f"ProfilerStep#{n}", "user_annotation", ts, dur)
+
+
+class GpuRank:
+    """Kernels are launched from the host at `launch_ts` (inside a step) and run on a stream."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.corr = 0
+
+    def kernel(self, name: str, launch_ts: float, ts: float, dur: float, **args: Any) -> None:
+        self.corr += 1
+        self.events.append(x("cudaLaunchKernel", "cuda_runtime", launch_ts, 5, correlation=self.corr))
+        self.events.append(x(name, "kernel", ts, dur, STREAM, correlation=self.corr, device=0, stream=7, **args))
+
+    def allreduce(self, launch_ts: float, ts: float, dur: float, nelems: int = 1000) -> None:
+        self.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", launch_ts, ts, dur,
+                    **{"Collective name": "allreduce", "Process Group Name": "0", "In msg nelems": nelems,
+                       "Out msg nelems": nelems, "dtype": "Float", "Group size": 2})
+
+
+def document(events: list[dict[str, Any]], rank: int | None, world_size: int = 2, base_ns: int | None = 1_700_000_000_000_000_000,
+             **extra: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {"schemaVersion": 1, "traceEvents": events, **extra}
+    if rank is not None:
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world_size}
+    if base_ns is not None:
+        doc["baseTimeNanoseconds"] = base_ns
+    return doc
+
+
+def write(path: Path, doc: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(doc).encode()
+    path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
+    return path
+
+
+def shift_doc(doc: dict[str, Any], us: float) -> dict[str, Any]:
+    """The same trace with every timestamp moved by `us` (a skewed clock)."""
+    events = [dict(e, ts=e["ts"] + us) if isinstance(e.get("ts"), (int, float)) else e for e in doc["traceEvents"]]
+    return {**doc, "traceEvents": events}
