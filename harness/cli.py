@@ -14,15 +14,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from harness.config import SECTIONS, ConfigError, TrainConfig, build_config, flag_of, load_toml
+from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser
 
-EXIT_CONFIG = 2
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag on one line and exits with code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_CONFIG, f"{self.prog}: error: {message} (see --help)\n")
+EXIT_CONFIG = EXIT_USAGE
 
 
 def _value_type(annotation: Any) -> type:
@@ -31,7 +25,7 @@ def _value_type(annotation: Any) -> type:
 
 
 def build_parser(prog: str = "harness.train") -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog=prog, description="Run a lab workload under torch.profiler (torchrun for several ranks).")
+    parser = OneLineArgumentParser(prog=prog, description="Run a lab workload under torch.profiler (torchrun for several ranks).")
     parser.add_argument("--config", type=Path, default=None, help="TOML preset (configs/<mode>.toml); flags override it")
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(section, cls.__doc__)

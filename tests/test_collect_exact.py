@@ -168,3 +168,31 @@ def test_traces_of_two_runs_are_refused(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "2 different runs are mixed" in proc.stderr and "collect one run at a time" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_c10d_ops_stand_in_when_there_are_no_gloo_ranges(tmp_path: Path) -> None:
+    docs = []
+    for rank, start in ((0, 200.0), (1, 400.0)):
+        events = [step(0, 0, 1000), x("aten::mm", "cpu_op", 0, 300), x("c10d::allreduce_", "cpu_op", start, 500 - start)]
+        docs.append(document(events, rank, base_ns=None))
+    a = run_analysis(tmp_path, docs)
+    assert [i.name for i in a.instances] == ["allreduce"]
+    assert {r.rank: r.wait_ms for r in a.stragglers.ranks} == {0: 0.2, 1: 0.0}
+    assert any("c10d ops" in w for w in a.warnings)
+
+
+def test_collectives_csv_rows(tmp_path: Path) -> None:
+    from harness.collect.report import collective_rows
+
+    rows = collective_rows(run_analysis(tmp_path, gpu_docs()))
+    assert [(r["instance"], r["rank"], r["wait_us"], r["transfer_us"], r["last_rank"]) for r in rows] == [
+        (0, 0, 200.0, 200.0, 1), (0, 1, 0.0, 200.0, 1), (1, 0, 200.0, 200.0, 1), (1, 1, 0.0, 200.0, 1)]
+    assert rows[0]["arrival_us"] == 300.0 and rows[1]["arrival_us"] == 500.0
+
+
+def test_collector_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, harness.collect.cli, harness.collect.merged; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

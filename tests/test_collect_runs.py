@@ -77,6 +77,9 @@ def test_clean_runs_are_balanced(parallel: str, log_dir: Path) -> None:
     rows = (out / "steps.csv").read_text().splitlines()
     assert rows[0].startswith("rank,step,step_ms,wait_ms,exposed_comm_ms")
     assert len(rows) == 1 + 2 * 6
+    coll = (out / "collectives.csv").read_text().splitlines()
+    assert coll[0] == "instance,name,step,rank,arrival_us,wait_us,transfer_us,last_rank"
+    assert len(coll) - 1 == 2 * doc["collectives"]["matched"] > 0
     merged = json.loads(gzip.decompress((out / "merged.pt.trace.json.gz").read_bytes()))
     names = {e["args"]["name"] for e in merged["traceEvents"] if e.get("name") == "process_name"}
     assert names == {f"rank {r} ({doc['ranks'][r]['host']})" for r in range(2)}

@@ -12,22 +12,16 @@ import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import NoReturn
-
 from harness.collect.analysis import analyze
 from harness.collect.discover import InputError, find_trace_files, group_ranks
 from harness.collect.model import RankTrace
 from harness.collect.parse import TraceError, parse_trace
-from harness.collect.report import build_report, console_summary, write_report
+from harness.collect.report import build_report, collective_rows, console_summary, write_report
 from harness.collect.stragglers import Thresholds
+from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser
 
 PROG = "harness.collect"
-EXIT_INPUT = 2
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_INPUT, f"{self.prog}: error: {message} (see --help)\n")
+EXIT_INPUT = EXIT_USAGE
 
 
 def parse_steps(spec: str) -> set[int]:
@@ -49,7 +43,7 @@ def parse_steps(spec: str) -> set[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     th = Thresholds()
-    p = _OneLineParser(prog=PROG, description="Merge per-rank PyTorch profiler traces, align their clocks, find "
+    p = OneLineArgumentParser(prog=PROG, description="Merge per-rank PyTorch profiler traces, align their clocks, find "
                                               "stragglers and communication/computation overlap gaps.")
     p.add_argument("inputs", nargs="+", help="run folders, trace files or globs (several folders: one per node)")
     p.add_argument("-o", "--output", type=Path, help="report folder (default: <first input folder>/report)")
@@ -120,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     analysis = analyze(runset, align=not args.no_align, thresholds=thresholds, steps=args.steps)
     doc = build_report(analysis, args.inputs)
     out = args.output or default_output(args.inputs, files)
-    write_report(doc, out)
+    write_report(doc, out, collective_rows(analysis))
     if not args.no_merged:
         from harness.collect.merged import write_merged
 
@@ -130,4 +124,5 @@ def main(argv: list[str] | None = None) -> None:
         for w in analysis.warnings:
             print(f"warning: {w}")
     print(f"\nverdict: {doc['headline']}")
-    print(f"report:  {out}/report.md (also report.json, steps.csv{'' if args.no_merged else ', merged.pt.trace.json.gz'})")
+    print(f"report:  {out}/report.md (also report.json, steps.csv, collectives.csv"
+          f"{'' if args.no_merged else ', merged.pt.trace.json.gz'})")

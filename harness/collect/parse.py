@@ -7,7 +7,8 @@ What is taken from where (the format facts are in ../shared/design.md):
    and `gloo:*` ranges on gloo worker threads;
 4. compute: GPU kernels that are not communication (memcpy/memset/sync are neither); on a trace
    with no GPU kernels, the main thread's `aten::` ops;
-5. a GPU interval belongs to the step its launch (matched by correlation id) happened in.
+5. a GPU interval belongs to the step its launch (matched by correlation id) happened in;
+6. with neither NCCL kernels nor gloo ranges, the main thread's `c10d::<collective>_` ops.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class TraceError(ValueError):
 
 NCCL_KERNEL = re.compile(r"^(?:nccl|rccl)(?:Dev)?Kernel_(?P<coll>[A-Za-z]+)", re.IGNORECASE)
 GLOO_RANGE = re.compile(r"^gloo:(?P<coll>\w+)")
+C10D_OP = re.compile(r"^c10d::_?(?P<coll>[a-z_]+?)(?:_base)?_$")  # c10d::allreduce_, c10d::_allgather_base_
 STEP_NAME = re.compile(r"^ProfilerStep#(?P<n>\d+)$")
 FILE_RANK = re.compile(r"(?:rank|worker)[-_]?(?P<rank>\d+)", re.IGNORECASE)
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "hip_runtime"}
@@ -229,6 +231,17 @@ def parse_trace(path: Path, doc: dict[str, Any] | None = None) -> RankTrace:
         if m:
             comms.append(CommOp(name=canonical_collective(m["coll"]), pg="default", start_us=e["ts"],
                                 end_us=e["ts"] + e["dur"], step=index.at(e["ts"]), thread=(e.get("pid"), e.get("tid"))))
+    if not comms:
+        # No NCCL kernels and no gloo worker ranges (older torch, other CPU backends): the
+        # main thread's c10d ops are the only sign of communication; they span the blocking
+        # call, so they stand in for the collective's interval.
+        for e in main_ops:
+            m = C10D_OP.match(str(e.get("name", "")))
+            if m and m["coll"] not in ("wait", "barrier"):
+                comms.append(CommOp(name=canonical_collective(m["coll"]), pg="default", start_us=e["ts"],
+                                    end_us=e["ts"] + e["dur"], step=index.at(e["ts"]), thread=main))
+        if comms:
+            warnings.append(f"{path.name}: no gloo:* or NCCL communication ranges; using the main thread's c10d ops")
     if not kernels:
         for e in main_ops:
             if str(e.get("name", "")).startswith("aten::"):

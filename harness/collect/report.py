@@ -194,6 +194,12 @@ def render_markdown(doc: dict[str, Any]) -> str:
                                    ("exposed_comm_ms", "exposed ms", "{:.2f}"), ("idle_ms", "idle ms", "{:.2f}"),
                                    ("wait_ms", "waited ms", "{:.2f}"), ("blame_ms", "blamed ms", "{:.2f}"),
                                    ("last_fraction", "last", "{:.0%}")])
+    if len(doc["hosts"]) > 1:
+        lines += ["", "## Per host", ""]
+        hosts = [{**h, "ranks": ", ".join(map(str, h["ranks"])), "stragglers": ", ".join(map(str, h["stragglers"])) or None}
+                 for h in doc["hosts"]]
+        lines += _table(hosts, [("host", "host", "{}"), ("ranks", "ranks", "{}"), ("blame_ms", "others waited ms", "{:.2f}"),
+                                ("wait_ms", "waited ms", "{:.2f}"), ("stragglers", "stragglers", "{}")])
     lines += ["", "## Biggest gaps", ""]
     if doc["gaps"]:
         top = [{**g, "dur_ms": g["dur_us"] / 1e3} for g in doc["gaps"][:10]]
@@ -216,10 +222,25 @@ def render_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+COLLECTIVE_COLUMNS = ["instance", "name", "step", "rank", "arrival_us", "wait_us", "transfer_us", "last_rank"]
+
+
+def collective_rows(a: Analysis) -> list[dict[str, Any]]:
+    """One row per (collective instance, rank): arrival on the aligned clock, wait, transfer."""
+    rows = []
+    for n, (inst, row) in enumerate(zip(a.instances, a.stragglers.instance_rows)):
+        for r, op in sorted(inst.ops.items()):
+            rows.append({"instance": n, "name": inst.name, "step": inst.step, "rank": r,
+                         "arrival_us": round(op.start_us - a.offsets[r].offset_us, 3),
+                         "wait_us": round(row["wait_us"][r], 3), "transfer_us": round(row["transfer_us"], 3),
+                         "last_rank": row["last_rank"]})
+    return rows
+
+
 STEP_COLUMNS = ["rank", "step", "step_ms", "wait_ms", "exposed_comm_ms", "compute_ms", "comm_ms", "idle_ms", "last_arriver"]
 
 
-def write_report(doc: dict[str, Any], out: Path) -> None:
+def write_report(doc: dict[str, Any], out: Path, collectives: list[dict[str, Any]] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
     (out / "report.md").write_text(render_markdown(doc))
@@ -227,6 +248,10 @@ def write_report(doc: dict[str, Any], out: Path) -> None:
         w = csv.DictWriter(fh, fieldnames=STEP_COLUMNS)
         w.writeheader()
         w.writerows(doc["steps"])
+    with (out / "collectives.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLLECTIVE_COLUMNS)
+        w.writeheader()
+        w.writerows(collectives or [])
 
 
 def console_summary(doc: dict[str, Any]) -> str:

@@ -107,6 +107,7 @@ class Thresholds:
     min_lag_ms: float = 1.0  # its per-step blame exceeds this ...
     rel_lag: float = 0.10  # ... and this fraction of the median step time ...
     noise_factor: float = 3.0  # ... and this many times the clock-alignment spread ...
+    jitter_factor: float = 3.0  # ... and this many times the MAD of the run's step durations ...
     mad_factor: float = 3.0  # ... and the median blame + this many MADs (3+ ranks)
     min_last_fraction: float = 0.5  # and it was the step's last arriver in at least this share
 
@@ -154,8 +155,10 @@ def analyze_stragglers(traces: list[RankTrace], instances: list[Instance], offse
     2. the last arriver is blamed for sum over r of wait_r.
     Per step: wait and blame summed over its instances; the step's last arriver is the rank with
     the most blame in it. Per rank: blame_ms, wait_ms, last_fraction = share of steps it was last.
-    Straggler: per-step blame above every bound in `Thresholds` (absolute, relative to the median
-    step, noise from the clock spread, median + k MAD across ranks) and last in enough steps.
+    Straggler: per-step blame above every bound in `Thresholds` (absolute; relative to the median
+    step; the clock-alignment spread; the run's own step-time jitter, i.e. the median absolute
+    deviation of all ranks' step durations, which on ranks sharing CPU cores is several ms; on 3+
+    ranks the median + k MAD of the ranks' blames) and last in enough steps.
     Phase: after a collective every rank is in step, so at each instance the straggler arrived
     last at, each rank's run-up is the stretch from the end of its previous collective to its
     arrival (own clock; the waiting comes after arrival and is excluded). Per harness phase, the
@@ -203,7 +206,9 @@ def analyze_stragglers(traces: list[RankTrace], instances: list[Instance], offse
     spreads = [o.spread_us for o in offsets.values() if o.samples and o.rank != min(ranks)]
     noise_ms = statistics.median(spreads) / 1e3 if spreads else 0.0
     per_step_blame = {r: blame[r] / 1e3 / n_steps for r in ranks}
-    threshold = max(th.min_lag_ms, th.rel_lag * median_step_ms, th.noise_factor * noise_ms)
+    durations_ms = [s.dur_us / 1e3 for t in traces for s in t.steps]
+    jitter_ms = _mad(durations_ms) if durations_ms else 0.0
+    threshold = max(th.min_lag_ms, th.rel_lag * median_step_ms, th.noise_factor * noise_ms, th.jitter_factor * jitter_ms)
     if len(ranks) >= 3:
         values = list(per_step_blame.values())
         threshold = max(threshold, statistics.median(values) + th.mad_factor * _mad(values))
