@@ -1,7 +1,8 @@
 """Benchmark (not a test): what the harness and its profiler cost per training step.
 
-Measured side by side in one process, on the same model and data, repetitions alternated
-(A B C D A B C D ...) so drift and noise hit every variant alike:
+Measured side by side in one process, on the same model and data, the variants' order rotated
+every repetition (A B C D, B C D A, ...) and garbage collected before each, so drift, noise and
+the leftovers of the previous variant hit every variant alike:
 
   A  minimal hand-written loop: next(batch) -> forward -> loss -> backward -> step -> zero_grad
   B  the harness loop (Trainer.run) with --no-profile: ranges, timing, JSONL, psutil sampling
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import statistics
 import tempfile
 import time
@@ -112,11 +114,16 @@ def main() -> None:
     results: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
+        runs = {
+            names[0]: lambda: time_minimal(make_trainer(base), args.steps, args.warmup),
+            names[1]: lambda: time_harness(base, args.steps, args.warmup, "off", out),
+            names[2]: lambda: time_harness(base, args.steps, args.warmup, "wait", out),
+            names[3]: lambda: time_harness(base, args.record_steps, args.warmup, "record", out),
+        }
         for rep in range(args.reps):
-            results[names[0]].append(time_minimal(make_trainer(base), args.steps, args.warmup))
-            results[names[1]].append(time_harness(base, args.steps, args.warmup, "off", out))
-            results[names[2]].append(time_harness(base, args.steps, args.warmup, "wait", out))
-            results[names[3]].append(time_harness(base, args.record_steps, args.warmup, "record", out))
+            for name in names[rep % 4:] + names[:rep % 4]:
+                gc.collect()
+                results[name].append(runs[name]())
             print(f"rep {rep + 1}/{args.reps} wall/cpu ms: " + ", ".join(
                 f"{k.split()[0]}={v[-1][0]:.3f}/{v[-1][1]:.3f}" for k, v in results.items()), flush=True)
     print(f"\nmode={args.mode} steps={args.steps} (D: {args.record_steps}) reps={args.reps} threads={args.threads} "

@@ -135,10 +135,14 @@ def test_missing_rank_gives_a_partial_report(log_dir: Path, tmp_path: Path) -> N
     assert "Incomplete run" in (part / "report" / "report.md").read_text()
 
 
+THIRD_PARTY = ["dlrm_8rank_v100", "hta_trace_filter_2of128", "hta_single_rank/nccl_data_a100_rank0of2.json.gz",
+               "hta_single_rank/df_index_resolver_v100_rank1of2.json.gz", "hta_single_rank/torchrec_a100_rank0of16.json.gz"]
+
+
 @pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is not present")
-@pytest.mark.parametrize("folder", ["dlrm_8rank_v100", "hta_trace_filter_2of128", "hta_single_rank"])
+@pytest.mark.parametrize("folder", THIRD_PARTY)
 def test_third_party_gpu_traces(folder: str, tmp_path: Path) -> None:
-    out = tmp_path / folder
+    out = tmp_path / "report"
     collect(str(SHARED_TRACES / folder), "-o", str(out), "-q")
     doc = json.loads((out / "report.json").read_text())
     assert doc["run"]["device"] == "gpu"
@@ -155,6 +159,15 @@ def test_third_party_gpu_traces(folder: str, tmp_path: Path) -> None:
         assert all(abs(r["clock_offset_ms"]) < 0.05 for r in doc["ranks"])
     if folder == "hta_trace_filter_2of128":
         assert doc["run"]["ranks_present"] == [0, 1] and len(doc["run"]["ranks_missing"]) == 126
+    if folder.startswith("hta_single_rank/"):
+        assert len(doc["ranks"]) == 1 and not doc["run"]["complete"] and doc["verdict"] == "balanced"
+
+
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is not present")
+def test_unrelated_single_rank_traces_are_refused_together() -> None:
+    proc = collect(str(SHARED_TRACES / "hta_single_rank"), "-o", "/dev/null/x", check=False)
+    assert proc.returncode == 2
+    assert "different runs are mixed: world size 2" in proc.stderr and "world size 16" in proc.stderr
 
 
 def test_bad_inputs_get_one_clear_line(tmp_path: Path) -> None:

@@ -65,7 +65,8 @@ class RunSet:
 def group_ranks(traces: list[RankTrace]) -> RunSet:
     """One RankTrace per rank.
 
-    1. traces naming different harness run ids are refused (two runs in one folder);
+    1. traces naming different harness run ids, or different world sizes, are refused (two runs
+       in one folder);
     2. several traces of one rank from the same run are its profiler windows: merged in time
        order; two traces of one rank with the same first step are duplicates: the first (by path)
        is kept and the others are reported;
@@ -77,6 +78,11 @@ def group_ranks(traces: list[RankTrace]) -> RunSet:
                   for rid in sorted(run_ids)}
         detail = "; ".join(f"run {rid}: {', '.join(files)}" for rid, files in by_run.items())
         raise InputError(f"traces of {len(run_ids)} different runs are mixed ({detail}); collect one run at a time")
+    sizes = {t.world_size for t in traces if t.world_size}
+    if len(sizes) > 1:
+        examples = {ws: next(Path(t.path).name for t in traces if t.world_size == ws) for ws in sorted(sizes)}
+        detail = ", ".join(f"world size {ws} ({name})" for ws, name in examples.items())
+        raise InputError(f"traces of different runs are mixed: {detail}; collect one run at a time")
     by_rank: dict[int, list[RankTrace]] = {}
     for t in sorted(traces, key=lambda t: t.path):
         by_rank.setdefault(t.rank, []).append(t)
@@ -95,10 +101,7 @@ def group_ranks(traces: list[RankTrace]) -> RunSet:
             seen_first_steps[first] = t.path
             kept.append(t)
         ranks.append(_merge_windows(kept))
-    sizes = {t.world_size for t in traces if t.world_size}
-    world_size = max(sizes) if sizes else None
-    if len(sizes) > 1:
-        warnings.append(f"traces disagree on the world size ({sorted(sizes)}); using {world_size}")
+    world_size = next(iter(sizes), None)
     missing = sorted(set(range(world_size)) - set(by_rank)) if world_size else []
     return RunSet(ranks=ranks, world_size=world_size, missing=missing, duplicates=duplicates,
                   warnings=warnings + duplicates, run_id=next(iter(run_ids), None))
