@@ -66,7 +66,7 @@ def test_injected_straggler_is_named_with_its_phase(parallel: str, nproc: int, r
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_clean_runs_are_balanced(parallel: str, log_dir: Path) -> None:
+def test_clean_runs_are_balanced(parallel: str, log_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     run = run_harness(["--mode", "baseline", "--parallel", parallel, *STEPS, "--hidden", "128"], log_dir)
     collect(str(run.dir))
     doc = report_of(run.dir)
@@ -85,6 +85,17 @@ def test_clean_runs_are_balanced(parallel: str, log_dir: Path) -> None:
     assert names == {f"rank {r} ({doc['ranks'][r]['host']})" for r in range(2)}
     flows = [e for e in merged["traceEvents"] if e.get("cat") == "collective"]
     assert flows and {e["ph"] for e in flows} == {"s", "f"}
+    # torch-tb-profiler's own loader takes the merged trace, with no complaint about its threads.
+    from torch_tb_profiler.profiler.data import RunProfileData
+    from torch_tb_profiler.profiler.run_generator import RunGenerator
+
+    data = RunProfileData.parse(worker="merged", span=None, path=str(out / "merged.pt.trace.json.gz"),
+                                cache_dir=str(log_dir / "tbcache"))
+    data.process()
+    data.analyze()
+    views = [v.display_name for v in RunGenerator("merged", None, data).generate_run_profile().views]
+    assert "Trace" in views
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records][:3]
 
 
 def test_skew_injected_into_one_rank_is_recovered(log_dir: Path, tmp_path: Path) -> None:

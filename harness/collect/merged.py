@@ -18,7 +18,10 @@ from typing import Any, TextIO
 from harness.collect.analysis import Analysis
 from harness.collect.parse import load_json
 
-WAIT_TID = 0  # the synthetic "collective waits" thread of each rank
+# Thread ids are unique across ranks (rank * TIDS_PER_RANK + n): torch-tb-profiler builds its op
+# tree per tid regardless of pid, so equal tids on two ranks would be nested into each other.
+TIDS_PER_RANK = 100_000
+WAIT_TID = 0  # + rank * TIDS_PER_RANK: the synthetic "collective waits" thread of each rank
 COPIED_PHASES = {"X", "i", "I", "C", "s", "t", "f", "b", "e", "n"}
 
 
@@ -45,6 +48,10 @@ def _labels(events: list[Any]) -> tuple[dict[Any, str], dict[tuple[Any, Any], st
     return procs, threads
 
 
+def _tid(rank: int, n: int) -> int:
+    return rank * TIDS_PER_RANK + n
+
+
 def write_merged(a: Analysis, out: Path) -> Path:
     """Write the merged trace next to the report; returns its path."""
     path = out / "merged.pt.trace.json.gz"
@@ -59,7 +66,7 @@ def write_merged(a: Analysis, out: Path) -> Path:
             shift = (trace.base_us - base) - a.offsets[rank].offset_us
             w.event({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank} ({trace.host})"}})
             w.event({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
-            w.event({"ph": "M", "name": "thread_name", "pid": rank, "tid": WAIT_TID, "args": {"name": "collective waits"}})
+            w.event({"ph": "M", "name": "thread_name", "pid": rank, "tid": _tid(rank, WAIT_TID), "args": {"name": "collective waits"}})
             mapping = tids.setdefault(rank, {})
             for part in trace.path.split(", "):
                 doc = load_json(Path(part))
@@ -70,7 +77,7 @@ def write_merged(a: Analysis, out: Path) -> Path:
                         continue
                     key = (e.get("pid"), e.get("tid"))
                     if key not in mapping:
-                        mapping[key] = len(mapping) + 1
+                        mapping[key] = _tid(rank, len(mapping) + 1)
                         label = f"{procs.get(key[0], f'pid {key[0]}')} / {threads.get(key, f'tid {key[1]}')}"
                         w.event({"ph": "M", "name": "thread_name", "pid": rank, "tid": mapping[key], "args": {"name": label}})
                     e = dict(e, pid=rank, tid=mapping[key])
@@ -87,7 +94,7 @@ def write_merged(a: Analysis, out: Path) -> Path:
             for r, t in arrival.items():
                 if last - t > 0:
                     w.event({"ph": "X", "cat": "collective_wait", "name": f"wait {inst.name} (rank {last_rank} last)",
-                             "pid": r, "tid": WAIT_TID, "ts": t, "dur": last - t,
+                             "pid": r, "tid": _tid(r, WAIT_TID), "ts": t, "dur": last - t,
                              "args": {"collective": inst.name, "step": inst.step, "last_rank": last_rank}})
             order = sorted(inst.ops, key=lambda r: arrival[r])
             for i, r in enumerate(order):
