@@ -51,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-align", action="store_true", help="do not align rank clocks")
     p.add_argument("--no-merged", action="store_true", help="skip merged.pt.trace.json.gz (large for big traces)")
     p.add_argument("--min-lag-ms", type=float, default=th.min_lag_ms, help="straggler: least blame per step, ms")
-    p.add_argument("--rel-lag", type=float, default=th.rel_lag, help="straggler: least blame per step as a share of the median step")
+    p.add_argument("--rel-lag", type=float, default=th.rel_lag,
+                   help="straggler: least blame per step as a share of the median step (GPU traces)")
+    p.add_argument("--rel-lag-cpu", type=float, default=th.rel_lag_cpu,
+                   help="the same for CPU-only traces, where ranks share cores and drift more")
     p.add_argument("--min-last-fraction", type=float, default=th.min_last_fraction,
                    help="straggler: least share of steps it must be the last to arrive in")
     p.add_argument("-j", "--jobs", type=int, default=0, help="parallel parsers (default: one per core)")
@@ -110,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_INPUT) from None
     runset.warnings[:0] = [f"skipped {e}" for e in errors]
-    thresholds = Thresholds(min_lag_ms=args.min_lag_ms, rel_lag=args.rel_lag, min_last_fraction=args.min_last_fraction)
+    thresholds = Thresholds(min_lag_ms=args.min_lag_ms, rel_lag=args.rel_lag, rel_lag_cpu=args.rel_lag_cpu,
+                            min_last_fraction=args.min_last_fraction)
     analysis = analyze(runset, align=not args.no_align, thresholds=thresholds, steps=args.steps)
     doc = build_report(analysis, args.inputs)
     out = args.output or default_output(args.inputs, files)
