@@ -115,7 +115,11 @@ class StepLog:
 
 
 def format_rank_table(rows: list[dict[str, Any]]) -> str:
-    """Plain-text table of per-rank summaries, slowest mean step marked."""
+    """Plain-text table of per-rank summaries, the longest mean step marked.
+
+    The mark is not blame: in a synchronous job the rank that waits has the longest steps, and
+    the one it waits for is found by the collector.
+    """
     cols = [("rank", "rank", "{}"), ("host", "host", "{}"), ("mean_step_ms", "mean ms", "{:.2f}"),
             ("p50_step_ms", "p50 ms", "{:.2f}"), ("p90_step_ms", "p90 ms", "{:.2f}"),
             ("p99_step_ms", "p99 ms", "{:.2f}"), ("max_step_ms", "max ms", "{:.2f}"),
@@ -127,6 +131,6 @@ def format_rank_table(rows: list[dict[str, Any]]) -> str:
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
     for i, b in enumerate(body):
-        mark = "  <- slowest" if i == slowest else ""
+        mark = "  <- longest steps" if i == slowest else ""
         lines.append("  ".join(c.rjust(w) for c, w in zip(b, widths)) + mark)
     return "\n".join(lines)

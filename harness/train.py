@@ -70,6 +70,8 @@ def report(ident: RunIdentity, rows: list[dict], run_json: Path) -> None:
     print(f"traces:  {ident.dir}/ ({n_traces} file(s), one per rank per profiler window)")
     print(f"steps:   {ident.dir}/steps/rank<R>.jsonl")
     print(f"summary: {run_json}")
+    if len(rows) > 1:
+        print(f"who waits for whom: python -m harness.collect {ident.dir}")
     sys.stdout.flush()
 
 

@@ -47,4 +47,4 @@ def test_table_marks_the_slowest_rank() -> None:
     slow = summarize([{"step": 0, "step_ms": 30.0, "data_ms": 0.0, "samples": 1, "warmup": False}])
     table = format_rank_table([{"rank": 0, "host": "a", **base}, {"rank": 1, "host": "b", **slow}])
     lines = table.splitlines()
-    assert lines[2].endswith("<- slowest") and not lines[1].endswith("<- slowest")
+    assert lines[2].endswith("<- longest steps") and not lines[1].endswith("<- longest steps")

@@ -82,7 +82,8 @@ def test_every_mode_and_parallel_at_world_size_2(mode: str, parallel: str, log_d
     check_run(run, world_size=2)
     assert run.run_json["parallel"] == parallel
     assert run.run_json["backend"] == "gloo"
-    assert "<- slowest" in run.proc.stdout  # rank 0's per-rank table
+    assert "<- longest steps" in run.proc.stdout  # rank 0's per-rank table
+    assert "python -m harness.collect" in run.proc.stdout
 
 
 def test_straggler_in_data_phase_shows_in_its_data_ms(log_dir: Path) -> None:
