@@ -11,6 +11,8 @@ from typing import Any, TextIO
 import psutil
 import torch
 
+from harness import text_table
+
 
 def percentile(values: list[float], q: float) -> float | None:
     """Linear-interpolated percentile, q in [0, 100].
@@ -124,13 +126,6 @@ def format_rank_table(rows: list[dict[str, Any]]) -> str:
             ("p50_step_ms", "p50 ms", "{:.2f}"), ("p90_step_ms", "p90 ms", "{:.2f}"),
             ("p99_step_ms", "p99 ms", "{:.2f}"), ("max_step_ms", "max ms", "{:.2f}"),
             ("mean_data_ms", "data ms", "{:.2f}"), ("throughput_samples_s", "samples/s", "{:.1f}")]
-    body = [["-" if r[key] is None else fmt.format(r[key]) for key, _, fmt in cols] for r in rows]
-    timed = [i for i, r in enumerate(rows) if r["mean_step_ms"] is not None]
-    slowest = max(timed, key=lambda i: rows[i]["mean_step_ms"]) if len(timed) > 1 else None
-    header = [title for _, title, _ in cols]
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
-    for i, b in enumerate(body):
-        mark = "  <- longest steps" if i == slowest else ""
-        lines.append("  ".join(c.rjust(w) for c, w in zip(b, widths)) + mark)
-    return "\n".join(lines)
+    timed = [r for r in rows if r["mean_step_ms"] is not None]
+    longest = max(timed, key=lambda r: r["mean_step_ms"]) if len(timed) > 1 else None
+    return text_table.render(rows, cols, lambda r: "  <- longest steps" if r is longest else "")

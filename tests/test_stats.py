@@ -42,7 +42,7 @@ def test_summary_of_nothing_is_valid_json() -> None:
     assert "-" in format_rank_table([row, {**row, "rank": 1}])
 
 
-def test_table_marks_the_slowest_rank() -> None:
+def test_table_marks_the_longest_steps() -> None:
     base = summarize([{"step": 0, "step_ms": 10.0, "data_ms": 0.0, "samples": 1, "warmup": False}])
     slow = summarize([{"step": 0, "step_ms": 30.0, "data_ms": 0.0, "samples": 1, "warmup": False}])
     table = format_rank_table([{"rank": 0, "host": "a", **base}, {"rank": 1, "host": "b", **slow}])

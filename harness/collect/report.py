@@ -31,6 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from harness import text_table
 from harness.collect.analysis import Analysis
 
 SCHEMA_VERSION = 1
@@ -259,11 +260,5 @@ def console_summary(doc: dict[str, Any]) -> str:
             ("exposed_comm_ms", "exposed ms", "{:.2f}"), ("idle_ms", "idle ms", "{:.2f}"),
             ("wait_ms", "waited ms", "{:.2f}"), ("blame_ms", "blamed ms", "{:.2f}"), ("last_fraction", "last", "{:.0%}"),
             ("clock_offset_ms", "offset ms", "{:.3f}")]
-    rows = [["-" if r[k] is None else f.format(r[k]) for k, _, f in cols] for r in doc["ranks"]]
-    header = [t for _, t, _ in cols]
-    widths = [max(len(h), *(len(x[i]) for x in rows)) if rows else len(h) for i, h in enumerate(header)]
     straggling = {s["rank"] for s in doc["stragglers"]}
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
-    for r, x in zip(doc["ranks"], rows):
-        lines.append("  ".join(c.rjust(w) for c, w in zip(x, widths)) + ("  <- straggler" if r["rank"] in straggling else ""))
-    return "\n".join(lines)
+    return text_table.render(doc["ranks"], cols, lambda r: "  <- straggler" if r["rank"] in straggling else "")
