@@ -196,3 +196,20 @@ def test_collector_does_not_import_torch() -> None:
 
     code = "import sys, harness.collect.cli, harness.collect.merged; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_identical_kernel_intervals_inside_and_outside_a_step(tmp_path: Path) -> None:
+    # Same start and duration, one launched inside step 1, one launched before any step: the
+    # compute list must still sort (None and int steps are not comparable).
+    g = GpuRank()
+    g.kernel("k_in_step", 10, 100, 50)
+    g.kernel("k_before_steps", -500, 100, 50)
+    g.allreduce(20, 300, 100)
+    doc = document([step(1, 0, 1000), *g.events], 0, world_size=1)
+    trace = parse_trace(write(tmp_path / "rank0.pt.trace.json", doc))
+    assert sorted(n for *_, n in trace.compute) == ["k_before_steps", "k_in_step"]
+    windows = [write(tmp_path / f"w{i}" / f"rank0.{i}.pt.trace.json", doc) for i in (1, 2)]
+    from harness.collect.discover import _merge_windows
+
+    merged = _merge_windows([parse_trace(p) for p in windows])
+    assert len(merged.compute) == 4

@@ -6,7 +6,7 @@ import glob
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.collect.model import RankTrace
+from harness.collect.model import RankTrace, by_interval
 from harness.paths import TRACE_PATTERN
 
 REPORT_DIR = "report"
@@ -117,7 +117,7 @@ def _merge_windows(parts: list[RankTrace]) -> RankTrace:
         rank=first.rank, world_size=first.world_size, host=first.host, path=", ".join(p.path for p in parts),
         run_id=first.run_id, device="gpu" if any(p.device == "gpu" for p in parts) else "cpu",
         steps=[s for p in parts for s in p.steps], comms=[c for p in parts for c in p.comms],
-        compute=sorted(b for p in parts for b in p.compute), warnings=[w for p in parts for w in p.warnings],
+        compute=sorted((b for p in parts for b in p.compute), key=by_interval), warnings=[w for p in parts for w in p.warnings],
         steps_source=first.steps_source, rank_source=first.rank_source, base_us=first.base_us,
     )
     counters: dict[str, int] = {}

@@ -12,6 +12,11 @@ Interval = tuple[float, float]  # (start_us, end_us)
 Busy = tuple[float, float, "int | None", str]  # (start_us, end_us, step it belongs to, kernel/op name)
 
 
+def by_interval(b: Busy) -> tuple[float, float]:
+    """Sort key for Busy: by time only (the step may be None, which does not compare with int)."""
+    return b[0], b[1]
+
+
 @dataclass(kw_only=True)
 class CommOp:
     """One collective as seen by one rank: its communication interval on the device/worker."""

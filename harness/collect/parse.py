@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from harness.collect.model import Busy, CommOp, RankTrace, Step
+from harness.collect.model import Busy, CommOp, RankTrace, Step, by_interval
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_METADATA_KEY, WORKER_RANK_PATTERN, TRACE_PATTERN
 
 
@@ -247,7 +247,7 @@ def parse_trace(path: Path, doc: dict[str, Any] | None = None) -> RankTrace:
             if str(e.get("name", "")).startswith("aten::"):
                 compute.append((e["ts"], e["ts"] + e["dur"], index.at(e["ts"]), str(e["name"])))
     comms.sort(key=lambda c: c.start_us)
-    compute.sort()
+    compute.sort(key=by_interval)
     counters: dict[str, int] = defaultdict(int)
     for c in comms:
         c.seq = counters[c.pg]
