@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -57,6 +58,13 @@ def run_harness(args: list[str], log_dir: Path, *, nproc: int | None = 2, run_na
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}")
     return Run(proc=proc, dir=log_dir / run_name)
+
+
+def free_port() -> int:
+    """A loopback TCP port free right now (for rendezvous endpoints)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def load_trace(path: Path) -> dict[str, Any]:

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUICK, REPO
-from test_multinode import _free_port
+from conftest import QUICK, REPO, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +19,7 @@ pytestmark = pytest.mark.slow
 def test_accelerate_configs(config: str, log_dir: Path) -> None:
     accelerate = str(Path(sys.executable).with_name("accelerate"))
     cmd = [accelerate, "launch", "--config_file", f"configs/accelerate/{config}.yaml", "--main_process_port",
-           str(_free_port()), "-m", "harness.train", "--mode", "baseline", "--hidden", "64", *QUICK,
+           str(free_port()), "-m", "harness.train", "--mode", "baseline", "--hidden", "64", *QUICK,
            "--log-dir", str(log_dir), "--run-name", config]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -16,15 +16,9 @@ import pytest
 
 from harness.paths import TRACE_METADATA_KEY
 
-from conftest import QUICK, REPO, Run, load_trace
+from conftest import QUICK, REPO, Run, free_port, load_trace
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _can_unshare() -> bool:
@@ -32,7 +26,7 @@ def _can_unshare() -> bool:
 
 
 def test_two_nodes_on_loopback(log_dir: Path) -> None:
-    port = _free_port()
+    port = free_port()
     hosts = ["nodea", "nodeb"] if _can_unshare() else [socket.gethostname()] * 2
     procs = []
     for node_rank, host in enumerate(hosts):

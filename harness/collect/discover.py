@@ -6,7 +6,7 @@ import glob
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.collect.model import RankTrace, by_interval
+from harness.collect.model import RankTrace, by_interval, number_by_group
 from harness.paths import TRACE_PATTERN
 
 REPORT_DIR = "report"
@@ -120,8 +120,5 @@ def _merge_windows(parts: list[RankTrace]) -> RankTrace:
         compute=sorted((b for p in parts for b in p.compute), key=by_interval), warnings=[w for p in parts for w in p.warnings],
         steps_source=first.steps_source, rank_source=first.rank_source, base_us=first.base_us,
     )
-    counters: dict[str, int] = {}
-    for c in merged.comms:
-        c.seq = counters.get(c.pg, 0)
-        counters[c.pg] = c.seq + 1
+    number_by_group(merged.comms)
     return merged

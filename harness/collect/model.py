@@ -12,6 +12,14 @@ Interval = tuple[float, float]  # (start_us, end_us)
 Busy = tuple[float, float, "int | None", str]  # (start_us, end_us, step it belongs to, kernel/op name)
 
 
+def number_by_group(comms: list["CommOp"]) -> None:
+    """Set each op's `seq`: its position among its process group's ops (comms sorted by time)."""
+    counters: dict[str, int] = {}
+    for c in comms:
+        c.seq = counters.get(c.pg, 0)
+        counters[c.pg] = c.seq + 1
+
+
 def by_interval(b: Busy) -> tuple[float, float]:
     """Sort key for Busy: by time only (the step may be None, which does not compare with int)."""
     return b[0], b[1]

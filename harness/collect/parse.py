@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from harness.collect.model import Busy, CommOp, RankTrace, Step, by_interval
+from harness.collect.model import Busy, CommOp, RankTrace, Step, by_interval, number_by_group
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_METADATA_KEY, WORKER_RANK_PATTERN, TRACE_PATTERN
 
 
@@ -120,8 +120,7 @@ def _main_thread(events: list[dict[str, Any]]) -> tuple[Any, Any] | None:
     return max(busy, key=busy.get) if busy else None
 
 
-def _steps(events: list[dict[str, Any]], main: tuple[Any, Any] | None, warnings: list[str], name: str) -> tuple[list[Step], str]:
-    on_main = [e for e in events if (e.get("pid"), e.get("tid")) == main]
+def _steps(events: list[dict[str, Any]], on_main: list[dict[str, Any]], warnings: list[str], name: str) -> tuple[list[Step], str]:
     steps: dict[int, Step] = {}
     for e in on_main:
         m = STEP_NAME.match(str(e.get("name", "")))
@@ -180,12 +179,13 @@ def parse_trace(path: Path, doc: dict[str, Any] | None = None) -> RankTrace:
     base_ns = _num(doc.get("baseTimeNanoseconds")) or 0.0
     events = _complete_events(doc["traceEvents"])
     main = _main_thread(events)
-    steps, steps_source = _steps(events, main, warnings, path.name)
+    on_main = [e for e in events if (e.get("pid"), e.get("tid")) == main]
+    steps, steps_source = _steps(events, on_main, warnings, path.name)
     index = _StepIndex(steps)
     by_number = {s.number: s for s in steps}
 
-    for e in events:
-        if (e.get("pid"), e.get("tid")) != main or e.get("cat") != "user_annotation":
+    for e in on_main:
+        if e.get("cat") != "user_annotation":
             continue
         name = str(e.get("name", ""))
         if name.startswith(RANGE_PREFIX):
@@ -195,7 +195,7 @@ def parse_trace(path: Path, doc: dict[str, Any] | None = None) -> RankTrace:
                 phase = name[len(RANGE_PREFIX):]
                 step.phases_us[phase] = step.phases_us.get(phase, 0.0) + e["dur"]
                 step.phase_spans.append((phase, e["ts"], e["ts"] + e["dur"]))
-    main_ops = [e for e in events if (e.get("pid"), e.get("tid")) == main and e.get("cat") == "cpu_op"]
+    main_ops = [e for e in on_main if e.get("cat") == "cpu_op"]
     for e in _top_level(main_ops):
         st = index.at(e["ts"])
         if st is not None:
@@ -248,10 +248,7 @@ def parse_trace(path: Path, doc: dict[str, Any] | None = None) -> RankTrace:
                 compute.append((e["ts"], e["ts"] + e["dur"], index.at(e["ts"]), str(e["name"])))
     comms.sort(key=lambda c: c.start_us)
     compute.sort(key=by_interval)
-    counters: dict[str, int] = defaultdict(int)
-    for c in comms:
-        c.seq = counters[c.pg]
-        counters[c.pg] += 1
+    number_by_group(comms)
     return RankTrace(rank=rank, world_size=world_size if isinstance(world_size, int) else None, host=host,
                      path=str(path), run_id=meta.get("run_id"), device="gpu" if kernels else "cpu", steps=steps,
                      comms=comms, compute=compute, warnings=warnings, steps_source=steps_source,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import csv
 import json
-import statistics
 from collections import Counter, defaultdict
 from dataclasses import asdict
 from pathlib import Path
@@ -59,12 +58,11 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
         for k in ("compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us", "idle_us"):
             agg[row.rank][k] += getattr(row, k)
     blames = {r.rank: r for r in res.ranks}
-    mean_step = {t.rank: (statistics.mean(s.dur_us for s in t.steps) / 1e3 if t.steps else None) for t in a.traces}
     ranks = []
     for t in a.traces:
         o, b, g = a.offsets[t.rank], blames[t.rank], agg[t.rank]
         ranks.append({
-            "rank": t.rank, "host": t.host, "steps": len(t.steps), "mean_step_ms": mean_step[t.rank],
+            "rank": t.rank, "host": t.host, "steps": len(t.steps), "mean_step_ms": b.mean_step_ms,
             "compute_ms": _ms(g["compute_us"]), "comm_ms": _ms(g["comm_us"]),
             "overlapped_comm_ms": _ms(g["overlapped_comm_us"]), "exposed_comm_ms": _ms(g["exposed_comm_us"]),
             "idle_ms": _ms(g["idle_us"]), "wait_ms": b.wait_ms, "blame_ms": b.blame_ms,
@@ -74,7 +72,7 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
     stragglers = [{
         "rank": s.rank, "host": s.host, "phase": s.phase, "phase_excess_ms": s.phase_excess_ms,
         "blame_ms": s.blame_ms, "wait_ms": s.wait_ms, "last_fraction": s.last_fraction,
-        "whatif_step_ms": s.whatif_step_ms, "mean_step_ms": mean_step[s.rank],
+        "whatif_step_ms": s.whatif_step_ms, "mean_step_ms": s.mean_step_ms,
     } for s in res.stragglers]
     hosts: dict[str, dict[str, Any]] = {}
     for r in res.ranks:
@@ -173,7 +171,7 @@ def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str, str]]) -> list
 
 def render_markdown(doc: dict[str, Any]) -> str:
     run = doc["run"]
-    lines = [f"# Straggler and overlap report", "", f"**Verdict: {doc['headline']}**", ""]
+    lines = ["# Straggler and overlap report", "", f"**Verdict: {doc['headline']}**", ""]
     lines.append(f"{len(run['ranks_present'])} rank(s) on {len(run['hosts'])} host(s), device {run['device']}, "
                  f"steps {run['steps'][0] if run['steps'] else '-'}..{run['steps'][-1] if run['steps'] else '-'} "
                  f"({', '.join(run['steps_source'])}); {doc['collectives']['matched']} collective instance(s) matched.")

@@ -93,7 +93,7 @@ def estimate_offsets(instances: list[Instance], ranks: list[int]) -> dict[int, C
     for r in ranks:
         d = diffs.get(r, [])
         if r == ref or not d:
-            out[r] = ClockOffset(rank=r, offset_us=0.0, spread_us=0.0, samples=len(d) if r != ref else len(d))
+            out[r] = ClockOffset(rank=r, offset_us=0.0, spread_us=0.0, samples=len(d))
             continue
         med = statistics.median(d)
         out[r] = ClockOffset(rank=r, offset_us=med, spread_us=statistics.median(abs(x - med) for x in d), samples=len(d))
@@ -123,6 +123,7 @@ class RankBlame:
     wait_ms: float  # total time this rank waited for others
     last_fraction: float  # share of steps in which this rank was the last to arrive
     steps: int
+    mean_step_ms: float | None  # mean ProfilerStep (or fallback step) duration
     phase: str | None = None
     phase_excess_ms: float | None = None
     whatif_step_ms: float | None = None
@@ -159,9 +160,10 @@ def analyze_stragglers(traces: list[RankTrace], instances: list[Instance], offse
     Per step: wait and blame summed over its instances; the step's last arriver is the rank with
     the most blame in it. Per rank: blame_ms, wait_ms, last_fraction = share of steps it was last.
     Straggler: per-step blame above every bound in `Thresholds` (absolute; relative to the median
-    step, a larger share on CPU-only traces; the clock-alignment spread; the run's own step-time jitter, i.e. the median absolute
-    deviation of all ranks' step durations, which on ranks sharing CPU cores is several ms; on 3+
-    ranks the median + k MAD of the ranks' blames) and last in enough steps.
+    step, a larger share on CPU-only traces; the clock-alignment spread; the run's own step-time
+    jitter, i.e. the median absolute deviation of all ranks' step durations, which on ranks
+    sharing CPU cores is several ms; on 3+ ranks the median + k MAD of the ranks' blames) and
+    last in enough steps.
     Phase: after a collective every rank is in step, so at each instance the straggler arrived
     last at, each rank's run-up is the stretch from the end of its previous collective to its
     arrival (own clock; the waiting comes after arrival and is excluded). Per harness phase, the
@@ -169,8 +171,9 @@ def analyze_stragglers(traces: list[RankTrace], instances: list[Instance], offse
     summed over those instances and divided by the steps, the largest names the phase. Without
     harness ranges the same run-up comparison is made over device compute by kernel (or, on
     CPU, aten op) name, prefixed "op:", and over device idle time, named "idle (waiting on the
-    host)": a rank whose device sat idle longer before arriving was held up on the host. What-if: the median rank's mean step time minus the mean
-    wait per step it spent on this rank (blame per step / (ranks - 1)).
+    host)": a rank whose device sat idle longer before arriving was held up on the host.
+    What-if: the median rank's mean step time minus the mean wait per step it spent on this rank
+    (blame per step / (ranks - 1)).
     """
     th = th or Thresholds()
     by_rank = {t.rank: t for t in traces}
@@ -186,11 +189,10 @@ def analyze_stragglers(traces: list[RankTrace], instances: list[Instance], offse
         last_rank = max(arrival, key=arrival.get)
         last = arrival[last_rank]
         transfer = min(op.dur_us for op in inst.ops.values())
-        total_wait = 0.0
-        for r, a in arrival.items():
-            w = last - a
+        waits = {r: last - a for r, a in arrival.items()}
+        total_wait = sum(waits.values())
+        for r, w in waits.items():
             wait[r] += w
-            total_wait += w
             if inst.step is not None:
                 per_step[inst.step][r] += w
         blame[last_rank] += total_wait
@@ -199,11 +201,13 @@ def analyze_stragglers(traces: list[RankTrace], instances: list[Instance], offse
         if inst.step is not None:
             step_blame[inst.step][last_rank] += total_wait
         rows.append({"key": list(inst.key), "name": inst.name, "step": inst.step, "last_rank": last_rank,
-                     "wait_us": {r: last - a for r, a in arrival.items()}, "transfer_us": transfer})
+                     "wait_us": waits, "transfer_us": transfer})
     step_last = {s: max(b, key=b.get) for s, b in step_blame.items() if b and max(b.values()) > 0}
     n_steps = max(len(step_blame), 1)
-    mean_step_ms = {r: statistics.mean([s.dur_us for s in by_rank[r].steps]) / 1e3 if by_rank[r].steps else 0.0 for r in ranks}
-    median_step_ms = statistics.median(mean_step_ms.values()) if mean_step_ms else 0.0
+    mean_step_ms = {r: statistics.mean([s.dur_us for s in by_rank[r].steps]) / 1e3 if by_rank[r].steps else None
+                    for r in ranks}
+    timed = [m for m in mean_step_ms.values() if m is not None]
+    median_step_ms = statistics.median(timed) if timed else 0.0
     # Noise: how far matched collectives' ends scatter once aligned (the reference rank's own
     # spread is 0 by construction and is left out).
     spreads = [o.spread_us for o in offsets.values() if o.samples and o.rank != min(ranks)]
@@ -221,7 +225,8 @@ def analyze_stragglers(traces: list[RankTrace], instances: list[Instance], offse
         last_fraction = sum(1 for s in step_last.values() if s == r) / n_steps if step_last else 0.0
         is_straggler = per_step_blame[r] > threshold and last_fraction >= th.min_last_fraction and len(ranks) > 1
         rb = RankBlame(rank=r, host=by_rank[r].host, blame_ms=blame[r] / 1e3, wait_ms=wait[r] / 1e3,
-                       last_fraction=last_fraction, steps=len(by_rank[r].steps), straggler=is_straggler)
+                       last_fraction=last_fraction, steps=len(by_rank[r].steps), mean_step_ms=mean_step_ms[r],
+                       straggler=is_straggler)
         if is_straggler:
             rb.phase, rb.phase_excess_ms = _slow_phase(r, caused[r], by_rank, n_steps)
             rb.whatif_step_ms = max(median_step_ms - per_step_blame[r] / (len(ranks) - 1), 0.0)
@@ -250,7 +255,7 @@ def _slow_phase(slow: int, caused: list[Instance], by_rank: dict[int, RankTrace]
     """The phase with the largest run-up excess (see analyze_stragglers)."""
     use_phases = any(st.phase_spans for st in by_rank[slow].steps)
     if use_phases:
-        spans = {r: sorted(sp for st in t.steps for sp in st.phase_spans) for r, t in by_rank.items()}
+        spans = {r: [sp for st in t.steps for sp in st.phase_spans] for r, t in by_rank.items()}
     else:
         spans = {r: [("op:" + n, a, b) for a, b, _, n in t.compute] for r, t in by_rank.items()}
     ends = {r: sorted(c.end_us for c in t.comms) for r, t in by_rank.items()}
