@@ -7,16 +7,20 @@ DEMO_RUN := demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_ARGS ?= --mode torch --parallel ddp --steps 20 --warmup-steps 5 --active 6 \
 	--straggler-rank 1 --straggler-ms 30 --straggler-phase data
 
-.PHONY: setup demo test tensorboard clean-logs
+.PHONY: setup browser demo test tensorboard clean-logs
 
 setup:
 	VENV=$(VENV) bash launch/setup.sh
+
+# Debian's chromium + chromium-driver, for the real-browser test of the TensorBoard view.
+browser:
+	bash launch/install_browser.sh
 
 demo: setup
 	$(BIN)/torchrun --standalone --nproc_per_node $(NPROC) -m harness.train $(DEMO_ARGS) --run-name $(DEMO_RUN)
 	$(BIN)/python -m harness.collect profiler_logs/$(DEMO_RUN)
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 tensorboard: setup

@@ -5,7 +5,8 @@ every repetition (A B C D, B C D A, ...) and garbage collected before each, so d
 the leftovers of the previous variant hit every variant alike:
 
   A  minimal hand-written loop: next(batch) -> forward -> loss -> backward -> step -> zero_grad
-  B  the harness loop (Trainer.run) with --no-profile: ranges, timing, JSONL, psutil sampling
+  B  the harness loop (Trainer.run) with --no-profile: ranges, timing, JSONL, psutil sampling,
+     TensorBoard scalars
   C  the harness loop with the profiler on but every timed step outside its window (wait)
   D  the harness loop with every timed step inside the profiler's active window
 
@@ -34,6 +35,7 @@ from harness.cli import parse_config
 from harness.config import LaunchEnv, TrainConfig, resolve_environment
 from harness.parallel import build_optimizer, wrap_model
 from harness.profiling import TraceRecorder
+from harness.scalars import ScalarWriter
 from harness.stats import StepLog
 from harness.trainer import Trainer, _endless, build_loader
 from harness.workloads import build_workload
@@ -81,7 +83,9 @@ def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out:
         prof = dataclasses.replace(prof, wait=0, warmup=max(warmup - 1, 1), active=total, repeat=1)
     cfg = dataclasses.replace(base, profiler=prof, workload=dataclasses.replace(base.workload, steps=total, warmup_steps=warmup))
     trainer = make_trainer(cfg)
-    log = StepLog(out / f"{profiler}-{time.monotonic_ns()}.jsonl")
+    tag = f"{profiler}-{time.monotonic_ns()}"
+    log = StepLog(out / f"{tag}.jsonl")
+    trainer.scalars = ScalarWriter(out / "tb" / tag)  # as in a real run (--scalars is the default)
     stamps: list[tuple[float, float]] = []
     original = trainer.train_step
 
@@ -94,6 +98,7 @@ def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out:
         trainer.run(rec, log)
         stamps.append((time.perf_counter(), time.process_time()))  # before the profiler's exit exports the trace
     log.close()
+    trainer.scalars.close()
     (w0, c0), (w1, c1) = stamps[warmup], stamps[-1]
     return (w1 - w0) / steps * 1e3, (c1 - c0) / steps * 1e3
 

@@ -201,6 +201,7 @@ class OutputConfig:
 
     log_dir: str = knob("profiler_logs", "root folder of all runs")
     run_name: str | None = knob(None, "run folder name (default: mode-parallel-wsN-time)")
+    scalars: bool = knob(True, "write per-rank TensorBoard scalars (step time, data wait, throughput, memory) to <run>/tb/")
 
     def __post_init__(self) -> None:
         _check_types(self, "output")

@@ -32,6 +32,18 @@ STEPS_DIR = "steps"
 STEPS_TEMPLATE = "rank{rank}.jsonl"
 RUN_FILE = "run.json"
 
+# TensorBoard scalars: one TensorBoard run per rank, so the Scalars dashboard draws every rank
+# of a tag on one chart. The training job writes <run>/tb/rank00000/, the collector
+# <report>/tb/rank00000/.
+SCALARS_DIR = "tb"
+SCALARS_RANK_TEMPLATE = "rank{rank:05d}"
+
+# The collector's output folder inside a run folder, and the files the TensorBoard plugin reads.
+REPORT_DIR = "report"
+REPORT_JSON = "report.json"
+TIMELINE_JSON = "timeline.json"
+REPORT_HTML = "report.html"
+
 _HOST_UNSAFE = re.compile(r"[^A-Za-z0-9-]+")
 
 
@@ -56,6 +68,11 @@ def partial_path(final: Path) -> Path:
 
 def steps_path(run_dir: Path, rank: int) -> Path:
     return run_dir / STEPS_DIR / STEPS_TEMPLATE.format(rank=rank)
+
+
+def scalars_dir(parent: Path, rank: int) -> Path:
+    """Event-file folder of one rank under a run folder or a report folder."""
+    return parent / SCALARS_DIR / SCALARS_RANK_TEMPLATE.format(rank=rank)
 
 
 def run_file(run_dir: Path) -> Path:

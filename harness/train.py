@@ -15,9 +15,10 @@ import torch
 from harness.cli import fail_config, parse_config
 from harness.config import ConfigError, LaunchEnv, TrainConfig, resolve_environment
 from harness.parallel import build_optimizer, destroy_process_group, init_process_group, pick_device, wrap_model
-from harness.paths import steps_path
+from harness.paths import scalars_dir, steps_path
 from harness.profiling import TraceRecorder
 from harness.run_info import RunIdentity, agree_identity, check_output, gather, host_name, write_run_json
+from harness.scalars import ScalarWriter
 from harness.stats import StepLog, format_rank_table, summarize
 from harness.trainer import Trainer, build_loader
 from harness.workloads import build_workload
@@ -44,8 +45,10 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
     host = host_name()
     workload = build_workload(cfg.workload, cfg.data, env.rank)
     model = wrap_model(workload.model, cfg.parallel, cfg.speed, device)
+    scalars = ScalarWriter(scalars_dir(ident.dir, env.rank)) if cfg.output.scalars else None
     trainer = Trainer(cfg=cfg, model=model, optimizer=build_optimizer(model, cfg.speed), workload=workload,
-                      loader=build_loader(workload, cfg, device), device=device, rank=env.rank, host=host)
+                      loader=build_loader(workload, cfg, device), device=device, rank=env.rank, host=host,
+                      scalars=scalars)
     metadata = {"run_id": ident.run_id, "run_name": ident.name, "rank": env.rank, "local_rank": env.local_rank,
                 "world_size": env.world_size, "host": host, "mode": cfg.workload.mode, "parallel": cfg.parallel.parallel}
     log = StepLog(steps_path(ident.dir, env.rank))
@@ -54,6 +57,8 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
             trainer.run(rec, log)
     finally:
         log.close()
+        if scalars:
+            scalars.close()
     row = {"rank": env.rank, "local_rank": env.local_rank, "host": host, **summarize(log.records),
            "final_loss": trainer.last_loss, "traces": [p.name for p in rec.written],
            "steps_file": str(log.path.relative_to(ident.dir))}

@@ -16,6 +16,7 @@ from harness.faults import StragglerInjector
 from harness.parallel import AMP_DTYPES
 from harness.profiling import TraceRecorder
 from harness.ranges import phase_range
+from harness.scalars import ScalarWriter, step_scalars
 from harness.stats import StepLog, SystemSampler
 from harness.timing import StepClock
 from harness.workloads import Workload
@@ -54,6 +55,7 @@ class Trainer:
     device: torch.device
     rank: int
     host: str
+    scalars: ScalarWriter | None = None
 
     def __post_init__(self) -> None:
         speed = self.cfg.speed
@@ -139,3 +141,5 @@ class Trainer:
         rec.update(rank=self.rank, host=self.host, samples=self.cfg.workload.batch_size,
                    warmup=rec["step"] < self.cfg.workload.warmup_steps)
         log.write(rec)
+        if self.scalars:
+            self.scalars.add(rec["step"], step_scalars(rec))

@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.analysis import analyze
 from harness.collect.discover import group_ranks
 from harness.collect.overlap import intersect, merge, subtract
 from harness.collect.parse import parse_trace
 from harness.collect.report import build_report
 
-from tracebuild import GLOO, GpuRank, document, shift_doc, step, write, x
+from tracebuild import GLOO, GpuRank, document, gpu_docs, run_analysis, shift_doc, step, write, x
 
 
 def test_interval_algebra() -> None:
@@ -20,28 +19,6 @@ def test_interval_algebra() -> None:
     assert intersect([(0, 3), (5, 6)], [(2, 5.5)]) == [(2, 3), (5, 5.5)]
     assert subtract([(0, 10)], [(2, 3), (5, 6)]) == [(0, 2), (3, 5), (6, 10)]
     assert subtract([(0, 3)], [(0, 3)]) == []
-
-
-def gpu_docs(arrive1_us: float = 500.0, end_us: float = 700.0, period_us: float = 1000.0) -> list[dict]:
-    """Two ranks, two steps. Per step on each rank (times relative to the step's base t):
-    compute [t+100, t+400] and [t+period-200, t+period-100]; an allreduce from t+300 (rank 0)
-    or t+arrive1 (rank 1) to t+end on both (a blocking collective ends together)."""
-    docs = []
-    for rank, arrive in ((0, 300.0), (1, arrive1_us)):
-        g = GpuRank()
-        events = []
-        for n, t in ((1, 0.0), (2, period_us)):
-            events.append(step(n, t, period_us))
-            g.kernel("volta_sgemm_128x64_nn", t + 10, t + 100, 300)
-            g.allreduce(t + 20, t + arrive, end_us - arrive)
-            g.kernel("vectorized_elementwise_kernel", t + 30, t + period_us - 200, 100)
-        docs.append(document(events + g.events, rank))
-    return docs
-
-
-def run_analysis(tmp_path: Path, docs: list[dict], **kw):
-    paths = [write(tmp_path / f"rank{r}.pt.trace.json.gz", d) for r, d in enumerate(docs)]
-    return analyze(group_ranks([parse_trace(p) for p in paths]), **kw)
 
 
 def test_gpu_overlap_and_gaps_exact(tmp_path: Path) -> None:

@@ -7,6 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from harness.collect.analysis import Analysis, analyze
+from harness.collect.discover import group_ranks
+from harness.collect.parse import parse_trace
+
 MAIN = (100, 100)  # pid, tid of the host main thread
 GLOO = (100, 101)  # a gloo worker thread
 STREAM = (0, 7)  # GPU 0, stream 7
@@ -59,3 +63,25 @@ def shift_doc(doc: dict[str, Any], us: float) -> dict[str, Any]:
     """The same trace with every timestamp moved by `us` (a skewed clock)."""
     events = [dict(e, ts=e["ts"] + us) if isinstance(e.get("ts"), (int, float)) else e for e in doc["traceEvents"]]
     return {**doc, "traceEvents": events}
+
+
+def gpu_docs(arrive1_us: float = 500.0, end_us: float = 700.0, period_us: float = 1000.0) -> list[dict]:
+    """Two ranks, two steps. Per step on each rank (times relative to the step's base t):
+    compute [t+100, t+400] and [t+period-200, t+period-100]; an allreduce from t+300 (rank 0)
+    or t+arrive1 (rank 1) to t+end on both (a blocking collective ends together)."""
+    docs = []
+    for rank, arrive in ((0, 300.0), (1, arrive1_us)):
+        g = GpuRank()
+        events = []
+        for n, t in ((1, 0.0), (2, period_us)):
+            events.append(step(n, t, period_us))
+            g.kernel("volta_sgemm_128x64_nn", t + 10, t + 100, 300)
+            g.allreduce(t + 20, t + arrive, end_us - arrive)
+            g.kernel("vectorized_elementwise_kernel", t + 30, t + period_us - 200, 100)
+        docs.append(document(events + g.events, rank))
+    return docs
+
+
+def run_analysis(tmp_path: Path, docs: list[dict], **kw: Any) -> Analysis:
+    paths = [write(tmp_path / f"rank{r}.pt.trace.json.gz", d) for r, d in enumerate(docs)]
+    return analyze(group_ranks([parse_trace(p) for p in paths]), **kw)

@@ -18,6 +18,9 @@ from harness.collect.model import RankTrace
 from harness.collect.parse import TraceError, parse_trace
 from harness.collect.report import build_report, collective_rows, console_summary, write_report
 from harness.collect.stragglers import Thresholds
+from harness.collect.tb_scalars import write_scalars
+from harness.collect.timeline import build_timeline
+from harness.view.files import write_view
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser
 
 PROG = "harness.collect"
@@ -119,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     doc = build_report(analysis, args.inputs)
     out = args.output or default_output(args.inputs, files)
     write_report(doc, out, collective_rows(analysis))
+    write_view(doc, build_timeline(analysis), out)
+    write_scalars(doc, out)
     if not args.no_merged:
         from harness.collect.merged import write_merged
 
@@ -128,5 +133,5 @@ def main(argv: list[str] | None = None) -> None:
         for w in analysis.warnings:
             print(f"warning: {w}")
     print(f"\nverdict: {doc['headline']}")
-    print(f"report:  {out}/report.md (also report.json, steps.csv, collectives.csv"
-          f"{'' if args.no_merged else ', merged.pt.trace.json.gz'})")
+    print(f"report:  {out}/report.md (also report.html, report.json, timeline.json, steps.csv, collectives.csv"
+          f"{'' if args.no_merged else ', merged.pt.trace.json.gz'}; TensorBoard scalars in {out}/tb/)")

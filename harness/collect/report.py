@@ -12,8 +12,8 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   exposed_comm_ms, idle_ms, wait_ms, blame_ms, last_fraction, clock_offset_ms, clock_spread_ms,
   clock_samples}]; compute..idle are summed over the analysed steps.
 - `hosts`: [{host, ranks, blame_ms, wait_ms, stragglers}].
-- `steps`: [{rank, step, step_ms, wait_ms, exposed_comm_ms, compute_ms, comm_ms, idle_ms,
-  last_arriver}].
+- `steps`: [{rank, step, step_ms, wait_ms, lag_ms, exposed_comm_ms, compute_ms, comm_ms, idle_ms,
+  last_arriver}]; wait_ms: this rank waited for others; lag_ms: the others waited for it.
 - `gaps`: [{rank, step, start_us, dur_us, kind, collective}], longest first (at most
   `MAX_GAPS`; `gaps_total` counts all). start_us is on the aligned clock of merged.pt.trace.json.gz.
 - `collectives`: {matched, by_name: {name: count}}; `clock`: {aligned, reference_rank};
@@ -32,6 +32,7 @@ from typing import Any
 
 from harness import text_table
 from harness.collect.analysis import Analysis
+from harness.paths import REPORT_JSON
 
 SCHEMA_VERSION = 1
 MAX_GAPS = 200
@@ -44,6 +45,35 @@ ADVICE = {
     "backward": "its backward pass is slow: compare its hardware (clocks, thermals, other tenants), and activation checkpointing settings",
     "optimizer": "its optimizer step is slow: use a fused/foreach optimizer; check for per-parameter host work",
 }
+
+
+# Table columns as (key, title, format), shared by report.md and the HTML view.
+Column = tuple[str, str, str]
+STRAGGLER_COLUMNS: list[Column] = [
+    ("rank", "rank", "{}"), ("host", "host", "{}"), ("phase", "late in", "{}"),
+    ("phase_excess_ms", "excess ms/step", "{:.2f}"), ("blame_ms", "others waited ms", "{:.2f}"),
+    ("last_fraction", "last in steps", "{:.0%}"), ("mean_step_ms", "step ms", "{:.2f}"),
+    ("whatif_step_ms", "step ms if fixed", "{:.2f}")]
+RANK_COLUMNS: list[Column] = [
+    ("rank", "rank", "{}"), ("host", "host", "{}"), ("steps", "steps", "{}"), ("mean_step_ms", "step ms", "{:.2f}"),
+    ("compute_ms", "compute ms", "{:.2f}"), ("comm_ms", "comm ms", "{:.2f}"),
+    ("overlapped_comm_ms", "overlapped ms", "{:.2f}"), ("exposed_comm_ms", "exposed ms", "{:.2f}"),
+    ("idle_ms", "idle ms", "{:.2f}"), ("wait_ms", "waited ms", "{:.2f}"), ("blame_ms", "blamed ms", "{:.2f}"),
+    ("last_fraction", "last", "{:.0%}")]
+GAP_COLUMNS: list[Column] = [
+    ("rank", "rank", "{}"), ("step", "step", "{}"), ("kind", "kind", "{}"), ("dur_ms", "ms", "{:.3f}"),
+    ("collective", "collective", "{}")]
+HOST_COLUMNS: list[Column] = [
+    ("host", "host", "{}"), ("ranks", "ranks", "{}"), ("blame_ms", "others waited ms", "{:.2f}"),
+    ("wait_ms", "waited ms", "{:.2f}"), ("stragglers", "stragglers", "{}")]
+CLOCK_COLUMNS: list[Column] = [
+    ("rank", "rank", "{}"), ("host", "host", "{}"), ("clock_offset_ms", "offset ms", "{:.3f}"),
+    ("clock_spread_ms", "spread ms", "{:.3f}"), ("clock_samples", "collectives", "{}")]
+
+
+def cell(row: dict[str, Any], key: str, fmt: str) -> str:
+    """One table cell as text: '-' for a missing value."""
+    return "-" if row.get(key) is None else fmt.format(row[key])
 
 
 def _ms(us: float) -> float:
@@ -88,6 +118,7 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
         step_rows.append({
             "rank": row.rank, "step": row.step, "step_ms": _ms(step_dur.get((row.rank, row.step), row.window_us)),
             "wait_ms": _ms(res.per_step.get(row.step, {}).get(row.rank, 0.0)),
+            "lag_ms": _ms(res.step_blame.get(row.step, {}).get(row.rank, 0.0)),
             "exposed_comm_ms": _ms(row.exposed_comm_us), "compute_ms": _ms(row.compute_us),
             "comm_ms": _ms(row.comm_us), "idle_ms": _ms(row.idle_us),
             "last_arriver": res.step_last.get(row.step) == row.rank,
@@ -137,7 +168,8 @@ def headline(verdict: str, stragglers: list[dict[str, Any]], missing: list[int])
     return f"straggler: rank {s['rank']} on {s['host']} is late{phase}{more}" + tail
 
 
-def _advice(doc: dict[str, Any]) -> list[str]:
+def advice(doc: dict[str, Any]) -> list[str]:
+    """What to do next, one sentence each, from the report's stragglers and overlap."""
     out = []
     for s in doc["stragglers"]:
         phase = s["phase"] or ""
@@ -162,48 +194,51 @@ def _advice(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str, str]]) -> list[str]:
+def _table(rows: list[dict[str, Any]], cols: list[Column]) -> list[str]:
     head = "| " + " | ".join(t for _, t, _ in cols) + " |"
     sep = "|" + "|".join("---:" if f != "{}" else "---" for _, _, f in cols) + "|"
-    body = ["| " + " | ".join("-" if r.get(k) is None else f.format(r[k]) for k, _, f in cols) + " |" for r in rows]
+    body = ["| " + " | ".join(cell(r, k, f) for k, _, f in cols) + " |" for r in rows]
     return [head, sep, *body]
+
+
+def scope_line(doc: dict[str, Any]) -> str:
+    """What the report covers, in one sentence."""
+    run = doc["run"]
+    steps = f"{run['steps'][0]}..{run['steps'][-1]}" if run["steps"] else "-..-"
+    return (f"{len(run['ranks_present'])} rank(s) on {len(run['hosts'])} host(s), device {run['device']}, steps {steps} "
+            f"({', '.join(run['steps_source'])}); {doc['collectives']['matched']} collective instance(s) matched.")
+
+
+def host_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{**h, "ranks": ", ".join(map(str, h["ranks"])), "stragglers": ", ".join(map(str, h["stragglers"])) or None}
+            for h in doc["hosts"]]
+
+
+def gap_rows(doc: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """The n longest gaps, with their duration in ms."""
+    return [{**g, "dur_ms": g["dur_us"] / 1e3} for g in doc["gaps"][:n]]
 
 
 def render_markdown(doc: dict[str, Any]) -> str:
     run = doc["run"]
     lines = ["# Straggler and overlap report", "", f"**Verdict: {doc['headline']}**", ""]
-    lines.append(f"{len(run['ranks_present'])} rank(s) on {len(run['hosts'])} host(s), device {run['device']}, "
-                 f"steps {run['steps'][0] if run['steps'] else '-'}..{run['steps'][-1] if run['steps'] else '-'} "
-                 f"({', '.join(run['steps_source'])}); {doc['collectives']['matched']} collective instance(s) matched.")
+    lines.append(scope_line(doc))
     if run["ranks_missing"]:
         lines.append(f"\n**Incomplete run:** rank(s) {', '.join(map(str, run['ranks_missing']))} of "
                      f"{run['world_size']} have no trace; the analysis covers the ranks present.")
     lines += ["", "## Stragglers", ""]
     if doc["stragglers"]:
-        lines += _table(doc["stragglers"], [("rank", "rank", "{}"), ("host", "host", "{}"), ("phase", "late in", "{}"),
-                                            ("phase_excess_ms", "excess ms/step", "{:.2f}"), ("blame_ms", "others waited ms", "{:.2f}"),
-                                            ("last_fraction", "last in steps", "{:.0%}"), ("mean_step_ms", "step ms", "{:.2f}"),
-                                            ("whatif_step_ms", "step ms if fixed", "{:.2f}")])
+        lines += _table(doc["stragglers"], STRAGGLER_COLUMNS)
     else:
         lines.append(f"None: no rank's blame exceeds {doc['threshold_ms']:.2f} ms per step.")
     lines += ["", "## Per rank", ""]
-    lines += _table(doc["ranks"], [("rank", "rank", "{}"), ("host", "host", "{}"), ("steps", "steps", "{}"),
-                                   ("mean_step_ms", "step ms", "{:.2f}"), ("compute_ms", "compute ms", "{:.2f}"),
-                                   ("comm_ms", "comm ms", "{:.2f}"), ("overlapped_comm_ms", "overlapped ms", "{:.2f}"),
-                                   ("exposed_comm_ms", "exposed ms", "{:.2f}"), ("idle_ms", "idle ms", "{:.2f}"),
-                                   ("wait_ms", "waited ms", "{:.2f}"), ("blame_ms", "blamed ms", "{:.2f}"),
-                                   ("last_fraction", "last", "{:.0%}")])
+    lines += _table(doc["ranks"], RANK_COLUMNS)
     if len(doc["hosts"]) > 1:
         lines += ["", "## Per host", ""]
-        hosts = [{**h, "ranks": ", ".join(map(str, h["ranks"])), "stragglers": ", ".join(map(str, h["stragglers"])) or None}
-                 for h in doc["hosts"]]
-        lines += _table(hosts, [("host", "host", "{}"), ("ranks", "ranks", "{}"), ("blame_ms", "others waited ms", "{:.2f}"),
-                                ("wait_ms", "waited ms", "{:.2f}"), ("stragglers", "stragglers", "{}")])
+        lines += _table(host_rows(doc), HOST_COLUMNS)
     lines += ["", "## Biggest gaps", ""]
     if doc["gaps"]:
-        top = [{**g, "dur_ms": g["dur_us"] / 1e3} for g in doc["gaps"][:10]]
-        lines += _table(top, [("rank", "rank", "{}"), ("step", "step", "{}"), ("kind", "kind", "{}"),
-                              ("dur_ms", "ms", "{:.3f}"), ("collective", "collective", "{}")])
+        lines += _table(gap_rows(doc, 10), GAP_COLUMNS)
         lines.append(f"\n{doc['gaps_total']} gap(s) in all; `report.json` lists the {min(doc['gaps_total'], MAX_GAPS)} longest.")
     else:
         lines.append("No gap of exposed communication or idle device time.")
@@ -211,11 +246,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
     if doc["clock"]["aligned"]:
         lines.append(f"Estimated from the end times of matched collectives, relative to rank {doc['clock']['reference_rank']} "
                      "(subtracted from each rank's timestamps).")
-        lines += [""] + _table(doc["ranks"], [("rank", "rank", "{}"), ("host", "host", "{}"), ("clock_offset_ms", "offset ms", "{:.3f}"),
-                                              ("clock_spread_ms", "spread ms", "{:.3f}"), ("clock_samples", "collectives", "{}")])
+        lines += [""] + _table(doc["ranks"], CLOCK_COLUMNS)
     else:
         lines.append("Clocks not aligned (--no-align, or no collective matched across ranks).")
-    lines += ["", "## What to do next", ""] + [f"- {a}" for a in _advice(doc)]
+    lines += ["", "## What to do next", ""] + [f"- {a}" for a in advice(doc)]
     if doc["warnings"]:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in doc["warnings"]]
     return "\n".join(lines) + "\n"
@@ -236,13 +270,21 @@ def collective_rows(a: Analysis) -> list[dict[str, Any]]:
     return rows
 
 
-STEP_COLUMNS = ["rank", "step", "step_ms", "wait_ms", "exposed_comm_ms", "compute_ms", "comm_ms", "idle_ms", "last_arriver"]
+STEP_COLUMNS = ["rank", "step", "step_ms", "wait_ms", "lag_ms", "exposed_comm_ms", "compute_ms", "comm_ms", "idle_ms", "last_arriver"]
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write under a temporary name, then rename: a reader (the TensorBoard plugin) never sees
+    half a file."""
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
 
 
 def write_report(doc: dict[str, Any], out: Path, collectives: list[dict[str, Any]] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
-    (out / "report.md").write_text(render_markdown(doc))
+    write_text_atomic(out / REPORT_JSON, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    write_text_atomic(out / "report.md", render_markdown(doc))
     with (out / "steps.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=STEP_COLUMNS)
         w.writeheader()

@@ -135,6 +135,7 @@ class StragglerResult:
     verdict: str  # "straggler" or "balanced"
     ranks: list[RankBlame]
     per_step: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> wait_us
+    step_blame: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> last rank -> others' wait_us
     step_last: dict[int, int] = field(default_factory=dict)  # step -> rank others waited for most
     threshold_ms: float = 0.0
     instance_rows: list[dict] = field(default_factory=list)
@@ -233,6 +234,7 @@ def analyze_stragglers(traces: list[RankTrace], instances: list[Instance], offse
         result.append(rb)
     verdict = "straggler" if any(r.straggler for r in result) else "balanced"
     return StragglerResult(verdict=verdict, ranks=result, per_step={s: dict(v) for s, v in per_step.items()},
+                           step_blame={s: dict(v) for s, v in step_blame.items()},
                            step_last=step_last, threshold_ms=threshold, instance_rows=rows)
 
 

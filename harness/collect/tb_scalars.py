@@ -1,0 +1,52 @@
+"""The collector's TensorBoard scalars: per rank and step, what the traces say about waiting.
+
+One TensorBoard run per rank under `<report>/tb/rank<R>/` (the same layout as the training
+job's `<run>/tb/`), rewritten on every collection so a re-run does not draw points twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness.paths import SCALARS_DIR, scalars_dir
+from harness.scalars import ScalarWriter, clear_event_files
+
+# report.json `steps` key -> tag
+STEP_TAGS = {
+    "step_ms": "collector/step_ms",
+    "wait_ms": "collector/wait_for_others_ms",
+    "lag_ms": "collector/straggler_lag_ms",
+    "exposed_comm_ms": "collector/exposed_comm_ms",
+    "idle_ms": "collector/idle_ms",
+}
+# report.json `ranks` key -> tag, written once at step 0: the rank totals over the analysed steps
+RANK_TAGS = {
+    "mean_step_ms": "collector_total/mean_step_ms",
+    "wait_ms": "collector_total/wait_for_others_ms",
+    "blame_ms": "collector_total/straggler_lag_ms",
+    "exposed_comm_ms": "collector_total/exposed_comm_ms",
+    "overlapped_comm_ms": "collector_total/overlapped_comm_ms",
+}
+
+
+def write_scalars(doc: dict[str, Any], out: Path) -> Path:
+    """1. clear the event files of a previous collection under out/tb/; 2. per rank, one event
+    per analysed step with the `STEP_TAGS` values of report.json's steps table (lag = the time
+    the others waited for this rank in that step); 3. the rank's totals at step 0."""
+    root = out / SCALARS_DIR
+    if root.is_dir():
+        for d in root.iterdir():
+            clear_event_files(d)
+    by_rank: dict[int, list[dict[str, Any]]] = {}
+    for row in doc["steps"]:
+        by_rank.setdefault(row["rank"], []).append(row)
+    for r in doc["ranks"]:
+        w = ScalarWriter(scalars_dir(out, r["rank"]))
+        try:
+            for row in by_rank.get(r["rank"], []):
+                w.add(row["step"], {tag: float(row[k]) for k, tag in STEP_TAGS.items() if row.get(k) is not None})
+            w.add(0, {tag: float(r[k]) for k, tag in RANK_TAGS.items() if r.get(k) is not None})
+        finally:
+            w.close()
+    return root

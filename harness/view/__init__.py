@@ -1,0 +1,1 @@
+"""The distributed view: one HTML renderer for report.html and the TensorBoard plugin."""

@@ -1,0 +1,139 @@
+"""One renderer for the distributed view: the collector's `report.html` and the TensorBoard plugin.
+
+The page is plain HTML (verdict, tables) plus charts drawn in the browser by `static/view.js`
+with Plotly from the installed `plotly` package, from the report and timeline embedded as JSON.
+Two ways to load the scripts:
+- `inline`: Plotly, view.js and view.css inside the page: one file that opens from disk with no
+  server and no network;
+- `linked`: `<script src>` relative to the page, for the plugin, whose responses carry a
+  Content-Security-Policy that forbids inline scripts (a JSON data block is not a script).
+Nothing is ever fetched from the internet.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from harness.collect.report import (CLOCK_COLUMNS, GAP_COLUMNS, HOST_COLUMNS, RANK_COLUMNS, STRAGGLER_COLUMNS, Column,
+                                    advice, cell, gap_rows, host_rows, scope_line)
+
+GAPS_SHOWN = 20
+# The view's own assets (index.js is the TensorBoard tab's entry module).
+STATIC_FILES = {"view.js": "text/javascript", "view.css": "text/css", "index.js": "text/javascript"}
+
+
+def static_text(name: str) -> str:
+    """One of the view's own assets (`STATIC_FILES`), from the installed package."""
+    if name not in STATIC_FILES:
+        raise KeyError(name)
+    return resources.files("harness.view").joinpath("static", name).read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=1)
+def plotly_js_path() -> Path:
+    """plotly.min.js as shipped inside the `plotly` wheel (package_data), never a CDN."""
+    import plotly
+
+    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: reinstall the plotly package (pip install --force-reinstall plotly)")
+    return path
+
+
+def _json_block(data: Any) -> str:
+    # '<', '>' and '&' escaped so no value can close the <script> element it sits in.
+    text = json.dumps(data, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _inline_script(js: str) -> str:
+    return "<script>" + js.replace("</script", "<\\/script") + "</script>"
+
+
+def html_table(rows: list[dict[str, Any]], cols: list[Column], table_id: str,
+               row_class: Any = None) -> str:
+    """rows as an HTML table; numeric columns right-aligned; `row_class(row)` may name a CSS class."""
+    head = "".join(f'<th class="{"num" if f != "{}" else ""}">{html.escape(t)}</th>' for _, t, f in cols)
+    body = []
+    for r in rows:
+        cls = row_class(r) if row_class else None
+        tds = "".join(f'<td class="{"num" if f != "{}" else ""}" data-key="{k}">{html.escape(cell(r, k, f))}</td>'
+                      for k, _, f in cols)
+        body.append(f'<tr{f" class={cls!r}" if cls else ""} data-rank="{r.get("rank", "")}">{tds}</tr>')
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _section(title: str, body: str, section_id: str) -> str:
+    return f'<section id="{section_id}"><h2>{html.escape(title)}</h2>{body}</section>'
+
+
+def _body(doc: dict[str, Any], title: str) -> str:
+    straggling = {s["rank"] for s in doc["stragglers"]}
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f'<p id="verdict" class="verdict {html.escape(doc["verdict"])}">{html.escape(doc["headline"])}</p>',
+             f'<p class="scope">{html.escape(scope_line(doc))}</p>']
+    if doc["stragglers"]:
+        stragglers = html_table(doc["stragglers"], STRAGGLER_COLUMNS, "stragglers")
+    else:
+        stragglers = (f'<p id="stragglers">None: no rank\'s blame exceeds {doc["threshold_ms"]:.2f} ms per step.</p>')
+    parts.append(_section("Stragglers", stragglers, "sec-stragglers"))
+    parts.append(_section("What to do next", "<ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in advice(doc)) + "</ul>",
+                          "sec-advice"))
+    parts.append(_section("Per rank", html_table(doc["ranks"], RANK_COLUMNS, "ranks",
+                                                 lambda r: "straggler" if r["rank"] in straggling else None)
+                          + '<div id="bars" class="chart"></div>', "sec-ranks"))
+    if len(doc["hosts"]) > 1:
+        parts.append(_section("Per host", html_table(host_rows(doc), HOST_COLUMNS, "hosts"), "sec-hosts"))
+    parts.append(_section("Rank × step", '<div id="heatmap-step" class="chart"></div>'
+                                         '<div id="heatmap-wait" class="chart"></div>', "sec-heatmap"))
+    timeline_note = ('<p class="note">One lane per rank on aligned clocks: each step\'s phases above, its collectives '
+                     'below with the wait for the last arriver in red. Drag to zoom, double-click to reset. '
+                     'Kernel-level detail: <code>merged.pt.trace.json.gz</code> in Perfetto UI.</p>')
+    parts.append(_section("Timeline", timeline_note + '<p id="timeline-cut" class="note"></p>'
+                                                      '<div id="timeline" class="chart tall"></div>', "sec-timeline"))
+    if doc["gaps"]:
+        gaps = html_table(gap_rows(doc, GAPS_SHOWN), GAP_COLUMNS, "gaps")
+        gaps += f'<p class="note">{doc["gaps_total"]} gap(s) in all; report.json lists the longest.</p>'
+    else:
+        gaps = '<p id="gaps">No gap of exposed communication or idle device time.</p>'
+    parts.append(_section("Biggest overlap gaps", gaps, "sec-gaps"))
+    if doc["clock"]["aligned"]:
+        clock = (f'<p class="note">Estimated from the end times of matched collectives, relative to rank '
+                 f'{doc["clock"]["reference_rank"]}.</p>' + html_table(doc["ranks"], CLOCK_COLUMNS, "clock"))
+    else:
+        clock = '<p id="clock">Clocks not aligned (--no-align, or no collective matched across ranks).</p>'
+    parts.append(_section("Clock offsets", clock, "sec-clock"))
+    if doc["warnings"]:
+        parts.append(_section("Warnings", "<ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in doc["warnings"]) + "</ul>",
+                              "sec-warnings"))
+    return "\n".join(parts)
+
+
+def render_page(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: str, assets: str = "inline") -> str:
+    """The whole view as one HTML document. `assets`: "inline" (self-contained file) or
+    "linked" (scripts and style loaded from `plotly.min.js`, `view.js`, `view.css` next to the page)."""
+    if assets == "inline":
+        head = f"<style>{static_text('view.css')}</style>"
+        scripts = _inline_script(plotly_js_path().read_text(encoding="utf-8")) + _inline_script(static_text("view.js"))
+    elif assets == "linked":
+        head = '<link rel="stylesheet" href="view.css">'
+        scripts = '<script src="plotly.min.js"></script><script src="view.js"></script>'
+    else:
+        raise ValueError(f"assets must be 'inline' or 'linked', not {assets!r}")
+    data = _json_block({"report": doc, "timeline": timeline})
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(title)}</title>{head}</head><body>\n{_body(doc, title)}\n"
+            f'<script type="application/json" id="harness-data">{data}</script>\n{scripts}\n</body></html>\n')
+
+
+def render_message(title: str, message_html: str, *, assets: str = "linked") -> str:
+    """A page with only a message (no report yet, unreadable report): same look as the view."""
+    head = f"<style>{static_text('view.css')}</style>" if assets == "inline" else '<link rel="stylesheet" href="view.css">'
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(title)}</title>{head}</head><body><h1>{html.escape(title)}</h1>"
+            f'<div id="message">{message_html}</div></body></html>\n')

@@ -1,0 +1,114 @@
+"""Which runs under a TensorBoard logdir the distributed view can show. Torch-free, no web code.
+
+A run is either
+- a folder with a collector report: `<run>/report/report.json` (run = `<run>`), or any other
+  folder holding `report.json` (a report written with `-o`; run = that folder);
+- a folder of per-rank traces with no report yet; node folders of a multi-node run
+  (`<run>/<node>/*.pt.trace.json.gz`, nothing directly in `<run>`, `<run>` not the logdir
+  itself) count as one run, `<run>`.
+
+Run names are paths relative to the logdir, '/'-separated. Files are only ever read through
+`RunEntry` paths found by walking the logdir, never built from a name a client sent, and a path
+that resolves outside the logdir (a symlink) is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.paths import REPORT_DIR, REPORT_JSON, SCALARS_DIR, STEPS_DIR, TIMELINE_JSON, TRACE_PATTERN
+
+SKIPPED_DIRS = {SCALARS_DIR, STEPS_DIR}
+MERGED_TRACE = "merged.pt.trace.json.gz"
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    name: str
+    run_dir: Path
+    report_dir: Path | None  # None: traces but no report yet
+    traces: int  # per-rank trace files found for it
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root)
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def _name(path: Path, root: Path) -> str:
+    rel = path.resolve().relative_to(root).as_posix()
+    return root.name if rel == "." else rel
+
+
+def find_runs(logdir: str | os.PathLike[str] | None) -> dict[str, RunEntry]:
+    """1. walk the logdir (symlinked folders not followed; tb/, steps/ and hidden folders
+    skipped); 2. a folder with report.json is a report, its run the parent when the folder is
+    named `report`; 3. a folder with per-rank traces is a trace folder; 4. trace folders of one
+    parent below the logdir that has no traces of its own, 2 or more of them, are one
+    multi-node run (directly under the logdir, each folder is a run of its own);
+    5. trace folders inside a reported run are that run's."""
+    if not logdir or not Path(logdir).is_dir():
+        return {}
+    root = Path(logdir).resolve()
+    reports: dict[Path, Path] = {}  # run_dir -> report_dir
+    traces: dict[Path, int] = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS and not d.startswith("."))
+        here = Path(dirpath)
+        if REPORT_JSON in filenames and _inside(here / REPORT_JSON, root):
+            reports[here.parent if here.name == REPORT_DIR and here != root else here] = here
+            continue
+        n = sum(1 for f in filenames if f != MERGED_TRACE and TRACE_PATTERN.match(f) and _inside(here / f, root))
+        if n:
+            traces[here] = n
+    by_parent: dict[Path, list[Path]] = {}
+    for d in traces:
+        if d.parent != root and d != root:
+            by_parent.setdefault(d.parent, []).append(d)
+    for parent, children in by_parent.items():
+        if parent not in traces and len(children) > 1:
+            traces[parent] = sum(traces.pop(c) for c in children)
+    runs: dict[str, RunEntry] = {}
+    for run_dir, report_dir in reports.items():
+        n = sum(v for d, v in traces.items() if d == run_dir or run_dir in d.parents)
+        runs[_name(run_dir, root)] = RunEntry(_name(run_dir, root), run_dir, report_dir, n)
+    for d, n in traces.items():
+        if any(d == r or r in d.parents for r in reports):
+            continue
+        runs[_name(d, root)] = RunEntry(_name(d, root), d, None, n)
+    return dict(sorted(runs.items()))
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a report folder, or None when missing (raises ValueError when unreadable)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError(f"cannot read {path.name}: {exc.strerror}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path.name} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path.name} is not a JSON object")
+    return doc
+
+
+def load_view_data(entry: RunEntry) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(report, timeline) of a run with a report; ValueError when the report is unusable."""
+    assert entry.report_dir is not None
+    report = read_json(entry.report_dir / REPORT_JSON)
+    if report is None:
+        raise ValueError("report.json disappeared; re-run the collector")
+    if report.get("schema_version") != 1 or "verdict" not in report:
+        raise ValueError("report.json was not written by harness.collect (schema_version 1); re-run the collector")
+    return report, read_json(entry.report_dir / TIMELINE_JSON)

@@ -1,0 +1,72 @@
+// The "Distributed view" tab of TensorBoard: pick a run, see its view (an iframe on ./view).
+// Loaded by TensorBoard's plugin_entry.html, whose <base> makes "./x" mean this plugin's route x.
+
+function el(tag, attrs, text) {
+  const node = document.createElement(tag);
+  Object.entries(attrs || {}).forEach(([k, v]) => node.setAttribute(k, v));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+async function getRuns() {
+  const response = await fetch("./runs");
+  if (!response.ok) throw new Error("runs: HTTP " + response.status);
+  return response.json();
+}
+
+export async function render() {
+  document.body.style.margin = "0";
+  document.body.style.fontFamily = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif";
+  const bar = el("div", { id: "bar", style: "padding: 8px 16px; border-bottom: 1px solid #e0e0e0; font-size: 14px;" });
+  const label = el("label", { for: "run" }, "Run ");
+  const select = el("select", { id: "run" });
+  const status = el("span", { id: "status", style: "margin-left: 12px; color: #5f6368;" });
+  const button = el("button", { id: "collect", style: "margin-left: 12px; display: none;" }, "Analyse now");
+  bar.append(label, select, button, status);
+  const frame = el("iframe", { id: "view", title: "distributed view",
+                               style: "border: 0; width: 100%; height: calc(100vh - 46px); display: block;" });
+  document.body.append(bar, frame);
+
+  let runs = [];
+  function show(name) {
+    const run = runs.find((r) => r.run === name);
+    if (!run) return;
+    button.style.display = run.has_report ? "none" : "inline";
+    status.textContent = run.has_report ? run.traces + " trace file(s)" :
+      "no report yet: " + run.collect_command;
+    frame.src = "./view?run=" + encodeURIComponent(name);
+  }
+  async function refresh(keep) {
+    runs = await getRuns();
+    select.replaceChildren(...runs.map((r) => el("option", { value: r.run }, r.run + (r.has_report ? "" : " (no report)"))));
+    if (!runs.length) {
+      status.textContent = "No run with profiler traces under the logdir. Train with: " +
+        "torchrun --nproc_per_node 2 -m harness.train, then python -m harness.collect profiler_logs/<run>";
+      return;
+    }
+    const pick = runs.find((r) => r.run === keep) || runs.find((r) => r.has_report) || runs[0];
+    select.value = pick.run;
+    show(pick.run);
+  }
+  select.addEventListener("change", () => show(select.value));
+  button.addEventListener("click", async () => {
+    const name = select.value;
+    button.disabled = true;
+    status.textContent = "running the collector on " + name + " ...";
+    try {
+      const response = await fetch("./collect?run=" + encodeURIComponent(name), { method: "POST" });
+      const result = await response.json();
+      status.textContent = result.ok ? "done: " + result.message : "collector failed: " + result.message;
+      if (result.ok) await refresh(name);
+    } catch (err) {
+      status.textContent = "collector failed: " + err;
+    } finally {
+      button.disabled = false;
+    }
+  });
+  try {
+    await refresh(null);
+  } catch (err) {
+    status.textContent = "cannot list runs: " + err;
+  }
+}

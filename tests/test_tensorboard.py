@@ -1,0 +1,318 @@
+"""`tensorboard --logdir profiler_logs` over real 2-rank runs: our plugin's routes, the scalars,
+torch-tb-profiler's routes, and the view in a real headless Chromium with no internet."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO, free_port, run_harness
+
+pytestmark = pytest.mark.slow
+
+PLUGIN = "/data/plugin/harness_distributed"
+PROFILER = "/data/plugin/pytorch_profiler"
+# Rank 1 sleeps 30 ms in its data phase every step: rank 0 waits for it at every allreduce.
+STRAGGLER = ["--mode", "torch", "--parallel", "ddp", "--steps", "12", "--warmup-steps", "2", "--wait", "2",
+             "--warmup", "1", "--active", "6", "--straggler-rank", "1", "--straggler-ms", "30",
+             "--straggler-phase", "data"]
+FSDP = ["--mode", "baseline", "--parallel", "fsdp", "--steps", "8", "--warmup-steps", "2", "--wait", "2",
+        "--warmup", "1", "--active", "3", "--batch-size", "16"]
+ARTIFACTS = Path(os.environ.get("HARNESS_TEST_ARTIFACTS", REPO / "tests" / "artifacts"))
+
+
+def collect(run_dir: Path) -> None:
+    subprocess.run([sys.executable, "-m", "harness.collect", str(run_dir), "-q"], check=True, cwd=REPO,
+                   capture_output=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tb") / "profiler_logs"
+    ddp = run_harness(STRAGGLER, root, run_name="ddp")
+    collect(ddp.dir)
+    run_harness(FSDP, root, run_name="fsdp")
+    pending = root / "pending"  # traces and no report: the view offers to make one
+    pending.mkdir()
+    for p in ddp.traces():
+        shutil.copy(p, pending / p.name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(logdir: Path) -> Iterator[str]:
+    """`tensorboard --logdir <logdir>` exactly as a user starts it (it binds to localhost)."""
+    port = free_port()
+    exe = Path(sys.executable).with_name("tensorboard")
+    log = (logdir.parent / "tensorboard.log").open("w")
+    proc = subprocess.Popen([str(exe), "--logdir", str(logdir), "--port", str(port)], stdout=log,
+                            stderr=subprocess.STDOUT, cwd=logdir.parent)
+    base = f"http://localhost:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if "harness_distributed" in get_json(base, "/data/plugins_listing"):
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("tensorboard did not start: " + (logdir.parent / "tensorboard.log").read_text()[-3000:])
+            time.sleep(0.5)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def get(base: str, path: str, method: str = "GET") -> tuple[int, bytes]:
+    req = urllib.request.Request(base + path, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def get_json(base: str, path: str) -> Any:
+    status, body = get(base, path)
+    assert status == 200, (path, status, body[:500])
+    return json.loads(body)
+
+
+def q(run: str) -> str:
+    return urllib.parse.quote(run, safe="")
+
+
+# -- our plugin ------------------------------------------------------------------------------
+
+def test_plugin_lists_runs_and_serves_the_view(server: str, logdir: Path) -> None:
+    runs = {r["run"]: r for r in get_json(server, f"{PLUGIN}/runs")}
+    assert {"ddp", "fsdp", "pending"} <= set(runs)
+    assert runs["ddp"]["has_report"] and runs["ddp"]["traces"] == 2
+    assert not runs["fsdp"]["has_report"] and "harness.collect" in runs["fsdp"]["collect_command"]
+    status, page = get(server, f"{PLUGIN}/view?run=ddp")
+    assert status == 200 and b"straggler: rank 1 on" in page and b'<script src="plotly.min.js">' in page
+    report = get_json(server, f"{PLUGIN}/report.json?run=ddp")
+    assert report == json.loads((logdir / "ddp" / "report" / "report.json").read_text())
+    timeline = get_json(server, f"{PLUGIN}/timeline.json?run=ddp")
+    assert [lane["rank"] for lane in timeline["ranks"]] == [0, 1]
+    for asset, size in (("plotly.min.js", 1_000_000), ("view.js", 1000), ("view.css", 100), ("index.js", 1000)):
+        status, body = get(server, f"{PLUGIN}/{asset}")
+        assert status == 200 and len(body) > size, asset
+    status, page = get(server, f"{PLUGIN}/view?run=fsdp")
+    assert status == 200 and b"no collector report yet" in page and b"python -m harness.collect" in page
+
+
+@pytest.mark.parametrize("path", [
+    "/view?run=nope", "/view?run=", "/view", "/view?run=..", "/view?run=ddp%2F..%2F..",
+    "/view?run=%2Fetc%2Fpasswd", "/view?run=..%2F..%2F..%2Fetc%2Fpasswd", "/report.json?run=fsdp",
+    "/report.json?run=..%2Fddp", "/timeline.json?run=ddp%2Freport", "/nope.js", "/static/view.js",
+])
+def test_plugin_refuses_unknown_runs_and_paths(server: str, path: str) -> None:
+    status, body = get(server, PLUGIN + path)
+    assert status == 404, (path, status, body[:300])
+
+
+@pytest.mark.parametrize("raw", ["/../../../../etc/passwd", "/..%2F..%2F..%2Fetc%2Fpasswd", "/view.js/../../../setup.py",
+                                 "/%2e%2e/%2e%2e/pyproject.toml"])
+def test_plugin_traversal_in_the_raw_path(server: str, raw: str) -> None:
+    # http.client sends the path as written (urllib would not normalise it either, but be explicit)
+    host, port = urllib.parse.urlsplit(server).netloc.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("GET", PLUGIN + raw)
+    resp = conn.getresponse()
+    body = resp.read()
+    assert resp.status in (400, 404), (raw, resp.status)
+    assert b"root:" not in body and b"[project]" not in body and b"setuptools" not in body
+
+
+def test_plugin_collects_a_run_without_report(server: str, logdir: Path) -> None:
+    assert get(server, f"{PLUGIN}/collect?run=pending")[0] == 405  # GET does nothing
+    status, body = get(server, f"{PLUGIN}/collect?run=pending", method="POST")
+    assert status == 200 and json.loads(body)["ok"], body
+    assert (logdir / "pending" / "report" / "report.html").is_file()
+    runs = {r["run"]: r for r in get_json(server, f"{PLUGIN}/runs")}
+    assert runs["pending"]["has_report"]
+    assert get(server, f"{PLUGIN}/collect?run=..%2Fpending", method="POST")[0] == 404
+
+
+# -- scalars ---------------------------------------------------------------------------------
+
+def scalar_values(server: str, run: str, tag: str) -> dict[int, float]:
+    rows = get_json(server, f"/data/plugin/scalars/scalars?run={q(run)}&tag={q(tag)}")
+    return {step: value for _, step, value in rows}
+
+
+def test_scalars_per_rank_from_training_and_collector(server: str) -> None:
+    tags = get_json(server, "/data/plugin/scalars/tags")
+    for r in (0, 1):
+        assert {"step/time_ms", "step/data_wait_ms", "step/throughput_samples_per_s", "memory/host_rss_bytes"} <= set(
+            tags[f"ddp/tb/rank0000{r}"])
+        assert {"collector/wait_for_others_ms", "collector/straggler_lag_ms", "collector/exposed_comm_ms"} <= set(
+            tags[f"ddp/report/tb/rank0000{r}"])
+    data1 = scalar_values(server, "ddp/tb/rank00001", "step/data_wait_ms")
+    data0 = scalar_values(server, "ddp/tb/rank00000", "step/data_wait_ms")
+    assert sorted(data1) == list(range(12)) and min(data1.values()) >= 30 > max(data0.values())
+    lag1 = scalar_values(server, "ddp/report/tb/rank00001", "collector/straggler_lag_ms")
+    wait0 = scalar_values(server, "ddp/report/tb/rank00000", "collector/wait_for_others_ms")
+    assert len(lag1) == 6 and all(v > 15 for v in lag1.values()), lag1  # the others waited for rank 1
+    assert all(v > 15 for v in wait0.values()), wait0
+
+
+# -- torch-tb-profiler -----------------------------------------------------------------------
+
+def profiler_runs(server: str) -> list[str]:
+    deadline = time.monotonic() + 120
+    while True:
+        body = get_json(server, f"{PROFILER}/runs")
+        if not body["loading"] and {"ddp", "fsdp"} <= set(body["runs"]) or time.monotonic() > deadline:
+            return body["runs"]
+        time.sleep(1)
+
+
+@pytest.mark.parametrize("run", ["ddp", "fsdp"])
+def test_torch_tb_profiler_routes_list_every_rank(server: str, run: str) -> None:
+    assert run in profiler_runs(server)
+    assert "Distributed" in get_json(server, f"{PROFILER}/views?run={run}")
+    assert get_json(server, f"{PROFILER}/workers?run={run}&view=Distributed") == ["All"]
+    workers = get_json(server, f"{PROFILER}/workers?run={run}&view=Overview")
+    assert len(workers) == 2 and all(w.startswith(f"rank0000{r}-") for r, w in enumerate(sorted(workers)))
+    spans = [get_json(server, f"{PROFILER}/spans?run={run}&worker={w}") for w in workers]
+    assert spans[0] == spans[1] == ["1"]  # equal spans per rank
+    overlap = get_json(server, f"{PROFILER}/distributed/overlap?run={run}&worker=All&span=1")
+    assert sorted(overlap["data"]["all"]) == sorted(workers)
+    commops = get_json(server, f"{PROFILER}/distributed/commops?run={run}&worker=All&span=1")
+    assert sorted(commops["data"]) == sorted(workers)
+    for w in workers:
+        names = {row[0] for row in commops["data"][w]["rows"]}
+        assert names and all(n.startswith("gloo:") for n in names), names
+
+
+# -- a real browser --------------------------------------------------------------------------
+
+LOOPBACK = ("http://localhost:", "http://127.0.0.1:", "data:", "blob:", "about:", "chrome-error:", "file://")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if os.environ.get("HARNESS_SKIP_BROWSER") == "1":
+        pytest.skip("HARNESS_SKIP_BROWSER=1")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    for exe in ("/usr/bin/chromium", "/usr/bin/chromedriver"):
+        assert Path(exe).exists(), f"{exe} missing: run `make browser` (Debian chromium + chromium-driver)"
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+                 "--window-size=1400,2200"):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    driver = webdriver.Chrome(options=opts, service=Service(executable_path="/usr/bin/chromedriver"))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def requested_urls(driver: Any) -> list[str]:
+    urls = []
+    for entry in driver.get_log("performance"):
+        msg = json.loads(entry["message"])["message"]
+        if msg["method"] == "Network.requestWillBeSent":
+            urls.append(msg["params"]["request"]["url"])
+    return urls
+
+
+def console_errors(driver: Any) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def wait_for(driver: Any, script: str, timeout_s: float = 60) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = driver.execute_script(script)
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for: {script}")
+
+
+VIEW_STATE = """
+const v = window.harnessView;
+if (!v || !v.ready) return null;
+const d = (id) => document.getElementById(id).data;
+return {charts: v.charts, stepY: d('heatmap-step')[0].y, waitZ: d('heatmap-wait')[0].z, waitY: d('heatmap-wait')[0].y,
+        bars: d('bars').map(t => [t.name, t.y, t.x]), timeline: d('timeline').map(t => [t.name, t.y.length]),
+        stragglers: Array.from(document.querySelectorAll('#stragglers tbody tr')).map(
+            tr => Object.fromEntries(Array.from(tr.cells).map(c => [c.dataset.key, c.textContent]))),
+        svgs: document.querySelectorAll('.main-svg').length,
+        verdict: document.getElementById('verdict').textContent};
+"""
+
+
+def check_view(state: dict[str, Any], report: dict[str, Any]) -> None:
+    assert state["charts"] == ["heatmap-step", "heatmap-wait", "bars", "timeline"] and state["svgs"] >= 4
+    assert state["verdict"] == report["headline"] and "rank 1" in state["verdict"]
+    assert state["stepY"] == state["waitY"] == ["rank 0", "rank 1"]
+    # rank 0 waits ~30 ms for rank 1 in every step; rank 1 waits for nobody
+    assert all(z > 15 for z in state["waitZ"][0]) and all(z < 5 for z in state["waitZ"][1]), state["waitZ"]
+    bars = {name: dict(zip(y, x)) for name, y, x in state["bars"]}
+    assert set(bars) == {"compute only", "overlapped communication", "exposed communication", "idle"}
+    by_rank = {r["rank"]: r for r in report["ranks"]}
+    assert bars["exposed communication"]["rank 0"] == pytest.approx(by_rank[0]["exposed_comm_ms"])
+    assert bars["idle"]["rank 1"] == pytest.approx(by_rank[1]["idle_ms"])
+    assert [s["rank"] for s in state["stragglers"]] == ["1"] and state["stragglers"][0]["phase"] == "data"
+    lanes = dict(state["timeline"])
+    assert lanes["step"] == 12 and lanes["wait for last arriver"] >= 6 and lanes["data"] == 12
+
+
+def test_view_in_chromium_through_tensorboard(server: str, browser: Any, logdir: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.get_log("performance")
+    browser.get(server + "/#harness_distributed")
+    plugin_frame = wait_for(browser, "return document.querySelector('iframe')")
+    browser.switch_to.frame(plugin_frame)
+    view_frame = wait_for(browser, "return document.getElementById('view')")
+    options = [o.text for o in browser.find_elements(By.CSS_SELECTOR, "#run option")]
+    assert "ddp" in options and "fsdp (no report)" in options
+    assert browser.find_element(By.ID, "run").get_attribute("value") == "ddp"
+    browser.switch_to.frame(view_frame)
+    state = wait_for(browser, VIEW_STATE)
+    check_view(state, json.loads((logdir / "ddp" / "report" / "report.json").read_text()))
+    browser.switch_to.default_content()
+    browser.save_screenshot(str(ARTIFACTS / "tensorboard_distributed_view.png"))
+    urls = requested_urls(browser)
+    assert any(u.endswith("/plotly.min.js") for u in urls)
+    assert [u for u in urls if not u.startswith(LOOPBACK)] == []
+    assert console_errors(browser) == []
+
+
+def test_report_html_opens_from_disk_offline(browser: Any, logdir: Path) -> None:
+    page = logdir / "ddp" / "report" / "report.html"
+    browser.get_log("performance")
+    browser.get(page.as_uri())
+    state = wait_for(browser, VIEW_STATE)
+    check_view(state, json.loads((logdir / "ddp" / "report" / "report.json").read_text()))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "report_html.png"))
+    assert [u for u in requested_urls(browser) if not u.startswith("file://") and not u.startswith(("data:", "blob:"))] == []
+    assert console_errors(browser) == []
