@@ -129,8 +129,15 @@ def test_find_runs(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     _trace(outside)
     (root / "link").symlink_to(outside)
+    # a multi-node run gathered as node folders, collected into the first one's report
+    _trace(root / "gathered" / "n0" / "run")
+    _trace(root / "gathered" / "n1" / "run", "rank00001-g.0001.pt.trace.json.gz")
+    (root / "gathered" / "n0" / "run" / "report").mkdir()
+    dirs = [str((root / "gathered" / n / "run").resolve()) for n in ("n0", "n1")]
+    (root / "gathered" / "n0" / "run" / "report" / "report.json").write_text(json.dumps({"input_dirs": dirs}))
     runs = find_runs(root)
-    assert sorted(runs) == ["done", "elsewhere", "fresh", "group/mn"]
+    assert sorted(runs) == ["done", "elsewhere", "fresh", "gathered/n0/run", "group/mn"]
+    assert runs["gathered/n0/run"].traces == 2
     assert runs["done"].report_dir == (root / "done" / "report").resolve() and runs["done"].traces == 1
     assert runs["fresh"].report_dir is None and runs["fresh"].traces == 1
     assert runs["group/mn"].traces == 2 and runs["group/mn"].run_dir == (root / "group" / "mn").resolve()

@@ -3,6 +3,7 @@
 `build_report` is pure (Analysis -> dict, the report.json document); the writers only format
 it. Schema of report.json (version 1), every duration in ms unless its name says `_us`:
 
+- `inputs`: the paths as given; `input_dirs`: the absolute folders the traces were read from.
 - `verdict`: "straggler" or "balanced"; `headline`: the verdict in one sentence.
 - `run`: {run_id, world_size, ranks_present, ranks_missing, complete, hosts, device, steps_source,
   steps}.
@@ -129,6 +130,7 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
     doc = {
         "schema_version": SCHEMA_VERSION,
         "inputs": inputs,
+        "input_dirs": sorted({str(Path(p).parent.resolve()) for t in a.runset.ranks for p in t.path.split(", ")}),
         "verdict": res.verdict,
         "headline": headline(res.verdict, stragglers, a.runset.missing),
         "run": {

@@ -3,7 +3,8 @@
 A run is either
 - a folder with a collector report: `<run>/report/report.json` (run = `<run>`), or any other
   folder holding `report.json` (a report written with `-o`; run = that folder);
-- a folder of per-rank traces with no report yet; node folders of a multi-node run
+- a folder of per-rank traces with no report yet (a folder whose traces a report read, listed
+  in its `input_dirs`, belongs to that report's run: the other nodes of a multi-node run); node folders of a multi-node run
   (`<run>/<node>/*.pt.trace.json.gz`, nothing directly in `<run>`, `<run>` not the logdir
   itself) count as one run, `<run>`.
 
@@ -53,7 +54,8 @@ def find_runs(logdir: str | os.PathLike[str] | None) -> dict[str, RunEntry]:
     named `report`; 3. a folder with per-rank traces is a trace folder; 4. trace folders of one
     parent below the logdir that has no traces of its own, 2 or more of them, are one
     multi-node run (directly under the logdir, each folder is a run of its own);
-    5. trace folders inside a reported run are that run's."""
+    5. trace folders inside a reported run, or read by its report (`input_dirs`), are that
+    run's."""
     if not logdir or not Path(logdir).is_dir():
         return {}
     root = Path(logdir).resolve()
@@ -75,15 +77,41 @@ def find_runs(logdir: str | os.PathLike[str] | None) -> dict[str, RunEntry]:
     for parent, children in by_parent.items():
         if parent not in traces and len(children) > 1:
             traces[parent] = sum(traces.pop(c) for c in children)
+    covered: dict[Path, set[Path]] = {r: _input_dirs(rep / REPORT_JSON) for r, rep in reports.items()}
+
+    def owner(d: Path) -> Path | None:
+        return next((r for r in reports if d == r or r in d.parents or d in covered[r]), None)
+
     runs: dict[str, RunEntry] = {}
-    for run_dir, report_dir in reports.items():
-        n = sum(v for d, v in traces.items() if d == run_dir or run_dir in d.parents)
-        runs[_name(run_dir, root)] = RunEntry(_name(run_dir, root), run_dir, report_dir, n)
+    counts: dict[Path, int] = dict.fromkeys(reports, 0)
     for d, n in traces.items():
-        if any(d == r or r in d.parents for r in reports):
-            continue
-        runs[_name(d, root)] = RunEntry(_name(d, root), d, None, n)
+        r = owner(d)
+        if r is None:
+            runs[_name(d, root)] = RunEntry(_name(d, root), d, None, n)
+        else:
+            counts[r] += n
+    for run_dir, report_dir in reports.items():
+        runs[_name(run_dir, root)] = RunEntry(_name(run_dir, root), run_dir, report_dir, counts[run_dir])
     return dict(sorted(runs.items()))
+
+
+_INPUTS_CACHE: dict[Path, tuple[tuple[int, int], set[Path]]] = {}
+
+
+def _input_dirs(report_json: Path) -> set[Path]:
+    """The report's `input_dirs`, cached by the file's mtime and size (reports can be large and
+    the run list is asked for often); empty when unreadable."""
+    try:
+        st = report_json.stat()
+        key = (st.st_mtime_ns, st.st_size)
+        hit = _INPUTS_CACHE.get(report_json)
+        if hit and hit[0] == key:
+            return hit[1]
+        dirs = {Path(p) for p in (read_json(report_json) or {}).get("input_dirs", []) if isinstance(p, str)}
+    except (OSError, ValueError):
+        return set()
+    _INPUTS_CACHE[report_json] = (key, dirs)
+    return dirs
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
