@@ -1,7 +1,7 @@
 """Benchmark (not a test): what the harness and its profiler cost per training step.
 
 Measured side by side in one process, on the same model and data, the variants' order rotated
-every repetition (A B C D, B C D A, ...) and garbage collected before each, so drift, noise and
+every repetition (A B C D S, B C D S A, ...) and garbage collected before each, so drift, noise and
 the leftovers of the previous variant hit every variant alike:
 
   A  minimal hand-written loop: next(batch) -> forward -> loss -> backward -> step -> zero_grad
@@ -9,12 +9,13 @@ the leftovers of the previous variant hit every variant alike:
      TensorBoard scalars
   C  the harness loop with the profiler on but every timed step outside its window (wait)
   D  the harness loop with every timed step inside the profiler's active window
+  S  B without TensorBoard scalars (--no-scalars)
 
 Each variant's figure per repetition is (time of N steps) / N, warm-up steps run first and not
 timed, in two clocks: wall time, and this process's CPU time (user + system), which does not
 count time the process spent descheduled by other tenants of a shared machine. Ratios are taken
 within each repetition (paired) and their median reported: B/A (target <= 1.02), C/B (target
-<= 1.02), D/B (the profiler's cost while recording).
+<= 1.02), D/B (the profiler's cost while recording), B/S (the scalars' cost).
 
     python bench/overhead.py --mode torch --steps 200 --reps 7
 """
@@ -69,7 +70,8 @@ def time_minimal(trainer: Trainer, steps: int, warmup: int) -> tuple[float, floa
     return elapsed / steps * 1e3, cpu / steps * 1e3
 
 
-def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out: Path) -> tuple[float, float]:
+def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out: Path,
+                 scalars: bool = True) -> tuple[float, float]:
     """Variants B-D: Trainer.run for warmup + steps, timing only the last `steps` steps.
 
     profiler: "off" (B), "wait" (C: window placed after the run) or "record" (D: the timed steps
@@ -85,7 +87,8 @@ def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out:
     trainer = make_trainer(cfg)
     tag = f"{profiler}-{time.monotonic_ns()}"
     log = StepLog(out / f"{tag}.jsonl")
-    trainer.scalars = ScalarWriter(out / "tb" / tag)  # as in a real run (--scalars is the default)
+    if scalars:  # as in a real run (--scalars is the default)
+        trainer.scalars = ScalarWriter(out / "tb" / tag)
     stamps: list[tuple[float, float]] = []
     original = trainer.train_step
 
@@ -98,7 +101,8 @@ def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out:
         trainer.run(rec, log)
         stamps.append((time.perf_counter(), time.process_time()))  # before the profiler's exit exports the trace
     log.close()
-    trainer.scalars.close()
+    if trainer.scalars:
+        trainer.scalars.close()
     (w0, c0), (w1, c1) = stamps[warmup], stamps[-1]
     return (w1 - w0) / steps * 1e3, (c1 - c0) / steps * 1e3
 
@@ -115,7 +119,7 @@ def main() -> None:
     args, extra = ap.parse_known_args()
     torch.set_num_threads(args.threads)
     base = resolve_environment(parse_config(["--mode", args.mode, *extra]), LaunchEnv.from_environ({}, cuda=False))
-    names = ("A minimal", "B harness off", "C outside window", "D inside window")
+    names = ("A minimal", "B harness off", "C outside window", "D inside window", "S no scalars")
     results: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
@@ -124,9 +128,10 @@ def main() -> None:
             names[1]: lambda: time_harness(base, args.steps, args.warmup, "off", out),
             names[2]: lambda: time_harness(base, args.steps, args.warmup, "wait", out),
             names[3]: lambda: time_harness(base, args.record_steps, args.warmup, "record", out),
+            names[4]: lambda: time_harness(base, args.steps, args.warmup, "off", out, scalars=False),
         }
         for rep in range(args.reps):
-            for name in names[rep % 4:] + names[:rep % 4]:
+            for name in names[rep % len(names):] + names[:rep % len(names)]:
                 gc.collect()
                 results[name].append(runs[name]())
             print(f"rep {rep + 1}/{args.reps} wall/cpu ms: " + ", ".join(
@@ -145,7 +150,8 @@ def main() -> None:
     print("\nmedian of per-repetition ratios        wall     cpu")
     for label, num, den, target in (("(a) harness off / minimal loop", names[1], names[0], "target <= 1.02"),
                                     ("(b) outside window / profiling off", names[2], names[1], "target <= 1.02"),
-                                    ("(c) inside window / profiling off", names[3], names[1], "the profiler's cost")):
+                                    ("(c) inside window / profiling off", names[3], names[1], "the profiler's cost"),
+                                    ("(d) harness off / same, no scalars", names[1], names[4], "TensorBoard scalars' cost")):
         print(f"{label:<38}{paired(num, den, 0):>7.4f}{paired(num, den, 1):>8.4f}  ({target})")
 
 

@@ -159,7 +159,15 @@ def scalar_values(server: str, run: str, tag: str) -> dict[int, float]:
 
 
 def test_scalars_per_rank_from_training_and_collector(server: str) -> None:
-    tags = get_json(server, "/data/plugin/scalars/tags")
+    # TensorBoard reads the logdir in the background after it starts: wait until it has every run.
+    runs = [f"ddp/tb/rank0000{r}" for r in (0, 1)] + [f"ddp/report/tb/rank0000{r}" for r in (0, 1)]
+    deadline = time.monotonic() + 90
+    while True:
+        tags = get_json(server, "/data/plugin/scalars/tags")
+        if all(len(tags.get(run, {})) >= 5 for run in runs) and len(
+                scalar_values(server, runs[1], "step/data_wait_ms")) == 12 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     for r in (0, 1):
         assert {"step/time_ms", "step/data_wait_ms", "step/throughput_samples_per_s", "memory/host_rss_bytes"} <= set(
             tags[f"ddp/tb/rank0000{r}"])

@@ -42,6 +42,15 @@ def test_scalar_writer_round_trip(tmp_path: Path) -> None:
     assert scalars(tmp_path / "tb" / "rank00000") == {"step/time_ms": [(0, 10.0), (1, 11.0), (2, 12.0)]}
 
 
+def test_event_file_checksums_match_tensorboards() -> None:
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    from harness.scalars import _masked_crc32c
+
+    for data in (b"", b"abc", bytes(range(256)) * 3):
+        assert _masked_crc32c(data) == masked_crc32c(data)
+
+
 def test_timeline_exact(tmp_path: Path) -> None:
     # gpu_docs: rank 0 arrives at t+300 us, rank 1 at t+500, both end at t+700, steps of 1000 us
     tl = build_timeline(run_analysis(tmp_path, gpu_docs()))
