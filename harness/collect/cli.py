@@ -133,5 +133,6 @@ def main(argv: list[str] | None = None) -> None:
         for w in analysis.warnings:
             print(f"warning: {w}")
     print(f"\nverdict: {doc['headline']}")
+    print(f"diagnosis: {doc['diagnosis_summary']}")
     print(f"report:  {out}/report.md (also report.html, report.json, timeline.json, steps.csv, collectives.csv"
           f"{'' if args.no_merged else ', merged.pt.trace.json.gz'}; TensorBoard scalars in {out}/tb/)")

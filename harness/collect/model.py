@@ -52,6 +52,14 @@ class Step:
     phases_us: dict[str, float] = field(default_factory=dict)  # harness:<phase> durations
     phase_spans: list[tuple[str, float, float]] = field(default_factory=list)  # (phase, start_us, end_us)
     top_ops_us: dict[str, float] = field(default_factory=dict)  # main-thread top-level op durations
+    # What the advisor reads (see parse.py): host ops outside the data phase, kernel launches,
+    # host-device syncs and their time, and the model's compute time (forward/loss/backward,
+    # the whole step without harness ranges) by kernel (GPU) or op self time (CPU) by name.
+    host_ops: int = 0
+    launches: int = 0
+    syncs: int = 0
+    sync_us: float = 0.0
+    compute_by_name_us: dict[str, float] = field(default_factory=dict)
 
     @property
     def dur_us(self) -> float:

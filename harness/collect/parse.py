@@ -36,6 +36,10 @@ C10D_OP = re.compile(r"^c10d::_?(?P<coll>[a-z_]+?)(?:_base)?_$")  # c10d::allred
 STEP_NAME = re.compile(r"^ProfilerStep#(?P<n>\d+)$")
 FILE_RANK = re.compile(r"(?:rank|worker)[-_]?(?P<rank>\d+)", re.IGNORECASE)
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "hip_runtime"}
+LAUNCH_CALL = re.compile(r"^(?:cuda|cu|hip)(?:LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|ModuleLaunchKernel|GraphLaunch)")
+# Host calls that block until the device catches up (cudaMemcpy without Async is synchronous).
+SYNC_CALL = re.compile(r"^(?:cuda|hip)(?:StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy)$")
+COMM_OP = re.compile(r"^(?:c10d::|record_param_comms|nccl:|gloo:)")
 
 
 def canonical_collective(name: str) -> str:
@@ -208,6 +212,15 @@ def parse_trace(path: Path, doc: dict[str, Any] | None = None) -> RankTrace:
             corr = (e.get("args") or {}).get("correlation")
             if corr is not None:
                 launch_ts[corr] = e["ts"]
+            st = index.at(e["ts"])
+            if st is not None:
+                name = str(e.get("name", ""))
+                if LAUNCH_CALL.match(name):
+                    by_number[st].launches += 1
+                elif SYNC_CALL.match(name):
+                    by_number[st].syncs += 1
+                    by_number[st].sync_us += e["dur"]
+    _count_host_ops(main_ops, steps, index, by_number)
 
     comms: list[CommOp] = []
     compute: list[Busy] = []
@@ -224,6 +237,9 @@ def parse_trace(path: Path, doc: dict[str, Any] | None = None) -> RankTrace:
                                 dtype=args.get("dtype"), step=step, thread=(e.get("pid"), e.get("tid"))))
         else:
             compute.append((e["ts"], e["ts"] + e["dur"], step, str(e.get("name", ""))))
+            if step is not None and _in_model_phase(by_number[step], launched):
+                by_name = by_number[step].compute_by_name_us
+                by_name[str(e.get("name", ""))] = by_name.get(str(e.get("name", "")), 0.0) + e["dur"]
     for e in events:
         if e.get("cat") != "user_annotation":
             continue
@@ -246,6 +262,7 @@ def parse_trace(path: Path, doc: dict[str, Any] | None = None) -> RankTrace:
         for e in main_ops:
             if str(e.get("name", "")).startswith("aten::"):
                 compute.append((e["ts"], e["ts"] + e["dur"], index.at(e["ts"]), str(e["name"])))
+        _self_times(main_ops, index, by_number)
     comms.sort(key=lambda c: c.start_us)
     compute.sort(key=by_interval)
     number_by_group(comms)
@@ -253,6 +270,52 @@ def parse_trace(path: Path, doc: dict[str, Any] | None = None) -> RankTrace:
                      path=str(path), run_id=meta.get("run_id"), device="gpu" if kernels else "cpu", steps=steps,
                      comms=comms, compute=compute, warnings=warnings, steps_source=steps_source,
                      rank_source=rank_source, base_us=base_ns / 1e3)
+
+
+NON_MODEL_PHASES = (STEP_PHASES[0], "optimizer")
+
+
+def _in_model_phase(step: Step, ts: float) -> bool:
+    """Whether host time `ts` is in the model's own work (forward, loss, backward, h2d), i.e. not
+    in the data or optimizer phase; True throughout a step with no harness ranges."""
+    return not any(a <= ts <= b for p, a, b in step.phase_spans if p in NON_MODEL_PHASES)
+
+
+def _count_host_ops(main_ops: list[dict[str, Any]], steps: list[Step], index: _StepIndex,
+                    by_number: dict[int, Step]) -> None:
+    """Per step, the main thread's `aten::` ops (any depth) outside its data phase: the eager
+    work the host dispatches for the model."""
+    data_spans = {s.number: [(a, b) for p, a, b in s.phase_spans if p == STEP_PHASES[0]] for s in steps}
+    for e in main_ops:
+        if not str(e.get("name", "")).startswith("aten::"):
+            continue
+        st = index.at(e["ts"])
+        if st is not None and not any(a <= e["ts"] <= b for a, b in data_spans[st]):
+            by_number[st].host_ops += 1
+
+
+def _self_times(main_ops: list[dict[str, Any]], index: _StepIndex, by_number: dict[int, Step]) -> None:
+    """CPU traces: each step's op self time by name (an op's duration minus its children's),
+    communication ops and the data and optimizer phases left out; the CPU-side equivalent of
+    GPU kernel time by name.
+
+    1. walk the ops by start, longest first on ties, with a stack of open ops;
+    2. pop the ops that ended before this one starts; credit its duration to its name and
+       debit it from the enclosing op's name."""
+    stack: list[dict[str, Any]] = []
+    for e in sorted(main_ops, key=lambda e: (e["ts"], -e["dur"])):
+        while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+            stack.pop()
+        st = index.at(e["ts"])
+        if st is not None and _in_model_phase(by_number[st], e["ts"]):
+            by_name = by_number[st].compute_by_name_us
+            name = str(e.get("name", ""))
+            if not COMM_OP.match(name):
+                by_name[name] = by_name.get(name, 0.0) + e["dur"]
+            if stack and not COMM_OP.match(str(stack[-1].get("name", ""))):
+                parent = str(stack[-1].get("name", ""))
+                by_name[parent] = by_name.get(parent, 0.0) - e["dur"]
+        stack.append(e)
 
 
 def _int(v: Any) -> int | None:

@@ -9,6 +9,10 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   steps}.
 - `stragglers`: [{rank, host, phase, phase_excess_ms, blame_ms, wait_ms, last_fraction,
   whatif_step_ms, mean_step_ms}], most blamed first; empty when balanced.
+- `diagnosis`: [{rank, host, bottleneck, reason, evidence, advice}], one per rank (see
+  advisor.py): bottleneck is one of straggler, data-bound, sync-bound, launch-bound,
+  comm-exposed, kernel-bound, healthy; evidence holds the numbers the rules read.
+  `diagnosis_summary`: e.g. "launch-bound (ranks 0, 1)".
 - `ranks`: [{rank, host, steps, mean_step_ms, compute_ms, comm_ms, overlapped_comm_ms,
   exposed_comm_ms, idle_ms, wait_ms, blame_ms, last_fraction, clock_offset_ms, clock_spread_ms,
   clock_samples}]; compute..idle are summed over the analysed steps.
@@ -32,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import text_table
+from harness.collect.advisor import as_rows, diagnose, summary
 from harness.collect.analysis import Analysis
 from harness.paths import REPORT_JSON
 
@@ -64,6 +69,9 @@ RANK_COLUMNS: list[Column] = [
 GAP_COLUMNS: list[Column] = [
     ("rank", "rank", "{}"), ("step", "step", "{}"), ("kind", "kind", "{}"), ("dur_ms", "ms", "{:.3f}"),
     ("collective", "collective", "{}")]
+DIAGNOSIS_COLUMNS: list[Column] = [
+    ("rank", "rank", "{}"), ("host", "host", "{}"), ("bottleneck", "bottleneck", "{}"), ("reason", "evidence", "{}"),
+    ("advice", "next step", "{}")]
 HOST_COLUMNS: list[Column] = [
     ("host", "host", "{}"), ("ranks", "ranks", "{}"), ("blame_ms", "others waited ms", "{:.2f}"),
     ("wait_ms", "waited ms", "{:.2f}"), ("stragglers", "stragglers", "{}")]
@@ -126,6 +134,7 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
         })
     gaps = sorted(a.gaps, key=lambda g: -g.dur_us)
     present = sorted(by_rank)
+    diagnoses = diagnose(a)
     all_steps = sorted({s.number for t in a.traces for s in t.steps})
     doc = {
         "schema_version": SCHEMA_VERSION,
@@ -140,6 +149,8 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
             "steps_source": sorted({t.steps_source for t in a.traces}), "steps": all_steps,
         },
         "stragglers": stragglers,
+        "diagnosis": as_rows(diagnoses),
+        "diagnosis_summary": summary(diagnoses),
         "ranks": ranks,
         "hosts": list(hosts.values()),
         "steps": step_rows,
@@ -233,6 +244,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines += _table(doc["stragglers"], STRAGGLER_COLUMNS)
     else:
         lines.append(f"None: no rank's blame exceeds {doc['threshold_ms']:.2f} ms per step.")
+    lines += ["", f"## Diagnosis: {doc['diagnosis_summary']}", ""]
+    lines += _table(doc["diagnosis"], DIAGNOSIS_COLUMNS)
     lines += ["", "## Per rank", ""]
     lines += _table(doc["ranks"], RANK_COLUMNS)
     if len(doc["hosts"]) > 1:

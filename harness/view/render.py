@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from harness.collect.report import (CLOCK_COLUMNS, GAP_COLUMNS, HOST_COLUMNS, RANK_COLUMNS, STRAGGLER_COLUMNS, Column,
+from harness.collect.report import (CLOCK_COLUMNS, DIAGNOSIS_COLUMNS, GAP_COLUMNS, HOST_COLUMNS, RANK_COLUMNS, STRAGGLER_COLUMNS, Column,
                                     advice, cell, gap_rows, host_rows, scope_line)
 
 GAPS_SHOWN = 20
@@ -82,6 +82,9 @@ def _body(doc: dict[str, Any], title: str) -> str:
     else:
         stragglers = (f'<p id="stragglers">None: no rank\'s blame exceeds {doc["threshold_ms"]:.2f} ms per step.</p>')
     parts.append(_section("Stragglers", stragglers, "sec-stragglers"))
+    if doc.get("diagnosis"):
+        parts.append(_section(f"Diagnosis: {doc.get('diagnosis_summary', '')}",
+                              html_table(doc["diagnosis"], DIAGNOSIS_COLUMNS, "diagnosis"), "sec-diagnosis"))
     parts.append(_section("What to do next", "<ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in advice(doc)) + "</ul>",
                           "sec-advice"))
     parts.append(_section("Per rank", html_table(doc["ranks"], RANK_COLUMNS, "ranks",

@@ -1,0 +1,191 @@
+"""The bottleneck advisor: one verdict per rank, with the numbers behind it and the next step.
+
+Pure function of the collector's `Analysis` (parsed traces on aligned clocks, overlap, matched
+collectives, stragglers). Bottlenecks: data-bound, sync-bound, launch-bound, comm-exposed,
+kernel-bound, straggler, healthy. Thresholds were set on this project's lab workloads (see
+`Rules`); the GPU-only rules (sync-bound, launch-bound by device idle) follow the same logic but
+have not been calibrated on a GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from harness.collect.analysis import Analysis
+from harness.collect.model import RankTrace
+from harness.collect.overlap import StepOverlap
+from harness.paths import STEP_PHASES
+
+# Dense matrix math: the work a model is made of. On GPU by kernel name, on CPU by aten op.
+GEMM = re.compile(r"gemm|cutlass|xmma|cublas|nvjet|wgrad|dgrad|fprop|conv|^aten::(?:mm|addmm|bmm|baddbmm|addmv|mv|dot)$",
+                  re.IGNORECASE)
+# CPU ops that move or re-view memory: on GPU these are memcpy/memset (not kernels) or nothing.
+MEMORY_OPS = re.compile(r"^aten::(?:copy_|_to_copy|to|clone|contiguous|as_strided|view|_unsafe_view|reshape|empty\w*|"
+                        r"zero_|fill_|resize_|set_|detach|t|transpose|permute|expand|select|slice|unsqueeze|squeeze)$")
+BOTTLENECKS = ("straggler", "data-bound", "sync-bound", "launch-bound", "comm-exposed", "kernel-bound", "healthy")
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Thresholds of the decision tree (shares are of the rank's mean step time)."""
+
+    data_share: float = 0.30  # data phase (waiting for the input pipeline)
+    sync_per_step: float = 1.0  # GPU: blocking host-device syncs per step ...
+    sync_idle_share: float = 0.15  # ... while the device idles this much
+    launch_ops_per_step: int = 1000  # host ops per step ...
+    launch_us_per_op: float = 10.0  # ... each taking less than this much step time (CPU and GPU)
+    launch_gpu_launches: int = 300  # GPU: kernel launches per step ...
+    launch_gpu_idle_share: float = 0.30  # ... with the device idle this much
+    comm_transfer_share: float = 0.25  # communication itself (transfer, not waiting) ...
+    comm_exposed_share: float = 0.15  # ... and not hidden behind compute
+    kernel_compute_share: float = 0.40  # device busy computing ...
+    kernel_gemm_share: float = 0.50  # ... with matrix math under this share of compute time
+
+
+ADVICE = {
+    "straggler": "the other ranks wait for this one: fix its slow phase first (see the straggler table); the "
+                 "rest of the job cannot go faster than it",
+    "data-bound": "the input pipeline starves the step: more DataLoader workers (--num-workers), "
+                  "persistent workers, pinned memory, prefetching; move decoding/augmentation offline or to the GPU",
+    "sync-bound": "host-device syncs stall the device every step (.item(), .cpu(), printing tensors, "
+                  "synchronous copies): keep values on the device, log them every N steps, copy with non_blocking=True",
+    "launch-bound": "eager overhead: the step is many tiny ops and the host cannot issue them fast enough: "
+                    "torch.compile (fusion), CUDA graphs, a larger batch per step, fused optimizers (foreach/fused)",
+    "comm-exposed": "communication is not hidden behind compute: overlap it (DDP bucket_cap_mb, FSDP "
+                    "prefetch), send less (bf16/fp16 gradients, gradient compression, sparse embeddings), "
+                    "or do more compute per step (larger batch, gradient accumulation)",
+    "kernel-bound": "memory-bound elementwise/normalisation kernels dominate: fuse them (torch.compile), "
+                    "use bf16/fp16, fused implementations (fused layer norm, fused optimizers)",
+    "healthy": "the time goes to the model's matrix math with no dominant overhead: scale the batch or the "
+               "model, or look at kernel efficiency (precision, tensor cores, channels_last)",
+}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    rank: int
+    host: str
+    bottleneck: str
+    reason: str  # the rule that fired, with its numbers
+    evidence: dict[str, Any]
+    advice: str
+
+
+def _share(x: float, total: float) -> float:
+    return round(x / total, 4) if total > 0 else 0.0
+
+
+def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_step: float) -> dict[str, Any]:
+    """The per-rank numbers the rules read, means over the rank's analysed steps:
+
+    1. step_ms; data_share = data phase / step;
+    2. host_ops_per_step (main-thread aten ops outside the data phase) and us_per_op = (step -
+       data phase) / host ops: the step time each dispatched op accounts for;
+    3. launches_per_step, syncs_per_step, sync_share (blocking sync calls' time / step);
+    4. compute, exposed communication, wait-free idle shares from the overlap rows (device
+       time: GPU kernels, or the CPU main thread's ops on CPU-only traces);
+    5. transfer_share = the run's collective transfer time per step (minimum duration across
+       ranks, summed over the step's collectives) / step;
+    6. gemm_share = matrix-math kernels' (or ops' self) time / all the model's compute by name
+       (forward, loss, backward; CPU memory-movement ops left out, as memcpy is on GPU);
+       top_compute = the three names with the largest share."""
+    steps = trace.steps
+    n = max(len(steps), 1)
+    step_us = sum(s.dur_us for s in steps) / n
+    data_us = sum(s.phases_us.get(STEP_PHASES[0], 0.0) for s in steps) / n
+    ops = sum(s.host_ops for s in steps) / n
+    by_name: dict[str, float] = {}
+    for s in steps:
+        for k, v in s.compute_by_name_us.items():
+            if not MEMORY_OPS.match(k):
+                by_name[k] = by_name.get(k, 0.0) + max(v, 0.0)
+    total = sum(by_name.values())
+    gemm = sum(v for k, v in by_name.items() if GEMM.search(k))
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:3]
+    window = sum(r.window_us for r in rows) or step_us * n
+    return {
+        "step_ms": round(step_us / 1e3, 3),
+        "data_share": _share(data_us, step_us),
+        "host_ops_per_step": round(ops, 1),
+        "us_per_op": round((step_us - data_us) / ops, 2) if ops else None,
+        "launches_per_step": round(sum(s.launches for s in steps) / n, 1),
+        "syncs_per_step": round(sum(s.syncs for s in steps) / n, 2),
+        "sync_share": _share(sum(s.sync_us for s in steps) / n, step_us),
+        "compute_share": _share(sum(r.compute_us for r in rows), window),
+        "exposed_comm_share": _share(sum(r.exposed_comm_us for r in rows), window),
+        "idle_share": _share(sum(r.idle_us for r in rows), window),
+        "transfer_share": _share(transfer_ms_per_step * 1e3, step_us),
+        "gemm_share": _share(gemm, total),
+        "top_compute": [[k, _share(v, total)] for k, v in top],
+        "device": trace.device,
+    }
+
+
+def classify(ev: dict[str, Any], rules: Rules = Rules()) -> tuple[str, str]:
+    """The decision tree, in the classic order (input pipeline first; then syncs; then launch
+    overhead; then communication; then kernels): the first rule that holds names the
+    bottleneck. Returns (bottleneck, reason)."""
+    gpu = ev["device"] == "gpu"
+    if ev["data_share"] >= rules.data_share:
+        return "data-bound", f"{ev['data_share']:.0%} of the step waits for the input pipeline (>= {rules.data_share:.0%})"
+    if gpu and ev["syncs_per_step"] >= rules.sync_per_step and ev["idle_share"] >= rules.sync_idle_share:
+        return "sync-bound", (f"{ev['syncs_per_step']:.1f} blocking syncs per step ({ev['sync_share']:.0%} of it) and "
+                              f"the device idle {ev['idle_share']:.0%} of the time")
+    if ev["us_per_op"] is not None and ev["host_ops_per_step"] >= rules.launch_ops_per_step \
+            and ev["us_per_op"] < rules.launch_us_per_op:
+        return "launch-bound", (f"{ev['host_ops_per_step']:.0f} ops per step at {ev['us_per_op']:.1f} us of step time "
+                                f"each (>= {rules.launch_ops_per_step} ops, < {rules.launch_us_per_op:.0f} us)")
+    if gpu and ev["launches_per_step"] >= rules.launch_gpu_launches and ev["idle_share"] >= rules.launch_gpu_idle_share:
+        return "launch-bound", (f"{ev['launches_per_step']:.0f} kernel launches per step with the device idle "
+                                f"{ev['idle_share']:.0%} of the time")
+    if ev["transfer_share"] >= rules.comm_transfer_share and ev["exposed_comm_share"] >= rules.comm_exposed_share:
+        return "comm-exposed", (f"collectives transfer for {ev['transfer_share']:.0%} of the step and "
+                                f"{ev['exposed_comm_share']:.0%} of device time is exposed communication")
+    if ev["compute_share"] >= rules.kernel_compute_share and ev["gemm_share"] < rules.kernel_gemm_share:
+        top = ", ".join(f"{k} {v:.0%}" for k, v in ev["top_compute"])
+        return "kernel-bound", (f"compute is {ev['compute_share']:.0%} of device time, only {ev['gemm_share']:.0%} of it "
+                                f"matrix math; top: {top}")
+    return "healthy", (f"no rule fired: data {ev['data_share']:.0%}, exposed communication "
+                       f"{ev['exposed_comm_share']:.0%}, matrix math {ev['gemm_share']:.0%} of compute")
+
+
+def _transfer_ms_per_step(a: Analysis) -> float:
+    rows = [r for r in a.stragglers.instance_rows if r["step"] is not None]
+    steps = {r["step"] for r in rows}
+    return sum(r["transfer_us"] for r in rows) / 1e3 / len(steps) if steps else 0.0
+
+
+def diagnose(a: Analysis, rules: Rules = Rules()) -> list[Diagnosis]:
+    """One `Diagnosis` per rank: a straggler (from the straggler analysis) is named so, with the
+    phase it is slow in; every other rank goes through `classify`."""
+    transfer = _transfer_ms_per_step(a)
+    blamed = {r.rank: r for r in a.stragglers.ranks if r.straggler}
+    out = []
+    for t in sorted(a.traces, key=lambda t: t.rank):
+        ev = rank_evidence(t, [r for r in a.overlap if r.rank == t.rank], transfer)
+        if t.rank in blamed:
+            b = blamed[t.rank]
+            ev.update(blame_ms=round(b.blame_ms, 3), last_fraction=b.last_fraction, slow_phase=b.phase)
+            kind = "straggler"
+            reason = (f"the others waited {b.blame_ms:.1f} ms for it; last to arrive in {b.last_fraction:.0%} of steps"
+                      + (f"; slow in {b.phase}" if b.phase else ""))
+        else:
+            kind, reason = classify(ev, rules)
+        out.append(Diagnosis(rank=t.rank, host=t.host, bottleneck=kind, reason=reason, evidence=ev, advice=ADVICE[kind]))
+    return out
+
+
+def as_rows(diagnoses: list[Diagnosis]) -> list[dict[str, Any]]:
+    return [asdict(d) for d in diagnoses]
+
+
+def summary(diagnoses: list[Diagnosis]) -> str:
+    """'launch-bound (ranks 0, 1)' style, most common first."""
+    by: dict[str, list[int]] = {}
+    for d in diagnoses:
+        by.setdefault(d.bottleneck, []).append(d.rank)
+    parts = sorted(by.items(), key=lambda kv: (-len(kv[1]), BOTTLENECKS.index(kv[0])))
+    return "; ".join(f"{k} (rank{'s' if len(v) > 1 else ''} {', '.join(map(str, v))})" for k, v in parts)
+

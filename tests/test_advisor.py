@@ -1,0 +1,106 @@
+"""The bottleneck advisor: the decision tree on hand-set evidence, the trace facts it reads on
+hand-built traces, and every lab workload classified on real 2-rank CPU runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.collect.advisor import Rules, classify
+from harness.collect.parse import parse_trace
+
+from conftest import REPO, run_harness
+from tracebuild import GpuRank, document, step, write, x
+
+HEALTHY = {"device": "cpu", "data_share": 0.02, "host_ops_per_step": 400, "us_per_op": 40.0, "launches_per_step": 0,
+           "syncs_per_step": 0, "sync_share": 0.0, "compute_share": 0.5, "exposed_comm_share": 0.2, "idle_share": 0.1,
+           "transfer_share": 0.1, "gemm_share": 0.7, "top_compute": [["aten::mm", 0.5]]}
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({}, "healthy"),
+    ({"data_share": 0.30}, "data-bound"),
+    ({"data_share": 0.5, "host_ops_per_step": 5000, "us_per_op": 1.0}, "data-bound"),  # input pipeline first
+    ({"host_ops_per_step": 1000, "us_per_op": 9.9}, "launch-bound"),
+    ({"host_ops_per_step": 999, "us_per_op": 1.0}, "healthy"),
+    ({"transfer_share": 0.25, "exposed_comm_share": 0.15}, "comm-exposed"),
+    ({"transfer_share": 0.25, "exposed_comm_share": 0.14}, "healthy"),  # communication hidden
+    ({"gemm_share": 0.49}, "kernel-bound"),
+    ({"gemm_share": 0.49, "compute_share": 0.39}, "healthy"),
+    ({"device": "gpu", "syncs_per_step": 1.0, "idle_share": 0.15}, "sync-bound"),
+    ({"syncs_per_step": 1.0, "idle_share": 0.5}, "healthy"),  # no device to stall on CPU
+    ({"device": "gpu", "launches_per_step": 300, "idle_share": 0.30}, "launch-bound"),
+])
+def test_decision_tree(change: dict, expected: str) -> None:
+    kind, reason = classify({**HEALTHY, **change}, Rules())
+    assert kind == expected, reason
+
+
+def test_gpu_launches_syncs_and_kernel_time_by_name(tmp_path: Path) -> None:
+    g = GpuRank()
+    events = [step(1, 0, 1000)]
+    for i in range(3):
+        g.kernel("ampere_sgemm_128x64_nn", 10 + i, 100 + 100 * i, 80)
+    g.kernel("vectorized_elementwise_kernel", 20, 500, 30)
+    g.allreduce(30, 600, 100)  # communication: not compute
+    events += [x("cudaStreamSynchronize", "cuda_runtime", 700, 50), x("cudaMemcpy", "cuda_runtime", 800, 20),
+               x("cudaMemcpyAsync", "cuda_runtime", 850, 5)]
+    t = parse_trace(write(tmp_path / "rank0.pt.trace.json", document(events + g.events, 0)))
+    s = t.steps[0]
+    assert (s.launches, s.syncs, s.sync_us) == (5, 2, 70.0)
+    assert s.compute_by_name_us == {"ampere_sgemm_128x64_nn": 240.0, "vectorized_elementwise_kernel": 30.0}
+
+
+def test_cpu_self_time_and_host_ops(tmp_path: Path) -> None:
+    # step [0, 1000]: data phase [0, 100] holds one aten op; linear [200, 500] holds addmm
+    # [210, 450] which holds copy_ [220, 260]; allreduce [600, 700] is communication;
+    # optimizer phase [800, 900] holds aten::add_
+    events = [step(1, 0, 1000), x("harness:data", "user_annotation", 0, 100), x("aten::randn", "cpu_op", 10, 50),
+              x("aten::linear", "cpu_op", 200, 300), x("aten::addmm", "cpu_op", 210, 240),
+              x("aten::copy_", "cpu_op", 220, 40), x("c10d::allreduce_", "cpu_op", 600, 100),
+              x("harness:optimizer", "user_annotation", 800, 100), x("aten::add_", "cpu_op", 810, 20)]
+    t = parse_trace(write(tmp_path / "rank0.pt.trace.json", document(events, 0, base_ns=None)))
+    s = t.steps[0]
+    assert s.host_ops == 4  # linear, addmm, copy_, add_; not the data phase's randn
+    # self times of the model's ops; the data phase's randn is not the model's compute
+    assert s.compute_by_name_us == {"aten::linear": 60.0, "aten::addmm": 200.0, "aten::copy_": 40.0}
+
+
+# -- real runs -------------------------------------------------------------------------------
+
+RUN = ["--steps", "12", "--warmup-steps", "2", "--wait", "2", "--warmup", "1", "--active", "6"]
+
+
+def diagnosis_of(run_dir: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(run_dir), "-q", "--no-merged"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((run_dir / "report" / "report.json").read_text())
+    assert f"diagnosis: {doc['diagnosis_summary']}" in proc.stdout
+    assert "## Diagnosis" in (run_dir / "report" / "report.md").read_text()
+    return doc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--mode", "baseline"], ["healthy", "healthy"]),
+    (["--mode", "data"], ["data-bound", "data-bound"]),
+    (["--mode", "torch"], ["launch-bound", "launch-bound"]),
+    (["--mode", "kernel"], ["kernel-bound", "kernel-bound"]),
+    (["--mode", "comm"], ["comm-exposed", "comm-exposed"]),
+    (["--mode", "baseline", "--straggler-rank", "1", "--straggler-ms", "30", "--straggler-phase", "forward"],
+     ["healthy", "straggler"]),
+], ids=["baseline", "data", "torch", "kernel", "comm", "straggler"])
+def test_lab_workloads_are_classified(args: list[str], expected: list[str], log_dir: Path) -> None:
+    run = run_harness([*args, *RUN], log_dir)
+    doc = diagnosis_of(run.dir)
+    got = [d["bottleneck"] for d in doc["diagnosis"]]
+    assert got == expected, json.dumps(doc["diagnosis"], indent=1)
+    for d in doc["diagnosis"]:
+        assert d["reason"] and d["advice"] and isinstance(d["evidence"], dict)
+    if "straggler" in expected:
+        assert doc["diagnosis"][1]["evidence"]["slow_phase"] == "forward"
