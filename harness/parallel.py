@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -61,11 +62,12 @@ def wrap_model(model: nn.Module, par: ParallelConfig, speed: SpeedConfig, device
     return model
 
 
-def build_optimizer(model: nn.Module, speed: SpeedConfig) -> torch.optim.Optimizer:
-    kwargs = {"lr": 1e-3}
-    if speed.fused_optimizer:
-        kwargs["fused"] = True
-    return torch.optim.AdamW(model.parameters(), **kwargs)
+def build_optimizer(model: nn.Module, name: str, speed: SpeedConfig) -> torch.optim.Optimizer:
+    """AdamW (lr 1e-3) or plain SGD (lr 0.01, no momentum: no per-parameter state)."""
+    kwargs: dict[str, Any] = {"fused": True} if speed.fused_optimizer else {}
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.01, **kwargs)
+    return torch.optim.AdamW(model.parameters(), lr=1e-3, **kwargs)
 
 
 def destroy_process_group(clean_exit: bool = True) -> None:

@@ -46,7 +46,7 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
     workload = build_workload(cfg.workload, cfg.data, env.rank)
     model = wrap_model(workload.model, cfg.parallel, cfg.speed, device)
     scalars = ScalarWriter(scalars_dir(ident.dir, env.rank)) if cfg.output.scalars else None
-    trainer = Trainer(cfg=cfg, model=model, optimizer=build_optimizer(model, cfg.speed), workload=workload,
+    trainer = Trainer(cfg=cfg, model=model, optimizer=build_optimizer(model, cfg.workload.optimizer, cfg.speed), workload=workload,
                       loader=build_loader(workload, cfg, device), device=device, rank=env.rank, host=host,
                       scalars=scalars)
     metadata = {"run_id": ident.run_id, "run_name": ident.name, "rank": env.rank, "local_rank": env.local_rank,

@@ -37,6 +37,20 @@ def test_cli_overrides_preset_and_only_what_was_typed(tmp_path: Path) -> None:
     assert cfg.workload.hidden == 256  # the data mode's default width
 
 
+def test_optimizer_defaults_per_mode_and_builds() -> None:
+    from torch import nn
+
+    from harness.parallel import build_optimizer
+
+    assert parse_config(["--mode", "comm"]).workload.optimizer == "sgd"
+    assert parse_config(["--mode", "baseline"]).workload.optimizer == "adamw"
+    cfg = parse_config(["--mode", "comm", "--optimizer", "adamw"])
+    assert cfg.workload.optimizer == "adamw"
+    model = nn.Linear(2, 2)
+    assert type(build_optimizer(model, "sgd", cfg.speed)).__name__ == "SGD"
+    assert type(build_optimizer(model, "adamw", cfg.speed)).__name__ == "AdamW"
+
+
 @pytest.mark.parametrize(
     ("argv", "field"),
     [
