@@ -27,8 +27,9 @@ HEALTHY = {"device": "cpu", "data_share": 0.02, "host_ops_per_step": 400, "us_pe
     ({"data_share": 0.5, "host_ops_per_step": 5000, "us_per_op": 1.0}, "data-bound"),  # input pipeline first
     ({"host_ops_per_step": 1000, "us_per_op": 9.9}, "launch-bound"),
     ({"host_ops_per_step": 999, "us_per_op": 1.0}, "healthy"),
-    ({"transfer_share": 0.25, "exposed_comm_share": 0.15}, "comm-exposed"),
-    ({"transfer_share": 0.25, "exposed_comm_share": 0.14}, "healthy"),  # communication hidden
+    ({"transfer_share": 0.45, "exposed_comm_share": 0.15}, "comm-exposed"),
+    ({"transfer_share": 0.44, "exposed_comm_share": 0.4}, "healthy"),  # little communication
+    ({"transfer_share": 0.45, "exposed_comm_share": 0.14}, "healthy"),  # communication hidden
     ({"gemm_share": 0.49}, "kernel-bound"),
     ({"gemm_share": 0.49, "compute_share": 0.39}, "healthy"),
     ({"device": "gpu", "syncs_per_step": 1.0, "idle_share": 0.15}, "sync-bound"),
