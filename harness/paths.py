@@ -44,6 +44,13 @@ REPORT_JSON = "report.json"
 TIMELINE_JSON = "timeline.json"
 REPORT_HTML = "report.html"
 
+# Lab sweeps: <log-dir>/lab/<sweep>-<time>/ holds timings.csv, summary.md, the charts, and one
+# harness run folder (plus its torchrun log) per row under runs/.
+LAB_DIR = "lab"
+LAB_RUNS_DIR = "runs"
+LAB_TIMINGS = "timings.csv"
+LAB_SUMMARY = "summary.md"
+
 _HOST_UNSAFE = re.compile(r"[^A-Za-z0-9-]+")
 
 
@@ -73,6 +80,10 @@ def steps_path(run_dir: Path, rank: int) -> Path:
 def scalars_dir(parent: Path, rank: int) -> Path:
     """Event-file folder of one rank under a run folder or a report folder."""
     return parent / SCALARS_DIR / SCALARS_RANK_TEMPLATE.format(rank=rank)
+
+
+def lab_dir(log_dir: Path, sweep: str, stamp: str) -> Path:
+    return log_dir / LAB_DIR / f"{sweep}-{stamp}"
 
 
 def run_file(run_dir: Path) -> Path:

@@ -34,6 +34,11 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _max(values: list[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, float | int | None]:
     """Steady-state summary of one rank's step records (warm-up steps excluded).
 
@@ -41,7 +46,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float | int | None]:
     2. mean, p50, p90, p99 and max of their `step_ms`;
     3. throughput = samples in those steps / their summed step time in seconds;
     4. `unprofiled_mean_step_ms`: the mean over steady steps the profiler was not recording or
-       warming up in (null when every steady step was profiled), to show the profiler's cost.
+       warming up in (null when every steady step was profiled), to show the profiler's cost;
+    5. peaks over every step, warm-up included (memory high-water marks are often set there):
+       `peak_rss_bytes` (process RSS), `peak_gpu_allocated_bytes` (null without CUDA).
     Figures over no steps are null (JSON has no NaN).
     """
     steady = [r for r in records if not r.get("warmup")]
@@ -58,6 +65,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float | int | None]:
         "mean_data_ms": _mean([r["data_ms"] for r in steady]),
         "unprofiled_mean_step_ms": _mean([r["step_ms"] for r in steady if r.get("profiler", "off") in ("off", "wait")]),
         "throughput_samples_s": samples / total_s if total_s > 0 else None,
+        "peak_rss_bytes": _max([r.get("rss_bytes") for r in records]),
+        "peak_gpu_allocated_bytes": _max([r.get("gpu_peak_allocated_bytes") for r in records]),
     }
 
 

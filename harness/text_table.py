@@ -1,4 +1,4 @@
-"""Right-aligned plain-text tables for the console (torch-free: the collector uses it too)."""
+"""Tables for the console (right-aligned plain text) and for Markdown reports (torch-free)."""
 
 from __future__ import annotations
 
@@ -17,3 +17,11 @@ def render(rows: list[dict[str, Any]], cols: list[Column], mark: Callable[[dict[
     for r, b in zip(rows, body):
         lines.append("  ".join(c.rjust(w) for c, w in zip(b, widths)) + mark(r))
     return "\n".join(lines)
+
+
+def markdown(rows: list[dict[str, Any]], cols: list[Column]) -> list[str]:
+    """Markdown table lines; numeric columns (any format but '{}') right-aligned, None as '-'."""
+    head = "| " + " | ".join(t for _, t, _ in cols) + " |"
+    sep = "|" + "|".join("---:" if f != "{}" else "---" for _, _, f in cols) + "|"
+    body = ["| " + " | ".join("-" if r.get(k) is None else f.format(r[k]) for k, _, f in cols) + " |" for r in rows]
+    return [head, sep, *body]

@@ -20,9 +20,12 @@ def test_percentile_interpolates_linearly() -> None:
 
 def test_summary_skips_warmup_and_counts_throughput() -> None:
     records = [
-        {"step": 0, "step_ms": 100.0, "data_ms": 50.0, "samples": 8, "warmup": True, "profiler": "wait"},
-        {"step": 1, "step_ms": 10.0, "data_ms": 1.0, "samples": 8, "warmup": False, "profiler": "wait"},
-        {"step": 2, "step_ms": 30.0, "data_ms": 3.0, "samples": 8, "warmup": False, "profiler": "record"},
+        {"step": 0, "step_ms": 100.0, "data_ms": 50.0, "samples": 8, "warmup": True, "profiler": "wait",
+         "rss_bytes": 900},
+        {"step": 1, "step_ms": 10.0, "data_ms": 1.0, "samples": 8, "warmup": False, "profiler": "wait",
+         "rss_bytes": 700},
+        {"step": 2, "step_ms": 30.0, "data_ms": 3.0, "samples": 8, "warmup": False, "profiler": "record",
+         "rss_bytes": 800},
     ]
     s = summarize(records)
     assert s["steps"] == 2
@@ -32,6 +35,8 @@ def test_summary_skips_warmup_and_counts_throughput() -> None:
     assert s["mean_data_ms"] == 2.0
     assert s["unprofiled_mean_step_ms"] == 10.0
     assert s["throughput_samples_s"] == pytest.approx(16 / 0.040)
+    assert s["peak_rss_bytes"] == 900  # the warm-up step's high-water mark counts
+    assert s["peak_gpu_allocated_bytes"] is None
 
 
 def test_summary_of_nothing_is_valid_json() -> None:

@@ -207,13 +207,6 @@ def advice(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def _table(rows: list[dict[str, Any]], cols: list[Column]) -> list[str]:
-    head = "| " + " | ".join(t for _, t, _ in cols) + " |"
-    sep = "|" + "|".join("---:" if f != "{}" else "---" for _, _, f in cols) + "|"
-    body = ["| " + " | ".join(cell(r, k, f) for k, _, f in cols) + " |" for r in rows]
-    return [head, sep, *body]
-
-
 def scope_line(doc: dict[str, Any]) -> str:
     """What the report covers, in one sentence."""
     run = doc["run"]
@@ -241,19 +234,19 @@ def render_markdown(doc: dict[str, Any]) -> str:
                      f"{run['world_size']} have no trace; the analysis covers the ranks present.")
     lines += ["", "## Stragglers", ""]
     if doc["stragglers"]:
-        lines += _table(doc["stragglers"], STRAGGLER_COLUMNS)
+        lines += text_table.markdown(doc["stragglers"], STRAGGLER_COLUMNS)
     else:
         lines.append(f"None: no rank's blame exceeds {doc['threshold_ms']:.2f} ms per step.")
     lines += ["", f"## Diagnosis: {doc['diagnosis_summary']}", ""]
-    lines += _table(doc["diagnosis"], DIAGNOSIS_COLUMNS)
+    lines += text_table.markdown(doc["diagnosis"], DIAGNOSIS_COLUMNS)
     lines += ["", "## Per rank", ""]
-    lines += _table(doc["ranks"], RANK_COLUMNS)
+    lines += text_table.markdown(doc["ranks"], RANK_COLUMNS)
     if len(doc["hosts"]) > 1:
         lines += ["", "## Per host", ""]
-        lines += _table(host_rows(doc), HOST_COLUMNS)
+        lines += text_table.markdown(host_rows(doc), HOST_COLUMNS)
     lines += ["", "## Biggest gaps", ""]
     if doc["gaps"]:
-        lines += _table(gap_rows(doc, 10), GAP_COLUMNS)
+        lines += text_table.markdown(gap_rows(doc, 10), GAP_COLUMNS)
         lines.append(f"\n{doc['gaps_total']} gap(s) in all; `report.json` lists the {min(doc['gaps_total'], MAX_GAPS)} longest.")
     else:
         lines.append("No gap of exposed communication or idle device time.")
@@ -261,7 +254,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     if doc["clock"]["aligned"]:
         lines.append(f"Estimated from the end times of matched collectives, relative to rank {doc['clock']['reference_rank']} "
                      "(subtracted from each rank's timestamps).")
-        lines += [""] + _table(doc["ranks"], CLOCK_COLUMNS)
+        lines += [""] + text_table.markdown(doc["ranks"], CLOCK_COLUMNS)
     else:
         lines.append("Clocks not aligned (--no-align, or no collective matched across ranks).")
     lines += ["", "## What to do next", ""] + [f"- {a}" for a in advice(doc)]

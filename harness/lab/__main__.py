@@ -1,0 +1,3 @@
+from harness.lab.cli import main
+
+main()
