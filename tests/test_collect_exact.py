@@ -190,3 +190,18 @@ def test_identical_kernel_intervals_inside_and_outside_a_step(tmp_path: Path) ->
 
     merged = _merge_windows([parse_trace(p) for p in windows])
     assert len(merged.compute) == 4
+
+
+def test_odd_events_decode_or_are_left_out_with_a_warning(tmp_path: Path) -> None:
+    """Producers that stray from the format: string timestamps, numeric names, args that are
+    not objects, events that are not objects. What can be placed in time is kept."""
+    events = [step(1, 0, 1000), x("aten::mm", "cpu_op", 100, 200),
+              {**x("aten::sub", "cpu_op", 0, 0), "name": 7, "ts": "300.5", "dur": "10"},
+              {**x("aten::add", "cpu_op", 400, 5), "args": "odd"},
+              42, "not an event",
+              x("aten::neg", "cpu_op", 500, -1), {**x("aten::abs", "cpu_op", 0, 1), "ts": True},
+              {**x("aten::exp", "cpu_op", 0, 1), "dur": [1]}]
+    t = parse_trace(write(tmp_path / "rank0.pt.trace.json", document(events, 0)))
+    assert [(c[0], c[3]) for c in t.compute] == [(100.0, "aten::mm"), (400.0, "aten::add")]
+    assert t.steps[0].host_ops == 2  # mm and add; "7" is not an aten op; neg has no valid duration
+    assert any("2 malformed event(s) left out" in w for w in t.warnings)

@@ -14,21 +14,17 @@ What is taken from where (the format facts are in ../shared/design.md):
 from __future__ import annotations
 
 import bisect
-import gzip
 import json
 import re
-import zlib
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from harness.collect.decode import Event, Trace, TraceError, decode_trace, number, read_bytes
 from harness.collect.model import Busy, CommOp, RankTrace, Step, by_interval, number_by_group
-from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_METADATA_KEY, WORKER_RANK_PATTERN, TRACE_PATTERN
+from harness.paths import RANGE_PREFIX, STEP_PHASES, WORKER_RANK_PATTERN, TRACE_PATTERN
 
-
-class TraceError(ValueError):
-    """A file that cannot be read as a profiler trace; the message says which and why."""
-
+__all__ = ["TraceError", "load_json", "parse_trace"]
 
 NCCL_KERNEL = re.compile(r"^(?:nccl|rccl)(?:Dev)?Kernel_(?P<coll>[A-Za-z]+)", re.IGNORECASE)
 GLOO_RANGE = re.compile(r"^gloo:(?P<coll>\w+)")
@@ -48,18 +44,9 @@ def canonical_collective(name: str) -> str:
 
 
 def load_json(path: Path) -> dict[str, Any]:
-    """The trace document; gzip is recognised by its magic bytes, not the file name."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
-    if not raw:
-        raise TraceError(f"{path}: empty file")
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise TraceError(f"{path}: corrupt or truncated gzip ({exc})") from None
+    """The whole trace document as dicts (the merged trace rewrites every event; the analysis
+    itself reads the typed events of `decode_trace`)."""
+    raw = read_bytes(path)
     try:
         doc = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -69,10 +56,9 @@ def load_json(path: Path) -> dict[str, Any]:
     return doc
 
 
-def _rank_of(doc: dict[str, Any], path: Path, warnings: list[str]) -> tuple[int, int | None, str]:
-    info = doc.get("distributedInfo")
-    meta = doc.get(TRACE_METADATA_KEY) if isinstance(doc.get(TRACE_METADATA_KEY), dict) else {}
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+def _rank_of(doc: Trace, path: Path, warnings: list[str]) -> tuple[int, int | None, str]:
+    info, meta = doc.distributed_info, doc.meta
+    if info is not None and isinstance(info.get("rank"), int):
         return info["rank"], info.get("world_size"), "distributedInfo"
     if isinstance(meta.get("rank"), int):
         return meta["rank"], meta.get("world_size"), "harness metadata"
@@ -85,66 +71,38 @@ def _rank_of(doc: dict[str, Any], path: Path, warnings: list[str]) -> tuple[int,
     raise TraceError(f"{path}: no distributedInfo and no rank in the file name; rename it to rank<N>.pt.trace.json")
 
 
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            return None
-    return None
-
-
-def _complete_events(events: list[Any]) -> list[dict[str, Any]]:
-    """`ph: X` events with numeric ts and a non-negative dur (others cannot be placed in time)."""
-    out = []
+def _main_thread(events: list[Event]) -> tuple[Any, Any] | None:
     for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        ts, dur = _num(e.get("ts")), _num(e.get("dur"))
-        if ts is None or dur is None or dur < 0:
-            continue
-        e["ts"], e["dur"] = ts, dur
-        out.append(e)
-    out.sort(key=lambda e: e["ts"])
-    return out
-
-
-def _main_thread(events: list[dict[str, Any]]) -> tuple[Any, Any] | None:
-    for e in events:
-        if e.get("cat") == "user_annotation" and STEP_NAME.match(str(e.get("name", ""))):
-            return e.get("pid"), e.get("tid")
+        if e.cat == "user_annotation" and STEP_NAME.match(e.name):
+            return e.pid, e.tid
     busy: dict[tuple[Any, Any], float] = defaultdict(float)
     for e in events:
-        if e.get("cat") == "cpu_op":
-            busy[(e.get("pid"), e.get("tid"))] += e["dur"]
+        if e.cat == "cpu_op":
+            busy[(e.pid, e.tid)] += e.dur
     return max(busy, key=busy.get) if busy else None
 
 
-def _steps(events: list[dict[str, Any]], on_main: list[dict[str, Any]], warnings: list[str], name: str) -> tuple[list[Step], str]:
+def _steps(events: list[Event], on_main: list[Event], warnings: list[str], name: str) -> tuple[list[Step], str]:
     steps: dict[int, Step] = {}
     for e in on_main:
-        m = STEP_NAME.match(str(e.get("name", "")))
-        if m and not str(e.get("cat", "")).startswith("gpu"):
+        m = STEP_NAME.match(e.name)
+        if m and not e.cat.startswith("gpu"):
             n = int(m["n"])
             if n not in steps:
-                steps[n] = Step(number=n, start_us=e["ts"], end_us=e["ts"] + e["dur"])
+                steps[n] = Step(number=n, start_us=e.ts, end_us=e.ts + e.dur)
     if steps:
         return sorted(steps.values(), key=lambda s: s.start_us), "ProfilerStep"
     first = RANGE_PREFIX + STEP_PHASES[0]
-    marks = [e for e in on_main if e.get("name") == first]
+    marks = [e for e in on_main if e.name == first]
     if marks:
         warnings.append(f"{name}: no ProfilerStep#N markers; steps taken from the harness ranges")
-        ends = [e["ts"] for e in marks[1:]] + [max(x["ts"] + x["dur"] for x in on_main)]
-        return [Step(number=i, start_us=e["ts"], end_us=end) for i, (e, end) in enumerate(zip(marks, ends))], "harness ranges"
+        ends = [e.ts for e in marks[1:]] + [max(x.ts + x.dur for x in on_main)]
+        return [Step(number=i, start_us=e.ts, end_us=end) for i, (e, end) in enumerate(zip(marks, ends))], "harness ranges"
     if not events:
         return [], "whole trace"
     warnings.append(f"{name}: no ProfilerStep#N markers or harness ranges; the whole trace is one step")
-    start = events[0]["ts"]
-    end = max(e["ts"] + e["dur"] for e in events)
+    start = events[0].ts
+    end = max(e.ts + e.dur for e in events)
     return [Step(number=0, start_us=start, end_us=end)], "whole trace"
 
 
@@ -162,106 +120,106 @@ class _StepIndex:
         return None
 
 
-def _top_level(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _top_level(events: list[Event]) -> list[Event]:
     """Events (sorted by start) not nested inside an earlier one."""
-    out: list[dict[str, Any]] = []
+    out: list[Event] = []
     end = -float("inf")
     for e in events:
-        if e["ts"] >= end:
+        if e.ts >= end:
             out.append(e)
-            end = e["ts"] + e["dur"]
+            end = e.ts + e.dur
     return out
 
 
-def parse_trace(path: Path, doc: dict[str, Any] | None = None) -> RankTrace:
+def parse_trace(path: Path) -> RankTrace:
     """Parse one trace file (see the module docstring for what comes from where)."""
     warnings: list[str] = []
-    doc = load_json(path) if doc is None else doc
+    doc = decode_trace(path)
+    if doc.dropped:
+        warnings.append(f"{path.name}: {doc.dropped} malformed event(s) left out")
     rank, world_size, rank_source = _rank_of(doc, path, warnings)
-    meta = doc.get(TRACE_METADATA_KEY) if isinstance(doc.get(TRACE_METADATA_KEY), dict) else {}
-    host = str(meta.get("host") or doc.get("host_name") or "unknown")
-    base_ns = _num(doc.get("baseTimeNanoseconds")) or 0.0
-    events = _complete_events(doc["traceEvents"])
+    meta = doc.meta
+    host = str(meta.get("host") or doc.host_name or "unknown")
+    base_ns = number(doc.base_time_ns) or 0.0
+    events = doc.events
     main = _main_thread(events)
-    on_main = [e for e in events if (e.get("pid"), e.get("tid")) == main]
+    on_main = [e for e in events if (e.pid, e.tid) == main]
     steps, steps_source = _steps(events, on_main, warnings, path.name)
     index = _StepIndex(steps)
     by_number = {s.number: s for s in steps}
 
     for e in on_main:
-        if e.get("cat") != "user_annotation":
+        if e.cat != "user_annotation":
             continue
-        name = str(e.get("name", ""))
-        if name.startswith(RANGE_PREFIX):
-            st = index.at(e["ts"])
+        if e.name.startswith(RANGE_PREFIX):
+            st = index.at(e.ts)
             if st is not None:
                 step = by_number[st]
-                phase = name[len(RANGE_PREFIX):]
-                step.phases_us[phase] = step.phases_us.get(phase, 0.0) + e["dur"]
-                step.phase_spans.append((phase, e["ts"], e["ts"] + e["dur"]))
-    main_ops = [e for e in on_main if e.get("cat") == "cpu_op"]
+                phase = e.name[len(RANGE_PREFIX):]
+                step.phases_us[phase] = step.phases_us.get(phase, 0.0) + e.dur
+                step.phase_spans.append((phase, e.ts, e.ts + e.dur))
+    main_ops = [e for e in on_main if e.cat == "cpu_op"]
     for e in _top_level(main_ops):
-        st = index.at(e["ts"])
+        st = index.at(e.ts)
         if st is not None:
             ops = by_number[st].top_ops_us
-            ops[e["name"]] = ops.get(e["name"], 0.0) + e["dur"]
+            ops[e.name] = ops.get(e.name, 0.0) + e.dur
 
     launch_ts: dict[Any, float] = {}
     for e in events:
-        if e.get("cat") in LAUNCH_CATS:
-            corr = (e.get("args") or {}).get("correlation")
+        if e.cat in LAUNCH_CATS:
+            corr = e.args.correlation
             if corr is not None:
-                launch_ts[corr] = e["ts"]
-            st = index.at(e["ts"])
+                launch_ts[corr] = e.ts
+            st = index.at(e.ts)
             if st is not None:
-                name = str(e.get("name", ""))
-                if LAUNCH_CALL.match(name):
+                if LAUNCH_CALL.match(e.name):
                     by_number[st].launches += 1
-                elif SYNC_CALL.match(name):
+                elif SYNC_CALL.match(e.name):
                     by_number[st].syncs += 1
-                    by_number[st].sync_us += e["dur"]
+                    by_number[st].sync_us += e.dur
     _count_host_ops(main_ops, steps, index, by_number)
 
     comms: list[CommOp] = []
     compute: list[Busy] = []
-    kernels = [e for e in events if e.get("cat") == "kernel"]
+    kernels = [e for e in events if e.cat == "kernel"]
     for e in kernels:
-        args = e.get("args") or {}
-        launched = launch_ts.get(args.get("correlation"), e["ts"])
+        args = e.args
+        launched = launch_ts.get(args.correlation, e.ts)
         step = index.at(launched)
-        m = NCCL_KERNEL.match(str(e.get("name", "")))
+        m = NCCL_KERNEL.match(e.name)
         if m:
-            coll = args.get("Collective name") or m["coll"]
-            comms.append(CommOp(name=canonical_collective(str(coll)), pg=str(args.get("Process Group Name", "default")),
-                                start_us=e["ts"], end_us=e["ts"] + e["dur"], nelems=_int(args.get("In msg nelems")),
-                                dtype=args.get("dtype"), step=step, thread=(e.get("pid"), e.get("tid"))))
+            coll = args.collective or m["coll"]
+            pg = "default" if args.process_group is None else args.process_group
+            comms.append(CommOp(name=canonical_collective(str(coll)), pg=str(pg), start_us=e.ts, end_us=e.ts + e.dur,
+                                nelems=_int(args.in_nelems), dtype=args.dtype, step=step, thread=(e.pid, e.tid)))
         else:
-            compute.append((e["ts"], e["ts"] + e["dur"], step, str(e.get("name", ""))))
+            compute.append((e.ts, e.ts + e.dur, step, e.name))
             if step is not None and _in_model_phase(by_number[step], launched):
                 by_name = by_number[step].compute_by_name_us
-                by_name[str(e.get("name", ""))] = by_name.get(str(e.get("name", "")), 0.0) + e["dur"]
+                by_name[e.name] = by_name.get(e.name, 0.0) + e.dur
     for e in events:
-        if e.get("cat") != "user_annotation":
+        if e.cat != "user_annotation":
             continue
-        m = GLOO_RANGE.match(str(e.get("name", "")))
+        m = GLOO_RANGE.match(e.name)
         if m:
-            comms.append(CommOp(name=canonical_collective(m["coll"]), pg="default", start_us=e["ts"],
-                                end_us=e["ts"] + e["dur"], step=index.at(e["ts"]), thread=(e.get("pid"), e.get("tid"))))
+            comms.append(CommOp(name=canonical_collective(m["coll"]), pg="default", start_us=e.ts,
+                                end_us=e.ts + e.dur, step=index.at(e.ts), thread=(e.pid, e.tid)))
     if not comms:
         # No NCCL kernels and no gloo worker ranges (older torch, other CPU backends): the
         # main thread's c10d ops are the only sign of communication; they span the blocking
         # call, so they stand in for the collective's interval.
         for e in main_ops:
-            m = C10D_OP.match(str(e.get("name", "")))
+            m = C10D_OP.match(e.name)
             if m and m["coll"] not in ("wait", "barrier"):
-                comms.append(CommOp(name=canonical_collective(m["coll"]), pg="default", start_us=e["ts"],
-                                    end_us=e["ts"] + e["dur"], step=index.at(e["ts"]), thread=main))
+                comms.append(CommOp(name=canonical_collective(m["coll"]), pg="default", start_us=e.ts,
+                                    end_us=e.ts + e.dur, step=index.at(e.ts), thread=main))
         if comms:
             warnings.append(f"{path.name}: no gloo:* or NCCL communication ranges; using the main thread's c10d ops")
     if not kernels:
         for e in main_ops:
-            if str(e.get("name", "")).startswith("aten::"):
-                compute.append((e["ts"], e["ts"] + e["dur"], index.at(e["ts"]), str(e["name"])))
+            if e.name.startswith("aten::"):
+                compute.append((e.ts, e.ts + e.dur, index.at(e.ts), e.name))
         _self_times(main_ops, index, by_number)
     comms.sort(key=lambda c: c.start_us)
     compute.sort(key=by_interval)
@@ -281,20 +239,20 @@ def _in_model_phase(step: Step, ts: float) -> bool:
     return not any(a <= ts <= b for p, a, b in step.phase_spans if p in NON_MODEL_PHASES)
 
 
-def _count_host_ops(main_ops: list[dict[str, Any]], steps: list[Step], index: _StepIndex,
+def _count_host_ops(main_ops: list[Event], steps: list[Step], index: _StepIndex,
                     by_number: dict[int, Step]) -> None:
     """Per step, the main thread's `aten::` ops (any depth) outside its data phase: the eager
     work the host dispatches for the model."""
     data_spans = {s.number: [(a, b) for p, a, b in s.phase_spans if p == STEP_PHASES[0]] for s in steps}
     for e in main_ops:
-        if not str(e.get("name", "")).startswith("aten::"):
+        if not e.name.startswith("aten::"):
             continue
-        st = index.at(e["ts"])
-        if st is not None and not any(a <= e["ts"] <= b for a, b in data_spans[st]):
+        st = index.at(e.ts)
+        if st is not None and (not data_spans[st] or not any(a <= e.ts <= b for a, b in data_spans[st])):
             by_number[st].host_ops += 1
 
 
-def _self_times(main_ops: list[dict[str, Any]], index: _StepIndex, by_number: dict[int, Step]) -> None:
+def _self_times(main_ops: list[Event], index: _StepIndex, by_number: dict[int, Step]) -> None:
     """CPU traces: each step's op self time by name (an op's duration minus its children's),
     communication ops and the data and optimizer phases left out; the CPU-side equivalent of
     GPU kernel time by name.
@@ -302,22 +260,21 @@ def _self_times(main_ops: list[dict[str, Any]], index: _StepIndex, by_number: di
     1. walk the ops by start, longest first on ties, with a stack of open ops;
     2. pop the ops that ended before this one starts; credit its duration to its name and
        debit it from the enclosing op's name."""
-    stack: list[dict[str, Any]] = []
-    for e in sorted(main_ops, key=lambda e: (e["ts"], -e["dur"])):
-        while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+    stack: list[Event] = []
+    for e in sorted(main_ops, key=lambda e: (e.ts, -e.dur)):
+        while stack and stack[-1].ts + stack[-1].dur <= e.ts:
             stack.pop()
-        st = index.at(e["ts"])
-        if st is not None and _in_model_phase(by_number[st], e["ts"]):
+        st = index.at(e.ts)
+        if st is not None and _in_model_phase(by_number[st], e.ts):
             by_name = by_number[st].compute_by_name_us
-            name = str(e.get("name", ""))
-            if not COMM_OP.match(name):
-                by_name[name] = by_name.get(name, 0.0) + e["dur"]
-            if stack and not COMM_OP.match(str(stack[-1].get("name", ""))):
-                parent = str(stack[-1].get("name", ""))
-                by_name[parent] = by_name.get(parent, 0.0) - e["dur"]
+            if not COMM_OP.match(e.name):
+                by_name[e.name] = by_name.get(e.name, 0.0) + e.dur
+            if stack and not COMM_OP.match(stack[-1].name):
+                parent = stack[-1].name
+                by_name[parent] = by_name.get(parent, 0.0) - e.dur
         stack.append(e)
 
 
 def _int(v: Any) -> int | None:
-    n = _num(v)
+    n = number(v)
     return int(n) if n is not None else None
