@@ -3,6 +3,7 @@
     python bench/collector_vs_hta.py                      # real 8-rank set + 8 ranks x 85 MB
     python bench/collector_vs_hta.py --rank-mb 200 --reps 3
     python bench/collector_vs_hta.py --scale 8,16,32,64 --scale-mb 20   # ours only: ranks vs seconds
+    python bench/collector_vs_hta.py --no-compare --stream-mb 2000     # ours only: one 2 GB trace
 
 Each tool runs as its own process, alternating (ours first on even repetitions, HTA first on
 odd ones); wall time is the process's, peak memory the largest sum of RSS over the process and
@@ -176,6 +177,14 @@ def scale(work: Path, sizes: list[int], rank_mb: float, reps: int) -> None:
         print(f"{n:>6} {wall:>9.2f} {wall / n:>8.3f} {statistics.median(m for _, m in got) / 1e6:>9.0f}")
 
 
+def one_big_trace(work: Path, rank_mb: float) -> None:
+    folder = make_set(work, 1, rank_mb)
+    size = sum(p.stat().st_size for p in folder.glob("*.json")) / 1e6
+    wall, peak = measured(ours_cmd(folder, Path(tempfile.mkdtemp(prefix="cvh-big-")) / "report"))
+    print(f"\none trace of {size:.0f} MB (uncompressed): ours {wall:.1f} s, peak RSS {peak / 1e6:.0f} MB "
+          f"(target < 1000 MB)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ranks", type=int, default=8)
@@ -184,7 +193,8 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "collector-bench")
     p.add_argument("--scale", default="", help="comma-separated rank counts for the ours-only scaling curve")
     p.add_argument("--scale-mb", type=float, default=20.0)
-    p.add_argument("--no-compare", action="store_true", help="only the scaling curve")
+    p.add_argument("--stream-mb", type=float, default=0.0, help="also time one trace of this size (ours only)")
+    p.add_argument("--no-compare", action="store_true", help="skip the comparison with HTA")
     args = p.parse_args()
     if not args.no_compare:
         sets = [SOURCE, make_set(args.work, args.ranks, args.rank_mb)]
@@ -197,6 +207,8 @@ def main() -> None:
                   f"{r['ours'][1] / 1e6:>8.0f} {r['hta'][1] / 1e6:>8.0f} {r['mem_ratio']:>13.3f} "
                   f"{r['overlap_max_diff_pp']:>16.2f}")
         print("targets: HTA/ours >= 10, ours/HTA mem <= 0.25, overlap diff <= 1 pp")
+    if args.stream_mb:
+        one_big_trace(args.work, args.stream_mb)
     if args.scale:
         scale(args.work, [int(x) for x in args.scale.split(",")], args.scale_mb, max(1, args.reps // 2) if args.reps > 1 else 1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from harness.collect.overlap import intersect, merge, subtract
 from harness.collect.parse import parse_trace
 from harness.collect.report import build_report
 
+from conftest import REPO
 from tracebuild import GLOO, GpuRank, document, gpu_docs, run_analysis, shift_doc, step, write, x
 
 
@@ -205,3 +207,30 @@ def test_odd_events_decode_or_are_left_out_with_a_warning(tmp_path: Path) -> Non
     assert [(c[0], c[3]) for c in t.compute] == [(100.0, "aten::mm"), (400.0, "aten::add")]
     assert t.steps[0].host_ops == 2  # mm and add; "7" is not an aten op; neg has no valid duration
     assert any("2 malformed event(s) left out" in w for w in t.warnings)
+
+
+def _real_and_built_traces(tmp_path: Path) -> list[Path]:
+    events = [step(1, 0, 1000), x("aten::mm", "cpu_op", 100, 200, shapes=[{"a": 1}, {"b": 2}]),
+              x('odd }, { name "quoted"', "cpu_op", 300, 10), {"ph": "i", "name": "instant", "ts": 5, "pid": 1, "tid": 1},
+              x("aten::add", "cpu_op", 400, 5)]
+    built = [write(tmp_path / "compact.pt.trace.json", document(events, 0)),
+             write(tmp_path / "compact.pt.trace.json.gz", document(events, 1)),
+             write(tmp_path / "empty.pt.trace.json", document([], 0))]
+    indented = tmp_path / "indented.pt.trace.json"
+    indented.write_text(json.dumps(document(events, 0, harness={"host": "h"}), indent=2))
+    real = sorted(Path(REPO.parent / "shared" / "traces").glob("*/*.json.gz"))
+    return built + [indented] + real
+
+
+@pytest.mark.parametrize("block_bytes", [64, 4096, 1 << 20])
+def test_streamed_decode_equals_whole_decode(tmp_path: Path, block_bytes: int) -> None:
+    """Blocks cut at every size, between events and inside strings and nested arrays: the
+    streamed events and top-level fields are exactly the whole-file decode's."""
+    from harness.collect.decode import _decode_whole, _open, _stream, decode_trace
+
+    for path in _real_and_built_traces(tmp_path):
+        if block_bytes < 1024 and path.stat().st_size > 1 << 20:
+            continue  # tiny blocks over the large real files only slow the suite down
+        with _open(path) as fh:
+            _stream(fh, block_bytes)  # the streamed path itself, not the whole-file fallback
+        assert decode_trace(path, block_bytes) == _decode_whole(path), path.name

@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from harness.collect.decode import Event, Trace, TraceError, decode_trace, number, read_bytes
+from harness.collect.decode import LAUNCH_CATS, Event, Trace, TraceError, decode_trace, number, read_bytes
 from harness.collect.model import Busy, CommOp, RankTrace, Step, by_interval, number_by_group
 from harness.paths import RANGE_PREFIX, STEP_PHASES, WORKER_RANK_PATTERN, TRACE_PATTERN
 
@@ -31,7 +31,6 @@ GLOO_RANGE = re.compile(r"^gloo:(?P<coll>\w+)")
 C10D_OP = re.compile(r"^c10d::_?(?P<coll>[a-z_]+?)(?:_base)?_$")  # c10d::allreduce_, c10d::_allgather_base_
 STEP_NAME = re.compile(r"^ProfilerStep#(?P<n>\d+)$")
 FILE_RANK = re.compile(r"(?:rank|worker)[-_]?(?P<rank>\d+)", re.IGNORECASE)
-LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "hip_runtime"}
 LAUNCH_CALL = re.compile(r"^(?:cuda|cu|hip)(?:LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|ModuleLaunchKernel|GraphLaunch)")
 # Host calls that block until the device catches up (cudaMemcpy without Async is synchronous).
 SYNC_CALL = re.compile(r"^(?:cuda|hip)(?:StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy)$")
