@@ -16,6 +16,7 @@ from typing import Any
 from harness.collect.analysis import Analysis
 from harness.collect.model import RankTrace
 from harness.collect.overlap import StepOverlap
+from harness.collect.parse import DDP_REDUCER
 from harness.paths import STEP_PHASES
 
 # Dense matrix math: the work a model is made of. On GPU by kernel name, on CPU by aten op.
@@ -38,9 +39,10 @@ class Rules:
     launch_us_per_op: float = 10.0  # ... each taking less than this much step time (CPU and GPU)
     launch_gpu_launches: int = 300  # GPU: kernel launches per step ...
     launch_gpu_idle_share: float = 0.30  # ... with the device idle this much
-    # Communication itself (transfer, not waiting) ... On CPU the healthy lab baseline measured
-    # 0.17-0.35 (gloo's threads share the cores with backward), the comm workload 0.75-0.98.
-    comm_transfer_share: float = 0.45
+    # Communication itself (transfer, not waiting, DDP's reducer included) ... On CPU the
+    # healthy lab baseline measured 0.21-0.35 (gloo's threads share the cores with backward),
+    # the comm workload 0.78-0.95.
+    comm_transfer_share: float = 0.50
     comm_exposed_share: float = 0.15  # ... and not hidden behind compute
     kernel_compute_share: float = 0.40  # device busy computing ...
     kernel_gemm_share: float = 0.50  # ... with matrix math under this share of compute time
@@ -88,11 +90,13 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
     3. launches_per_step, syncs_per_step, sync_share (blocking sync calls' time / step);
     4. compute, exposed communication, wait-free idle shares from the overlap rows (device
        time: GPU kernels, or the CPU main thread's ops on CPU-only traces);
-    5. transfer_share = the run's collective transfer time per step (minimum duration across
-       ranks, summed over the step's collectives) / step;
+    5. transfer_share = (the run's collective transfer time per step (minimum duration across
+       ranks, summed over the step's collectives) + this rank's DDP reducer time per step) /
+       step: on CPU traces DDP's reducer (scaling gradients, copying them into buckets) is
+       communication work, so its time also leaves compute_share;
     6. gemm_share = matrix-math kernels' (or ops' self) time / all the model's compute by name
-       (forward, loss, backward; CPU memory-movement ops left out, as memcpy is on GPU);
-       top_compute = the three names with the largest share."""
+       (forward, loss, backward; CPU memory-movement ops and the reducer left out, as memcpy is
+       on GPU); top_compute = the three names with the largest share."""
     steps = trace.steps
     n = max(len(steps), 1)
     step_us = sum(s.dur_us for s in steps) / n
@@ -103,6 +107,7 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
         for k, v in s.compute_by_name_us.items():
             if not MEMORY_OPS.match(k):
                 by_name[k] = by_name.get(k, 0.0) + max(v, 0.0)
+    reducer_us = by_name.pop(DDP_REDUCER, 0.0)
     total = sum(by_name.values())
     gemm = sum(v for k, v in by_name.items() if GEMM.search(k))
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:3]
@@ -115,10 +120,10 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
         "launches_per_step": round(sum(s.launches for s in steps) / n, 1),
         "syncs_per_step": round(sum(s.syncs for s in steps) / n, 2),
         "sync_share": _share(sum(s.sync_us for s in steps) / n, step_us),
-        "compute_share": _share(sum(r.compute_us for r in rows), window),
+        "compute_share": _share(max(sum(r.compute_us for r in rows) - reducer_us, 0.0), window),
         "exposed_comm_share": _share(sum(r.exposed_comm_us for r in rows), window),
         "idle_share": _share(sum(r.idle_us for r in rows), window),
-        "transfer_share": _share(transfer_ms_per_step * 1e3, step_us),
+        "transfer_share": _share(transfer_ms_per_step * 1e3 + reducer_us / n, step_us),
         "gemm_share": _share(gemm, total),
         "top_compute": [[k, _share(v, total)] for k, v in top],
         "device": trace.device,

@@ -251,6 +251,12 @@ def _count_host_ops(main_ops: list[Event], steps: list[Step], index: _StepIndex,
             by_number[st].host_ops += 1
 
 
+REDUCER_PREFIX = "torch::distributed::reducer::"
+# Pseudo-name under which CPU traces record the self time of everything DDP's reducer runs
+# (scaling gradients and copying them into buckets): communication work, not the model's.
+DDP_REDUCER = "ddp reducer"
+
+
 def _self_times(main_ops: list[Event], index: _StepIndex, by_number: dict[int, Step]) -> None:
     """CPU traces: each step's op self time by name (an op's duration minus its children's),
     communication ops and the data and optimizer phases left out; the CPU-side equivalent of
@@ -258,20 +264,24 @@ def _self_times(main_ops: list[Event], index: _StepIndex, by_number: dict[int, S
 
     1. walk the ops by start, longest first on ties, with a stack of open ops;
     2. pop the ops that ended before this one starts; credit its duration to its name and
-       debit it from the enclosing op's name."""
-    stack: list[Event] = []
+       debit it from the enclosing op's name;
+    3. an op inside DDP's reducer is credited and debited under `DDP_REDUCER` instead, which
+       thereby holds the reducer's whole time."""
+    stack: list[tuple[Event, str]] = []  # (op, the name its time is booked under)
     for e in sorted(main_ops, key=lambda e: (e.ts, -e.dur)):
-        while stack and stack[-1].ts + stack[-1].dur <= e.ts:
+        while stack and stack[-1][0].ts + stack[-1][0].dur <= e.ts:
             stack.pop()
+        inside = (stack and stack[-1][1] == DDP_REDUCER) or e.name.startswith(REDUCER_PREFIX)
+        key = DDP_REDUCER if inside else e.name
         st = index.at(e.ts)
         if st is not None and _in_model_phase(by_number[st], e.ts):
             by_name = by_number[st].compute_by_name_us
             if not COMM_OP.match(e.name):
-                by_name[e.name] = by_name.get(e.name, 0.0) + e.dur
-            if stack and not COMM_OP.match(stack[-1].name):
-                parent = stack[-1].name
+                by_name[key] = by_name.get(key, 0.0) + e.dur
+            if stack and not COMM_OP.match(stack[-1][0].name):
+                parent = stack[-1][1]
                 by_name[parent] = by_name.get(parent, 0.0) - e.dur
-        stack.append(e)
+        stack.append((e, key))
 
 
 def _int(v: Any) -> int | None:
