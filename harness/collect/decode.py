@@ -144,6 +144,14 @@ LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "hip_runtime"
 ARGS_CATS = LAUNCH_CATS | {"kernel"}  # the only events whose args are read
 
 
+def _thread_id(v: Any) -> int | str | float | None:
+    """A pid/tid usable as a key: numbers and null as they are, anything else (a list, an
+    object) as its JSON text."""
+    if v is None or isinstance(v, (int, float, str)):
+        return v
+    return msgspec.json.encode(v).decode()
+
+
 def clean_events(events: list[Event], shared: dict[Any, Any] | None = None) -> list[Event]:
     """The `ph: X` events with numeric ts and a non-negative dur (others cannot be placed in
     time); name and cat as strings, args never None. Order kept.
@@ -170,7 +178,12 @@ def clean_events(events: list[Event], shared: dict[Any, Any] | None = None) -> l
             name = "" if name is None else str(name)
         if type(cat) is not str:
             cat = "" if cat is None else str(cat)
-        e.name, e.cat, e.pid, e.tid, e.ph = keep(name, name), keep(cat, cat), keep(e.pid, e.pid), keep(e.tid, e.tid), "X"
+        pid, tid = e.pid, e.tid
+        if type(pid) is not int and type(pid) is not str:
+            pid = _thread_id(pid)
+        if type(tid) is not int and type(tid) is not str:
+            tid = _thread_id(tid)
+        e.name, e.cat, e.pid, e.tid, e.ph = keep(name, name), keep(cat, cat), keep(pid, pid), keep(tid, tid), "X"
         if e.args is None or cat not in ARGS_CATS:
             e.args = NO_ARGS
         out.append(e)
@@ -299,12 +312,12 @@ def _stream(fh: BinaryIO, block_bytes: int) -> tuple[_Doc, list[Event]]:
     return doc, events
 
 
-def decode_trace(path: Path, block_bytes: int = BLOCK_BYTES) -> Trace:
+def decode_trace(path: Path, block_bytes: int | None = None) -> Trace:
     """Read and decode one trace file (see the module docstring): streamed when its layout
     allows, else whole."""
     try:
         with _open(path) as fh:
-            doc, events = _stream(fh, block_bytes)
+            doc, events = _stream(fh, block_bytes or BLOCK_BYTES)
         events.sort(key=_start)
         return _trace(doc, events, dropped=0)
     except (_NotStreamable, OSError, EOFError, zlib.error):
