@@ -141,6 +141,8 @@ def parse_trace(path: Path) -> RankTrace:
     host = str(meta.get("host") or doc.host_name or "unknown")
     base_ns = number(doc.base_time_ns) or 0.0
     events = doc.events
+    if not events:
+        warnings.append(f"{path.name}: no timed events (ph X with a time and a duration); nothing to analyse in it")
     main = _main_thread(events)
     on_main = [e for e in events if (e.pid, e.tid) == main]
     steps, steps_source = _steps(events, on_main, warnings, path.name)
