@@ -69,12 +69,10 @@ class _Doc(msgspec.Struct):
     baseTimeNanoseconds: Any = None
 
 
-class _LooseDoc(msgspec.Struct):
+class _LooseDoc(_Doc):
+    """The same document with events of any shape, converted one by one."""
+
     traceEvents: list[Any]
-    distributedInfo: Any = None
-    harness: Any = msgspec.field(default=None, name=TRACE_METADATA_KEY)
-    host_name: Any = None
-    baseTimeNanoseconds: Any = None
 
 
 class Trace(msgspec.Struct):
