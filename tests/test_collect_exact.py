@@ -11,6 +11,7 @@ from harness.collect.discover import group_ranks
 from harness.collect.overlap import intersect, merge, subtract
 from harness.collect.parse import parse_trace
 from harness.collect.report import build_report
+from harness.collect.runup import IDLE
 
 from conftest import REPO
 from tracebuild import GLOO, GpuRank, document, gpu_docs, run_analysis, shift_doc, step, write, x
@@ -178,20 +179,22 @@ def test_collector_does_not_import_torch() -> None:
 
 
 def test_identical_kernel_intervals_inside_and_outside_a_step(tmp_path: Path) -> None:
-    # Same start and duration, one launched inside step 1, one launched before any step: the
-    # compute list must still sort (None and int steps are not comparable).
+    # Same start and duration, one launched inside step 1, one launched before any step: only
+    # the step's own kernel is its compute; both count in the collective's run-up.
     g = GpuRank()
     g.kernel("k_in_step", 10, 100, 50)
     g.kernel("k_before_steps", -500, 100, 50)
     g.allreduce(20, 300, 100)
     doc = document([step(1, 0, 1000), *g.events], 0, world_size=1)
     trace = parse_trace(write(tmp_path / "rank0.pt.trace.json", doc))
-    assert sorted(n for *_, n in trace.compute) == ["k_before_steps", "k_in_step"]
+    assert trace.compute == [(100.0, 150.0, 1)]
+    assert trace.comms[0].run_up_start_us == 0.0
+    assert trace.comms[0].run_up_us == {"op:k_in_step": 50.0, "op:k_before_steps": 50.0, IDLE: 250.0}
     windows = [write(tmp_path / f"w{i}" / f"rank0.{i}.pt.trace.json", doc) for i in (1, 2)]
     from harness.collect.discover import _merge_windows
 
     merged = _merge_windows([parse_trace(p) for p in windows])
-    assert len(merged.compute) == 4
+    assert len(merged.compute) == 2
 
 
 def test_odd_events_decode_or_are_left_out_with_a_warning(tmp_path: Path) -> None:
@@ -204,7 +207,7 @@ def test_odd_events_decode_or_are_left_out_with_a_warning(tmp_path: Path) -> Non
               x("aten::neg", "cpu_op", 500, -1), {**x("aten::abs", "cpu_op", 0, 1), "ts": True},
               {**x("aten::exp", "cpu_op", 0, 1), "dur": [1]}]
     t = parse_trace(write(tmp_path / "rank0.pt.trace.json", document(events, 0)))
-    assert [(c[0], c[3]) for c in t.compute] == [(100.0, "aten::mm"), (400.0, "aten::add")]
+    assert t.compute == [(100.0, 300.0, 1), (400.0, 405.0, 1)]  # mm and add
     assert t.steps[0].host_ops == 2  # mm and add; "7" is not an aten op; neg has no valid duration
     assert any("2 malformed event(s) left out" in w for w in t.warnings)
 
@@ -226,11 +229,11 @@ def _real_and_built_traces(tmp_path: Path) -> list[Path]:
 def test_streamed_decode_equals_whole_decode(tmp_path: Path, block_bytes: int) -> None:
     """Blocks cut at every size, between events and inside strings and nested arrays: the
     streamed events and top-level fields are exactly the whole-file decode's."""
-    from harness.collect.decode import _decode_whole, _open, _stream, decode_trace
+    from harness.collect.decode import _decode_whole, _stream, decode_trace, open_trace
 
     for path in _real_and_built_traces(tmp_path):
         if block_bytes < 1024 and path.stat().st_size > 1 << 20:
             continue  # tiny blocks over the large real files only slow the suite down
-        with _open(path) as fh:
+        with open_trace(path) as fh:
             _stream(fh, block_bytes)  # the streamed path itself, not the whole-file fallback
         assert decode_trace(path, block_bytes) == _decode_whole(path), path.name

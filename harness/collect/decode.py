@@ -6,8 +6,11 @@ building Python objects for it. Measured on the 54 MB real trace in ../shared/tr
 bench/RESULTS.md): json.loads into dicts 0.63 s, msgspec into these structs about 0.15 s.
 
 The events array is streamed (`_stream`: 1 MB blocks cut between events, gzip decompressed as
-it is read), and repeated names, categories, pids and tids share one object each, so memory
-follows the kept events, not the file (figures in bench/RESULTS.md).
+it is read), and each block's events go straight into `Columns`: parallel arrays of start,
+duration, name and thread per kind of event the analysis reads (cpu ops, kernel launches,
+kernels), names and threads as indices into one table each. An event then costs 24-36 bytes
+instead of a Python object's ~200, so a 2 GB trace fits in a few hundred MB (figures in
+bench/RESULTS.md). Only the few annotations (steps, harness phases, gloo ranges) stay objects.
 
 A trace whose events do not fit the structs (an event that is not an object, `args` that is not
 an object) is decoded whole and generically, then converted event by event; what still does not
@@ -20,7 +23,9 @@ import gzip
 import re
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO
+from array import array
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Callable, NamedTuple
 
 import msgspec
 
@@ -46,7 +51,7 @@ NO_ARGS = Args()
 
 class Event(msgspec.Struct, gc=False):
     """One trace event. Raw fields are loosely typed so odd producers (string timestamps,
-    numeric names) decode; `complete_events` turns the usable ones into clean values.
+    numeric names) decode; `_Tables.add` turns the usable ones into clean values.
     gc=False: events hold no reference cycles, so the garbage collector need not track them
     (16 bytes less each, and no collector passes over millions of them)."""
 
@@ -75,10 +80,21 @@ class _LooseDoc(_Doc):
     traceEvents: list[Any]
 
 
-class Trace(msgspec.Struct):
-    """The decoded document: complete events plus the top-level fields the parser reads."""
+@dataclass(eq=True)
+class Trace:
+    """The decoded document: the events the parser reads, in start order, plus the top-level
+    fields it reads."""
 
-    events: list[Event]
+    ops: Columns  # cpu_op
+    launches: Columns  # host calls that launch kernels or synchronise (LAUNCH_CATS)
+    kernels: Columns
+    marks: list[Mark]  # user annotations and ProfilerStep#N, by start
+    names: list[str]
+    threads: list[tuple[Any, Any]]  # (pid, tid)
+    args: list[Args]  # the kernels' collective args (Columns.extra indexes them)
+    count: int  # complete events of any kind
+    first_ts: float  # earliest start over all of them (inf when none)
+    last_end: float  # latest end (-inf when none)
     distributed_info: dict[str, Any] | None
     meta: dict[str, Any]  # the harness's own top-level key, {} when absent
     host_name: Any
@@ -139,7 +155,6 @@ def _loose_events(items: list[Any]) -> tuple[list[Event], int]:
 
 # Host calls that launch kernels (their args carry the correlation id kernels are matched by).
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "hip_runtime"})
-ARGS_CATS = LAUNCH_CATS | {"kernel"}  # the only events whose args are read
 
 
 def _thread_id(v: Any) -> int | str | float | None:
@@ -150,53 +165,151 @@ def _thread_id(v: Any) -> int | str | float | None:
     return msgspec.json.encode(v).decode()
 
 
-def clean_events(events: list[Event], shared: dict[Any, Any] | None = None) -> list[Event]:
-    """The `ph: X` events with numeric ts and a non-negative dur (others cannot be placed in
-    time); name and cat as strings, args never None. Order kept.
+def _correlation(v: Any) -> int:
+    """A correlation id as an int64 (-1: none or unusable)."""
+    n = number(v)
+    if n is None or n != n or not -2**63 < n < 2**63:
+        return -1
+    return int(n)
 
-    Memory: names, categories, pids and tids repeat across thousands of events, so each is
-    replaced by the one copy held in `shared` (pass the same dict for every batch of one
-    trace); args are dropped (NO_ARGS) for every category whose args are not read."""
-    shared = {} if shared is None else shared
-    keep = shared.setdefault
-    out = []
-    for e in events:
-        if e.ph != "X":
-            continue
-        ts, dur = e.ts, e.dur
-        if type(ts) is not float or type(dur) is not float:  # the typed fields made JSON numbers floats
-            ts, dur = number(ts), number(dur)
-            if ts is None or dur is None:
+
+class Columns:
+    """Events of one kind as parallel arrays, in start order once `sort` has run.
+
+    ts/dur in microseconds as in the file; name and thread index `Trace.names` and
+    `Trace.threads`; corr is the correlation id (-1: none); extra indexes `Trace.args` (-1: the
+    event's args are not kept)."""
+
+    __slots__ = ("ts", "dur", "name", "thread", "corr", "extra")
+
+    def __init__(self) -> None:
+        self.ts, self.dur = array("d"), array("d")
+        self.name, self.thread, self.extra = array("i"), array("i"), array("i")
+        self.corr = array("q")
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Columns) and all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    def __repr__(self) -> str:
+        return f"Columns({len(self)} events)"
+
+    def take(self, order: list[int] | range) -> "Columns":
+        """The events at the positions `order`, in that order."""
+        out = Columns()
+        for k in self.__slots__:
+            col = getattr(self, k)
+            setattr(out, k, array(col.typecode, [col[i] for i in order]) if col else array(col.typecode))
+        return out
+
+    def sort(self) -> "Columns":
+        """In start order (stable: events starting together keep their file order). Traces are
+        nearly sorted already; only then is an index list built (transiently ~70 bytes an event)."""
+        ts = self.ts
+        if all(ts[i] <= ts[i + 1] for i in range(len(ts) - 1)):
+            return self
+        return self.take(sorted(range(len(ts)), key=ts.__getitem__))
+
+
+class Mark(NamedTuple):
+    """A user annotation (steps, harness phases, gloo ranges) or a `ProfilerStep#N` of any kind."""
+
+    ts: float
+    dur: float
+    name: str
+    cat: str
+    thread: int  # index into Trace.threads
+
+
+class _Tables:
+    """Accumulates clean events batch by batch into columns (see `add`)."""
+
+    def __init__(self) -> None:
+        self.ops, self.launches, self.kernels = Columns(), Columns(), Columns()
+        self.marks: list[Mark] = []
+        self.names: dict[str, int] = {}
+        self.threads: dict[tuple[Any, Any], int] = {}
+        self.args: list[Args] = []
+        self.count = 0
+        self.first_ts = float("inf")
+        self.last_end = -float("inf")
+
+    def add(self, events: list[Event]) -> None:
+        """Keep the `ph: X` events with numeric ts and a non-negative dur (others cannot be
+        placed in time): cpu ops, launches and kernels as columns, annotations as `Mark`s,
+        everything else only in the count and the time extent. Kernel args are kept (in
+        `args`) only when they name a collective."""
+        # The hot loop of the collector: locals and bound methods only.
+        names, threads, marks = self.names, self.threads, self.marks
+        groups = {cat: (c.ts.append, c.dur.append, c.name.append, c.thread.append, c.corr.append, c.extra.append)
+                  for cat, c in (("cpu_op", self.ops), ("kernel", self.kernels))}
+        launch = self.launches
+        for cat in LAUNCH_CATS:
+            groups[cat] = (launch.ts.append, launch.dur.append, launch.name.append, launch.thread.append,
+                           launch.corr.append, launch.extra.append)
+        kernel_extra = groups["kernel"][5]
+        count, first_ts, last_end = self.count, self.first_ts, self.last_end
+        last_key, last_thread = None, -1
+        for e in events:
+            if e.ph != "X":
                 continue
-            e.ts, e.dur = ts, dur
-        if dur < 0:
-            continue
-        name, cat = e.name, e.cat
-        if type(name) is not str:
-            name = "" if name is None else str(name)
-        if type(cat) is not str:
-            cat = "" if cat is None else str(cat)
-        pid, tid = e.pid, e.tid
-        if type(pid) is not int and type(pid) is not str:
-            pid = _thread_id(pid)
-        if type(tid) is not int and type(tid) is not str:
-            tid = _thread_id(tid)
-        e.name, e.cat, e.pid, e.tid, e.ph = keep(name, name), keep(cat, cat), keep(pid, pid), keep(tid, tid), "X"
-        if e.args is None or cat not in ARGS_CATS:
-            e.args = NO_ARGS
-        out.append(e)
-    return out
-
-
-def complete_events(events: list[Event]) -> list[Event]:
-    """`clean_events`, sorted by start."""
-    out = clean_events(events)
-    out.sort(key=_start)
-    return out
-
-
-def _start(e: Event) -> float:
-    return e.ts
+            ts, dur = e.ts, e.dur
+            if type(ts) is not float or type(dur) is not float:  # the typed fields made JSON numbers floats
+                ts, dur = number(ts), number(dur)
+                if ts is None or dur is None:
+                    continue
+            if dur < 0:
+                continue
+            name, cat = e.name, e.cat
+            if type(name) is not str:
+                name = "" if name is None else str(name)
+            if type(cat) is not str:
+                cat = "" if cat is None else str(cat)
+            count += 1
+            if ts < first_ts:
+                first_ts = ts
+            if ts + dur > last_end:
+                last_end = ts + dur
+            group = groups.get(cat)
+            is_mark = cat == "user_annotation" or name.startswith("ProfilerStep#")
+            if group is None and not is_mark:
+                continue
+            pid, tid = e.pid, e.tid
+            if type(pid) is not int and type(pid) is not str:
+                pid = _thread_id(pid)
+            if type(tid) is not int and type(tid) is not str:
+                tid = _thread_id(tid)
+            key = (pid, tid)
+            if key != last_key:
+                last_key, last_thread = key, threads.setdefault(key, len(threads))
+            if is_mark:
+                marks.append(Mark(ts, dur, name, cat, last_thread))
+            if group is None:
+                continue
+            ts_add, dur_add, name_add, thread_add, corr_add, extra_add = group
+            ts_add(ts)
+            dur_add(dur)
+            n = names.get(name)
+            if n is None:
+                n = names[name] = len(names)
+            name_add(n)
+            thread_add(last_thread)
+            args = e.args
+            if args is None:
+                corr_add(-1)
+                extra_add(-1)
+                continue
+            corr = args.correlation
+            corr_add(-1 if corr is None else corr if type(corr) is int and -2**63 < corr < 2**63 else _correlation(corr))
+            if extra_add is kernel_extra and (args.collective is not None or args.process_group is not None
+                                              or args.in_nelems is not None or args.dtype is not None):
+                extra_add(len(self.args))
+                self.args.append(args)
+            else:
+                extra_add(-1)
+        self.count, self.first_ts, self.last_end = count, first_ts, last_end
 
 
 # Streaming: the traceEvents array is decoded a block at a time, cut between two events, so
@@ -213,11 +326,12 @@ _EVENT_LIST = msgspec.json.Decoder(list[Event])
 _ONE_EVENT = msgspec.json.Decoder(Event)
 
 
-class _NotStreamable(Exception):
+class NotStreamable(Exception):
     """The file does not have the layout the streaming decoder relies on: decode it whole."""
 
 
-def _open(path: Path) -> BinaryIO:
+def open_trace(path: Path) -> BinaryIO:
+    """The file as a binary stream, gunzipped when it starts with gzip's magic bytes."""
     fh = path.open("rb")
     if fh.read(2) == b"\x1f\x8b":
         fh.close()
@@ -236,26 +350,29 @@ def _last_boundary(buf: bytes) -> re.Match[bytes] | None:
     return last
 
 
-def _last_event(rest: bytes) -> tuple[Event, bytes]:
+def _last_event(rest: bytes, one: msgspec.json.Decoder) -> tuple[Any, bytes]:
     """The event that starts `rest` (`{...} ] tail`) and what follows it: msgspec decodes the
     first value and names the byte where trailing characters begin."""
     try:
-        _ONE_EVENT.decode(rest)
+        one.decode(rest)
     except msgspec.DecodeError as exc:
         found = _TRAILING.search(str(exc))
         end = rest.rfind(b"}", 0, int(found[1])) if found else -1  # the byte after the first trailing one
         if end >= 0:
             try:
-                return _ONE_EVENT.decode(rest[:end + 1]), rest[end + 1:].lstrip()
+                return one.decode(rest[:end + 1]), rest[end + 1:].lstrip()
             except (msgspec.DecodeError, msgspec.ValidationError):
                 pass
     except msgspec.ValidationError:
         pass
-    raise _NotStreamable  # no `]` after it, or not an event
+    raise NotStreamable  # no `]` after it, or not an event
 
 
-def _stream(fh: BinaryIO, block_bytes: int) -> tuple[_Doc, list[Event]]:
-    """Decode `{..., "traceEvents": [e, e, ...], ...}` a block at a time.
+def stream_events(fh: BinaryIO, block_bytes: int, sink: Callable[[list[Any]], None],
+                  items: msgspec.json.Decoder = _EVENT_LIST, one: msgspec.json.Decoder = _ONE_EVENT) -> bytes:
+    """Decode `{..., "traceEvents": [e, e, ...], ...}` a block at a time, handing each block's
+    events (decoded by `items`, the last one by `one`) to `sink`; returns the document without
+    its events (`{head ] tail}`). Raises NotStreamable when the layout does not allow it.
 
     1. find `"traceEvents": [` in the first blocks (within HEAD_LIMIT_BYTES); what precedes it
        is the document's head;
@@ -274,10 +391,8 @@ def _stream(fh: BinaryIO, block_bytes: int) -> tuple[_Doc, list[Event]]:
         buf += more
         m = _EVENTS_KEY.search(buf)
     if m is None:
-        raise _NotStreamable
+        raise NotStreamable
     head, buf = buf[:m.end()], buf[m.end():]
-    events: list[Event] = []
-    shared: dict[Any, Any] = {}
     eof = False
     while True:
         if not eof:
@@ -287,44 +402,52 @@ def _stream(fh: BinaryIO, block_bytes: int) -> tuple[_Doc, list[Event]]:
         cut = _last_boundary(buf)
         if cut is not None:
             try:
-                events += clean_events(_EVENT_LIST.decode(b"[" + buf[:cut.start() + 1] + b"]"), shared)
+                sink(items.decode(b"[" + buf[:cut.start() + 1] + b"]"))
             except msgspec.ValidationError:
-                raise _NotStreamable from None  # events of odd shape: the whole-file path handles them
+                raise NotStreamable from None  # events of odd shape: the whole-file path handles them
             except msgspec.DecodeError:
                 if eof:
-                    raise _NotStreamable from None
+                    raise NotStreamable from None
                 continue
             buf = buf[cut.end() - 1:]
         if eof:
             break
     rest = buf.lstrip()
     if not rest.startswith(b"]"):
-        last, rest = _last_event(rest)
-        events += clean_events([last], shared)
+        last, rest = _last_event(rest, one)
+        sink([last])
     if not rest.startswith(b"]"):
-        raise _NotStreamable
+        raise NotStreamable
+    return head + rest
+
+
+def _stream(fh: BinaryIO, block_bytes: int) -> tuple[_Doc, _Tables]:
+    """The trace's events into `_Tables`, block by block, and its other fields."""
+    tables = _Tables()
+    rest = stream_events(fh, block_bytes, tables.add)
     try:
-        doc = _DECODER.decode(head + rest)
+        return _DECODER.decode(rest), tables
     except (msgspec.DecodeError, msgspec.ValidationError):
-        raise _NotStreamable from None
-    return doc, events
+        raise NotStreamable from None
 
 
 def decode_trace(path: Path, block_bytes: int | None = None) -> Trace:
     """Read and decode one trace file (see the module docstring): streamed when its layout
     allows, else whole."""
     try:
-        with _open(path) as fh:
-            doc, events = _stream(fh, block_bytes or BLOCK_BYTES)
-        events.sort(key=_start)
-        return _trace(doc, events, dropped=0)
-    except (_NotStreamable, OSError, EOFError, zlib.error):
+        with open_trace(path) as fh:
+            doc, tables = _stream(fh, block_bytes or BLOCK_BYTES)
+        return _trace(doc, tables, dropped=0)
+    except (NotStreamable, OSError, EOFError, zlib.error):
         pass  # odd layout, unreadable or corrupt: the whole-file path decodes it or says why
     return _decode_whole(path)
 
 
-def _trace(doc: _Doc | _LooseDoc, events: list[Event], dropped: int) -> Trace:
-    return Trace(events=events,
+def _trace(doc: _Doc | _LooseDoc, t: _Tables, dropped: int) -> Trace:
+    t.marks.sort(key=lambda m: m.ts)
+    return Trace(ops=t.ops.sort(), launches=t.launches.sort(), kernels=t.kernels.sort(), marks=t.marks,
+                 names=list(t.names), threads=list(t.threads), args=t.args, count=t.count,
+                 first_ts=t.first_ts, last_end=t.last_end,
                  distributed_info=doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None,
                  meta=doc.harness if isinstance(doc.harness, dict) else {},
                  host_name=doc.host_name, base_time_ns=doc.baseTimeNanoseconds, dropped=dropped)
@@ -335,7 +458,7 @@ def _decode_whole(path: Path) -> Trace:
     dropped = 0
     try:
         doc: _Doc | _LooseDoc = _DECODER.decode(raw)
-        del raw  # the bytes are as large as the file: free them before the events are sorted
+        del raw  # the bytes are as large as the file: free them before the events are tabled
         events = doc.traceEvents
     except msgspec.ValidationError:
         try:
@@ -347,4 +470,6 @@ def _decode_whole(path: Path) -> Trace:
         events, dropped = _loose_events(doc.traceEvents)
     except msgspec.DecodeError as exc:
         raise TraceError(f"{path}: not valid JSON ({exc}); truncated file?") from None
-    return _trace(doc, complete_events(events), dropped)
+    tables = _Tables()
+    tables.add(events)
+    return _trace(doc, tables, dropped)

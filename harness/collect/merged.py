@@ -5,17 +5,22 @@ threads and GPU streams becomes one thread of it. A `collective waits` thread pe
 for each matched collective, how long that rank waited for the last arriver, and flow arrows
 link the same collective instance across ranks. Opens in Perfetto UI and chrome://tracing.
 
-Written event by event into a gzip stream, one rank's raw trace in memory at a time.
+Written event by event into a gzip stream; each trace is streamed twice in 1 MB blocks (thread
+and process names first, which Kineto writes last, then the events), so memory does not grow
+with the traces' size. A trace the streaming decoder cannot cut is read whole.
 """
 
 from __future__ import annotations
 
 import gzip
-import json
+import zlib
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, Callable
+
+import msgspec
 
 from harness.collect.analysis import Analysis
+from harness.collect.decode import BLOCK_BYTES, NotStreamable, open_trace, stream_events
 from harness.collect.parse import load_json
 
 # Thread ids are unique across ranks (rank * TIDS_PER_RANK + n): torch-tb-profiler builds its op
@@ -25,31 +30,89 @@ WAIT_TID = 0  # + rank * TIDS_PER_RANK: the synthetic "collective waits" thread 
 COPIED_PHASES = {"X", "i", "I", "C", "s", "t", "f", "b", "e", "n"}
 
 
+_ANY_LIST = msgspec.json.Decoder(list)
+_ANY = msgspec.json.Decoder()
+_ENCODE = msgspec.json.Encoder().encode  # NaN and infinities become null: the output stays JSON
+
+
 class _Writer:
-    def __init__(self, fh: TextIO) -> None:
+    def __init__(self, fh: BinaryIO) -> None:
         self.fh = fh
         self.first = True
 
     def event(self, e: dict[str, Any]) -> None:
-        self.fh.write(("" if self.first else ",\n") + json.dumps(e, separators=(",", ":")))
+        if not self.first:
+            self.fh.write(b",\n")
+        self.fh.write(_ENCODE(e))
         self.first = False
 
 
-def _labels(events: list[Any]) -> tuple[dict[Any, str], dict[tuple[Any, Any], str]]:
-    procs: dict[Any, str] = {}
-    threads: dict[tuple[Any, Any], str] = {}
-    for e in events:
-        if isinstance(e, dict) and e.get("ph") == "M":
-            name = (e.get("args") or {}).get("name")
-            if e.get("name") == "process_name" and name:
-                procs[e.get("pid")] = str(name)
-            elif e.get("name") == "thread_name" and name:
-                threads[(e.get("pid"), e.get("tid"))] = str(name)
-    return procs, threads
+def _each_block(path: Path, sink: Callable[[list[Any]], None], stream: bool = True) -> bool:
+    """Hand the trace's events to `sink` block by block (streamed: returns True), or all at
+    once when `stream` is False or the file cannot be cut (returns False)."""
+    if stream:
+        try:
+            with open_trace(path) as fh:
+                stream_events(fh, BLOCK_BYTES, sink, _ANY_LIST, _ANY)
+            return True
+        except (NotStreamable, OSError, EOFError, zlib.error):
+            pass  # the labels pass may see blocks twice (harmless); the copy pass streams only if it did
+    sink(load_json(path)["traceEvents"])
+    return False
+
+
+class _Labels:
+    """Process and thread names from the trace's `ph: M` events."""
+
+    def __init__(self) -> None:
+        self.procs: dict[Any, str] = {}
+        self.threads: dict[tuple[Any, Any], str] = {}
+
+    def __call__(self, events: list[Any]) -> None:
+        for e in events:
+            if isinstance(e, dict) and e.get("ph") == "M":
+                name = (e.get("args") or {}).get("name") if isinstance(e.get("args"), dict) else None
+                key = _hashable(e.get("pid")), _hashable(e.get("tid"))
+                if e.get("name") == "process_name" and name:
+                    self.procs[key[0]] = str(name)
+                elif e.get("name") == "thread_name" and name:
+                    self.threads[key] = str(name)
+
+
+def _hashable(v: Any) -> Any:
+    return v if v is None or isinstance(v, (int, float, str)) else _ENCODE(v).decode()
 
 
 def _tid(rank: int, n: int) -> int:
     return rank * TIDS_PER_RANK + n
+
+
+class _Copier:
+    """Copies one rank's events into the merged trace: its pid becomes the rank, each of its
+    (pid, tid) a thread of that rank, times shifted onto the aligned clock, flow ids made
+    unique per rank."""
+
+    def __init__(self, w: _Writer, rank: int, shift_us: float, mapping: dict[tuple[Any, Any], int],
+                 labels: _Labels) -> None:
+        self.w, self.rank, self.shift_us, self.mapping, self.labels = w, rank, shift_us, mapping, labels
+
+    def __call__(self, events: list[Any]) -> None:
+        rank, mapping, w = self.rank, self.mapping, self.w
+        for e in events:
+            if not isinstance(e, dict) or e.get("ph") not in COPIED_PHASES:
+                continue
+            key = (_hashable(e.get("pid")), _hashable(e.get("tid")))
+            if key not in mapping:
+                mapping[key] = _tid(rank, len(mapping) + 1)
+                label = f"{self.labels.procs.get(key[0], f'pid {key[0]}')} / {self.labels.threads.get(key, f'tid {key[1]}')}"
+                w.event({"ph": "M", "name": "thread_name", "pid": rank, "tid": mapping[key], "args": {"name": label}})
+            e["pid"], e["tid"] = rank, mapping[key]
+            ts = e.get("ts")
+            if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+                e["ts"] = ts + self.shift_us
+            if "id" in e and e.get("ph") in ("s", "t", "f", "b", "e", "n"):
+                e["id"] = f"r{rank}-{e['id']}"
+            w.event(e)
 
 
 def write_merged(a: Analysis, out: Path) -> Path:
@@ -58,8 +121,8 @@ def write_merged(a: Analysis, out: Path) -> Path:
     tmp = path.with_name(path.name + ".partial")
     base = min(t.base_us for t in a.runset.ranks)
     tids: dict[int, dict[tuple[Any, Any], int]] = {}
-    with gzip.open(tmp, "wt", compresslevel=3) as fh:
-        fh.write('{"schemaVersion":1,"displayTimeUnit":"ms","traceName":"merged by harness.collect","traceEvents":[\n')
+    with gzip.open(tmp, "wb", compresslevel=3) as fh:
+        fh.write(b'{"schemaVersion":1,"displayTimeUnit":"ms","traceName":"merged by harness.collect","traceEvents":[\n')
         w = _Writer(fh)
         for trace in a.runset.ranks:
             rank = trace.rank
@@ -69,24 +132,9 @@ def write_merged(a: Analysis, out: Path) -> Path:
             w.event({"ph": "M", "name": "thread_name", "pid": rank, "tid": _tid(rank, WAIT_TID), "args": {"name": "collective waits"}})
             mapping = tids.setdefault(rank, {})
             for part in trace.path.split(", "):
-                doc = load_json(Path(part))
-                events = doc["traceEvents"]
-                procs, threads = _labels(events)
-                for e in events:
-                    if not isinstance(e, dict) or e.get("ph") not in COPIED_PHASES:
-                        continue
-                    key = (e.get("pid"), e.get("tid"))
-                    if key not in mapping:
-                        mapping[key] = _tid(rank, len(mapping) + 1)
-                        label = f"{procs.get(key[0], f'pid {key[0]}')} / {threads.get(key, f'tid {key[1]}')}"
-                        w.event({"ph": "M", "name": "thread_name", "pid": rank, "tid": mapping[key], "args": {"name": label}})
-                    e = dict(e, pid=rank, tid=mapping[key])
-                    if isinstance(e.get("ts"), (int, float)):
-                        e["ts"] = e["ts"] + shift
-                    if "id" in e and e.get("ph") in ("s", "t", "f", "b", "e", "n"):
-                        e["id"] = f"r{rank}-{e['id']}"
-                    w.event(e)
-                del doc, events
+                labels = _Labels()
+                streamed = _each_block(Path(part), labels)
+                _each_block(Path(part), _Copier(w, rank, shift, mapping, labels), stream=streamed)
         for n, inst in enumerate(a.instances):
             arrival = {r: op.start_us - a.offsets[r].offset_us for r, op in inst.ops.items()}
             last_rank = max(arrival, key=arrival.get)
@@ -105,6 +153,6 @@ def write_merged(a: Analysis, out: Path) -> Path:
                 ph = "s" if i == 0 else ("f" if i == len(order) - 1 else "t")
                 w.event({"ph": ph, "cat": "collective", "name": inst.name, "id": f"coll-{n}", "pid": r, "tid": tid,
                          "ts": op.start_us - a.offsets[r].offset_us + 0.001, "bp": "e"})
-        fh.write("\n]}\n")
+        fh.write(b"\n]}\n")
     tmp.replace(path)
     return path

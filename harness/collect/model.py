@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 Interval = tuple[float, float]  # (start_us, end_us)
-Busy = tuple[float, float, "int | None", str]  # (start_us, end_us, step it belongs to, kernel/op name)
+Busy = tuple[float, float, int]  # (start_us, end_us, step it belongs to): merged within each step
 
 
 def number_by_group(comms: list["CommOp"]) -> None:
@@ -38,6 +38,10 @@ class CommOp:
     step: int | None = None
     seq: int = -1  # index within its process group on this rank, set by parse
     thread: tuple = ()  # the raw (pid, tid) it ran on, to place it in the merged trace
+    # Its run-up on this rank (see runup.py): from run_up_start_us to start_us, the compute
+    # time by "op:<kernel or op name>" and the idle time in it.
+    run_up_start_us: float | None = None
+    run_up_us: dict[str, float] = field(default_factory=dict)
 
     @property
     def dur_us(self) -> float:
@@ -76,7 +80,7 @@ class RankTrace:
     device: str  # "gpu" when the trace has GPU kernels, else "cpu"
     steps: list[Step]
     comms: list[CommOp]
-    compute: list[Busy]  # device compute intervals, sorted by start (GPU: step of launch)
+    compute: list[Busy]  # device compute, merged per step, by start (GPU: the step of launch)
     base_us: float = 0.0  # the trace's time origin (baseTimeNanoseconds / 1e3, else 0)
     warnings: list[str] = field(default_factory=list)
     steps_source: str = "ProfilerStep"  # or "harness ranges" or "whole trace"
@@ -90,6 +94,8 @@ class RankTrace:
             self,
             steps=[replace(s, start_us=s.start_us - offset_us, end_us=s.end_us - offset_us,
                            phase_spans=[(p, a - offset_us, b - offset_us) for p, a, b in s.phase_spans]) for s in self.steps],
-            comms=[replace(c, start_us=c.start_us - offset_us, end_us=c.end_us - offset_us) for c in self.comms],
-            compute=[(a - offset_us, b - offset_us, st, n) for a, b, st, n in self.compute],
+            comms=[replace(c, start_us=c.start_us - offset_us, end_us=c.end_us - offset_us,
+                           run_up_start_us=None if c.run_up_start_us is None else c.run_up_start_us - offset_us)
+                   for c in self.comms],
+            compute=[(a - offset_us, b - offset_us, st) for a, b, st in self.compute],
         )

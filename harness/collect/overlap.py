@@ -103,7 +103,7 @@ def rank_overlap(trace: RankTrace, min_gap_us: float = MIN_GAP_US) -> tuple[list
     rows: list[StepOverlap] = []
     gaps: list[Gap] = []
     comp_by: dict[int, list[Interval]] = {}
-    for a, b, st, _ in trace.compute:
+    for a, b, st in trace.compute:
         if st is not None:
             comp_by.setdefault(st, []).append((a, b))
     comm_by: dict[int, list] = {}

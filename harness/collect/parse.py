@@ -8,7 +8,10 @@ What is taken from where (the format facts are in ../shared/design.md):
 4. compute: GPU kernels that are not communication (memcpy/memset/sync are neither); on a trace
    with no GPU kernels, the main thread's `aten::` ops;
 5. a GPU interval belongs to the step its launch (matched by correlation id) happened in;
-6. with neither NCCL kernels nor gloo ranges, the main thread's `c10d::<collective>_` ops.
+6. with neither NCCL kernels nor gloo ranges, the main thread's `c10d::<collective>_` ops;
+7. kept condensed: compute merged per step, and per collective its run-up by kernel/op name
+   (runup.py); the per-kernel intervals are not kept, so a parsed rank is small whatever the
+   trace's size (and is what an in-job summary stores).
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from array import array
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from harness.collect.decode import LAUNCH_CATS, Event, Trace, TraceError, decode_trace, number, read_bytes
-from harness.collect.model import Busy, CommOp, RankTrace, Step, by_interval, number_by_group
+from harness.collect.decode import NO_ARGS, Columns, Mark, Trace, TraceError, decode_trace, number, read_bytes
+from harness.collect.model import CommOp, RankTrace, Step, number_by_group
+from harness.collect.runup import Span, merged_by_step, set_run_ups
 from harness.paths import RANGE_PREFIX, STEP_PHASES, WORKER_RANK_PATTERN, TRACE_PATTERN
 
 __all__ = ["TraceError", "load_json", "parse_trace"]
@@ -70,20 +75,55 @@ def _rank_of(doc: Trace, path: Path, warnings: list[str]) -> tuple[int, int | No
     raise TraceError(f"{path}: no distributedInfo and no rank in the file name; rename it to rank<N>.pt.trace.json")
 
 
-def _main_thread(events: list[Event]) -> tuple[Any, Any] | None:
-    for e in events:
-        if e.cat == "user_annotation" and STEP_NAME.match(e.name):
-            return e.pid, e.tid
-    busy: dict[tuple[Any, Any], float] = defaultdict(float)
-    for e in events:
-        if e.cat == "cpu_op":
-            busy[(e.pid, e.tid)] += e.dur
+def _main_thread(doc: Trace) -> int | None:
+    """The thread (index into doc.threads) the training loop ran on: the one with the first
+    ProfilerStep annotation, else the one with the most cpu-op time."""
+    for m in doc.marks:
+        if m.cat == "user_annotation" and STEP_NAME.match(m.name):
+            return m.thread
+    busy: dict[int, float] = defaultdict(float)
+    for th, d in zip(doc.ops.thread, doc.ops.dur):
+        busy[th] += d
     return max(busy, key=busy.get) if busy else None
 
 
-def _steps(events: list[Event], on_main: list[Event], warnings: list[str], name: str) -> tuple[list[Step], str]:
+class _Ops:
+    """The main thread's cpu ops as columns (start order): ts, dur, name id."""
+
+    def __init__(self, doc: Trace, main: int | None) -> None:
+        self.ts, self.dur, self.name = array("d"), array("d"), array("i")
+        for t, d, n, th in zip(doc.ops.ts, doc.ops.dur, doc.ops.name, doc.ops.thread):
+            if th == main:
+                self.ts.append(t)
+                self.dur.append(d)
+                self.name.append(n)
+
+    def __iter__(self) -> Iterator[tuple[float, float, int]]:
+        return zip(self.ts, self.dur, self.name)
+
+    def end_us(self) -> float:
+        return max((t + d for t, d, _ in self), default=-float("inf"))
+
+    def longest_first(self) -> Iterator[int]:
+        """Positions by start, the longer op first among ops starting together (the outer one
+        of a nest); the columns are already by start, so only runs of equal starts are sorted."""
+        ts, dur = self.ts, self.dur
+        i, n = 0, len(ts)
+        while i < n:
+            j = i + 1
+            while j < n and ts[j] == ts[i]:
+                j += 1
+            if j == i + 1:
+                yield i
+            else:
+                yield from sorted(range(i, j), key=lambda k: -dur[k])
+            i = j
+
+
+def _steps(doc: Trace, main_marks: list[Mark], main_ops: _Ops, main: int | None, warnings: list[str],
+           name: str) -> tuple[list[Step], str]:
     steps: dict[int, Step] = {}
-    for e in on_main:
+    for e in main_marks:
         m = STEP_NAME.match(e.name)
         if m and not e.cat.startswith("gpu"):
             n = int(m["n"])
@@ -92,17 +132,19 @@ def _steps(events: list[Event], on_main: list[Event], warnings: list[str], name:
     if steps:
         return sorted(steps.values(), key=lambda s: s.start_us), "ProfilerStep"
     first = RANGE_PREFIX + STEP_PHASES[0]
-    marks = [e for e in on_main if e.name == first]
+    marks = [e for e in main_marks if e.name == first]
     if marks:
         warnings.append(f"{name}: no ProfilerStep#N markers; steps taken from the harness ranges")
-        ends = [e.ts for e in marks[1:]] + [max(x.ts + x.dur for x in on_main)]
+        launches = doc.launches
+        main_end = max([main_ops.end_us(), max((m.ts + m.dur for m in main_marks), default=-float("inf")),
+                        max((t + d for t, d, th in zip(launches.ts, launches.dur, launches.thread) if th == main),
+                            default=-float("inf"))])
+        ends = [e.ts for e in marks[1:]] + [main_end]
         return [Step(number=i, start_us=e.ts, end_us=end) for i, (e, end) in enumerate(zip(marks, ends))], "harness ranges"
-    if not events:
+    if not doc.count:
         return [], "whole trace"
     warnings.append(f"{name}: no ProfilerStep#N markers or harness ranges; the whole trace is one step")
-    start = events[0].ts
-    end = max(e.ts + e.dur for e in events)
-    return [Step(number=0, start_us=start, end_us=end)], "whole trace"
+    return [Step(number=0, start_us=doc.first_ts, end_us=doc.last_end)], "whole trace"
 
 
 class _StepIndex:
@@ -119,15 +161,27 @@ class _StepIndex:
         return None
 
 
-def _top_level(events: list[Event]) -> list[Event]:
-    """Events (sorted by start) not nested inside an earlier one."""
-    out: list[Event] = []
-    end = -float("inf")
-    for e in events:
-        if e.ts >= end:
-            out.append(e)
-            end = e.ts + e.dur
-    return out
+class _LaunchTimes:
+    """When the host launched the kernel with a given correlation id (the last launch, if a
+    producer reused an id): correlation ids in order, searched by bisection; ids grow with time
+    in real traces, so usually nothing is sorted."""
+
+    def __init__(self, launches: Columns) -> None:
+        self.corr, self.ts = array("q"), array("d")
+        for c, t in zip(launches.corr, launches.ts):
+            if c >= 0:
+                self.corr.append(c)
+                self.ts.append(t)
+        corr = self.corr
+        if not all(corr[i] <= corr[i + 1] for i in range(len(corr) - 1)):
+            order = sorted(range(len(corr)), key=corr.__getitem__)
+            self.corr, self.ts = array("q", [corr[i] for i in order]), array("d", [self.ts[i] for i in order])
+
+    def get(self, corr: int, default: float) -> float:
+        if corr < 0:
+            return default
+        i = bisect.bisect_right(self.corr, corr) - 1
+        return self.ts[i] if i >= 0 and self.corr[i] == corr else default
 
 
 def parse_trace(path: Path) -> RankTrace:
@@ -140,94 +194,101 @@ def parse_trace(path: Path) -> RankTrace:
     meta = doc.meta
     host = str(meta.get("host") or doc.host_name or "unknown")
     base_ns = number(doc.base_time_ns) or 0.0
-    events = doc.events
-    if not events:
+    names = doc.names
+    if not doc.count:
         warnings.append(f"{path.name}: no timed events (ph X with a time and a duration); nothing to analyse in it")
-    main = _main_thread(events)
-    on_main = [e for e in events if (e.pid, e.tid) == main]
-    steps, steps_source = _steps(events, on_main, warnings, path.name)
+    main = _main_thread(doc)
+    main_ops = _Ops(doc, main)
+    main_marks = [m for m in doc.marks if m.thread == main]
+    steps, steps_source = _steps(doc, main_marks, main_ops, main, warnings, path.name)
     index = _StepIndex(steps)
     by_number = {s.number: s for s in steps}
 
-    for e in on_main:
-        if e.cat != "user_annotation":
-            continue
-        if e.name.startswith(RANGE_PREFIX):
+    for e in main_marks:
+        if e.cat == "user_annotation" and e.name.startswith(RANGE_PREFIX):
             st = index.at(e.ts)
             if st is not None:
                 step = by_number[st]
                 phase = e.name[len(RANGE_PREFIX):]
                 step.phases_us[phase] = step.phases_us.get(phase, 0.0) + e.dur
                 step.phase_spans.append((phase, e.ts, e.ts + e.dur))
-    main_ops = [e for e in on_main if e.cat == "cpu_op"]
-    for e in _top_level(main_ops):
-        st = index.at(e.ts)
-        if st is not None:
-            ops = by_number[st].top_ops_us
-            ops[e.name] = ops.get(e.name, 0.0) + e.dur
-
-    launch_ts: dict[Any, float] = {}
-    for e in events:
-        if e.cat in LAUNCH_CATS:
-            corr = e.args.correlation
-            if corr is not None:
-                launch_ts[corr] = e.ts
-            st = index.at(e.ts)
+    end = -float("inf")
+    for t, d, n in main_ops:  # top-level ops: not nested inside an earlier one
+        if t >= end:
+            end = t + d
+            st = index.at(t)
             if st is not None:
-                if LAUNCH_CALL.match(e.name):
+                ops = by_number[st].top_ops_us
+                ops[names[n]] = ops.get(names[n], 0.0) + d
+
+    launch_kind = {n: "launch" if LAUNCH_CALL.match(names[n]) else "sync" if SYNC_CALL.match(names[n]) else ""
+                   for n in set(doc.launches.name)}
+    for t, d, n in zip(doc.launches.ts, doc.launches.dur, doc.launches.name):
+        kind = launch_kind[n]
+        if kind:
+            st = index.at(t)
+            if st is not None:
+                if kind == "launch":
                     by_number[st].launches += 1
-                elif SYNC_CALL.match(e.name):
+                else:
                     by_number[st].syncs += 1
-                    by_number[st].sync_us += e.dur
-    _count_host_ops(main_ops, steps, index, by_number)
+                    by_number[st].sync_us += d
+    aten = [name.startswith("aten::") for name in names]
+    _count_host_ops(main_ops, aten, steps, index, by_number)
 
     comms: list[CommOp] = []
-    compute: list[Busy] = []
-    kernels = [e for e in events if e.cat == "kernel"]
-    for e in kernels:
-        args = e.args
-        launched = launch_ts.get(args.correlation, e.ts)
-        step = index.at(launched)
-        m = NCCL_KERNEL.match(e.name)
-        if m:
-            coll = args.collective or m["coll"]
-            pg = "default" if args.process_group is None else args.process_group
-            comms.append(CommOp(name=canonical_collective(str(coll)), pg=str(pg), start_us=e.ts, end_us=e.ts + e.dur,
-                                nelems=_int(args.in_nelems), dtype=args.dtype, step=step, thread=(e.pid, e.tid)))
-        else:
-            compute.append((e.ts, e.ts + e.dur, step, e.name))
-            if step is not None and _in_model_phase(by_number[step], launched):
-                by_name = by_number[step].compute_by_name_us
-                by_name[e.name] = by_name.get(e.name, 0.0) + e.dur
-    for e in events:
+    spans: list[Span] = []
+    kernels = doc.kernels
+    if len(kernels):
+        launch_ts = _LaunchTimes(doc.launches)
+        nccl = {n: NCCL_KERNEL.match(names[n]) for n in set(kernels.name)}
+        for t, d, n, th, corr, extra in zip(kernels.ts, kernels.dur, kernels.name, kernels.thread, kernels.corr,
+                                           kernels.extra):
+            launched = launch_ts.get(corr, t)
+            step = index.at(launched)
+            m = nccl[n]
+            if m:
+                args = doc.args[extra] if extra >= 0 else NO_ARGS
+                coll = args.collective or m["coll"]
+                pg = "default" if args.process_group is None else args.process_group
+                comms.append(CommOp(name=canonical_collective(str(coll)), pg=str(pg), start_us=t, end_us=t + d,
+                                    nelems=_int(args.in_nelems), dtype=_str(args.dtype), step=step,
+                                    thread=doc.threads[th]))
+            else:
+                spans.append((t, t + d, step, names[n]))
+                if step is not None and _in_model_phase(by_number[step], launched):
+                    by_name = by_number[step].compute_by_name_us
+                    by_name[names[n]] = by_name.get(names[n], 0.0) + d
+    for e in doc.marks:
         if e.cat != "user_annotation":
             continue
         m = GLOO_RANGE.match(e.name)
         if m:
             comms.append(CommOp(name=canonical_collective(m["coll"]), pg="default", start_us=e.ts,
-                                end_us=e.ts + e.dur, step=index.at(e.ts), thread=(e.pid, e.tid)))
+                                end_us=e.ts + e.dur, step=index.at(e.ts), thread=doc.threads[e.thread]))
     if not comms:
         # No NCCL kernels and no gloo worker ranges (older torch, other CPU backends): the
         # main thread's c10d ops are the only sign of communication; they span the blocking
         # call, so they stand in for the collective's interval.
-        for e in main_ops:
-            m = C10D_OP.match(e.name)
+        main_thread = doc.threads[main] if main is not None else ()
+        for t, d, n in main_ops:
+            m = C10D_OP.match(names[n])
             if m and m["coll"] not in ("wait", "barrier"):
-                comms.append(CommOp(name=canonical_collective(m["coll"]), pg="default", start_us=e.ts,
-                                    end_us=e.ts + e.dur, step=index.at(e.ts), thread=main))
+                comms.append(CommOp(name=canonical_collective(m["coll"]), pg="default", start_us=t,
+                                    end_us=t + d, step=index.at(t), thread=main_thread))
         if comms:
             warnings.append(f"{path.name}: no gloo:* or NCCL communication ranges; using the main thread's c10d ops")
-    if not kernels:
-        for e in main_ops:
-            if e.name.startswith("aten::"):
-                compute.append((e.ts, e.ts + e.dur, index.at(e.ts), e.name))
-        _self_times(main_ops, index, by_number)
+    if not len(kernels):
+        for t, d, n in main_ops:
+            if aten[n]:
+                spans.append((t, t + d, index.at(t), names[n]))
+        _self_times(main_ops, names, index, by_number)
     comms.sort(key=lambda c: c.start_us)
-    compute.sort(key=by_interval)
     number_by_group(comms)
+    set_run_ups(comms, spans, steps[0].start_us if steps else None)
     return RankTrace(rank=rank, world_size=world_size if isinstance(world_size, int) else None, host=host,
-                     path=str(path), run_id=meta.get("run_id"), device="gpu" if kernels else "cpu", steps=steps,
-                     comms=comms, compute=compute, warnings=warnings, steps_source=steps_source,
+                     path=str(path), run_id=meta.get("run_id"), device="gpu" if len(kernels) else "cpu", steps=steps,
+                     comms=comms, compute=merged_by_step(spans), warnings=warnings, steps_source=steps_source,
                      rank_source=rank_source, base_us=base_ns / 1e3)
 
 
@@ -240,16 +301,16 @@ def _in_model_phase(step: Step, ts: float) -> bool:
     return not any(a <= ts <= b for p, a, b in step.phase_spans if p in NON_MODEL_PHASES)
 
 
-def _count_host_ops(main_ops: list[Event], steps: list[Step], index: _StepIndex,
+def _count_host_ops(main_ops: _Ops, aten: list[bool], steps: list[Step], index: _StepIndex,
                     by_number: dict[int, Step]) -> None:
     """Per step, the main thread's `aten::` ops (any depth) outside its data phase: the eager
     work the host dispatches for the model."""
     data_spans = {s.number: [(a, b) for p, a, b in s.phase_spans if p == STEP_PHASES[0]] for s in steps}
-    for e in main_ops:
-        if not e.name.startswith("aten::"):
+    for t, _, n in main_ops:
+        if not aten[n]:
             continue
-        st = index.at(e.ts)
-        if st is not None and (not data_spans[st] or not any(a <= e.ts <= b for a, b in data_spans[st])):
+        st = index.at(t)
+        if st is not None and (not data_spans[st] or not any(a <= t <= b for a, b in data_spans[st])):
             by_number[st].host_ops += 1
 
 
@@ -259,7 +320,7 @@ REDUCER_PREFIX = "torch::distributed::reducer::"
 DDP_REDUCER = "ddp reducer"
 
 
-def _self_times(main_ops: list[Event], index: _StepIndex, by_number: dict[int, Step]) -> None:
+def _self_times(main_ops: _Ops, names: list[str], index: _StepIndex, by_number: dict[int, Step]) -> None:
     """CPU traces: each step's op self time by name (an op's duration minus its children's),
     communication ops and the data and optimizer phases left out; the CPU-side equivalent of
     GPU kernel time by name.
@@ -269,23 +330,31 @@ def _self_times(main_ops: list[Event], index: _StepIndex, by_number: dict[int, S
        debit it from the enclosing op's name;
     3. an op inside DDP's reducer is credited and debited under `DDP_REDUCER` instead, which
        thereby holds the reducer's whole time."""
-    stack: list[tuple[Event, str]] = []  # (op, the name its time is booked under)
-    for e in sorted(main_ops, key=lambda e: (e.ts, -e.dur)):
-        while stack and stack[-1][0].ts + stack[-1][0].dur <= e.ts:
+    comm = [bool(COMM_OP.match(n)) for n in names]
+    reducer = [n.startswith(REDUCER_PREFIX) for n in names]
+    ts, dur, name = main_ops.ts, main_ops.dur, main_ops.name
+    stack: list[tuple[float, bool, str]] = []  # (end_us, is a communication op, the name its time is booked under)
+    for i in main_ops.longest_first():
+        t, d, n = ts[i], dur[i], name[i]
+        while stack and stack[-1][0] <= t:
             stack.pop()
-        inside = (stack and stack[-1][1] == DDP_REDUCER) or e.name.startswith(REDUCER_PREFIX)
-        key = DDP_REDUCER if inside else e.name
-        st = index.at(e.ts)
-        if st is not None and _in_model_phase(by_number[st], e.ts):
+        inside = (stack and stack[-1][2] == DDP_REDUCER) or reducer[n]
+        key = DDP_REDUCER if inside else names[n]
+        st = index.at(t)
+        if st is not None and _in_model_phase(by_number[st], t):
             by_name = by_number[st].compute_by_name_us
-            if not COMM_OP.match(e.name):
-                by_name[key] = by_name.get(key, 0.0) + e.dur
-            if stack and not COMM_OP.match(stack[-1][0].name):
-                parent = stack[-1][1]
-                by_name[parent] = by_name.get(parent, 0.0) - e.dur
-        stack.append((e, key))
+            if not comm[n]:
+                by_name[key] = by_name.get(key, 0.0) + d
+            if stack and not stack[-1][1]:
+                parent = stack[-1][2]
+                by_name[parent] = by_name.get(parent, 0.0) - d
+        stack.append((t + d, comm[n], key))
 
 
 def _int(v: Any) -> int | None:
     n = number(v)
-    return int(n) if n is not None else None
+    return int(n) if n is not None and n == n and abs(n) != float("inf") else None
+
+
+def _str(v: Any) -> str | None:
+    return None if v is None else str(v)

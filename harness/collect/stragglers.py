@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import bisect
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from harness.collect.model import CommOp, RankTrace
-from harness.collect.overlap import length, merge
 
-IDLE = "idle (waiting on the host)"
 
 
 @dataclass(kw_only=True)
@@ -247,31 +244,19 @@ def _overlap_by_name(spans: list[tuple[str, float, float]], lo: float, hi: float
     return out
 
 
-def _run_up(trace: RankTrace, op: CommOp, ends: list[float]) -> tuple[float, float]:
-    """From the end of this rank's previous collective (else its first step's start) to `op`'s start."""
-    i = bisect.bisect_right(ends, op.start_us) - 1
-    lo = ends[i] if i >= 0 else (trace.steps[0].start_us if trace.steps else op.start_us)
-    return lo, op.start_us
-
-
 def _slow_phase(slow: int, caused: list[Instance], by_rank: dict[int, RankTrace], n_steps: int) -> tuple[str | None, float | None]:
     """The phase with the largest run-up excess (see analyze_stragglers)."""
     use_phases = any(st.phase_spans for st in by_rank[slow].steps)
-    if use_phases:
-        spans = {r: [sp for st in t.steps for sp in st.phase_spans] for r, t in by_rank.items()}
-    else:
-        spans = {r: [("op:" + n, a, b) for a, b, _, n in t.compute] for r, t in by_rank.items()}
-    ends = {r: sorted(c.end_us for c in t.comms) for r, t in by_rank.items()}
+    spans = {r: [sp for st in t.steps for sp in st.phase_spans] for r, t in by_rank.items()} if use_phases else {}
     excess: dict[str, float] = defaultdict(float)
     for inst in caused:
         times = {}
         for r, op in inst.ops.items():
-            lo, hi = _run_up(by_rank[r], op, ends[r])
-            t = _overlap_by_name(spans[r], lo, hi)
-            if not use_phases:
-                busy = merge([(max(a, lo), min(b, hi)) for _, a, b in spans[r] if b > lo and a < hi])
-                t[IDLE] = (hi - lo) - length(busy)
-            times[r] = t
+            if use_phases:
+                lo = op.start_us if op.run_up_start_us is None else op.run_up_start_us
+                times[r] = _overlap_by_name(spans[r], lo, op.start_us)
+            else:
+                times[r] = op.run_up_us
         peers = [r for r in inst.ops if r != slow]
         for name in set().union(*times.values()):
             excess[name] += times[slow].get(name, 0.0) - statistics.median([times[r].get(name, 0.0) for r in peers])
