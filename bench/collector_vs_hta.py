@@ -4,6 +4,7 @@
     python bench/collector_vs_hta.py --rank-mb 200 --reps 3
     python bench/collector_vs_hta.py --scale 8,16,32,64 --scale-mb 20   # ours only: ranks vs seconds
     python bench/collector_vs_hta.py --no-compare --stream-mb 2000     # ours only: one 2 GB trace
+    python bench/collector_vs_hta.py --no-compare --summaries 10,20,85 # ours only: in-job summaries
 
 Each tool runs as its own process, alternating (ours first on even repetitions, HTA first on
 odd ones); wall time is the process's, peak memory the largest sum of RSS over the process and
@@ -185,6 +186,31 @@ def one_big_trace(work: Path, rank_mb: float) -> None:
           f"(target < 1000 MB)")
 
 
+def summaries(work: Path, ranks: int, sizes_mb: list[float], reps: int) -> None:
+    """In-job summaries: per rank, condensing its trace (what each rank does at the end of a
+    window, all ranks at once in a real job); then the collector over the summaries against
+    the collector over the traces. The summaries go into a folder of links to the cached traces,
+    so the cached sets stay trace-only."""
+    print(f"\nin-job summaries: ours only, {ranks} ranks, median of {reps}, {psutil.cpu_count()} cores")
+    print(f"{'MB/rank':>8} {'condense s/rank':>16} {'summary MB/rank':>16} {'from traces s':>14} "
+          f"{'from summaries s':>17} {'peak MB':>8}")
+    for mb in sizes_mb:
+        source = make_set(work, ranks, mb)
+        folder = Path(tempfile.mkdtemp(prefix="cvh-summ-"))
+        for f in sorted(source.glob("*.json")):
+            (folder / f.name).symlink_to(f)
+        condense = [measured([sys.executable, "-m", "harness.collect.summary", str(f)])[0]
+                    for f in sorted(folder.glob("*.pt.trace.json"))]
+        summary_mb = statistics.mean(f.stat().st_size for f in folder.glob("*.summary.json")) / 1e6
+        tmp = folder / "out"
+        full = [measured(ours_cmd(folder, tmp / "full") + ["--from-traces"]) for _ in range(reps)]
+        cond = [measured(ours_cmd(folder, tmp / "summ")) for _ in range(reps)]
+        same = json.loads((tmp / "full" / "report.json").read_text()) == json.loads((tmp / "summ" / "report.json").read_text())
+        print(f"{mb:>8g} {statistics.median(condense):>16.2f} {summary_mb:>16.2f} "
+              f"{statistics.median(w for w, _ in full):>14.2f} {statistics.median(w for w, _ in cond):>17.2f} "
+              f"{statistics.median(m for _, m in cond) / 1e6:>8.0f}   report identical: {same}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ranks", type=int, default=8)
@@ -195,6 +221,7 @@ def main() -> None:
     p.add_argument("--scale-mb", type=float, default=20.0)
     p.add_argument("--stream-mb", type=float, default=0.0, help="also time one trace of this size (ours only)")
     p.add_argument("--no-compare", action="store_true", help="skip the comparison with HTA")
+    p.add_argument("--summaries", default="", help="comma-separated MB per rank: in-job summaries against full traces")
     args = p.parse_args()
     if not args.no_compare:
         sets = [SOURCE, make_set(args.work, args.ranks, args.rank_mb)]
@@ -209,6 +236,8 @@ def main() -> None:
         print("targets: HTA/ours >= 10, ours/HTA mem <= 0.25, overlap diff <= 1 pp")
     if args.stream_mb:
         one_big_trace(args.work, args.stream_mb)
+    if args.summaries:
+        summaries(args.work, args.ranks, [float(x) for x in args.summaries.split(",")], args.reps)
     if args.scale:
         scale(args.work, [int(x) for x in args.scale.split(",")], args.scale_mb, max(1, args.reps // 2) if args.reps > 1 else 1)
 

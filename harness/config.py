@@ -73,6 +73,7 @@ def _check_types(obj: Any, section: str) -> None:
             _check_choice(section, f.name, value, f.metadata["choices"])
 
 
+TRACE_SUMMARY_MODES = ("off", "alongside", "only")
 MODE_HIDDEN = {"baseline": 512, "data": 256, "torch": 256, "kernel": 2048, "comm": 64}
 # Plain SGD for the embedding tables, as DLRM trains them: AdamW's per-parameter state would
 # make the comm workload optimizer-bound (measured: 60% of its CPU step) instead of comm-bound.
@@ -176,6 +177,10 @@ class ProfilerConfig:
     record_shapes: bool = knob(False, "record operator input shapes")
     profile_memory: bool = knob(False, "record tensor allocations")
     with_stack: bool = knob(False, "record Python stacks")
+    trace_summary: str = knob("off", "in-job summaries for very large jobs: each rank condenses its window's trace "
+                              "into <trace>.summary.json as soon as it is written, and the collector reads those: "
+                              "alongside (keep the trace too) or only (delete the trace once condensed)",
+                              choices=TRACE_SUMMARY_MODES)
 
     def __post_init__(self) -> None:
         _check_types(self, "profiler")

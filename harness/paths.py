@@ -19,6 +19,10 @@ WORKER_TEMPLATE = "rank{rank:05d}-{host}"
 TRACE_TEMPLATE = "{worker}.{window:04d}.pt.trace.json.gz"
 # Written first, renamed to the final name when complete: never matches TRACE_PATTERN.
 PARTIAL_SUFFIX = ".partial"
+# A trace's condensed summary (harness/collect/summary.py) sits next to it: the trace's own name
+# plus this suffix, so any trace name maps to one summary and back, and no trace pattern
+# (ours or torch-tb-profiler's) matches it.
+SUMMARY_SUFFIX = ".summary.json"
 
 TRACE_PATTERN = re.compile(r"^(?P<worker>.*?)(?:\.(?P<span>\d+))?\.pt\.trace\.json(?:\.gz)?$")
 WORKER_RANK_PATTERN = re.compile(r"^rank(?P<rank>\d+)-(?P<host>.+)$")
@@ -71,6 +75,14 @@ def trace_path(run_dir: Path, rank: int, host: str, window: int) -> Path:
 def partial_path(final: Path) -> Path:
     """Temporary name a trace is written under; still gzip, never matched as a trace."""
     return final.with_name(final.name.removesuffix(".gz") + PARTIAL_SUFFIX + ".gz")
+
+
+def summary_path(trace: Path) -> Path:
+    return trace.with_name(trace.name + SUMMARY_SUFFIX)
+
+
+def trace_of_summary(summary: Path) -> Path:
+    return summary.with_name(summary.name.removesuffix(SUMMARY_SUFFIX))
 
 
 def steps_path(run_dir: Path, rank: int) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,8 @@ class TraceRecorder:
         self.cuda = cuda
         self.metadata = metadata
         self.written: list[Path] = []
+        self.summaries: list[Path] = []
+        self.summary_s = 0.0  # time spent condensing traces into summaries
         self._prof: profile | None = None
         self._stamped_window = 0
 
@@ -97,3 +100,11 @@ class TraceRecorder:
         prof.export_chrome_trace(str(tmp))  # gzip-compressed because the name ends in .gz
         os.replace(tmp, final)
         self.written.append(final)
+        if self.cfg.trace_summary != "off":
+            # Condensed here, on the rank's own node, while the profiler has handed the window
+            # over (training waits for it, as it already waits for the export above).
+            from harness.collect.summary import summarize
+
+            started = time.perf_counter()
+            self.summaries.append(summarize(final, drop_trace=self.cfg.trace_summary == "only"))
+            self.summary_s += time.perf_counter() - started

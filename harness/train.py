@@ -60,7 +60,8 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
         if scalars:
             scalars.close()
     row = {"rank": env.rank, "local_rank": env.local_rank, "host": host, **summarize(log.records),
-           "final_loss": trainer.last_loss, "traces": [p.name for p in rec.written],
+           "final_loss": trainer.last_loss, "traces": [p.name for p in rec.written if p.exists()],
+           "trace_summaries": [p.name for p in rec.summaries], "trace_summary_s": round(rec.summary_s, 3),
            "steps_file": str(log.path.relative_to(ident.dir))}
     rows = gather(row)
     if env.rank == 0:
@@ -73,6 +74,11 @@ def report(ident: RunIdentity, rows: list[dict], run_json: Path) -> None:
     print(f"\n{PROG}: run {ident.name} finished ({len(rows)} rank(s), steady state, warm-up excluded)")
     print(format_rank_table(rows))
     print(f"traces:  {ident.dir}/ ({n_traces} file(s), one per rank per profiler window)")
+    n_summaries = sum(len(r.get("trace_summaries", [])) for r in rows)
+    if n_summaries:
+        worst_s = max(r.get("trace_summary_s", 0.0) for r in rows)
+        print(f"summaries: {n_summaries} in-job trace summaries (<trace>.summary.json; condensing took at most "
+              f"{worst_s:.2f} s on a rank); the collector reads them instead of the traces")
     print(f"steps:   {ident.dir}/steps/rank<R>.jsonl")
     print(f"summary: {run_json}")
     if len(rows) > 1:

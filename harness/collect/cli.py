@@ -13,15 +13,17 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from harness.collect.analysis import analyze
-from harness.collect.discover import InputError, find_trace_files, group_ranks
+from harness.collect.discover import InputError, RunSet, find_trace_files, group_ranks
 from harness.collect.model import RankTrace
 from harness.collect.parse import TraceError, parse_trace
 from harness.collect.report import build_report, collective_rows, console_summary, write_report
 from harness.collect.stragglers import Thresholds
+from harness.collect.summary import is_summary, read_summary
 from harness.collect.tb_scalars import write_scalars
 from harness.collect.timeline import build_timeline
 from harness.view.files import write_view
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser
+from harness.paths import trace_of_summary
 
 PROG = "harness.collect"
 EXIT_INPUT = EXIT_USAGE
@@ -53,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=parse_steps, help="steps to analyse, e.g. 3-7 or 5,6,9 (default: all)")
     p.add_argument("--no-align", action="store_true", help="do not align rank clocks")
     p.add_argument("--no-merged", action="store_true", help="skip merged.pt.trace.json.gz (large for big traces)")
+    p.add_argument("--from-traces", action="store_true",
+                   help="parse the traces even where an in-job summary (<trace>.summary.json) is next to them")
     p.add_argument("--min-lag-ms", type=float, default=th.min_lag_ms, help="straggler: least blame per step, ms")
     p.add_argument("--rel-lag", type=float, default=th.rel_lag,
                    help="straggler: least blame per step as a share of the median step (GPU traces)")
@@ -66,8 +70,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _parse_one(path: Path) -> RankTrace | str:
+    """The file's RankTrace (from its summary, if it is one), or the one-line reason it has none.
+    An unreadable summary whose trace is still there falls back to the trace, with a warning."""
     try:
-        return parse_trace(path)
+        if not is_summary(path):
+            return parse_trace(path)
+        try:
+            return read_summary(path)
+        except TraceError as exc:
+            trace_file = trace_of_summary(path)
+            if not trace_file.is_file():
+                raise
+            parsed = parse_trace(trace_file)
+            parsed.warnings.append(f"{exc}: parsed {trace_file.name} instead")
+            return parsed
     except TraceError as exc:
         return str(exc)
 
@@ -105,7 +121,7 @@ def default_output(inputs: list[str], files: list[Path]) -> Path:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
-        files = find_trace_files(args.inputs)
+        files = find_trace_files(args.inputs, summaries=not args.from_traces)
         traces, errors = parse_all(files, args.jobs, progress=not args.quiet and len(files) > 1)
         for e in errors:
             print(f"{PROG}: warning: skipped {e}", file=sys.stderr)
@@ -124,10 +140,12 @@ def main(argv: list[str] | None = None) -> None:
     write_report(doc, out, collective_rows(analysis))
     write_view(doc, build_timeline(analysis), out)
     write_scalars(doc, out)
-    if not args.no_merged:
+    merged = not args.no_merged and _traces_present(runset)
+    if merged:
         from harness.collect.merged import write_merged
 
         write_merged(analysis, out)
+
     if not args.quiet:
         print(console_summary(doc))
         for w in analysis.warnings:
@@ -135,4 +153,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nverdict: {doc['headline']}")
     print(f"diagnosis: {doc['diagnosis_summary']}")
     print(f"report:  {out}/report.md (also report.html, report.json, timeline.json, steps.csv, collectives.csv"
-          f"{'' if args.no_merged else ', merged.pt.trace.json.gz'}; TensorBoard scalars in {out}/tb/)")
+          f"{', merged.pt.trace.json.gz' if merged else ''}; TensorBoard scalars in {out}/tb/)")
+    if not merged and not args.no_merged:
+        print("no merged.pt.trace.json.gz: only the in-job summaries, not the traces, are here")
+
+
+def _traces_present(runset: RunSet) -> bool:
+    return all(Path(p).is_file() for t in runset.ranks for p in t.path.split(", "))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.collect.model import RankTrace, by_interval, number_by_group
-from harness.paths import TRACE_PATTERN
+from harness.paths import SUMMARY_SUFFIX, TRACE_PATTERN, trace_of_summary
 
 REPORT_DIR = "report"
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -18,13 +18,16 @@ class InputError(ValueError):
     """The inputs cannot be analysed (nothing there, runs mixed, ...); the message says what to do."""
 
 
-def find_trace_files(inputs: list[str]) -> list[Path]:
-    """Trace files under the given folders, files and globs.
+def find_trace_files(inputs: list[str], summaries: bool = True) -> list[Path]:
+    """Trace files (or their summaries) under the given folders, files and globs.
 
     1. a glob is expanded; a file is taken as it is; a folder is searched recursively;
     2. in a folder, files named like profiler traces (`*.pt.trace.json[.gz]`) are taken; if
        there are none, any `*.json[.gz]` (third-party traces keep other names);
-    3. the collector's own output (`report/` folders, run.json) is never taken.
+    3. the collector's own output (`report/` folders, run.json) is never taken;
+    4. with `summaries`, a trace's summary (`<trace>.summary.json`, see summary.py) replaces
+       the trace, and a summary whose trace is gone stands for it; without, summaries are
+       ignored.
     """
     files: list[Path] = []
     for item in inputs:
@@ -37,6 +40,11 @@ def find_trace_files(inputs: list[str]) -> list[Path]:
             elif m.is_file():
                 files.append(m)
     unique = sorted({f.resolve(): f for f in files}.values(), key=lambda p: str(p))
+    if summaries:
+        condensed = {trace_of_summary(f).resolve() for f in unique if f.name.endswith(SUMMARY_SUFFIX)}
+        unique = [f for f in unique if f.resolve() not in condensed]
+    else:
+        unique = [f for f in unique if not f.name.endswith(SUMMARY_SUFFIX)]
     if not unique:
         raise InputError(f"no trace files (*.pt.trace.json[.gz] or *.json[.gz]) under {', '.join(inputs)}; "
                          "point at a run folder such as profiler_logs/<run>")
@@ -46,8 +54,10 @@ def find_trace_files(inputs: list[str]) -> list[Path]:
 def _traces_in(folder: Path) -> list[Path]:
     candidates = [p for p in folder.rglob("*") if p.is_file() and REPORT_DIR not in p.relative_to(folder).parts[:-1]
                   and p.name not in NOT_TRACES and p.name.endswith(TRACE_SUFFIXES)]
+    condensed = [p for p in candidates if p.name.endswith(SUMMARY_SUFFIX)]
+    candidates = [p for p in candidates if not p.name.endswith(SUMMARY_SUFFIX)]
     named = [p for p in candidates if TRACE_PATTERN.match(p.name)]
-    return named or candidates
+    return (named or candidates) + condensed
 
 
 @dataclass

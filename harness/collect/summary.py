@@ -1,0 +1,112 @@
+"""In-job summaries: one rank's trace condensed to what the collector's analyses read.
+
+A summary is the parsed `RankTrace` (steps with their phases and per-name compute, each
+collective with its run-up, compute merged per step) as JSON, written next to the trace as
+`<trace name>.summary.json`. The training job writes it when the profiler hands a window over
+(`--trace-summary alongside|only`), so the parsing is spread over the job's own nodes; the
+collector then reads summaries instead of traces (a few hundred kB instead of hundreds of MB)
+and its report is the same as from the traces.
+
+`python -m harness.collect.summary TRACE|FOLDER ...` condenses traces already on disk (e.g. on
+the cluster, before copying only the summaries to a laptop).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import msgspec
+
+from harness.collect.decode import TraceError
+from harness.collect.model import RankTrace
+from harness.collect.parse import parse_trace
+from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser
+from harness.paths import PARTIAL_SUFFIX, SUMMARY_SUFFIX, summary_path, trace_of_summary
+
+FORMAT = "harness rank summary"
+# Bump whenever parse.py's output changes meaning: an older summary is then refused (with the
+# advice to collect from the trace) instead of silently giving a different report.
+VERSION = 1
+
+
+class _File(msgspec.Struct):
+    format: str
+    version: int
+    rank_trace: RankTrace
+
+
+_DECODER = msgspec.json.Decoder(_File)
+_ENCODER = msgspec.json.Encoder()
+
+
+def write_summary(trace: RankTrace, path: Path) -> Path:
+    """Write `trace` to `path` (via a temporary name, so a reader never sees half a file)."""
+    tmp = path.with_name(path.name + PARTIAL_SUFFIX)
+    tmp.write_bytes(_ENCODER.encode(_File(format=FORMAT, version=VERSION, rank_trace=trace)))
+    os.replace(tmp, path)
+    return path
+
+
+def summarize(trace_file: Path, *, drop_trace: bool = False) -> Path:
+    """Parse `trace_file`, write its summary next to it; with `drop_trace`, then delete the
+    trace (only once the summary is safely on disk)."""
+    out = write_summary(parse_trace(trace_file), summary_path(trace_file))
+    if drop_trace:
+        trace_file.unlink()
+    return out
+
+
+def read_summary(path: Path) -> RankTrace:
+    """The `RankTrace` a summary holds, its `path` pointing at the trace it was made from
+    (which need not exist any more). Bad files raise TraceError with one line saying why."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        doc = _DECODER.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise TraceError(f"{path}: damaged or not a harness summary ({exc}); collect from its trace instead "
+                         "(--from-traces)") from None
+    if doc.format != FORMAT:
+        raise TraceError(f"{path}: not a harness summary (format {doc.format!r})")
+    if doc.version != VERSION:
+        raise TraceError(f"{path}: summary version {doc.version}, this collector reads version {VERSION}; "
+                         "collect from its trace instead (--from-traces)")
+    doc.rank_trace.path = str(trace_of_summary(path))
+    return doc.rank_trace
+
+
+def is_summary(path: Path) -> bool:
+    return path.name.endswith(SUMMARY_SUFFIX)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = OneLineArgumentParser(prog="harness.collect.summary",
+                              description="Condense profiler traces into summaries the collector reads instead.")
+    p.add_argument("inputs", nargs="+", help="trace files or folders (searched like the collector's inputs)")
+    p.add_argument("--drop-traces", action="store_true", help="delete each trace once its summary is written")
+    args = p.parse_args(argv)
+    from harness.collect.discover import InputError, find_trace_files
+
+    try:
+        files = [f for f in find_trace_files(args.inputs, summaries=False)]
+    except InputError as exc:
+        print(f"{p.prog}: error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    failed = 0
+    for f in files:
+        try:
+            print(summarize(f, drop_trace=args.drop_traces))
+        except TraceError as exc:
+            failed += 1
+            print(f"{p.prog}: warning: skipped {exc}", file=sys.stderr)
+    if failed == len(files):
+        print(f"{p.prog}: error: none of the {len(files)} file(s) could be condensed", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+if __name__ == "__main__":
+    main()
