@@ -49,6 +49,17 @@ def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pending.mkdir()
     for p in ddp.traces():
         shutil.copy(p, pending / p.name)
+    # A report cut short (a full disk, a copy interrupted): the page says so instead of going blank.
+    broken = root / "z-broken" / "report"
+    broken.mkdir(parents=True)
+    (broken / "report.json").write_text((ddp.dir / "report" / "report.json").read_text()[:500])
+    # A report whose timeline.json links to a file outside the logdir: it is never served.
+    secret = root.parent / "secret.json"
+    secret.write_text('{"secret": "outside the logdir"}')
+    linked = root / "z-linked" / "report"
+    shutil.copytree(ddp.dir / "report", linked)
+    (linked / "timeline.json").unlink()
+    (linked / "timeline.json").symlink_to(secret)
     return root
 
 
@@ -139,6 +150,19 @@ def test_plugin_traversal_in_the_raw_path(server: str, raw: str) -> None:
     body = resp.read()
     assert resp.status in (400, 404), (raw, resp.status)
     assert b"root:" not in body and b"[project]" not in body and b"setuptools" not in body
+
+
+def test_plugin_explains_a_malformed_report_and_never_follows_links_out(server: str) -> None:
+    status, page = get(server, f"{PLUGIN}/view?run=z-broken")
+    assert status == 500 and b"cannot be shown: report.json is not valid JSON" in page
+    assert b"python -m harness.collect" in page  # and how to make it again
+    status, body = get(server, f"{PLUGIN}/report.json?run=z-broken")
+    assert status == 500 and b"not valid JSON" in body
+    for path in ("/timeline.json?run=z-linked", "/view?run=z-linked"):
+        status, body = get(server, PLUGIN + path)
+        assert status == 500 and b"links outside the TensorBoard logdir" in body, path
+        assert b'"secret"' not in body, path
+    assert get_json(server, f"{PLUGIN}/report.json?run=z-linked")["verdict"] == "straggler"
 
 
 def test_plugin_collects_a_run_without_report(server: str, logdir: Path) -> None:

@@ -33,6 +33,16 @@ class RunEntry:
     run_dir: Path
     report_dir: Path | None  # None: traces but no report yet
     traces: int  # per-rank trace files found for it
+    root: Path  # the resolved logdir it was found under: nothing outside it is ever read
+
+    def report_file(self, name: str) -> Path:
+        """`name` in the run's report folder; ValueError when it is a link leading outside the
+        logdir (report.json itself is checked when the run is found, the others here)."""
+        assert self.report_dir is not None
+        path = self.report_dir / name
+        if path.is_symlink() and not _inside(path, self.root):
+            raise ValueError(f"{name} links outside the TensorBoard logdir; it is not read")
+        return path
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -87,11 +97,11 @@ def find_runs(logdir: str | os.PathLike[str] | None) -> dict[str, RunEntry]:
     for d, n in traces.items():
         r = owner(d)
         if r is None:
-            runs[_name(d, root)] = RunEntry(_name(d, root), d, None, n)
+            runs[_name(d, root)] = RunEntry(_name(d, root), d, None, n, root)
         else:
             counts[r] += n
     for run_dir, report_dir in reports.items():
-        runs[_name(run_dir, root)] = RunEntry(_name(run_dir, root), run_dir, report_dir, counts[run_dir])
+        runs[_name(run_dir, root)] = RunEntry(_name(run_dir, root), run_dir, report_dir, counts[run_dir], root)
     return dict(sorted(runs.items()))
 
 
@@ -134,9 +144,9 @@ def read_json(path: Path) -> dict[str, Any] | None:
 def load_view_data(entry: RunEntry) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(report, timeline) of a run with a report; ValueError when the report is unusable."""
     assert entry.report_dir is not None
-    report = read_json(entry.report_dir / REPORT_JSON)
+    report = read_json(entry.report_file(REPORT_JSON))
     if report is None:
         raise ValueError("report.json disappeared; re-run the collector")
     if report.get("schema_version") != 1 or "verdict" not in report:
         raise ValueError("report.json was not written by harness.collect (schema_version 1); re-run the collector")
-    return report, read_json(entry.report_dir / TIMELINE_JSON)
+    return report, read_json(entry.report_file(TIMELINE_JSON))

@@ -118,7 +118,7 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
         if entry is None or entry.report_dir is None:
             return self._not_found(request, "no such run with a report")
         try:
-            doc = read_json(entry.report_dir / name)
+            doc = read_json(entry.report_file(name))
         except ValueError as exc:
             return http_util.Respond(request, str(exc), "text/plain", code=500)
         if doc is None:
