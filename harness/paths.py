@@ -35,6 +35,16 @@ STEP_PHASES = ("data", "h2d", "forward", "loss", "backward", "optimizer")
 STEPS_DIR = "steps"
 STEPS_TEMPLATE = "rank{rank}.jsonl"
 RUN_FILE = "run.json"
+# Each rank's state (running / finished / failed / terminated), rewritten as it changes: a rank
+# still "running" in a run that is over was killed without a word (SIGKILL, OOM, node lost).
+STATUS_DIR = "status"
+STATUS_TEMPLATE = "rank{rank}.json"
+# torchrun --max-restarts: attempt 0 writes into the run folder, attempt N >= 1 (the workers'
+# TORCHELASTIC_RESTART_COUNT) into <run>/restart-N/, with the same layout; ELASTIC_FILE in the
+# run folder holds torchrun's run id, so a restarted attempt finds its run's folder.
+ATTEMPT_TEMPLATE = "restart-{attempt}"
+ATTEMPT_PATTERN = re.compile(r"^restart-(?P<attempt>\d+)$")
+ELASTIC_FILE = "elastic.json"
 
 # TensorBoard scalars: one TensorBoard run per rank, so the Scalars dashboard draws every rank
 # of a tag on one chart. The training job writes <run>/tb/rank00000/, the collector
@@ -96,6 +106,14 @@ def scalars_dir(parent: Path, rank: int) -> Path:
 
 def lab_dir(log_dir: Path, sweep: str, stamp: str) -> Path:
     return log_dir / LAB_DIR / f"{sweep}-{stamp}"
+
+
+def status_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / STATUS_DIR / STATUS_TEMPLATE.format(rank=rank)
+
+
+def attempt_dir(run_dir: Path, attempt: int) -> Path:
+    return run_dir if attempt == 0 else run_dir / ATTEMPT_TEMPLATE.format(attempt=attempt)
 
 
 def run_file(run_dir: Path) -> Path:

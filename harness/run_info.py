@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from harness.config import ConfigError, LaunchEnv, OutputConfig, TrainConfig
-from harness.paths import STEPS_DIR, TRACE_PATTERN, run_file
+from harness.paths import ELASTIC_FILE, STEPS_DIR, TRACE_PATTERN, attempt_dir, run_file
 
 MIN_FREE_BYTES = 64 * 2**20
 
@@ -26,7 +26,30 @@ class RunIdentity:
     name: str
     run_id: str
     started_at: str
-    dir: Path
+    dir: Path  # this attempt's folder: the run folder, or <run>/restart-N after N elastic restarts
+    attempt: int = 0
+
+
+def elastic_attempt() -> tuple[int, str | None]:
+    """(torchrun's restart count of this worker, torchrun's run id) from the environment."""
+    try:
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        attempt = 0
+    return attempt, os.environ.get("TORCHELASTIC_RUN_ID") or None
+
+
+def _restarted_run(root: Path, elastic_id: str | None) -> str | None:
+    """The run folder under `root` whose attempt 0 recorded torchrun's run id `elastic_id`."""
+    if elastic_id is None:
+        return None
+    for marker in sorted(root.glob(f"*/{ELASTIC_FILE}"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            if json.loads(marker.read_text()).get("elastic_run_id") == elastic_id:
+                return marker.parent.name
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None
 
 
 def host_name() -> str:
@@ -55,17 +78,20 @@ def check_output(out: OutputConfig) -> None:
     free = shutil.disk_usage(root).free
     if free < MIN_FREE_BYTES:
         raise ConfigError("output.log_dir", f"{root} has only {free // 2**20} MiB free; free space or pass another --log-dir")
-    if out.run_name is not None and _holds_run(root / out.run_name) and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+    if out.run_name is not None and _holds_run(root / out.run_name) and elastic_attempt()[0] == 0:
         raise ConfigError("output.run_name", f"{root / out.run_name} already holds a run; pick another --run-name or remove it")
 
 
 def agree_identity(cfg: TrainConfig, env: LaunchEnv) -> RunIdentity:
     """Rank 0 picks the run name and id; every other rank receives them."""
     payload: list[Any] = [None]
+    attempt, elastic_id = elastic_attempt()
     if env.rank == 0:
         root = Path(cfg.output.log_dir)
         started = time.strftime("%Y%m%d-%H%M%S")
         name = cfg.output.run_name
+        if name is None and attempt > 0:
+            name = _restarted_run(root, elastic_id)
         if name is None:
             base = f"{cfg.workload.mode}-{cfg.parallel.parallel}-ws{env.world_size}-{started}"
             name, n = base, 1
@@ -77,8 +103,11 @@ def agree_identity(cfg: TrainConfig, env: LaunchEnv) -> RunIdentity:
         dist.broadcast_object_list(payload, src=0)
     name, run_id, started = payload[0]
     run_dir = Path(cfg.output.log_dir) / name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return RunIdentity(name=name, run_id=run_id, started_at=started, dir=run_dir)
+    here = attempt_dir(run_dir, attempt)
+    here.mkdir(parents=True, exist_ok=True)
+    if env.rank == 0 and attempt == 0 and elastic_id is not None:
+        (run_dir / ELASTIC_FILE).write_text(json.dumps({"elastic_run_id": elastic_id}))
+    return RunIdentity(name=name, run_id=run_id, started_at=started, dir=here, attempt=attempt)
 
 
 def gather(obj: Any) -> list[Any]:
@@ -100,6 +129,7 @@ def write_run_json(ident: RunIdentity, cfg: TrainConfig, env: LaunchEnv, device:
     doc = {
         "run_name": ident.name,
         "run_id": ident.run_id,
+        "attempt": ident.attempt,
         "started_at": ident.started_at,
         "finished_at": time.strftime("%Y%m%d-%H%M%S"),
         "config": cfg.to_dict(),

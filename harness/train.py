@@ -18,6 +18,7 @@ from harness.parallel import build_optimizer, destroy_process_group, init_proces
 from harness.paths import scalars_dir, steps_path
 from harness.profiling import TraceRecorder
 from harness.run_info import RunIdentity, agree_identity, check_output, gather, host_name, write_run_json
+from harness.run_status import RankStatus, raise_on_sigterm
 from harness.scalars import ScalarWriter
 from harness.stats import StepLog, format_rank_table, summarize
 from harness.trainer import Trainer, build_loader
@@ -49,16 +50,22 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
     trainer = Trainer(cfg=cfg, model=model, optimizer=build_optimizer(model, cfg.workload.optimizer, cfg.speed), workload=workload,
                       loader=build_loader(workload, cfg, device), device=device, rank=env.rank, host=host,
                       scalars=scalars)
-    metadata = {"run_id": ident.run_id, "run_name": ident.name, "rank": env.rank, "local_rank": env.local_rank,
+    metadata = {"run_id": ident.run_id, "run_name": ident.name, "attempt": ident.attempt, "rank": env.rank,
+                "local_rank": env.local_rank,
                 "world_size": env.world_size, "host": host, "mode": cfg.workload.mode, "parallel": cfg.parallel.parallel}
     log = StepLog(steps_path(ident.dir, env.rank))
+    status = RankStatus(ident.dir, rank=env.rank, host=host, attempt=ident.attempt)
     try:
         with TraceRecorder(cfg.profiler, run_dir=ident.dir, rank=env.rank, host=host, cuda=device.type == "cuda", metadata=metadata) as rec:
             trainer.run(rec, log)
+    except BaseException as exc:
+        status.end("failed", _last_step(log), exc)
+        raise
     finally:
         log.close()
         if scalars:
             scalars.close()
+    status.end("finished", _last_step(log))
     row = {"rank": env.rank, "local_rank": env.local_rank, "host": host, **summarize(log.records),
            "final_loss": trainer.last_loss, "traces": [p.name for p in rec.written if p.exists()],
            "trace_summaries": [p.name for p in rec.summaries], "trace_summary_s": round(rec.summary_s, 3),
@@ -67,6 +74,10 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
     if env.rank == 0:
         path = write_run_json(ident, cfg, env, device, rows)
         report(ident, rows, path)
+
+
+def _last_step(log: StepLog) -> int | None:
+    return log.records[-1].get("step") if log.records else None
 
 
 def report(ident: RunIdentity, rows: list[dict], run_json: Path) -> None:
@@ -88,6 +99,7 @@ def report(ident: RunIdentity, rows: list[dict], run_json: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     cfg, env = configure(argv)
+    raise_on_sigterm()
     clean = False
     try:
         train(cfg, env)

@@ -17,6 +17,7 @@ from harness.collect.discover import InputError, RunSet, find_trace_files, group
 from harness.collect.model import RankTrace
 from harness.collect.parse import TraceError, parse_trace
 from harness.collect.report import build_report, collective_rows, console_summary, write_report
+from harness.collect.run_state import choose_attempt, ending_notes
 from harness.collect.stragglers import Thresholds
 from harness.collect.summary import is_summary, read_summary
 from harness.collect.tb_scalars import write_scalars
@@ -55,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=parse_steps, help="steps to analyse, e.g. 3-7 or 5,6,9 (default: all)")
     p.add_argument("--no-align", action="store_true", help="do not align rank clocks")
     p.add_argument("--no-merged", action="store_true", help="skip merged.pt.trace.json.gz (large for big traces)")
+    p.add_argument("--attempt", type=int, help="after torchrun restarts (--max-restarts), the attempt to analyse: "
+                   "0 = the first, N = <run>/restart-N (default: the latest)")
     p.add_argument("--from-traces", action="store_true",
                    help="parse the traces even where an in-job summary (<trace>.summary.json) is next to them")
     p.add_argument("--min-lag-ms", type=float, default=th.min_lag_ms, help="straggler: least blame per step, ms")
@@ -121,7 +124,11 @@ def default_output(inputs: list[str], files: list[Path]) -> Path:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
-        files = find_trace_files(args.inputs, summaries=not args.from_traces)
+        try:
+            inputs, attempt_notes = choose_attempt(args.inputs, args.attempt)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        files = find_trace_files(inputs, summaries=not args.from_traces)
         traces, errors = parse_all(files, args.jobs, progress=not args.quiet and len(files) > 1)
         for e in errors:
             print(f"{PROG}: warning: skipped {e}", file=sys.stderr)
@@ -131,12 +138,13 @@ def main(argv: list[str] | None = None) -> None:
     except InputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_INPUT) from None
-    runset.warnings[:0] = [f"skipped {e}" for e in errors]
+    runset.ending = [n for d in inputs if Path(d).is_dir() for n in ending_notes(Path(d))]
+    runset.warnings[:0] = attempt_notes + runset.ending + [f"skipped {e}" for e in errors]
     thresholds = Thresholds(min_lag_ms=args.min_lag_ms, rel_lag=args.rel_lag, rel_lag_cpu=args.rel_lag_cpu,
                             min_last_fraction=args.min_last_fraction)
     analysis = analyze(runset, align=not args.no_align, thresholds=thresholds, steps=args.steps)
-    doc = build_report(analysis, args.inputs)
-    out = args.output or default_output(args.inputs, files)
+    doc = build_report(analysis, inputs)
+    out = args.output or default_output(inputs, files)
     write_report(doc, out, collective_rows(analysis))
     write_view(doc, build_timeline(analysis), out)
     write_scalars(doc, out)

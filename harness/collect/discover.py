@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.collect.model import RankTrace, by_interval, number_by_group
-from harness.paths import SUMMARY_SUFFIX, TRACE_PATTERN, trace_of_summary
+from harness.paths import ATTEMPT_PATTERN, SUMMARY_SUFFIX, TRACE_PATTERN, trace_of_summary
 
 REPORT_DIR = "report"
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -52,8 +52,10 @@ def find_trace_files(inputs: list[str], summaries: bool = True) -> list[Path]:
 
 
 def _traces_in(folder: Path) -> list[Path]:
-    candidates = [p for p in folder.rglob("*") if p.is_file() and REPORT_DIR not in p.relative_to(folder).parts[:-1]
-                  and p.name not in NOT_TRACES and p.name.endswith(TRACE_SUFFIXES)]
+    # Not the report's files, and not a later elastic attempt's (restart-N/: run_state.py picks one).
+    candidates = [p for p in folder.rglob("*") if p.is_file() and p.name not in NOT_TRACES
+                  and p.name.endswith(TRACE_SUFFIXES)
+                  and not any(d == REPORT_DIR or ATTEMPT_PATTERN.match(d) for d in p.relative_to(folder).parts[:-1])]
     condensed = [p for p in candidates if p.name.endswith(SUMMARY_SUFFIX)]
     candidates = [p for p in candidates if not p.name.endswith(SUMMARY_SUFFIX)]
     named = [p for p in candidates if TRACE_PATTERN.match(p.name)]
@@ -70,6 +72,7 @@ class RunSet:
     duplicates: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     run_id: str | None = None
+    ending: list[str] = field(default_factory=list)  # how the job ended when it did not finish (run_state.py)
 
 
 def group_ranks(traces: list[RankTrace]) -> RunSet:

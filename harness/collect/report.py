@@ -5,7 +5,8 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
 
 - `inputs`: the paths as given; `input_dirs`: the absolute folders the traces were read from.
 - `verdict`: "straggler" or "balanced"; `headline`: the verdict in one sentence.
-- `run`: {run_id, world_size, ranks_present, ranks_missing, complete, hosts, device, steps_source,
+- `run`: {run_id, world_size, ranks_present, ranks_missing, complete, ending (how a job that did
+  not finish ended, rank by rank: run_state.py), hosts, device, steps_source,
   steps}.
 - `stragglers`: [{rank, host, phase, phase_excess_ms, blame_ms, wait_ms, last_fraction,
   whatif_step_ms, mean_step_ms}], most blamed first; empty when balanced.
@@ -141,10 +142,11 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
         "inputs": inputs,
         "input_dirs": sorted({str(Path(p).parent.resolve()) for t in a.runset.ranks for p in t.path.split(", ")}),
         "verdict": res.verdict,
-        "headline": headline(res.verdict, stragglers, a.runset.missing),
+        "headline": headline(res.verdict, stragglers, a.runset.missing, a.runset.ending),
         "run": {
             "run_id": a.runset.run_id, "world_size": a.runset.world_size, "ranks_present": present,
-            "ranks_missing": a.runset.missing, "complete": not a.runset.missing,
+            "ranks_missing": a.runset.missing, "complete": not a.runset.missing and not a.runset.ending,
+            "ending": a.runset.ending,
             "hosts": sorted(hosts), "device": "gpu" if any(t.device == "gpu" for t in a.traces) else "cpu",
             "steps_source": sorted({t.steps_source for t in a.traces}), "steps": all_steps,
         },
@@ -164,8 +166,10 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
     return doc
 
 
-def headline(verdict: str, stragglers: list[dict[str, Any]], missing: list[int]) -> str:
+def headline(verdict: str, stragglers: list[dict[str, Any]], missing: list[int], ending: list[str] | None = None) -> str:
     tail = f" (incomplete: rank(s) {', '.join(map(str, missing))} missing)" if missing else ""
+    if ending:
+        tail += f" (the run did not finish: {ending[1] if len(ending) > 1 else ending[0]})"
     if verdict == "balanced":
         return "balanced: no rank keeps the others waiting beyond the noise" + tail
     s = stragglers[0]
@@ -232,6 +236,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
     if run["ranks_missing"]:
         lines.append(f"\n**Incomplete run:** rank(s) {', '.join(map(str, run['ranks_missing']))} of "
                      f"{run['world_size']} have no trace; the analysis covers the ranks present.")
+    for note in run.get("ending", []):
+        lines.append(f"\n**Run ended badly:** {note}.")
     lines += ["", "## Stragglers", ""]
     if doc["stragglers"]:
         lines += text_table.markdown(doc["stragglers"], STRAGGLER_COLUMNS)

@@ -1,0 +1,138 @@
+"""Training-side faults with real torchrun jobs: a rank SIGKILLed mid-run, and torchrun's
+elastic restarts. What was measured stays on disk, nothing half-written is left under a trace
+name, and the collector says how the run ended and which rank stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.collect.parse import parse_trace
+from harness.paths import PARTIAL_SUFFIX, list_traces, status_path, steps_path
+
+from conftest import REPO, _env
+
+pytestmark = pytest.mark.slow
+
+# Rank 0 sleeps 15 ms a step so the job lasts long enough to be killed mid-run; the profiler
+# window (steps 3-5) is written early, so both ranks have a trace before the kill.
+LONG = ["--mode", "baseline", "--steps", "150", "--warmup-steps", "2", "--wait", "1", "--warmup", "1",
+        "--active", "3", "--batch-size", "16", "--straggler-rank", "0", "--straggler-ms", "15",
+        "--straggler-phase", "forward"]
+
+
+def start(log_dir: Path, *torchrun: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *torchrun,
+           "-m", "harness.train", "--log-dir", str(log_dir), "--run-name", "run", *LONG]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout_s: float) -> tuple[str, str]:
+    """The job's output once it ends; a job still running after `timeout_s` is killed whole."""
+    try:
+        return proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"the job hung past {timeout_s} s:\n{err[-4000:]}") from None
+
+
+def kill_rank_mid_run(run_dir: Path, proc: subprocess.Popen, rank: int, after_steps: int) -> int:
+    """SIGKILL `rank` once it has logged `after_steps` steps; returns the pid killed."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            pid = json.loads(status_path(run_dir, rank).read_text())["pid"]
+            logged = len(steps_path(run_dir, rank).read_text().splitlines())
+        except (OSError, ValueError, KeyError):
+            logged = 0
+        if logged >= after_steps:
+            os.kill(pid, signal.SIGKILL)
+            return pid
+        time.sleep(0.05)
+    raise AssertionError(f"rank {rank} never reached step {after_steps}: {proc.communicate()}")
+
+
+def collect(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness.collect", *args], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+
+
+def whole_lines(path: Path) -> list[dict]:
+    """Every complete line of a step log (a line cut by the kill, if any, is the last one)."""
+    lines = path.read_text().splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            assert i == len(lines) - 1, f"{path}: line {i} is broken and not the last"
+    return out
+
+
+def test_a_sigkilled_rank_leaves_its_data_and_is_named(tmp_path: Path) -> None:
+    log_dir = tmp_path / "logs"
+    proc = start(log_dir)
+    run_dir = log_dir / "run"
+    kill_rank_mid_run(run_dir, proc, rank=1, after_steps=20)
+    out, err = finish(proc, 240)
+    assert proc.returncode != 0
+    assert "SIGKILL" in err or "Signal 9" in err, err[-3000:]  # torchrun's own message names the signal
+    # Every rank's steps up to the failure are on disk.
+    for rank in (0, 1):
+        steps = whole_lines(steps_path(run_dir, rank))
+        assert len(steps) >= 20 and [s["step"] for s in steps] == list(range(len(steps))), rank
+    # Only complete traces under trace names (a window being exported at the kill stays .partial).
+    traces = list_traces(run_dir)
+    assert sorted(t.name.split("-")[0] for t in traces) == ["rank00000", "rank00001"]
+    assert all(parse_trace(t).steps for t in traces)
+    assert not any(PARTIAL_SUFFIX in t.name for t in traces)
+    # The status files tell who stopped how.
+    states = {r: json.loads(status_path(run_dir, r).read_text())["state"] for r in (0, 1)}
+    assert states[1] == "running" and states[0] in ("failed", "terminated"), states
+    proc = collect(str(run_dir))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((run_dir / "report" / "report.json").read_text())
+    assert not report["run"]["complete"]
+    ending = report["run"]["ending"]
+    assert ending[0].startswith("the run did not finish")
+    assert any(n.startswith("rank 1 ") and "stopped without a word after step" in n and "SIGKILL" in n for n in ending)
+    assert "the run did not finish: rank 1" in report["headline"]
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]  # what is there is analysed
+    assert "Run ended badly:** rank 1" in (run_dir / "report" / "report.md").read_text()
+
+
+def test_elastic_restarts_keep_every_attempt_apart(tmp_path: Path) -> None:
+    log_dir = tmp_path / "logs"
+    proc = start(log_dir, "--max-restarts", "1")
+    run_dir = log_dir / "run"
+    kill_rank_mid_run(run_dir, proc, rank=1, after_steps=20)
+    out, err = finish(proc, 300)
+    assert proc.returncode == 0, err[-3000:]
+    retry = run_dir / "restart-1"
+    assert json.loads((retry / "run.json").read_text())["attempt"] == 1
+    assert not (run_dir / "run.json").exists()  # attempt 0 never finished
+    for rank in (0, 1):  # attempt 0's step logs were not overwritten or appended to
+        first = whole_lines(steps_path(run_dir, rank))
+        assert 20 <= len(first) < 150 and len(whole_lines(steps_path(retry, rank))) == 150
+    assert len(list_traces(run_dir)) == 2 and len(list_traces(retry)) == 2
+    proc = collect(str(run_dir))
+    assert proc.returncode == 0, proc.stderr
+    latest = json.loads((retry / "report" / "report.json").read_text())
+    assert latest["run"]["complete"] and any("restarted by torchrun (1 restart(s)); analysing attempt 1" in w
+                                             for w in latest["warnings"])
+    proc = collect(str(run_dir), "--attempt", "0")
+    assert proc.returncode == 0, proc.stderr
+    first = json.loads((run_dir / "report" / "report.json").read_text())
+    assert not first["run"]["complete"] and any("rank 1 " in n and "without a word" in n for n in first["run"]["ending"])
+    proc = collect(str(run_dir), "--attempt", "3")
+    assert proc.returncode == 2 and "has no attempt 3 (attempts: 0, 1)" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
