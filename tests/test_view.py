@@ -131,6 +131,7 @@ def test_find_runs(tmp_path: Path) -> None:
     _trace(root / "done" / "report", "merged.pt.trace.json.gz")
     _trace(root / "fresh")
     _trace(root / "fresh" / "tb")  # event folders are not searched
+    _trace(root / "condensed", "rank00000-g.0001.pt.trace.json.gz.summary.json")  # in-job summaries only
     _trace(root / "group" / "mn" / "node0")
     _trace(root / "group" / "mn" / "node1", "rank00001-g.0001.pt.trace.json.gz")
     (root / "elsewhere").mkdir()
@@ -145,7 +146,8 @@ def test_find_runs(tmp_path: Path) -> None:
     dirs = [str((root / "gathered" / n / "run").resolve()) for n in ("n0", "n1")]
     (root / "gathered" / "n0" / "run" / "report" / "report.json").write_text(json.dumps({"input_dirs": dirs}))
     runs = find_runs(root)
-    assert sorted(runs) == ["done", "elsewhere", "fresh", "gathered/n0/run", "group/mn"]
+    assert sorted(runs) == ["condensed", "done", "elsewhere", "fresh", "gathered/n0/run", "group/mn"]
+    assert runs["condensed"].traces == 1 and runs["condensed"].report_dir is None
     assert runs["gathered/n0/run"].traces == 2
     assert runs["done"].report_dir == (root / "done" / "report").resolve() and runs["done"].traces == 1
     assert runs["fresh"].report_dir is None and runs["fresh"].traces == 1

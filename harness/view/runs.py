@@ -3,7 +3,7 @@
 A run is either
 - a folder with a collector report: `<run>/report/report.json` (run = `<run>`), or any other
   folder holding `report.json` (a report written with `-o`; run = that folder);
-- a folder of per-rank traces with no report yet (a folder whose traces a report read, listed
+- a folder of per-rank traces (or their in-job summaries) with no report yet (a folder whose traces a report read, listed
   in its `input_dirs`, belongs to that report's run: the other nodes of a multi-node run); node folders of a multi-node run
   (`<run>/<node>/*.pt.trace.json.gz`, nothing directly in `<run>`, `<run>` not the logdir
   itself) count as one run, `<run>`.
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.paths import REPORT_DIR, REPORT_JSON, SCALARS_DIR, STEPS_DIR, TIMELINE_JSON, TRACE_PATTERN
+from harness.paths import (REPORT_DIR, REPORT_JSON, SCALARS_DIR, STEPS_DIR, SUMMARY_SUFFIX, TIMELINE_JSON,
+                           TRACE_PATTERN)
 
 SKIPPED_DIRS = {SCALARS_DIR, STEPS_DIR}
 MERGED_TRACE = "merged.pt.trace.json.gz"
@@ -77,7 +78,8 @@ def find_runs(logdir: str | os.PathLike[str] | None) -> dict[str, RunEntry]:
         if REPORT_JSON in filenames and _inside(here / REPORT_JSON, root):
             reports[here.parent if here.name == REPORT_DIR and here != root else here] = here
             continue
-        n = sum(1 for f in filenames if f != MERGED_TRACE and TRACE_PATTERN.match(f) and _inside(here / f, root))
+        n = sum(1 for f in filenames if f != MERGED_TRACE and (TRACE_PATTERN.match(f) or f.endswith(SUMMARY_SUFFIX))
+                and _inside(here / f, root))
         if n:
             traces[here] = n
     by_parent: dict[Path, list[Path]] = {}
