@@ -19,7 +19,6 @@ from harness.paths import PARTIAL_SUFFIX, list_traces, status_path, steps_path
 
 from conftest import REPO, _env
 
-pytestmark = pytest.mark.slow
 
 # Rank 0 sleeps 15 ms a step so the job lasts long enough to be killed mid-run; the profiler
 # window (steps 3-5) is written early, so both ranks have a trace before the kill.
@@ -78,6 +77,29 @@ def whole_lines(path: Path) -> list[dict]:
     return out
 
 
+def test_ending_notes_put_the_cause_first(tmp_path: Path) -> None:
+    from harness.collect.run_state import ending_notes
+
+    (tmp_path / "status").mkdir()
+    (tmp_path / "steps").mkdir()
+    states = {0: ("terminated", "signal 15 (SIGTERM)"), 1: ("failed", "RuntimeError: boom"), 2: ("running", None)}
+    for rank, (state, error) in states.items():
+        status_path(tmp_path, rank).write_text(json.dumps({"state": state, "error": error, "host": "h", "pid": 7}))
+        steps_path(tmp_path, rank).write_text('{"step": 0}\n{"step": 1}\n{"st')  # the kill cut the last line
+    (tmp_path / f"rank00002-h.0002.pt.trace.json{PARTIAL_SUFFIX}.gz").write_bytes(b"\x1f\x8b")
+    assert ending_notes(tmp_path) == [
+        f"the run did not finish (no run.json in {tmp_path}); its steps up to the failure are analysed",
+        "rank 2 (h, pid 7) stopped without a word after step 1: killed (SIGKILL, the out-of-memory killer) or its "
+        "node was lost",
+        "rank 1 failed after step 1: RuntimeError: boom",
+        "rank 0 was stopped by signal 15 (SIGTERM) after step 1 (the launcher ending the job)",
+        f"1 file(s) were being written when their rank stopped and are ignored (rank00002-h.0002.pt.trace.json"
+        f"{PARTIAL_SUFFIX}.gz)"]
+    (tmp_path / "run.json").write_text("{}")  # finished after all: only the odd states are told
+    assert ending_notes(tmp_path)[:1] == ["rank 1 failed after step 1: RuntimeError: boom"]
+
+
+@pytest.mark.slow
 def test_a_sigkilled_rank_leaves_its_data_and_is_named(tmp_path: Path) -> None:
     log_dir = tmp_path / "logs"
     proc = start(log_dir)
@@ -110,6 +132,7 @@ def test_a_sigkilled_rank_leaves_its_data_and_is_named(tmp_path: Path) -> None:
     assert "Run ended badly:** rank 1" in (run_dir / "report" / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_elastic_restarts_keep_every_attempt_apart(tmp_path: Path) -> None:
     log_dir = tmp_path / "logs"
     proc = start(log_dir, "--max-restarts", "1")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.paths import ATTEMPT_PATTERN, STATUS_DIR, STEPS_DIR, attempt_dir, run_file, status_path, steps_path
+from harness.paths import ATTEMPT_PATTERN, PARTIAL_SUFFIX, STATUS_DIR, STEPS_DIR, attempt_dir, run_file, status_path, steps_path
 
 
 def attempts(run_dir: Path) -> list[int]:
@@ -65,7 +65,8 @@ def ending_notes(run_dir: Path) -> list[str]:
        a word: killed by SIGKILL, the OOM killer or a lost node; its last logged step is named;
     3. "failed" names the exception, "terminated" the signal (the launcher stopping the rank
        after another one failed);
-    4. the likely cause first: ranks killed without a word, then failures, then terminations."""
+    4. the likely cause first: ranks killed without a word, then failures, then terminations,
+       then files left under a temporary name (a window being exported at the kill)."""
     if not (run_dir / STATUS_DIR).is_dir():
         return []
     finished = run_file(run_dir).exists()
@@ -87,6 +88,10 @@ def ending_notes(run_dir: Path) -> list[str]:
             notes.append((1, f"rank {rank} failed {after}: {doc.get('error')}"))
         elif state == "terminated":
             notes.append((2, f"rank {rank} was stopped by {doc.get('error')} {after} (the launcher ending the job)"))
+    partial = sorted(p.name for p in run_dir.glob(f"*{PARTIAL_SUFFIX}*") if p.is_file())
+    if partial:
+        notes.append((3, f"{len(partial)} file(s) were being written when their rank stopped and are ignored "
+                         f"({', '.join(partial[:3])}{', ...' if len(partial) > 3 else ''})"))
     ordered = [n for _, n in sorted(notes, key=lambda x: x[0])]
     if ordered and not finished:
         ordered.insert(0, f"the run did not finish (no {run_file(run_dir).name} in {run_dir}); its steps up to the "
