@@ -157,7 +157,7 @@ def _loose_events(items: list[Any]) -> tuple[list[Event], int]:
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "hip_runtime"})
 
 
-def _thread_id(v: Any) -> int | str | float | None:
+def thread_key(v: Any) -> int | str | float | None:
     """A pid/tid usable as a key: numbers and null as they are, anything else (a list, an
     object) as its JSON text."""
     if v is None or isinstance(v, (int, float, str)):
@@ -171,6 +171,10 @@ def _correlation(v: Any) -> int:
     if n is None or n != n or not -2**63 < n < 2**63:
         return -1
     return int(n)
+
+
+def is_sorted(seq: array) -> bool:
+    return all(seq[i] <= seq[i + 1] for i in range(len(seq) - 1))
 
 
 class Columns:
@@ -207,10 +211,9 @@ class Columns:
     def sort(self) -> "Columns":
         """In start order (stable: events starting together keep their file order). Traces are
         nearly sorted already; only then is an index list built (transiently ~70 bytes an event)."""
-        ts = self.ts
-        if all(ts[i] <= ts[i + 1] for i in range(len(ts) - 1)):
+        if is_sorted(self.ts):
             return self
-        return self.take(sorted(range(len(ts)), key=ts.__getitem__))
+        return self.take(sorted(range(len(self.ts)), key=self.ts.__getitem__))
 
 
 class Mark(NamedTuple):
@@ -278,9 +281,9 @@ class _Tables:
                 continue
             pid, tid = e.pid, e.tid
             if type(pid) is not int and type(pid) is not str:
-                pid = _thread_id(pid)
+                pid = thread_key(pid)
             if type(tid) is not int and type(tid) is not str:
-                tid = _thread_id(tid)
+                tid = thread_key(tid)
             key = (pid, tid)
             if key != last_key:
                 last_key, last_thread = key, threads.setdefault(key, len(threads))

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO, Callable
 import msgspec
 
 from harness.collect.analysis import Analysis
-from harness.collect.decode import BLOCK_BYTES, NotStreamable, open_trace, stream_events
+from harness.collect.decode import BLOCK_BYTES, NotStreamable, open_trace, stream_events, thread_key
 from harness.collect.parse import load_json
 
 # Thread ids are unique across ranks (rank * TIDS_PER_RANK + n): torch-tb-profiler builds its op
@@ -72,15 +72,12 @@ class _Labels:
         for e in events:
             if isinstance(e, dict) and e.get("ph") == "M":
                 name = (e.get("args") or {}).get("name") if isinstance(e.get("args"), dict) else None
-                key = _hashable(e.get("pid")), _hashable(e.get("tid"))
+                key = thread_key(e.get("pid")), thread_key(e.get("tid"))
                 if e.get("name") == "process_name" and name:
                     self.procs[key[0]] = str(name)
                 elif e.get("name") == "thread_name" and name:
                     self.threads[key] = str(name)
 
-
-def _hashable(v: Any) -> Any:
-    return v if v is None or isinstance(v, (int, float, str)) else _ENCODE(v).decode()
 
 
 def _tid(rank: int, n: int) -> int:
@@ -101,7 +98,7 @@ class _Copier:
         for e in events:
             if not isinstance(e, dict) or e.get("ph") not in COPIED_PHASES:
                 continue
-            key = (_hashable(e.get("pid")), _hashable(e.get("tid")))
+            key = (thread_key(e.get("pid")), thread_key(e.get("tid")))
             if key not in mapping:
                 mapping[key] = _tid(rank, len(mapping) + 1)
                 label = f"{self.labels.procs.get(key[0], f'pid {key[0]}')} / {self.labels.threads.get(key, f'tid {key[1]}')}"

@@ -24,7 +24,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
-from harness.collect.decode import NO_ARGS, Columns, Mark, Trace, TraceError, decode_trace, number, read_bytes
+from harness.collect.decode import (NO_ARGS, Columns, Mark, Trace, TraceError, decode_trace, is_sorted, number,
+                                    read_bytes)
 from harness.collect.model import CommOp, RankTrace, Step, number_by_group
 from harness.collect.runup import Span, merged_by_step, set_run_ups
 from harness.paths import RANGE_PREFIX, STEP_PHASES, WORKER_RANK_PATTERN, TRACE_PATTERN
@@ -173,7 +174,7 @@ class _LaunchTimes:
                 self.corr.append(c)
                 self.ts.append(t)
         corr = self.corr
-        if not all(corr[i] <= corr[i + 1] for i in range(len(corr) - 1)):
+        if not is_sorted(corr):
             order = sorted(range(len(corr)), key=corr.__getitem__)
             self.corr, self.ts = array("q", [corr[i] for i in order]), array("d", [self.ts[i] for i in order])
 
