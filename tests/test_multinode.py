@@ -6,7 +6,9 @@ so the two "nodes" are told apart by host name exactly as on a real cluster.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.paths import TRACE_METADATA_KEY
+from harness.paths import TRACE_METADATA_KEY, status_path
 
 from conftest import QUICK, REPO, Run, free_port, load_trace
 
@@ -25,22 +27,42 @@ def _can_unshare() -> bool:
     return subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0
 
 
-def test_two_nodes_on_loopback(log_dir: Path) -> None:
+def launch_two_nodes(log_dir: Path, hosts: list[str], run_name: str) -> tuple[bool, str]:
+    """Both agents of one job; (whether both exited 0, both outputs and the ranks' statuses)."""
     port = free_port()
-    hosts = ["nodea", "nodeb"] if _can_unshare() else [socket.gethostname()] * 2
     procs = []
     for node_rank, host in enumerate(hosts):
         env = dict(os.environ, NNODES="2", NODE_RANK=str(node_rank), NPROC_PER_NODE="1", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), LOCAL_ADDR="127.0.0.1", RDZV_ID=f"test-{port}",
                    TORCHRUN=str(Path(sys.executable).with_name("torchrun")), OMP_NUM_THREADS="1")
         cmd = ["bash", "launch/multinode.sh", "--mode", "comm", "--table-rows", "4000", *QUICK,
-               "--log-dir", str(log_dir), "--run-name", "mn"]
+               "--log-dir", str(log_dir), "--run-name", run_name]
         if hosts[0] != hosts[1]:
             cmd = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', host, *cmd]
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [p.communicate(timeout=300)[0] for p in procs]
-    for p, out in zip(procs, outputs):
-        assert p.returncode == 0, out[-5000:]
+    statuses = [status_path(log_dir / run_name, r) for r in (0, 1)]
+    told = "\n".join(f"--- node {i} (exit {p.returncode}) ---\n{out[-4000:]}" for i, (p, out) in enumerate(zip(procs, outputs)))
+    told += "\n" + "\n".join(f"{s}: {s.read_text() if s.exists() else 'missing'}" for s in statuses)
+    ok = all(p.returncode == 0 for p in procs)
+    # torchrun's c10d rendezvous store lives in one of the two agents; once, in a CI run, an agent
+    # still polling it after the other had gone failed with RendezvousConnectionError. That is
+    # the launcher's teardown, not the job: accepted for a retry only if every rank finished.
+    teardown_only = not ok and "RendezvousConnectionError" in told and all(
+        s.exists() and json.loads(s.read_text())["state"] == "finished" for s in statuses)
+    if teardown_only:
+        print(f"torchrun teardown race, retrying once:\n{told}", file=sys.stderr)
+    assert ok or teardown_only, told
+    return ok, told
+
+
+def test_two_nodes_on_loopback(log_dir: Path) -> None:
+    hosts = ["nodea", "nodeb"] if _can_unshare() else [socket.gethostname()] * 2
+    ok, told = launch_two_nodes(log_dir, hosts, "mn")
+    if not ok:
+        shutil.rmtree(log_dir / "mn")
+        ok, told = launch_two_nodes(log_dir, hosts, "mn")
+        assert ok, told
 
     run = Run(proc=None, dir=log_dir / "mn")  # type: ignore[arg-type]
     info = run.run_json
