@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 
 import datetime
 from typing import Any
@@ -12,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.config import LaunchEnv, ParallelConfig, SpeedConfig
+from harness.run_info import elastic_attempt
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PG_TIMEOUT = datetime.timedelta(minutes=10)
@@ -32,7 +32,7 @@ def init_process_group(par: ParallelConfig, env: LaunchEnv, device: torch.device
     kwargs = {"backend": par.backend, "timeout": PG_TIMEOUT}
     if device.type == "cuda":
         kwargs["device_id"] = device  # binds NCCL to this GPU eagerly
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    attempt, _ = elastic_attempt()
     if attempt > 0:
         # After a torchrun restart the workers join the agent's store again, which still holds
         # the failed attempt's keys (gloo's peer addresses among them): a new rank can read a

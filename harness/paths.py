@@ -39,6 +39,7 @@ RUN_FILE = "run.json"
 # still "running" in a run that is over was killed without a word (SIGKILL, OOM, node lost).
 STATUS_DIR = "status"
 STATUS_TEMPLATE = "rank{rank}.json"
+STATUS_PATTERN = re.compile(r"^rank(?P<rank>\d+)\.json$")
 # torchrun --max-restarts: attempt 0 writes into the run folder, attempt N >= 1 (the workers'
 # TORCHELASTIC_RESTART_COUNT) into <run>/restart-N/, with the same layout; ELASTIC_FILE in the
 # run folder holds torchrun's run id, so a restarted attempt finds its run's folder.
@@ -89,6 +90,10 @@ def partial_path(final: Path) -> Path:
 
 def summary_path(trace: Path) -> Path:
     return trace.with_name(trace.name + SUMMARY_SUFFIX)
+
+
+def is_summary(path: Path) -> bool:
+    return path.name.endswith(SUMMARY_SUFFIX)
 
 
 def trace_of_summary(summary: Path) -> Path:

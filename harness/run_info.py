@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.atomic import write_text_atomic
 from harness.config import ConfigError, LaunchEnv, OutputConfig, TrainConfig
 from harness.paths import ELASTIC_FILE, STEPS_DIR, TRACE_PATTERN, attempt_dir, run_file
 
@@ -143,7 +144,5 @@ def write_run_json(ident: RunIdentity, cfg: TrainConfig, env: LaunchEnv, device:
         "ranks": ranks,
     }
     path = run_file(ident.dir)
-    tmp = path.with_suffix(".json.partial")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
     return path

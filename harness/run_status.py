@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.paths import PARTIAL_SUFFIX, status_path
+from harness.atomic import write_text_atomic
+from harness.paths import status_path
 
 
 class Terminated(SystemExit):
@@ -53,6 +54,4 @@ class RankStatus:
 
     def _write(self) -> None:
         self.doc["updated"] = time.time()
-        tmp = self.path.with_name(self.path.name + PARTIAL_SUFFIX)
-        tmp.write_text(json.dumps(self.doc))
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, json.dumps(self.doc))

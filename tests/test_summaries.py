@@ -14,7 +14,7 @@ from harness.collect import summary
 from harness.collect.decode import open_trace
 from harness.collect.parse import TraceError, parse_trace
 from harness.collect.summary import read_summary, summarize, write_summary
-from harness.paths import list_traces, summary_path
+from harness.paths import SUMMARY_SUFFIX, list_traces, summary_path
 
 from conftest import REPO, SHARED_TRACES, run_harness
 from tracebuild import gpu_docs, write
@@ -54,7 +54,7 @@ def test_damaged_or_foreign_summaries_are_refused_in_one_line(tmp_path: Path, mo
     good = summarize(trace)
     cases = {"damaged": good.read_bytes()[:100], "foreign": b'{"traceEvents": []}', "empty": b""}
     for name, data in cases.items():
-        bad = tmp_path / f"{name}.pt.trace.json{summary.SUMMARY_SUFFIX}"
+        bad = tmp_path / f"{name}.pt.trace.json{SUMMARY_SUFFIX}"
         bad.write_bytes(data)
         with pytest.raises(TraceError, match=r"damaged or not a harness summary") as info:
             read_summary(bad)
@@ -114,7 +114,7 @@ def test_in_job_summaries_give_the_report_of_the_full_traces(log_dir: Path, tmp_
 def test_summary_only_runs_keep_no_traces_and_still_collect(log_dir: Path) -> None:
     run = run_harness(["--mode", "baseline", *STEPS, "--trace-summary", "only"], log_dir)
     assert list_traces(run.dir) == []
-    summaries = sorted(run.dir.glob(f"*{summary.SUMMARY_SUFFIX}"))
+    summaries = sorted(run.dir.glob(f"*{SUMMARY_SUFFIX}"))
     assert len(summaries) == 2
     assert all(r["traces"] == [] and len(r["trace_summaries"]) == 1 for r in run.run_json["ranks"])
     proc = collect(str(run.dir))

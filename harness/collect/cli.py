@@ -19,12 +19,12 @@ from harness.collect.parse import TraceError, parse_trace
 from harness.collect.report import build_report, collective_rows, console_summary, write_report
 from harness.collect.run_state import choose_attempt, ending_notes
 from harness.collect.stragglers import Thresholds
-from harness.collect.summary import is_summary, read_summary
+from harness.collect.summary import read_summary
 from harness.collect.tb_scalars import write_scalars
 from harness.collect.timeline import build_timeline
 from harness.view.files import write_view
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser
-from harness.paths import trace_of_summary
+from harness.paths import is_summary, trace_of_summary
 
 PROG = "harness.collect"
 EXIT_INPUT = EXIT_USAGE

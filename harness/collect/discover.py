@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.collect.model import RankTrace, by_interval, number_by_group
-from harness.paths import ATTEMPT_PATTERN, SUMMARY_SUFFIX, TRACE_PATTERN, trace_of_summary
+from harness.paths import ATTEMPT_PATTERN, TRACE_PATTERN, is_summary, trace_of_summary
 
 REPORT_DIR = "report"
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -41,10 +41,10 @@ def find_trace_files(inputs: list[str], summaries: bool = True) -> list[Path]:
                 files.append(m)
     unique = sorted({f.resolve(): f for f in files}.values(), key=lambda p: str(p))
     if summaries:
-        condensed = {trace_of_summary(f).resolve() for f in unique if f.name.endswith(SUMMARY_SUFFIX)}
+        condensed = {trace_of_summary(f).resolve() for f in unique if is_summary(f)}
         unique = [f for f in unique if f.resolve() not in condensed]
     else:
-        unique = [f for f in unique if not f.name.endswith(SUMMARY_SUFFIX)]
+        unique = [f for f in unique if not is_summary(f)]
     if not unique:
         raise InputError(f"no trace files (*.pt.trace.json[.gz] or *.json[.gz]) under {', '.join(inputs)}; "
                          "point at a run folder such as profiler_logs/<run>")
@@ -56,8 +56,8 @@ def _traces_in(folder: Path) -> list[Path]:
     candidates = [p for p in folder.rglob("*") if p.is_file() and p.name not in NOT_TRACES
                   and p.name.endswith(TRACE_SUFFIXES)
                   and not any(d == REPORT_DIR or ATTEMPT_PATTERN.match(d) for d in p.relative_to(folder).parts[:-1])]
-    condensed = [p for p in candidates if p.name.endswith(SUMMARY_SUFFIX)]
-    candidates = [p for p in candidates if not p.name.endswith(SUMMARY_SUFFIX)]
+    condensed = [p for p in candidates if is_summary(p)]
+    candidates = [p for p in candidates if not is_summary(p)]
     named = [p for p in candidates if TRACE_PATTERN.match(p.name)]
     return (named or candidates) + condensed
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import text_table
+from harness.atomic import write_text_atomic
 from harness.collect.advisor import as_rows, diagnose, summary
 from harness.collect.analysis import Analysis
 from harness.paths import REPORT_JSON
@@ -285,14 +286,6 @@ def collective_rows(a: Analysis) -> list[dict[str, Any]]:
 
 
 STEP_COLUMNS = ["rank", "step", "step_ms", "wait_ms", "lag_ms", "exposed_comm_ms", "compute_ms", "comm_ms", "idle_ms", "last_arriver"]
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write under a temporary name, then rename: a reader (the TensorBoard plugin) never sees
-    half a file."""
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 def write_report(doc: dict[str, Any], out: Path, collectives: list[dict[str, Any]] | None = None) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.paths import ATTEMPT_PATTERN, PARTIAL_SUFFIX, STATUS_DIR, STEPS_DIR, attempt_dir, run_file, status_path, steps_path
+from harness.paths import ATTEMPT_PATTERN, PARTIAL_SUFFIX, STATUS_DIR, STATUS_PATTERN, STEPS_DIR, attempt_dir, run_file, status_path, steps_path
 
 
 def attempts(run_dir: Path) -> list[int]:
@@ -71,8 +71,7 @@ def ending_notes(run_dir: Path) -> list[str]:
         return []
     finished = run_file(run_dir).exists()
     notes: list[tuple[int, str]] = []  # (0 killed, 1 failed, 2 terminated: the cause first), note
-    ranks = sorted(int(p.stem.removeprefix("rank")) for p in (run_dir / STATUS_DIR).glob("rank*.json")
-                   if p.stem.removeprefix("rank").isdigit())
+    ranks = sorted(int(m["rank"]) for p in (run_dir / STATUS_DIR).iterdir() if (m := STATUS_PATTERN.match(p.name)))
     for rank in ranks:
         try:
             doc = json.loads(status_path(run_dir, rank).read_text())

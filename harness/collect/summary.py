@@ -13,17 +13,17 @@ the cluster, before copying only the summaries to a laptop).
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import msgspec
 
+from harness.atomic import write_bytes_atomic
 from harness.collect.decode import TraceError
 from harness.collect.model import RankTrace
 from harness.collect.parse import parse_trace
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser
-from harness.paths import PARTIAL_SUFFIX, SUMMARY_SUFFIX, summary_path, trace_of_summary
+from harness.paths import summary_path, trace_of_summary
 
 FORMAT = "harness rank summary"
 # Bump whenever parse.py's output changes meaning: an older summary is then refused (with the
@@ -43,9 +43,7 @@ _ENCODER = msgspec.json.Encoder()
 
 def write_summary(trace: RankTrace, path: Path) -> Path:
     """Write `trace` to `path` (via a temporary name, so a reader never sees half a file)."""
-    tmp = path.with_name(path.name + PARTIAL_SUFFIX)
-    tmp.write_bytes(_ENCODER.encode(_File(format=FORMAT, version=VERSION, rank_trace=trace)))
-    os.replace(tmp, path)
+    write_bytes_atomic(path, _ENCODER.encode(_File(format=FORMAT, version=VERSION, rank_trace=trace)))
     return path
 
 
@@ -77,10 +75,6 @@ def read_summary(path: Path) -> RankTrace:
                          "collect from its trace instead (--from-traces)")
     doc.rank_trace.path = str(trace_of_summary(path))
     return doc.rank_trace
-
-
-def is_summary(path: Path) -> bool:
-    return path.name.endswith(SUMMARY_SUFFIX)
 
 
 def main(argv: list[str] | None = None) -> None:

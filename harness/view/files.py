@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.collect.report import write_text_atomic
+from harness.atomic import write_text_atomic
 from harness.paths import REPORT_HTML, TIMELINE_JSON
 from harness.view.render import render_page
 

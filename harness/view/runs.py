@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.paths import (REPORT_DIR, REPORT_JSON, SCALARS_DIR, STEPS_DIR, SUMMARY_SUFFIX, TIMELINE_JSON,
-                           TRACE_PATTERN)
+from harness.paths import (REPORT_DIR, REPORT_JSON, SCALARS_DIR, STEPS_DIR, TIMELINE_JSON, TRACE_PATTERN,
+                           is_summary)
 
 SKIPPED_DIRS = {SCALARS_DIR, STEPS_DIR}
 MERGED_TRACE = "merged.pt.trace.json.gz"
@@ -78,7 +78,7 @@ def find_runs(logdir: str | os.PathLike[str] | None) -> dict[str, RunEntry]:
         if REPORT_JSON in filenames and _inside(here / REPORT_JSON, root):
             reports[here.parent if here.name == REPORT_DIR and here != root else here] = here
             continue
-        n = sum(1 for f in filenames if f != MERGED_TRACE and (TRACE_PATTERN.match(f) or f.endswith(SUMMARY_SUFFIX))
+        n = sum(1 for f in filenames if f != MERGED_TRACE and (TRACE_PATTERN.match(f) or is_summary(here / f))
                 and _inside(here / f, root))
         if n:
             traces[here] = n
