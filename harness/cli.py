@@ -39,6 +39,8 @@ def build_parser(prog: str = "harness.train") -> argparse.ArgumentParser:
             vtype = _value_type(hints[f.name])
             if vtype is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
+            elif typing.get_origin(vtype) is tuple:
+                kwargs.update(type=str, metavar="N[,N...]")  # the config splits and checks the list
             else:
                 kwargs["type"] = vtype
                 if f.metadata.get("choices"):

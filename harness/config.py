@@ -50,12 +50,16 @@ def _check_min(section: str, name: str, value: float | None, minimum: float) -> 
 
 
 def _check_types(obj: Any, section: str) -> None:
-    """Reject values whose type does not match the annotation (TOML and CLI both feed in)."""
+    """Reject values whose type does not match the annotation (TOML and CLI both feed in).
+
+    A parameterised annotation (`tuple[int, ...]`) is checked against its origin (`tuple`) only;
+    the field's own normaliser checks the items.
+    """
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         expected = hints[f.name]
-        allowed = typing.get_args(expected) or (expected,)
+        allowed = tuple(typing.get_origin(t) or t for t in typing.get_args(expected)) or (expected,)
         if value is None and type(None) in allowed:
             continue
         if float in allowed and isinstance(value, int) and not isinstance(value, bool):
@@ -73,7 +77,27 @@ def _check_types(obj: Any, section: str) -> None:
             _check_choice(section, f.name, value, f.metadata["choices"])
 
 
+def _as_int_tuple(section: str, name: str, value: Any) -> Any:
+    """`3`, `[1, 3]` (TOML) or `"1,3"` (command line) as `(1, 3)`; None stays None."""
+    where = f"{section}.{name}"
+    if isinstance(value, str):
+        try:
+            return tuple(int(part) for part in value.split(","))
+        except ValueError:
+            raise ConfigError(where, f"{value!r} is not a comma-separated list of integers (e.g. 1,3)") from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        if not value or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ConfigError(where, f"{value!r} must be a non-empty list of integers")
+        return tuple(value)
+    if value is not None:
+        raise ConfigError(where, f"{value!r} is not an integer or a list of integers")
+    return value
+
+
 TRACE_SUMMARY_MODES = ("off", "alongside", "only")
+STRAGGLER_KINDS = ("sleep", "compute")
 MODE_HIDDEN = {"baseline": 512, "data": 256, "torch": 256, "kernel": 2048, "comm": 64}
 # Plain SGD for the embedding tables, as DLRM trains them: AdamW's per-parameter state would
 # make the comm workload optimizer-bound (measured: 60% of its CPU step) instead of comm-bound.
@@ -170,7 +194,11 @@ class ProfilerConfig:
     """torch.profiler schedule and options; `--no-profile` runs with no profiler at all."""
 
     profile: bool = knob(True, "run torch.profiler (--no-profile: no profiler at all)")
-    wait: int = knob(5, "profiler schedule: steps skipped before each window")
+    # DDP's runtime logger waits on its CUDA timing events at the start of forward in
+    # iterations 1-10 and every 100th (kDDPRuntimeLoggingSampleRate): a window inside steps 1-10
+    # records those host syncs on every step. The default window (steps 11-13) starts after them.
+    wait: int = knob(9, "profiler schedule: steps skipped before each window (9 with --warmup 2: recording starts at "
+                     "step 11, after the host syncs of DDP's runtime logger in steps 1-10)")
     warmup: int = knob(2, "profiler schedule: steps traced but discarded before each window")
     active: int = knob(3, "profiler schedule: steps recorded per window")
     repeat: int = knob(1, "profiler schedule: windows (0 = until the run ends)")
@@ -181,6 +209,10 @@ class ProfilerConfig:
                               "into <trace>.summary.json as soon as it is written, and the collector reads those: "
                               "alongside (keep the trace too) or only (delete the trace once condensed)",
                               choices=TRACE_SUMMARY_MODES)
+    cuda_profiler_api: bool = knob(False, "call cudaProfilerStart as the first measured step (after --warmup-steps) "
+                                   "begins and cudaProfilerStop after the last, so Nsight started with "
+                                   "--profile-from-start off (ncu) or --capture-range=cudaProfilerApi (nsys) "
+                                   "skips start-up and warm-up (CUDA only)")
 
     def __post_init__(self) -> None:
         _check_types(self, "profiler")
@@ -191,20 +223,36 @@ class ProfilerConfig:
 
 @dataclass(kw_only=True)
 class StragglerConfig:
-    """Fault injection: slow one phase on one rank by a fixed delay, reproducibly."""
+    """Fault injection: slow one phase on some ranks by a fixed delay, reproducibly."""
 
-    rank: int | None = knob(None, "rank to slow down", flag="--straggler-rank")
+    rank: tuple[int, ...] | None = knob(None, "ranks to slow down: one rank or a comma-separated list (1,3)",
+                                        flag="--straggler-rank")
     ms: float = knob(0.0, "delay added to the phase, per affected step", flag="--straggler-ms")
     phase: str = knob("data", "phase that is slowed", flag="--straggler-phase", choices=PHASES)
-    every: int = knob(1, "slow every N-th step only", flag="--straggler-every")
+    every: int = knob(1, "slow every N-th step only (counted from --straggler-from)", flag="--straggler-every")
+    kind: str = knob("sleep", "sleep: the host idles (a slow input or Python step); compute: extra matmuls on the "
+                     "rank's device for about the delay (a slow GPU: longer kernels, the host not blocked)",
+                     flag="--straggler-kind", choices=STRAGGLER_KINDS)
+    from_step: int = knob(0, "first step slowed (earlier steps run normally)", flag="--straggler-from")
 
     def __post_init__(self) -> None:
+        self.rank = _as_int_tuple("straggler", "rank", self.rank)
         _check_types(self, "straggler")
-        _check_min("straggler", "rank", self.rank, 0)
+        for rank in self.rank or ():
+            _check_min("straggler", "rank", rank, 0)
+        if self.rank is not None and len(set(self.rank)) < len(self.rank):
+            twice = sorted({r for r in self.rank if self.rank.count(r) > 1})
+            raise ConfigError("straggler.rank", f"rank {', '.join(map(str, twice))} listed more than once; list each rank once")
         _check_min("straggler", "ms", self.ms, 0)
         _check_min("straggler", "every", self.every, 1)
+        _check_min("straggler", "from_step", self.from_step, 0)
         if self.rank is None and self.ms > 0:
             raise ConfigError("straggler.rank", "--straggler-ms needs --straggler-rank")
+
+    def slows(self, rank: int, phase: str, step: int) -> bool:
+        """Whether `rank` is delayed in `phase` of `step`."""
+        return (self.rank is not None and rank in self.rank and self.ms > 0 and phase == self.phase
+                and step >= self.from_step and (step - self.from_step) % self.every == 0)
 
 
 @dataclass(kw_only=True)
@@ -243,6 +291,11 @@ class TrainConfig:
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+
+    def __post_init__(self) -> None:
+        strag = self.straggler
+        if strag.rank is not None and strag.ms > 0 and strag.from_step >= self.workload.steps:
+            raise ConfigError("straggler.from_step", f"{strag.from_step} is past the last step; must be < steps ({self.workload.steps})")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
@@ -291,22 +344,30 @@ class LaunchEnv:
     distributed: bool
     cuda: bool
     accelerate_fsdp: bool
+    local_world_size: int = 1
+    device_count: int | None = None  # GPUs this process sees (None: not known)
 
     @classmethod
-    def from_environ(cls, environ: typing.Mapping[str, str] | None = None, *, cuda: bool | None = None) -> "LaunchEnv":
+    def from_environ(cls, environ: typing.Mapping[str, str] | None = None, *, cuda: bool | None = None,
+                     device_count: int | None = None) -> "LaunchEnv":
         env = os.environ if environ is None else environ
-        if cuda is None:
+        if cuda is None or (cuda and device_count is None):
             import torch
 
-            cuda = torch.cuda.is_available()
+            cuda = torch.cuda.is_available() if cuda is None else cuda
+            if cuda and device_count is None:
+                device_count = torch.cuda.device_count()
         distributed = "WORLD_SIZE" in env and "RANK" in env
+        local_rank = int(env.get("LOCAL_RANK", 0))
         return cls(
             rank=int(env.get("RANK", 0)),
-            local_rank=int(env.get("LOCAL_RANK", 0)),
+            local_rank=local_rank,
             world_size=int(env.get("WORLD_SIZE", 1)),
             distributed=distributed,
             cuda=cuda,
             accelerate_fsdp=env.get("ACCELERATE_USE_FSDP", "").lower() == "true",
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", local_rank + 1)),
+            device_count=device_count if cuda else None,
         )
 
 
@@ -327,12 +388,26 @@ def resolve_environment(cfg: TrainConfig, env: LaunchEnv) -> TrainConfig:
         backend = "nccl" if env.cuda else "gloo"
     if backend == "nccl" and not env.cuda:
         raise ConfigError("parallel.backend", "nccl needs CUDA, which this machine lacks; use gloo or auto")
+    if env.cuda and env.device_count is not None:
+        # pick_device gives each LOCAL_RANK its own GPU; with more processes than GPUs two ranks
+        # would share one, which NCCL refuses at its first collective. Every rank of the node
+        # checks the node's process count, so all of them stop here with the same line.
+        procs = max(env.local_world_size, env.local_rank + 1)
+        if procs > env.device_count:
+            raise ConfigError("launch.nproc_per_node", f"{procs} processes on this node but {env.device_count} GPU(s) "
+                              "visible; start at most one process per GPU (torchrun --nproc-per-node, CUDA_VISIBLE_DEVICES)")
     strag = cfg.straggler
-    if strag.rank is not None and strag.rank >= env.world_size:
-        raise ConfigError("straggler.rank", f"{strag.rank} must be < world size ({env.world_size})")
+    for rank in strag.rank or ():
+        if rank >= env.world_size:
+            raise ConfigError("straggler.rank", f"{rank} must be < world size ({env.world_size})")
     if cfg.speed.amp == "fp16" and parallel == "fsdp":
         # FSDP2 with fp16 params would need a sharded grad scaler; keep the supported path only.
         raise ConfigError("speed.amp", "fp16 with fsdp is not supported; use bf16 or none")
+    if cfg.speed.fused_optimizer and cfg.workload.optimizer == "sgd" and parallel == "fsdp":
+        # DTensor has no sharding rule for aten._fused_sgd_: the first optimizer step would raise
+        # NotImplementedError. Fused AdamW has one.
+        raise ConfigError("speed.fused_optimizer", "fused SGD does not run on FSDP2's sharded parameters; "
+                          "drop --fused-optimizer (SGD then uses foreach) or use --optimizer adamw")
     return dataclasses.replace(
         cfg, parallel=dataclasses.replace(par, parallel=parallel, backend=backend)
     )

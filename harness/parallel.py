@@ -18,9 +18,12 @@ PG_TIMEOUT = datetime.timedelta(minutes=10)
 
 
 def pick_device(env: LaunchEnv) -> torch.device:
-    """One GPU per LOCAL_RANK when CUDA is present, else the CPU."""
+    """One GPU per LOCAL_RANK when CUDA is present, else the CPU.
+
+    `resolve_environment` has checked that every local rank has a GPU of its own.
+    """
     if env.cuda:
-        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
         return device
     return torch.device("cpu")

@@ -63,7 +63,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type) if speed.amp == "fp16" else None
         self.nvtx = self.device.type == "cuda"
         self.clock = StepClock(cuda=self.device.type == "cuda")
-        self.straggler = StragglerInjector(self.cfg.straggler, self.rank)
+        self.straggler = StragglerInjector(self.cfg.straggler, self.rank, self.device)
         self.loss_sum = torch.zeros((), device=self.device)
         self.loss_steps = 0
         self.last_loss: float | None = None
@@ -126,11 +126,17 @@ class Trainer:
 
     def run(self, recorder: TraceRecorder, log: StepLog) -> None:
         batches = _endless(self.loader)
+        # cudaProfilerStart/Stop around the measured steps, for Nsight tools told to wait for it.
+        api_range = self.cfg.profiler.cuda_profiler_api and self.device.type == "cuda"
         for step in range(self.cfg.workload.steps):
+            if api_range and step == self.cfg.workload.warmup_steps:
+                torch.cuda.profiler.start()
             self.train_step(batches, step, recorder.state)
             recorder.step()
             for rec in self.clock.poll():
                 self._log(log, rec)
+        if api_range:
+            torch.cuda.profiler.stop()
         for rec in self.clock.drain():
             self._log(log, rec)
         if self.loss_steps:

@@ -8,7 +8,8 @@
 #   NNODES          number of nodes [1]
 #   NODE_RANK       this node's index, 0..NNODES-1 [0]; informational with c10d rendezvous,
 #                   which assigns ranks itself (torchrun orders nodes by arrival)
-#   NPROC_PER_NODE  processes per node [number of GPUs, else 1]
+#   NPROC_PER_NODE  processes per node [GPUs this node's processes see: the entries of
+#                   CUDA_VISIBLE_DEVICES when it is set, else nvidia-smi -L; at least 1]
 #   MASTER_ADDR     host of the c10d rendezvous store, reachable from every node [127.0.0.1]
 #   MASTER_PORT     its port [29500]
 #   RDZV_ID         rendezvous id, the same on every node of one job [harness-<MASTER_PORT>]
@@ -23,7 +24,14 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 if [ -z "${NPROC_PER_NODE:-}" ]; then
-    NPROC_PER_NODE=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+        # nvidia-smi lists every GPU of the node; CUDA (and so each rank) sees only these.
+        # Set but empty: CUDA sees none, and one process runs.
+        IFS=, read -ra visible <<< "$CUDA_VISIBLE_DEVICES"
+        NPROC_PER_NODE=${#visible[@]}
+    else
+        NPROC_PER_NODE=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    fi
     [ "${NPROC_PER_NODE:-0}" -gt 0 ] || NPROC_PER_NODE=1
 fi
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}

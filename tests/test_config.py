@@ -16,8 +16,9 @@ from conftest import REPO
 CONFIGS = sorted((REPO / "configs").glob("*.toml"))
 
 
-def env(world_size: int = 1, distributed: bool = False, cuda: bool = False) -> LaunchEnv:
-    return LaunchEnv(rank=0, local_rank=0, world_size=world_size, distributed=distributed, cuda=cuda, accelerate_fsdp=False)
+def env(world_size: int = 1, distributed: bool = False, cuda: bool = False, **more: int) -> LaunchEnv:
+    return LaunchEnv(rank=0, local_rank=0, world_size=world_size, distributed=distributed, cuda=cuda, accelerate_fsdp=False,
+                     **more)
 
 
 def test_defaults_resolve_to_none_single_process_and_ddp_under_torchrun() -> None:
@@ -61,6 +62,13 @@ def test_optimizer_defaults_per_mode_and_builds() -> None:
         (["--active", "0"], "profiler.active"),
         (["--bucket-cap-mb", "0"], "parallel.bucket_cap_mb"),
         (["--run-name", "../x"], "output.run_name"),
+        (["--straggler-rank", "1,x"], "straggler.rank"),
+        (["--straggler-rank", "1,,2"], "straggler.rank"),
+        (["--straggler-rank", "-1"], "straggler.rank"),
+        (["--straggler-rank", "0,-1"], "straggler.rank"),
+        (["--straggler-rank", "1,2,1"], "straggler.rank"),
+        (["--straggler-from", "-1"], "straggler.from_step"),
+        (["--straggler-rank", "0", "--straggler-ms", "5", "--steps", "10", "--straggler-from", "10"], "straggler.from_step"),
     ],
 )
 def test_invalid_values_name_the_field(argv: list[str], field: str) -> None:
@@ -75,12 +83,72 @@ def test_invalid_values_name_the_field(argv: list[str], field: str) -> None:
         (["--parallel", "fsdp"], env(), "parallel.parallel"),
         (["--straggler-rank", "2", "--straggler-ms", "5"], env(world_size=2, distributed=True), "straggler.rank"),
         (["--backend", "nccl"], env(world_size=2, distributed=True), "parallel.backend"),
+        (["--straggler-rank", "0,2", "--straggler-ms", "5"], env(world_size=2, distributed=True), "straggler.rank"),
+        (["--parallel", "fsdp", "--optimizer", "sgd", "--fused-optimizer"], env(world_size=2, distributed=True),
+         "speed.fused_optimizer"),
+        (["--mode", "comm", "--parallel", "fsdp", "--fused-optimizer"], env(world_size=2, distributed=True),
+         "speed.fused_optimizer"),  # comm mode's default optimizer is SGD
+        ([], env(world_size=4, distributed=True, cuda=True, local_world_size=4, device_count=2), "launch.nproc_per_node"),
+        ([], env(cuda=True, local_world_size=1, device_count=0), "launch.nproc_per_node"),
     ],
 )
 def test_invalid_for_the_launch(argv: list[str], environment: LaunchEnv, field: str) -> None:
     with pytest.raises(ConfigError) as err:
         resolve_environment(parse_config(argv), environment)
     assert err.value.field == field
+
+
+def test_straggler_ranks_from_the_command_line_and_toml(tmp_path: Path) -> None:
+    assert parse_config(["--straggler-rank", "1,3", "--straggler-ms", "5"]).straggler.rank == (1, 3)
+    assert parse_config(["--straggler-rank", "2"]).straggler.rank == (2,)
+    assert parse_config([]).straggler.rank is None
+    preset = tmp_path / "s.toml"
+    preset.write_text('[straggler]\nrank = [0, 3]\nms = 5\nkind = "compute"\nfrom_step = 4\n')
+    strag = parse_config(["--config", str(preset)]).straggler
+    assert (strag.rank, strag.kind, strag.from_step) == ((0, 3), "compute", 4)
+    preset.write_text("[straggler]\nrank = 1\n")
+    assert parse_config(["--config", str(preset)]).straggler.rank == (1,)
+    assert parse_config(["--config", str(preset), "--straggler-rank", "0,2"]).straggler.rank == (0, 2)
+    for bad in ('rank = [1, "x"]', "rank = []", "rank = true", "rank = [1, 1]", "rank = 1.5", 'kind = "nap"'):
+        preset.write_text(f"[straggler]\n{bad}\n")
+        with pytest.raises(ConfigError) as err:
+            parse_config(["--config", str(preset)])
+        assert err.value.field in ("straggler.rank", "straggler.kind"), bad
+
+
+def test_every_straggler_rank_must_exist_and_survives_resolution() -> None:
+    cfg = parse_config(["--straggler-rank", "0,1", "--straggler-ms", "5", "--straggler-kind", "compute"])
+    resolved = resolve_environment(cfg, env(world_size=2, distributed=True))
+    assert resolved.straggler.rank == (0, 1) and resolved.to_dict()["straggler"]["kind"] == "compute"
+
+
+def test_fused_optimizers_allowed_where_they_run() -> None:
+    two = env(world_size=2, distributed=True)
+    resolve_environment(parse_config(["--parallel", "fsdp", "--optimizer", "adamw", "--fused-optimizer"]), two)
+    resolve_environment(parse_config(["--parallel", "ddp", "--optimizer", "sgd", "--fused-optimizer"]), two)
+    resolve_environment(parse_config(["--parallel", "fsdp", "--optimizer", "sgd"]), two)
+
+
+def test_one_gpu_per_local_rank() -> None:
+    cfg = parse_config([])
+    resolve_environment(cfg, env(world_size=2, distributed=True, cuda=True, local_world_size=2, device_count=2))
+    resolve_environment(cfg, env(cuda=True))  # GPU count unknown: nothing to check
+    launched = LaunchEnv.from_environ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"},
+                                      cuda=True, device_count=1)
+    assert (launched.local_world_size, launched.device_count) == (2, 1)
+    with pytest.raises(ConfigError, match=r"launch\.nproc_per_node: 2 processes on this node but 1 GPU\(s\) visible"):
+        resolve_environment(cfg, launched)
+    assert LaunchEnv.from_environ({}, cuda=False, device_count=3).device_count is None
+
+
+def test_default_profiler_window_starts_after_ddp_runtime_logging() -> None:
+    # DDP's logger syncs on its timing events in iterations 1-10; the window must start later
+    # and still end inside the default run.
+    for argv in ([], *(["--config", str(p)] for p in CONFIGS)):
+        cfg = parse_config(argv)
+        first = cfg.profiler.wait + cfg.profiler.warmup
+        assert first >= 11, argv
+        assert first + cfg.profiler.active <= cfg.workload.steps, argv
 
 
 def test_toml_errors_name_the_key(tmp_path: Path) -> None:
@@ -111,6 +179,7 @@ def test_every_mode_has_a_preset() -> None:
         (["--parallel", "fsdp"], "parallel.parallel: fsdp needs a process group"),
         (["--steps", "0"], "workload.steps: 0 must be >= 1"),
         (["--config", "/no/such.toml"], "config: file /no/such.toml does not exist"),
+        (["--straggler-rank", "0,x"], "straggler.rank: '0,x' is not a comma-separated list of integers"),
     ],
 )
 def test_command_line_errors_exit_2_with_one_line(argv: list[str], needle: str, tmp_path: Path) -> None:

@@ -77,6 +77,75 @@ def whole_lines(path: Path) -> list[dict]:
     return out
 
 
+def test_straggler_injector_picks_ranks_phases_and_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.config import PHASES, StragglerConfig
+    from harness.faults import StragglerInjector
+
+    sleeps: list[float] = []
+    monkeypatch.setattr("harness.faults.time.sleep", sleeps.append)
+    cfg = StragglerConfig(rank=(1, 3), ms=5.0, phase="backward", every=2, from_step=3)
+    slowed = []
+    for rank in range(4):
+        injector = StragglerInjector(cfg, rank)
+        for step in range(10):
+            for phase in PHASES:
+                before = len(sleeps)
+                injector.maybe_delay(phase, step)
+                if len(sleeps) > before:
+                    slowed.append((rank, phase, step))
+    assert slowed == [(rank, "backward", step) for rank in (1, 3) for step in (3, 5, 7, 9)]
+    assert set(sleeps) == {0.005}
+    assert not StragglerInjector(StragglerConfig(rank=(0,), ms=0.0), 0).active
+
+
+def test_compute_straggler_spends_the_time_in_matmuls(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from harness.config import StragglerConfig
+    from harness.faults import StragglerInjector
+
+    monkeypatch.setattr("harness.faults.time.sleep", lambda s: pytest.fail("compute kind must not sleep"))
+    injector = StragglerInjector(StragglerConfig(rank=(0,), ms=30.0, phase="forward", kind="compute"), 0,
+                                 torch.device("cpu"))
+    calls = 0
+    real_mm = torch.mm
+
+    def counting_mm(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        return real_mm(*args, **kwargs)
+
+    monkeypatch.setattr("harness.faults.torch.mm", counting_mm)
+    started = time.perf_counter()
+    injector.maybe_delay("forward", 0)
+    spent_ms = (time.perf_counter() - started) * 1e3
+    assert 15 <= spent_ms < 1000 and calls >= 1
+    before = calls
+    injector.maybe_delay("backward", 0)  # another phase: no work
+    assert calls == before
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a GPU")
+def test_compute_straggler_on_cuda_keeps_the_host_free() -> None:
+    import torch
+
+    from harness.config import StragglerConfig
+    from harness.faults import StragglerInjector
+
+    device = torch.device("cuda", 0)
+    injector = StragglerInjector(StragglerConfig(rank=(0,), ms=50.0, kind="compute"), 0, device)
+    injector.maybe_delay("data", 0)  # calibrates
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    host = time.perf_counter()
+    start.record()
+    injector.maybe_delay("data", 1)
+    end.record()
+    host_ms = (time.perf_counter() - host) * 1e3
+    end.synchronize()
+    assert host_ms < 25 and 25 <= start.elapsed_time(end) <= 100
+
+
 def test_ending_notes_put_the_cause_first(tmp_path: Path) -> None:
     from harness.collect.run_state import ending_notes
 
