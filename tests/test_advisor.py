@@ -17,7 +17,7 @@ from conftest import REPO, run_harness
 from tracebuild import GpuRank, document, step, write, x
 
 HEALTHY = {"device": "cpu", "data_share": 0.02, "host_ops_per_step": 400, "us_per_op": 40.0, "launches_per_step": 0,
-           "syncs_per_step": 0, "sync_share": 0.0, "compute_share": 0.5, "exposed_comm_share": 0.2, "idle_share": 0.1,
+           "syncs_per_step": 0, "sync_share": 0.0, "compute_share": 0.5, "exposed_transfer_share": 0.2, "idle_share": 0.1,
            "transfer_share": 0.1, "gemm_share": 0.7, "top_compute": [["aten::mm", 0.5]]}
 
 
@@ -27,9 +27,9 @@ HEALTHY = {"device": "cpu", "data_share": 0.02, "host_ops_per_step": 400, "us_pe
     ({"data_share": 0.5, "host_ops_per_step": 5000, "us_per_op": 1.0}, "data-bound"),  # input pipeline first
     ({"host_ops_per_step": 1000, "us_per_op": 9.9}, "launch-bound"),
     ({"host_ops_per_step": 999, "us_per_op": 1.0}, "healthy"),
-    ({"transfer_share": 0.50, "exposed_comm_share": 0.15}, "comm-exposed"),
-    ({"transfer_share": 0.49, "exposed_comm_share": 0.4}, "healthy"),  # little communication
-    ({"transfer_share": 0.50, "exposed_comm_share": 0.14}, "healthy"),  # communication hidden
+    ({"transfer_share": 0.50, "exposed_transfer_share": 0.15}, "comm-exposed"),
+    ({"transfer_share": 0.49, "exposed_transfer_share": 0.4}, "healthy"),  # little communication
+    ({"transfer_share": 0.50, "exposed_transfer_share": 0.14}, "healthy"),  # communication hidden
     ({"gemm_share": 0.49}, "kernel-bound"),
     ({"gemm_share": 0.49, "compute_share": 0.39}, "healthy"),
     ({"device": "gpu", "syncs_per_step": 1.0, "idle_share": 0.15}, "sync-bound"),
@@ -126,7 +126,7 @@ def test_ddp_reducer_work_is_booked_as_communication(tmp_path: Path) -> None:
     from harness.collect.overlap import StepOverlap
 
     row = StepOverlap(rank=0, step=1, window_us=1000.0, compute_us=540.0, comm_us=0.0, overlapped_comm_us=0.0,
-                      exposed_comm_us=0.0, idle_us=460.0)
+                      exposed_comm_us=0.0, exposed_wait_us=0.0, exposed_transfer_us=0.0, idle_us=460.0)
     ev = rank_evidence(t, [row], transfer_ms_per_step=0.1)
     assert ev["transfer_share"] == 0.5  # (100 us of collectives + 400 us of reducer) / 1000 us
     assert ev["compute_share"] == 0.14  # (540 - 400) / 1000

@@ -78,7 +78,7 @@ def test_clean_runs_are_balanced(parallel: str, log_dir: Path, caplog: pytest.Lo
     assert rows[0].startswith("rank,step,step_ms,wait_ms,lag_ms,exposed_comm_ms")
     assert len(rows) == 1 + 2 * 6
     coll = (out / "collectives.csv").read_text().splitlines()
-    assert coll[0] == "instance,name,step,rank,arrival_us,wait_us,transfer_us,last_rank"
+    assert coll[0] == "instance,name,pg,step,rank,arrival_us,wait_us,transfer_us,delay_share_us,last_rank"
     assert len(coll) - 1 == 2 * doc["collectives"]["matched"] > 0
     merged = json.loads(gzip.decompress((out / "merged.pt.trace.json.gz").read_bytes()))
     names = {e["args"]["name"] for e in merged["traceEvents"] if e.get("name") == "process_name"}
@@ -109,11 +109,15 @@ def test_skew_injected_into_one_rank_is_recovered(log_dir: Path, tmp_path: Path)
     shutil.copytree(run.dir, skewed, ignore=shutil.ignore_patterns("report"))
     trace = next(p for p in list_traces(skewed) if p.name.startswith("rank00001-"))
     doc = json.loads(gzip.decompress(trace.read_bytes()))
-    trace.write_bytes(gzip.compress(json.dumps(shift_doc(doc, 250_000.0)).encode()))  # +250 ms
+    # rank 1 as if on another node whose clock runs 250 ms ahead (ranks on one host share a clock)
+    doc["harness"]["host"] = "other-node"
+    trace.write_bytes(gzip.compress(json.dumps(shift_doc(doc, 250_000.0)).encode()))
     collect(str(skewed), "-q")
     after = report_of(skewed)
     shift = after["ranks"][1]["clock_offset_ms"] - before["ranks"][1]["clock_offset_ms"]
     assert shift == pytest.approx(250.0, abs=0.5)
+    assert [(h["host"], h["ranks"]) for h in after["clock"]["hosts"]] == [(before["ranks"][0]["host"], [0]),
+                                                                          ("other-node", [1])]
     assert after["verdict"] == before["verdict"] == "straggler"
     assert [(s["rank"], s["phase"]) for s in after["stragglers"]] == [(s["rank"], s["phase"]) for s in before["stragglers"]]
     collect(str(skewed), "-q", "--no-align", "-o", str(tmp_path / "unaligned"))
@@ -169,11 +173,16 @@ def test_third_party_gpu_traces(folder: str, tmp_path: Path) -> None:
         assert doc["verdict"] == "straggler" and [s["rank"] for s in doc["stragglers"]] == [7]
         steps = {r["rank"]: r["mean_step_ms"] for r in doc["ranks"]}
         assert sorted(steps, key=steps.get)[-2:] in ([1, 3], [3, 1])
+        # ... and they are victims: diagnosed on their own work, waiting on rank 7
+        waits_for = {d["rank"]: [r for r, _ in d["waits_for"]] for d in doc["diagnosis"]}
+        assert waits_for[1] == waits_for[3] == [7]
+        assert all(d["bottleneck"] != "straggler" for d in doc["diagnosis"] if d["rank"] != 7)
         assert all(abs(r["clock_offset_ms"]) < 0.05 for r in doc["ranks"])
     if folder == "hta_trace_filter_2of128":
         assert doc["run"]["ranks_present"] == [0, 1] and len(doc["run"]["ranks_missing"]) == 126
     if folder.startswith("hta_single_rank/"):
-        assert len(doc["ranks"]) == 1 and not doc["run"]["complete"] and doc["verdict"] == "balanced"
+        assert len(doc["ranks"]) == 1 and not doc["run"]["complete"] and doc["verdict"] == "inconclusive"
+        assert doc["verdict_reason"].startswith("one rank only")
 
 
 @pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is not present")

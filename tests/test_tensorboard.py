@@ -306,9 +306,12 @@ def check_view(state: dict[str, Any], report: dict[str, Any]) -> None:
     # rank 0 waits ~30 ms for rank 1 in every step; rank 1 waits for nobody
     assert all(z > 15 for z in state["waitZ"][0]) and all(z < 5 for z in state["waitZ"][1]), state["waitZ"]
     bars = {name: dict(zip(y, x)) for name, y, x in state["bars"]}
-    assert set(bars) == {"compute only", "overlapped communication", "exposed communication", "idle"}
+    assert set(bars) == {"compute only", "overlapped communication", "exposed transfer", "exposed waiting for peers", "idle"}
     by_rank = {r["rank"]: r for r in report["ranks"]}
-    assert bars["exposed communication"]["rank 0"] == pytest.approx(by_rank[0]["exposed_comm_ms"])
+    assert bars["exposed transfer"]["rank 0"] == pytest.approx(by_rank[0]["exposed_transfer_ms"])
+    assert bars["exposed waiting for peers"]["rank 0"] == pytest.approx(by_rank[0]["exposed_wait_ms"])
+    # the victim's exposed communication is mostly waiting for rank 1
+    assert by_rank[0]["exposed_wait_ms"] > by_rank[0]["exposed_transfer_ms"]
     assert bars["idle"]["rank 1"] == pytest.approx(by_rank[1]["idle_ms"])
     assert [s["rank"] for s in state["stragglers"]] == ["1"] and state["stragglers"][0]["phase"] == "data"
     lanes = dict(state["timeline"])

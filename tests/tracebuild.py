@@ -85,3 +85,31 @@ def gpu_docs(arrive1_us: float = 500.0, end_us: float = 700.0, period_us: float 
 def run_analysis(tmp_path: Path, docs: list[dict], **kw: Any) -> Analysis:
     paths = [write(tmp_path / f"rank{r}.pt.trace.json.gz", d) for r, d in enumerate(docs)]
     return analyze(group_ranks([parse_trace(p) for p in paths]), **kw)
+
+
+def ring_docs(arrive_us: Any, n_ranks: int, n_steps: int, period_us: float = 1000.0, transfer_us: float = 100.0,
+              hosts: list[str] | None = None, clock_us: list[float] | None = None, end_scatter_us: list[float] | None = None,
+              nelems: list[int] | None = None) -> list[dict]:
+    """n_ranks GPU ranks, steps 1..n_steps of `period_us` each (step s starts at t = (s-1) x
+    period). In each step, rank r computes ("ampere_sgemm_128x64_nn") from t to t + a, where
+    a = arrive_us(r, s), then enters one all-reduce at t + a, which ends on every rank at
+    t + max arrival + transfer_us (+ end_scatter_us[r]: a rank-specific late completion).
+    Optional: hosts[r] (the harness metadata's host), clock_us[r] added to every timestamp of
+    rank r (its clock's error), nelems[r] (the all-reduce's element count)."""
+    docs = []
+    for r in range(n_ranks):
+        g = GpuRank()
+        events = []
+        for s in range(1, n_steps + 1):
+            t = (s - 1) * period_us
+            last = max(arrive_us(q, s) for q in range(n_ranks))
+            a = arrive_us(r, s)
+            events.append(step(s, t, period_us))
+            g.kernel("ampere_sgemm_128x64_nn", t + 1, t, a)
+            end = t + last + transfer_us + (end_scatter_us[r] if end_scatter_us else 0.0)
+            g.allreduce(t + 2, t + a, end - t - a, nelems=nelems[r] if nelems else 1000)
+        doc = document(events + g.events, r, world_size=n_ranks)
+        if hosts:
+            doc["harness"] = {"host": hosts[r], "rank": r}
+        docs.append(shift_doc(doc, clock_us[r]) if clock_us else doc)
+    return docs

@@ -75,6 +75,7 @@ class Diagnosis:
     reason: str  # the rule that fired, with its numbers
     evidence: dict[str, Any]
     advice: str
+    waits_for: list[list]  # [[rank, ms per step]] it waited on beyond the noise, most first
 
 
 def _share(x: float, total: float) -> float:
@@ -82,17 +83,22 @@ def _share(x: float, total: float) -> float:
 
 
 def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_step: float) -> dict[str, Any]:
-    """The per-rank numbers the rules read, means over the rank's analysed steps:
+    """The per-rank numbers the rules read, means over the rank's analysed steps, judged on the
+    rank's own work: the time it spent exposed waiting for later peers (overlap.rank_overlap,
+    step 4) is taken out of the step and of the device window first, so a victim is diagnosed
+    as it would run without the straggler:
 
-    1. step_ms; data_share = data phase / step;
-    2. host_ops_per_step (main-thread aten ops outside the data phase) and us_per_op = (step -
-       data phase) / host ops: the step time each dispatched op accounts for;
-    3. launches_per_step, syncs_per_step, sync_share (blocking sync calls' time / step);
-    4. compute, exposed communication, wait-free idle shares from the overlap rows (device
-       time: GPU kernels, or the CPU main thread's ops on CPU-only traces);
-    5. transfer_share = (the run's collective transfer time per step (minimum duration across
-       ranks, summed over the step's collectives) + this rank's DDP reducer time per step) /
-       step: on CPU traces DDP's reducer (scaling gradients, copying them into buckets) is
+    1. step_ms (measured); waiting_share = exposed waiting / step; own_step_ms = step - exposed
+       waiting; data_share = data phase / own step;
+    2. host_ops_per_step (aten ops outside the data phase) and us_per_op = (own step - data
+       phase) / host ops: the step time each dispatched op accounts for;
+    3. launches_per_step, syncs_per_step, sync_share (blocking sync calls' time / own step);
+    4. compute, exposed transfer and idle shares of
+       the device window less the exposed waiting (device time: GPU kernels, or the CPU main
+       thread's ops on CPU-only traces);
+    5. transfer_share = (the run's collective transfer time per step (waits.InstanceWaits
+       .transfer_us summed over the step's collectives) + this rank's DDP reducer time per step)
+       / own step: on CPU traces DDP's reducer (scaling gradients, copying them into buckets) is
        communication work, so its time also leaves compute_share;
     6. gemm_share = matrix-math kernels' (or ops' self) time / all the model's compute by name
        (forward, loss, backward; CPU memory-movement ops and the reducer left out, as memcpy is
@@ -100,6 +106,8 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
     steps = trace.steps
     n = max(len(steps), 1)
     step_us = sum(s.dur_us for s in steps) / n
+    wait_us = sum(r.exposed_wait_us for r in rows) / n
+    own_us = max(step_us - wait_us, 0.0)
     data_us = sum(s.phases_us.get(STEP_PHASES[0], 0.0) for s in steps) / n
     ops = sum(s.host_ops for s in steps) / n
     by_name: dict[str, float] = {}
@@ -111,19 +119,21 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
     total = sum(by_name.values())
     gemm = sum(v for k, v in by_name.items() if GEMM.search(k))
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:3]
-    window = sum(r.window_us for r in rows) or step_us * n
+    window = (sum(r.window_us for r in rows) or step_us * n) - sum(r.exposed_wait_us for r in rows)
     return {
         "step_ms": round(step_us / 1e3, 3),
-        "data_share": _share(data_us, step_us),
+        "own_step_ms": round(own_us / 1e3, 3),
+        "waiting_share": _share(wait_us, step_us),
+        "data_share": _share(data_us, own_us),
         "host_ops_per_step": round(ops, 1),
-        "us_per_op": round((step_us - data_us) / ops, 2) if ops else None,
+        "us_per_op": round((own_us - data_us) / ops, 2) if ops else None,
         "launches_per_step": round(sum(s.launches for s in steps) / n, 1),
         "syncs_per_step": round(sum(s.syncs for s in steps) / n, 2),
-        "sync_share": _share(sum(s.sync_us for s in steps) / n, step_us),
+        "sync_share": _share(sum(s.sync_us for s in steps) / n, own_us),
         "compute_share": _share(max(sum(r.compute_us for r in rows) - reducer_us, 0.0), window),
-        "exposed_comm_share": _share(sum(r.exposed_comm_us for r in rows), window),
+        "exposed_transfer_share": _share(sum(r.exposed_transfer_us for r in rows), window),
         "idle_share": _share(sum(r.idle_us for r in rows), window),
-        "transfer_share": _share(transfer_ms_per_step * 1e3 + reducer_us / n, step_us),
+        "transfer_share": _share(transfer_ms_per_step * 1e3 + reducer_us / n, own_us),
         "gemm_share": _share(gemm, total),
         "top_compute": [[k, _share(v, total)] for k, v in top],
         "device": trace.device,
@@ -147,40 +157,62 @@ def classify(ev: dict[str, Any], rules: Rules = Rules()) -> tuple[str, str]:
     if gpu and ev["launches_per_step"] >= rules.launch_gpu_launches and ev["idle_share"] >= rules.launch_gpu_idle_share:
         return "launch-bound", (f"{ev['launches_per_step']:.0f} kernel launches per step with the device idle "
                                 f"{ev['idle_share']:.0%} of the time")
-    if ev["transfer_share"] >= rules.comm_transfer_share and ev["exposed_comm_share"] >= rules.comm_exposed_share:
+    if ev["transfer_share"] >= rules.comm_transfer_share and ev["exposed_transfer_share"] >= rules.comm_exposed_share:
         return "comm-exposed", (f"collectives transfer for {ev['transfer_share']:.0%} of the step and "
-                                f"{ev['exposed_comm_share']:.0%} of device time is exposed communication")
+                                f"{ev['exposed_transfer_share']:.0%} of device time is exposed transfer (waiting for "
+                                "peers not counted)")
     if ev["compute_share"] >= rules.kernel_compute_share and ev["gemm_share"] < rules.kernel_gemm_share:
         top = ", ".join(f"{k} {v:.0%}" for k, v in ev["top_compute"])
         return "kernel-bound", (f"compute is {ev['compute_share']:.0%} of device time, only {ev['gemm_share']:.0%} of it "
                                 f"matrix math; top: {top}")
-    return "healthy", (f"no rule fired: data {ev['data_share']:.0%}, exposed communication "
-                       f"{ev['exposed_comm_share']:.0%}, matrix math {ev['gemm_share']:.0%} of compute")
+    return "healthy", (f"no rule fired: data {ev['data_share']:.0%}, exposed transfer "
+                       f"{ev['exposed_transfer_share']:.0%}, matrix math {ev['gemm_share']:.0%} of compute")
 
 
 def _transfer_ms_per_step(a: Analysis) -> float:
-    rows = [r for r in a.stragglers.instance_rows if r["step"] is not None]
-    steps = {r["step"] for r in rows}
-    return sum(r["transfer_us"] for r in rows) / 1e3 / len(steps) if steps else 0.0
+    waits = [w for w in a.waits if w.step is not None]
+    steps = {w.step for w in waits}
+    return sum(w.transfer_us for w in waits) / 1e3 / len(steps) if steps else 0.0
+
+
+def waiting_note(waits_for: list[list], step_ms: float) -> str:
+    """'32% of its step is waiting on rank 1 (8.10 ms), rank 3 (4.20 ms)': empty without waits."""
+    if not waits_for:
+        return ""
+    total = sum(ms for _, ms in waits_for)
+    share = f"{total / step_ms:.0%} of its step" if step_ms else f"{total:.2f} ms per step"
+    return f"{share} is waiting on " + ", ".join(f"rank {r} ({ms:.2f} ms)" for r, ms in waits_for)
 
 
 def diagnose(a: Analysis, rules: Rules = Rules()) -> list[Diagnosis]:
     """One `Diagnosis` per rank: a straggler (from the straggler analysis) is named so, with the
-    phase it is slow in; every other rank goes through `classify`."""
+    phase it is slow in; every other rank goes through `classify` on its own work (waiting for
+    later peers taken out), and says whom it waited for."""
     transfer = _transfer_ms_per_step(a)
-    blamed = {r.rank: r for r in a.stragglers.ranks if r.straggler}
+    by = {r.rank: r for r in a.stragglers.ranks}
     out = []
     for t in sorted(a.traces, key=lambda t: t.rank):
         ev = rank_evidence(t, [r for r in a.overlap if r.rank == t.rank], transfer)
-        if t.rank in blamed:
-            b = blamed[t.rank]
-            ev.update(blame_ms=round(b.blame_ms, 3), last_fraction=b.last_fraction, slow_phase=b.phase)
+        b = by[t.rank]
+        ev["waits_for"] = b.waits_for
+        if b.straggler:
+            ev.update(late_ms_per_step=round(b.late_ms, 3), cost_ms_per_step=round(b.cost_ms, 3), blame_ms=round(b.blame_ms, 3),
+                      late_fraction=round(b.late_fraction, 4), pattern=b.pattern, slow_phase=b.phase)
             kind = "straggler"
-            reason = (f"the others waited {b.blame_ms:.1f} ms for it; last to arrive in {b.last_fraction:.0%} of steps"
+            reason = (f"arrives {b.late_ms:.2f} ms per step after the punctual ranks (its share of the delay: "
+                      f"{b.cost_ms:.2f} ms); late at "
+                      f"{b.late_fraction:.0%} of its collectives, in {b.steps_late} of {b.steps} step(s) ({b.pattern})"
                       + (f"; slow in {b.phase}" if b.phase else ""))
+            advice = ADVICE[kind]
         else:
             kind, reason = classify(ev, rules)
-        out.append(Diagnosis(rank=t.rank, host=t.host, bottleneck=kind, reason=reason, evidence=ev, advice=ADVICE[kind]))
+            advice = ADVICE[kind]
+            note = waiting_note(b.waits_for, ev["step_ms"])
+            if note:
+                reason = f"{note}; on its own work: {reason}"
+                advice = f"it waits for rank(s) {', '.join(str(r) for r, _ in b.waits_for)}: fix those first; then {advice}"
+        out.append(Diagnosis(rank=t.rank, host=t.host, bottleneck=kind, reason=reason, evidence=ev, advice=advice,
+                             waits_for=b.waits_for))
     return out
 
 

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from harness.collect.clocks import ClockOffset, HostClock, estimate_offsets
 from harness.collect.discover import RunSet
+from harness.collect.matching import Instance, match_collectives
 from harness.collect.model import RankTrace
 from harness.collect.overlap import Gap, StepOverlap, rank_overlap
-from harness.collect.stragglers import (ClockOffset, Instance, StragglerResult, Thresholds, analyze_stragglers,
-                                        estimate_offsets, match_collectives)
+from harness.collect.stragglers import StragglerResult, Thresholds, analyze_stragglers
+from harness.collect.waits import InstanceWaits, instance_waits, op_waits
+
+
+class NoStepsError(ValueError):
+    """--steps named no step the traces hold."""
 
 
 @dataclass
@@ -16,8 +22,10 @@ class Analysis:
     runset: RunSet
     traces: list[RankTrace]  # on aligned clocks
     offsets: dict[int, ClockOffset]
+    host_clocks: list[HostClock]
     aligned: bool
-    instances: list[Instance]
+    instances: list[Instance]  # their ops on aligned clocks
+    waits: list[InstanceWaits]  # one per instance, same order
     stragglers: StragglerResult
     overlap: list[StepOverlap]
     gaps: list[Gap]
@@ -30,40 +38,61 @@ def select_steps(trace: RankTrace, keep: set[int]) -> RankTrace:
                    comms=[c for c in trace.comms if c.step in keep], compute=[b for b in trace.compute if b[2] in keep])
 
 
+def step_ranges(numbers: list[int]) -> str:
+    """[1, 2, 3, 7, 9, 10] -> '1-3, 7, 9-10'."""
+    out: list[str] = []
+    for n in sorted(set(numbers)):
+        if out and n == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{n}"
+        else:
+            out.append(str(n))
+    return ", ".join(out)
+
+
 def analyze(runset: RunSet, *, align: bool = True, thresholds: Thresholds | None = None,
             steps: set[int] | None = None) -> Analysis:
     """1. put every rank on the earliest rank's time origin (baseTimeNanoseconds may differ);
-    2. keep the requested steps; 3. match collectives across ranks; 4. estimate clock offsets
-    (or zeros with `align=False`); 5. stragglers on aligned arrivals; 6. overlap per rank/step
-    on aligned clocks."""
+    2. keep the requested steps (NoStepsError when none of them is in the traces); 3. match
+    collectives across ranks; 4. estimate one clock offset per host (or zeros with
+    `align=False`) and shift every rank by its host's; 5. each matched collective's waits on
+    the aligned clocks; 6. stragglers; 7. overlap per rank/step, exposed communication split
+    into waiting and transfer."""
     warnings = list(runset.warnings)
     base = min(t.base_us for t in runset.ranks)
     traces = [t.shifted(base - t.base_us) if t.base_us != base else t for t in runset.ranks]
     if steps is not None:
+        held = sorted({s.number for t in traces for s in t.steps})
+        if not set(held) & steps:
+            raise NoStepsError(f"none of the requested steps ({step_ranges(list(steps))}) is in the traces, which hold "
+                               f"steps {step_ranges(held) or 'none'}: pick steps from those")
         traces = [select_steps(t, steps) for t in traces]
-        if not any(t.steps for t in traces):
-            warnings.append(f"none of the requested steps {sorted(steps)} are in the traces")
     for t in traces:
         warnings.extend(t.warnings)
     instances, match_warnings = match_collectives(traces)
     warnings.extend(match_warnings)
     ranks = [t.rank for t in traces]
     if align and instances:
-        offsets = estimate_offsets(instances, ranks)
-        for r, o in offsets.items():
-            if o.samples == 0 and r != min(ranks):
-                warnings.append(f"rank {r} shares no collective with rank {min(ranks)}: its clock is not aligned")
+        offsets, clocks = estimate_offsets(instances, traces)
+        for c in clocks[1:]:
+            if c.samples == 0:
+                warnings.append(f"host {c.host} (rank(s) {', '.join(map(str, c.ranks))}) shares no collective with "
+                                f"the reference host {clocks[0].host}: its clock is not aligned")
     else:
+        _, clocks = estimate_offsets([], traces)
         offsets = {r: ClockOffset(rank=r, offset_us=0.0, spread_us=0.0, samples=0) for r in ranks}
-        if align and len(ranks) > 1:
-            warnings.append("no collective matched across ranks: clocks not aligned, no straggler analysis possible")
-    result = analyze_stragglers(traces, instances, offsets, thresholds)
-    aligned = [t.shifted(offsets[t.rank].offset_us) for t in traces]
+    aligned = [t.shifted(offsets[t.rank].offset_us) if offsets[t.rank].offset_us else t for t in traces]
+    instances, _ = match_collectives(aligned)
+    zero = {r: ClockOffset(rank=r, offset_us=0.0, spread_us=o.spread_us, samples=o.samples) for r, o in offsets.items()}
+    waits = instance_waits(instances, zero)
+    result = analyze_stragglers(aligned, waits, offsets, thresholds)
+    if result.reason and len(ranks) > 1:
+        warnings.append(f"no straggler analysis: {result.reason}")
+    by_op = op_waits(waits)
     rows: list[StepOverlap] = []
     gaps: list[Gap] = []
     for t in aligned:
-        r, g = rank_overlap(t)
+        r, g = rank_overlap(t, by_op)
         rows.extend(r)
         gaps.extend(g)
-    return Analysis(runset=runset, traces=aligned, offsets=offsets, aligned=align and bool(instances),
-                    instances=instances, stragglers=result, overlap=rows, gaps=gaps, warnings=warnings)
+    return Analysis(runset=runset, traces=aligned, offsets=offsets, host_clocks=clocks, aligned=align and bool(instances),
+                    instances=instances, waits=waits, stragglers=result, overlap=rows, gaps=gaps, warnings=warnings)

@@ -12,7 +12,7 @@ import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from harness.collect.analysis import analyze
+from harness.collect.analysis import NoStepsError, analyze
 from harness.collect.discover import InputError, RunSet, find_trace_files, group_ranks
 from harness.collect.model import RankTrace
 from harness.collect.parse import TraceError, parse_trace
@@ -60,13 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "0 = the first, N = <run>/restart-N (default: the latest)")
     p.add_argument("--from-traces", action="store_true",
                    help="parse the traces even where an in-job summary (<trace>.summary.json) is next to them")
-    p.add_argument("--min-lag-ms", type=float, default=th.min_lag_ms, help="straggler: least blame per step, ms")
+    p.add_argument("--min-lag-ms", type=float, default=th.min_lag_ms,
+                   help="straggler: least cost per step, ms (default: no absolute floor)")
     p.add_argument("--rel-lag", type=float, default=th.rel_lag,
-                   help="straggler: least blame per step as a share of the median step (GPU traces)")
+                   help="straggler: least cost per step as a share of the median step (GPU traces)")
     p.add_argument("--rel-lag-cpu", type=float, default=th.rel_lag_cpu,
                    help="the same for CPU-only traces, where ranks share cores and drift more")
-    p.add_argument("--min-last-fraction", type=float, default=th.min_last_fraction,
-                   help="straggler: least share of steps it must be the last to arrive in")
     p.add_argument("-j", "--jobs", type=int, default=0, help="parallel parsers (default: one per core)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
     return p
@@ -140,9 +139,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(EXIT_INPUT) from None
     runset.ending = [n for d in inputs if Path(d).is_dir() for n in ending_notes(Path(d))]
     runset.warnings[:0] = attempt_notes + runset.ending + [f"skipped {e}" for e in errors]
-    thresholds = Thresholds(min_lag_ms=args.min_lag_ms, rel_lag=args.rel_lag, rel_lag_cpu=args.rel_lag_cpu,
-                            min_last_fraction=args.min_last_fraction)
-    analysis = analyze(runset, align=not args.no_align, thresholds=thresholds, steps=args.steps)
+    thresholds = Thresholds(min_lag_ms=args.min_lag_ms, rel_lag=args.rel_lag, rel_lag_cpu=args.rel_lag_cpu)
+    try:
+        analysis = analyze(runset, align=not args.no_align, thresholds=thresholds, steps=args.steps)
+    except NoStepsError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_INPUT) from None
     doc = build_report(analysis, inputs)
     out = args.output or default_output(inputs, files)
     write_report(doc, out, collective_rows(analysis))
@@ -160,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"warning: {w}")
     print(f"\nverdict: {doc['headline']}")
     print(f"diagnosis: {doc['diagnosis_summary']}")
+    for n in doc["next_steps"]:
+        print(f"next: {n['text']}")
     print(f"report:  {out}/report.md (also report.html, report.json, timeline.json, steps.csv, collectives.csv"
           f"{', merged.pt.trace.json.gz' if merged else ''}; TensorBoard scalars in {out}/tb/)")
     if not merged and not args.no_merged:

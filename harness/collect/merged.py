@@ -120,36 +120,35 @@ def write_merged(a: Analysis, out: Path) -> Path:
     tids: dict[int, dict[tuple[Any, Any], int]] = {}
     with gzip.open(tmp, "wb", compresslevel=3) as fh:
         fh.write(b'{"schemaVersion":1,"displayTimeUnit":"ms","traceName":"merged by harness.collect","traceEvents":[\n')
-        w = _Writer(fh)
+        writer = _Writer(fh)
         for trace in a.runset.ranks:
             rank = trace.rank
             shift = (trace.base_us - base) - a.offsets[rank].offset_us
-            w.event({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank} ({trace.host})"}})
-            w.event({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
-            w.event({"ph": "M", "name": "thread_name", "pid": rank, "tid": _tid(rank, WAIT_TID), "args": {"name": "collective waits"}})
+            writer.event({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank} ({trace.host})"}})
+            writer.event({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+            writer.event({"ph": "M", "name": "thread_name", "pid": rank, "tid": _tid(rank, WAIT_TID), "args": {"name": "collective waits"}})
             mapping = tids.setdefault(rank, {})
             for part in trace.path.split(", "):
                 labels = _Labels()
                 streamed = _each_block(Path(part), labels)
-                _each_block(Path(part), _Copier(w, rank, shift, mapping, labels), stream=streamed)
-        for n, inst in enumerate(a.instances):
-            arrival = {r: op.start_us - a.offsets[r].offset_us for r, op in inst.ops.items()}
-            last_rank = max(arrival, key=arrival.get)
-            last = arrival[last_rank]
-            for r, t in arrival.items():
+                _each_block(Path(part), _Copier(writer, rank, shift, mapping, labels), stream=streamed)
+        for w in a.waits:
+            last_rank, last = w.last_rank, w.last_arrival_us
+            for r, t in w.arrival_us.items():
                 if last - t > 0:
-                    w.event({"ph": "X", "cat": "collective_wait", "name": f"wait {inst.name} (rank {last_rank} last)",
-                             "pid": r, "tid": _tid(r, WAIT_TID), "ts": t, "dur": last - t,
-                             "args": {"collective": inst.name, "step": inst.step, "last_rank": last_rank}})
-            order = sorted(inst.ops, key=lambda r: arrival[r])
+                    w_ev = {"ph": "X", "cat": "collective_wait", "name": f"wait {w.name} (rank {last_rank} last)",
+                            "pid": r, "tid": _tid(r, WAIT_TID), "ts": t, "dur": last - t,
+                            "args": {"collective": w.name, "step": w.step, "last_rank": last_rank}}
+                    writer.event(w_ev)
+            order = sorted(w.arrival_us, key=lambda r: (w.arrival_us[r], r))
             for i, r in enumerate(order):
-                op = inst.ops[r]
+                op = w.instance.ops[r]
                 tid = tids.get(r, {}).get(op.thread)
                 if tid is None:
                     continue
                 ph = "s" if i == 0 else ("f" if i == len(order) - 1 else "t")
-                w.event({"ph": ph, "cat": "collective", "name": inst.name, "id": f"coll-{n}", "pid": r, "tid": tid,
-                         "ts": op.start_us - a.offsets[r].offset_us + 0.001, "bp": "e"})
+                writer.event({"ph": ph, "cat": "collective", "name": w.name, "id": f"coll-{w.index}", "pid": r,
+                              "tid": tid, "ts": w.arrival_us[r] + 0.001, "bp": "e"})
         fh.write(b"\n]}\n")
     tmp.replace(path)
     return path

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from harness.collect.model import Interval, RankTrace
+from harness.collect.model import CommOp, Interval, RankTrace
 
 MIN_GAP_US = 50.0  # gaps shorter than this are not listed (they are still counted in idle/exposed)
 
@@ -71,8 +71,12 @@ class StepOverlap:
     compute_us: float
     comm_us: float
     overlapped_comm_us: float
-    exposed_comm_us: float
+    exposed_comm_us: float  # = exposed_wait_us + exposed_transfer_us
+    exposed_wait_us: float  # exposed, and only waiting for a later peer
+    exposed_transfer_us: float  # exposed while moving data
     idle_us: float
+    # process group -> {comm_us, exposed_wait_us, exposed_transfer_us} (groups may overlap in time)
+    by_pg: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -81,11 +85,29 @@ class Gap:
     step: int
     start_us: float
     dur_us: float
-    kind: str  # "exposed_comm" (communication not hidden by compute) or "idle" (neither)
+    # "exposed_wait" (communication not hidden by compute, waiting for a later peer),
+    # "exposed_transfer" (the same while moving data) or "idle" (neither compute nor communication)
+    kind: str
     collective: str | None  # the collective exposed, or the one that ended last before an idle gap
 
 
-def rank_overlap(trace: RankTrace, min_gap_us: float = MIN_GAP_US) -> tuple[list[StepOverlap], list[Gap]]:
+OpWaits = dict[tuple[int, str, int], float]  # (rank, process group, seq) -> that op's wait, us
+
+
+def _split(comms: list[CommOp], waits: OpWaits, rank: int, lo: float, hi: float) -> tuple[list[Interval], list[Interval]]:
+    """The comms' union clipped to [lo, hi], and the part of it where some op is transferring:
+    an op waits from its start for `wait` (until the last peer arrives), then transfers."""
+    spans, moving = [], []
+    for c in comms:
+        w = min(max(waits.get((rank, c.pg, c.seq), 0.0), 0.0), c.dur_us)
+        spans.append((c.start_us, c.end_us))
+        if c.start_us + w < c.end_us:
+            moving.append((c.start_us + w, c.end_us))
+    return clip(merge(spans), lo, hi), clip(merge(moving), lo, hi)
+
+
+def rank_overlap(trace: RankTrace, waits: OpWaits | None = None,
+                 min_gap_us: float = MIN_GAP_US) -> tuple[list[StepOverlap], list[Gap]]:
     """Overlap of one rank, step by step.
 
     For every step N:
@@ -96,10 +118,16 @@ def rank_overlap(trace: RankTrace, min_gap_us: float = MIN_GAP_US) -> tuple[list
        C and M are clipped to the window;
     3. compute = |C|, comm = |M|, overlapped = |C ∩ M|, exposed = comm - overlapped,
        idle = window - |C ∪ M|;
-    4. gaps: the intervals of M - C (exposed communication) and of window - (C ∪ M) (idle),
-       at least `min_gap_us` long, each naming its collective (for idle: the last one to end
-       before it in that step, if any).
+    4. each op waits from its start for its `waits` entry (last arrival - own arrival at the
+       matched instance; 0 for an op matched on no other rank) and transfers for the rest;
+       T = union of the transferring parts: exposed_transfer = |T - C|, exposed_wait =
+       exposed - exposed_transfer (exposed while every running op only waits);
+    5. the same split per process group, over that group's ops alone;
+    6. gaps: the intervals of T - C (exposed_transfer), of (M - C) - T (exposed_wait) and of
+       window - (C ∪ M) (idle), at least `min_gap_us` long, each naming its collective (for
+       idle: the last one to end before it in that step, if any).
     """
+    waits = waits or {}
     rows: list[StepOverlap] = []
     gaps: list[Gap] = []
     comp_by: dict[int, list[Interval]] = {}
@@ -121,17 +149,26 @@ def rank_overlap(trace: RankTrace, min_gap_us: float = MIN_GAP_US) -> tuple[list
         else:
             lo, hi = step.start_us, step.end_us
         C = clip(merge(comps), lo, hi)
-        M = clip(merge([(c.start_us, c.end_us) for c in comms]), lo, hi)
+        M, T = _split(comms, waits, trace.rank, lo, hi)
         both = intersect(C, M)
         busy = merge(C + M)
         window = hi - lo
+        exposed = subtract(M, C)
+        moving = subtract(T, C)
+        by_pg = {}
+        for pg in sorted({c.pg for c in comms}):
+            Mp, Tp = _split([c for c in comms if c.pg == pg], waits, trace.rank, lo, hi)
+            exp_p, mov_p = length(subtract(Mp, C)), length(subtract(Tp, C))
+            by_pg[pg] = {"comm_us": length(Mp), "exposed_wait_us": exp_p - mov_p, "exposed_transfer_us": mov_p}
         rows.append(StepOverlap(rank=trace.rank, step=step.number, window_us=window, compute_us=length(C),
                                 comm_us=length(M), overlapped_comm_us=length(both),
-                                exposed_comm_us=length(M) - length(both), idle_us=window - length(busy)))
-        for a, b in subtract(M, C):
-            if b - a >= min_gap_us:
-                name = next((c.name for c in comms if c.start_us < b and c.end_us > a), None)
-                gaps.append(Gap(rank=trace.rank, step=step.number, start_us=a, dur_us=b - a, kind="exposed_comm", collective=name))
+                                exposed_comm_us=length(exposed), exposed_wait_us=length(exposed) - length(moving),
+                                exposed_transfer_us=length(moving), idle_us=window - length(busy), by_pg=by_pg))
+        for kind, pieces in (("exposed_transfer", moving), ("exposed_wait", subtract(exposed, moving))):
+            for a, b in pieces:
+                if b - a >= min_gap_us:
+                    name = next((c.name for c in comms if c.start_us < b and c.end_us > a), None)
+                    gaps.append(Gap(rank=trace.rank, step=step.number, start_us=a, dur_us=b - a, kind=kind, collective=name))
         for a, b in subtract([(lo, hi)], busy):
             if b - a >= min_gap_us:
                 before = [c for c in comms if c.end_us <= a]

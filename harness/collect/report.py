@@ -4,33 +4,53 @@
 it. Schema of report.json (version 1), every duration in ms unless its name says `_us`:
 
 - `inputs`: the paths as given; `input_dirs`: the absolute folders the traces were read from.
-- `verdict`: "straggler" or "balanced"; `headline`: the verdict in one sentence.
+- `verdict`: "straggler", "balanced" or "inconclusive" (nothing could be analysed: one rank,
+  no matched collective, ...); `verdict_reason`: why inconclusive, else null; `headline`: the
+  verdict in one sentence.
 - `run`: {run_id, world_size, ranks_present, ranks_missing, complete, ending (how a job that did
-  not finish ended, rank by rank: run_state.py), hosts, device, steps_source,
-  steps}.
-- `stragglers`: [{rank, host, phase, phase_excess_ms, blame_ms, wait_ms, last_fraction,
-  whatif_step_ms, mean_step_ms}], most blamed first; empty when balanced.
-- `diagnosis`: [{rank, host, bottleneck, reason, evidence, advice}], one per rank (see
+  not finish ended, rank by rank: run_state.py), hosts, device, steps_source, steps,
+  median_step_ms, replayed_step_ms (the what-if replay with nothing changed: how well the
+  replay model reproduces the run), whatif_all_fixed_step_ms (every straggler fixed)}.
+- `stragglers`: [{rank, host, phase, phase_excess_ms, late_ms (per step: how much later than
+  the punctual ranks it arrives at collectives; what flags it), cost_ms (per step: its share of
+  how much later the collectives start, i.e. what fixing it buys when others are late too), blame_ms (the others' waiting it caused, total), wait_ms,
+  late_fraction (of its collectives), steps_late, steps, pattern (persistent|intermittent),
+  last_fraction, whatif_step_ms (step time with its excess removed, by replay), mean_step_ms}],
+  latest first; empty unless the verdict is straggler.
+- `diagnosis`: [{rank, host, bottleneck, reason, evidence, advice, waits_for}], one per rank (see
   advisor.py): bottleneck is one of straggler, data-bound, sync-bound, launch-bound,
-  comm-exposed, kernel-bound, healthy; evidence holds the numbers the rules read.
-  `diagnosis_summary`: e.g. "launch-bound (ranks 0, 1)".
+  comm-exposed, kernel-bound, healthy, judged on the rank's own work (its waiting for later
+  peers taken out); waits_for: [[rank, ms per step]] it waited on beyond the noise, most first;
+  evidence holds the numbers the rules read. `diagnosis_summary`: e.g. "launch-bound (ranks 0, 1)".
+- `next_steps`: [{about, ranks, text}], what to do, most important first (about: "straggler",
+  a bottleneck class or "inconclusive"): the list report.md, the view and the console show.
 - `ranks`: [{rank, host, steps, mean_step_ms, compute_ms, comm_ms, overlapped_comm_ms,
-  exposed_comm_ms, idle_ms, wait_ms, blame_ms, last_fraction, clock_offset_ms, clock_spread_ms,
-  clock_samples}]; compute..idle are summed over the analysed steps.
+  exposed_comm_ms, exposed_wait_ms, exposed_transfer_ms, idle_ms, wait_ms, blame_ms, late_ms, cost_ms,
+  late_fraction, last_fraction, waits_for, clock_offset_ms, clock_spread_ms, clock_samples}];
+  compute..idle are summed over the analysed steps; exposed_comm = exposed_wait (exposed and
+  only waiting for a later peer) + exposed_transfer.
 - `hosts`: [{host, ranks, blame_ms, wait_ms, stragglers}].
-- `steps`: [{rank, step, step_ms, wait_ms, lag_ms, exposed_comm_ms, compute_ms, comm_ms, idle_ms,
-  last_arriver}]; wait_ms: this rank waited for others; lag_ms: the others waited for it.
-- `gaps`: [{rank, step, start_us, dur_us, kind, collective}], longest first (at most
-  `MAX_GAPS`; `gaps_total` counts all). start_us is on the aligned clock of merged.pt.trace.json.gz.
-- `collectives`: {matched, by_name: {name: count}}; `clock`: {aligned, reference_rank};
-  `thresholds`: the straggler thresholds used, `threshold_ms` the per-step blame bound applied;
-  `warnings`: what was missing or doubtful.
+- `steps`: [{rank, step, step_ms, wait_ms, lag_ms, exposed_comm_ms, exposed_wait_ms,
+  exposed_transfer_ms, compute_ms, comm_ms, idle_ms, last_arriver}]; wait_ms: this rank waited
+  for others; lag_ms: the others' waiting it caused; last_arriver: it cost the most that step.
+- `gaps`: [{rank, step, start_us, dur_us, kind (exposed_wait|exposed_transfer|idle),
+  collective}], longest first (at most `MAX_GAPS`; `gaps_total` counts all). start_us is on the
+  aligned clock of merged.pt.trace.json.gz.
+- `process_groups`: [{pg, ranks, collectives, comm_ms, exposed_wait_ms, exposed_transfer_ms,
+  wait_ms, transfer_ms}] (collective_stats.py).
+- `collective_stats`: [{name, pg, ranks, bytes, count, transfer_ms, mean_transfer_ms, wait_ms,
+  algbw_gbps, busbw_gbps}] per collective and message size (NCCL-tests conventions).
+- `collectives`: {matched, by_name: {name: count}}; `clock`: {aligned, reference_rank,
+  reference_host, hosts: [{host, ranks, offset_ms, spread_ms, samples, via}]} (one offset per
+  host); `threshold_ms`: the straggler bound applied to each rank's cost per step, `bounds_ms`
+  the bounds it is the largest of; `warnings`: what was missing or doubtful.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import statistics
 from collections import Counter, defaultdict
 from dataclasses import asdict
 from pathlib import Path
@@ -38,8 +58,9 @@ from typing import Any
 
 from harness import text_table
 from harness.atomic import write_text_atomic
-from harness.collect.advisor import as_rows, diagnose, summary
+from harness.collect.advisor import ADVICE as BOTTLENECK_ADVICE, as_rows, diagnose, summary
 from harness.collect.analysis import Analysis
+from harness.collect.collective_stats import collective_stats, process_groups
 from harness.paths import REPORT_JSON
 
 SCHEMA_VERSION = 1
@@ -59,15 +80,18 @@ ADVICE = {
 Column = tuple[str, str, str]
 STRAGGLER_COLUMNS: list[Column] = [
     ("rank", "rank", "{}"), ("host", "host", "{}"), ("phase", "late in", "{}"),
-    ("phase_excess_ms", "excess ms/step", "{:.2f}"), ("blame_ms", "others waited ms", "{:.2f}"),
-    ("last_fraction", "last in steps", "{:.0%}"), ("mean_step_ms", "step ms", "{:.2f}"),
-    ("whatif_step_ms", "step ms if fixed", "{:.2f}")]
+    ("late_ms", "late ms/step", "{:.2f}"), ("cost_ms", "costs ms/step", "{:.2f}"),
+    ("phase_excess_ms", "excess ms/step", "{:.2f}"),
+    ("pattern", "pattern", "{}"), ("steps_late_text", "late in steps", "{}"),
+    ("late_fraction", "late at collectives", "{:.0%}"), ("blame_ms", "others waited ms", "{:.2f}"),
+    ("mean_step_ms", "step ms", "{:.2f}"), ("whatif_step_ms", "step ms if fixed", "{:.2f}")]
 RANK_COLUMNS: list[Column] = [
     ("rank", "rank", "{}"), ("host", "host", "{}"), ("steps", "steps", "{}"), ("mean_step_ms", "step ms", "{:.2f}"),
     ("compute_ms", "compute ms", "{:.2f}"), ("comm_ms", "comm ms", "{:.2f}"),
-    ("overlapped_comm_ms", "overlapped ms", "{:.2f}"), ("exposed_comm_ms", "exposed ms", "{:.2f}"),
+    ("overlapped_comm_ms", "overlapped ms", "{:.2f}"), ("exposed_wait_ms", "exposed waiting ms", "{:.2f}"),
+    ("exposed_transfer_ms", "exposed transfer ms", "{:.2f}"),
     ("idle_ms", "idle ms", "{:.2f}"), ("wait_ms", "waited ms", "{:.2f}"), ("blame_ms", "blamed ms", "{:.2f}"),
-    ("last_fraction", "last", "{:.0%}")]
+    ("late_ms", "late ms/step", "{:.2f}"), ("cost_ms", "costs ms/step", "{:.2f}")]
 GAP_COLUMNS: list[Column] = [
     ("rank", "rank", "{}"), ("step", "step", "{}"), ("kind", "kind", "{}"), ("dur_ms", "ms", "{:.3f}"),
     ("collective", "collective", "{}")]
@@ -78,8 +102,17 @@ HOST_COLUMNS: list[Column] = [
     ("host", "host", "{}"), ("ranks", "ranks", "{}"), ("blame_ms", "others waited ms", "{:.2f}"),
     ("wait_ms", "waited ms", "{:.2f}"), ("stragglers", "stragglers", "{}")]
 CLOCK_COLUMNS: list[Column] = [
-    ("rank", "rank", "{}"), ("host", "host", "{}"), ("clock_offset_ms", "offset ms", "{:.3f}"),
-    ("clock_spread_ms", "spread ms", "{:.3f}"), ("clock_samples", "collectives", "{}")]
+    ("host", "host", "{}"), ("ranks_text", "ranks", "{}"), ("offset_ms", "offset ms", "{:.3f}"),
+    ("spread_ms", "spread ms", "{:.3f}"), ("samples", "collectives", "{}"), ("via", "aligned against", "{}")]
+PG_COLUMNS: list[Column] = [
+    ("pg", "process group", "{}"), ("ranks_text", "ranks", "{}"), ("collectives", "collectives", "{}"),
+    ("comm_ms", "comm ms", "{:.2f}"), ("exposed_wait_ms", "exposed waiting ms", "{:.2f}"),
+    ("exposed_transfer_ms", "exposed transfer ms", "{:.2f}"), ("wait_ms", "waited ms", "{:.2f}"),
+    ("transfer_ms", "transfer ms", "{:.2f}")]
+COLLECTIVE_STAT_COLUMNS: list[Column] = [
+    ("name", "collective", "{}"), ("pg", "group", "{}"), ("ranks", "ranks", "{}"), ("bytes", "bytes", "{:,}"),
+    ("count", "count", "{}"), ("transfer_ms", "transfer ms", "{:.3f}"), ("mean_transfer_ms", "mean ms", "{:.4f}"),
+    ("wait_ms", "waited ms", "{:.3f}"), ("algbw_gbps", "algbw GB/s", "{:.2f}"), ("busbw_gbps", "busbw GB/s", "{:.2f}")]
 
 
 def cell(row: dict[str, Any], key: str, fmt: str) -> str:
@@ -96,7 +129,8 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
     by_rank = {t.rank: t for t in a.traces}
     agg: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for row in a.overlap:
-        for k in ("compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us", "idle_us"):
+        for k in ("compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us", "exposed_wait_us",
+                  "exposed_transfer_us", "idle_us"):
             agg[row.rank][k] += getattr(row, k)
     blames = {r.rank: r for r in res.ranks}
     ranks = []
@@ -106,14 +140,17 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
             "rank": t.rank, "host": t.host, "steps": len(t.steps), "mean_step_ms": b.mean_step_ms,
             "compute_ms": _ms(g["compute_us"]), "comm_ms": _ms(g["comm_us"]),
             "overlapped_comm_ms": _ms(g["overlapped_comm_us"]), "exposed_comm_ms": _ms(g["exposed_comm_us"]),
+            "exposed_wait_ms": _ms(g["exposed_wait_us"]), "exposed_transfer_ms": _ms(g["exposed_transfer_us"]),
             "idle_ms": _ms(g["idle_us"]), "wait_ms": b.wait_ms, "blame_ms": b.blame_ms,
-            "last_fraction": b.last_fraction, "clock_offset_ms": _ms(o.offset_us),
-            "clock_spread_ms": _ms(o.spread_us), "clock_samples": o.samples,
+            "late_ms": round(b.late_ms, 6), "cost_ms": round(b.cost_ms, 6),
+            "late_fraction": b.late_fraction, "last_fraction": b.last_fraction, "waits_for": b.waits_for,
+            "clock_offset_ms": _ms(o.offset_us), "clock_spread_ms": _ms(o.spread_us), "clock_samples": o.samples,
         })
     stragglers = [{
         "rank": s.rank, "host": s.host, "phase": s.phase, "phase_excess_ms": s.phase_excess_ms,
-        "blame_ms": s.blame_ms, "wait_ms": s.wait_ms, "last_fraction": s.last_fraction,
-        "whatif_step_ms": s.whatif_step_ms, "mean_step_ms": s.mean_step_ms,
+        "late_ms": round(s.late_ms, 6), "cost_ms": round(s.cost_ms, 6), "blame_ms": s.blame_ms, "wait_ms": s.wait_ms,
+        "late_fraction": round(s.late_fraction, 4), "steps_late": s.steps_late, "steps": s.steps, "pattern": s.pattern,
+        "last_fraction": s.last_fraction, "whatif_step_ms": s.whatif_step_ms, "mean_step_ms": s.mean_step_ms,
     } for s in res.stragglers]
     hosts: dict[str, dict[str, Any]] = {}
     for r in res.ranks:
@@ -130,7 +167,8 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
             "rank": row.rank, "step": row.step, "step_ms": _ms(step_dur.get((row.rank, row.step), row.window_us)),
             "wait_ms": _ms(res.per_step.get(row.step, {}).get(row.rank, 0.0)),
             "lag_ms": _ms(res.step_blame.get(row.step, {}).get(row.rank, 0.0)),
-            "exposed_comm_ms": _ms(row.exposed_comm_us), "compute_ms": _ms(row.compute_us),
+            "exposed_comm_ms": _ms(row.exposed_comm_us), "exposed_wait_ms": _ms(row.exposed_wait_us),
+            "exposed_transfer_ms": _ms(row.exposed_transfer_us), "compute_ms": _ms(row.compute_us),
             "comm_ms": _ms(row.comm_us), "idle_ms": _ms(row.idle_us),
             "last_arriver": res.step_last.get(row.step) == row.rank,
         })
@@ -138,18 +176,22 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
     present = sorted(by_rank)
     diagnoses = diagnose(a)
     all_steps = sorted({s.number for t in a.traces for s in t.steps})
+    timed = [r["mean_step_ms"] for r in ranks if r["mean_step_ms"] is not None]
     doc = {
         "schema_version": SCHEMA_VERSION,
         "inputs": inputs,
         "input_dirs": sorted({str(Path(p).parent.resolve()) for t in a.runset.ranks for p in t.path.split(", ")}),
         "verdict": res.verdict,
-        "headline": headline(res.verdict, stragglers, a.runset.missing, a.runset.ending),
+        "verdict_reason": res.reason,
+        "headline": headline(res.verdict, stragglers, a.runset.missing, a.runset.ending, res.reason),
         "run": {
             "run_id": a.runset.run_id, "world_size": a.runset.world_size, "ranks_present": present,
             "ranks_missing": a.runset.missing, "complete": not a.runset.missing and not a.runset.ending,
             "ending": a.runset.ending,
             "hosts": sorted(hosts), "device": "gpu" if any(t.device == "gpu" for t in a.traces) else "cpu",
             "steps_source": sorted({t.steps_source for t in a.traces}), "steps": all_steps,
+            "median_step_ms": statistics.median(timed) if timed else None,
+            "replayed_step_ms": res.replayed_step_ms, "whatif_all_fixed_step_ms": res.whatif_all_fixed_step_ms,
         },
         "stragglers": stragglers,
         "diagnosis": as_rows(diagnoses),
@@ -159,56 +201,104 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
         "steps": step_rows,
         "gaps": [asdict(g) for g in gaps[:MAX_GAPS]],
         "gaps_total": len(gaps),
+        "process_groups": process_groups(a.waits, a.overlap),
+        "collective_stats": collective_stats(a.waits),
         "collectives": {"matched": len(a.instances), "by_name": dict(Counter(i.name for i in a.instances))},
-        "clock": {"aligned": a.aligned, "reference_rank": min(present) if present else None},
+        "clock": {"aligned": a.aligned, "reference_rank": min(present) if present else None,
+                  "reference_host": a.host_clocks[0].host if a.host_clocks else None,
+                  "hosts": [{"host": c.host, "ranks": c.ranks, "offset_ms": _ms(c.offset_us), "spread_ms": _ms(c.spread_us),
+                             "samples": c.samples, "via": c.via} for c in a.host_clocks]},
         "threshold_ms": res.threshold_ms,
+        "bounds_ms": res.bounds_ms,
         "warnings": a.warnings,
     }
+    doc["next_steps"] = next_steps(doc)
     return doc
 
 
-def headline(verdict: str, stragglers: list[dict[str, Any]], missing: list[int], ending: list[str] | None = None) -> str:
+def _phase_words(p: str | None) -> str:
+    if not p:
+        return ""
+    if p.startswith("op:"):
+        return f"spends longer in {p[3:]}"
+    if p.startswith("idle"):
+        return "its device sits idle waiting on its host"
+    return f"in its {p} phase"
+
+
+def headline(verdict: str, stragglers: list[dict[str, Any]], missing: list[int], ending: list[str] | None = None,
+             reason: str | None = None) -> str:
     tail = f" (incomplete: rank(s) {', '.join(map(str, missing))} missing)" if missing else ""
     if ending:
         tail += f" (the run did not finish: {ending[1] if len(ending) > 1 else ending[0]})"
+    if verdict == "inconclusive":
+        return f"inconclusive: {reason}" + tail
     if verdict == "balanced":
         return "balanced: no rank keeps the others waiting beyond the noise" + tail
-    s = stragglers[0]
-    p = s["phase"] or ""
-    if p.startswith("op:"):
-        phase = f": it spends longer in {p[3:]}"
-    elif p.startswith("idle"):
-        phase = ": its device sits idle waiting on its host"
+    parts = []
+    for s in stragglers:
+        words = _phase_words(s["phase"])
+        late = f"late in {s['steps_late']} of {s['steps']} steps" if s["pattern"] == "intermittent" else "late"
+        parts.append(f"rank {s['rank']} on {s['host']} is {late}" + (f" ({words})" if words else "")
+                     + f", {s['late_ms']:.2f} ms per step")
+    return "straggler: " + "; ".join(parts) + tail
+
+
+def _straggler_step(s: dict[str, Any], run: dict[str, Any]) -> str:
+    phase = s["phase"] or ""
+    if phase in ADVICE:
+        text = f"Rank {s['rank']}: {ADVICE[phase]}."
+    elif phase.startswith("idle"):
+        text = (f"Rank {s['rank']}: its device idles before collectives while its host is busy: look at that rank's "
+                "host side (input pipeline, Python overhead, CPU contention, syncs).")
+    elif phase:
+        text = (f"Rank {s['rank']}: it spends longer in `{phase[3:] if phase.startswith('op:') else phase}` than its "
+                "peers: check its inputs (uneven shapes/load) and its hardware.")
     else:
-        phase = f" in its {p} phase" if p else ""
-    others = "; ".join(f"rank {x['rank']}" for x in stragglers[1:])
-    more = f"; also {others}" if others else ""
-    return f"straggler: rank {s['rank']} on {s['host']} is late{phase}{more}" + tail
+        text = f"Rank {s['rank']}: the others wait for it; compare its hardware and inputs with its peers'."
+    if s["pattern"] == "intermittent":
+        text += (f" It is late in {s['steps_late']} of {s['steps']} steps only: look for what those steps do "
+                 "differently (periodic work, uneven batches, a neighbour's load).")
+    if s["whatif_step_ms"] is not None and run.get("replayed_step_ms"):
+        text += (f" Fixed, the step would take ~{s['whatif_step_ms']:.2f} ms instead of ~{run['replayed_step_ms']:.2f} "
+                 f"ms (both replayed; measured {run['median_step_ms']:.2f} ms).")
+    return text
 
 
-def advice(doc: dict[str, Any]) -> list[str]:
-    """What to do next, one sentence each, from the report's stragglers and overlap."""
-    out = []
+def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """What to do next, most important first: 1. why nothing could be analysed, if so;
+    2. each straggler, with its phase's advice and its what-if; all of them together when
+    there are several; 3. each bottleneck class of the other ranks (diagnosed on their own work),
+    with how much of their step is waiting and on whom."""
+    out: list[dict[str, Any]] = []
+    if doc["verdict"] == "inconclusive":
+        out.append({"about": "inconclusive", "ranks": doc["run"]["ranks_present"],
+                    "text": f"No straggler analysis: {doc['verdict_reason']}. Collect every rank's trace over the same "
+                            "steps (a window that holds collectives) to compare the ranks."})
     for s in doc["stragglers"]:
-        phase = s["phase"] or ""
-        if phase in ADVICE:
-            out.append(f"Rank {s['rank']}: {ADVICE[phase]}.")
-        elif phase.startswith("idle"):
-            out.append(f"Rank {s['rank']}: its device idles before collectives while its host is busy: look at that "
-                       "rank's host side (input pipeline, Python overhead, CPU contention, syncs).")
-        elif phase:
-            out.append(f"Rank {s['rank']}: it spends longer in `{phase[3:] if phase.startswith('op:') else phase}` than "
-                       "its peers: check its inputs (uneven shapes/load) and its hardware.")
-        if s["whatif_step_ms"] is not None and s["mean_step_ms"]:
-            out.append(f"Fixing rank {s['rank']} would bring the step from ~{s['mean_step_ms']:.2f} ms to "
-                       f"~{s['whatif_step_ms']:.2f} ms (median rank's speed).")
-    exposed = sum(r["exposed_comm_ms"] for r in doc["ranks"])
-    total = sum(r["compute_ms"] + r["exposed_comm_ms"] + r["idle_ms"] for r in doc["ranks"])
-    if total and exposed / total > 0.2:
-        out.append(f"Communication is exposed for {100 * exposed / total:.0f}% of device time: overlap it with compute "
-                   "(DDP bucket size, FSDP prefetch), shrink what is sent (bf16 gradients), or raise compute per step.")
-    if not out:
-        out.append("No rank holds the others back. Look at per-rank overlap for exposed communication and idle time.")
+        out.append({"about": "straggler", "ranks": [s["rank"]], "text": _straggler_step(s, doc["run"])})
+    fixed = doc["run"].get("whatif_all_fixed_step_ms")
+    if len(doc["stragglers"]) > 1 and fixed is not None and doc["run"].get("replayed_step_ms"):
+        ranks = [s["rank"] for s in doc["stragglers"]]
+        out.append({"about": "straggler", "ranks": ranks,
+                    "text": f"Fixing ranks {', '.join(map(str, ranks))} together would bring the step from "
+                            f"~{doc['run']['replayed_step_ms']:.2f} ms to ~{fixed:.2f} ms (replayed)."})
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for d in doc["diagnosis"]:
+        if d["bottleneck"] != "straggler":
+            by_kind[d["bottleneck"]].append(d)
+    for kind, ds in sorted(by_kind.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        ranks = [d["rank"] for d in ds]
+        many = len(ranks) > 1
+        text = (f"Rank{'s' if many else ''} {', '.join(map(str, ranks))} ({kind}, on {'their' if many else 'its'} own "
+                f"work): {BOTTLENECK_ADVICE[kind]}.")
+        waiting = sorted({r for d in ds for r, _ in d["waits_for"]})
+        if waiting:
+            share = statistics.mean(d["evidence"]["waiting_share"] for d in ds)
+            text += (f" {'They spend' if many else 'It spends'} {share:.0%} of the step waiting on rank(s) "
+                     f"{', '.join(map(str, waiting))}; that part goes away when those are fixed, not by tuning "
+                     "communication.")
+        out.append({"about": kind, "ranks": ranks, "text": text})
     return out
 
 
@@ -225,9 +315,27 @@ def host_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             for h in doc["hosts"]]
 
 
+def straggler_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{**s, "steps_late_text": f"{s['steps_late']} of {s['steps']}"} for s in doc["stragglers"]]
+
+
+def clock_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{**h, "ranks_text": ", ".join(map(str, h["ranks"]))} for h in doc["clock"]["hosts"]]
+
+
+def pg_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{**g, "ranks_text": ", ".join(map(str, g["ranks"]))} for g in doc["process_groups"]]
+
+
 def gap_rows(doc: dict[str, Any], n: int) -> list[dict[str, Any]]:
     """The n longest gaps, with their duration in ms."""
     return [{**g, "dur_ms": g["dur_us"] / 1e3} for g in doc["gaps"][:n]]
+
+
+def no_straggler_text(doc: dict[str, Any]) -> str:
+    if doc["verdict"] == "inconclusive":
+        return f"Not analysed: {doc['verdict_reason']}."
+    return f"None: no rank arrives later than the punctual ones by more than {doc['threshold_ms']:.2f} ms per step."
 
 
 def render_markdown(doc: dict[str, Any]) -> str:
@@ -239,11 +347,16 @@ def render_markdown(doc: dict[str, Any]) -> str:
                      f"{run['world_size']} have no trace; the analysis covers the ranks present.")
     for note in run.get("ending", []):
         lines.append(f"\n**Run ended badly:** {note}.")
+    lines += ["", "## What to do next", ""] + [f"- {n['text']}" for n in doc["next_steps"]]
     lines += ["", "## Stragglers", ""]
     if doc["stragglers"]:
-        lines += text_table.markdown(doc["stragglers"], STRAGGLER_COLUMNS)
+        lines += text_table.markdown(straggler_rows(doc), STRAGGLER_COLUMNS)
+        if run.get("replayed_step_ms") is not None:
+            lines.append(f"\n'Step ms if fixed' replays each step's collectives with that rank as fast as its peers; "
+                         f"the same replay with nothing changed gives {run['replayed_step_ms']:.2f} ms against a "
+                         f"measured {run['median_step_ms']:.2f} ms.")
     else:
-        lines.append(f"None: no rank's blame exceeds {doc['threshold_ms']:.2f} ms per step.")
+        lines.append(no_straggler_text(doc))
     lines += ["", f"## Diagnosis: {doc['diagnosis_summary']}", ""]
     lines += text_table.markdown(doc["diagnosis"], DIAGNOSIS_COLUMNS)
     lines += ["", "## Per rank", ""]
@@ -251,6 +364,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
     if len(doc["hosts"]) > 1:
         lines += ["", "## Per host", ""]
         lines += text_table.markdown(host_rows(doc), HOST_COLUMNS)
+    if doc["process_groups"]:
+        lines += ["", "## Per process group", ""]
+        lines += text_table.markdown(pg_rows(doc), PG_COLUMNS)
+    if doc["collective_stats"]:
+        lines += ["", "## Collectives", "", "Bus bandwidth by NCCL-tests' conventions (all-reduce x 2(n-1)/n, all-gather "
+                  "and reduce-scatter x (n-1)/n), to hold against the link's speed; '-' where the trace gives no sizes.", ""]
+        lines += text_table.markdown(doc["collective_stats"], COLLECTIVE_STAT_COLUMNS)
     lines += ["", "## Biggest gaps", ""]
     if doc["gaps"]:
         lines += text_table.markdown(gap_rows(doc, 10), GAP_COLUMNS)
@@ -259,33 +379,35 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines.append("No gap of exposed communication or idle device time.")
     lines += ["", "## Clock offsets", ""]
     if doc["clock"]["aligned"]:
-        lines.append(f"Estimated from the end times of matched collectives, relative to rank {doc['clock']['reference_rank']} "
-                     "(subtracted from each rank's timestamps).")
-        lines += [""] + text_table.markdown(doc["ranks"], CLOCK_COLUMNS)
+        lines.append(f"One offset per host, estimated from the end times of matched collectives, relative to host "
+                     f"{doc['clock']['reference_host']} (subtracted from each rank's timestamps).")
+        lines += [""] + text_table.markdown(clock_rows(doc), CLOCK_COLUMNS)
     else:
         lines.append("Clocks not aligned (--no-align, or no collective matched across ranks).")
-    lines += ["", "## What to do next", ""] + [f"- {a}" for a in advice(doc)]
     if doc["warnings"]:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in doc["warnings"]]
     return "\n".join(lines) + "\n"
 
 
-COLLECTIVE_COLUMNS = ["instance", "name", "step", "rank", "arrival_us", "wait_us", "transfer_us", "last_rank"]
+COLLECTIVE_COLUMNS = ["instance", "name", "pg", "step", "rank", "arrival_us", "wait_us", "transfer_us", "delay_share_us",
+                      "last_rank"]
 
 
 def collective_rows(a: Analysis) -> list[dict[str, Any]]:
-    """One row per (collective instance, rank): arrival on the aligned clock, wait, transfer."""
+    """One row per (collective instance, rank): arrival on the aligned clock, wait, the
+    instance's transfer, the rank's share of the delay of its start, the last arriver."""
     rows = []
-    for n, (inst, row) in enumerate(zip(a.instances, a.stragglers.instance_rows)):
-        for r, op in sorted(inst.ops.items()):
-            rows.append({"instance": n, "name": inst.name, "step": inst.step, "rank": r,
-                         "arrival_us": round(op.start_us - a.offsets[r].offset_us, 3),
-                         "wait_us": round(row["wait_us"][r], 3), "transfer_us": round(row["transfer_us"], 3),
-                         "last_rank": row["last_rank"]})
+    for w in a.waits:
+        for r in sorted(w.arrival_us):
+            rows.append({"instance": w.index, "name": w.name, "pg": w.instance.pg, "step": w.step, "rank": r,
+                         "arrival_us": round(w.arrival_us[r], 3), "wait_us": round(w.wait_us[r], 3),
+                         "transfer_us": round(w.transfer_us, 3), "delay_share_us": round(w.delay_us[r], 3),
+                         "last_rank": w.last_rank})
     return rows
 
 
-STEP_COLUMNS = ["rank", "step", "step_ms", "wait_ms", "lag_ms", "exposed_comm_ms", "compute_ms", "comm_ms", "idle_ms", "last_arriver"]
+STEP_COLUMNS = ["rank", "step", "step_ms", "wait_ms", "lag_ms", "exposed_comm_ms", "exposed_wait_ms", "exposed_transfer_ms",
+                "compute_ms", "comm_ms", "idle_ms", "last_arriver"]
 
 
 def write_report(doc: dict[str, Any], out: Path, collectives: list[dict[str, Any]] | None = None) -> None:
@@ -304,8 +426,8 @@ def write_report(doc: dict[str, Any], out: Path, collectives: list[dict[str, Any
 
 def console_summary(doc: dict[str, Any]) -> str:
     cols = [("rank", "rank", "{}"), ("host", "host", "{}"), ("mean_step_ms", "step ms", "{:.2f}"),
-            ("exposed_comm_ms", "exposed ms", "{:.2f}"), ("idle_ms", "idle ms", "{:.2f}"),
-            ("wait_ms", "waited ms", "{:.2f}"), ("blame_ms", "blamed ms", "{:.2f}"), ("last_fraction", "last", "{:.0%}"),
+            ("exposed_wait_ms", "exp. waiting ms", "{:.2f}"), ("exposed_transfer_ms", "exp. transfer ms", "{:.2f}"),
+            ("idle_ms", "idle ms", "{:.2f}"), ("wait_ms", "waited ms", "{:.2f}"), ("late_ms", "late ms/step", "{:.2f}"),
             ("clock_offset_ms", "offset ms", "{:.3f}")]
     straggling = {s["rank"] for s in doc["stragglers"]}
     return text_table.render(doc["ranks"], cols, lambda r: "  <- straggler" if r["rank"] in straggling else "")

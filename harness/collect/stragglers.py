@@ -1,146 +1,92 @@
-"""Collective matching across ranks, clock alignment, and straggler attribution. Pure functions."""
+"""Stragglers: which ranks make the others wait, how often, in which phase. Pure functions.
+
+Reads the matched collectives' waits (`waits.py`) on aligned clocks.
+"""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from harness.collect.model import CommOp, RankTrace
+from harness.collect.clocks import ClockOffset
+from harness.collect.model import RankTrace
+from harness.collect.replay import replay_steps
+from harness.collect.waits import InstanceWaits
 
-
-
-@dataclass(kw_only=True)
-class Instance:
-    """One collective instance, matched across the ranks that took part."""
-
-    key: tuple
-    name: str
-    step: int | None
-    ops: dict[int, CommOp]  # rank -> that rank's op
-
-
-def match_collectives(traces: list[RankTrace]) -> tuple[list[Instance], list[str]]:
-    """Match each collective instance across ranks.
-
-    1. key every op by (process group, step, position among that group's ops in that step) when
-       every trace has ProfilerStep markers, else by (process group, position in the trace):
-       per-step keys survive profiler windows that start a few ops apart on different ranks;
-    2. an instance is the ops sharing a key, on at least two ranks;
-    3. instances whose ranks disagree on the collective's name (or element count, where known)
-       are dropped and counted in a warning: the order has diverged there.
-    """
-    per_step = all(t.steps_source == "ProfilerStep" for t in traces)
-    table: dict[tuple, dict[int, CommOp]] = defaultdict(dict)
-    for t in traces:
-        pos: dict[tuple, int] = defaultdict(int)
-        for c in t.comms:
-            if per_step:
-                if c.step is None:
-                    continue
-                base = (c.pg, c.step)
-                key = (*base, pos[base])
-                pos[base] += 1
-            else:
-                key = (c.pg, c.seq)
-            table[key][t.rank] = c
-    instances: list[Instance] = []
-    mismatched = 0
-    for key, ops in table.items():
-        if len(ops) < 2:
-            continue
-        names = {c.name for c in ops.values()}
-        sizes = {c.nelems for c in ops.values() if c.nelems is not None}
-        if len(names) > 1 or len(sizes) > 1:
-            mismatched += 1
-            continue
-        any_op = next(iter(ops.values()))
-        instances.append(Instance(key=key, name=any_op.name, step=key[1] if per_step else any_op.step, ops=ops))
-    instances.sort(key=lambda i: min(c.start_us for c in i.ops.values()))
-    warnings = [f"{mismatched} collective instance(s) differ between ranks (name or size) and were left out"] if mismatched else []
-    return instances, warnings
-
-
-@dataclass(kw_only=True)
-class ClockOffset:
-    rank: int
-    offset_us: float  # subtract from this rank's timestamps to align it with the reference rank
-    spread_us: float  # median absolute deviation of the per-collective estimates
-    samples: int
-
-
-def estimate_offsets(instances: list[Instance], ranks: list[int]) -> dict[int, ClockOffset]:
-    """Per-rank clock offset from the end times of matched blocking collectives.
-
-    A blocking collective ends at nearly the same instant on every participant, so:
-    1. reference = the lowest rank present (rank 0 in a complete run);
-    2. for every instance with rank r and the reference: d = end_r - end_ref;
-    3. offset_r = median(d) (robust to the odd late completion); spread_r = median |d - offset_r|;
-    4. a rank sharing no instance with the reference gets offset 0 and spread 0 with samples 0.
-    """
-    ref = min(ranks)
-    diffs: dict[int, list[float]] = defaultdict(list)
-    for inst in instances:
-        if ref not in inst.ops:
-            continue
-        end_ref = inst.ops[ref].end_us
-        for r, op in inst.ops.items():
-            diffs[r].append(op.end_us - end_ref)
-    out = {}
-    for r in ranks:
-        d = diffs.get(r, [])
-        if r == ref or not d:
-            out[r] = ClockOffset(rank=r, offset_us=0.0, spread_us=0.0, samples=len(d))
-            continue
-        med = statistics.median(d)
-        out[r] = ClockOffset(rank=r, offset_us=med, spread_us=statistics.median(abs(x - med) for x in d), samples=len(d))
-    return out
+# A straggler is "persistent" when it is over the bound in at least this share of the analysed
+# steps (two in three: a majority that survives one noisy step in three), else "intermittent".
+PERSISTENT_SHARE = 2 / 3
+# waits_for looks at most this many candidate causes per rank (the costliest), which keeps the
+# pairwise attribution O(ranks x candidates) per collective on 1000-rank jobs.
+MAX_CAUSES = 16
 
 
 @dataclass(kw_only=True)
 class Thresholds:
-    """When a rank counts as a straggler (all must hold)."""
+    """When a rank counts as a straggler: its lateness per step (how much later than the punctual
+    ranks it arrives at collectives, see `punctual_arrival`) exceeds every bound below. There is
+    no absolute floor unless asked for (--min-lag-ms): short steps (inference, small models) are
+    a few ms."""
 
-    min_lag_ms: float = 1.0  # its per-step blame exceeds this ...
-    rel_lag: float = 0.10  # ... and this fraction of the median step time (GPU traces) ...
+    min_lag_ms: float = 0.0
+    rel_lag: float = 0.10  # share of the median step (GPU traces) ...
     # CPU traces: ranks share host cores, gloo threads and the launcher, so a healthy rank can
     # trail its peers by a quarter of a step (measured on 2 cores over 6 steps: up to 23% on the
     # baseline, 25.5% on the comm workload, where gloo's threads compete with backward).
     rel_lag_cpu: float = 0.35
-    noise_factor: float = 3.0  # ... and this many times the clock-alignment spread ...
-    jitter_factor: float = 3.0  # ... and this many times the MAD of the run's step durations ...
-    mad_factor: float = 3.0  # ... and the median blame + this many MADs (3+ ranks)
-    min_last_fraction: float = 0.5  # and it was the step's last arriver in at least this share
+    noise_factor: float = 3.0  # ... this many times the collectives' end scatter (clock noise) ...
+    jitter_factor: float = 3.0  # ... this many times the run's step-to-step jitter ...
+    # ... and on 3+ ranks: above the lower half of the ranks' costs by this many of its MADs
+    # (the lower half: up to half of the ranks can be stragglers and still stand out).
+    mad_factor: float = 3.0
 
 
 @dataclass(kw_only=True)
 class RankBlame:
     rank: int
     host: str
-    blame_ms: float  # total time the other ranks waited for this rank
+    late_ms: float  # mean per step of its arrivals' lateness after the punctual ranks
+    cost_ms: float  # mean per step of its share of the delay of the collectives' starts
+    blame_ms: float  # total time the other ranks waited because of it (its share)
     wait_ms: float  # total time this rank waited for others
-    last_fraction: float  # share of steps in which this rank was the last to arrive
-    steps: int
+    late_fraction: float  # share of its collectives at which it was late beyond the noise
+    steps_late: int  # steps whose cost exceeded the bound
+    steps: int  # steps with matched collectives
+    last_fraction: float  # share of steps in which it cost the most
     mean_step_ms: float | None  # mean ProfilerStep (or fallback step) duration
+    waits_for: list[list] = field(default_factory=list)  # [[rank, ms per step]], most first
+    pattern: str | None = None  # "persistent" or "intermittent" (stragglers only)
     phase: str | None = None
     phase_excess_ms: float | None = None
     whatif_step_ms: float | None = None
     straggler: bool = False
 
+    @property
+    def wait_per_step_ms(self) -> float:
+        return self.wait_ms / self.steps if self.steps else 0.0
+
 
 @dataclass(kw_only=True)
 class StragglerResult:
-    verdict: str  # "straggler" or "balanced"
+    verdict: str  # "straggler", "balanced" or "inconclusive"
     ranks: list[RankBlame]
-    per_step: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> wait_us
-    step_blame: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> last rank -> others' wait_us
-    step_last: dict[int, int] = field(default_factory=dict)  # step -> rank others waited for most
+    reason: str | None = None  # why inconclusive
+    per_step: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> own wait_us
+    step_blame: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> others' wait on it, us
+    step_cost: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> delay share, us
+    step_late: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> lateness, us
+    step_last: dict[int, int] = field(default_factory=dict)  # step -> rank that cost the most
     threshold_ms: float = 0.0
-    instance_rows: list[dict] = field(default_factory=list)
+    bounds_ms: dict[str, float] = field(default_factory=dict)  # each bound that made the threshold
+    waits: list[InstanceWaits] = field(default_factory=list)
+    replayed_step_ms: float | None = None  # the replay with nothing changed (the model's fidelity)
+    whatif_all_fixed_step_ms: float | None = None
 
     @property
     def stragglers(self) -> list[RankBlame]:
-        return sorted((r for r in self.ranks if r.straggler), key=lambda r: -r.blame_ms)
+        return sorted((r for r in self.ranks if r.straggler), key=lambda r: (-r.late_ms, r.rank))
 
 
 def _mad(xs: list[float]) -> float:
@@ -148,92 +94,152 @@ def _mad(xs: list[float]) -> float:
     return statistics.median(abs(x - med) for x in xs)
 
 
-def analyze_stragglers(traces: list[RankTrace], instances: list[Instance], offsets: dict[int, ClockOffset],
-                       th: Thresholds | None = None) -> StragglerResult:
-    """Who everybody waits for, on aligned clocks.
+def punctual_arrival(arrival_us: dict[int, float]) -> float:
+    """When the punctual ranks arrived at one collective: the lower-quartile arrival (the
+    earliest of 2-4 ranks, the 2nd of 5-8, ...). Up to three quarters of the ranks can be late
+    and still be measured against the punctual ones, and one early outlier does not set the
+    mark on a large job."""
+    order = sorted(arrival_us.values())
+    return order[(len(order) - 1) // 4]
 
-    Per collective instance (ranks aligned by `offsets`):
-    1. arrival_r = the op's start on rank r; last = max arrival; wait_r = last - arrival_r;
-       transfer = the minimum duration across ranks (the rest of each duration is waiting);
-    2. the last arriver is blamed for sum over r of wait_r.
-    Per step: wait and blame summed over its instances; the step's last arriver is the rank with
-    the most blame in it. Per rank: blame_ms, wait_ms, last_fraction = share of steps it was last.
-    Straggler: per-step blame above every bound in `Thresholds` (absolute; relative to the median
-    step, a larger share on CPU-only traces; the clock-alignment spread; the run's own step-time
-    jitter, i.e. the median absolute deviation of all ranks' step durations, which on ranks
-    sharing CPU cores is several ms; on 3+ ranks the median + k MAD of the ranks' blames) and
-    last in enough steps.
-    Phase: after a collective every rank is in step, so at each instance the straggler arrived
-    last at, each rank's run-up is the stretch from the end of its previous collective to its
-    arrival (own clock; the waiting comes after arrival and is excluded). Per harness phase, the
-    straggler's time inside its run-up minus the median of the other ranks' is its excess;
-    summed over those instances and divided by the steps, the largest names the phase. Without
-    harness ranges the same run-up comparison is made over device compute by kernel (or, on
-    CPU, aten op) name, prefixed "op:", and over device idle time, named "idle (waiting on the
-    host)": a rank whose device sat idle longer before arriving was held up on the host.
-    What-if: the median rank's mean step time minus the mean wait per step it spent on this rank
-    (blame per step / (ranks - 1)).
+
+def inconclusive_reason(traces: list[RankTrace], waits: list[InstanceWaits]) -> str | None:
+    """Why no straggler analysis can be trusted, or None: one rank only; no step to analyse;
+    no collective matched across ranks (or none inside the analysed steps)."""
+    if len(traces) < 2:
+        return "one rank only: there is no peer to compare it with"
+    if not any(t.steps for t in traces):
+        return "no step to analyse"
+    if not waits:
+        return "no collective matched across ranks: nothing says who waited for whom"
+    if not any(w.step is not None for w in waits) and any(t.steps_source == "ProfilerStep" for t in traces):
+        return "no matched collective lies inside the analysed steps"
+    return None
+
+
+def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offsets: dict[int, ClockOffset],
+                       th: Thresholds | None = None) -> StragglerResult:
+    """Who everybody waits for, on aligned clocks (`traces` already shifted by `offsets`).
+
+    1. per collective (waits.py): each rank's wait, and its share of the delay of the start
+       (`delay`) and of the others' waiting (`blame`);
+    2. per collective and rank: lateness = its arrival - the punctual ranks' (`punctual_arrival`),
+       at least 0;
+    3. per step and rank: late = the sum of its lateness; cost = the sum of its delay shares
+       (how much later the collectives started because of it: what fixing it alone buys is less
+       when another rank is as late), wait and blame summed likewise; the step's costliest rank;
+    4. per rank: late_ms and cost_ms = means over the steps with matched collectives (an
+       instance without a step counts as one more step of its own);
+    5. bound = max(--min-lag-ms, rel_lag x the median rank's mean step (rel_lag_cpu on CPU-only
+       traces), noise_factor x the median end scatter of matched collectives (the clock's noise),
+       jitter_factor x the run's jitter: the median over ranks of the median absolute deviation
+       of each rank's step durations (step to step on one rank: the ranks' differences are what
+       waiting makes, not noise));
+       on 3+ ranks each rank's late_ms must also exceed the median of the lower half of the
+       ranks' late_ms + mad_factor x that half's median absolute deviation (an outlier, with up
+       to half of the ranks straggling);
+    6. a straggler's late_ms exceeds the bound; any number of ranks can be stragglers;
+    7. late_fraction = share of its collectives where its lateness exceeds noise_factor x the
+       clock noise (any lateness on exact clocks); steps_late = steps whose lateness exceeds
+       the bound; pattern = persistent when steps_late >= 2/3 of the steps, else intermittent;
+    8. waits_for (every rank): the stragglers whose share of its waiting (waits.InstanceWaits
+       .waited_on_us), per step, exceeds the noise (the bound of 5 without its relative and
+       outlier parts), most first: the ranks it waited on beyond the noise;
+    9. the phase (`_slow_phase`) and the what-if (`replay.py`) of each straggler.
+    Verdict: inconclusive (with a reason) when nothing can be analysed, else straggler or
+    balanced.
     """
     th = th or Thresholds()
     by_rank = {t.rank: t for t in traces}
     ranks = sorted(by_rank)
-    blame = defaultdict(float)
-    wait = defaultdict(float)
-    caused: dict[int, list[Instance]] = defaultdict(list)  # rank -> instances it arrived last at
+    reason = inconclusive_reason(traces, waits)
     per_step: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     step_blame: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    rows = []
-    for inst in instances:
-        arrival = {r: op.start_us - offsets[r].offset_us for r, op in inst.ops.items()}
-        last_rank = max(arrival, key=arrival.get)
-        last = arrival[last_rank]
-        transfer = min(op.dur_us for op in inst.ops.values())
-        waits = {r: last - a for r, a in arrival.items()}
-        total_wait = sum(waits.values())
-        for r, w in waits.items():
-            wait[r] += w
-            if inst.step is not None:
-                per_step[inst.step][r] += w
-        blame[last_rank] += total_wait
-        if total_wait > 0:
-            caused[last_rank].append(inst)
-        if inst.step is not None:
-            step_blame[inst.step][last_rank] += total_wait
-        rows.append({"key": list(inst.key), "name": inst.name, "step": inst.step, "last_rank": last_rank,
-                     "wait_us": waits, "transfer_us": transfer})
-    step_last = {s: max(b, key=b.get) for s, b in step_blame.items() if b and max(b.values()) > 0}
-    n_steps = max(len(step_blame), 1)
+    step_cost: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    step_late: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    lateness: list[dict[int, float]] = []
+    wait_total: dict[int, float] = defaultdict(float)
+    blame_total: dict[int, float] = defaultdict(float)
+    taken_part: dict[int, int] = defaultdict(int)
+    orphan = -1  # instances outside any step count as steps of their own, numbered below 0
+    for w in waits:
+        step = w.step
+        if step is None:
+            step, orphan = orphan, orphan - 1
+        mark = punctual_arrival(w.arrival_us)
+        lateness.append({r: max(a - mark, 0.0) for r, a in w.arrival_us.items()})
+        for r in w.arrival_us:
+            step_late[step][r] += lateness[-1][r]
+            per_step[step][r] += w.wait_us[r]
+            step_blame[step][r] += w.blame_us[r]
+            step_cost[step][r] += w.delay_us[r]
+            wait_total[r] += w.wait_us[r]
+            blame_total[r] += w.blame_us[r]
+            taken_part[r] += 1
+    n_steps = len(step_cost)
+    step_last = {s: max(sorted(c), key=c.get) for s, c in step_cost.items() if c and max(c.values()) > 0}
     mean_step_ms = {r: statistics.mean([s.dur_us for s in by_rank[r].steps]) / 1e3 if by_rank[r].steps else None
                     for r in ranks}
     timed = [m for m in mean_step_ms.values() if m is not None]
     median_step_ms = statistics.median(timed) if timed else 0.0
-    # Noise: how far matched collectives' ends scatter once aligned (the reference rank's own
-    # spread is 0 by construction and is left out).
     spreads = [o.spread_us for o in offsets.values() if o.samples and o.rank != min(ranks)]
-    noise_ms = statistics.median(spreads) / 1e3 if spreads else 0.0
-    per_step_blame = {r: blame[r] / 1e3 / n_steps for r in ranks}
-    durations_ms = [s.dur_us / 1e3 for t in traces for s in t.steps]
-    jitter_ms = _mad(durations_ms) if durations_ms else 0.0
+    noise_us = statistics.median(spreads) if spreads else 0.0
+    jitter = [_mad([s.dur_us / 1e3 for s in t.steps]) for t in traces if len(t.steps) > 1]
+    jitter_ms = statistics.median(jitter) if jitter else 0.0
     rel_lag = th.rel_lag_cpu if all(t.device == "cpu" for t in traces) else th.rel_lag
-    threshold = max(th.min_lag_ms, rel_lag * median_step_ms, th.noise_factor * noise_ms, th.jitter_factor * jitter_ms)
+    bounds = {"min_lag": th.min_lag_ms, "clock_noise": th.noise_factor * noise_us / 1e3,
+              "jitter": th.jitter_factor * jitter_ms}
+    noise_ms = max(bounds.values())
+    bounds["relative"] = rel_lag * median_step_ms
+    cost_ms = {r: sum(c.get(r, 0.0) for c in step_cost.values()) / 1e3 / n_steps if n_steps else 0.0 for r in ranks}
+    late_ms = {r: sum(c.get(r, 0.0) for c in step_late.values()) / 1e3 / n_steps if n_steps else 0.0 for r in ranks}
     if len(ranks) >= 3:
-        values = list(per_step_blame.values())
-        threshold = max(threshold, statistics.median(values) + th.mad_factor * _mad(values))
+        values = sorted(late_ms.values())
+        lower = values[:max(len(values) // 2, 1)]
+        bounds["outlier"] = statistics.median(lower) + th.mad_factor * _mad(lower)
+    threshold = max(bounds.values())
+    late_floor_us = th.noise_factor * noise_us
+    late_at: dict[int, int] = defaultdict(int)
+    for per_rank in lateness:
+        for r, d in per_rank.items():
+            if d > late_floor_us:
+                late_at[r] += 1
+    flagged = [r for r in ranks if reason is None and late_ms[r] > threshold]
+    causes = sorted(flagged, key=lambda r: -cost_ms[r])[:MAX_CAUSES]
+    owed: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for w in waits:
+        for j in causes:
+            if j in w.delay_us:
+                for i in w.arrival_us:
+                    if i != j:
+                        owed[i][j] += w.waited_on_us(i, j)
     result = []
     for r in ranks:
-        last_fraction = sum(1 for s in step_last.values() if s == r) / n_steps if step_last else 0.0
-        is_straggler = per_step_blame[r] > threshold and last_fraction >= th.min_last_fraction and len(ranks) > 1
-        rb = RankBlame(rank=r, host=by_rank[r].host, blame_ms=blame[r] / 1e3, wait_ms=wait[r] / 1e3,
-                       last_fraction=last_fraction, steps=len(by_rank[r].steps), mean_step_ms=mean_step_ms[r],
-                       straggler=is_straggler)
+        steps_late = sum(1 for c in step_late.values() if c.get(r, 0.0) / 1e3 > threshold)
+        is_straggler = r in flagged
+        waits_for = sorted(([j, round(v / 1e3 / n_steps, 4)] for j, v in owed[r].items()
+                            if n_steps and v / 1e3 / n_steps > noise_ms), key=lambda x: (-x[1], x[0]))
+        rb = RankBlame(rank=r, host=by_rank[r].host, late_ms=late_ms[r], cost_ms=cost_ms[r], blame_ms=blame_total[r] / 1e3,
+                       wait_ms=wait_total[r] / 1e3, late_fraction=late_at[r] / taken_part[r] if taken_part[r] else 0.0,
+                       steps_late=steps_late, steps=n_steps,
+                       last_fraction=sum(1 for s in step_last.values() if s == r) / n_steps if n_steps else 0.0,
+                       mean_step_ms=mean_step_ms[r], waits_for=[] if reason else waits_for, straggler=is_straggler)
         if is_straggler:
-            rb.phase, rb.phase_excess_ms = _slow_phase(r, caused[r], by_rank, n_steps)
-            rb.whatif_step_ms = max(median_step_ms - per_step_blame[r] / (len(ranks) - 1), 0.0)
+            rb.pattern = "persistent" if steps_late >= math.ceil(PERSISTENT_SHARE * n_steps) else "intermittent"
+            caused = [w for w, late in zip(waits, lateness) if late.get(r, 0.0) > late_floor_us]
+            rb.phase, rb.phase_excess_ms = _slow_phase(r, caused, by_rank, n_steps)
         result.append(rb)
-    verdict = "straggler" if any(r.straggler for r in result) else "balanced"
-    return StragglerResult(verdict=verdict, ranks=result, per_step={s: dict(v) for s, v in per_step.items()},
-                           step_blame={s: dict(v) for s, v in step_blame.items()},
-                           step_last=step_last, threshold_ms=threshold, instance_rows=rows)
+    replayed = replay_steps(traces, waits, set())
+    for rb in result:
+        if rb.straggler:
+            rb.whatif_step_ms = replay_steps(traces, waits, {rb.rank})
+    verdict = "inconclusive" if reason else ("straggler" if flagged else "balanced")
+    return StragglerResult(
+        verdict=verdict, reason=reason, ranks=result, per_step={s: dict(v) for s, v in per_step.items()},
+        step_blame={s: dict(v) for s, v in step_blame.items()}, step_cost={s: dict(v) for s, v in step_cost.items()},
+        step_late={s: dict(v) for s, v in step_late.items()},
+        step_last=step_last, threshold_ms=threshold, bounds_ms=bounds, waits=waits, replayed_step_ms=replayed,
+        whatif_all_fixed_step_ms=replay_steps(traces, waits, set(flagged)) if flagged else None)
 
 
 def _overlap_by_name(spans: list[tuple[str, float, float]], lo: float, hi: float) -> dict[str, float]:
@@ -244,25 +250,38 @@ def _overlap_by_name(spans: list[tuple[str, float, float]], lo: float, hi: float
     return out
 
 
-def _slow_phase(slow: int, caused: list[Instance], by_rank: dict[int, RankTrace], n_steps: int) -> tuple[str | None, float | None]:
-    """The phase with the largest run-up excess (see analyze_stragglers)."""
+def _slow_phase(slow: int, caused: list[InstanceWaits], by_rank: dict[int, RankTrace],
+                n_steps: int) -> tuple[str | None, float | None]:
+    """The phase a straggler is slow in, from its run-up to the collectives it was late for.
+
+    After a collective every rank is in step, so at each such instance each rank's run-up is
+    the stretch from the end of its previous collective to its arrival (own clock; the waiting
+    comes after arrival and is excluded):
+    1. per harness phase, the straggler's time inside its run-up minus the median of the other
+       ranks' is its excess;
+    2. without harness ranges, the same comparison over device compute by kernel (or, on CPU,
+       aten op) name, prefixed "op:", and over device idle time, named "idle (waiting on the
+       host)": a rank whose device sat idle longer before arriving was held up on its host;
+    3. the excesses summed over those instances and divided by the steps; the largest positive
+       one names the phase."""
     use_phases = any(st.phase_spans for st in by_rank[slow].steps)
     spans = {r: [sp for st in t.steps for sp in st.phase_spans] for r, t in by_rank.items()} if use_phases else {}
     excess: dict[str, float] = defaultdict(float)
-    for inst in caused:
+    for w in caused:
+        ops = w.instance.ops
         times = {}
-        for r, op in inst.ops.items():
+        for r, op in ops.items():
             if use_phases:
                 lo = op.start_us if op.run_up_start_us is None else op.run_up_start_us
                 times[r] = _overlap_by_name(spans[r], lo, op.start_us)
             else:
                 times[r] = op.run_up_us
-        peers = [r for r in inst.ops if r != slow]
+        peers = [r for r in ops if r != slow]
         for name in set().union(*times.values()):
             excess[name] += times[slow].get(name, 0.0) - statistics.median([times[r].get(name, 0.0) for r in peers])
     if not excess:
         return None, None
-    name = max(excess, key=excess.get)
+    name = max(sorted(excess), key=excess.get)
     if excess[name] <= 0:
         return None, None
-    return name, excess[name] / n_steps / 1e3
+    return name, excess[name] / max(n_steps, 1) / 1e3

@@ -18,6 +18,8 @@ STEP_TAGS = {
     "wait_ms": "collector/wait_for_others_ms",
     "lag_ms": "collector/straggler_lag_ms",
     "exposed_comm_ms": "collector/exposed_comm_ms",
+    "exposed_wait_ms": "collector/exposed_wait_ms",
+    "exposed_transfer_ms": "collector/exposed_transfer_ms",
     "idle_ms": "collector/idle_ms",
 }
 # report.json `ranks` key -> tag, written once at step 0: the rank totals over the analysed steps
@@ -26,6 +28,9 @@ RANK_TAGS = {
     "wait_ms": "collector_total/wait_for_others_ms",
     "blame_ms": "collector_total/straggler_lag_ms",
     "exposed_comm_ms": "collector_total/exposed_comm_ms",
+    "exposed_wait_ms": "collector_total/exposed_wait_ms",
+    "exposed_transfer_ms": "collector_total/exposed_transfer_ms",
+    "cost_ms": "collector_total/straggler_cost_ms_per_step",
     "overlapped_comm_ms": "collector_total/overlapped_comm_ms",
 }
 

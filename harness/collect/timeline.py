@@ -42,8 +42,8 @@ def _kept_steps(a: Analysis) -> tuple[set[int], int]:
 def build_timeline(a: Analysis) -> dict[str, Any]:
     """1. keep the earliest steps that fit MAX_ITEMS; 2. origin = the earliest kept step start
     over all ranks (aligned clocks); 3. per rank, its steps and harness phase spans from the
-    aligned traces; 4. per matched collective instance and rank: its interval on the aligned
-    clock, wait = last arrival - own arrival, and the last arriver; 5. the rank's comms that
+    aligned traces; 4. per matched collective instance and rank (waits.py): its interval on the
+    aligned clock, wait = last arrival - own arrival, and the last arriver; 5. the rank's comms that
     matched no other rank, with no wait."""
     kept, total = _kept_steps(a)
     starts = [s.start_us for t in a.traces for s in t.steps if s.number in kept]
@@ -54,16 +54,13 @@ def build_timeline(a: Analysis) -> dict[str, Any]:
 
     matched: dict[int, list[list[Any]]] = {t.rank: [] for t in a.traces}
     seen: set[tuple[int, str, int]] = set()
-    for inst in a.instances:
-        if inst.step is not None and inst.step not in kept:
+    for w in a.waits:
+        if w.step is not None and w.step not in kept:
             continue
-        arrival = {r: op.start_us - a.offsets[r].offset_us for r, op in inst.ops.items()}
-        last_rank = max(arrival, key=arrival.get)
-        for r, op in inst.ops.items():
-            off = a.offsets[r].offset_us
+        for r, op in w.instance.ops.items():
             seen.add((r, op.pg, op.seq))
-            matched[r].append([inst.name, inst.step, ms(op.start_us - off), ms(op.end_us - off),
-                               round((arrival[last_rank] - arrival[r]) / 1e3, 4), last_rank])
+            matched[r].append([w.name, w.step, ms(w.arrival_us[r]), ms(w.end_us[r]), round(w.wait_us[r] / 1e3, 4),
+                               w.last_rank])
     lanes = []
     for t in sorted(a.traces, key=lambda t: t.rank):
         steps = [s for s in t.steps if s.number in kept]

@@ -19,8 +19,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from harness.collect.report import (CLOCK_COLUMNS, DIAGNOSIS_COLUMNS, GAP_COLUMNS, HOST_COLUMNS, RANK_COLUMNS, STRAGGLER_COLUMNS, Column,
-                                    advice, cell, gap_rows, host_rows, scope_line)
+from harness.collect.report import (CLOCK_COLUMNS, COLLECTIVE_STAT_COLUMNS, DIAGNOSIS_COLUMNS, GAP_COLUMNS, HOST_COLUMNS,
+                                    PG_COLUMNS, RANK_COLUMNS, STRAGGLER_COLUMNS, Column, cell, clock_rows, gap_rows,
+                                    host_rows, no_straggler_text, pg_rows, scope_line, straggler_rows)
 
 GAPS_SHOWN = 20
 # The view's own assets (index.js is the TensorBoard tab's entry module).
@@ -77,21 +78,29 @@ def _body(doc: dict[str, Any], title: str) -> str:
     parts = [f"<h1>{html.escape(title)}</h1>",
              f'<p id="verdict" class="verdict {html.escape(doc["verdict"])}">{html.escape(doc["headline"])}</p>',
              f'<p class="scope">{html.escape(scope_line(doc))}</p>']
+    parts.append(_section("What to do next", "<ul>" + "".join(
+        f'<li data-about="{html.escape(n["about"])}">{html.escape(n["text"])}</li>' for n in doc.get("next_steps", []))
+        + "</ul>", "sec-advice"))
     if doc["stragglers"]:
-        stragglers = html_table(doc["stragglers"], STRAGGLER_COLUMNS, "stragglers")
+        stragglers = html_table(straggler_rows(doc), STRAGGLER_COLUMNS, "stragglers")
     else:
-        stragglers = (f'<p id="stragglers">None: no rank\'s blame exceeds {doc["threshold_ms"]:.2f} ms per step.</p>')
+        stragglers = f'<p id="stragglers">{html.escape(no_straggler_text(doc))}</p>'
     parts.append(_section("Stragglers", stragglers, "sec-stragglers"))
     if doc.get("diagnosis"):
         parts.append(_section(f"Diagnosis: {doc.get('diagnosis_summary', '')}",
                               html_table(doc["diagnosis"], DIAGNOSIS_COLUMNS, "diagnosis"), "sec-diagnosis"))
-    parts.append(_section("What to do next", "<ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in advice(doc)) + "</ul>",
-                          "sec-advice"))
     parts.append(_section("Per rank", html_table(doc["ranks"], RANK_COLUMNS, "ranks",
                                                  lambda r: "straggler" if r["rank"] in straggling else None)
                           + '<div id="bars" class="chart"></div>', "sec-ranks"))
     if len(doc["hosts"]) > 1:
         parts.append(_section("Per host", html_table(host_rows(doc), HOST_COLUMNS, "hosts"), "sec-hosts"))
+    if doc.get("process_groups"):
+        parts.append(_section("Per process group", html_table(pg_rows(doc), PG_COLUMNS, "process-groups"), "sec-pgs"))
+    if doc.get("collective_stats"):
+        parts.append(_section("Collectives", '<p class="note">Bus bandwidth by NCCL-tests\' conventions, to hold against '
+                                             'the link\'s speed; - where the trace gives no sizes.</p>'
+                              + html_table(doc["collective_stats"], COLLECTIVE_STAT_COLUMNS, "collective-stats"),
+                              "sec-collectives"))
     parts.append(_section("Rank × step", '<div id="heatmap-step" class="chart"></div>'
                                          '<div id="heatmap-wait" class="chart"></div>', "sec-heatmap"))
     timeline_note = ('<p class="note">One lane per rank on aligned clocks: each step\'s phases above, its collectives '
@@ -106,8 +115,9 @@ def _body(doc: dict[str, Any], title: str) -> str:
         gaps = '<p id="gaps">No gap of exposed communication or idle device time.</p>'
     parts.append(_section("Biggest overlap gaps", gaps, "sec-gaps"))
     if doc["clock"]["aligned"]:
-        clock = (f'<p class="note">Estimated from the end times of matched collectives, relative to rank '
-                 f'{doc["clock"]["reference_rank"]}.</p>' + html_table(doc["ranks"], CLOCK_COLUMNS, "clock"))
+        clock = (f'<p class="note">One offset per host, estimated from the end times of matched collectives, '
+                 f'relative to host {html.escape(str(doc["clock"].get("reference_host")))}.</p>'
+                 + html_table(clock_rows(doc), CLOCK_COLUMNS, "clock"))
     else:
         clock = '<p id="clock">Clocks not aligned (--no-align, or no collective matched across ranks).</p>'
     parts.append(_section("Clock offsets", clock, "sec-clock"))

@@ -51,7 +51,11 @@
     var data = [
       part("compute only", "#1f77b4", function (r) { return Math.max(r.compute_ms - r.overlapped_comm_ms, 0); }),
       part("overlapped communication", "#2ca02c", function (r) { return r.overlapped_comm_ms; }),
-      part("exposed communication", "#d62728", function (r) { return r.exposed_comm_ms; }),
+      part("exposed transfer", "#d62728", function (r) {
+        // reports written before the split have exposed_comm_ms only
+        return r.exposed_transfer_ms === undefined ? r.exposed_comm_ms : r.exposed_transfer_ms;
+      }),
+      part("exposed waiting for peers", "#ff9896", function (r) { return r.exposed_wait_ms || 0; }),
       part("idle", "#c7c7c7", function (r) { return r.idle_ms; })
     ];
     var layout = {

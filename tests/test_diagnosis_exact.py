@@ -1,0 +1,161 @@
+"""Waiting vs transfer, every straggler, victims, what-if, verdicts and clocks on hand-built
+traces whose answers are known exactly (issue: diagnosis you can act on)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.collect.collective_stats import bus_factor, collective_stats, message_bytes
+from harness.collect.report import build_report
+from harness.collect.waits import attribute
+
+from conftest import REPO
+from tracebuild import ring_docs, run_analysis, write
+
+
+def test_shares_of_one_collective() -> None:
+    # ranks 0, 1 at 0; rank 2 at 400; rank 3 at 402: the 400 us gap is shared by 2 and 3, the
+    # last 2 us belong to rank 3 alone
+    delay, blame = attribute({0: 0.0, 1: 0.0, 2: 400.0, 3: 402.0})
+    assert delay == {0: 0.0, 1: 0.0, 2: 200.0, 3: 202.0}
+    # waits: 402 + 402 + 2 + 0 = 806 = 400 (2 waiters x 400 / 2) + 406 (400 + 3 waiters x 2)
+    assert blame == {0: 0.0, 1: 0.0, 2: 400.0, 3: 406.0}
+    assert attribute({5: 10.0}) == ({5: 0.0}, {5: 0.0})
+
+
+def late_ranks(late: dict[int, float], on_time: float = 300.0):
+    return lambda r, s: late.get(r, on_time)
+
+
+def test_two_stragglers_on_eight_ranks(tmp_path: Path) -> None:
+    # ranks 1 and 3 arrive at 700 us, the other six at 300 us, in each of three 1 ms steps
+    a = run_analysis(tmp_path, ring_docs(late_ranks({1: 700.0, 3: 700.0}), 8, 3))
+    res = a.stragglers
+    assert res.verdict == "straggler"
+    # each arrives 0.4 ms after the punctual ranks, and half of the 0.4 ms delay is owed to each
+    assert [(s.rank, s.late_ms, s.cost_ms, s.pattern, s.steps_late, s.late_fraction) for s in res.stragglers] == [
+        (1, pytest.approx(0.4), pytest.approx(0.2), "persistent", 3, 1.0),
+        (3, pytest.approx(0.4), pytest.approx(0.2), "persistent", 3, 1.0)]
+    by = {r.rank: r for r in res.ranks}
+    # each victim waits 400 us a step, half of it on each straggler
+    for victim in (0, 2, 4, 5, 6, 7):
+        assert by[victim].waits_for == [[1, 0.2], [3, 0.2]]
+        assert by[victim].wait_ms == pytest.approx(1.2)
+    # what-if by replay: run-up to the all-reduce, 100 us transfer, 200 us tail; either
+    # straggler alone changes nothing (the other is still late), both: 300 + 100 + 200
+    assert res.replayed_step_ms == pytest.approx(1.0)
+    assert [s.whatif_step_ms for s in res.stragglers] == [pytest.approx(1.0), pytest.approx(1.0)]
+    assert res.whatif_all_fixed_step_ms == pytest.approx(0.6)
+    doc = build_report(a, ["x"])
+    assert [s["rank"] for s in doc["stragglers"]] == [1, 3]
+    assert "rank 1" in doc["headline"] and "rank 3" in doc["headline"]
+    assert doc["run"]["whatif_all_fixed_step_ms"] == pytest.approx(0.6)
+    d0 = doc["diagnosis"][0]
+    assert d0["bottleneck"] == "healthy" and d0["waits_for"] == [[1, 0.2], [3, 0.2]]
+    assert "waiting on rank 1 (0.20 ms), rank 3 (0.20 ms)" in d0["reason"]
+    assert [n["about"] for n in doc["next_steps"]][:3] == ["straggler", "straggler", "straggler"]
+    assert doc["next_steps"][2]["ranks"] == [1, 3] and "~0.60 ms" in doc["next_steps"][2]["text"]
+
+
+def test_intermittent_straggler(tmp_path: Path) -> None:
+    # rank 1 arrives 600 us late in step 2 only
+    a = run_analysis(tmp_path, ring_docs(lambda r, s: 900.0 if (r, s) == (1, 2) else 300.0, 2, 3))
+    [s] = a.stragglers.stragglers
+    assert (s.rank, s.pattern, s.steps_late, s.steps, s.cost_ms) == (1, "intermittent", 1, 3, pytest.approx(0.2))
+    assert s.late_fraction == pytest.approx(1 / 3)
+    doc = build_report(a, ["x"])
+    assert "late in 1 of 3 steps" in doc["headline"]
+    assert "late in 1 of 3 steps only" in doc["next_steps"][0]["text"]
+
+
+def test_short_steps_lag_is_not_hidden_by_a_floor(tmp_path: Path) -> None:
+    # 1 ms steps, rank 0 arrives 0.3 ms after rank 1 at every all-reduce, clocks exact
+    a = run_analysis(tmp_path, ring_docs(lambda r, s: 600.0 if r == 0 else 300.0, 2, 4))
+    assert all(o.offset_us == 0 for o in a.offsets.values())
+    [s] = a.stragglers.stragglers
+    assert (s.rank, s.cost_ms, s.pattern) == (0, pytest.approx(0.3), "persistent")
+    assert a.stragglers.threshold_ms == pytest.approx(0.1)
+
+
+def test_victim_waiting_is_not_exposed_transfer(tmp_path: Path) -> None:
+    # rank 0 arrives at 100 us, rank 1 at 1000 us of a 1.2 ms step; 100 us transfer: rank 0's
+    # exposed communication is 900 us waiting + 100 us transfer; its device window (first kernel
+    # to last end) is 1.1 ms, 0.2 ms of it its own: exposed transfer is half of that
+    a = run_analysis(tmp_path, ring_docs(lambda r, s: 100.0 if r == 0 else 1000.0, 2, 2, period_us=1200.0))
+    doc = build_report(a, ["x"])
+    r0 = doc["ranks"][0]
+    assert (r0["exposed_comm_ms"], r0["exposed_wait_ms"], r0["exposed_transfer_ms"]) == (2.0, 1.8, 0.2)
+    assert r0["exposed_wait_ms"] + r0["exposed_transfer_ms"] == pytest.approx(r0["exposed_comm_ms"], abs=0.01)
+    step_row = doc["steps"][0]
+    assert (step_row["exposed_wait_ms"], step_row["exposed_transfer_ms"]) == (0.9, 0.1)
+    assert {g["kind"] for g in doc["gaps"] if g["rank"] == 0} == {"exposed_wait", "exposed_transfer"}
+    d0 = doc["diagnosis"][0]
+    assert d0["bottleneck"] != "comm-exposed" and d0["waits_for"] == [[1, 0.9]]
+    assert d0["evidence"]["waiting_share"] == 0.75 and d0["evidence"]["exposed_transfer_share"] == 0.5
+    assert "75% of its step is waiting on rank 1" in d0["reason"] and "rank(s) 1" in d0["advice"]
+    assert doc["process_groups"] == [{"pg": "0", "ranks": [0, 1], "collectives": 2, "comm_ms": 2.2,
+                                      "exposed_wait_ms": 1.8, "exposed_transfer_ms": 0.4, "wait_ms": 1.8,
+                                      "transfer_ms": 0.2}]
+
+
+def test_no_matched_collective_is_inconclusive(tmp_path: Path) -> None:
+    # the ranks disagree on the all-reduce's size: nothing matches
+    a = run_analysis(tmp_path, ring_docs(late_ranks({1: 700.0}), 2, 2, nelems=[1000, 2000]))
+    doc = build_report(a, ["x"])
+    assert doc["verdict"] == "inconclusive" and doc["stragglers"] == []
+    assert doc["verdict_reason"].startswith("no collective matched")
+    assert doc["headline"].startswith("inconclusive: no collective matched")
+    assert all(d["waits_for"] == [] for d in doc["diagnosis"])
+    assert doc["next_steps"][0]["about"] == "inconclusive"
+
+
+def test_one_rank_is_inconclusive(tmp_path: Path) -> None:
+    a = run_analysis(tmp_path, ring_docs(late_ranks({}), 2, 2)[:1])
+    assert (a.stragglers.verdict, a.stragglers.reason) == ("inconclusive", "one rank only: there is no peer to compare it with")
+
+
+def test_ranks_on_one_host_share_its_clock(tmp_path: Path) -> None:
+    # hosts h0 (ranks 0, 1) and h1 (ranks 2, 3, clock 5 ms ahead); ranks 1 and 3 complete each
+    # collective 30 us after their host peer: per rank that would read as a 30 us clock offset
+    docs = ring_docs(late_ranks({}), 4, 3, hosts=["h0", "h0", "h1", "h1"], clock_us=[0, 0, 5000, 5000],
+                     end_scatter_us=[0, 30, 0, 30])
+    a = run_analysis(tmp_path, docs)
+    assert {r: o.offset_us for r, o in a.offsets.items()} == {0: 0.0, 1: 0.0, 2: 5000.0, 3: 5000.0}
+    assert [(c.host, c.ranks, c.offset_us, c.samples) for c in a.host_clocks] == [("h0", [0, 1], 0.0, 0),
+                                                                                ("h1", [2, 3], 5000.0, 3)]
+    doc = build_report(a, ["x"])
+    assert [(h["host"], h["offset_ms"]) for h in doc["clock"]["hosts"]] == [("h0", 0.0), ("h1", 5.0)]
+    assert doc["verdict"] == "balanced"
+
+
+def test_collective_table_bus_bandwidth(tmp_path: Path) -> None:
+    a = run_analysis(tmp_path, ring_docs(late_ranks({}), 8, 3))
+    [row] = collective_stats(a.waits)
+    # 1000 floats = 4000 bytes, 3 all-reduces of 100 us: algbw = 12000 B / 300 us = 0.04 GB/s,
+    # busbw = algbw x 2 x 7 / 8
+    assert (row["name"], row["ranks"], row["bytes"], row["count"], row["transfer_ms"]) == ("allreduce", 8, 4000, 3, 0.3)
+    assert (row["algbw_gbps"], row["busbw_gbps"]) == (0.04, 0.07)
+    assert bus_factor("allgather", 4) == 0.75 and bus_factor("broadcast", 4) == 1.0
+    assert message_bytes("allgather", 10, "c10::BFloat16", 4) == 80 and message_bytes("allreduce", 10, None, 4) is None
+
+
+def test_steps_not_in_the_traces_exit_2(tmp_path: Path) -> None:
+    for r, d in enumerate(ring_docs(late_ranks({}), 2, 3)):
+        write(tmp_path / f"rank{r}.pt.trace.json", d)
+    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(tmp_path), "--steps", "40-45", "-q"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("harness.collect: error: none of the requested steps (40-45) is in the traces, "
+                                   "which hold steps 1-3: pick steps from those")
+    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(tmp_path), "-q", "--no-merged"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert doc["verdict"] == "balanced"
+    assert [line for line in proc.stdout.splitlines() if line.startswith("next: ")] == [
+        f"next: {n['text']}" for n in doc["next_steps"]]
