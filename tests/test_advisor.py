@@ -17,7 +17,7 @@ from conftest import REPO, run_harness
 from tracebuild import GpuRank, document, step, write, x
 
 HEALTHY = {"device": "cpu", "data_share": 0.02, "host_ops_per_step": 400, "us_per_op": 40.0, "launches_per_step": 0,
-           "syncs_per_step": 0, "sync_share": 0.0, "compute_share": 0.5, "exposed_transfer_share": 0.2, "idle_share": 0.1,
+           "syncs_per_step": 0, "syncs_by_caller": {}, "sync_share": 0.0, "compute_share": 0.5, "exposed_transfer_share": 0.2, "idle_share": 0.1,
            "transfer_share": 0.1, "gemm_share": 0.7, "top_compute": [["aten::mm", 0.5]]}
 
 
@@ -32,8 +32,8 @@ HEALTHY = {"device": "cpu", "data_share": 0.02, "host_ops_per_step": 400, "us_pe
     ({"transfer_share": 0.50, "exposed_transfer_share": 0.14}, "healthy"),  # communication hidden
     ({"gemm_share": 0.49}, "kernel-bound"),
     ({"gemm_share": 0.49, "compute_share": 0.39}, "healthy"),
-    ({"device": "gpu", "syncs_per_step": 1.0, "idle_share": 0.15}, "sync-bound"),
-    ({"syncs_per_step": 1.0, "idle_share": 0.5}, "healthy"),  # no device to stall on CPU
+    ({"device": "gpu", "syncs_by_caller": {"item": 1.0}, "idle_share": 0.15}, "sync-bound"),
+    ({"syncs_by_caller": {"item": 1.0}, "idle_share": 0.5}, "healthy"),  # no device to stall on CPU
     ({"device": "gpu", "launches_per_step": 300, "idle_share": 0.30}, "launch-bound"),
 ])
 def test_decision_tree(change: dict, expected: str) -> None:

@@ -46,7 +46,8 @@ def document(events: list[dict[str, Any]], rank: int | None, world_size: int = 2
              **extra: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {"schemaVersion": 1, "traceEvents": events, **extra}
     if rank is not None:
-        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world_size}
+        gpu = any(isinstance(e, dict) and e.get("cat") == "kernel" for e in events)
+        doc["distributedInfo"] = {"backend": "nccl" if gpu else "gloo", "rank": rank, "world_size": world_size}
     if base_ns is not None:
         doc["baseTimeNanoseconds"] = base_ns
     return doc

@@ -4,7 +4,8 @@ Pure function of the collector's `Analysis` (parsed traces on aligned clocks, ov
 collectives, stragglers). Bottlenecks: data-bound, sync-bound, launch-bound, comm-exposed,
 kernel-bound, straggler, healthy. Thresholds were set on this project's lab workloads (see
 `Rules`); the GPU-only rules (sync-bound, launch-bound by device idle) follow the same logic but
-have not been calibrated on a GPU.
+have not been calibrated on a GPU. Blocking syncs are judged by who called them (host.py): the
+training code's own, GradScaler's (named as such), DDP's runtime logger's (never counted).
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness.collect.analysis import Analysis
+from harness.collect.host import DDP_LOGGER, GRAD_SCALER, NOT_USERS
 from harness.collect.model import RankTrace
 from harness.collect.overlap import StepOverlap
 from harness.collect.parse import DDP_REDUCER
 from harness.paths import STEP_PHASES
 
 # Dense matrix math: the work a model is made of. On GPU by kernel name, on CPU by aten op.
-GEMM = re.compile(r"gemm|cutlass|xmma|cublas|nvjet|wgrad|dgrad|fprop|conv|^aten::(?:mm|addmm|bmm|baddbmm|addmv|mv|dot)$",
-                  re.IGNORECASE)
+# `triton_tem_*`: Inductor's template kernels (max-autotune), every one a matmul, convolution
+# or flex attention (triton_tem_fused_mm_0, triton_tem_fused_addmm_relu_1, triton_tem_fused_bmm_2).
+GEMM = re.compile(r"gemm|cutlass|xmma|cublas|nvjet|wgrad|dgrad|fprop|conv|^triton_tem_|"
+                  r"^aten::(?:mm|addmm|bmm|baddbmm|addmv|mv|dot)$", re.IGNORECASE)
 # CPU ops that move or re-view memory: on GPU these are memcpy/memset (not kernels) or nothing.
 MEMORY_OPS = re.compile(r"^aten::(?:copy_|_to_copy|to|clone|contiguous|as_strided|view|_unsafe_view|reshape|empty\w*|"
                         r"zero_|fill_|resize_|set_|detach|t|transpose|permute|expand|select|slice|unsqueeze|squeeze)$")
@@ -33,7 +37,9 @@ class Rules:
     """Thresholds of the decision tree (shares are of the rank's mean step time)."""
 
     data_share: float = 0.30  # data phase (waiting for the input pipeline)
-    sync_per_step: float = 1.0  # GPU: blocking host-device syncs per step ...
+    # GPU: blocking host-device syncs per step that the training code asked for (GradScaler's
+    # alone also count, named as the cause; DDP's logger's never do) ...
+    sync_per_step: float = 1.0
     sync_idle_share: float = 0.15  # ... while the device idles this much
     launch_ops_per_step: int = 1000  # host ops per step ...
     launch_us_per_op: float = 10.0  # ... each taking less than this much step time (CPU and GPU)
@@ -54,7 +60,8 @@ ADVICE = {
     "data-bound": "the input pipeline starves the step: more DataLoader workers (--num-workers), "
                   "persistent workers, pinned memory, prefetching; move decoding/augmentation offline or to the GPU",
     "sync-bound": "host-device syncs stall the device every step (.item(), .cpu(), printing tensors, "
-                  "synchronous copies): keep values on the device, log them every N steps, copy with non_blocking=True",
+                  "synchronous copies): keep values on the device, log them every N steps, copy with non_blocking=True "
+                  "from pinned memory",
     "launch-bound": "eager overhead: the step is many tiny ops and the host cannot issue them fast enough: "
                     "torch.compile (fusion), CUDA graphs, a larger batch per step, fused optimizers (foreach/fused)",
     "comm-exposed": "communication is not hidden behind compute: overlap it (DDP bucket_cap_mb, FSDP "
@@ -65,6 +72,13 @@ ADVICE = {
     "healthy": "the time goes to the model's matrix math with no dominant overhead: scale the batch or the "
                "model, or look at kernel efficiency (precision, tensor cores, channels_last)",
 }
+
+
+# When GradScaler's own found_inf check is what syncs (fp16 with an optimizer that is not fused).
+GRAD_SCALER_ADVICE = ("GradScaler reads found_inf with .item() before every optimizer step (fp16 autocast with an "
+                      "optimizer that is not fused): use a fused optimizer (Adam/AdamW/SGD with fused=True: GradScaler "
+                      "then leaves the check to the optimizer, on the device), or bf16 autocast, which needs no "
+                      "GradScaler")
 
 
 @dataclass(frozen=True)
@@ -90,9 +104,12 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
 
     1. step_ms (measured); waiting_share = exposed waiting / step; own_step_ms = step - exposed
        waiting; data_share = data phase / own step;
-    2. host_ops_per_step (aten ops outside the data phase) and us_per_op = (own step - data
-       phase) / host ops: the step time each dispatched op accounts for;
+    2. host_ops_per_step (the aten ops of every model thread outside the data phase,
+       host.count_host_ops) and us_per_op = (own step - data phase) / host ops: the step time
+       each dispatched op accounts for;
     3. launches_per_step, syncs_per_step, sync_share (blocking sync calls' time / own step);
+       syncs_by_caller and sync_ms_by_caller (per step, by host.caller_of's callers);
+       user_syncs_per_step: the syncs of callers not in host.NOT_USERS (GradScaler, DDP's logger);
     4. compute, exposed transfer and idle shares of
        the device window less the exposed waiting (device time: GPU kernels, or the CPU main
        thread's ops on CPU-only traces);
@@ -119,6 +136,13 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
     total = sum(by_name.values())
     gemm = sum(v for k, v in by_name.items() if GEMM.search(k))
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:3]
+    callers: dict[str, list[float]] = {}
+    for s in steps:
+        for k, c in s.syncs_by_caller.items():
+            acc = callers.setdefault(k, [0.0, 0.0])
+            acc[0] += c
+            acc[1] += s.sync_us_by_caller.get(k, 0.0)
+    by_count = sorted(callers.items(), key=lambda kv: -kv[1][0])
     window = (sum(r.window_us for r in rows) or step_us * n) - sum(r.exposed_wait_us for r in rows)
     return {
         "step_ms": round(step_us / 1e3, 3),
@@ -130,6 +154,9 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
         "launches_per_step": round(sum(s.launches for s in steps) / n, 1),
         "syncs_per_step": round(sum(s.syncs for s in steps) / n, 2),
         "sync_share": _share(sum(s.sync_us for s in steps) / n, own_us),
+        "syncs_by_caller": {k: round(c / n, 2) for k, (c, _) in by_count},
+        "sync_ms_by_caller": {k: round(us / n / 1e3, 3) for k, (_, us) in by_count},
+        "user_syncs_per_step": round(sum(c for k, (c, _) in by_count if k not in NOT_USERS) / n, 2),
         "compute_share": _share(max(sum(r.compute_us for r in rows) - reducer_us, 0.0), window),
         "exposed_transfer_share": _share(sum(r.exposed_transfer_us for r in rows), window),
         "idle_share": _share(sum(r.idle_us for r in rows), window),
@@ -140,33 +167,81 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
     }
 
 
+def _callers(by_caller: dict[str, float], keep: Any) -> str:
+    """'item 2.0, copy to host 1.0' for the callers `keep(caller)` accepts."""
+    return ", ".join(f"{k} {v:.1f}" for k, v in by_caller.items() if keep(k))
+
+
+def _not_counted_note(ev: dict[str, Any], counted: str | None) -> str:
+    """The syncs the rule did not count, said by whom: DDP's logger always, GradScaler unless
+    it is `counted` (the verdict's cause)."""
+    by = ev.get("syncs_by_caller", {})
+    notes = []
+    if by.get(GRAD_SCALER, 0) and counted != GRAD_SCALER:
+        notes.append(f"GradScaler {by[GRAD_SCALER]:.1f} per step (its found_inf check: a fused optimizer or bf16 "
+                     "avoids it)")
+    if by.get(DDP_LOGGER, 0):
+        notes.append(f"DDP's runtime logger {by[DDP_LOGGER]:.1f} per step (it times DDP's first 10 iterations and "
+                     "every 100th: profile later steps)")
+    return f"; syncs not the model's: {'; '.join(notes)}" if notes else ""
+
+
 def classify(ev: dict[str, Any], rules: Rules = Rules()) -> tuple[str, str]:
     """The decision tree, in the classic order (input pipeline first; then syncs; then launch
     overhead; then communication; then kernels): the first rule that holds names the
-    bottleneck. Returns (bottleneck, reason)."""
+    bottleneck. Returns (bottleneck, reason).
+
+    Syncs (GPU, device idle >= sync_idle_share): 1. the training code's own syncs (callers not
+    in host.NOT_USERS) >= sync_per_step; else 2. GradScaler's >= sync_per_step, GradScaler
+    named as the cause; DDP's logger's never count. The reason of any verdict names the syncs
+    it did not count."""
     gpu = ev["device"] == "gpu"
+    by = ev.get("syncs_by_caller", {})
+    user = sum(v for k, v in by.items() if k not in NOT_USERS)
+    counted = None
     if ev["data_share"] >= rules.data_share:
-        return "data-bound", f"{ev['data_share']:.0%} of the step waits for the input pipeline (>= {rules.data_share:.0%})"
-    if gpu and ev["syncs_per_step"] >= rules.sync_per_step and ev["idle_share"] >= rules.sync_idle_share:
-        return "sync-bound", (f"{ev['syncs_per_step']:.1f} blocking syncs per step ({ev['sync_share']:.0%} of it) and "
-                              f"the device idle {ev['idle_share']:.0%} of the time")
-    if ev["us_per_op"] is not None and ev["host_ops_per_step"] >= rules.launch_ops_per_step \
+        kind, reason = "data-bound", (f"{ev['data_share']:.0%} of the step waits for the input pipeline "
+                                      f"(>= {rules.data_share:.0%})")
+    elif gpu and user >= rules.sync_per_step and ev["idle_share"] >= rules.sync_idle_share:
+        kind, reason = "sync-bound", (f"{user:.1f} blocking syncs per step from the training code "
+                                      f"({_callers(by, lambda k: k not in NOT_USERS)}; all syncs {ev['sync_share']:.0%} "
+                                      f"of the step) and the device idle {ev['idle_share']:.0%} of the time")
+    elif gpu and by.get(GRAD_SCALER, 0) >= rules.sync_per_step and ev["idle_share"] >= rules.sync_idle_share:
+        counted = GRAD_SCALER
+        kind, reason = "sync-bound", (f"GradScaler syncs {by[GRAD_SCALER]:.1f} times per step (its .item() on "
+                                      "found_inf before the optimizer step: fp16 without a fused optimizer) and the "
+                                      f"device idle {ev['idle_share']:.0%} of the time")
+    elif ev["us_per_op"] is not None and ev["host_ops_per_step"] >= rules.launch_ops_per_step \
             and ev["us_per_op"] < rules.launch_us_per_op:
-        return "launch-bound", (f"{ev['host_ops_per_step']:.0f} ops per step at {ev['us_per_op']:.1f} us of step time "
-                                f"each (>= {rules.launch_ops_per_step} ops, < {rules.launch_us_per_op:.0f} us)")
-    if gpu and ev["launches_per_step"] >= rules.launch_gpu_launches and ev["idle_share"] >= rules.launch_gpu_idle_share:
-        return "launch-bound", (f"{ev['launches_per_step']:.0f} kernel launches per step with the device idle "
-                                f"{ev['idle_share']:.0%} of the time")
-    if ev["transfer_share"] >= rules.comm_transfer_share and ev["exposed_transfer_share"] >= rules.comm_exposed_share:
-        return "comm-exposed", (f"collectives transfer for {ev['transfer_share']:.0%} of the step and "
-                                f"{ev['exposed_transfer_share']:.0%} of device time is exposed transfer (waiting for "
-                                "peers not counted)")
-    if ev["compute_share"] >= rules.kernel_compute_share and ev["gemm_share"] < rules.kernel_gemm_share:
+        kind, reason = "launch-bound", (f"{ev['host_ops_per_step']:.0f} ops per step at {ev['us_per_op']:.1f} us of "
+                                        f"step time each (>= {rules.launch_ops_per_step} ops, < "
+                                        f"{rules.launch_us_per_op:.0f} us)")
+    elif gpu and ev["launches_per_step"] >= rules.launch_gpu_launches and ev["idle_share"] >= rules.launch_gpu_idle_share:
+        kind, reason = "launch-bound", (f"{ev['launches_per_step']:.0f} kernel launches per step with the device idle "
+                                        f"{ev['idle_share']:.0%} of the time")
+    elif ev["transfer_share"] >= rules.comm_transfer_share and ev["exposed_transfer_share"] >= rules.comm_exposed_share:
+        kind, reason = "comm-exposed", (f"collectives transfer for {ev['transfer_share']:.0%} of the step and "
+                                        f"{ev['exposed_transfer_share']:.0%} of device time is exposed transfer (waiting "
+                                        "for peers not counted)")
+    elif ev["compute_share"] >= rules.kernel_compute_share and ev["gemm_share"] < rules.kernel_gemm_share:
         top = ", ".join(f"{k} {v:.0%}" for k, v in ev["top_compute"])
-        return "kernel-bound", (f"compute is {ev['compute_share']:.0%} of device time, only {ev['gemm_share']:.0%} of it "
-                                f"matrix math; top: {top}")
-    return "healthy", (f"no rule fired: data {ev['data_share']:.0%}, exposed transfer "
-                       f"{ev['exposed_transfer_share']:.0%}, matrix math {ev['gemm_share']:.0%} of compute")
+        kind, reason = "kernel-bound", (f"compute is {ev['compute_share']:.0%} of device time, only "
+                                        f"{ev['gemm_share']:.0%} of it matrix math; top: {top}")
+    else:
+        kind, reason = "healthy", (f"no rule fired: data {ev['data_share']:.0%}, exposed transfer "
+                                   f"{ev['exposed_transfer_share']:.0%}, matrix math {ev['gemm_share']:.0%} of compute")
+    return kind, reason + _not_counted_note(ev, counted)
+
+
+def advice_for(kind: str, ev: dict[str, Any], rules: Rules = Rules()) -> str:
+    """ADVICE[kind], except for a sync-bound rank whose syncs are GradScaler's rather than the
+    training code's (classify's rule 2), and GradScaler's advice added where it also syncs."""
+    by = ev.get("syncs_by_caller", {})
+    scaler = by.get(GRAD_SCALER, 0) >= rules.sync_per_step
+    if kind == "sync-bound" and scaler:
+        user = sum(v for k, v in by.items() if k not in NOT_USERS)
+        return GRAD_SCALER_ADVICE if user < rules.sync_per_step else f"{ADVICE[kind]}; {GRAD_SCALER_ADVICE}"
+    return ADVICE[kind]
 
 
 def _transfer_ms_per_step(a: Analysis) -> float:
@@ -206,7 +281,7 @@ def diagnose(a: Analysis, rules: Rules = Rules()) -> list[Diagnosis]:
             advice = ADVICE[kind]
         else:
             kind, reason = classify(ev, rules)
-            advice = ADVICE[kind]
+            advice = advice_for(kind, ev, rules)
             note = waiting_note(b.waits_for, ev["step_ms"])
             if note:
                 reason = f"{note}; on its own work: {reason}"

@@ -8,6 +8,7 @@ from harness.collect.clocks import ClockOffset, HostClock, estimate_offsets
 from harness.collect.discover import RunSet
 from harness.collect.matching import Instance, match_collectives
 from harness.collect.model import RankTrace
+from harness.collect.parse import NO_KERNELS
 from harness.collect.overlap import Gap, StepOverlap, rank_overlap
 from harness.collect.stragglers import StragglerResult, Thresholds, analyze_stragglers
 from harness.collect.waits import InstanceWaits, instance_waits, op_waits
@@ -35,7 +36,26 @@ class Analysis:
 def select_steps(trace: RankTrace, keep: set[int]) -> RankTrace:
     """Only the steps in `keep`, with the communication and compute that belong to them."""
     return replace(trace, steps=[s for s in trace.steps if s.number in keep],
-                   comms=[c for c in trace.comms if c.step in keep], compute=[b for b in trace.compute if b[2] in keep])
+                   comms=[c for c in trace.comms if c.step in keep], compute=[b for b in trace.compute if b[2] in keep],
+                   copies=[b for b in trace.copies if b[2] in keep])
+
+
+def trace_warnings(traces: list[RankTrace]) -> list[str]:
+    """Every trace's warnings, in rank order; the no-GPU-kernels warning (parse.NO_KERNELS),
+    which a whole run gets at once, in one line naming its ranks."""
+    out: list[str] = []
+    ranks: list[int] = []
+    for t in sorted(traces, key=lambda t: t.rank):
+        for w in t.warnings:
+            if w.endswith(NO_KERNELS):
+                ranks.append(t.rank)
+            else:
+                out.append(w)
+    if len(ranks) > 1:
+        out.insert(0, f"rank(s) {step_ranges(ranks)}: {NO_KERNELS}")
+    elif ranks:
+        out.insert(0, next(w for t in traces for w in t.warnings if w.endswith(NO_KERNELS)))
+    return out
 
 
 def step_ranges(numbers: list[int]) -> str:
@@ -66,8 +86,7 @@ def analyze(runset: RunSet, *, align: bool = True, thresholds: Thresholds | None
             raise NoStepsError(f"none of the requested steps ({step_ranges(list(steps))}) is in the traces, which hold "
                                f"steps {step_ranges(held) or 'none'}: pick steps from those")
         traces = [select_steps(t, steps) for t in traces]
-    for t in traces:
-        warnings.extend(t.warnings)
+    warnings.extend(trace_warnings(traces))
     instances, match_warnings = match_collectives(traces)
     warnings.extend(match_warnings)
     ranks = [t.rank for t in traces]

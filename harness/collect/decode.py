@@ -37,7 +37,8 @@ class TraceError(ValueError):
 
 
 class Args(msgspec.Struct, gc=False):
-    """The event args the analysis reads (kernel launch correlation, NCCL collective identity)."""
+    """The event args the analysis reads (kernel launch correlation, NCCL collective identity,
+    on NCCL kernels and on the host's `record_param_comms` ops)."""
 
     correlation: Any = None
     collective: Any = msgspec.field(default=None, name="Collective name")
@@ -72,6 +73,7 @@ class _Doc(msgspec.Struct):
     harness: Any = msgspec.field(default=None, name=TRACE_METADATA_KEY)
     host_name: Any = None
     baseTimeNanoseconds: Any = None
+    deviceProperties: Any = None
 
 
 class _LooseDoc(_Doc):
@@ -88,10 +90,11 @@ class Trace:
     ops: Columns  # cpu_op
     launches: Columns  # host calls that launch kernels or synchronise (LAUNCH_CATS)
     kernels: Columns
+    copies: Columns  # gpu_memcpy and gpu_memset
     marks: list[Mark]  # user annotations and ProfilerStep#N, by start
     names: list[str]
     threads: list[tuple[Any, Any]]  # (pid, tid)
-    args: list[Args]  # the kernels' collective args (Columns.extra indexes them)
+    args: list[Args]  # collective args of kernels and cpu ops (Columns.extra indexes them)
     count: int  # complete events of any kind
     first_ts: float  # earliest start over all of them (inf when none)
     last_end: float  # latest end (-inf when none)
@@ -99,6 +102,7 @@ class Trace:
     meta: dict[str, Any]  # the harness's own top-level key, {} when absent
     host_name: Any
     base_time_ns: Any
+    gpus: int = 0  # entries of the top-level deviceProperties (the GPUs the profiler saw)
     dropped: int = 0  # events that could not be decoded at all
 
 
@@ -155,6 +159,7 @@ def _loose_events(items: list[Any]) -> tuple[list[Event], int]:
 
 # Host calls that launch kernels (their args carry the correlation id kernels are matched by).
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "hip_runtime"})
+COPY_CATS = frozenset({"gpu_memcpy", "gpu_memset"})
 
 
 def thread_key(v: Any) -> int | str | float | None:
@@ -230,7 +235,7 @@ class _Tables:
     """Accumulates clean events batch by batch into columns (see `add`)."""
 
     def __init__(self) -> None:
-        self.ops, self.launches, self.kernels = Columns(), Columns(), Columns()
+        self.ops, self.launches, self.kernels, self.copies = Columns(), Columns(), Columns(), Columns()
         self.marks: list[Mark] = []
         self.names: dict[str, int] = {}
         self.threads: dict[tuple[Any, Any], int] = {}
@@ -242,17 +247,16 @@ class _Tables:
     def add(self, events: list[Event]) -> None:
         """Keep the `ph: X` events with numeric ts and a non-negative dur (others cannot be
         placed in time): cpu ops, launches and kernels as columns, annotations as `Mark`s,
-        everything else only in the count and the time extent. Kernel args are kept (in
-        `args`) only when they name a collective."""
+        everything else only in the count and the time extent. Args are kept (in `args`) only
+        when they name a collective: a kernel's, and a cpu op's (`record_param_comms`)."""
         # The hot loop of the collector: locals and bound methods only.
         names, threads, marks = self.names, self.threads, self.marks
         groups = {cat: (c.ts.append, c.dur.append, c.name.append, c.thread.append, c.corr.append, c.extra.append)
                   for cat, c in (("cpu_op", self.ops), ("kernel", self.kernels))}
-        launch = self.launches
-        for cat in LAUNCH_CATS:
-            groups[cat] = (launch.ts.append, launch.dur.append, launch.name.append, launch.thread.append,
-                           launch.corr.append, launch.extra.append)
-        kernel_extra = groups["kernel"][5]
+        for cats, c in ((LAUNCH_CATS, self.launches), (COPY_CATS, self.copies)):
+            for cat in cats:
+                groups[cat] = (c.ts.append, c.dur.append, c.name.append, c.thread.append, c.corr.append, c.extra.append)
+        kernel_extra, op_extra = groups["kernel"][5], groups["cpu_op"][5]
         count, first_ts, last_end = self.count, self.first_ts, self.last_end
         last_key, last_thread = None, -1
         for e in events:
@@ -306,8 +310,9 @@ class _Tables:
                 continue
             corr = args.correlation
             corr_add(-1 if corr is None else corr if type(corr) is int and -2**63 < corr < 2**63 else _correlation(corr))
-            if extra_add is kernel_extra and (args.collective is not None or args.process_group is not None
-                                              or args.in_nelems is not None or args.dtype is not None):
+            if (extra_add is kernel_extra and (args.collective is not None or args.process_group is not None
+                                               or args.in_nelems is not None or args.dtype is not None)) \
+                    or (extra_add is op_extra and args.collective is not None):
                 extra_add(len(self.args))
                 self.args.append(args)
             else:
@@ -448,12 +453,14 @@ def decode_trace(path: Path, block_bytes: int | None = None) -> Trace:
 
 def _trace(doc: _Doc | _LooseDoc, t: _Tables, dropped: int) -> Trace:
     t.marks.sort(key=lambda m: m.ts)
-    return Trace(ops=t.ops.sort(), launches=t.launches.sort(), kernels=t.kernels.sort(), marks=t.marks,
+    return Trace(ops=t.ops.sort(), launches=t.launches.sort(), kernels=t.kernels.sort(), copies=t.copies.sort(),
+                 marks=t.marks,
                  names=list(t.names), threads=list(t.threads), args=t.args, count=t.count,
                  first_ts=t.first_ts, last_end=t.last_end,
                  distributed_info=doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None,
                  meta=doc.harness if isinstance(doc.harness, dict) else {},
-                 host_name=doc.host_name, base_time_ns=doc.baseTimeNanoseconds, dropped=dropped)
+                 host_name=doc.host_name, base_time_ns=doc.baseTimeNanoseconds,
+                 gpus=len(doc.deviceProperties) if isinstance(doc.deviceProperties, list) else 0, dropped=dropped)
 
 
 def _decode_whole(path: Path) -> Trace:

@@ -73,6 +73,7 @@ class RunSet:
     warnings: list[str] = field(default_factory=list)
     run_id: str | None = None
     ending: list[str] = field(default_factory=list)  # how the job ended when it did not finish (run_state.py)
+    skipped_windows: list[dict] = field(default_factory=list)  # [{rank, first, last, reason}] (run_state.py)
 
 
 def group_ranks(traces: list[RankTrace]) -> RunSet:
@@ -130,7 +131,8 @@ def _merge_windows(parts: list[RankTrace]) -> RankTrace:
         rank=first.rank, world_size=first.world_size, host=first.host, path=", ".join(p.path for p in parts),
         run_id=first.run_id, device="gpu" if any(p.device == "gpu" for p in parts) else "cpu",
         steps=[s for p in parts for s in p.steps], comms=[c for p in parts for c in p.comms],
-        compute=sorted((b for p in parts for b in p.compute), key=by_interval), warnings=[w for p in parts for w in p.warnings],
+        compute=sorted((b for p in parts for b in p.compute), key=by_interval),
+        copies=sorted((b for p in parts for b in p.copies), key=by_interval), warnings=[w for p in parts for w in p.warnings],
         steps_source=first.steps_source, rank_source=first.rank_source, base_us=first.base_us,
     )
     number_by_group(merged.comms)

@@ -56,13 +56,16 @@ class Step:
     phases_us: dict[str, float] = field(default_factory=dict)  # harness:<phase> durations
     phase_spans: list[tuple[str, float, float]] = field(default_factory=list)  # (phase, start_us, end_us)
     top_ops_us: dict[str, float] = field(default_factory=dict)  # main-thread top-level op durations
-    # What the advisor reads (see parse.py): host ops outside the data phase, kernel launches,
-    # host-device syncs and their time, and the model's compute time (forward/loss/backward,
-    # the whole step without harness ranges) by kernel (GPU) or op self time (CPU) by name.
+    # What the advisor reads (see parse.py, host.py): host ops outside the data phase (every
+    # model thread's), kernel launches, blocking host-device syncs and their time (in all and by
+    # caller: host.caller_of), and the model's compute time (forward/loss/backward, the
+    # whole step without harness ranges) by kernel (GPU) or op self time (CPU) by name.
     host_ops: int = 0
     launches: int = 0
     syncs: int = 0
     sync_us: float = 0.0
+    syncs_by_caller: dict[str, int] = field(default_factory=dict)
+    sync_us_by_caller: dict[str, float] = field(default_factory=dict)
     compute_by_name_us: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -81,6 +84,7 @@ class RankTrace:
     steps: list[Step]
     comms: list[CommOp]
     compute: list[Busy]  # device compute, merged per step, by start (GPU: the step of launch)
+    copies: list[Busy] = field(default_factory=list)  # GPU memcpy/memset, merged per step, by start
     base_us: float = 0.0  # the trace's time origin (baseTimeNanoseconds / 1e3, else 0)
     warnings: list[str] = field(default_factory=list)
     steps_source: str = "ProfilerStep"  # or "harness ranges" or "whole trace"
@@ -98,4 +102,5 @@ class RankTrace:
                            run_up_start_us=None if c.run_up_start_us is None else c.run_up_start_us - offset_us)
                    for c in self.comms],
             compute=[(a - offset_us, b - offset_us, st) for a, b, st in self.compute],
+            copies=[(a - offset_us, b - offset_us, st) for a, b, st in self.copies],
         )

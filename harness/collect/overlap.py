@@ -74,9 +74,10 @@ class StepOverlap:
     exposed_comm_us: float  # = exposed_wait_us + exposed_transfer_us
     exposed_wait_us: float  # exposed, and only waiting for a later peer
     exposed_transfer_us: float  # exposed while moving data
-    idle_us: float
+    idle_us: float  # neither compute, communication nor a copy
     # process group -> {comm_us, exposed_wait_us, exposed_transfer_us} (groups may overlap in time)
     by_pg: dict[str, dict[str, float]] = field(default_factory=dict)
+    memcpy_us: float = 0.0  # host<->device copies and memsets (GPU), whatever else runs with them
 
 
 @dataclass(kw_only=True)
@@ -86,7 +87,8 @@ class Gap:
     start_us: float
     dur_us: float
     # "exposed_wait" (communication not hidden by compute, waiting for a later peer),
-    # "exposed_transfer" (the same while moving data) or "idle" (neither compute nor communication)
+    # "exposed_transfer" (the same while moving data) or "idle" (neither compute, communication
+    # nor a copy)
     kind: str
     collective: str | None  # the collective exposed, or the one that ended last before an idle gap
 
@@ -111,20 +113,21 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None,
     """Overlap of one rank, step by step.
 
     For every step N:
-    1. C = union of the compute intervals of step N, M = union of its communication intervals
-       (GPU: intervals launched in step N; CPU: intervals starting inside the step);
+    1. C = union of the compute intervals of step N, M = union of its communication intervals,
+       K = union of its copies (GPU memcpy/memset) (GPU: intervals launched in step N; CPU:
+       intervals starting inside the step);
     2. window = the ProfilerStep interval on a CPU trace; on GPU, first start to last end of
-       step N's device intervals (device work runs behind the host);
-       C and M are clipped to the window;
-    3. compute = |C|, comm = |M|, overlapped = |C ∩ M|, exposed = comm - overlapped,
-       idle = window - |C ∪ M|;
+       step N's device intervals, copies included (device work runs behind the host);
+       C, M and K are clipped to the window;
+    3. compute = |C|, comm = |M|, memcpy = |K|, overlapped = |C ∩ M|, exposed = comm -
+       overlapped, idle = window - |C ∪ M ∪ K| (a copy keeps the device busy, so it is not idle);
     4. each op waits from its start for its `waits` entry (last arrival - own arrival at the
        matched instance; 0 for an op matched on no other rank) and transfers for the rest;
        T = union of the transferring parts: exposed_transfer = |T - C|, exposed_wait =
        exposed - exposed_transfer (exposed while every running op only waits);
     5. the same split per process group, over that group's ops alone;
     6. gaps: the intervals of T - C (exposed_transfer), of (M - C) - T (exposed_wait) and of
-       window - (C ∪ M) (idle), at least `min_gap_us` long, each naming its collective (for
+       window - (C ∪ M ∪ K) (idle), at least `min_gap_us` long, each naming its collective (for
        idle: the last one to end before it in that step, if any).
     """
     waits = waits or {}
@@ -134,6 +137,10 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None,
     for a, b, st in trace.compute:
         if st is not None:
             comp_by.setdefault(st, []).append((a, b))
+    copy_by: dict[int, list[Interval]] = {}
+    for a, b, st in trace.copies:
+        if st is not None:
+            copy_by.setdefault(st, []).append((a, b))
     comm_by: dict[int, list] = {}
     for c in trace.comms:
         if c.step is not None:
@@ -141,17 +148,19 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None,
     for step in trace.steps:
         comps = comp_by.get(step.number, [])
         comms = comm_by.get(step.number, [])
+        copies = copy_by.get(step.number, [])
         if trace.device == "gpu":
-            spans = comps + [(c.start_us, c.end_us) for c in comms]
+            spans = comps + copies + [(c.start_us, c.end_us) for c in comms]
             if not spans:
                 continue
             lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
         else:
             lo, hi = step.start_us, step.end_us
         C = clip(merge(comps), lo, hi)
+        K = clip(merge(copies), lo, hi)
         M, T = _split(comms, waits, trace.rank, lo, hi)
         both = intersect(C, M)
-        busy = merge(C + M)
+        busy = merge(C + M + K)
         window = hi - lo
         exposed = subtract(M, C)
         moving = subtract(T, C)
@@ -163,7 +172,8 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None,
         rows.append(StepOverlap(rank=trace.rank, step=step.number, window_us=window, compute_us=length(C),
                                 comm_us=length(M), overlapped_comm_us=length(both),
                                 exposed_comm_us=length(exposed), exposed_wait_us=length(exposed) - length(moving),
-                                exposed_transfer_us=length(moving), idle_us=window - length(busy), by_pg=by_pg))
+                                exposed_transfer_us=length(moving), idle_us=window - length(busy), by_pg=by_pg,
+                                memcpy_us=length(K)))
         for kind, pieces in (("exposed_transfer", moving), ("exposed_wait", subtract(exposed, moving))):
             for a, b in pieces:
                 if b - a >= min_gap_us:

@@ -3,15 +3,18 @@
 What is taken from where (the format facts are in ../shared/design.md):
 1. rank: `distributedInfo.rank`, else the harness metadata, else the file name (with a warning);
 2. steps: `ProfilerStep#N` on the main thread, else the harness phase ranges, else one window;
-3. communication: NCCL/RCCL kernels on GPU (identity from their args, else from the kernel name)
-   and `gloo:*` ranges on gloo worker threads;
-4. compute: GPU kernels that are not communication (memcpy/memset/sync are neither); on a trace
-   with no GPU kernels, the main thread's `aten::` ops;
+3. communication: NCCL/RCCL kernels on GPU (identity from their args, else from the args of the
+   host's `record_param_comms` op that launched them, else from the kernel name) and `gloo:*`
+   ranges on gloo worker threads;
+4. compute: GPU kernels that are not communication (memcpy/memset are kept apart, as copies);
+   on a trace with no GPU kernels, the main thread's `aten::` ops (a GPU run whose trace holds
+   no kernels is said so in a warning);
 5. a GPU interval belongs to the step its launch (matched by correlation id) happened in;
 6. with neither NCCL kernels nor gloo ranges, the main thread's `c10d::<collective>_` ops;
-7. kept condensed: compute merged per step, and per collective its run-up by kernel/op name
-   (runup.py); the per-kernel intervals are not kept, so a parsed rank is small whatever the
-   trace's size (and is what an in-job summary stores).
+7. host ops per step and who called each blocking sync: host.py;
+8. kept condensed: compute and copies merged per step, and per collective its run-up by
+   kernel/op name (runup.py); the per-kernel intervals are not kept, so a parsed rank is small
+   whatever the trace's size (and is what an in-job summary stores).
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
-from harness.collect.decode import (NO_ARGS, Columns, Mark, Trace, TraceError, decode_trace, is_sorted, number,
+from harness.collect.decode import (NO_ARGS, Args, Columns, Mark, Trace, TraceError, decode_trace, is_sorted, number,
                                     read_bytes)
+from harness.collect.host import attribute_syncs, count_host_ops
 from harness.collect.model import CommOp, RankTrace, Step, number_by_group
 from harness.collect.runup import Span, merged_by_step, set_run_ups
 from harness.paths import RANGE_PREFIX, STEP_PHASES, WORKER_RANK_PATTERN, TRACE_PATTERN
@@ -38,8 +42,11 @@ C10D_OP = re.compile(r"^c10d::_?(?P<coll>[a-z_]+?)(?:_base)?_$")  # c10d::allred
 STEP_NAME = re.compile(r"^ProfilerStep#(?P<n>\d+)$")
 FILE_RANK = re.compile(r"(?:rank|worker)[-_]?(?P<rank>\d+)", re.IGNORECASE)
 LAUNCH_CALL = re.compile(r"^(?:cuda|cu|hip)(?:LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|ModuleLaunchKernel|GraphLaunch)")
-# Host calls that block until the device catches up (cudaMemcpy without Async is synchronous).
-SYNC_CALL = re.compile(r"^(?:cuda|hip)(?:StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy)$")
+PARAM_COMMS = "record_param_comms"
+# The warning for a GPU run's trace without device activity (analysis.py says it once for all ranks).
+NO_KERNELS = ("trace of a GPU run (it lists GPUs or an NCCL backend) with no GPU kernels: the profiler got no CUPTI "
+              "activity (run under nsys or ncu, which hold CUPTI, or without ProfilerActivity.CUDA); analysed from the "
+              "host's ops as if on CPU")
 COMM_OP = re.compile(r"^(?:c10d::|record_param_comms|nccl:|gloo:)")
 
 
@@ -163,26 +170,64 @@ class _StepIndex:
 
 
 class _LaunchTimes:
-    """When the host launched the kernel with a given correlation id (the last launch, if a
-    producer reused an id): correlation ids in order, searched by bisection; ids grow with time
-    in real traces, so usually nothing is sorted."""
+    """When and on which host thread the kernel with a given correlation id was launched (the
+    last launch, if a producer reused an id): correlation ids in order, searched by bisection;
+    ids grow with time in real traces, so usually nothing is sorted."""
 
     def __init__(self, launches: Columns) -> None:
-        self.corr, self.ts = array("q"), array("d")
-        for c, t in zip(launches.corr, launches.ts):
-            if c >= 0:
-                self.corr.append(c)
-                self.ts.append(t)
+        if not len(launches) or min(launches.corr) >= 0:  # every launch has an id (real traces): no filtering
+            self.corr, self.ts, self.thread = launches.corr, launches.ts, launches.thread
+        else:
+            keep = [i for i, c in enumerate(launches.corr) if c >= 0]
+            self.corr, self.ts, self.thread = (array(col.typecode, [col[i] for i in keep])
+                                               for col in (launches.corr, launches.ts, launches.thread))
         corr = self.corr
         if not is_sorted(corr):
             order = sorted(range(len(corr)), key=corr.__getitem__)
-            self.corr, self.ts = array("q", [corr[i] for i in order]), array("d", [self.ts[i] for i in order])
+            self.corr = array("q", [corr[i] for i in order])
+            self.ts, self.thread = array("d", [self.ts[i] for i in order]), array("i", [self.thread[i] for i in order])
+
+    def _at(self, corr: int) -> int:
+        if corr < 0:
+            return -1
+        i = bisect.bisect_right(self.corr, corr) - 1
+        return i if i >= 0 and self.corr[i] == corr else -1
 
     def get(self, corr: int, default: float) -> float:
-        if corr < 0:
-            return default
-        i = bisect.bisect_right(self.corr, corr) - 1
-        return self.ts[i] if i >= 0 and self.corr[i] == corr else default
+        i = self._at(corr)
+        return self.ts[i] if i >= 0 else default
+
+    def launch(self, corr: int) -> tuple[float, int] | None:
+        """(host time, thread index) of the launch, None when the trace does not hold it."""
+        i = self._at(corr)
+        return (self.ts[i], self.thread[i]) if i >= 0 else None
+
+
+class _ParamComms:
+    """The host's `record_param_comms` ops that carry a collective's args, per thread, by start:
+    the CPU side of an NCCL kernel launched inside one."""
+
+    def __init__(self, doc: Trace) -> None:
+        self.by_thread: dict[int, list[tuple[float, float, Args]]] = defaultdict(list)
+        self.starts: dict[int, list[float]] = {}
+        ops = doc.ops
+        rpc = doc.names.index(PARAM_COMMS) if PARAM_COMMS in doc.names else -1
+        if rpc < 0 or not len(ops) or max(ops.extra) < 0:  # older traces: these ops carry no collective args
+            return
+        for t, d, n, th, extra in zip(ops.ts, ops.dur, ops.name, ops.thread, ops.extra):
+            if n == rpc and extra >= 0:
+                self.by_thread[th].append((t, t + d, doc.args[extra]))
+        self.starts = {th: [e[0] for e in v] for th, v in self.by_thread.items()}
+
+    def around(self, ts: float, thread: int) -> Args | None:
+        """The args of the op on `thread` that contains host time `ts`: the last one to start by
+        then (these ops do not nest: each wraps one collective call), if it has not ended."""
+        starts = self.starts.get(thread)
+        i = bisect.bisect_right(starts, ts) - 1 if starts else -1
+        if i < 0:
+            return None
+        _, end, args = self.by_thread[thread][i]
+        return args if end >= ts else None
 
 
 def parse_trace(path: Path) -> RankTrace:
@@ -222,34 +267,31 @@ def parse_trace(path: Path) -> RankTrace:
                 ops = by_number[st].top_ops_us
                 ops[names[n]] = ops.get(names[n], 0.0) + d
 
-    launch_kind = {n: "launch" if LAUNCH_CALL.match(names[n]) else "sync" if SYNC_CALL.match(names[n]) else ""
-                   for n in set(doc.launches.name)}
-    for t, d, n in zip(doc.launches.ts, doc.launches.dur, doc.launches.name):
-        kind = launch_kind[n]
-        if kind:
+    launch = {n: bool(LAUNCH_CALL.match(names[n])) for n in set(doc.launches.name)}
+    for t, n in zip(doc.launches.ts, doc.launches.name):
+        if launch[n]:
             st = index.at(t)
             if st is not None:
-                if kind == "launch":
-                    by_number[st].launches += 1
-                else:
-                    by_number[st].syncs += 1
-                    by_number[st].sync_us += d
+                by_number[st].launches += 1
+    attribute_syncs(doc, index.at, by_number)
+    count_host_ops(doc, main, by_number)
     aten = [name.startswith("aten::") for name in names]
-    _count_host_ops(main_ops, aten, steps, index, by_number)
 
     comms: list[CommOp] = []
     spans: list[Span] = []
+    copies: list[Span] = []
     kernels = doc.kernels
+    launch_ts = _LaunchTimes(doc.launches) if len(kernels) or len(doc.copies) else None
     if len(kernels):
-        launch_ts = _LaunchTimes(doc.launches)
         nccl = {n: NCCL_KERNEL.match(names[n]) for n in set(kernels.name)}
+        param_comms = _ParamComms(doc) if any(nccl.values()) else None
         for t, d, n, th, corr, extra in zip(kernels.ts, kernels.dur, kernels.name, kernels.thread, kernels.corr,
                                            kernels.extra):
             launched = launch_ts.get(corr, t)
             step = index.at(launched)
             m = nccl[n]
             if m:
-                args = doc.args[extra] if extra >= 0 else NO_ARGS
+                args = doc.args[extra] if extra >= 0 else _launching_comms(param_comms, launch_ts, corr)
                 coll = args.collective or m["coll"]
                 pg = "default" if args.process_group is None else args.process_group
                 comms.append(CommOp(name=canonical_collective(str(coll)), pg=str(pg), start_us=t, end_us=t + d,
@@ -260,6 +302,10 @@ def parse_trace(path: Path) -> RankTrace:
                 if step is not None and _in_model_phase(by_number[step], launched):
                     by_name = by_number[step].compute_by_name_us
                     by_name[names[n]] = by_name.get(names[n], 0.0) + d
+    elif doc.gpus or _nccl_backend(doc):
+        warnings.append(f"{path.name}: {NO_KERNELS}")
+    for t, d, n, corr in zip(doc.copies.ts, doc.copies.dur, doc.copies.name, doc.copies.corr):
+        copies.append((t, t + d, index.at(launch_ts.get(corr, t)), names[n]))
     for e in doc.marks:
         if e.cat != "user_annotation":
             continue
@@ -289,7 +335,8 @@ def parse_trace(path: Path) -> RankTrace:
     set_run_ups(comms, spans, steps[0].start_us if steps else None)
     return RankTrace(rank=rank, world_size=world_size if isinstance(world_size, int) else None, host=host,
                      path=str(path), run_id=meta.get("run_id"), device="gpu" if len(kernels) else "cpu", steps=steps,
-                     comms=comms, compute=merged_by_step(spans), warnings=warnings, steps_source=steps_source,
+                     comms=comms, compute=merged_by_step(spans), copies=merged_by_step(copies), warnings=warnings,
+                     steps_source=steps_source,
                      rank_source=rank_source, base_us=base_ns / 1e3)
 
 
@@ -302,17 +349,20 @@ def _in_model_phase(step: Step, ts: float) -> bool:
     return not any(a <= ts <= b for p, a, b in step.phase_spans if p in NON_MODEL_PHASES)
 
 
-def _count_host_ops(main_ops: _Ops, aten: list[bool], steps: list[Step], index: _StepIndex,
-                    by_number: dict[int, Step]) -> None:
-    """Per step, the main thread's `aten::` ops (any depth) outside its data phase: the eager
-    work the host dispatches for the model."""
-    data_spans = {s.number: [(a, b) for p, a, b in s.phase_spans if p == STEP_PHASES[0]] for s in steps}
-    for t, _, n in main_ops:
-        if not aten[n]:
-            continue
-        st = index.at(t)
-        if st is not None and (not data_spans[st] or not any(a <= t <= b for a, b in data_spans[st])):
-            by_number[st].host_ops += 1
+def _launching_comms(param_comms: _ParamComms | None, launch_ts: _LaunchTimes, corr: int) -> Args:
+    """An NCCL kernel without collective args (e.g. `ncclDevKernel_Generic`): the args of the
+    `record_param_comms` op around the host call that launched it, else none."""
+    where = launch_ts.launch(corr)
+    args = param_comms.around(*where) if param_comms is not None and where is not None else None
+    return args or NO_ARGS
+
+
+def _nccl_backend(doc: Trace) -> bool:
+    """Whether distributedInfo or the harness metadata names NCCL as the backend."""
+    for src in (doc.distributed_info or {}, doc.meta):
+        if "nccl" in str(src.get("backend", "")).lower():
+            return True
+    return False
 
 
 REDUCER_PREFIX = "torch::distributed::reducer::"

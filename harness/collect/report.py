@@ -8,7 +8,8 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   no matched collective, ...); `verdict_reason`: why inconclusive, else null; `headline`: the
   verdict in one sentence.
 - `run`: {run_id, world_size, ranks_present, ranks_missing, complete, ending (how a job that did
-  not finish ended, rank by rank: run_state.py), hosts, device, steps_source, steps,
+  not finish ended, rank by rank: run_state.py), skipped_windows ([{rank, first, last, reason}]:
+  trace windows a rank could not write, e.g. on a full disk), hosts, device, steps_source, steps,
   median_step_ms, replayed_step_ms (the what-if replay with nothing changed: how well the
   replay model reproduces the run), whatif_all_fixed_step_ms (every straggler fixed)}.
 - `stragglers`: [{rank, host, phase, phase_excess_ms, late_ms (per step: how much later than
@@ -25,13 +26,14 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
 - `next_steps`: [{about, ranks, text}], what to do, most important first (about: "straggler",
   a bottleneck class or "inconclusive"): the list report.md, the view and the console show.
 - `ranks`: [{rank, host, steps, mean_step_ms, compute_ms, comm_ms, overlapped_comm_ms,
-  exposed_comm_ms, exposed_wait_ms, exposed_transfer_ms, idle_ms, wait_ms, blame_ms, late_ms, cost_ms,
+  exposed_comm_ms, exposed_wait_ms, exposed_transfer_ms, memcpy_ms (host<->device copies and memsets
+  on the device: neither compute nor idle), idle_ms, wait_ms, blame_ms, late_ms, cost_ms,
   late_fraction, last_fraction, waits_for, clock_offset_ms, clock_spread_ms, clock_samples}];
   compute..idle are summed over the analysed steps; exposed_comm = exposed_wait (exposed and
   only waiting for a later peer) + exposed_transfer.
 - `hosts`: [{host, ranks, blame_ms, wait_ms, stragglers}].
 - `steps`: [{rank, step, step_ms, wait_ms, lag_ms, exposed_comm_ms, exposed_wait_ms,
-  exposed_transfer_ms, compute_ms, comm_ms, idle_ms, last_arriver}]; wait_ms: this rank waited
+  exposed_transfer_ms, compute_ms, comm_ms, memcpy_ms, idle_ms, last_arriver}]; wait_ms: this rank waited
   for others; lag_ms: the others' waiting it caused; last_arriver: it cost the most that step.
 - `gaps`: [{rank, step, start_us, dur_us, kind (exposed_wait|exposed_transfer|idle),
   collective}], longest first (at most `MAX_GAPS`; `gaps_total` counts all). start_us is on the
@@ -58,7 +60,7 @@ from typing import Any
 
 from harness import text_table
 from harness.atomic import write_text_atomic
-from harness.collect.advisor import ADVICE as BOTTLENECK_ADVICE, as_rows, diagnose, summary
+from harness.collect.advisor import advice_for, as_rows, diagnose, summary
 from harness.collect.analysis import Analysis
 from harness.collect.collective_stats import collective_stats, process_groups
 from harness.paths import REPORT_JSON
@@ -130,7 +132,7 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
     agg: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for row in a.overlap:
         for k in ("compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us", "exposed_wait_us",
-                  "exposed_transfer_us", "idle_us"):
+                  "exposed_transfer_us", "memcpy_us", "idle_us"):
             agg[row.rank][k] += getattr(row, k)
     blames = {r.rank: r for r in res.ranks}
     ranks = []
@@ -141,7 +143,7 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
             "compute_ms": _ms(g["compute_us"]), "comm_ms": _ms(g["comm_us"]),
             "overlapped_comm_ms": _ms(g["overlapped_comm_us"]), "exposed_comm_ms": _ms(g["exposed_comm_us"]),
             "exposed_wait_ms": _ms(g["exposed_wait_us"]), "exposed_transfer_ms": _ms(g["exposed_transfer_us"]),
-            "idle_ms": _ms(g["idle_us"]), "wait_ms": b.wait_ms, "blame_ms": b.blame_ms,
+            "memcpy_ms": _ms(g["memcpy_us"]), "idle_ms": _ms(g["idle_us"]), "wait_ms": b.wait_ms, "blame_ms": b.blame_ms,
             "late_ms": round(b.late_ms, 6), "cost_ms": round(b.cost_ms, 6),
             "late_fraction": b.late_fraction, "last_fraction": b.last_fraction, "waits_for": b.waits_for,
             "clock_offset_ms": _ms(o.offset_us), "clock_spread_ms": _ms(o.spread_us), "clock_samples": o.samples,
@@ -169,7 +171,7 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
             "lag_ms": _ms(res.step_blame.get(row.step, {}).get(row.rank, 0.0)),
             "exposed_comm_ms": _ms(row.exposed_comm_us), "exposed_wait_ms": _ms(row.exposed_wait_us),
             "exposed_transfer_ms": _ms(row.exposed_transfer_us), "compute_ms": _ms(row.compute_us),
-            "comm_ms": _ms(row.comm_us), "idle_ms": _ms(row.idle_us),
+            "comm_ms": _ms(row.comm_us), "memcpy_ms": _ms(row.memcpy_us), "idle_ms": _ms(row.idle_us),
             "last_arriver": res.step_last.get(row.step) == row.rank,
         })
     gaps = sorted(a.gaps, key=lambda g: -g.dur_us)
@@ -187,7 +189,7 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
         "run": {
             "run_id": a.runset.run_id, "world_size": a.runset.world_size, "ranks_present": present,
             "ranks_missing": a.runset.missing, "complete": not a.runset.missing and not a.runset.ending,
-            "ending": a.runset.ending,
+            "ending": a.runset.ending, "skipped_windows": a.runset.skipped_windows,
             "hosts": sorted(hosts), "device": "gpu" if any(t.device == "gpu" for t in a.traces) else "cpu",
             "steps_source": sorted({t.steps_source for t in a.traces}), "steps": all_steps,
             "median_step_ms": statistics.median(timed) if timed else None,
@@ -283,15 +285,15 @@ def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"about": "straggler", "ranks": ranks,
                     "text": f"Fixing ranks {', '.join(map(str, ranks))} together would bring the step from "
                             f"~{doc['run']['replayed_step_ms']:.2f} ms to ~{fixed:.2f} ms (replayed)."})
-    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_kind: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for d in doc["diagnosis"]:
         if d["bottleneck"] != "straggler":
-            by_kind[d["bottleneck"]].append(d)
-    for kind, ds in sorted(by_kind.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            by_kind[(d["bottleneck"], advice_for(d["bottleneck"], d["evidence"]))].append(d)
+    for (kind, advice), ds in sorted(by_kind.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         ranks = [d["rank"] for d in ds]
         many = len(ranks) > 1
         text = (f"Rank{'s' if many else ''} {', '.join(map(str, ranks))} ({kind}, on {'their' if many else 'its'} own "
-                f"work): {BOTTLENECK_ADVICE[kind]}.")
+                f"work): {advice}.")
         waiting = sorted({r for d in ds for r, _ in d["waits_for"]})
         if waiting:
             share = statistics.mean(d["evidence"]["waiting_share"] for d in ds)
@@ -407,7 +409,7 @@ def collective_rows(a: Analysis) -> list[dict[str, Any]]:
 
 
 STEP_COLUMNS = ["rank", "step", "step_ms", "wait_ms", "lag_ms", "exposed_comm_ms", "exposed_wait_ms", "exposed_transfer_ms",
-                "compute_ms", "comm_ms", "idle_ms", "last_arriver"]
+                "compute_ms", "comm_ms", "memcpy_ms", "idle_ms", "last_arriver"]
 
 
 def write_report(doc: dict[str, Any], out: Path, collectives: list[dict[str, Any]] | None = None) -> None:

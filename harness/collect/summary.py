@@ -28,7 +28,7 @@ from harness.paths import summary_path, trace_of_summary
 FORMAT = "harness rank summary"
 # Bump whenever parse.py's output changes meaning: an older summary is then refused (with the
 # advice to collect from the trace) instead of silently giving a different report.
-VERSION = 1
+VERSION = 2  # 2: steps' syncs by caller, host ops of every model thread, copies per step
 
 
 class _File(msgspec.Struct):

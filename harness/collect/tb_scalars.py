@@ -11,6 +11,7 @@ from typing import Any
 
 from harness.paths import SCALARS_DIR, scalars_dir
 from harness.scalars import ScalarWriter, clear_event_files
+from harness.write_faults import FaultLog
 
 # report.json `steps` key -> tag
 STEP_TAGS = {
@@ -20,6 +21,7 @@ STEP_TAGS = {
     "exposed_comm_ms": "collector/exposed_comm_ms",
     "exposed_wait_ms": "collector/exposed_wait_ms",
     "exposed_transfer_ms": "collector/exposed_transfer_ms",
+    "memcpy_ms": "collector/memcpy_ms",
     "idle_ms": "collector/idle_ms",
 }
 # report.json `ranks` key -> tag, written once at step 0: the rank totals over the analysed steps
@@ -39,6 +41,7 @@ def write_scalars(doc: dict[str, Any], out: Path) -> Path:
     """1. clear the event files of a previous collection under out/tb/; 2. per rank, one event
     per analysed step with the `STEP_TAGS` values of report.json's steps table (lag = the time
     the others waited for this rank in that step); 3. the rank's totals at step 0."""
+    faults = FaultLog(prog="harness.collect")
     root = out / SCALARS_DIR
     if root.is_dir():
         for d in root.iterdir():
@@ -47,7 +50,7 @@ def write_scalars(doc: dict[str, Any], out: Path) -> Path:
     for row in doc["steps"]:
         by_rank.setdefault(row["rank"], []).append(row)
     for r in doc["ranks"]:
-        w = ScalarWriter(scalars_dir(out, r["rank"]))
+        w = ScalarWriter(scalars_dir(out, r["rank"]), faults=faults)
         try:
             for row in by_rank.get(r["rank"], []):
                 w.add(row["step"], {tag: float(row[k]) for k, tag in STEP_TAGS.items() if row.get(k) is not None})

@@ -1,0 +1,248 @@
+"""The host side of a trace: which threads do the model's work, how many ops they dispatch per
+step, and who called each blocking host-device sync. Pure functions of a decoded `Trace`.
+
+Both read every cpu op once at most: the op count is one pass over the op columns; the sync
+callers are one pass, with a stack, over the ops of the threads that synchronised (usually the
+main thread and autograd's device thread).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from array import array
+from collections import defaultdict
+from typing import Callable, Iterable, Iterator, Sequence
+
+from harness.collect.decode import Columns, Trace
+from harness.collect.model import Step
+from harness.paths import STEP_PHASES
+
+StepAt = Callable[[float], "int | None"]  # the step a host timestamp falls in
+Event = tuple[float, float, str, bool]  # (start_us, end_us, name, is a cpu op (not an annotation))
+
+# Host calls that block until the device catches up (cudaMemcpy without Async is synchronous).
+SYNC_CALL = re.compile(r"^(?:cuda|hip)(?:StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy)$")
+MEMCPY_CALL = re.compile(r"^(?:cuda|hip)Memcpy")
+STEP_MARK = re.compile(r"^ProfilerStep#\d+$")
+
+# Who called a blocking sync (`caller_of`); anything else is "other: <the op or range it ran in>".
+ITEM = "item"  # .item() / printing a tensor / a Python number from a device tensor
+COPY_TO_HOST = "copy to host"  # .cpu(), .to("cpu"), .tolist(), .numpy()
+COPY_TO_DEVICE = "copy to device"  # .to("cuda") from pageable memory, or without non_blocking
+COPY = "copy"  # a blocking copy whose direction the trace does not say (no memcpy recorded), or device to device
+GRAD_SCALER = "GradScaler"  # GradScaler.step() reading found_inf
+DDP_LOGGER = "DDP logger"  # DistributedDataParallel's runtime logger timing its iterations
+OTHER = "other"
+# Syncs that the training code did not ask for: the sync-bound rule does not count them (advisor.py).
+NOT_USERS = frozenset({GRAD_SCALER, DDP_LOGGER})
+
+ITEM_OPS = frozenset({"aten::item", "aten::_local_scalar_dense"})
+COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
+DDP_FORWARD = "DistributedDataParallel.forward"  # the record_function range of DDP's forward
+# GradScaler.step() runs this op over the gradients, then reads its found_inf with .item()
+# (torch/amp/grad_scaler.py, _maybe_opt_step), unless the optimizer is fused.
+AMP_UNSCALE = "aten::_amp_foreach_non_finite_check_and_unscale_"
+# DataLoader's pin-memory thread runs these (torch/utils/data/_utils/pin_memory.py).
+PIN_OPS = frozenset({"aten::pin_memory", "aten::_pin_memory"})
+TO_HOST = re.compile(r"DtoH|DeviceToHost")  # Kineto: "Memcpy DtoH (Device -> Pageable)"; ROCm: "CopyDeviceToHost"
+TO_DEVICE = re.compile(r"HtoD|HostToDevice")
+
+
+def caller_of(chain: Sequence[str], is_op: Sequence[bool]) -> tuple[str, int]:
+    """Who called a sync, from the names of the cpu ops and annotations enclosing it on its
+    thread (outermost first; `is_op[i]`: chain[i] is a cpu op, not an annotation), and the
+    position in `chain` of the one that decided (-1: none).
+
+    1. walk the chain from the innermost outwards; the first cpu op met decides:
+       aten::item/_local_scalar_dense -> "item", aten::to/_to_copy/copy_ -> "copy", any other
+       -> "other: <that op>";
+    2. reaching DDP's forward range before any cpu op -> "DDP logger" (its runtime logger
+       synchronises on its timing events at the start of forward, outside any op);
+    3. no cpu op and no DDP forward: "other: <the innermost annotation, ProfilerStep aside>",
+       or "other" when nothing but the step encloses it."""
+    for i in range(len(chain) - 1, -1, -1):
+        name = chain[i]
+        if name in ITEM_OPS:
+            return ITEM, i
+        if name in COPY_OPS:
+            return COPY, i
+        if is_op[i]:
+            return f"{OTHER}: {name}", i
+        if name == DDP_FORWARD:
+            return DDP_LOGGER, i
+    inner = next((n for n in reversed(chain) if not STEP_MARK.match(n)), None)
+    return (f"{OTHER}: {inner}" if inner else OTHER), -1
+
+
+def copy_direction(memcpy_name: str | None) -> str:
+    """"copy to host" / "copy to device" from the name of the device copy a blocking copy
+    waited for; "copy" when there is none or it is device to device."""
+    if memcpy_name is not None:
+        if TO_HOST.search(memcpy_name):
+            return COPY_TO_HOST
+        if TO_DEVICE.search(memcpy_name):
+            return COPY_TO_DEVICE
+    return COPY
+
+
+def enclosing(events: Iterable[Event], times: Sequence[float]) -> list[list[Event]]:
+    """For each time (ascending), the events that contain it (start <= t < end), outermost first.
+
+    `events` come by start, the longer first among equal starts (a parent before its children):
+    1. push every event that starts by t, first popping the open events that ended by its start;
+    2. the open events that have not ended by t are the ones containing it."""
+    out: list[list[Event]] = []
+    stack: list[Event] = []
+    it = iter(events)
+    nxt = next(it, None)
+    for t in times:
+        while nxt is not None and nxt[0] <= t:
+            while stack and stack[-1][1] <= nxt[0]:
+                stack.pop()
+            stack.append(nxt)
+            nxt = next(it, None)
+        while stack and stack[-1][1] <= t:
+            stack.pop()
+        out.append([e for e in stack if e[1] > t])  # the filter only matters for ranges that are not nested
+    return out
+
+
+def nest_order(ts: array, dur: array, positions: list[int]) -> Iterator[int]:
+    """`positions` (by start) with the longer event first among events starting together (the
+    outer one of a nest); only runs of equal starts are sorted."""
+    i, n = 0, len(positions)
+    while i < n:
+        j = i + 1
+        while j < n and ts[positions[j]] == ts[positions[i]]:
+            j += 1
+        if j == i + 1:
+            yield positions[i]
+        else:
+            yield from sorted(positions[i:j], key=lambda k: -dur[k])
+        i = j
+
+
+def _by_thread(cols: Columns, threads: set[int]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {th: [] for th in threads}
+    for i, th in enumerate(cols.thread):
+        if th in out:
+            out[th].append(i)
+    return out
+
+
+def count_host_ops(doc: Trace, main: int | None, by_number: dict[int, Step]) -> set[int]:
+    """Set each step's `host_ops`: the `aten::` ops (any depth) that the model's threads start in
+    it outside its data phase. Returns the threads counted.
+
+    1. per thread and step, count the aten ops by start, leaving out those in the step's data
+       phase (a harness range on the main thread; its time is left out on every thread);
+    2. the model's threads: every thread with ops (on GPU, backward runs on autograd's device
+       thread, not the main one), except gloo's workers (threads holding `gloo:*` ranges) and
+       DataLoader's pin-memory thread (threads running aten::pin_memory/_pin_memory); the main
+       thread always counts;
+    3. host_ops = the sum over the model's threads."""
+    names = doc.names
+    aten = [n.startswith("aten::") for n in names]
+    pin = [n in PIN_OPS for n in names]
+    ops = doc.ops
+    counts: dict[int, dict[int, int]] = {}
+    pinning: set[int] = set()
+    steps = sorted(by_number.values(), key=lambda s: s.start_us)
+    for s, nxt in zip(steps, steps[1:] + [None]):
+        lo = bisect.bisect_left(ops.ts, s.start_us)
+        hi = bisect.bisect_right(ops.ts, s.end_us)
+        if nxt is not None:  # an op at the very start of the next step is that step's (as in _StepIndex)
+            hi = min(hi, bisect.bisect_left(ops.ts, nxt.start_us))
+        c = counts[s.number] = defaultdict(int)
+        for lo, hi in _outside(ops.ts, lo, hi, [(a, b) for p, a, b in s.phase_spans if p == STEP_PHASES[0]]):
+            for n, th in zip(ops.name[lo:hi], ops.thread[lo:hi]):
+                if aten[n]:
+                    c[th] += 1
+                    if pin[n]:
+                        pinning.add(th)
+    gloo = {m.thread for m in doc.marks if m.cat == "user_annotation" and m.name.startswith("gloo:")}
+    model = {th for c in counts.values() for th in c if th == main or (th not in gloo and th not in pinning)}
+    for number, c in counts.items():
+        by_number[number].host_ops += sum(v for th, v in c.items() if th in model)
+    return model
+
+
+def _outside(ts: array, lo: int, hi: int, holes: list[tuple[float, float]]) -> list[tuple[int, int]]:
+    """The position ranges [a, b) within [lo, hi) of the events (by start `ts`) that start in
+    none of `holes` (each [start, end])."""
+    out = []
+    for a, b in sorted(holes):
+        out.append((lo, min(hi, bisect.bisect_left(ts, a))))
+        lo = max(lo, bisect.bisect_right(ts, b))
+    out.append((lo, hi))
+    return [(a, b) for a, b in out if a < b]
+
+
+def attribute_syncs(doc: Trace, step_at: StepAt, by_number: dict[int, Step]) -> None:
+    """Set each step's `syncs`/`sync_us` (the blocking sync calls starting in it and their time)
+    and the same by caller (`syncs_by_caller`, `sync_us_by_caller`).
+
+    1. the syncs: host calls named by SYNC_CALL, on any thread, placed in the step they start in;
+    2. per thread that synchronised, the cpu ops and annotations enclosing each sync
+       (`enclosing`), merged outermost first; `caller_of` names the caller;
+    3. a copy's direction: the device copy (gpu_memcpy, by correlation id) of the sync call
+       itself when it is a cudaMemcpy, else of the last memcpy call on the thread since the
+       deciding copy op started (`copy_direction`);
+    4. an "item" sync is GradScaler's when an AMP_UNSCALE op started before it on its thread in
+       the same step and no sync was given to that op yet (GradScaler reads found_inf once
+       after unscaling; a later .item() in the step is the user's)."""
+    launches, names = doc.launches, doc.names
+    kind = {n: (bool(SYNC_CALL.match(names[n])), bool(MEMCPY_CALL.match(names[n]))) for n in set(launches.name)}
+    wanted = {n for n, (is_sync, is_memcpy) in kind.items() if is_sync or is_memcpy}
+    if not any(is_sync for is_sync, _ in kind.values()):
+        return
+    syncs: dict[int, list[tuple[int, int]]] = defaultdict(list)  # thread -> [(launch position, step)]
+    memcpy: dict[int, list[int]] = defaultdict(list)
+    for i, n in enumerate(launches.name):
+        if n in wanted:
+            is_sync, is_memcpy = kind[n]
+            th = launches.thread[i]
+            if is_memcpy:
+                memcpy[th].append(i)
+            st = step_at(launches.ts[i]) if is_sync else None
+            if st is not None:
+                syncs[th].append((i, st))
+    if not syncs:
+        return
+    copy_names = {c: names[n] for c, n in zip(doc.copies.corr, doc.copies.name) if c >= 0}
+    ops = doc.ops
+    op_positions = _by_thread(ops, set(syncs))
+    for th, found in syncs.items():
+        positions = op_positions[th]
+        op_events = ((ops.ts[i], ops.ts[i] + ops.dur[i], names[ops.name[i]], True)
+                     for i in nest_order(ops.ts, ops.dur, positions))
+        marks = sorted(((m.ts, m.ts + m.dur, m.name, False) for m in doc.marks
+                        if m.thread == th and m.cat == "user_annotation"), key=lambda e: (e[0], e[0] - e[1]))
+        times = [launches.ts[i] for i, _ in found]
+        unscale = [ops.ts[i] for i in positions if names[ops.name[i]] == AMP_UNSCALE]
+        used: set[int] = set()
+        mem = memcpy.get(th, [])
+        mem_ts = [launches.ts[i] for i in mem]
+        for (i, st), op_chain, mark_chain in zip(found, enclosing(op_events, times), enclosing(marks, times)):
+            chain = sorted(op_chain + mark_chain, key=lambda e: (e[0], e[0] - e[1]))
+            caller, at = caller_of([e[2] for e in chain], [e[3] for e in chain])
+            t = launches.ts[i]
+            if caller == COPY:
+                if kind[launches.name[i]][1]:
+                    corr = launches.corr[i]
+                else:
+                    j = bisect.bisect_right(mem_ts, t) - 1
+                    corr = launches.corr[mem[j]] if j >= 0 and mem_ts[j] >= chain[at][0] else -1
+                caller = copy_direction(copy_names.get(corr))
+            elif caller == ITEM:
+                j = bisect.bisect_left(unscale, t) - 1
+                if j >= 0 and j not in used and step_at(unscale[j]) == st:
+                    used.add(j)
+                    caller = GRAD_SCALER
+            step = by_number[st]
+            d = launches.dur[i]
+            step.syncs += 1
+            step.sync_us += d
+            step.syncs_by_caller[caller] = step.syncs_by_caller.get(caller, 0) + 1
+            step.sync_us_by_caller[caller] = step.sync_us_by_caller.get(caller, 0.0) + d
