@@ -2,13 +2,16 @@
 
 The training loop reads the same either way: `with TraceRecorder(...) as rec: ... rec.step()`.
 Each finished window is exported to a temporary name and renamed, so a crash mid-export never
-leaves a half-written file under a name a reader would pick up.
+leaves a half-written file under a name a reader would pick up. A window whose export fails
+(full disk, read-only or removed folder, an error inside the profiler library) is skipped, said
+once, and recorded; training goes on. After a full disk, tracing pauses until there is room.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,13 @@ from typing import Any
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
 from harness.config import ProfilerConfig
-from harness.paths import TRACE_METADATA_KEY, partial_path, trace_path
+from harness.paths import TRACE_METADATA_KEY, partial_path, summary_path, trace_path
+from harness.write_faults import FaultLog, is_disk_full
+
+# After a full disk, the next window is exported only once this much is free again: the start-up
+# minimum (run_info.MIN_FREE_BYTES), or twice the largest window written so far if larger, so
+# one more window cannot fill the disk again at once.
+RESUME_MIN_FREE_BYTES = 64 * 2**20
 
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 
@@ -28,7 +37,8 @@ class TraceRecorder:
     rank, host, ...), so a reader can tell runs apart without trusting file names.
     """
 
-    def __init__(self, cfg: ProfilerConfig, *, run_dir: Path, rank: int, host: str, cuda: bool, metadata: dict[str, Any]) -> None:
+    def __init__(self, cfg: ProfilerConfig, *, run_dir: Path, rank: int, host: str, cuda: bool, metadata: dict[str, Any],
+                 faults: FaultLog | None = None) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.rank = rank
@@ -38,6 +48,11 @@ class TraceRecorder:
         self.written: list[Path] = []
         self.summaries: list[Path] = []
         self.summary_s = 0.0  # time spent condensing traces into summaries
+        self.skipped: list[dict[str, Any]] = []  # [{first, last, reason}]: runs of windows not written
+        self.faults = faults or FaultLog(rank=rank)
+        self._windows = 0  # windows handed over by the profiler so far
+        self._resume_free_bytes: int | None = None  # set while paused after a full disk
+        self._largest_bytes = 0
         self._prof: profile | None = None
         self._stamped_window = 0
 
@@ -89,22 +104,84 @@ class TraceRecorder:
         # Metadata only sticks while Kineto is recording, so add it once per window, on its
         # first recorded step.
         assert self._prof is not None
-        window = len(self.written) + 1
+        window = self._windows + 1
         if self._prof.current_action in _RECORDING and self._stamped_window != window:
             self._prof.add_metadata_json(TRACE_METADATA_KEY, json.dumps({**self.metadata, "window": window}))
             self._stamped_window = window
 
+    @property
+    def tracing(self) -> dict[str, Any]:
+        """How this rank's tracing went, for its status file and run.json."""
+        return {"state": "degraded" if self.skipped or self._resume_free_bytes else "complete",
+                "windows": self._windows, "written": len(self.written), "skipped_windows": self.skipped}
+
     def _write_window(self, prof: profile) -> None:
-        final = trace_path(self.run_dir, self.rank, self.host, len(self.written) + 1)
+        """Export the window the profiler hands over; never raise into the training loop."""
+        self._windows += 1
+        window = self._windows
+        final = trace_path(self.run_dir, self.rank, self.host, window)
+        if self._resume_free_bytes is not None:
+            free = _free_bytes(self.run_dir)
+            if free is not None and free < self._resume_free_bytes:
+                self._skip(window, f"tracing paused after a full disk until {self._resume_free_bytes // 2**20} MiB "
+                                   "are free")
+                return
+            self.faults.note(f"tracing resumes with trace window {window}: {free // 2**20 if free else '?'} MiB free")
+            self._resume_free_bytes = None
         tmp = partial_path(final)
-        prof.export_chrome_trace(str(tmp))  # gzip-compressed because the name ends in .gz
-        os.replace(tmp, final)
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)  # the run folder may have been removed mid-run
+            prof.export_chrome_trace(str(tmp))  # gzip-compressed because the name ends in .gz
+            os.replace(tmp, final)
+        except Exception as exc:  # an OSError, or whatever the profiler library raises
+            _remove(tmp)
+            action = f"trace window {window} skipped"
+            if is_disk_full(exc):
+                self._resume_free_bytes = max(RESUME_MIN_FREE_BYTES, 2 * self._largest_bytes)
+                action += f"; tracing paused until {self._resume_free_bytes // 2**20} MiB are free"
+            else:
+                action += "; the next window is tried as usual"
+            reason = self.faults.report("trace export", exc, action + "; training goes on", tmp, window=window)
+            self._skip(window, reason)
+            return
         self.written.append(final)
+        try:
+            self._largest_bytes = max(self._largest_bytes, final.stat().st_size)
+        except OSError:
+            pass
         if self.cfg.trace_summary != "off":
             # Condensed here, on the rank's own node, while the profiler has handed the window
             # over (training waits for it, as it already waits for the export above).
             from harness.collect.summary import summarize
 
             started = time.perf_counter()
-            self.summaries.append(summarize(final, drop_trace=self.cfg.trace_summary == "only"))
+            try:
+                self.summaries.append(summarize(final, drop_trace=self.cfg.trace_summary == "only"))
+            except Exception as exc:
+                _remove(partial_path(summary_path(final)))
+                self.faults.report("trace summary", exc, f"window {window} keeps its trace, without a summary; "
+                                   "training goes on", summary_path(final), window=window)
             self.summary_s += time.perf_counter() - started
+
+    def _skip(self, window: int, reason: str) -> None:
+        """Record a skipped window, joining it to the previous run of skipped windows when the
+        reason is the same."""
+        last = self.skipped[-1] if self.skipped else None
+        if last and last["reason"] == reason and last["last"] == window - 1:
+            last["last"] = window
+        else:
+            self.skipped.append({"first": window, "last": window, "reason": reason})
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        return shutil.disk_usage(path if path.exists() else path.parent).free
+    except OSError:
+        return None
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass  # its folder is gone or read-only: no partial file is visible there either

@@ -1,8 +1,9 @@
 """Each rank's state on disk, so a run that ended badly says which rank stopped and how.
 
-`<run>/status/rank<R>.json` = {rank, host, pid, attempt, state, last_step, error, updated}:
+`<run>/status/rank<R>.json` = {rank, host, pid, attempt, state, last_step, error, tracing, updated}:
 "running" from the start, then "finished", "failed" (with the exception) or "terminated" (with
-the signal: torchrun stopping the other ranks after one failed). A rank killed without a chance
+the signal: torchrun stopping the other ranks after one failed); `tracing` says how its
+profiler output ended ({state: complete|degraded, skipped_windows, write_failures}). A rank killed without a chance
 to write (SIGKILL, the OOM killer, a lost node) stays "running": the collector reports it so.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from harness.atomic import write_text_atomic
 from harness.paths import status_path
+from harness.write_faults import FaultLog
 
 
 class Terminated(SystemExit):
@@ -35,23 +37,34 @@ def raise_on_sigterm() -> None:
 
 
 class RankStatus:
-    def __init__(self, run_dir: Path, *, rank: int, host: str, attempt: int) -> None:
+    """The status file; a disk that refuses it does not stop training (said once, retried at the
+    next change)."""
+
+    def __init__(self, run_dir: Path, *, rank: int, host: str, attempt: int, faults: FaultLog | None = None) -> None:
         self.path = status_path(run_dir, rank)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.faults = faults or FaultLog(rank=rank)
         self.doc: dict[str, Any] = {"rank": rank, "host": host, "pid": os.getpid(), "attempt": attempt,
-                                    "state": "running", "last_step": None, "error": None}
+                                    "state": "running", "last_step": None, "error": None, "tracing": None}
         self._write()
 
-    def end(self, state: str, last_step: int | None, error: BaseException | None = None) -> None:
+    def end(self, state: str, last_step: int | None, error: BaseException | None = None,
+            tracing: dict[str, Any] | None = None) -> bool:
+        """Record how the rank ended (and how its tracing ended); False if the file could not be written."""
         if isinstance(error, Terminated):
             state, message = "terminated", f"signal {error.signum} ({signal.Signals(error.signum).name})"
         elif error is not None:
             message = f"{type(error).__name__}: {error}".strip().splitlines()[0][:500]
         else:
             message = None
-        self.doc.update(state=state, last_step=last_step, error=message)
-        self._write()
+        self.doc.update(state=state, last_step=last_step, error=message, tracing=tracing)
+        return self._write()
 
-    def _write(self) -> None:
+    def _write(self) -> bool:
         self.doc["updated"] = time.time()
-        write_text_atomic(self.path, json.dumps(self.doc))
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.path, json.dumps(self.doc))
+        except OSError as exc:
+            self.faults.report("status file", exc, "training goes on; retried when the rank's state changes", self.path)
+            return False
+        return True

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.write_faults import AppendOnlyFile, FaultLog
+
 # Step record key (from harness.timing / harness.stats) -> TensorBoard tag.
 STEP_TAGS = {
     "step_ms": "step/time_ms",
@@ -78,42 +80,52 @@ class ScalarWriter:
     thread contending for the GIL and no per-step file write.
     """
 
-    def __init__(self, logdir: Path, flush_secs: float = 5.0) -> None:
+    def __init__(self, logdir: Path, flush_secs: float = 5.0, faults: FaultLog | None = None) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         self._event, self._summary = Event, Summary
-        logdir.mkdir(parents=True, exist_ok=True)
         self.logdir = logdir
         self.flush_secs = flush_secs
         now = time.time()
         # TensorBoard reads files whose name contains "tfevents"; the suffix keeps two writers
         # of one process (or one pid reused) from sharing a file.
         self.path = logdir / f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}.{next(_counter)}"
-        self._fh = self.path.open("wb")
-        self._fh.write(_record(Event(wall_time=now, file_version="brain.Event:2").SerializeToString()))
-        self._fh.flush()
+        self._header = _record(Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
+        # A disk that refuses the events does not stop training (write_faults.AppendOnlyFile); a
+        # file re-created after its folder was removed starts with the header again.
+        self._file = AppendOnlyFile(self.path, faults or FaultLog(), "TensorBoard scalars",
+                                    restore=lambda queued: self._header)
+        self._file.append(self._header)
         self._pending: list[tuple[int, float, dict[str, float]]] = []
         self._last_flush = time.monotonic()
+        self._closed = False
 
     def add(self, step: int, values: dict[str, float], wall_time: float | None = None) -> None:
         self._pending.append((step, time.time() if wall_time is None else wall_time, values))
         if time.monotonic() - self._last_flush >= self.flush_secs:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
+        """Encode and write the points added since the last flush; False when the disk refused them
+        (they wait in memory)."""
         Event, Summary = self._event, self._summary
+        chunk = []
         for step, wall, values in self._pending:
             summary = Summary(value=[Summary.Value(tag=tag, simple_value=v) for tag, v in values.items()])
-            self._fh.write(_record(Event(wall_time=wall, step=step, summary=summary).SerializeToString()))
+            chunk.append(_record(Event(wall_time=wall, step=step, summary=summary).SerializeToString()))
         self._pending.clear()
-        self._fh.flush()
         self._last_flush = time.monotonic()
+        if chunk:
+            self._file.append(b"".join(chunk))
+        return self._file.flush()
 
-    def close(self) -> None:
-        if not self._fh.closed:
-            self.flush()
-            self._fh.close()
+    def close(self) -> bool:
+        if self._closed:
+            return True
+        self._closed = True
+        self.flush()
+        return self._file.close()
 
 
 def clear_event_files(logdir: Path) -> None:

@@ -6,12 +6,13 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import psutil
 import torch
 
 from harness import text_table
+from harness.write_faults import AppendOnlyFile, FaultLog
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -92,11 +93,15 @@ class SystemSampler:
 
     def sample(self) -> dict[str, float | int | None]:
         now = time.monotonic()
-        if now - self._cpu_read_at >= self.cpu_window_s:
-            self._cpu = {"host_cpu_util_pct": psutil.cpu_percent(interval=None),
-                         "proc_cpu_pct": self.proc.cpu_percent(interval=None)}
-            self._cpu_read_at = now
-        out: dict[str, float | int | None] = {"rss_bytes": self.proc.memory_info().rss, **self._cpu}
+        try:
+            if now - self._cpu_read_at >= self.cpu_window_s:
+                self._cpu = {"host_cpu_util_pct": psutil.cpu_percent(interval=None),
+                             "proc_cpu_pct": self.proc.cpu_percent(interval=None)}
+                self._cpu_read_at = now
+            rss: int | None = self.proc.memory_info().rss
+        except (psutil.Error, OSError):  # /proc unreadable (containers, hardened kernels): no samples
+            self._cpu, rss = {"host_cpu_util_pct": None, "proc_cpu_pct": None}, None
+        out: dict[str, float | int | None] = {"rss_bytes": rss, **self._cpu}
         if self.cuda:
             out["gpu_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
             out["gpu_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
@@ -105,24 +110,37 @@ class SystemSampler:
 
 
 class StepLog:
-    """Appends one JSON object per step to `steps/rank<R>.jsonl`, flushed as each is written.
+    """Appends one JSON object per step to `steps/rank<R>.jsonl`, written as each is logged.
 
-    Flushing per step means a rank killed mid-run leaves every finished step on disk.
+    Writing per step means a rank killed mid-run leaves every finished step on disk. A disk that
+    refuses a record (full, read-only, the folder removed) does not stop training: the records
+    wait in memory and are written when it takes them again, or at `close`
+    (write_faults.AppendOnlyFile).
     """
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path, faults: FaultLog | None = None) -> None:
         self.path = path
         self.records: list[dict[str, Any]] = []
-        self._fh: TextIO = path.open("a", buffering=1)
+        self._lines: list[bytes] = []
+        self._file = AppendOnlyFile(path, faults or FaultLog(), "step log", restore=self._before)
+
+    def _before(self, queued: int) -> bytes:
+        return b"".join(self._lines[:len(self._lines) - queued])
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
-        self._fh.write(json.dumps(record) + "\n")
-        self._fh.flush()
+        line = (json.dumps(record) + "\n").encode()
+        self._lines.append(line)
+        self._file.append(line)
 
-    def close(self) -> None:
-        self._fh.close()
+    @property
+    def unwritten(self) -> int:
+        """Records not on disk (yet)."""
+        return len(self._file.pending) + self._file.dropped
+
+    def close(self) -> bool:
+        """Write what waits; False when some records could not be written."""
+        return self._file.close()
 
 
 def format_rank_table(rows: list[dict[str, Any]]) -> str:

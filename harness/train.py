@@ -15,13 +15,14 @@ import torch
 from harness.cli import fail_config, parse_config
 from harness.config import ConfigError, LaunchEnv, TrainConfig, resolve_environment
 from harness.parallel import build_optimizer, destroy_process_group, init_process_group, pick_device, wrap_model
-from harness.paths import scalars_dir, steps_path
+from harness.paths import run_file, scalars_dir, steps_path
 from harness.profiling import TraceRecorder
 from harness.run_info import RunIdentity, agree_identity, check_output, gather, host_name, write_run_json
 from harness.run_status import RankStatus, raise_on_sigterm
 from harness.scalars import ScalarWriter
 from harness.stats import StepLog, format_rank_table, summarize
 from harness.trainer import Trainer, build_loader
+from harness.write_faults import FaultLog
 from harness.workloads import build_workload
 
 PROG = "harness.train"
@@ -46,41 +47,69 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
     host = host_name()
     workload = build_workload(cfg.workload, cfg.data, env.rank)
     model = wrap_model(workload.model, cfg.parallel, cfg.speed, device)
-    scalars = ScalarWriter(scalars_dir(ident.dir, env.rank)) if cfg.output.scalars else None
+    # Profiler-side outputs never stop training: their write failures are said once and recorded.
+    faults = FaultLog(rank=env.rank)
+    scalars = ScalarWriter(scalars_dir(ident.dir, env.rank), faults=faults) if cfg.output.scalars else None
     trainer = Trainer(cfg=cfg, model=model, optimizer=build_optimizer(model, cfg.workload.optimizer, cfg.speed), workload=workload,
                       loader=build_loader(workload, cfg, device), device=device, rank=env.rank, host=host,
                       scalars=scalars)
     metadata = {"run_id": ident.run_id, "run_name": ident.name, "attempt": ident.attempt, "rank": env.rank,
                 "local_rank": env.local_rank,
                 "world_size": env.world_size, "host": host, "mode": cfg.workload.mode, "parallel": cfg.parallel.parallel}
-    log = StepLog(steps_path(ident.dir, env.rank))
-    status = RankStatus(ident.dir, rank=env.rank, host=host, attempt=ident.attempt)
+    log = StepLog(steps_path(ident.dir, env.rank), faults)
+    status = RankStatus(ident.dir, rank=env.rank, host=host, attempt=ident.attempt, faults=faults)
+    rec = TraceRecorder(cfg.profiler, run_dir=ident.dir, rank=env.rank, host=host, cuda=device.type == "cuda",
+                        metadata=metadata, faults=faults)
     try:
-        with TraceRecorder(cfg.profiler, run_dir=ident.dir, rank=env.rank, host=host, cuda=device.type == "cuda", metadata=metadata) as rec:
+        with rec:
             trainer.run(rec, log)
     except BaseException as exc:
-        status.end("failed", _last_step(log), exc)
+        _close_outputs(log, scalars, faults)
+        status.end("failed", _last_step(log), exc, tracing=_tracing(rec, faults))
         raise
-    finally:
-        log.close()
-        if scalars:
-            scalars.close()
-    status.end("finished", _last_step(log))
+    _close_outputs(log, scalars, faults)
+    status.end("finished", _last_step(log), tracing=_tracing(rec, faults))
     row = {"rank": env.rank, "local_rank": env.local_rank, "host": host, **summarize(log.records),
            "final_loss": trainer.last_loss, "traces": [p.name for p in rec.written if p.exists()],
            "trace_summaries": [p.name for p in rec.summaries], "trace_summary_s": round(rec.summary_s, 3),
-           "steps_file": str(log.path.relative_to(ident.dir))}
+           "steps_file": str(log.path.relative_to(ident.dir)), "skipped_windows": rec.skipped,
+           "unwritten_step_records": log.unwritten, "write_failures": _failures(faults)}
     rows = gather(row)
     if env.rank == 0:
-        path = write_run_json(ident, cfg, env, device, rows)
+        try:
+            path: Path | None = write_run_json(ident, cfg, env, device, rows)
+        except OSError as exc:
+            faults.report("run.json", exc, "the per-rank table below is the run's only summary", run_file(ident.dir))
+            path = None
         report(ident, rows, path)
+
+
+def _close_outputs(log: StepLog, scalars: ScalarWriter | None, faults: FaultLog) -> None:
+    """Write what waits in memory; say what could not be written at all."""
+    if not log.close():
+        faults.note(f"{log.unwritten} step record(s) could not be written to {log.path}; the run's summary "
+                    "(run.json, the table) still counts them")
+    if scalars and not scalars.close():
+        faults.note(f"TensorBoard scalars could not all be written to {scalars.path}")
+
+
+def _failures(faults: FaultLog) -> list[dict]:
+    """Each distinct write failure once: {what, reason, count}."""
+    counts: dict[tuple[str, str], int] = {}
+    for e in faults.events:
+        counts[(e["what"], e["reason"])] = counts.get((e["what"], e["reason"]), 0) + 1
+    return [{"what": w, "reason": r, "count": n} for (w, r), n in counts.items()]
+
+
+def _tracing(rec: TraceRecorder, faults: FaultLog) -> dict:
+    return {**rec.tracing, "write_failures": _failures(faults)}
 
 
 def _last_step(log: StepLog) -> int | None:
     return log.records[-1].get("step") if log.records else None
 
 
-def report(ident: RunIdentity, rows: list[dict], run_json: Path) -> None:
+def report(ident: RunIdentity, rows: list[dict], run_json: Path | None) -> None:
     n_traces = sum(len(r["traces"]) for r in rows)
     print(f"\n{PROG}: run {ident.name} finished ({len(rows)} rank(s), steady state, warm-up excluded)")
     print(format_rank_table(rows))
@@ -90,8 +119,14 @@ def report(ident: RunIdentity, rows: list[dict], run_json: Path) -> None:
         worst_s = max(r.get("trace_summary_s", 0.0) for r in rows)
         print(f"summaries: {n_summaries} in-job trace summaries (<trace>.summary.json; condensing took at most "
               f"{worst_s:.2f} s on a rank); the collector reads them instead of the traces")
+    for r in rows:
+        for w in r.get("skipped_windows", []):
+            windows = f"window {w['first']}" if w["first"] == w["last"] else f"windows {w['first']}-{w['last']}"
+            print(f"skipped: rank {r['rank']} trace {windows}: {w['reason']}")
+        if r.get("unwritten_step_records"):
+            print(f"skipped: rank {r['rank']}: {r['unwritten_step_records']} step record(s) not on disk")
     print(f"steps:   {ident.dir}/steps/rank<R>.jsonl")
-    print(f"summary: {run_json}")
+    print(f"summary: {run_json or 'not written (see the warnings above)'}")
     if len(rows) > 1:
         print(f"who waits for whom: python -m harness.collect {ident.dir}")
     sys.stdout.flush()

@@ -17,7 +17,7 @@ from harness.collect.discover import InputError, RunSet, find_trace_files, group
 from harness.collect.model import RankTrace
 from harness.collect.parse import TraceError, parse_trace
 from harness.collect.report import build_report, collective_rows, console_summary, write_report
-from harness.collect.run_state import choose_attempt, ending_notes
+from harness.collect.run_state import choose_attempt, ending_notes, skipped_note, skipped_windows
 from harness.collect.stragglers import Thresholds
 from harness.collect.summary import read_summary
 from harness.collect.tb_scalars import write_scalars
@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_INPUT) from None
     runset.ending = [n for d in inputs if Path(d).is_dir() for n in ending_notes(Path(d))]
-    runset.warnings[:0] = attempt_notes + runset.ending + [f"skipped {e}" for e in errors]
+    runset.skipped_windows = [w for d in inputs if Path(d).is_dir() for w in skipped_windows(Path(d))]
+    runset.warnings[:0] = (attempt_notes + runset.ending + [skipped_note(w) for w in runset.skipped_windows]
+                           + [f"skipped {e}" for e in errors])
     thresholds = Thresholds(min_lag_ms=args.min_lag_ms, rel_lag=args.rel_lag, rel_lag_cpu=args.rel_lag_cpu)
     try:
         analysis = analyze(runset, align=not args.no_align, thresholds=thresholds, steps=args.steps)

@@ -96,3 +96,31 @@ def ending_notes(run_dir: Path) -> list[str]:
         ordered.insert(0, f"the run did not finish (no {run_file(run_dir).name} in {run_dir}); its steps up to the "
                           "failure are analysed")
     return ordered
+
+
+def skipped_windows(run_dir: Path) -> list[dict]:
+    """The trace windows the ranks could not write (a full disk, a read-only folder, an export
+    error: the training side skipped them and went on), as [{rank, first, last, reason}]: from
+    run.json's ranks, else from each rank's status file (a run that did not finish)."""
+    out: list[dict] = []
+    try:
+        ranks = json.loads(run_file(run_dir).read_text()).get("ranks", [])
+    except (OSError, ValueError, AttributeError):
+        ranks = []
+        if (run_dir / STATUS_DIR).is_dir():
+            for p in sorted((run_dir / STATUS_DIR).iterdir()):
+                try:
+                    doc = json.loads(p.read_text())
+                    ranks.append({"rank": doc["rank"], "skipped_windows": (doc.get("tracing") or {}).get("skipped_windows", [])})
+                except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                    continue
+    for r in ranks if isinstance(ranks, list) else []:
+        for w in (r.get("skipped_windows") or []) if isinstance(r, dict) else []:
+            if isinstance(w, dict) and {"first", "last", "reason"} <= set(w):
+                out.append({"rank": r.get("rank"), "first": w["first"], "last": w["last"], "reason": w["reason"]})
+    return out
+
+
+def skipped_note(w: dict) -> str:
+    windows = f"window {w['first']}" if w["first"] == w["last"] else f"windows {w['first']}-{w['last']}"
+    return f"rank {w['rank']} did not write trace {windows} ({w['reason']}): those steps are not in its traces"
