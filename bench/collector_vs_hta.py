@@ -5,6 +5,7 @@
     python bench/collector_vs_hta.py --scale 8,16,32,64 --scale-mb 20   # ours only: ranks vs seconds
     python bench/collector_vs_hta.py --no-compare --stream-mb 2000     # ours only: one 2 GB trace
     python bench/collector_vs_hta.py --no-compare --summaries 10,20,85 # ours only: in-job summaries
+    python bench/collector_vs_hta.py --source DIR ...                  # another trace set as the base
 
 Each tool runs as its own process, alternating (ours first on even repetitions, HTA first on
 odd ones); wall time is the process's, peak memory the largest sum of RSS over the process and
@@ -14,9 +15,11 @@ writing the report); HTA's is `TraceAnalysis(trace_dir=DIR)` then `get_comm_comp
 Both report, per rank, the share of communication time overlapped by computation; the script
 prints the largest difference in percentage points.
 
-Large sets are made from the real DLRM traces in ../shared/traces by repeating each rank's events
-with shifted times, step numbers and correlation ids (so kernel-launch links stay unique); rank r
-of a bigger world copies source rank r mod 8. They are cached under --work (uncompressed JSON).
+Large sets are made from the real DLRM traces in ../shared/traces (or the traces in --source) by
+repeating each rank's events with shifted times, step numbers and correlation ids (so kernel-launch
+links stay unique); rank r of a bigger world copies source rank r mod the source's ranks. They are
+cached under --work (uncompressed JSON). Tiny sizes (`--rank-mb 0.05 --reps 1`) make a smoke run
+of a few seconds (tests/test_bench_smoke.py).
 
 Needs `pip install HolisticTraceAnalysis psutil` in the interpreter that runs it (HTA is not a
 dependency of the harness).
@@ -25,6 +28,7 @@ dependency of the harness).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -85,14 +89,23 @@ def replicate(doc: dict[str, Any], copies: int, rank: int, world_size: int) -> d
     return {**{k: v for k, v in doc.items() if k != "traceEvents"}, "distributedInfo": info, "traceEvents": out}
 
 
-def make_set(work: Path, ranks: int, rank_mb: float) -> Path:
-    """`ranks` files of about `rank_mb` MB each (uncompressed JSON), cached by size."""
-    folder = work / f"dlrm-{ranks}r-{rank_mb:g}mb"
+def source_traces(source: Path) -> list[Path]:
+    """The per-rank traces of a source set (gzip or not); SystemExit when it has none."""
+    found = sorted(p for p in source.glob("*.json*") if p.name.endswith((".json", ".json.gz")))
+    if not found:
+        raise SystemExit(f"no traces (*.json, *.json.gz) in {source}: pass --source DIR")
+    return found
+
+
+def make_set(work: Path, ranks: int, rank_mb: float, source: Path = SOURCE) -> Path:
+    """`ranks` files of about `rank_mb` MB each (uncompressed JSON), cached by source and size."""
+    base = "dlrm" if source == SOURCE else source.name
+    folder = work / f"{base}-{ranks}r-{rank_mb:g}mb"
     done = folder / ".complete"
     if done.exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    sources = sorted(SOURCE.glob("*.json.gz"))
+    sources = source_traces(source)
     for r in range(ranks):
         doc = load(sources[r % len(sources)])
         one = len(json.dumps(doc["traceEvents"]))
@@ -167,26 +180,26 @@ def compare(folder: Path, reps: int) -> dict[str, Any]:
             "overlap_max_diff_pp": max(diffs) if diffs else None, "ranks": len(hta_ov)}
 
 
-def scale(work: Path, sizes: list[int], rank_mb: float, reps: int) -> None:
+def scale(work: Path, sizes: list[int], rank_mb: float, reps: int, source: Path = SOURCE) -> None:
     print(f"\nscale: ours only, {rank_mb:g} MB per rank, median of {reps}, {psutil.cpu_count()} cores")
     print(f"{'ranks':>6} {'seconds':>9} {'s/rank':>8} {'peak MB':>9}")
     for n in sizes:
-        folder = make_set(work, n, rank_mb)
+        folder = make_set(work, n, rank_mb, source)
         tmp = Path(tempfile.mkdtemp(prefix="cvh-scale-"))
         got = [measured(ours_cmd(folder, tmp / "report")) for _ in range(reps)]
         wall = statistics.median(w for w, _ in got)
         print(f"{n:>6} {wall:>9.2f} {wall / n:>8.3f} {statistics.median(m for _, m in got) / 1e6:>9.0f}")
 
 
-def one_big_trace(work: Path, rank_mb: float) -> None:
-    folder = make_set(work, 1, rank_mb)
+def one_big_trace(work: Path, rank_mb: float, source: Path = SOURCE) -> None:
+    folder = make_set(work, 1, rank_mb, source)
     size = sum(p.stat().st_size for p in folder.glob("*.json")) / 1e6
     wall, peak = measured(ours_cmd(folder, Path(tempfile.mkdtemp(prefix="cvh-big-")) / "report"))
     print(f"\none trace of {size:.0f} MB (uncompressed): ours {wall:.1f} s, peak RSS {peak / 1e6:.0f} MB "
           f"(target < 1000 MB)")
 
 
-def summaries(work: Path, ranks: int, sizes_mb: list[float], reps: int) -> None:
+def summaries(work: Path, ranks: int, sizes_mb: list[float], reps: int, source: Path = SOURCE) -> None:
     """In-job summaries: per rank, condensing its trace (what each rank does at the end of a
     window, all ranks at once in a real job); then the collector over the summaries against
     the collector over the traces. The summaries go into a folder of links to the cached traces,
@@ -195,9 +208,9 @@ def summaries(work: Path, ranks: int, sizes_mb: list[float], reps: int) -> None:
     print(f"{'MB/rank':>8} {'condense s/rank':>16} {'summary MB/rank':>16} {'from traces s':>14} "
           f"{'from summaries s':>17} {'peak MB':>8}")
     for mb in sizes_mb:
-        source = make_set(work, ranks, mb)
+        made = make_set(work, ranks, mb, source)
         folder = Path(tempfile.mkdtemp(prefix="cvh-summ-"))
-        for f in sorted(source.glob("*.json")):
+        for f in sorted(made.glob("*.json")):
             (folder / f.name).symlink_to(f)
         condense = [measured([sys.executable, "-m", "harness.collect.summary", str(f)])[0]
                     for f in sorted(folder.glob("*.pt.trace.json"))]
@@ -211,8 +224,17 @@ def summaries(work: Path, ranks: int, sizes_mb: list[float], reps: int) -> None:
               f"{statistics.median(m for _, m in cond) / 1e6:>8.0f}   report identical: {same}")
 
 
+def check_hta() -> None:
+    """SystemExit before any set is made when HTA cannot be imported by this interpreter."""
+    if importlib.util.find_spec("hta") is None:
+        raise SystemExit("HolisticTraceAnalysis is not installed in this interpreter: "
+                         "pip install HolisticTraceAnalysis, or pass --no-compare (ours only)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--source", type=Path, default=SOURCE,
+                   help="folder of per-rank traces: the real set compared, and the base of the replicated sets")
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--rank-mb", type=float, default=85.0, help="size of each replicated rank trace (uncompressed)")
     p.add_argument("--reps", type=int, default=3)
@@ -224,7 +246,8 @@ def main() -> None:
     p.add_argument("--summaries", default="", help="comma-separated MB per rank: in-job summaries against full traces")
     args = p.parse_args()
     if not args.no_compare:
-        sets = [SOURCE, make_set(args.work, args.ranks, args.rank_mb)]
+        check_hta()
+        sets = [args.source, make_set(args.work, args.ranks, args.rank_mb, args.source)]
         print(f"collector vs HTA: median of {args.reps} alternated runs, {psutil.cpu_count()} cores, python {sys.version.split()[0]}")
         print(f"{'set':24} {'MB':>7} {'ours s':>8} {'HTA s':>8} {'HTA/ours':>9} {'ours MB':>8} {'HTA MB':>8} "
               f"{'ours/HTA mem':>13} {'overlap diff pp':>16}")
@@ -235,11 +258,12 @@ def main() -> None:
                   f"{r['overlap_max_diff_pp']:>16.2f}")
         print("targets: HTA/ours >= 10, ours/HTA mem <= 0.25, overlap diff <= 1 pp")
     if args.stream_mb:
-        one_big_trace(args.work, args.stream_mb)
+        one_big_trace(args.work, args.stream_mb, args.source)
     if args.summaries:
-        summaries(args.work, args.ranks, [float(x) for x in args.summaries.split(",")], args.reps)
+        summaries(args.work, args.ranks, [float(x) for x in args.summaries.split(",")], args.reps, args.source)
     if args.scale:
-        scale(args.work, [int(x) for x in args.scale.split(",")], args.scale_mb, max(1, args.reps // 2) if args.reps > 1 else 1)
+        reps = max(1, args.reps // 2) if args.reps > 1 else 1
+        scale(args.work, [int(x) for x in args.scale.split(",")], args.scale_mb, reps, args.source)
 
 
 if __name__ == "__main__":

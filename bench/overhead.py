@@ -46,7 +46,8 @@ def make_trainer(cfg: TrainConfig) -> Trainer:
     workload = build_workload(cfg.workload, cfg.data, rank=0)
     device = torch.device("cpu")
     model = wrap_model(workload.model, cfg.parallel, cfg.speed, device)
-    return Trainer(cfg=cfg, model=model, optimizer=build_optimizer(model, cfg.speed), workload=workload,
+    optimizer = build_optimizer(model, cfg.workload.optimizer, cfg.speed)
+    return Trainer(cfg=cfg, model=model, optimizer=optimizer, workload=workload,
                    loader=build_loader(workload, cfg, device), device=device, rank=0, host="bench")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,38 +109,49 @@ def find_runs(logdir: str | os.PathLike[str] | None) -> dict[str, RunEntry]:
 
 
 _INPUTS_CACHE: dict[Path, tuple[tuple[int, int], set[Path]]] = {}
+# Every run lookup of every request reads this cache: one reader parses a new report, the others
+# wait for its answer instead of each parsing the same large file at once.
+_INPUTS_LOCK = threading.Lock()
 
 
 def _input_dirs(report_json: Path) -> set[Path]:
     """The report's `input_dirs`, cached by the file's mtime and size (reports can be large and
     the run list is asked for often); empty when unreadable."""
-    try:
-        st = report_json.stat()
-        key = (st.st_mtime_ns, st.st_size)
-        hit = _INPUTS_CACHE.get(report_json)
-        if hit and hit[0] == key:
-            return hit[1]
-        dirs = {Path(p) for p in (read_json(report_json) or {}).get("input_dirs", []) if isinstance(p, str)}
-    except (OSError, ValueError):
-        return set()
-    _INPUTS_CACHE[report_json] = (key, dirs)
-    return dirs
+    with _INPUTS_LOCK:
+        try:
+            st = report_json.stat()
+            key = (st.st_mtime_ns, st.st_size)
+            hit = _INPUTS_CACHE.get(report_json)
+            if hit and hit[0] == key:
+                return hit[1]
+            dirs = {Path(p) for p in (read_json(report_json) or {}).get("input_dirs", []) if isinstance(p, str)}
+        except (OSError, ValueError):
+            return set()
+        _INPUTS_CACHE[report_json] = (key, dirs)
+        return dirs
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object from a report folder, or None when missing (raises ValueError when unreadable)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise ValueError(f"cannot read {path.name}: {exc.strerror}") from None
+    return parse_json_object(data, path.name)
+
+
+def parse_json_object(data: bytes, name: str) -> dict[str, Any]:
+    """The JSON object in `data` (UTF-8), the contents of file `name`; ValueError saying why not."""
     try:
-        doc = json.loads(text)
+        doc = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{name} is not valid JSON (not UTF-8)") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path.name} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        raise ValueError(f"{name} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"{path.name} is not a JSON object")
+        raise ValueError(f"{name} is not a JSON object")
     return doc
 
 

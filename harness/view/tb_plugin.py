@@ -12,6 +12,11 @@ loads it. Routes, under /data/plugin/harness_distributed/:
 
 A run name is looked up among the runs found by walking the logdir; anything else, including
 path-traversal attempts, is a 404. No route builds a file path from client input.
+
+The view page, the report's JSON files and Plotly are made once per version of their files (path,
+mtime, size) into a small cache of gzip-compressed bodies (`files.BodyCache`), one at a time: many
+requests at once for a large run share one copy, and a client that does not take gzip gets the
+body decompressed as it is sent, a block at a time.
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from harness.view.files import view_title
+from harness.paths import REPORT_JSON, TIMELINE_JSON
+from harness.view.files import Body, BodyCache, file_key, json_file_body, static_file_body, view_title
 from harness.view.render import STATIC_FILES, plotly_js_path, render_message, render_page, static_text
-from harness.view.runs import RunEntry, find_runs, load_view_data, read_json
+from harness.view.runs import RunEntry, find_runs, load_view_data
 
 PLUGIN_NAME = "harness_distributed"
 COLLECT_TIMEOUT_S = 600
@@ -47,6 +53,7 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
 
     def __init__(self, context: base_plugin.TBContext) -> None:
         self.logdir = context.logdir
+        self.cache = BodyCache()
         self._collect_lock = threading.Lock()
 
     def get_plugin_apps(self) -> dict[str, Any]:
@@ -77,6 +84,25 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
     def _not_found(request: wrappers.Request, what: str) -> wrappers.Response:
         return http_util.Respond(request, f"Not found: {what}", "text/plain", code=404)
 
+    @staticmethod
+    def _respond(request: wrappers.Request, body: Body, expires: int = 0) -> wrappers.Response:
+        # Respond sends the gzip as it is to clients that take it and streams it decompressed to the others.
+        return http_util.Respond(request, body.gzipped, body.content_type, code=body.code, content_encoding="gzip",
+                                 expires=expires)
+
+    @staticmethod
+    def _unusable(entry: RunEntry, exc: ValueError) -> tuple[int, str, bytes]:
+        msg = (f"<p>The report of run <b>{html.escape(entry.name)}</b> cannot be shown: {html.escape(str(exc))}.</p>"
+               f"<p><code>{html.escape(collect_command(entry))}</code></p>")
+        return 500, _HTML, render_message(view_title(entry.name), msg).encode()
+
+    def _make_view(self, entry: RunEntry) -> tuple[int, str, bytes]:
+        try:
+            report, timeline = load_view_data(entry)
+        except ValueError as exc:
+            return self._unusable(entry, exc)
+        return 200, _HTML, render_page(report, timeline, title=view_title(entry.name), assets="linked").encode()
+
     # -- routes ------------------------------------------------------------------------------
 
     @wrappers.Request.application
@@ -86,7 +112,7 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _serve_plotly(self, request: wrappers.Request) -> wrappers.Response:
-        return http_util.Respond(request, plotly_js_path().read_bytes(), "text/javascript", expires=3600)
+        return self._respond(request, static_file_body(self.cache, plotly_js_path(), "text/javascript"), expires=3600)
 
     @wrappers.Request.application
     def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
@@ -99,39 +125,39 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
         entry = self._entry(request)
         if entry is None:
             return self._not_found(request, "no such run")
-        title = view_title(entry.name)
         if entry.report_dir is None:
             msg = (f"<p>Run <b>{html.escape(entry.name)}</b> has {entry.traces} trace file(s) but no collector report "
                    f"yet. Make one with</p><p><code>{html.escape(collect_command(entry))}</code></p>"
                    "<p>or press <b>Analyse now</b> above, then reload.</p>")
-            return http_util.Respond(request, render_message(title, msg), _HTML)
+            return http_util.Respond(request, render_message(view_title(entry.name), msg), _HTML)
         try:
-            report, timeline = load_view_data(entry)
+            key = ("view", entry.name, file_key(entry.report_file(REPORT_JSON)),
+                   file_key(entry.report_file(TIMELINE_JSON)))
         except ValueError as exc:
-            msg = (f"<p>The report of run <b>{html.escape(entry.name)}</b> cannot be shown: {html.escape(str(exc))}.</p>"
-                   f"<p><code>{html.escape(collect_command(entry))}</code></p>")
-            return http_util.Respond(request, render_message(title, msg), _HTML, code=500)
-        return http_util.Respond(request, render_page(report, timeline, title=title, assets="linked"), _HTML)
+            code, content_type, page = self._unusable(entry, exc)
+            return http_util.Respond(request, page, content_type, code=code)
+        return self._respond(request, self.cache.get(key, lambda: self._make_view(entry)))
 
     def _serve_file(self, request: wrappers.Request, name: str) -> wrappers.Response:
+        """report.json or timeline.json of the run, byte for byte as the collector wrote it."""
         entry = self._entry(request)
         if entry is None or entry.report_dir is None:
             return self._not_found(request, "no such run with a report")
         try:
-            doc = read_json(entry.report_file(name))
+            body = json_file_body(self.cache, entry.report_file(name), _JSON)
         except ValueError as exc:
             return http_util.Respond(request, str(exc), "text/plain", code=500)
-        if doc is None:
+        if body is None or body.code == 404:
             return self._not_found(request, f"{name} not in this run's report")
-        return http_util.Respond(request, json.dumps(doc), _JSON)
+        return self._respond(request, body)
 
     @wrappers.Request.application
     def _serve_report(self, request: wrappers.Request) -> wrappers.Response:
-        return self._serve_file(request, "report.json")
+        return self._serve_file(request, REPORT_JSON)
 
     @wrappers.Request.application
     def _serve_timeline(self, request: wrappers.Request) -> wrappers.Response:
-        return self._serve_file(request, "timeline.json")
+        return self._serve_file(request, TIMELINE_JSON)
 
     @wrappers.Request.application
     def _serve_collect(self, request: wrappers.Request) -> wrappers.Response:
