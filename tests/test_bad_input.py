@@ -49,7 +49,10 @@ CASES: list[tuple[str, Callable[[Path], Path], int, str]] = [
     ("empty folder", lambda d: (d.mkdir(), d)[1], 2, "no trace files"),
     ("non-trace JSON", lambda d: (d.mkdir(), (d / "rank0.pt.trace.json").write_text('{"a": 1}'), d)[2], 2,
      "not a PyTorch profiler trace"),
-    ("truncated JSON", lambda d: (two_ranks(d), truncate(d), d)[2], 0, "not valid JSON"),
+    ("number out of range", lambda d: (d.mkdir(), (d / "rank0.pt.trace.json").write_text(
+        '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1e400, "dur": 5}]}'),
+        d)[2], 2, "number out of range at `$.traceEvents[0]`; not readable as a trace"),
+    ("truncated JSON", lambda d: (two_ranks(d), truncate(d), d)[2], 0, "not valid JSON: the file ends early"),
     ("corrupt gzip", lambda d: (two_ranks(d), corrupt_gzip(d), d)[2], 0, "corrupt or truncated gzip"),
     ("empty file", lambda d: (two_ranks(d), (d / "rank1.pt.trace.json").write_bytes(b""), d)[2], 0, "empty file"),
     ("duplicate ranks", lambda d: (two_ranks(d), shutil.copy(d / "rank1.pt.trace.json", d / "rank1b.pt.trace.json"), d)[2],

@@ -463,6 +463,25 @@ def _trace(doc: _Doc | _LooseDoc, t: _Tables, dropped: int) -> Trace:
                  gpus=len(doc.deviceProperties) if isinstance(doc.deviceProperties, list) else 0, dropped=dropped)
 
 
+def _json_error(path: Path, exc: msgspec.DecodeError) -> str:
+    """Malformed JSON, said as what it most likely is: a file that ends early (the job killed
+    while writing it, a copy cut short) or JSON broken somewhere inside."""
+    if "truncated" in str(exc):
+        return f"{path}: not valid JSON: the file ends early (truncated: written by a job that was killed, or copied short)"
+    return f"{path}: not valid JSON ({exc}); not a trace as written by torch.profiler"
+
+
+def _shape_error(path: Path, exc: msgspec.ValidationError) -> str:
+    """Why a JSON document is not a trace we can read: no traceEvents list (another kind of
+    JSON), or a value no reader can hold (msgspec's words and where, e.g. a number out of range)."""
+    text = str(exc)
+    if "`traceEvents`" in text or text.endswith("at `$`"):
+        return f"{path}: JSON without a traceEvents list; not a PyTorch profiler trace"
+    where = text.split(" - at ", 1)
+    at = f" at {where[1].replace('[...]', '')}" if len(where) > 1 else ""
+    return f"{path}: {where[0].lower()}{at}; not readable as a trace: fix or re-export it"
+
+
 def _decode_whole(path: Path) -> Trace:
     raw = read_bytes(path)
     dropped = 0
@@ -473,13 +492,13 @@ def _decode_whole(path: Path) -> Trace:
     except msgspec.ValidationError:
         try:
             doc = _LOOSE.decode(raw)
-        except msgspec.ValidationError:
-            raise TraceError(f"{path}: JSON without a traceEvents list; not a PyTorch profiler trace") from None
+        except msgspec.ValidationError as exc:
+            raise TraceError(_shape_error(path, exc)) from None
         except msgspec.DecodeError as exc:
-            raise TraceError(f"{path}: not valid JSON ({exc}); truncated file?") from None
+            raise TraceError(_json_error(path, exc)) from None
         events, dropped = _loose_events(doc.traceEvents)
     except msgspec.DecodeError as exc:
-        raise TraceError(f"{path}: not valid JSON ({exc}); truncated file?") from None
+        raise TraceError(_json_error(path, exc)) from None
     tables = _Tables()
     tables.add(events)
     return _trace(doc, tables, dropped)
