@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -55,9 +56,26 @@ def run_harness(args: list[str], log_dir: Path, *, nproc: int | None = 2, run_na
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                *(extra_torchrun or []), "-m", "harness.train", *harness_args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=REPO)
+    if check and proc.returncode != 0 and native_crash(proc.stderr):
+        # torch.profiler's native side (Kineto) crashes now and then in a short CPU job (seen
+        # once in ~300 runs here: "malloc(): unsorted double linked list corrupted" as a window
+        # was exported; upstream reports the same class of intermittent crash). That is not
+        # what these tests test: such a job gets one fresh run, and says so.
+        print(f"run_harness: a rank died in native code ({native_crash(proc.stderr)}); running the job once more")
+        shutil.rmtree(log_dir / run_name, ignore_errors=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=REPO)
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}")
     return Run(proc=proc, dir=log_dir / run_name)
+
+
+NATIVE_CRASH = ("malloc(): ", "free(): ", "double free or corruption", "corrupted size vs. prev_size",
+                "Segmentation fault", "Fatal Python error: Segmentation")
+
+
+def native_crash(stderr: str) -> str | None:
+    """The heap-corruption or segfault line a rank printed as it died, if any."""
+    return next((line.strip() for line in stderr.splitlines() if any(m in line for m in NATIVE_CRASH)), None)
 
 
 def free_port() -> int:
