@@ -165,11 +165,19 @@ class ParallelConfig:
     gradient_as_bucket_view: bool = knob(False, "DDP: gradients alias the buckets (saves a copy)")
     static_graph: bool = knob(False, "DDP: the graph is the same every step")
     reshard_after_forward: bool = knob(True, "FSDP: free gathered parameters after forward")
+    collective_timeout: float = knob(600.0, "seconds a collective may wait for its peers before it fails (the process "
+                                     "group's timeout): a rank that stops entering collectives ends the job after "
+                                     "this long, with Flight Recorder dumps in <run>/flight/", flag="--collective-timeout")
+    flight_recorder: int = knob(2000, "Flight Recorder entries kept per rank (TORCH_FR_BUFFER_SIZE, unless set in the "
+                                "environment); 0 turns it off", flag="--flight-recorder")
 
     def __post_init__(self) -> None:
         _check_types(self, "parallel")
         if self.bucket_cap_mb <= 0:
             raise ConfigError("parallel.bucket_cap_mb", f"{self.bucket_cap_mb!r} must be > 0")
+        if self.collective_timeout <= 0:
+            raise ConfigError("parallel.collective_timeout", f"{self.collective_timeout!r} must be > 0 seconds")
+        _check_min("parallel", "flight_recorder", self.flight_recorder, 0)
 
 
 @dataclass(kw_only=True)
@@ -203,7 +211,9 @@ class ProfilerConfig:
     active: int = knob(3, "profiler schedule: steps recorded per window")
     repeat: int = knob(1, "profiler schedule: windows (0 = until the run ends)")
     record_shapes: bool = knob(False, "record operator input shapes")
-    profile_memory: bool = knob(False, "record tensor allocations")
+    profile_memory: bool = knob(False, "record tensor allocations, and write each window's memory timeline next to "
+                                "its trace (<worker>.<window>.memory_timeline.json.gz; turns on --record-shapes and "
+                                "--with-stack while it records, which torch's memory timeline needs)")
     with_stack: bool = knob(False, "record Python stacks")
     trace_summary: str = knob("off", "in-job summaries for very large jobs: each rank condenses its window's trace "
                               "into <trace>.summary.json as soon as it is written, and the collector reads those: "
@@ -255,6 +265,47 @@ class StragglerConfig:
                 and step >= self.from_step and (step - self.from_step) % self.every == 0)
 
 
+HANG_PHASES = ("data", "forward", "backward", "optimizer")
+
+
+@dataclass(kw_only=True)
+class HangConfig:
+    """Fault injection: one rank stops inside a phase of one step and never enters the next collective."""
+
+    rank: int | None = knob(None, "rank that stops (sleeps until it is killed)", flag="--hang-rank")
+    step: int | None = knob(None, "step at which it stops", flag="--hang-step")
+    phase: str = knob("forward", "phase in which it stops (before that phase's work, so before the collective that "
+                      "follows)", flag="--hang-phase", choices=HANG_PHASES)
+
+    def __post_init__(self) -> None:
+        _check_types(self, "hang")
+        _check_min("hang", "rank", self.rank, 0)
+        _check_min("hang", "step", self.step, 0)
+        if (self.rank is None) != (self.step is None):
+            raise ConfigError("hang.rank" if self.rank is None else "hang.step", "--hang-rank and --hang-step go together")
+
+    def stops(self, rank: int, phase: str, step: int) -> bool:
+        """Whether `rank` stops for good in `phase` of `step`."""
+        return self.rank == rank and self.step == step and self.phase == phase
+
+
+@dataclass(kw_only=True)
+class LeakConfig:
+    """Fault injection: a memory leak on one rank, as an undetached loss history makes one."""
+
+    rank: int | None = knob(None, "rank that leaks memory", flag="--leak-rank")
+    mb: float = knob(0.0, "MB kept alive per step on that rank (a tensor of that size appended to a list that "
+                     "is never cleared, like losses.append(loss) without .item()): host RSS grows on CPU, "
+                     "allocated GPU memory on CUDA", flag="--leak-mb")
+
+    def __post_init__(self) -> None:
+        _check_types(self, "leak")
+        _check_min("leak", "rank", self.rank, 0)
+        _check_min("leak", "mb", self.mb, 0)
+        if self.rank is None and self.mb > 0:
+            raise ConfigError("leak.rank", "--leak-mb needs --leak-rank")
+
+
 @dataclass(kw_only=True)
 class OutputConfig:
     """Where the run's traces, statistics and summary go."""
@@ -276,6 +327,8 @@ SECTIONS: dict[str, type] = {
     "speed": SpeedConfig,
     "profiler": ProfilerConfig,
     "straggler": StragglerConfig,
+    "leak": LeakConfig,
+    "hang": HangConfig,
     "output": OutputConfig,
 }
 
@@ -290,12 +343,16 @@ class TrainConfig:
     speed: SpeedConfig = field(default_factory=SpeedConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    leak: LeakConfig = field(default_factory=LeakConfig)
+    hang: HangConfig = field(default_factory=HangConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def __post_init__(self) -> None:
         strag = self.straggler
         if strag.rank is not None and strag.ms > 0 and strag.from_step >= self.workload.steps:
             raise ConfigError("straggler.from_step", f"{strag.from_step} is past the last step; must be < steps ({self.workload.steps})")
+        if self.hang.step is not None and self.hang.step >= self.workload.steps:
+            raise ConfigError("hang.step", f"{self.hang.step} is past the last step; must be < steps ({self.workload.steps})")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
@@ -400,6 +457,11 @@ def resolve_environment(cfg: TrainConfig, env: LaunchEnv) -> TrainConfig:
     for rank in strag.rank or ():
         if rank >= env.world_size:
             raise ConfigError("straggler.rank", f"{rank} must be < world size ({env.world_size})")
+    if cfg.hang.rank is not None and (env.world_size < 2 or cfg.hang.rank >= env.world_size):
+        raise ConfigError("hang.rank", f"{cfg.hang.rank} must be < world size ({env.world_size}) and the job needs "
+                          "2 or more ranks (a hang is one rank missing from a collective)")
+    if cfg.leak.rank is not None and cfg.leak.rank >= env.world_size:
+        raise ConfigError("leak.rank", f"{cfg.leak.rank} must be < world size ({env.world_size})")
     if cfg.speed.amp == "fp16" and parallel == "fsdp":
         # FSDP2 with fp16 params would need a sharded grad scaler; keep the supported path only.
         raise ConfigError("speed.amp", "fp16 with fsdp is not supported; use bf16 or none")

@@ -1,4 +1,4 @@
-"""Fault injection: a reproducible straggler that slows one phase on some ranks."""
+"""Fault injection: a reproducible straggler that slows one phase on some ranks, and a rank that hangs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from harness.config import StragglerConfig
+from harness.config import HangConfig, StragglerConfig
 
 
 class ComputeDelay:
@@ -82,3 +82,20 @@ class StragglerInjector:
             self.compute.spend(self.cfg.ms)
         else:
             time.sleep(self.cfg.ms / 1e3)
+
+
+class HangInjector:
+    """Stops one rank for good in one phase of one step (`HangConfig.stops`): it sleeps until it is
+    killed and never enters the next collective, so its peers block in it until the process
+    group's timeout (`--collective-timeout`). Sleeps in 1 s slices, so SIGTERM/SIGINT handlers run."""
+
+    def __init__(self, cfg: HangConfig, rank: int) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.active = cfg.rank == rank
+
+    def maybe_hang(self, phase: str, step: int) -> None:
+        if not (self.active and self.cfg.stops(self.rank, phase, step)):
+            return
+        while True:
+            time.sleep(1.0)

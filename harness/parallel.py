@@ -32,7 +32,7 @@ def pick_device(env: LaunchEnv) -> torch.device:
 def init_process_group(par: ParallelConfig, env: LaunchEnv, device: torch.device) -> None:
     if par.parallel == "none" and not env.distributed:
         return
-    kwargs = {"backend": par.backend, "timeout": PG_TIMEOUT}
+    kwargs = {"backend": par.backend, "timeout": datetime.timedelta(seconds=par.collective_timeout)}
     if device.type == "cuda":
         kwargs["device_id"] = device  # binds NCCL to this GPU eagerly
     attempt, _ = elastic_attempt()

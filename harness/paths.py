@@ -23,6 +23,10 @@ PARTIAL_SUFFIX = ".partial"
 # plus this suffix, so any trace name maps to one summary and back, and no trace pattern
 # (ours or torch-tb-profiler's) matches it.
 SUMMARY_SUFFIX = ".summary.json"
+# With --profile-memory, each window's torch memory timeline ([times, sizes by category], gzip
+# JSON) sits next to its trace under the trace's worker and window; no trace pattern matches it.
+MEMORY_TIMELINE_TEMPLATE = "{worker}.{window:04d}.memory_timeline.json.gz"
+MEMORY_TIMELINE_PATTERN = re.compile(r"^rank(?P<rank>\d+)-.*\.(?P<window>\d+)\.memory_timeline\.json\.gz$")
 
 TRACE_PATTERN = re.compile(r"^(?P<worker>.*?)(?:\.(?P<span>\d+))?\.pt\.trace\.json(?:\.gz)?$")
 WORKER_RANK_PATTERN = re.compile(r"^rank(?P<rank>\d+)-(?P<host>.+)$")
@@ -40,6 +44,14 @@ RUN_FILE = "run.json"
 STATUS_DIR = "status"
 STATUS_TEMPLATE = "rank{rank}.json"
 STATUS_PATTERN = re.compile(r"^rank(?P<rank>\d+)\.json$")
+# Flight Recorder dumps (harness/flight.py writes, harness/collect/flight.py reads): one JSON file
+# per rank, written when a collective times out or fails, on SIGTERM/SIGINT, or when the rank
+# ends with an error; NCCL's own watchdog dumps (a pickle) land in the same folder under
+# NCCL_DUMP_PREFIX + rank.
+FLIGHT_DIR = "flight"
+FLIGHT_TEMPLATE = "rank{rank}.json"
+FLIGHT_PATTERN = re.compile(r"^rank(?P<rank>\d+)\.json$")
+NCCL_DUMP_PREFIX = "nccl_trace_rank_"
 # torchrun --max-restarts: attempt 0 writes into the run folder, attempt N >= 1 (the workers'
 # TORCHELASTIC_RESTART_COUNT) into <run>/restart-N/, with the same layout; ELASTIC_FILE in the
 # run folder holds torchrun's run id, so a restarted attempt finds its run's folder.
@@ -83,6 +95,10 @@ def trace_path(run_dir: Path, rank: int, host: str, window: int) -> Path:
     return run_dir / TRACE_TEMPLATE.format(worker=worker_name(rank, host), window=window)
 
 
+def memory_timeline_path(run_dir: Path, rank: int, host: str, window: int) -> Path:
+    return run_dir / MEMORY_TIMELINE_TEMPLATE.format(worker=worker_name(rank, host), window=window)
+
+
 def partial_path(final: Path) -> Path:
     """Temporary name a trace is written under; still gzip, never matched as a trace."""
     return final.with_name(final.name.removesuffix(".gz") + PARTIAL_SUFFIX + ".gz")
@@ -115,6 +131,14 @@ def lab_dir(log_dir: Path, sweep: str, stamp: str) -> Path:
 
 def status_path(run_dir: Path, rank: int) -> Path:
     return run_dir / STATUS_DIR / STATUS_TEMPLATE.format(rank=rank)
+
+
+def flight_dir(run_dir: Path) -> Path:
+    return run_dir / FLIGHT_DIR
+
+
+def flight_path(run_dir: Path, rank: int) -> Path:
+    return flight_dir(run_dir) / FLIGHT_TEMPLATE.format(rank=rank)
 
 
 def attempt_dir(run_dir: Path, attempt: int) -> Path:

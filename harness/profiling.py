@@ -13,13 +13,15 @@ import json
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
 from harness.config import ProfilerConfig
-from harness.paths import TRACE_METADATA_KEY, partial_path, summary_path, trace_path
+from harness.paths import TRACE_METADATA_KEY, memory_timeline_path, partial_path, summary_path, trace_path
 from harness.write_faults import FaultLog, is_disk_full
 
 # After a full disk, the next window is exported only once this much is free again: the start-up
@@ -47,6 +49,7 @@ class TraceRecorder:
         self.metadata = metadata
         self.written: list[Path] = []
         self.summaries: list[Path] = []
+        self.memory_timelines: list[Path] = []
         self.summary_s = 0.0  # time spent condensing traces into summaries
         self.skipped: list[dict[str, Any]] = []  # [{first, last, reason}]: runs of windows not written
         self.faults = faults or FaultLog(rank=rank)
@@ -70,9 +73,10 @@ class TraceRecorder:
             activities=activities,
             schedule=schedule(wait=self.cfg.wait, warmup=self.cfg.warmup, active=self.cfg.active, repeat=self.cfg.repeat),
             on_trace_ready=self._write_window,
-            record_shapes=self.cfg.record_shapes,
+            # torch's memory timeline needs shapes and stacks besides the allocations
+            record_shapes=self.cfg.record_shapes or self.cfg.profile_memory,
             profile_memory=self.cfg.profile_memory,
-            with_stack=self.cfg.with_stack,
+            with_stack=self.cfg.with_stack or self.cfg.profile_memory,
         )
         self._prof.__enter__()
         self._stamp()
@@ -145,6 +149,8 @@ class TraceRecorder:
             self._skip(window, reason)
             return
         self.written.append(final)
+        if self.cfg.profile_memory:
+            self._write_memory_timeline(prof, window)
         try:
             self._largest_bytes = max(self._largest_bytes, final.stat().st_size)
         except OSError:
@@ -162,6 +168,35 @@ class TraceRecorder:
                 self.faults.report("trace summary", exc, f"window {window} keeps its trace, without a summary; "
                                    "training goes on", summary_path(final), window=window)
             self.summary_s += time.perf_counter() - started
+
+    def _write_memory_timeline(self, prof: profile, window: int) -> None:
+        """torch's memory timeline of the window ([times, sizes by category], gzip JSON) next to its
+        trace, under a temporary name then renamed; never raises into the training loop.
+
+        torch (2.x) builds it from the window's allocation events, which need record_shapes,
+        profile_memory and with_stack (all on with --profile-memory). It works for CUDA devices
+        and, in torch 2.13, for the CPU too (host tensors' allocations). Where this torch cannot
+        build it (an older or newer torch that dropped the deprecated export, another device),
+        the window has no timeline and nothing is said: the trace, which holds the same
+        allocations as memory events, is unaffected.
+        """
+        final = memory_timeline_path(self.run_dir, self.rank, self.host, window)
+        tmp = partial_path(final)
+        device = f"cuda:{torch.cuda.current_device()}" if self.cuda else "cpu"
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # FutureWarning: deprecated in favour of CUDA-only snapshots
+                # note: builds the window's memory profile in Python over every event: seconds for a large window
+                prof.export_memory_timeline(str(tmp), device)
+            os.replace(tmp, final)
+        except (AttributeError, NotImplementedError, ValueError, AssertionError, KeyError):
+            _remove(tmp)  # not supported by this torch or on this device: no timeline, said in the docstring
+        except Exception as exc:
+            _remove(tmp)
+            self.faults.report("memory timeline", exc, f"window {window} has no memory timeline; training goes on",
+                               tmp, window=window)
+        else:
+            self.memory_timelines.append(final)
 
     def _skip(self, window: int, reason: str) -> None:
         """Record a skipped window, joining it to the previous run of skipped windows when the

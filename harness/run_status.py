@@ -1,8 +1,10 @@
 """Each rank's state on disk, so a run that ended badly says which rank stopped and how.
 
 `<run>/status/rank<R>.json` = {rank, host, pid, attempt, state, last_step, error, tracing, updated}:
-"running" from the start, then "finished", "failed" (with the exception) or "terminated" (with
-the signal: torchrun stopping the other ranks after one failed); `tracing` says how its
+"running" from the start, then "finished", "failed" (with the exception), "hung" (a collective
+timed out: a peer never entered it) or "terminated" (with the signal: torchrun stopping the
+other ranks after one failed, or SIGINT); `where` = {step, phase} the rank was in when it ended
+badly, `flight` its Flight Recorder dump (harness/flight.py), if written; `tracing` says how its
 profiler output ended ({state: complete|degraded, skipped_windows, write_failures}). A rank killed without a chance
 to write (SIGKILL, the OOM killer, a lost node) stays "running": the collector reports it so.
 """
@@ -48,10 +50,14 @@ class RankStatus:
         self._write()
 
     def end(self, state: str, last_step: int | None, error: BaseException | None = None,
-            tracing: dict[str, Any] | None = None) -> bool:
-        """Record how the rank ended (and how its tracing ended); False if the file could not be written."""
+            tracing: dict[str, Any] | None = None, **extra: Any) -> bool:
+        """Record how the rank ended (and how its tracing ended, and `extra` fields such as where
+        it was); False if the file could not be written."""
+        self.doc.update(extra)
         if isinstance(error, Terminated):
             state, message = "terminated", f"signal {error.signum} ({signal.Signals(error.signum).name})"
+        elif isinstance(error, KeyboardInterrupt):
+            state, message = "terminated", f"signal {int(signal.SIGINT)} (SIGINT)"
         elif error is not None:
             message = f"{type(error).__name__}: {error}".strip().splitlines()[0][:500]
         else:

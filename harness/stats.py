@@ -71,11 +71,38 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float | int | None]:
     }
 
 
+# cgroup memory limits (v2, then v1): a container's limit, not the host's RAM, is what the OOM
+# killer enforces. v1 reports "no limit" as a huge number, which min() below then ignores.
+CGROUP_LIMIT_FILES = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
+def host_memory_limit() -> int | None:
+    """Memory this process's host (or container) has: psutil's total RAM, or the cgroup limit
+    when that is lower; None when neither can be read."""
+    limits: list[int] = []
+    try:
+        limits.append(psutil.virtual_memory().total)
+    except (psutil.Error, OSError):
+        pass
+    for path in CGROUP_LIMIT_FILES:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limits.append(int(text))
+        break
+    return min(limits) if limits else None
+
+
 class SystemSampler:
     """Memory and CPU utilisation at the end of each step.
 
     Memory, every step: process RSS; on GPU also the peak allocated/reserved bytes since the
-    previous step (the caching allocator counts at enqueue time on the host, so no sync).
+    previous step (the caching allocator counts at enqueue time on the host, so no sync). The
+    limits they run against, read once: `host_mem_total_bytes` (`host_memory_limit`) and on GPU
+    `gpu_mem_total_bytes` (the device's total memory), so the collector can project growth to
+    them even when the run is killed before run.json is written.
     CPU utilisation (host, all cores; and this process) is a rate over a window: it is re-read
     only once `cpu_window_s` has passed (reading /proc/stat costs ~50 us), and each step carries
     the latest completed window's value.
@@ -90,6 +117,9 @@ class SystemSampler:
         self.proc.cpu_percent(interval=None)
         self._cpu_read_at = time.monotonic()
         self._cpu: dict[str, float | None] = {"host_cpu_util_pct": None, "proc_cpu_pct": None}  # no window yet
+        self._limits: dict[str, int | None] = {"host_mem_total_bytes": host_memory_limit()}
+        if self.cuda:
+            self._limits["gpu_mem_total_bytes"] = torch.cuda.get_device_properties(device).total_memory
 
     def sample(self) -> dict[str, float | int | None]:
         now = time.monotonic()
@@ -101,12 +131,16 @@ class SystemSampler:
             rss: int | None = self.proc.memory_info().rss
         except (psutil.Error, OSError):  # /proc unreadable (containers, hardened kernels): no samples
             self._cpu, rss = {"host_cpu_util_pct": None, "proc_cpu_pct": None}, None
-        out: dict[str, float | int | None] = {"rss_bytes": rss, **self._cpu}
+        out: dict[str, float | int | None] = {"rss_bytes": rss, **self._cpu, **self._limits}
         if self.cuda:
             out["gpu_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
             out["gpu_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         return out
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record) + "\n").encode()
 
 
 class StepLog:
@@ -121,17 +155,14 @@ class StepLog:
     def __init__(self, path: Path, faults: FaultLog | None = None) -> None:
         self.path = path
         self.records: list[dict[str, Any]] = []
-        self._lines: list[bytes] = []
         self._file = AppendOnlyFile(path, faults or FaultLog(), "step log", restore=self._before)
 
     def _before(self, queued: int) -> bytes:
-        return b"".join(self._lines[:len(self._lines) - queued])
+        return b"".join(_line(r) for r in self.records[:len(self.records) - queued])
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
-        line = (json.dumps(record) + "\n").encode()
-        self._lines.append(line)
-        self._file.append(line)
+        self._file.append(_line(record))
 
     @property
     def unwritten(self) -> int:

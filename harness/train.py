@@ -12,13 +12,14 @@ from pathlib import Path
 
 import torch
 
+from harness import flight
 from harness.cli import fail_config, parse_config
 from harness.config import ConfigError, LaunchEnv, TrainConfig, resolve_environment
 from harness.parallel import build_optimizer, destroy_process_group, init_process_group, pick_device, wrap_model
 from harness.paths import run_file, scalars_dir, steps_path
 from harness.profiling import TraceRecorder
 from harness.run_info import RunIdentity, agree_identity, check_output, gather, host_name, write_run_json
-from harness.run_status import RankStatus, raise_on_sigterm
+from harness.run_status import RankStatus, Terminated, raise_on_sigterm
 from harness.scalars import ScalarWriter
 from harness.stats import StepLog, format_rank_table, summarize
 from harness.trainer import Trainer, build_loader
@@ -42,8 +43,13 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
     device = pick_device(env)
     if cfg.speed.cudnn_benchmark:
         torch.backends.cudnn.benchmark = True
+    recorder_on = env.distributed and cfg.parallel.flight_recorder > 0
+    if recorder_on:
+        flight.enable(cfg.parallel.flight_recorder, cfg.parallel.backend)
     init_process_group(cfg.parallel, env, device)
     ident = agree_identity(cfg, env)
+    if recorder_on:
+        flight.point_nccl_dumps(ident.dir, cfg.parallel.backend)
     host = host_name()
     workload = build_workload(cfg.workload, cfg.data, env.rank)
     model = wrap_model(workload.model, cfg.parallel, cfg.speed, device)
@@ -65,7 +71,14 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
             trainer.run(rec, log)
     except BaseException as exc:
         _close_outputs(log, scalars, faults)
-        status.end("failed", _last_step(log), exc, tracing=_tracing(rec, faults))
+        state = "hung" if flight.is_timeout(exc) else "failed"
+        where = {"step": trainer.progress.step, "phase": trainer.progress.phase}
+        dump = None
+        if recorder_on:
+            dump = flight.write_dump(ident.dir, rank=env.rank, world_size=env.world_size, backend=cfg.parallel.backend,
+                                     reason=_dump_reason(state, exc), progress=trainer.progress, host=host, faults=faults)
+        status.end(state, _last_step(log), exc, tracing=_tracing(rec, faults), where=where,
+                   flight=str(dump.relative_to(ident.dir)) if dump else None)
         raise
     _close_outputs(log, scalars, faults)
     status.end("finished", _last_step(log), tracing=_tracing(rec, faults))
@@ -103,6 +116,14 @@ def _failures(faults: FaultLog) -> list[dict]:
 
 def _tracing(rec: TraceRecorder, faults: FaultLog) -> dict:
     return {**rec.tracing, "write_failures": _failures(faults)}
+
+
+def _dump_reason(state: str, exc: BaseException) -> str:
+    """Why a rank dumps its Flight Recorder, in a few words: `hung` (a collective timed out),
+    `terminated` (a signal), or `failed: <exception type>`."""
+    if isinstance(exc, (Terminated, KeyboardInterrupt)):
+        return "terminated"
+    return state if state == "hung" else f"failed: {type(exc).__name__}"
 
 
 def _last_step(log: StepLog) -> int | None:

@@ -12,7 +12,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from harness.config import TrainConfig
-from harness.faults import StragglerInjector
+from harness.faults import HangInjector, StragglerInjector
+from harness.flight import Progress
+from harness.memory_leak import LeakInjector
 from harness.parallel import AMP_DTYPES
 from harness.profiling import TraceRecorder
 from harness.ranges import phase_range
@@ -64,10 +66,13 @@ class Trainer:
         self.nvtx = self.device.type == "cuda"
         self.clock = StepClock(cuda=self.device.type == "cuda")
         self.straggler = StragglerInjector(self.cfg.straggler, self.rank, self.device)
+        self.hang = HangInjector(self.cfg.hang, self.rank)
+        self.progress = Progress()  # read by the Flight Recorder dump when the rank ends badly
         self.loss_sum = torch.zeros((), device=self.device)
         self.loss_steps = 0
         self.last_loss: float | None = None
         self.sampler = SystemSampler(self.device)
+        self.leak = LeakInjector(self.cfg.leak, self.rank, self.device)
 
     def _to_device(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch
@@ -83,12 +88,18 @@ class Trainer:
         annotate = profiler_state == "record"
 
         def rng(phase: str):
+            self.progress.phase = phase
             return phase_range(phase, annotate=annotate, nvtx=self.nvtx)
 
+        def delay(phase: str) -> None:
+            strag.maybe_delay(phase, step)
+            self.hang.maybe_hang(phase, step)
+
+        self.progress.step = step
         clock.start(step)
         with rng("data"):
             batch = next(batches)
-            strag.maybe_delay("data", step)
+            delay("data")
         clock.mark("data")
         with rng("h2d"):
             x, y = self._to_device(batch)
@@ -96,18 +107,19 @@ class Trainer:
         autocast = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext()
         with autocast:
             with rng("forward"):
-                strag.maybe_delay("forward", step)
+                delay("forward")
                 logits = self.model(x)
             clock.mark("forward")
             with rng("loss"):
                 loss = self.workload.loss(logits, y)
+                self.leak.keep()
             clock.mark("loss")
         with rng("backward"):
-            strag.maybe_delay("backward", step)
+            delay("backward")
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         clock.mark("backward")
         with rng("optimizer"):
-            strag.maybe_delay("optimizer", step)
+            delay("optimizer")
             if self.scaler:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()

@@ -290,7 +290,7 @@ VIEW_STATE = """
 const v = window.harnessView;
 if (!v || !v.ready) return null;
 const d = (id) => document.getElementById(id).data;
-return {charts: v.charts, stepY: d('heatmap-step')[0].y, waitZ: d('heatmap-wait')[0].z, waitY: d('heatmap-wait')[0].y,
+return {charts: v.charts, memY: d('heatmap-memory')[0].y, memZ: d('heatmap-memory')[0].z, stepY: d('heatmap-step')[0].y, waitZ: d('heatmap-wait')[0].z, waitY: d('heatmap-wait')[0].y,
         bars: d('bars').map(t => [t.name, t.y, t.x]), timeline: d('timeline').map(t => [t.name, t.y.length]),
         stragglers: Array.from(document.querySelectorAll('#stragglers tbody tr')).map(
             tr => Object.fromEntries(Array.from(tr.cells).map(c => [c.dataset.key, c.textContent]))),
@@ -300,7 +300,9 @@ return {charts: v.charts, stepY: d('heatmap-step')[0].y, waitZ: d('heatmap-wait'
 
 
 def check_view(state: dict[str, Any], report: dict[str, Any]) -> None:
-    assert state["charts"] == ["heatmap-step", "heatmap-wait", "bars", "timeline"] and state["svgs"] >= 4
+    # the memory heatmap beside the step-time ones: the run's step logs are next to its traces
+    assert state["charts"] == ["heatmap-step", "heatmap-wait", "heatmap-memory", "bars", "timeline"] and state["svgs"] >= 5
+    assert state["memY"] == ["rank 0", "rank 1"] and all(z > 0 for row in state["memZ"] for z in row), state["memZ"]
     assert state["verdict"] == report["headline"] and "rank 1" in state["verdict"]
     assert state["stepY"] == state["waitY"] == ["rank 0", "rank 1"]
     # rank 0 waits ~30 ms for rank 1 in every step; rank 1 waits for nobody

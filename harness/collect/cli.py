@@ -14,6 +14,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from harness.collect.analysis import NoStepsError, analyze
 from harness.collect.discover import InputError, RunSet, find_trace_files, group_ranks
+from harness.collect.flight import analyse, find_dumps, read_dumps
+from harness.collect.hang_report import attach, flight_only
+from harness.collect.memory import find_memory_timelines, finding_text, memory_from_dirs
 from harness.collect.model import RankTrace
 from harness.collect.parse import TraceError, parse_trace
 from harness.collect.report import build_report, collective_rows, console_summary, write_report
@@ -24,7 +27,7 @@ from harness.collect.tb_scalars import write_scalars
 from harness.collect.timeline import build_timeline
 from harness.view.files import write_view
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser
-from harness.paths import is_summary, trace_of_summary
+from harness.paths import FLIGHT_DIR, is_summary, trace_of_summary
 
 PROG = "harness.collect"
 EXIT_INPUT = EXIT_USAGE
@@ -67,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rel-lag-cpu", type=float, default=th.rel_lag_cpu,
                    help="the same for CPU-only traces, where ranks share cores and drift more")
     p.add_argument("-j", "--jobs", type=int, default=0, help="parallel parsers (default: one per core)")
+    p.add_argument("--unpickle-nccl-dumps", action="store_true",
+                   help="read NCCL watchdog dumps (pickles) among the Flight Recorder dumps; only for files you trust "
+                        "(no class is loaded even then)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
     return p
 
@@ -127,7 +133,10 @@ def main(argv: list[str] | None = None) -> None:
             inputs, attempt_notes = choose_attempt(args.inputs, args.attempt)
         except ValueError as exc:
             raise InputError(str(exc)) from None
-        files = find_trace_files(inputs, summaries=not args.from_traces)
+        dump_files = set(find_dumps(inputs))
+        files = [f for f in find_trace_files(inputs, summaries=not args.from_traces) if f not in dump_files]
+        if not files:
+            raise InputError(f"no trace files under {', '.join(inputs)}, only Flight Recorder dumps")
         traces, errors = parse_all(files, args.jobs, progress=not args.quiet and len(files) > 1)
         for e in errors:
             print(f"{PROG}: warning: skipped {e}", file=sys.stderr)
@@ -135,7 +144,10 @@ def main(argv: list[str] | None = None) -> None:
             raise InputError(f"none of the {len(files)} file(s) is a readable profiler trace (see the warnings above)")
         runset = group_ranks(traces)
     except InputError as exc:
+        if flight_only_report(args, str(exc)):
+            return
         print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print_memory_only(args.inputs, args.attempt)
         raise SystemExit(EXIT_INPUT) from None
     runset.ending = [n for d in inputs if Path(d).is_dir() for n in ending_notes(Path(d))]
     runset.skipped_windows = [w for d in inputs if Path(d).is_dir() for w in skipped_windows(Path(d))]
@@ -147,7 +159,11 @@ def main(argv: list[str] | None = None) -> None:
     except NoStepsError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_INPUT) from None
-    doc = build_report(analysis, inputs)
+    dirs = [Path(d) for d in inputs if Path(d).is_dir()]
+    memory = memory_from_dirs(dirs)
+    analysis.warnings.extend(memory.warnings)
+    doc = build_report(analysis, inputs, memory, find_memory_timelines(dirs))
+    attach(doc, read_flight(inputs, args.unpickle_nccl_dumps, doc["warnings"]))
     out = args.output or default_output(inputs, files)
     write_report(doc, out, collective_rows(analysis))
     write_view(doc, build_timeline(analysis), out)
@@ -158,6 +174,8 @@ def main(argv: list[str] | None = None) -> None:
 
         write_merged(analysis, out)
 
+    if doc.get("hang") or doc.get("mismatches"):
+        print(doc["headline"])  # first: the rest of the report is about a job that never finished
     if not args.quiet:
         print(console_summary(doc))
         for w in analysis.warnings:
@@ -170,6 +188,75 @@ def main(argv: list[str] | None = None) -> None:
           f"{', merged.pt.trace.json.gz' if merged else ''}; TensorBoard scalars in {out}/tb/)")
     if not merged and not args.no_merged:
         print("no merged.pt.trace.json.gz: only the in-job summaries, not the traces, are here")
+
+
+def print_memory_only(inputs: list[str], attempt: int | None) -> None:
+    """With no trace to analyse (a --no-profile run), the step logs' memory findings still: on
+    stdout, since there is no report to hold them."""
+    try:
+        dirs = [Path(d) for d in choose_attempt(inputs, attempt)[0] if Path(d).is_dir()]
+    except (ValueError, OSError):
+        return
+    memory = memory_from_dirs(dirs)
+    if not memory.ranks:
+        return
+    print(f"memory (from the step logs of {len(memory.ranks)} rank(s); no trace, so no report):")
+    for f in memory.findings:
+        print(f"memory: rank {f['rank']} {f['kind']}: {f['reason']}")
+        print(f"next: {finding_text(f)}")
+    if not memory.findings:
+        print("memory: no finding")
+    for w in memory.warnings:
+        print(f"warning: {w}")
+
+
+def read_flight(inputs: list[str], unpickle: bool, warnings: list[str]) -> dict | None:
+    """The Flight Recorder dumps among the inputs analysed (flight.analyse), None when there are
+    none; files that cannot be read become `warnings`."""
+    paths = find_dumps(inputs)
+    if not paths:
+        return None
+    dumps, problems = read_dumps(paths, unpickle=unpickle)
+    warnings.extend(problems)
+    if not dumps:
+        return None
+    run_dir = next((Path(d) for d in inputs if Path(d).is_dir()), None)
+    if run_dir is not None and run_dir.name == FLIGHT_DIR:
+        run_dir = run_dir.parent
+    return analyse(dumps, run_dir=run_dir)
+
+
+def flight_only_report(args: argparse.Namespace, no_traces: str) -> bool:
+    """A run with Flight Recorder dumps and no readable trace (a hung job whose profiler window
+    was never exported, a --no-profile run, another job's dump folder): its report from the dumps
+    alone. False when there are no dumps (the caller then says why nothing can be analysed);
+    exit 2 when every dump is unreadable."""
+    try:
+        inputs, notes = choose_attempt(args.inputs, args.attempt)
+    except ValueError:
+        return False
+    if not find_dumps(inputs):
+        return False
+    warnings: list[str] = list(notes)
+    result = read_flight(inputs, args.unpickle_nccl_dumps, warnings)
+    if result is None:
+        print(f"{PROG}: error: no readable trace and no readable Flight Recorder dump: {warnings[-1]}", file=sys.stderr)
+        raise SystemExit(EXIT_INPUT)
+    ending = [n for d in inputs if Path(d).is_dir() for n in ending_notes(Path(d))]
+    warnings[:0] = ending + [f"no profiler trace ({no_traces}); the report comes from the Flight Recorder dumps alone"]
+    doc = flight_only(inputs, result, ending, warnings)
+    first = Path(inputs[0])
+    out = args.output or ((first.parent if first.name == FLIGHT_DIR else first) if first.is_dir() else first.parent) / "report"
+    write_report(doc, out)
+    write_view(doc, None, out)
+    print(doc["headline"])
+    if not args.quiet:
+        for w in warnings:
+            print(f"warning: {w}")
+    for n in doc["next_steps"]:
+        print(f"next: {n['text']}")
+    print(f"report:  {out}/report.md (also report.html, report.json; from Flight Recorder dumps only)")
+    return True
 
 
 def _traces_present(runset: RunSet) -> bool:

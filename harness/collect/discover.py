@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.collect.model import RankTrace, by_interval, number_by_group
-from harness.paths import ATTEMPT_PATTERN, TRACE_PATTERN, is_summary, trace_of_summary
+from harness.paths import ATTEMPT_PATTERN, FLIGHT_DIR, STATUS_DIR, TRACE_PATTERN, is_summary, trace_of_summary
 
 REPORT_DIR = "report"
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -52,10 +52,12 @@ def find_trace_files(inputs: list[str], summaries: bool = True) -> list[Path]:
 
 
 def _traces_in(folder: Path) -> list[Path]:
-    # Not the report's files, and not a later elastic attempt's (restart-N/: run_state.py picks one).
+    # Not the report's files, Flight Recorder dumps or status files, and not a later elastic
+    # attempt's (restart-N/: run_state.py picks one).
     candidates = [p for p in folder.rglob("*") if p.is_file() and p.name not in NOT_TRACES
                   and p.name.endswith(TRACE_SUFFIXES)
-                  and not any(d == REPORT_DIR or ATTEMPT_PATTERN.match(d) for d in p.relative_to(folder).parts[:-1])]
+                  and not any(d in (REPORT_DIR, FLIGHT_DIR, STATUS_DIR) or ATTEMPT_PATTERN.match(d)
+                              for d in p.relative_to(folder).parts[:-1])]
     condensed = [p for p in candidates if is_summary(p)]
     candidates = [p for p in candidates if not is_summary(p)]
     named = [p for p in candidates if TRACE_PATTERN.match(p.name)]

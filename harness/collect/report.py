@@ -42,10 +42,19 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   wait_ms, transfer_ms}] (collective_stats.py).
 - `collective_stats`: [{name, pg, ranks, bytes, count, transfer_ms, mean_transfer_ms, wait_ms,
   algbw_gbps, busbw_gbps}] per collective and message size (NCCL-tests conventions).
+- `memory_findings`: [{rank, kind (growth|headroom|imbalance|cache), evidence, reason, advice}]
+  from the step logs (memory.py, warm-up left out); `memory_steps`: [{rank, step, rss_mb,
+  gpu_allocated_mb}] every logged steady step (every k-th beyond 1000 steps), for the memory
+  heatmap; `memory_timelines`: [{rank, window, path}] torch memory timelines (--profile-memory).
+  `ranks[]` also carry peak_rss_bytes, rss_growth_bytes_per_step, peak_gpu_allocated_bytes,
+  peak_gpu_reserved_bytes, gpu_growth_bytes_per_step (steady steps; growth: least-squares bytes
+  per step, null under 3 steps) and `steps[]` rss_mb, gpu_allocated_mb.
 - `collectives`: {matched, by_name: {name: count}}; `clock`: {aligned, reference_rank,
   reference_host, hosts: [{host, ranks, offset_ms, spread_ms, samples, via}]} (one offset per
   host); `threshold_ms`: the straggler bound applied to each rank's cost per step, `bounds_ms`
   the bounds it is the largest of; `warnings`: what was missing or doubtful.
+- `hang`, `other_hangs`, `mismatches`, `flight`, `trace_verdict`: from the Flight Recorder dumps
+  (hang_report.py); with a hang `verdict` is "hang" (a mismatch alone: "mismatch").
 """
 
 from __future__ import annotations
@@ -63,6 +72,8 @@ from harness.atomic import write_text_atomic
 from harness.collect.advisor import advice_for, as_rows, diagnose, summary
 from harness.collect.analysis import Analysis
 from harness.collect.collective_stats import collective_stats, process_groups
+from harness.collect.hang_report import hang_lines
+from harness.collect.memory import MemoryResult, finding_text
 from harness.paths import REPORT_JSON
 
 SCHEMA_VERSION = 1
@@ -126,8 +137,21 @@ def _ms(us: float) -> float:
     return round(us / 1e3, 6)
 
 
-def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
+def _mb(b: float | None) -> float | None:
+    return None if b is None else round(b / 1e6, 3)
+
+
+MEMORY_RANK_KEYS = ("peak_rss_bytes", "rss_growth_bytes_per_step", "peak_gpu_allocated_bytes", "peak_gpu_reserved_bytes",
+                    "gpu_growth_bytes_per_step")
+
+
+def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = None,
+                 memory_timelines: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """report.json's document; `memory` (memory.py, from the step logs) adds the memory findings
+    and columns, `memory_timelines` the links to torch's memory timelines."""
     res = a.stragglers
+    mem_ranks = memory.ranks if memory else {}
+    mem_logs = memory.logs.ranks if memory else {}
     by_rank = {t.rank: t for t in a.traces}
     agg: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for row in a.overlap:
@@ -147,6 +171,7 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
             "late_ms": round(b.late_ms, 6), "cost_ms": round(b.cost_ms, 6),
             "late_fraction": b.late_fraction, "last_fraction": b.last_fraction, "waits_for": b.waits_for,
             "clock_offset_ms": _ms(o.offset_us), "clock_spread_ms": _ms(o.spread_us), "clock_samples": o.samples,
+            **{k: mem_ranks.get(t.rank, {}).get(k) for k in MEMORY_RANK_KEYS},
         })
     stragglers = [{
         "rank": s.rank, "host": s.host, "phase": s.phase, "phase_excess_ms": s.phase_excess_ms,
@@ -165,6 +190,7 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
     step_rows = []
     step_dur = {(t.rank, s.number): s.dur_us for t in a.traces for s in t.steps}
     for row in sorted(a.overlap, key=lambda r: (r.rank, r.step)):
+        logged = mem_logs[row.rank].steps.get(row.step, {}) if row.rank in mem_logs else {}
         step_rows.append({
             "rank": row.rank, "step": row.step, "step_ms": _ms(step_dur.get((row.rank, row.step), row.window_us)),
             "wait_ms": _ms(res.per_step.get(row.step, {}).get(row.rank, 0.0)),
@@ -173,6 +199,7 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
             "exposed_transfer_ms": _ms(row.exposed_transfer_us), "compute_ms": _ms(row.compute_us),
             "comm_ms": _ms(row.comm_us), "memcpy_ms": _ms(row.memcpy_us), "idle_ms": _ms(row.idle_us),
             "last_arriver": res.step_last.get(row.step) == row.rank,
+            "rss_mb": _mb(logged.get("rss_bytes")), "gpu_allocated_mb": _mb(logged.get("gpu_peak_allocated_bytes")),
         })
     gaps = sorted(a.gaps, key=lambda g: -g.dur_us)
     present = sorted(by_rank)
@@ -210,6 +237,9 @@ def build_report(a: Analysis, inputs: list[str]) -> dict[str, Any]:
                   "reference_host": a.host_clocks[0].host if a.host_clocks else None,
                   "hosts": [{"host": c.host, "ranks": c.ranks, "offset_ms": _ms(c.offset_us), "spread_ms": _ms(c.spread_us),
                              "samples": c.samples, "via": c.via} for c in a.host_clocks]},
+        "memory_findings": memory.findings if memory else [],
+        "memory_steps": memory.steps if memory else [],
+        "memory_timelines": memory_timelines or [],
         "threshold_ms": res.threshold_ms,
         "bounds_ms": res.bounds_ms,
         "warnings": a.warnings,
@@ -270,7 +300,8 @@ def _straggler_step(s: dict[str, Any], run: dict[str, Any]) -> str:
 def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """What to do next, most important first: 1. why nothing could be analysed, if so;
     2. each straggler, with its phase's advice and its what-if; all of them together when
-    there are several; 3. each bottleneck class of the other ranks (diagnosed on their own work),
+    there are several; 3. each memory finding (memory.py: growth, headroom, imbalance, cache);
+    4. each bottleneck class of the other ranks (diagnosed on their own work),
     with how much of their step is waiting and on whom."""
     out: list[dict[str, Any]] = []
     if doc["verdict"] == "inconclusive":
@@ -285,6 +316,8 @@ def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"about": "straggler", "ranks": ranks,
                     "text": f"Fixing ranks {', '.join(map(str, ranks))} together would bring the step from "
                             f"~{doc['run']['replayed_step_ms']:.2f} ms to ~{fixed:.2f} ms (replayed)."})
+    for f in doc.get("memory_findings", []):
+        out.append({"about": "memory", "ranks": [f["rank"]], "text": finding_text(f)})
     by_kind: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for d in doc["diagnosis"]:
         if d["bottleneck"] != "straggler":
@@ -334,9 +367,49 @@ def gap_rows(doc: dict[str, Any], n: int) -> list[dict[str, Any]]:
     return [{**g, "dur_ms": g["dur_us"] / 1e3} for g in doc["gaps"][:n]]
 
 
+MEMORY_FINDING_COLUMNS: list[Column] = [
+    ("rank", "rank", "{}"), ("kind", "finding", "{}"), ("reason", "evidence", "{}"), ("advice", "next step", "{}")]
+MEMORY_RANK_COLUMNS: list[Column] = [
+    ("rank", "rank", "{}"), ("peak_rss_mb", "peak RSS MB", "{:.1f}"), ("rss_growth_mb", "RSS MB/step", "{:.3f}"),
+    ("peak_gpu_allocated_mb", "peak GPU allocated MB", "{:.1f}"), ("peak_gpu_reserved_mb", "peak GPU reserved MB", "{:.1f}"),
+    ("gpu_growth_mb", "GPU MB/step", "{:.3f}")]
+
+
+def memory_rank_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """ranks[]' memory columns in MB, for the tables."""
+    keys = {"peak_rss_mb": "peak_rss_bytes", "rss_growth_mb": "rss_growth_bytes_per_step",
+            "peak_gpu_allocated_mb": "peak_gpu_allocated_bytes", "peak_gpu_reserved_mb": "peak_gpu_reserved_bytes",
+            "gpu_growth_mb": "gpu_growth_bytes_per_step"}
+    return [{"rank": r["rank"], **{k: _mb(r.get(b)) for k, b in keys.items()}} for r in doc["ranks"]]
+
+
+def memory_note(doc: dict[str, Any]) -> str:
+    """What the memory findings rest on, in one sentence."""
+    if not doc.get("memory_steps"):
+        return "No step logs (steps/rank<R>.jsonl) next to the traces: no memory findings."
+    if not doc["memory_findings"]:
+        return ("No memory finding: no steady growth, no rank far above its peers, no unused allocator cache, "
+                "no peak near the limit (step logs, warm-up left out).")
+    return "From the step logs (steps/rank<R>.jsonl), warm-up steps left out."
+
+
+def memory_lines(doc: dict[str, Any]) -> list[str]:
+    lines = [memory_note(doc)]
+    if doc.get("memory_findings"):
+        lines += [""] + text_table.markdown(doc["memory_findings"], MEMORY_FINDING_COLUMNS)
+    if doc.get("memory_steps"):
+        lines += [""] + text_table.markdown(memory_rank_rows(doc), MEMORY_RANK_COLUMNS)
+    if doc.get("memory_timelines"):
+        lines += ["", "Memory timelines (torch's, per profiler window; --profile-memory):", ""]
+        lines += [f"- rank {t['rank']} window {t['window']}: `{t['path']}`" for t in doc["memory_timelines"]]
+    return lines
+
+
 def no_straggler_text(doc: dict[str, Any]) -> str:
     if doc["verdict"] == "inconclusive":
         return f"Not analysed: {doc['verdict_reason']}."
+    if doc.get("threshold_ms") is None:
+        return "Not analysed: no profiler trace, only Flight Recorder dumps."
     return f"None: no rank arrives later than the punctual ones by more than {doc['threshold_ms']:.2f} ms per step."
 
 
@@ -349,6 +422,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
                      f"{run['world_size']} have no trace; the analysis covers the ranks present.")
     for note in run.get("ending", []):
         lines.append(f"\n**Run ended badly:** {note}.")
+    lines += hang_lines(doc)
     lines += ["", "## What to do next", ""] + [f"- {n['text']}" for n in doc["next_steps"]]
     lines += ["", "## Stragglers", ""]
     if doc["stragglers"]:
@@ -361,6 +435,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines.append(no_straggler_text(doc))
     lines += ["", f"## Diagnosis: {doc['diagnosis_summary']}", ""]
     lines += text_table.markdown(doc["diagnosis"], DIAGNOSIS_COLUMNS)
+    lines += ["", "## Memory", ""] + memory_lines(doc)
     lines += ["", "## Per rank", ""]
     lines += text_table.markdown(doc["ranks"], RANK_COLUMNS)
     if len(doc["hosts"]) > 1:
@@ -409,7 +484,7 @@ def collective_rows(a: Analysis) -> list[dict[str, Any]]:
 
 
 STEP_COLUMNS = ["rank", "step", "step_ms", "wait_ms", "lag_ms", "exposed_comm_ms", "exposed_wait_ms", "exposed_transfer_ms",
-                "compute_ms", "comm_ms", "memcpy_ms", "idle_ms", "last_arriver"]
+                "compute_ms", "comm_ms", "memcpy_ms", "idle_ms", "last_arriver", "rss_mb", "gpu_allocated_mb"]
 
 
 def write_report(doc: dict[str, Any], out: Path, collectives: list[dict[str, Any]] | None = None) -> None:
@@ -432,4 +507,6 @@ def console_summary(doc: dict[str, Any]) -> str:
             ("idle_ms", "idle ms", "{:.2f}"), ("wait_ms", "waited ms", "{:.2f}"), ("late_ms", "late ms/step", "{:.2f}"),
             ("clock_offset_ms", "offset ms", "{:.3f}")]
     straggling = {s["rank"] for s in doc["stragglers"]}
-    return text_table.render(doc["ranks"], cols, lambda r: "  <- straggler" if r["rank"] in straggling else "")
+    table = text_table.render(doc["ranks"], cols, lambda r: "  <- straggler" if r["rank"] in straggling else "")
+    memory = [f"memory: rank {f['rank']} {f['kind']}: {f['reason']}" for f in doc.get("memory_findings", [])]
+    return "\n".join([table, *memory])

@@ -85,6 +85,9 @@ def ending_notes(run_dir: Path) -> list[str]:
                              "killed (SIGKILL, the out-of-memory killer) or its node was lost"))
         elif state == "failed":
             notes.append((1, f"rank {rank} failed {after}: {doc.get('error')}"))
+        elif state == "hung":
+            notes.append((1, f"rank {rank} timed out in a collective {after} (a peer never entered it): "
+                             f"{doc.get('error')}"))
         elif state == "terminated":
             notes.append((2, f"rank {rank} was stopped by {doc.get('error')} {after} (the launcher ending the job)"))
     partial = sorted(p.name for p in run_dir.glob(f"*{PARTIAL_SUFFIX}*") if p.is_file())

@@ -19,9 +19,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from harness.collect.hang_report import hang_html
 from harness.collect.report import (CLOCK_COLUMNS, COLLECTIVE_STAT_COLUMNS, DIAGNOSIS_COLUMNS, GAP_COLUMNS, HOST_COLUMNS,
-                                    PG_COLUMNS, RANK_COLUMNS, STRAGGLER_COLUMNS, Column, cell, clock_rows, gap_rows,
-                                    host_rows, no_straggler_text, pg_rows, scope_line, straggler_rows)
+                                    MEMORY_FINDING_COLUMNS, MEMORY_RANK_COLUMNS, PG_COLUMNS, RANK_COLUMNS,
+                                    STRAGGLER_COLUMNS, Column, cell, clock_rows, gap_rows, host_rows, memory_note,
+                                    memory_rank_rows, no_straggler_text, pg_rows, scope_line, straggler_rows)
 
 GAPS_SHOWN = 20
 # The view's own assets (index.js is the TensorBoard tab's entry module).
@@ -77,7 +79,7 @@ def _body(doc: dict[str, Any], title: str) -> str:
     straggling = {s["rank"] for s in doc["stragglers"]}
     parts = [f"<h1>{html.escape(title)}</h1>",
              f'<p id="verdict" class="verdict {html.escape(doc["verdict"])}">{html.escape(doc["headline"])}</p>',
-             f'<p class="scope">{html.escape(scope_line(doc))}</p>']
+             f'<p class="scope">{html.escape(scope_line(doc))}</p>', hang_html(doc)]
     parts.append(_section("What to do next", "<ul>" + "".join(
         f'<li data-about="{html.escape(n["about"])}">{html.escape(n["text"])}</li>' for n in doc.get("next_steps", []))
         + "</ul>", "sec-advice"))
@@ -89,6 +91,7 @@ def _body(doc: dict[str, Any], title: str) -> str:
     if doc.get("diagnosis"):
         parts.append(_section(f"Diagnosis: {doc.get('diagnosis_summary', '')}",
                               html_table(doc["diagnosis"], DIAGNOSIS_COLUMNS, "diagnosis"), "sec-diagnosis"))
+    parts.append(_section("Memory", _memory(doc), "sec-memory"))
     parts.append(_section("Per rank", html_table(doc["ranks"], RANK_COLUMNS, "ranks",
                                                  lambda r: "straggler" if r["rank"] in straggling else None)
                           + '<div id="bars" class="chart"></div>', "sec-ranks"))
@@ -102,7 +105,8 @@ def _body(doc: dict[str, Any], title: str) -> str:
                               + html_table(doc["collective_stats"], COLLECTIVE_STAT_COLUMNS, "collective-stats"),
                               "sec-collectives"))
     parts.append(_section("Rank × step", '<div id="heatmap-step" class="chart"></div>'
-                                         '<div id="heatmap-wait" class="chart"></div>', "sec-heatmap"))
+                                         '<div id="heatmap-wait" class="chart"></div>'
+                                         '<div id="heatmap-memory" class="chart"></div>', "sec-heatmap"))
     timeline_note = ('<p class="note">One lane per rank on aligned clocks: each step\'s phases above, its collectives '
                      'below with the wait for the last arriver in red. Drag to zoom, double-click to reset. '
                      'Kernel-level detail: <code>merged.pt.trace.json.gz</code> in Perfetto UI.</p>')
@@ -125,6 +129,20 @@ def _body(doc: dict[str, Any], title: str) -> str:
         parts.append(_section("Warnings", "<ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in doc["warnings"]) + "</ul>",
                               "sec-warnings"))
     return "\n".join(parts)
+
+
+def _memory(doc: dict[str, Any]) -> str:
+    """The memory findings, the per-rank memory table and links to torch's memory timelines."""
+    out = f'<p id="memory-note" class="note">{html.escape(memory_note(doc))}</p>'
+    if doc.get("memory_findings"):
+        out += html_table(doc["memory_findings"], MEMORY_FINDING_COLUMNS, "memory-findings")
+    if doc.get("memory_steps"):
+        out += html_table(memory_rank_rows(doc), MEMORY_RANK_COLUMNS, "memory-ranks")
+    if doc.get("memory_timelines"):
+        out += ('<p class="note">Memory timelines (torch\'s, per profiler window):</p><ul id="memory-timelines">'
+                + "".join(f"<li>rank {t['rank']} window {t['window']}: <code>{html.escape(t['path'])}</code></li>"
+                          for t in doc["memory_timelines"]) + "</ul>")
+    return out
 
 
 def render_page(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: str, assets: str = "inline") -> str:

@@ -24,16 +24,20 @@
     return z;
   }
 
-  function heatmap(id, report, key, title, colorscale) {
-    var ranks = report.ranks.map(function (r) { return r.rank; });
-    var steps = Array.from(new Set(report.steps.map(function (s) { return s.step; }))).sort(function (a, b) { return a - b; });
+  function heatmap(id, report, key, title, colorscale, rows, unit) {
+    // rows: report.steps unless given (the memory heatmap reads report.memory_steps)
+    rows = rows || report.steps;
+    unit = unit || "ms";
+    var ranks = rows === report.steps ? report.ranks.map(function (r) { return r.rank; })
+      : Array.from(new Set(rows.map(function (s) { return s.rank; }))).sort(function (a, b) { return a - b; });
+    var steps = Array.from(new Set(rows.map(function (s) { return s.step; }))).sort(function (a, b) { return a - b; });
     var trace = {
-      type: "heatmap", z: grid(report.steps, ranks, steps, key), x: steps, y: ranks.map(rankLabel),
-      colorscale: colorscale, colorbar: { title: { text: "ms" } }, hoverongaps: false,
-      hovertemplate: "%{y}, step %{x}<br>" + title + ": %{z:.2f} ms<extra></extra>"
+      type: "heatmap", z: grid(rows, ranks, steps, key), x: steps, y: ranks.map(rankLabel),
+      colorscale: colorscale, colorbar: { title: { text: unit } }, hoverongaps: false,
+      hovertemplate: "%{y}, step %{x}<br>" + title + ": %{z:.2f} " + unit + "<extra></extra>"
     };
     var layout = {
-      title: { text: title + " (ms) per rank and step" }, height: Math.max(220, 60 + 28 * ranks.length),
+      title: { text: title + " (" + unit + ") per rank and step" }, height: Math.max(220, 60 + 28 * ranks.length),
       margin: { l: 80, r: 20, t: 40, b: 40 }, xaxis: { title: { text: "step" }, type: "category" },
       yaxis: { autorange: "reversed", type: "category" }
     };
@@ -126,7 +130,7 @@
     var data = JSON.parse(document.getElementById("harness-data").textContent);
     var report = data.report, tl = data.timeline;
     if (typeof Plotly === "undefined") {
-      ["bars", "heatmap-step", "heatmap-wait", "timeline"].forEach(function (id) {
+      ["bars", "heatmap-step", "heatmap-wait", "heatmap-memory", "timeline"].forEach(function (id) {
         fail(id, "Charts unavailable: plotly.min.js did not load.");
       });
       state.ready = true;
@@ -139,6 +143,15 @@
     } else {
       fail("heatmap-step", "No steps analysed.");
     }
+    var mem = report.memory_steps || [];
+    if (mem.length) {
+      // GPU allocated when the run logged it (a CUDA run), else host RSS
+      var gpu = mem.some(function (r) { return r.gpu_allocated_mb !== null && r.gpu_allocated_mb !== undefined; });
+      jobs.push(heatmap("heatmap-memory", report, gpu ? "gpu_allocated_mb" : "rss_mb",
+        gpu ? "GPU peak allocated" : "host RSS", "Blues", mem, "MB"));
+    } else {
+      fail("heatmap-memory", "No memory heatmap: no step logs next to the traces.");
+    }
     jobs.push(bars("bars", report));
     if (tl && tl.ranks.length) {
       jobs.push(timeline("timeline", tl));
@@ -150,7 +163,7 @@
       fail("timeline", "No timeline: timeline.json is missing (re-run the collector).");
     }
     Promise.all(jobs).then(function () {
-      state.charts = ["heatmap-step", "heatmap-wait", "bars", "timeline"].filter(function (id) {
+      state.charts = ["heatmap-step", "heatmap-wait", "heatmap-memory", "bars", "timeline"].filter(function (id) {
         var el = document.getElementById(id);
         return el && el.data;
       });
