@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.collect.run_state import last_logged_step
 from harness.paths import FLIGHT_DIR, NCCL_DUMP_PREFIX, PARTIAL_SUFFIX, STATUS_DIR, TRACE_PATTERN, is_summary, status_path, steps_path
 
 MAX_MISMATCHES = 20
@@ -229,18 +230,7 @@ def _status(run_dir: Path | None, rank: int) -> dict[str, Any]:
 
 
 def _last_logged_step(run_dir: Path | None, rank: int) -> int | None:
-    if run_dir is None:
-        return None
-    try:
-        lines = steps_path(run_dir, rank).read_text().splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return None
+    return None if run_dir is None else last_logged_step(steps_path(run_dir, rank))
 
 
 def _members(dumps: list[RankDump], pg: str, desc: str, world_size: int | None) -> list[int]:

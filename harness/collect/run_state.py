@@ -43,7 +43,7 @@ def choose_attempt(inputs: list[str], wanted: int | None) -> tuple[list[str], li
     return out, notes
 
 
-def _last_logged_step(path: Path) -> int | None:
+def last_logged_step(path: Path) -> int | None:
     """The last step in a step log whose line is whole (a killed rank may leave half a line)."""
     try:
         lines = path.read_text().splitlines()
@@ -78,7 +78,7 @@ def ending_notes(run_dir: Path) -> list[str]:
         except (OSError, ValueError):
             continue
         state = doc.get("state")
-        step = _last_logged_step(steps_path(run_dir, rank)) if (run_dir / STEPS_DIR).is_dir() else None
+        step = last_logged_step(steps_path(run_dir, rank)) if (run_dir / STEPS_DIR).is_dir() else None
         after = f"after step {step}" if step is not None else "before its first step"
         if state == "running" and not finished:
             notes.append((0, f"rank {rank} ({doc.get('host')}, pid {doc.get('pid')}) stopped without a word {after}: "
