@@ -56,6 +56,7 @@ class TraceRecorder:
         self._windows = 0  # windows handed over by the profiler so far
         self._resume_free_bytes: int | None = None  # set while paused after a full disk
         self._largest_bytes = 0
+        self._leftovers: set[Path] = set()  # temporary files that could not be removed yet
         self._prof: profile | None = None
         self._stamped_window = 0
 
@@ -86,6 +87,7 @@ class TraceRecorder:
         if self._prof is not None:
             self._prof.__exit__(*exc)
             self._prof = None
+        self._sweep()
 
     @property
     def state(self) -> str:
@@ -119,8 +121,19 @@ class TraceRecorder:
         return {"state": "degraded" if self.skipped or self._resume_free_bytes else "complete",
                 "windows": self._windows, "written": len(self.written), "skipped_windows": self.skipped}
 
+    def _discard(self, tmp: Path) -> None:
+        """Remove a failed window's temporary file, or remember it for later when the disk does
+        not let it go now (a read-only disk keeps what was half-written when it turned so)."""
+        if not _remove(tmp):
+            self._leftovers.add(tmp)
+
+    def _sweep(self) -> None:
+        """Retry removing the temporary files a read-only disk kept (at each window and at the end)."""
+        self._leftovers = {p for p in self._leftovers if not _remove(p)}
+
     def _write_window(self, prof: profile) -> None:
         """Export the window the profiler hands over; never raise into the training loop."""
+        self._sweep()
         self._windows += 1
         window = self._windows
         final = trace_path(self.run_dir, self.rank, self.host, window)
@@ -138,7 +151,7 @@ class TraceRecorder:
             prof.export_chrome_trace(str(tmp))  # gzip-compressed because the name ends in .gz
             os.replace(tmp, final)
         except Exception as exc:  # an OSError, or whatever the profiler library raises
-            _remove(tmp)
+            self._discard(tmp)
             action = f"trace window {window} skipped"
             if is_disk_full(exc):
                 self._resume_free_bytes = max(RESUME_MIN_FREE_BYTES, 2 * self._largest_bytes)
@@ -164,7 +177,7 @@ class TraceRecorder:
             try:
                 self.summaries.append(summarize(final, drop_trace=self.cfg.trace_summary == "only"))
             except Exception as exc:
-                _remove(partial_path(summary_path(final)))
+                self._discard(partial_path(summary_path(final)))
                 self.faults.report("trace summary", exc, f"window {window} keeps its trace, without a summary; "
                                    "training goes on", summary_path(final), window=window)
             self.summary_s += time.perf_counter() - started
@@ -190,9 +203,9 @@ class TraceRecorder:
                 prof.export_memory_timeline(str(tmp), device)
             os.replace(tmp, final)
         except (AttributeError, NotImplementedError, ValueError, AssertionError, KeyError):
-            _remove(tmp)  # not supported by this torch or on this device: no timeline, said in the docstring
+            self._discard(tmp)  # not supported by this torch or on this device: no timeline, said in the docstring
         except Exception as exc:
-            _remove(tmp)
+            self._discard(tmp)
             self.faults.report("memory timeline", exc, f"window {window} has no memory timeline; training goes on",
                                tmp, window=window)
         else:
@@ -215,8 +228,10 @@ def _free_bytes(path: Path) -> int | None:
         return None
 
 
-def _remove(path: Path) -> None:
+def _remove(path: Path) -> bool:
+    """Remove a temporary file; False when it cannot be removed now (a read-only disk)."""
     try:
         path.unlink(missing_ok=True)
+        return True
     except OSError:
-        pass  # its folder is gone or read-only: no partial file is visible there either
+        return False
