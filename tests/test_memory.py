@@ -351,3 +351,23 @@ def test_real_clean_run_has_no_finding(log_dir: Path) -> None:
     assert doc["memory_findings"] == [], doc["memory_findings"]
     assert [r["rank"] for r in doc["ranks"]] == [0, 1] and all(r["peak_rss_bytes"] > 0 for r in doc["ranks"])
     assert len(doc["memory_steps"]) == 2 * 35
+
+
+def test_profiler_buffers_are_not_a_host_leak(tmp_path: Path) -> None:
+    # RSS rises 3 MiB a step while torch.profiler warms up and records (steps 14-21) and stays
+    # up after it (its buffers stay mapped): the profiler's memory, not a leak (the demo's shape:
+    # a window late in a short run). The same rise with no window is a leak.
+    def rss(s: int) -> float:
+        return 400e6 + 3 * MiB * (min(max(s, 14), 22) - 14)
+
+    def state(s: int) -> str:
+        return "warmup" if s in (14, 15) else "record" if 16 <= s <= 21 else "wait"
+
+    write_log(tmp_path, 0, [rec(s, rss=rss(s), profiler=state(s)) for s in range(WARMUP + 20)])
+    write_log(tmp_path, 1, [rec(s, rss=rss(s), profiler="off") for s in range(WARMUP + 20)])
+    result = analyze_memory(read_step_logs([tmp_path]))
+    assert kinds(result.findings) == [(1, "growth")]
+    # a long stretch after the window is judged on its own: a leak there is found
+    write_log(tmp_path, 0, [rec(s, rss=400e6 + (3 * MiB * s if s > 8 else 0), profiler="record" if s in (6, 7, 8) else "wait")
+                            for s in range(WARMUP + 30)])
+    assert (0, "growth") in kinds(analyze_memory(read_step_logs([tmp_path])).findings)

@@ -9,7 +9,12 @@ Reads `steps/rank<R>.jsonl` (one JSON object per step: `rss_bytes`, on GPU
 - `cache`: GPU memory the caching allocator holds but does not use at the peak (fragmentation);
 - `headroom`: a peak within a few percent of what the device (or host) has.
 
-Warm-up steps (`warmup: true`) are left out of everything. Pure: file reads and arithmetic, no
+Warm-up steps (`warmup: true`) are left out of everything. The host series also leaves out the
+steps torch.profiler warmed up or recorded in (`profiler: warmup|record`): its event buffers
+grow the process's RSS by megabytes a step while it records (measured: ~2.5 MB a step in the
+demo's torch-mode window) and stay mapped after the export, which is the profiler's memory, not
+the model's; so host growth is judged on the longest stretch of consecutive steps with no window
+in it. The device series keeps every step (the profiler holds no device memory). Pure: file reads and arithmetic, no
 torch, so it runs wherever the collector runs. Missing, partial (a killed rank's half line) or
 damaged step logs give warnings, never an exception.
 """
@@ -85,6 +90,7 @@ class RankLog:
     rank: int
     host: str | None = None
     steps: dict[int, dict[str, float]] = field(default_factory=dict)
+    profiled: set[int] = field(default_factory=set)  # steps the profiler warmed up or recorded in
 
 
 @dataclass
@@ -134,6 +140,8 @@ def read_rank_log(path: Path, rank: int) -> tuple[RankLog, list[str]]:
                     continue
                 if isinstance(rec.get("host"), str):
                     log.host = rec["host"]
+                if rec.get("profiler") in ("warmup", "record"):
+                    log.profiled.add(step)
                 log.steps[step] = {k: n for k in FIELDS if (n := _number(rec.get(k))) is not None}
     except OSError as exc:
         return log, [f"memory: {path} unreadable ({exc.strerror or exc}): no memory findings for rank {rank}"]
@@ -212,6 +220,19 @@ def trend(points: list[tuple[int, float]], confidence: float) -> Trend | None:
 
 def _series(log: RankLog, key: str) -> list[tuple[int, float]]:
     return [(s, rec[key]) for s, rec in log.steps.items() if key in rec]
+
+
+def longest_unprofiled(points: list[tuple[int, float]], profiled: set[int]) -> list[tuple[int, float]]:
+    """The longest run of consecutive steps with no profiler window in it (the latest on a tie):
+    a window's buffers raise RSS and leave it raised, a jump no leak makes."""
+    runs: list[list[tuple[int, float]]] = [[]]
+    for s, v in sorted(points):
+        if s in profiled:
+            if runs[-1]:
+                runs.append([])
+            continue
+        runs[-1].append((s, v))
+    return max(reversed(runs), key=len)
 
 
 def _limit(log: RankLog, key: str) -> float | None:
@@ -302,7 +323,10 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
     trends: dict[tuple[int, str], Trend | None] = {}
     for r, log in sorted(logs.ranks.items()):
         for kind, key in SERIES.items():
-            trends[(r, kind)] = trend(_series(log, key), th.confidence)
+            points = _series(log, key)
+            if kind == "host":
+                points = longest_unprofiled(points, log.profiled)
+            trends[(r, kind)] = trend(points, th.confidence)
         rss, gpu = trends[(r, "host")], trends[(r, "gpu")]
         ranks[r] = {"memory_steps": len(log.steps), "peak_rss_bytes": _peak(log, "rss_bytes"),
                     "rss_growth_bytes_per_step": round(rss.slope, 1) if rss else None,
