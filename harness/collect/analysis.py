@@ -100,9 +100,10 @@ def analyze(runset: RunSet, *, align: bool = True, thresholds: Thresholds | None
         _, clocks = estimate_offsets([], traces)
         offsets = {r: ClockOffset(rank=r, offset_us=0.0, spread_us=0.0, samples=0) for r in ranks}
     aligned = [t.shifted(offsets[t.rank].offset_us) if offsets[t.rank].offset_us else t for t in traces]
+    # matched again on the shifted copies: every later stage reads the ops on aligned clocks
+    # (matching keys hold no time, so the instances are the same)
     instances, _ = match_collectives(aligned)
-    zero = {r: ClockOffset(rank=r, offset_us=0.0, spread_us=o.spread_us, samples=o.samples) for r, o in offsets.items()}
-    waits = instance_waits(instances, zero)
+    waits = instance_waits(instances)
     result = analyze_stragglers(aligned, waits, offsets, thresholds)
     if result.reason and len(ranks) > 1:
         warnings.append(f"no straggler analysis: {result.reason}")

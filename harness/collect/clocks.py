@@ -38,8 +38,10 @@ def clock_domain(trace: RankTrace) -> str:
     return trace.host if trace.host and trace.host != "unknown" else f"{trace.host} (rank {trace.rank})"
 
 
-def _mad(xs: list[float], centre: float) -> float:
-    return statistics.median(abs(x - centre) for x in xs)
+def mad(xs: list[float]) -> float:
+    """Median absolute deviation from the median: the spread measure of clocks and stragglers."""
+    med = statistics.median(xs)
+    return statistics.median(abs(x - med) for x in xs)
 
 
 def estimate_offsets(instances: list[Instance], traces: list[RankTrace]) -> tuple[dict[int, ClockOffset], list[HostClock]]:
@@ -83,7 +85,7 @@ def estimate_offsets(instances: list[Instance], traces: list[RankTrace]) -> tupl
         h = max(sorted(diffs), key=lambda k: len(diffs[k]))
         med = statistics.median(diffs[h])
         offset[h] = med
-        clocks[h] = HostClock(host=h, ranks=ranks_of[h], offset_us=med, spread_us=_mad(diffs[h], med),
+        clocks[h] = HostClock(host=h, ranks=ranks_of[h], offset_us=med, spread_us=mad(diffs[h]),
                               samples=len(diffs[h]), via=", ".join(sorted(via[h])))
     for h, rs in ranks_of.items():
         clocks.setdefault(h, HostClock(host=h, ranks=rs, offset_us=0.0, spread_us=0.0, samples=0))
@@ -97,6 +99,6 @@ def estimate_offsets(instances: list[Instance], traces: list[RankTrace]) -> tupl
     out = {}
     for r in sorted(domain):
         d = rank_diffs.get(r, [])
-        spread = _mad(d, statistics.median(d)) if d and r != ref_rank else 0.0
+        spread = mad(d) if d and r != ref_rank else 0.0
         out[r] = ClockOffset(rank=r, offset_us=clocks[domain[r]].offset_us, spread_us=spread, samples=len(d))
     return out, [clocks[h] for h in sorted(clocks, key=lambda k: min(ranks_of[k]))]

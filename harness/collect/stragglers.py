@@ -10,7 +10,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from harness.collect.clocks import ClockOffset
+from harness.collect.clocks import ClockOffset, mad
 from harness.collect.model import RankTrace
 from harness.collect.replay import replay_steps
 from harness.collect.waits import InstanceWaits
@@ -87,11 +87,6 @@ class StragglerResult:
     @property
     def stragglers(self) -> list[RankBlame]:
         return sorted((r for r in self.ranks if r.straggler), key=lambda r: (-r.late_ms, r.rank))
-
-
-def _mad(xs: list[float]) -> float:
-    med = statistics.median(xs)
-    return statistics.median(abs(x - med) for x in xs)
 
 
 def punctual_arrival(arrival_us: dict[int, float]) -> float:
@@ -184,7 +179,7 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
     median_step_ms = statistics.median(timed) if timed else 0.0
     spreads = [o.spread_us for o in offsets.values() if o.samples and o.rank != min(ranks)]
     noise_us = statistics.median(spreads) if spreads else 0.0
-    jitter = [_mad([s.dur_us / 1e3 for s in t.steps]) for t in traces if len(t.steps) > 1]
+    jitter = [mad([s.dur_us / 1e3 for s in t.steps]) for t in traces if len(t.steps) > 1]
     jitter_ms = statistics.median(jitter) if jitter else 0.0
     rel_lag = th.rel_lag_cpu if all(t.device == "cpu" for t in traces) else th.rel_lag
     bounds = {"min_lag": th.min_lag_ms, "clock_noise": th.noise_factor * noise_us / 1e3,
@@ -196,7 +191,7 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
     if len(ranks) >= 3:
         values = sorted(late_ms.values())
         lower = values[:max(len(values) // 2, 1)]
-        bounds["outlier"] = statistics.median(lower) + th.mad_factor * _mad(lower)
+        bounds["outlier"] = statistics.median(lower) + th.mad_factor * mad(lower)
     threshold = max(bounds.values())
     late_floor_us = th.noise_factor * noise_us
     late_at: dict[int, int] = defaultdict(int)

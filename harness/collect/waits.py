@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.collect.clocks import ClockOffset
 from harness.collect.matching import Instance
 
 
@@ -82,15 +81,15 @@ def attribute(arrival_us: dict[int, float]) -> tuple[dict[int, float], dict[int,
     return delay, blame
 
 
-def instance_waits(instances: list[Instance], offsets: dict[int, ClockOffset]) -> list[InstanceWaits]:
-    """Per instance, on aligned clocks: 1. arrival_r = start of rank r's op, end_r its end;
+def instance_waits(instances: list[Instance]) -> list[InstanceWaits]:
+    """Per instance (its ops already on aligned clocks): 1. arrival_r = start of rank r's op, end_r its end;
     2. last = the latest arrival; wait_r = last - arrival_r; 3. transfer = min over ranks of
     (duration_r - wait_r), at least 0 (the ends of a blocking collective coincide, so this is
     about the last arriver's duration); 4. the attribution of `attribute`."""
     out = []
     for n, inst in enumerate(instances):
-        arrival = {r: op.start_us - offsets[r].offset_us for r, op in inst.ops.items()}
-        end = {r: op.end_us - offsets[r].offset_us for r, op in inst.ops.items()}
+        arrival = {r: op.start_us for r, op in inst.ops.items()}
+        end = {r: op.end_us for r, op in inst.ops.items()}
         last_rank = max(sorted(arrival), key=arrival.get)
         waits = {r: arrival[last_rank] - a for r, a in arrival.items()}
         transfer = max(min(end[r] - arrival[r] - waits[r] for r in arrival), 0.0)
