@@ -70,6 +70,8 @@ def replicate(doc: dict[str, Any], copies: int, rank: int, world_size: int) -> d
     top_id = 1 + max((e.get("args", {}).get(k, 0) for e in timed for k in SHIFTED_ARGS
                       if isinstance(e.get("args", {}).get(k), int)), default=0)
     top_flow = 1 + max((e["id"] for e in timed if isinstance(e.get("id"), int)), default=0)
+    numbers = [int(e["name"].split("#")[1]) for e in timed if str(e.get("name", "")).startswith("ProfilerStep#")]
+    step_span = (max(numbers) - min(numbers) + 1) if numbers else 1  # copies get step numbers of their own
     out = list(meta)
     for k in range(copies):
         for e in timed:
@@ -77,7 +79,7 @@ def replicate(doc: dict[str, Any], copies: int, rank: int, world_size: int) -> d
             c["ts"] = e["ts"] + k * span
             name = c.get("name", "")
             if isinstance(name, str) and name.startswith("ProfilerStep#"):
-                c["name"] = f"ProfilerStep#{int(name.split('#')[1]) + k}"
+                c["name"] = f"ProfilerStep#{int(name.split('#')[1]) + k * step_span}"
             if isinstance(c.get("args"), dict) and k:
                 c["args"] = {a: (v + k * top_id if a in SHIFTED_ARGS and isinstance(v, int) else v)
                              for a, v in c["args"].items()}

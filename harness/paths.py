@@ -69,6 +69,7 @@ SCALARS_RANK_TEMPLATE = "rank{rank:05d}"
 REPORT_DIR = "report"
 REPORT_JSON = "report.json"
 TIMELINE_JSON = "timeline.json"
+MERGED_TRACE = "merged.pt.trace.json.gz"
 REPORT_HTML = "report.html"
 
 # Lab sweeps: <log-dir>/lab/<sweep>-<time>/ holds timings.csv, summary.md, the charts, and one

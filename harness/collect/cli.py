@@ -10,13 +10,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
-from harness.collect.analysis import NoStepsError, analyze
+
+from harness.collect.analysis import Analysis, NoStepsError, analyze
 from harness.collect.discover import InputError, RunSet, find_trace_files, group_ranks
 from harness.collect.flight import analyse, find_dumps, read_dumps
 from harness.collect.hang_report import attach, flight_only
 from harness.collect.memory import find_memory_timelines, finding_text, memory_from_dirs
+from harness.collect.merged import (MERGED_BUDGET_BYTES, MergedChoice, MergedResult, merged_summary, window_for,
+                                    write_merged)
 from harness.collect.model import RankTrace
 from harness.collect.parse import TraceError, parse_trace
 from harness.collect.report import build_report, collective_rows, console_summary, write_report
@@ -27,7 +30,7 @@ from harness.collect.tb_scalars import write_scalars
 from harness.collect.timeline import build_timeline
 from harness.view.files import write_view
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser
-from harness.paths import FLIGHT_DIR, is_summary, trace_of_summary
+from harness.paths import FLIGHT_DIR, MERGED_TRACE, is_summary, trace_of_summary
 
 PROG = "harness.collect"
 EXIT_INPUT = EXIT_USAGE
@@ -50,6 +53,16 @@ def parse_steps(spec: str) -> set[int]:
     return out
 
 
+def parse_merged(spec: str) -> MergedChoice:
+    """'auto', 'all', 'none' or a step list (see parse_steps)."""
+    if spec in ("auto", "all", "none"):
+        return MergedChoice(mode=spec)
+    try:
+        return MergedChoice(mode="steps", steps=frozenset(parse_steps(spec)))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"invalid --merged {spec!r}; use auto, all, none or steps such as 5-8") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     th = Thresholds()
     p = OneLineArgumentParser(prog=PROG, description="Merge per-rank PyTorch profiler traces, align their clocks, find "
@@ -58,7 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, help="report folder (default: <first input folder>/report)")
     p.add_argument("--steps", type=parse_steps, help="steps to analyse, e.g. 3-7 or 5,6,9 (default: all)")
     p.add_argument("--no-align", action="store_true", help="do not align rank clocks")
-    p.add_argument("--no-merged", action="store_true", help="skip merged.pt.trace.json.gz (large for big traces)")
+    p.add_argument("--merged", type=parse_merged, default=MergedChoice(),
+                   help=f"what {MERGED_TRACE} holds: auto (default: the consecutive steps around a typical step "
+                        f"that fit {MERGED_BUDGET_BYTES // 10**6} MB of JSON, what a browser viewer opens), all, "
+                        "none, or steps such as 5-8")
+    p.add_argument("--no-merged", dest="merged", action="store_const", const=MergedChoice(mode="none"),
+                   help="the same as --merged none")
     p.add_argument("--attempt", type=int, help="after torchrun restarts (--max-restarts), the attempt to analyse: "
                    "0 = the first, N = <run>/restart-N (default: the latest)")
     p.add_argument("--from-traces", action="store_true",
@@ -96,24 +114,17 @@ def _parse_one(path: Path) -> RankTrace | str:
         return str(exc)
 
 
-def parse_all(files: list[Path], jobs: int, progress: bool) -> tuple[list[RankTrace], list[str]]:
-    """Parse the traces, in parallel processes when there are several; bad files become warnings."""
-    jobs = min(jobs or os.cpu_count() or 1, len(files))
+def parse_all(files: list[Path], pool: Executor | None, progress: bool) -> tuple[list[RankTrace], list[str]]:
+    """Parse the traces, in parallel on `pool` when there is one; bad files become warnings."""
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=len(files), desc="parsing traces", unit="rank", file=sys.stderr, disable=None)
     results: list[RankTrace | str] = []
-    if jobs <= 1:
-        for f in files:
-            results.append(_parse_one(f))
-            bar and bar.update()
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for r in pool.map(_parse_one, files):
-                results.append(r)
-                bar and bar.update()
+    for r in (pool.map(_parse_one, files) if pool is not None and len(files) > 1 else map(_parse_one, files)):
+        results.append(r)
+        bar and bar.update()
     if bar:
         bar.close()
     traces = [r for r in results if isinstance(r, RankTrace)]
@@ -128,6 +139,18 @@ def default_output(inputs: list[str], files: list[Path]) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    jobs = args.jobs or os.cpu_count() or 1
+    # One pool for parsing and for the merged trace, started while this process is still small
+    # (workers are forked: they would otherwise each map the parent's analysis).
+    pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+    try:
+        collect(args, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+def collect(args: argparse.Namespace, pool: Executor | None) -> None:
     try:
         try:
             inputs, attempt_notes = choose_attempt(args.inputs, args.attempt)
@@ -137,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         files = [f for f in find_trace_files(inputs, summaries=not args.from_traces) if f not in dump_files]
         if not files:
             raise InputError(f"no trace files under {', '.join(inputs)}, only Flight Recorder dumps")
-        traces, errors = parse_all(files, args.jobs, progress=not args.quiet and len(files) > 1)
+        traces, errors = parse_all(files, pool, progress=not args.quiet and len(files) > 1)
         for e in errors:
             print(f"{PROG}: warning: skipped {e}", file=sys.stderr)
         if not traces:
@@ -165,14 +188,11 @@ def main(argv: list[str] | None = None) -> None:
     doc = build_report(analysis, inputs, memory, find_memory_timelines(dirs))
     attach(doc, read_flight(inputs, args.unpickle_nccl_dumps, doc["warnings"]))
     out = args.output or default_output(inputs, files)
+    merged = write_merged_trace(analysis, out, args.merged, pool)
+    doc["merged"] = merged_summary(merged) if merged else None
     write_report(doc, out, collective_rows(analysis))
     write_view(doc, build_timeline(analysis), out)
     write_scalars(doc, out)
-    merged = not args.no_merged and _traces_present(runset)
-    if merged:
-        from harness.collect.merged import write_merged
-
-        write_merged(analysis, out)
 
     if doc.get("hang") or doc.get("mismatches"):
         print(doc["headline"])  # first: the rest of the report is about a job that never finished
@@ -184,10 +204,23 @@ def main(argv: list[str] | None = None) -> None:
     print(f"diagnosis: {doc['diagnosis_summary']}")
     for n in doc["next_steps"]:
         print(f"next: {n['text']}")
-    print(f"report:  {out}/report.md (also report.html, report.json, timeline.json, steps.csv, collectives.csv"
-          f"{', merged.pt.trace.json.gz' if merged else ''}; TensorBoard scalars in {out}/tb/)")
-    if not merged and not args.no_merged:
-        print("no merged.pt.trace.json.gz: only the in-job summaries, not the traces, are here")
+    print(f"report:  {out}/report.md (also report.html, report.json, timeline.json, steps.csv, collectives.csv; "
+          f"TensorBoard scalars in {out}/tb/)")
+    if merged:
+        print(f"merged:  {merged.path} ({merged.gz_bytes / 1e6:.1f} MB, {merged.json_bytes / 1e6:.0f} MB of JSON): "
+              f"{merged.window.note}")
+    elif args.merged.mode != "none":
+        print(f"no {MERGED_TRACE}: only the in-job summaries, not the traces, are here")
+
+
+def write_merged_trace(analysis: Analysis, out: Path, choice: MergedChoice, pool: Executor | None) -> MergedResult | None:
+    """The merged trace `choice` asks for (None: not asked for, or no trace file left to copy
+    from: only in-job summaries)."""
+    window = window_for(choice, analysis.runset.ranks) if _traces_present(analysis.runset) else None
+    if window is None:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    return write_merged(analysis, out, window, pool)
 
 
 def print_memory_only(inputs: list[str], attempt: int | None) -> None:

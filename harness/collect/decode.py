@@ -24,11 +24,12 @@ import re
 import zlib
 from pathlib import Path
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, NamedTuple
 
 import msgspec
 
+from harness.collect.model import Block
 from harness.paths import TRACE_METADATA_KEY
 
 
@@ -104,6 +105,10 @@ class Trace:
     base_time_ns: Any
     gpus: int = 0  # entries of the top-level deviceProperties (the GPUs the profiler saw)
     dropped: int = 0  # events that could not be decoded at all
+    json_bytes: int = field(default=0, compare=False)  # the (uncompressed) JSON document's size
+    # Where each streamed block of events lies in the (uncompressed) file, for the merged
+    # trace's writer to read only the blocks it copies; empty when the file was decoded whole.
+    blocks: list[Block] = field(default_factory=list, compare=False)
 
 
 _DECODER = msgspec.json.Decoder(_Doc)
@@ -243,6 +248,14 @@ class _Tables:
         self.count = 0
         self.first_ts = float("inf")
         self.last_end = -float("inf")
+        self.blocks: list[Block] = []
+        self.json_bytes = 0
+        self._batch = (float("inf"), -float("inf"), False)  # the last batch's extent and metadata flag
+
+    def block(self, start: int, end: int) -> None:
+        """The last batch handed to `add` came from bytes [start, end) of the file."""
+        first, last, meta = self._batch
+        self.blocks.append(Block(start, end, first, last, meta) if first <= last else Block(start, end, None, None, meta))
 
     def add(self, events: list[Event]) -> None:
         """Keep the `ph: X` events with numeric ts and a non-negative dur (others cannot be
@@ -258,9 +271,12 @@ class _Tables:
                 groups[cat] = (c.ts.append, c.dur.append, c.name.append, c.thread.append, c.corr.append, c.extra.append)
         kernel_extra, op_extra = groups["kernel"][5], groups["cpu_op"][5]
         count, first_ts, last_end = self.count, self.first_ts, self.last_end
+        batch_first, batch_last, meta = float("inf"), -float("inf"), False
         last_key, last_thread = None, -1
         for e in events:
             if e.ph != "X":
+                if e.ph == "M":
+                    meta = True
                 continue
             ts, dur = e.ts, e.dur
             if type(ts) is not float or type(dur) is not float:  # the typed fields made JSON numbers floats
@@ -275,10 +291,10 @@ class _Tables:
             if type(cat) is not str:
                 cat = "" if cat is None else str(cat)
             count += 1
-            if ts < first_ts:
-                first_ts = ts
-            if ts + dur > last_end:
-                last_end = ts + dur
+            if ts < batch_first:
+                batch_first = ts
+            if ts + dur > batch_last:
+                batch_last = ts + dur
             group = groups.get(cat)
             is_mark = cat == "user_annotation" or name.startswith("ProfilerStep#")
             if group is None and not is_mark:
@@ -317,7 +333,8 @@ class _Tables:
                 self.args.append(args)
             else:
                 extra_add(-1)
-        self.count, self.first_ts, self.last_end = count, first_ts, last_end
+        self.count, self.first_ts, self.last_end = count, min(first_ts, batch_first), max(last_end, batch_last)
+        self._batch = (batch_first, batch_last, meta)
 
 
 # Streaming: the traceEvents array is decoded a block at a time, cut between two events, so
@@ -358,9 +375,9 @@ def _last_boundary(buf: bytes) -> re.Match[bytes] | None:
     return last
 
 
-def _last_event(rest: bytes, one: msgspec.json.Decoder) -> tuple[Any, bytes]:
-    """The event that starts `rest` (`{...} ] tail`) and what follows it: msgspec decodes the
-    first value and names the byte where trailing characters begin."""
+def _last_event(rest: bytes, one: msgspec.json.Decoder) -> tuple[Any, int]:
+    """The event that starts `rest` (`{...} ] tail`) and the offset in `rest` just past it:
+    msgspec decodes the first value and names the byte where trailing characters begin."""
     try:
         one.decode(rest)
     except msgspec.DecodeError as exc:
@@ -368,7 +385,7 @@ def _last_event(rest: bytes, one: msgspec.json.Decoder) -> tuple[Any, bytes]:
         end = rest.rfind(b"}", 0, int(found[1])) if found else -1  # the byte after the first trailing one
         if end >= 0:
             try:
-                return one.decode(rest[:end + 1]), rest[end + 1:].lstrip()
+                return one.decode(rest[:end + 1]), end + 1
             except (msgspec.DecodeError, msgspec.ValidationError):
                 pass
     except msgspec.ValidationError:
@@ -377,10 +394,12 @@ def _last_event(rest: bytes, one: msgspec.json.Decoder) -> tuple[Any, bytes]:
 
 
 def stream_events(fh: BinaryIO, block_bytes: int, sink: Callable[[list[Any]], None],
-                  items: msgspec.json.Decoder = _EVENT_LIST, one: msgspec.json.Decoder = _ONE_EVENT) -> bytes:
+                  items: msgspec.json.Decoder = _EVENT_LIST, one: msgspec.json.Decoder = _ONE_EVENT,
+                  on_block: Callable[[int, int], None] | None = None) -> tuple[bytes, int]:
     """Decode `{..., "traceEvents": [e, e, ...], ...}` a block at a time, handing each block's
-    events (decoded by `items`, the last one by `one`) to `sink`; returns the document without
-    its events (`{head ] tail}`). Raises NotStreamable when the layout does not allow it.
+    events (decoded by `items`, the last one by `one`) to `sink`, then the block's byte range
+    in the stream to `on_block`; returns the document without its events (`{head ] tail}`) and
+    the stream's length. Raises NotStreamable when the layout does not allow it.
 
     1. find `"traceEvents": [` in the first blocks (within HEAD_LIMIT_BYTES); what precedes it
        is the document's head;
@@ -401,6 +420,7 @@ def stream_events(fh: BinaryIO, block_bytes: int, sink: Callable[[list[Any]], No
     if m is None:
         raise NotStreamable
     head, buf = buf[:m.end()], buf[m.end():]
+    offset = m.end()  # of buf[0] in the stream
     eof = False
     while True:
         if not eof:
@@ -410,29 +430,40 @@ def stream_events(fh: BinaryIO, block_bytes: int, sink: Callable[[list[Any]], No
         cut = _last_boundary(buf)
         if cut is not None:
             try:
-                sink(items.decode(b"[" + buf[:cut.start() + 1] + b"]"))
+                events = items.decode(b"[" + buf[:cut.start() + 1] + b"]")
             except msgspec.ValidationError:
                 raise NotStreamable from None  # events of odd shape: the whole-file path handles them
             except msgspec.DecodeError:
                 if eof:
                     raise NotStreamable from None
                 continue
+            sink(events)
+            if on_block:
+                on_block(offset, offset + cut.start() + 1)
+            offset += cut.end() - 1
             buf = buf[cut.end() - 1:]
         if eof:
             break
     rest = buf.lstrip()
+    offset += len(buf) - len(rest)
     if not rest.startswith(b"]"):
-        last, rest = _last_event(rest, one)
+        last, end = _last_event(rest, one)
         sink([last])
+        if on_block:
+            on_block(offset, offset + end)
+        offset += end
+        rest = rest[end:]
+        offset += len(rest) - len(rest.lstrip())
+        rest = rest.lstrip()
     if not rest.startswith(b"]"):
         raise NotStreamable
-    return head + rest
+    return head + rest, offset + len(rest)
 
 
 def _stream(fh: BinaryIO, block_bytes: int) -> tuple[_Doc, _Tables]:
     """The trace's events into `_Tables`, block by block, and its other fields."""
     tables = _Tables()
-    rest = stream_events(fh, block_bytes, tables.add)
+    rest, tables.json_bytes = stream_events(fh, block_bytes, tables.add, on_block=tables.block)
     try:
         return _DECODER.decode(rest), tables
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -460,7 +491,8 @@ def _trace(doc: _Doc | _LooseDoc, t: _Tables, dropped: int) -> Trace:
                  distributed_info=doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None,
                  meta=doc.harness if isinstance(doc.harness, dict) else {},
                  host_name=doc.host_name, base_time_ns=doc.baseTimeNanoseconds,
-                 gpus=len(doc.deviceProperties) if isinstance(doc.deviceProperties, list) else 0, dropped=dropped)
+                 gpus=len(doc.deviceProperties) if isinstance(doc.deviceProperties, list) else 0, dropped=dropped,
+                 json_bytes=t.json_bytes, blocks=t.blocks)
 
 
 def _json_error(path: Path, exc: msgspec.DecodeError) -> str:
@@ -484,6 +516,7 @@ def _shape_error(path: Path, exc: msgspec.ValidationError) -> str:
 
 def _decode_whole(path: Path) -> Trace:
     raw = read_bytes(path)
+    size = len(raw)
     dropped = 0
     try:
         doc: _Doc | _LooseDoc = _DECODER.decode(raw)
@@ -501,4 +534,5 @@ def _decode_whole(path: Path) -> Trace:
         raise TraceError(_json_error(path, exc)) from None
     tables = _Tables()
     tables.add(events)
+    tables.json_bytes = size
     return _trace(doc, tables, dropped)

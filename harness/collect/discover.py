@@ -136,6 +136,8 @@ def _merge_windows(parts: list[RankTrace]) -> RankTrace:
         compute=sorted((b for p in parts for b in p.compute), key=by_interval),
         copies=sorted((b for p in parts for b in p.copies), key=by_interval), warnings=[w for p in parts for w in p.warnings],
         steps_source=first.steps_source, rank_source=first.rank_source, base_us=first.base_us,
+        json_bytes=sum(p.json_bytes for p in parts), events=sum(p.events for p in parts),
+        blocks={k: v for p in parts for k, v in p.blocks.items()},
     )
     number_by_group(merged.comms)
     return merged

@@ -5,150 +5,383 @@ threads and GPU streams becomes one thread of it. A `collective waits` thread pe
 for each matched collective, how long that rank waited for the last arriver, and flow arrows
 link the same collective instance across ranks. Opens in Perfetto UI and chrome://tracing.
 
-Written event by event into a gzip stream; each trace is streamed twice in 1 MB blocks (thread
-and process names first, which Kineto writes last, then the events), so memory does not grow
-with the traces' size. A trace the streaming decoder cannot cut is read whole.
+What is written (`--merged`): by default a window of consecutive steps that fits
+MERGED_BUDGET_BYTES of JSON (`choose_window`), `all`, a step list, or nothing. The report and
+the file's `harness_merged` key say which steps it holds.
+
+How: one job per rank, in parallel processes. A job reads only the blocks of its trace that the
+parse recorded as overlapping the window (`model.Block`) or holding thread names, decodes each
+event into `_Copy` (the few fields it rewrites; `args`, names and the rest stay raw bytes,
+never built into objects), moves it to the rank's pid, a rank-unique tid and the aligned clock,
+and compresses what it keeps into a raw deflate piece; the pieces become one gzip file
+(`gzip_pieces`). A trace without a block index (decoded whole: odd layout) is read whole.
 """
 
 from __future__ import annotations
 
-import gzip
-import zlib
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any
 
 import msgspec
+from msgspec import UNSET, Raw, UnsetType
 
 from harness.collect.analysis import Analysis
-from harness.collect.decode import BLOCK_BYTES, NotStreamable, open_trace, stream_events, thread_key
+from harness.collect.decode import open_trace, thread_key
+from harness.collect.gzip_pieces import Piece, PieceWriter, write_gzip
+from harness.collect.model import Block, RankTrace
 from harness.collect.parse import load_json
+from harness.paths import MERGED_TRACE
+
+# Perfetto UI holds about 2 GB in the browser, at 2-4x the JSON's size once parsed: a JSON of
+# ~250 MB is the largest that opens reliably (chrome://tracing gives up earlier, ~300 MB).
+MERGED_BUDGET_BYTES = 250_000_000
+COMPRESS_LEVEL = 3  # zlib level 3: ~400 MB/s per core on trace JSON, 10% smaller output than level 1
 
 # Thread ids are unique across ranks (rank * TIDS_PER_RANK + n): torch-tb-profiler builds its op
 # tree per tid regardless of pid, so equal tids on two ranks would be nested into each other.
 TIDS_PER_RANK = 100_000
 WAIT_TID = 0  # + rank * TIDS_PER_RANK: the synthetic "collective waits" thread of each rank
-COPIED_PHASES = {"X", "i", "I", "C", "s", "t", "f", "b", "e", "n"}
+COPIED_PHASES = frozenset({"X", "i", "I", "C", "s", "t", "f", "b", "e", "n"})
+FLOW_PHASES = frozenset({"s", "t", "f", "b", "e", "n"})
 
 
-_ANY_LIST = msgspec.json.Decoder(list)
-_ANY = msgspec.json.Decoder()
+class _Copy(msgspec.Struct, gc=False):
+    """An event as copied: the fields rewritten or filtered on are decoded, the others pass
+    through as raw JSON; fields outside this list are dropped (no viewer draws them)."""
+
+    ph: Any = UNSET
+    cat: Raw | UnsetType = UNSET
+    name: Raw | UnsetType = UNSET
+    pid: Any = UNSET
+    tid: Any = UNSET
+    ts: Any = UNSET
+    dur: Any = UNSET
+    tts: Raw | UnsetType = UNSET
+    id: Any = UNSET
+    bp: Raw | UnsetType = UNSET
+    s: Raw | UnsetType = UNSET
+    cname: Raw | UnsetType = UNSET
+    args: Raw | UnsetType = UNSET
+
+
+class _CopyDoc(msgspec.Struct):
+    traceEvents: list[_Copy]
+
+
+_COPY_LIST = msgspec.json.Decoder(list[_Copy])
+_COPY_DOC = msgspec.json.Decoder(_CopyDoc)
 _ENCODE = msgspec.json.Encoder().encode  # NaN and infinities become null: the output stays JSON
 
 
-class _Writer:
-    def __init__(self, fh: BinaryIO) -> None:
-        self.fh = fh
-        self.first = True
+@dataclass(frozen=True)
+class MergedChoice:
+    """What to write: "auto" (a window within the budget), "all", "none", or the given steps."""
 
-    def event(self, e: dict[str, Any]) -> None:
-        if not self.first:
-            self.fh.write(b",\n")
-        self.fh.write(_ENCODE(e))
-        self.first = False
+    mode: str = "auto"
+    steps: frozenset[int] = frozenset()
+    budget_bytes: int = MERGED_BUDGET_BYTES
 
 
-def _each_block(path: Path, sink: Callable[[list[Any]], None], stream: bool = True) -> bool:
-    """Hand the trace's events to `sink` block by block (streamed: returns True), or all at
-    once when `stream` is False or the file cannot be cut (returns False)."""
-    if stream:
-        try:
-            with open_trace(path) as fh:
-                stream_events(fh, BLOCK_BYTES, sink, _ANY_LIST, _ANY)
-            return True
-        except (NotStreamable, OSError, EOFError, zlib.error):
-            pass  # the labels pass may see blocks twice (harmless); the copy pass streams only if it did
-    sink(load_json(path)["traceEvents"])
-    return False
+@dataclass
+class Window:
+    """The steps the merged trace holds (None: every event of every trace) and why."""
+
+    steps: list[int] | None
+    estimated_bytes: int
+    note: str
 
 
-class _Labels:
-    """Process and thread names from the trace's `ph: M` events."""
+def step_bytes(traces: list[RankTrace]) -> dict[int, float]:
+    """Estimated JSON bytes of each step over all ranks.
 
-    def __init__(self) -> None:
-        self.procs: dict[Any, str] = {}
-        self.threads: dict[tuple[Any, Any], str] = {}
+    1. a rank's bytes per counted event = its trace's JSON size / the events counted in it
+       (cpu ops, launches, kernels, copies, annotations: Step.events);
+    2. a step's bytes on a rank = its counted events x that rate (the events not counted,
+       flows and Python functions, are assumed spread like the counted ones);
+    3. summed over the ranks."""
+    out: dict[int, float] = {}
+    for t in traces:
+        if not t.events:
+            continue
+        rate = t.json_bytes / t.events
+        for s in t.steps:
+            out[s.number] = out.get(s.number, 0.0) + s.events * rate
+    return out
 
-    def __call__(self, events: list[Any]) -> None:
-        for e in events:
-            if isinstance(e, dict) and e.get("ph") == "M":
-                name = (e.get("args") or {}).get("name") if isinstance(e.get("args"), dict) else None
-                key = thread_key(e.get("pid")), thread_key(e.get("tid"))
-                if e.get("name") == "process_name" and name:
-                    self.procs[key[0]] = str(name)
-                elif e.get("name") == "thread_name" and name:
-                    self.threads[key] = str(name)
 
+def choose_window(traces: list[RankTrace], budget_bytes: int) -> Window:
+    """The consecutive steps around a typical step that fit `budget_bytes` (estimated by
+    `step_bytes`).
+
+    1. the centre: among the steps every rank has, the one whose longest rank-duration is the
+       median (the lower median, so the choice is one step of the run, not an outlier);
+    2. grow the window one step at a time, after then before, alternately, while the next step
+       still fits; a side stops growing at a step that does not fit or at a gap in the numbers;
+    3. a centre step larger than the budget on its own is still written (one step is the least
+       that shows anything) and the note says so."""
+    sizes = step_bytes(traces)
+    common = set.intersection(*(set(s.number for s in t.steps) for t in traces)) if traces else set()
+    if not common:
+        return Window(steps=None, estimated_bytes=int(sum(t.json_bytes for t in traces)), note="no step on every rank: whole traces")
+    longest = {n: max(s.dur_us for t in traces for s in t.steps if s.number == n) for n in common}
+    center = sorted(common, key=lambda n: (longest[n], n))[(len(common) - 1) // 2]
+    lo = hi = center
+    total = sizes.get(center, 0.0)
+    grow_after, grow_before = True, True
+    while grow_after or grow_before:
+        for side in ("after", "before"):
+            nxt = hi + 1 if side == "after" else lo - 1
+            if not (grow_after if side == "after" else grow_before):
+                continue
+            if nxt not in sizes or total + sizes[nxt] > budget_bytes:
+                if side == "after":
+                    grow_after = False
+                else:
+                    grow_before = False
+                continue
+            total += sizes[nxt]
+            lo, hi = min(lo, nxt), max(hi, nxt)
+    steps = list(range(lo, hi + 1))
+    held = sorted(sizes)
+    span = f"steps {lo}-{hi}" if lo != hi else f"step {lo}"
+    note = (f"{span} of {held[0]}-{held[-1]} (~{total / 1e6:.0f} MB of JSON, budget {budget_bytes / 1e6:.0f} MB; "
+            "--merged all|STEPS for others)")
+    if total > budget_bytes:
+        note = f"step {center} alone is ~{total / 1e6:.0f} MB, over the {budget_bytes / 1e6:.0f} MB budget: it may not open in a browser"
+    return Window(steps=steps, estimated_bytes=int(total), note=note)
+
+
+def window_for(choice: MergedChoice, traces: list[RankTrace]) -> Window | None:
+    """The window `choice` asks for (None: write no merged trace)."""
+    if choice.mode == "none":
+        return None
+    if choice.mode == "all":
+        return Window(steps=None, estimated_bytes=int(sum(t.json_bytes for t in traces)), note="every event of every trace")
+    if choice.mode == "steps":
+        sizes = step_bytes(traces)
+        steps = sorted(n for n in choice.steps if n in sizes)
+        return Window(steps=steps, estimated_bytes=int(sum(sizes[n] for n in steps)), note="the steps asked for")
+    return choose_window(traces, choice.budget_bytes)
+
+
+@dataclass
+class _RankJob:
+    rank: int
+    host: str
+    paths: list[str]
+    blocks: dict[str, list[Block]]
+    shift_us: float
+    span_us: tuple[float, float] | None  # [lo, hi) on the trace's own clock; None: everything
+    level: int = COMPRESS_LEVEL
+
+
+@dataclass
+class _RankPiece:
+    piece: Piece
+    tids: dict[tuple[Any, Any], int] = field(default_factory=dict)
+    events: int = 0
 
 
 def _tid(rank: int, n: int) -> int:
     return rank * TIDS_PER_RANK + n
 
 
-class _Copier:
-    """Copies one rank's events into the merged trace: its pid becomes the rank, each of its
-    (pid, tid) a thread of that rank, times shifted onto the aligned clock, flow ids made
-    unique per rank."""
+def _labels(events: list[_Copy], procs: dict[Any, str], threads: dict[tuple[Any, Any], str]) -> None:
+    for e in events:
+        if e.ph != "M" or e.name is UNSET or e.args is UNSET:
+            continue
+        try:
+            kind, args = msgspec.json.decode(e.name), msgspec.json.decode(e.args)
+        except msgspec.DecodeError:
+            continue
+        name = args.get("name") if isinstance(args, dict) else None
+        if not name:
+            continue
+        if kind == "process_name":
+            procs[thread_key(e.pid)] = str(name)
+        elif kind == "thread_name":
+            threads[(thread_key(e.pid), thread_key(e.tid))] = str(name)
 
-    def __init__(self, w: _Writer, rank: int, shift_us: float, mapping: dict[tuple[Any, Any], int],
-                 labels: _Labels) -> None:
-        self.w, self.rank, self.shift_us, self.mapping, self.labels = w, rank, shift_us, mapping, labels
 
-    def __call__(self, events: list[Any]) -> None:
-        rank, mapping, w = self.rank, self.mapping, self.w
-        for e in events:
-            if not isinstance(e, dict) or e.get("ph") not in COPIED_PHASES:
+def _read_block(fh: Any, b: Block) -> list[_Copy]:
+    fh.seek(b.start)
+    return _COPY_LIST.decode(b"[" + fh.read(b.end - b.start) + b"]")
+
+
+def _whole(path: Path) -> list[_Copy]:
+    """Every event of a file without a block index; odd events (not objects, odd field
+    types) are converted one by one and dropped when they do not fit."""
+    try:
+        with open_trace(path) as fh:
+            return _COPY_DOC.decode(fh.read()).traceEvents
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        out = []
+        for e in load_json(path).get("traceEvents") or []:
+            if isinstance(e, dict):
+                try:
+                    out.append(msgspec.json.decode(_ENCODE(e), type=_Copy))
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    pass
+        return out
+
+
+def write_rank(job: _RankJob) -> _RankPiece:
+    """One rank's events, moved and compressed (see the module docstring); runs in a worker."""
+    out = PieceWriter(job.level)
+    rank, shift, span = job.rank, job.shift_us, job.span_us
+    tids: dict[tuple[Any, Any], int] = {}
+    kept = 0
+    for path in job.paths:
+        blocks = job.blocks.get(path)
+        procs: dict[Any, str] = {}
+        threads: dict[tuple[Any, Any], str] = {}
+        with open_trace(Path(path)) as fh:
+            if blocks:
+                for b in blocks:
+                    if b.meta:
+                        _labels(_read_block(fh, b), procs, threads)
+                wanted = [b for b in blocks if span is None or b.first_ts is None or b.last_end is None  # times unknown
+                          or (b.first_ts < span[1] and b.last_end >= span[0])]
+                chunks = (_read_block(fh, b) for b in wanted)
+            else:
+                events = _whole(Path(path))
+                _labels(events, procs, threads)
+                chunks = iter([events])
+            for events in chunks:
+                keep: list[_Copy] = []
+                for e in events:
+                    ph = e.ph
+                    if ph not in COPIED_PHASES:
+                        continue
+                    ts = e.ts
+                    if type(ts) is not float and type(ts) is not int or ts is True or ts is False:
+                        ts = None
+                    if span is not None:  # [lo, hi): slices that overlap it, instants inside it
+                        if ts is None or ts >= span[1]:
+                            continue
+                        end = ts
+                        if ph == "X":
+                            d = e.dur
+                            if type(d) is float or type(d) is int:
+                                end = ts + d
+                        if end <= span[0] and not (end == ts == span[0]):
+                            continue
+                    key = (e.pid, e.tid)
+                    try:
+                        tid = tids.get(key)
+                    except TypeError:  # a list or object as pid/tid: keyed by its JSON text, as parse does
+                        key = (thread_key(e.pid), thread_key(e.tid))
+                        tid = tids.get(key)
+                    if tid is None:
+                        tid = tids[key] = _tid(rank, len(tids) + 1)
+                        label = f"{procs.get(key[0], f'pid {key[0]}')} / {threads.get(key, f'tid {key[1]}')}"
+                        keep.append(_Copy(ph="M", name=Raw(b'"thread_name"'), pid=rank, tid=tid,
+                                          args=Raw(_ENCODE({"name": label}))))
+                    e.pid, e.tid = rank, tid
+                    if ts is not None:
+                        e.ts = ts + shift
+                    if ph in FLOW_PHASES and e.id is not UNSET:
+                        e.id = f"r{rank}-{e.id}"
+                    keep.append(e)
+                if keep:
+                    kept += len(keep)
+                    out.write(b",\n" + _ENCODE(keep)[1:-1])
+    return _RankPiece(piece=out.finish(), tids=tids, events=kept)
+
+
+def _head(a: Analysis, window: Window) -> Piece:
+    meta = {"steps": window.steps, "note": window.note}
+    w = PieceWriter(COMPRESS_LEVEL)
+    w.write(b'{"schemaVersion":1,"displayTimeUnit":"ms","traceName":"merged by harness.collect","harness_merged":'
+            + _ENCODE(meta) + b',"traceEvents":[\n')
+    first = True
+    for trace in a.runset.ranks:
+        r = trace.rank
+        for e in ({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r} ({trace.host})"}},
+                  {"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}},
+                  {"ph": "M", "name": "thread_name", "pid": r, "tid": _tid(r, WAIT_TID), "args": {"name": "collective waits"}}):
+            w.write((b"" if first else b",\n") + _ENCODE(e))
+            first = False
+    return w.finish()
+
+
+def _waits(a: Analysis, window: Window, tids: dict[int, dict[tuple[Any, Any], int]]) -> Piece:
+    """The `collective waits` slices and the flow arrows joining each collective's ranks."""
+    keep = None if window.steps is None else set(window.steps)
+    w = PieceWriter(COMPRESS_LEVEL)
+    events: list[dict[str, Any]] = []
+    for wt in a.waits:
+        if keep is not None and wt.step not in keep:
+            continue
+        last_rank, last = wt.last_rank, wt.last_arrival_us
+        for r, t in wt.arrival_us.items():
+            if last - t > 0:
+                events.append({"ph": "X", "cat": "collective_wait", "name": f"wait {wt.name} (rank {last_rank} last)",
+                               "pid": r, "tid": _tid(r, WAIT_TID), "ts": t, "dur": last - t,
+                               "args": {"collective": wt.name, "step": wt.step, "last_rank": last_rank}})
+        order = sorted(wt.arrival_us, key=lambda r: (wt.arrival_us[r], r))
+        for i, r in enumerate(order):
+            tid = tids.get(r, {}).get(wt.instance.ops[r].thread)
+            if tid is None:
                 continue
-            key = (thread_key(e.get("pid")), thread_key(e.get("tid")))
-            if key not in mapping:
-                mapping[key] = _tid(rank, len(mapping) + 1)
-                label = f"{self.labels.procs.get(key[0], f'pid {key[0]}')} / {self.labels.threads.get(key, f'tid {key[1]}')}"
-                w.event({"ph": "M", "name": "thread_name", "pid": rank, "tid": mapping[key], "args": {"name": label}})
-            e["pid"], e["tid"] = rank, mapping[key]
-            ts = e.get("ts")
-            if isinstance(ts, (int, float)) and not isinstance(ts, bool):
-                e["ts"] = ts + self.shift_us
-            if "id" in e and e.get("ph") in ("s", "t", "f", "b", "e", "n"):
-                e["id"] = f"r{rank}-{e['id']}"
-            w.event(e)
+            ph = "s" if i == 0 else ("f" if i == len(order) - 1 else "t")
+            events.append({"ph": ph, "cat": "collective", "name": wt.name, "id": f"coll-{wt.index}", "pid": r,
+                           "tid": tid, "ts": wt.arrival_us[r] + 0.001, "bp": "e"})
+    if events:
+        w.write(b",\n" + _ENCODE(events)[1:-1])
+    w.write(b"\n]}\n")
+    return w.finish()
 
 
-def write_merged(a: Analysis, out: Path) -> Path:
-    """Write the merged trace next to the report; returns its path."""
-    path = out / "merged.pt.trace.json.gz"
-    tmp = path.with_name(path.name + ".partial")
+def rank_jobs(a: Analysis, window: Window) -> list[_RankJob]:
+    """One job per rank: its files, block index, the shift onto the aligned clock (the common
+    epoch of `analyze`, then the host's clock offset) and the window on its own clock."""
     base = min(t.base_us for t in a.runset.ranks)
-    tids: dict[int, dict[tuple[Any, Any], int]] = {}
-    with gzip.open(tmp, "wb", compresslevel=3) as fh:
-        fh.write(b'{"schemaVersion":1,"displayTimeUnit":"ms","traceName":"merged by harness.collect","traceEvents":[\n')
-        writer = _Writer(fh)
-        for trace in a.runset.ranks:
-            rank = trace.rank
-            shift = (trace.base_us - base) - a.offsets[rank].offset_us
-            writer.event({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank} ({trace.host})"}})
-            writer.event({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
-            writer.event({"ph": "M", "name": "thread_name", "pid": rank, "tid": _tid(rank, WAIT_TID), "args": {"name": "collective waits"}})
-            mapping = tids.setdefault(rank, {})
-            for part in trace.path.split(", "):
-                labels = _Labels()
-                streamed = _each_block(Path(part), labels)
-                _each_block(Path(part), _Copier(writer, rank, shift, mapping, labels), stream=streamed)
-        for w in a.waits:
-            last_rank, last = w.last_rank, w.last_arrival_us
-            for r, t in w.arrival_us.items():
-                if last - t > 0:
-                    w_ev = {"ph": "X", "cat": "collective_wait", "name": f"wait {w.name} (rank {last_rank} last)",
-                            "pid": r, "tid": _tid(r, WAIT_TID), "ts": t, "dur": last - t,
-                            "args": {"collective": w.name, "step": w.step, "last_rank": last_rank}}
-                    writer.event(w_ev)
-            order = sorted(w.arrival_us, key=lambda r: (w.arrival_us[r], r))
-            for i, r in enumerate(order):
-                op = w.instance.ops[r]
-                tid = tids.get(r, {}).get(op.thread)
-                if tid is None:
-                    continue
-                ph = "s" if i == 0 else ("f" if i == len(order) - 1 else "t")
-                writer.event({"ph": ph, "cat": "collective", "name": w.name, "id": f"coll-{w.index}", "pid": r,
-                              "tid": tid, "ts": w.arrival_us[r] + 0.001, "bp": "e"})
-        fh.write(b"\n]}\n")
+    keep = None if window.steps is None else set(window.steps)
+    jobs = []
+    for trace in a.runset.ranks:
+        span = None
+        if keep is not None:
+            chosen = [s for s in trace.steps if s.number in keep]
+            # the steps' host time, to the end of the device work they launched (GPU work runs
+            # behind the host); no chosen step on this rank: an empty span copies nothing
+            device_ends = [b for _, b, st in trace.compute + trace.copies if st in keep] + \
+                [c.end_us for c in trace.comms if c.step in keep]
+            span = (min(s.start_us for s in chosen), max([s.end_us for s in chosen] + device_ends)) if chosen else (0.0, 0.0)
+        paths = trace.path.split(", ")
+        jobs.append(_RankJob(rank=trace.rank, host=trace.host, paths=paths, blocks=trace.blocks,
+                             shift_us=(trace.base_us - base) - a.offsets[trace.rank].offset_us, span_us=span))
+    return jobs
+
+
+@dataclass
+class MergedResult:
+    path: Path
+    window: Window
+    json_bytes: int  # uncompressed
+    gz_bytes: int
+    events: int
+
+
+def write_merged(a: Analysis, out: Path, window: Window, pool: Executor | None = None) -> MergedResult:
+    """Write the merged trace of `window` into `out` (ranks in parallel on `pool` when given)."""
+    path = out / MERGED_TRACE
+    tmp = path.with_name(path.name + ".partial")
+    jobs = rank_jobs(a, window)
+    results = list(pool.map(write_rank, jobs)) if pool is not None and len(jobs) > 1 else [write_rank(j) for j in jobs]
+    tids = {j.rank: r.tids for j, r in zip(jobs, results)}
+    with tmp.open("wb") as fh:
+        size = write_gzip(fh, [_head(a, window), *(r.piece for r in results), _waits(a, window, tids)])
     tmp.replace(path)
-    return path
+    return MergedResult(path=path, window=window, json_bytes=size, gz_bytes=path.stat().st_size,
+                        events=sum(r.events for r in results))
+
+
+def merged_summary(result: MergedResult) -> dict[str, Any]:
+    """The report's `merged` entry."""
+    steps = result.window.steps
+    return {"file": result.path.name, "steps": steps, "note": result.window.note,
+            "estimated_bytes": result.window.estimated_bytes, "json_bytes": result.json_bytes,
+            "gz_bytes": result.gz_bytes, "events": result.events}

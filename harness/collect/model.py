@@ -7,9 +7,22 @@ shares one epoch (see `parse.py`); clock alignment between hosts is applied late
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 Interval = tuple[float, float]  # (start_us, end_us)
 Busy = tuple[float, float, int]  # (start_us, end_us, step it belongs to): merged within each step
+
+
+class Block(NamedTuple):
+    """A run of whole events in a trace file: bytes [start, end) of the uncompressed JSON, the
+    earliest start and latest end of its `ph: X` events (None: it has none), and whether it
+    holds metadata (`ph: M`: process and thread names)."""
+
+    start: int
+    end: int
+    first_ts: float | None
+    last_end: float | None
+    meta: bool
 
 
 def number_by_group(comms: list["CommOp"]) -> None:
@@ -67,6 +80,9 @@ class Step:
     syncs_by_caller: dict[str, int] = field(default_factory=dict)
     sync_us_by_caller: dict[str, float] = field(default_factory=dict)
     compute_by_name_us: dict[str, float] = field(default_factory=dict)
+    # Events of the step's time in the trace file (cpu ops, launches, kernels, copies,
+    # annotations that start in it): its share of the file's bytes, for the merged trace.
+    events: int = 0
 
     @property
     def dur_us(self) -> float:
@@ -89,6 +105,11 @@ class RankTrace:
     warnings: list[str] = field(default_factory=list)
     steps_source: str = "ProfilerStep"  # or "harness ranges" or "whole trace"
     rank_source: str = "distributedInfo"  # or "file name"
+    # The trace file(s): their JSON size and the events counted like Step.events over the whole
+    # file; per file, where its blocks of events lie (decode.Block), for the merged trace.
+    json_bytes: int = 0
+    events: int = 0
+    blocks: dict[str, list[Block]] = field(default_factory=dict)
 
     def shifted(self, offset_us: float) -> "RankTrace":
         """A copy with every timestamp moved by -offset_us (clock alignment)."""

@@ -337,7 +337,18 @@ def parse_trace(path: Path) -> RankTrace:
                      path=str(path), run_id=meta.get("run_id"), device="gpu" if len(kernels) else "cpu", steps=steps,
                      comms=comms, compute=merged_by_step(spans), copies=merged_by_step(copies), warnings=warnings,
                      steps_source=steps_source,
-                     rank_source=rank_source, base_us=base_ns / 1e3)
+                     rank_source=rank_source, base_us=base_ns / 1e3, json_bytes=doc.json_bytes,
+                     events=count_step_events(doc, steps), blocks={str(path): doc.blocks} if doc.blocks else {})
+
+
+def count_step_events(doc: Trace, steps: list[Step]) -> int:
+    """Set each step's `events` (cpu ops, launches, kernels, copies and annotations that start
+    in it); returns the same count over the whole trace. Columns and marks are in start order,
+    so each step is two binary searches per kind."""
+    starts = [c.ts for c in (doc.ops, doc.launches, doc.kernels, doc.copies)] + [[m.ts for m in doc.marks]]
+    for step in steps:
+        step.events = sum(bisect.bisect_left(ts, step.end_us) - bisect.bisect_left(ts, step.start_us) for ts in starts)
+    return sum(len(ts) for ts in starts)
 
 
 NON_MODEL_PHASES = (STEP_PHASES[0], "optimizer")

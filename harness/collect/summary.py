@@ -28,7 +28,8 @@ from harness.paths import summary_path, trace_of_summary
 FORMAT = "harness rank summary"
 # Bump whenever parse.py's output changes meaning: an older summary is then refused (with the
 # advice to collect from the trace) instead of silently giving a different report.
-VERSION = 2  # 2: steps' syncs by caller, host ops of every model thread, copies per step
+VERSION = 3  # 2: steps' syncs by caller, host ops of every model thread, copies per step; 3: events per
+# step, the trace's size and block index (the merged trace's window)
 
 
 class _File(msgspec.Struct):

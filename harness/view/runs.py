@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.paths import (REPORT_DIR, REPORT_JSON, SCALARS_DIR, STEPS_DIR, TIMELINE_JSON, TRACE_PATTERN,
+from harness.paths import (MERGED_TRACE, REPORT_DIR, REPORT_JSON, SCALARS_DIR, STEPS_DIR, TIMELINE_JSON, TRACE_PATTERN,
                            is_summary)
 
 SKIPPED_DIRS = {SCALARS_DIR, STEPS_DIR}
-MERGED_TRACE = "merged.pt.trace.json.gz"
 
 
 @dataclass(frozen=True)
