@@ -1,28 +1,33 @@
-"""Our collector against Holistic Trace Analysis on the same trace sets, side by side.
+"""Our collector against Holistic Trace Analysis and its successor, side by side, per trace shape.
 
-    python bench/collector_vs_hta.py                      # real 8-rank set + 8 ranks x 85 MB
-    python bench/collector_vs_hta.py --rank-mb 200 --reps 3
+    python bench/collector_vs_hta.py --anchor hta=/venvs/hta/bin/python --anchor traceinsight=/venvs/ti/bin/python \
+        --shape dlrm --shape long-args                  # 8 ranks x 90 MB of each shape
+    python bench/collector_vs_hta.py --profile --no-compare --shape long-args  # where our time goes
     python bench/collector_vs_hta.py --scale 8,16,32,64 --scale-mb 20   # ours only: ranks vs seconds
     python bench/collector_vs_hta.py --no-compare --stream-mb 2000     # ours only: one 2 GB trace
     python bench/collector_vs_hta.py --no-compare --summaries 10,20,85 # ours only: in-job summaries
-    python bench/collector_vs_hta.py --source DIR ...                  # another trace set as the base
+    python bench/collector_vs_hta.py --no-compare --summary-ranks 1024 # ours only: a 1024-rank job's summaries
 
-Each tool runs as its own process, alternating (ours first on even repetitions, HTA first on
-odd ones); wall time is the process's, peak memory the largest sum of RSS over the process and
-all its children, sampled every 20 ms. Ours is the whole command a user types
-(`python -m harness.collect DIR -q --no-merged`: parse, align, overlap, stragglers, advisor, and
-writing the report); HTA's is `TraceAnalysis(trace_dir=DIR)` then `get_comm_comp_overlap()`.
-Both report, per rank, the share of communication time overlapped by computation; the script
-prints the largest difference in percentage points.
+Shapes (`--shape`, repeatable): `dlrm` replicates the real DLRM traces in ../shared/traces (GPU
+kernels, NCCL, short args); `long-args` replicates a harness run made with `--record-shapes
+--with-stack` (every cpu_op carries shapes, strides and concrete inputs: about half the bytes
+are args), made once under --work; `--source DIR` adds any other folder of per-rank traces.
 
-Large sets are made from the real DLRM traces in ../shared/traces (or the traces in --source) by
-repeating each rank's events with shifted times, step numbers and correlation ids (so kernel-launch
-links stay unique); rank r of a bigger world copies source rank r mod the source's ranks. They are
-cached under --work (uncompressed JSON). Tiny sizes (`--rank-mb 0.05 --reps 1`) make a smoke run
-of a few seconds (tests/test_bench_smoke.py).
+Each tool runs as its own process, in rotated order every repetition; wall time is the
+process's, peak memory the largest sum of RSS over the process and all its children, sampled
+every 20 ms. Ours is the default command a user types, `python -m harness.collect DIR` (parse,
+align, overlap, stragglers, advisor, every report file and the merged trace); an anchor's is
+`TraceAnalysis(trace_dir=DIR)` then `get_comm_comp_overlap()`, run by the interpreter given with
+`--anchor NAME=PYTHON` (HolisticTraceAnalysis 0.5.0 and traceinsight 0.6.1, which installs the
+same `hta` package, each in its own venv: neither is a harness dependency). Without --anchor,
+this interpreter is the one anchor, `hta`. Both report, per rank, the share of communication
+time overlapped by computation; the script prints the largest difference in percentage points
+(CPU-only traces have no kernels: the anchors say NaN there and are not compared).
 
-Needs `pip install HolisticTraceAnalysis psutil` in the interpreter that runs it (HTA is not a
-dependency of the harness).
+Large sets repeat each source rank's events with shifted times, step numbers and correlation ids
+(so kernel-launch links stay unique); rank r of a bigger world copies source rank r mod the
+source's ranks. They are cached under --work (uncompressed JSON). Tiny sizes (`--rank-mb 0.05
+--reps 1`) make a smoke run of a few seconds (tests/test_bench_smoke.py).
 """
 
 from __future__ import annotations
@@ -46,11 +51,14 @@ SOURCE = REPO.parent / "shared" / "traces" / "dlrm_8rank_v100"
 SHIFTED_ARGS = ("correlation", "External id", "Ev Idx")
 
 HTA_SCRIPT = """
-import json, sys
+import json, math, sys
 from hta.trace_analysis import TraceAnalysis
 df = TraceAnalysis(trace_dir=sys.argv[1]).get_comm_comp_overlap(visualize=False)
-json.dump({int(r): float(p) for r, p in zip(df["rank"], df["comp_comm_overlap_pctg"])}, open(sys.argv[2], "w"))
+json.dump({int(r): float(p) for r, p in zip(df["rank"], df["comp_comm_overlap_pctg"]) if not math.isnan(float(p))},
+          open(sys.argv[2], "w"))
 """
+TARGET_SPEED, TARGET_MEMORY = 15.0, 1 / 6  # issue 14: the faster anchor's wall / ours, ours / its peak memory
+LONG_ARGS_RUN = ["--mode", "torch", "--record-shapes", "--with-stack", "--steps", "20", "--batch-size", "16"]
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -154,7 +162,13 @@ def measured(cmd: list[str]) -> tuple[float, int]:
 
 
 def ours_cmd(folder: Path, out: Path) -> list[str]:
+    """The analysis alone (report files, no merged trace): what the scaling curves time."""
     return [sys.executable, "-m", "harness.collect", str(folder), "-q", "--no-merged", "-o", str(out)]
+
+
+def default_cmd(folder: Path, out: Path) -> list[str]:
+    """The command a user types: every report file, the merged trace included."""
+    return [sys.executable, "-m", "harness.collect", str(folder), "-o", str(out)]
 
 
 def our_overlap(out: Path) -> dict[int, float]:
@@ -162,24 +176,104 @@ def our_overlap(out: Path) -> dict[int, float]:
     return {r["rank"]: 100 * r["overlapped_comm_ms"] / r["comm_ms"] for r in doc["ranks"] if r["comm_ms"]}
 
 
-def compare(folder: Path, reps: int) -> dict[str, Any]:
+def compare(folder: Path, reps: int, anchors: dict[str, str]) -> dict[str, Any]:
+    """Median wall and peak RSS of ours and each anchor over `reps` rotated rounds."""
     tmp = Path(tempfile.mkdtemp(prefix="cvh-"))
-    runs: dict[str, list[tuple[float, int]]] = {"ours": [], "hta": []}
+    tools = ["ours", *anchors]
+    runs: dict[str, list[tuple[float, int]]] = {t: [] for t in tools}
     for rep in range(reps):
-        order = ["ours", "hta"] if rep % 2 == 0 else ["hta", "ours"]
-        for tool in order:
+        for tool in tools[rep % len(tools):] + tools[:rep % len(tools)]:
             if tool == "ours":
-                runs[tool].append(measured(ours_cmd(folder, tmp / "report")))
+                runs[tool].append(measured(default_cmd(folder, tmp / "report")))
             else:
-                runs[tool].append(measured([sys.executable, "-c", HTA_SCRIPT, str(folder), str(tmp / "hta.json")]))
+                runs[tool].append(measured([anchors[tool], "-c", HTA_SCRIPT, str(folder), str(tmp / f"{tool}.json")]))
     ours_ov = our_overlap(tmp / "report")
-    hta_ov = {int(k): v for k, v in json.loads((tmp / "hta.json").read_text()).items()}
-    diffs = [abs(ours_ov.get(r, 0.0) - v) for r, v in hta_ov.items()]
+    diffs = {}
+    for tool in anchors:
+        theirs = {int(k): v for k, v in json.loads((tmp / f"{tool}.json").read_text()).items()}
+        diffs[tool] = max((abs(ours_ov.get(r, 0.0) - v) for r, v in theirs.items()), default=None)
+    merged = json.loads((tmp / "report" / "report.json").read_text()).get("merged") or {}
     size = sum(p.stat().st_size for p in folder.glob("*.json*")) / 1e6
     med = {k: (statistics.median(w for w, _ in v), statistics.median(m for _, m in v)) for k, v in runs.items()}
-    return {"set": folder.name, "mb": size, "ours": med["ours"], "hta": med["hta"],
-            "wall_ratio": med["hta"][0] / med["ours"][0], "mem_ratio": med["ours"][1] / med["hta"][1],
-            "overlap_max_diff_pp": max(diffs) if diffs else None, "ranks": len(hta_ov)}
+    return {"set": folder.name, "mb": size, "med": med, "overlap_diff_pp": diffs, "merged": merged}
+
+
+def print_comparison(rows: list[dict[str, Any]], anchors: dict[str, str], decode_mb_s: float) -> None:
+    """One line per set and tool, then the ratios against the faster anchor and the throughput."""
+    print(f"{'set':28} {'MB':>6} {'tool':>13} {'wall s':>8} {'peak MB':>8} {'overlap diff pp':>16}")
+    for r in rows:
+        for tool, (wall, peak) in r["med"].items():
+            diff = r["overlap_diff_pp"].get(tool)
+            print(f"{r['set']:28} {r['mb']:>6.0f} {tool:>13} {wall:>8.2f} {peak / 1e6:>8.0f} "
+                  f"{'-' if diff is None else f'{diff:.2f}':>16}")
+    print(f"\n{'set':28} {'faster anchor':>13} {'speed x':>8} {'memory x':>9} {'ours MB/s':>10} "
+          f"{'of decoder limit':>17} {'merged MB (JSON)':>17}")
+    for r in rows:
+        fastest = min(anchors, key=lambda t: r["med"][t][0])
+        wall, peak = r["med"]["ours"]
+        speed, memory = r["med"][fastest][0] / wall, r["med"][fastest][1] / peak
+        ok = "meets" if speed >= TARGET_SPEED and memory >= 1 / TARGET_MEMORY else "short of"
+        merged = r["merged"]
+        print(f"{r['set']:28} {fastest:>13} {speed:>8.1f} {memory:>9.1f} {r['mb'] / wall:>10.0f} "
+              f"{r['mb'] / wall / decode_mb_s:>16.0%} "
+              f"{(merged.get('gz_bytes', 0) / 1e6):>6.1f} ({merged.get('json_bytes', 0) / 1e6:.0f})   {ok} the target")
+    print(f"targets: >= {TARGET_SPEED:g}x faster and >= {1 / TARGET_MEMORY:g}x less peak memory than the faster anchor; "
+          f"decoder limit: msgspec alone, {decode_mb_s:.0f} MB/s on {psutil.cpu_count()} cores")
+
+
+def decoder_limit(folder: Path) -> float:
+    """MB/s of msgspec decoding one rank's trace into the collector's event structs, times the
+    cores: what the parse could reach if it did nothing but decode."""
+    from harness.collect.decode import _DECODER
+
+    raw = next(iter(sorted(folder.glob("*.json")))).read_bytes()
+    best = min(_time(lambda: _DECODER.decode(raw)) for _ in range(3))
+    return len(raw) / 1e6 / best * (psutil.cpu_count() or 1)
+
+
+def _time(fn: Any) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def profile(folder: Path) -> None:
+    """Our default command's stages, timed in this process (parsing on the same pool of workers
+    as the command), to say where the time goes."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from harness.collect.analysis import analyze
+    from harness.collect.cli import parse_all, write_merged_trace
+    from harness.collect.discover import find_trace_files, group_ranks
+    from harness.collect.merged import MergedChoice
+    from harness.collect.report import build_report, collective_rows, write_report
+    from harness.collect.tb_scalars import write_scalars
+    from harness.collect.timeline import build_timeline
+    from harness.view.files import write_view
+
+    out = Path(tempfile.mkdtemp(prefix="cvh-prof-"))
+    stages: list[tuple[str, float]] = []
+    with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
+        t = time.perf_counter()
+        traces, _ = parse_all(find_trace_files([str(folder)]), pool, progress=False)
+        stages.append(("parse (workers)", time.perf_counter() - t))
+        t = time.perf_counter()
+        a = analyze(group_ranks(traces))
+        stages.append(("analysis", time.perf_counter() - t))
+        t = time.perf_counter()
+        doc = build_report(a, [str(folder)], None, [])
+        write_report(doc, out, collective_rows(a))
+        write_view(doc, build_timeline(a), out)
+        write_scalars(doc, out)
+        stages.append(("report files", time.perf_counter() - t))
+        t = time.perf_counter()
+        write_merged_trace(a, out, MergedChoice(), pool)
+        stages.append(("merged trace (workers)", time.perf_counter() - t))
+    total = sum(d for _, d in stages)
+    print(f"\nprofile of {folder.name} (in one process; the command adds its start-up):")
+    for name, d in stages:
+        print(f"  {name:24} {d:>7.2f} s {d / total:>5.0%}")
 
 
 def scale(work: Path, sizes: list[int], rank_mb: float, reps: int, source: Path = SOURCE) -> None:
@@ -226,46 +320,105 @@ def summaries(work: Path, ranks: int, sizes_mb: list[float], reps: int, source: 
               f"{statistics.median(m for _, m in cond) / 1e6:>8.0f}   report identical: {same}")
 
 
-def check_hta() -> None:
-    """SystemExit before any set is made when HTA cannot be imported by this interpreter."""
-    if importlib.util.find_spec("hta") is None:
-        raise SystemExit("HolisticTraceAnalysis is not installed in this interpreter: "
-                         "pip install HolisticTraceAnalysis, or pass --no-compare (ours only)")
+def summary_scale(work: Path, ranks: int, source: Path = SOURCE, per_host: int = 8) -> None:
+    """A job of `ranks` ranks that wrote in-job summaries (`per_host` ranks per host): each
+    source rank condensed once, then copied as rank r (of source rank r mod the source's ranks)
+    with its world size and host rewritten; the collector over the summaries alone (the traces
+    stay on the cluster), wall and peak memory."""
+    from harness.collect.summary import summarize
+
+    folder = work / f"summaries-{source.name}-{ranks}r"
+    if not (folder / ".complete").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="cvh-cond-"))
+        condensed = []
+        for f in source_traces(source):
+            (staging / f.name).symlink_to(f.resolve())
+            condensed.append(json.loads(summarize(staging / f.name).read_bytes()))
+        for r in range(ranks):
+            doc = json.loads(json.dumps(condensed[r % len(condensed)]))
+            doc["rank_trace"].update(rank=r, world_size=ranks, host=f"node{r // per_host:04d}")
+            (folder / f"rank{r:05d}.pt.trace.json.summary.json").write_text(json.dumps(doc))
+        (folder / ".complete").touch()
+    size = sum(p.stat().st_size for p in folder.glob("*.summary.json")) / 1e6
+    wall, peak = measured(ours_cmd(folder, Path(tempfile.mkdtemp(prefix="cvh-sumscale-")) / "report"))
+    print(f"\n{ranks} ranks of in-job summaries ({size:.0f} MB, {ranks // per_host} hosts): ours {wall:.1f} s, "
+          f"peak RSS {peak / 1e6:.0f} MB (target < 30 s)")
+
+
+def long_args_source(work: Path) -> Path:
+    """The long-args shape's source: a 2-rank harness run with --record-shapes --with-stack,
+    made once under `work` (its traces copied into a folder of their own)."""
+    folder = work / "long-args-src"
+    if (folder / ".complete").exists():
+        return folder
+    runs = work / "runs"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "harness.train",
+                    *LONG_ARGS_RUN, "--log-dir", str(runs), "--run-name", "long-args"], check=True, cwd=REPO,
+                   stdout=subprocess.DEVNULL)
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in sorted((runs / "long-args").glob("*.pt.trace.json.gz")):
+        (folder / f.name).write_bytes(f.read_bytes())
+    (folder / ".complete").touch()
+    return folder
+
+
+def check_anchors(anchors: dict[str, str]) -> None:
+    """SystemExit before any set is made when an anchor's interpreter cannot import HTA."""
+    for name, python in anchors.items():
+        if python == sys.executable:
+            ok = importlib.util.find_spec("hta") is not None
+        else:
+            ok = subprocess.run([python, "-c", "import hta.trace_analysis"], capture_output=True).returncode == 0
+        if not ok:
+            raise SystemExit(f"{name}: {python} cannot import hta: pip install HolisticTraceAnalysis (or traceinsight) "
+                             "in that interpreter's venv and pass --anchor NAME=PYTHON, or pass --no-compare (ours only)")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--source", type=Path, default=SOURCE,
-                   help="folder of per-rank traces: the real set compared, and the base of the replicated sets")
+    p.add_argument("--shape", action="append", choices=["dlrm", "long-args"], default=[],
+                   help="trace shape to replicate and compare (repeatable; default: dlrm)")
+    p.add_argument("--source", type=Path, action="append", default=[],
+                   help="another folder of per-rank traces to replicate and compare (repeatable)")
+    p.add_argument("--anchor", action="append", default=[], metavar="NAME=PYTHON",
+                   help="a tool to compare with: a name and the interpreter whose `hta` package it runs (repeatable; "
+                        "default: hta=this interpreter)")
     p.add_argument("--ranks", type=int, default=8)
-    p.add_argument("--rank-mb", type=float, default=85.0, help="size of each replicated rank trace (uncompressed)")
+    p.add_argument("--rank-mb", type=float, default=90.0, help="size of each replicated rank trace (uncompressed)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "collector-bench")
+    p.add_argument("--profile", action="store_true", help="time our stages on each replicated set")
     p.add_argument("--scale", default="", help="comma-separated rank counts for the ours-only scaling curve")
     p.add_argument("--scale-mb", type=float, default=20.0)
     p.add_argument("--stream-mb", type=float, default=0.0, help="also time one trace of this size (ours only)")
-    p.add_argument("--no-compare", action="store_true", help="skip the comparison with HTA")
+    p.add_argument("--no-compare", action="store_true", help="skip the comparison with the anchors")
     p.add_argument("--summaries", default="", help="comma-separated MB per rank: in-job summaries against full traces")
+    p.add_argument("--summary-ranks", type=int, default=0, help="collect this many ranks of in-job summaries (ours only)")
     args = p.parse_args()
+    anchors = dict(a.split("=", 1) for a in args.anchor) or {"hta": sys.executable}
     if not args.no_compare:
-        check_hta()
-        sets = [args.source, make_set(args.work, args.ranks, args.rank_mb, args.source)]
-        print(f"collector vs HTA: median of {args.reps} alternated runs, {psutil.cpu_count()} cores, python {sys.version.split()[0]}")
-        print(f"{'set':24} {'MB':>7} {'ours s':>8} {'HTA s':>8} {'HTA/ours':>9} {'ours MB':>8} {'HTA MB':>8} "
-              f"{'ours/HTA mem':>13} {'overlap diff pp':>16}")
+        check_anchors(anchors)
+    shapes = args.shape or ([] if args.source else ["dlrm"])
+    sources = [SOURCE if s == "dlrm" else long_args_source(args.work) for s in shapes] + args.source
+    sets = [make_set(args.work, args.ranks, args.rank_mb, src) for src in sources]
+    if not args.no_compare:
+        print(f"collector vs HTA and its successor ({', '.join(anchors)}): median of {args.reps} rotated runs, "
+              f"{psutil.cpu_count()} cores, python {sys.version.split()[0]}; ours = the default command")
+        rows = [compare(folder, args.reps, anchors) for folder in sets]
+        print_comparison(rows, anchors, decoder_limit(sets[0]))
+    if args.profile:
         for folder in sets:
-            r = compare(folder, args.reps)
-            print(f"{r['set']:24} {r['mb']:>7.0f} {r['ours'][0]:>8.2f} {r['hta'][0]:>8.2f} {r['wall_ratio']:>9.1f} "
-                  f"{r['ours'][1] / 1e6:>8.0f} {r['hta'][1] / 1e6:>8.0f} {r['mem_ratio']:>13.3f} "
-                  f"{r['overlap_max_diff_pp']:>16.2f}")
-        print("targets: HTA/ours >= 10, ours/HTA mem <= 0.25, overlap diff <= 1 pp")
+            profile(folder)
     if args.stream_mb:
-        one_big_trace(args.work, args.stream_mb, args.source)
+        one_big_trace(args.work, args.stream_mb, sources[0])
     if args.summaries:
-        summaries(args.work, args.ranks, [float(x) for x in args.summaries.split(",")], args.reps, args.source)
+        summaries(args.work, args.ranks, [float(x) for x in args.summaries.split(",")], args.reps, sources[0])
+    if args.summary_ranks:
+        summary_scale(args.work, args.summary_ranks, sources[0])
     if args.scale:
         reps = max(1, args.reps // 2) if args.reps > 1 else 1
-        scale(args.work, [int(x) for x in args.scale.split(",")], args.scale_mb, reps, args.source)
+        scale(args.work, [int(x) for x in args.scale.split(",")], args.scale_mb, reps, sources[0])
 
 
 if __name__ == "__main__":

@@ -45,9 +45,12 @@ SMOKE = [
           ["A minimal", "B harness off", "C outside window", "D inside window", "S no scalars",
            "(a) harness off / minimal loop", "(d) harness off / same, no scalars"]),
     Smoke("collector_vs_hta.py", TINY_COLLECTOR + ["--no-compare", "--stream-mb", "0.05", "--summaries", "0.05",
-                                                   "--scale", "2", "--scale-mb", "0.05"],
-          ["one trace of", "in-job summaries", "report identical: True", "scale: ours only"]),
-    Smoke("collector_vs_hta.py", TINY_COLLECTOR, ["collector vs HTA", "src-2r-0.05mb", "targets:"], hta_stub=True),
+                                                   "--scale", "2", "--scale-mb", "0.05", "--summary-ranks", "16",
+                                                   "--profile"],
+          ["one trace of", "in-job summaries", "report identical: True", "scale: ours only",
+           "16 ranks of in-job summaries", "profile of src-2r-0.05mb", "merged trace (workers)"]),
+    Smoke("collector_vs_hta.py", TINY_COLLECTOR, ["collector vs HTA", "src-2r-0.05mb", "faster anchor", "targets:"],
+          hta_stub=True),
 ]
 
 
@@ -99,5 +102,6 @@ def test_hta_comparison_without_hta_says_how(tmp_path: Path, source: Path) -> No
                           env=dict(os.environ, PYTHONPATH=""))
     if proc.returncode == 0:
         pytest.skip("HolisticTraceAnalysis is installed here")
-    assert proc.returncode == 1 and "pip install HolisticTraceAnalysis, or pass --no-compare" in proc.stderr
+    assert proc.returncode == 1 and "cannot import hta: pip install HolisticTraceAnalysis" in proc.stderr
+    assert "--no-compare" in proc.stderr
     assert not list(tmp_path.iterdir())  # nothing made before the check

@@ -165,14 +165,57 @@ def test_plugin_explains_a_malformed_report_and_never_follows_links_out(server: 
     assert get_json(server, f"{PLUGIN}/report.json?run=z-linked")["verdict"] == "straggler"
 
 
+def collect_job(server: str, run: str) -> dict:
+    """POST collect, then poll collect_status until the job ends; returns its last state."""
+    status, body = get(server, f"{PLUGIN}/collect?run={run}", method="POST")
+    assert status == 202 and json.loads(body)["ok"], body
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        job = get_json(server, f"{PLUGIN}/collect_status?run={run}")
+        if job["state"] != "running":
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"collector on {run} still running after 300 s")
+
+
 def test_plugin_collects_a_run_without_report(server: str, logdir: Path) -> None:
     assert get(server, f"{PLUGIN}/collect?run=pending")[0] == 405  # GET does nothing
-    status, body = get(server, f"{PLUGIN}/collect?run=pending", method="POST")
-    assert status == 200 and json.loads(body)["ok"], body
+    assert get_json(server, f"{PLUGIN}/collect_status?run=pending")["state"] == "none"
+    job = collect_job(server, "pending")
+    assert job["state"] == "done" and job["message"].startswith("verdict: straggler"), job
     assert (logdir / "pending" / "report" / "report.html").is_file()
     runs = {r["run"]: r for r in get_json(server, f"{PLUGIN}/runs")}
     assert runs["pending"]["has_report"]
     assert get(server, f"{PLUGIN}/collect?run=..%2Fpending", method="POST")[0] == 404
+    assert get(server, f"{PLUGIN}/collect_status?run=..%2Fpending")[0] == 404
+
+
+def test_tensorboard_serves_other_runs_while_the_collector_runs(server: str) -> None:
+    """"Analyse now" returns at once; while the job runs (its status says so before and after),
+    another run's view and the run list are served, and a second job is refused, not queued."""
+    for _ in range(5):  # a collection shorter than one round of requests proves nothing: again
+        status, _ = get(server, f"{PLUGIN}/collect?run=pending", method="POST")
+        assert status == 202
+        before = get_json(server, f"{PLUGIN}/collect_status?run=pending")
+        view_status, page = get(server, f"{PLUGIN}/view?run=ddp")
+        busy_status, busy = get(server, f"{PLUGIN}/collect?run=ddp", method="POST")
+        after = get_json(server, f"{PLUGIN}/collect_status?run=pending")
+        assert view_status == 200 and b"straggler" in page
+        if before["state"] == after["state"] == "running":
+            assert before["stage"] and after["elapsed_s"] >= before["elapsed_s"]
+            assert busy_status == 409 and b"already running on run pending" in busy
+            break
+        if busy_status == 202:  # pending had finished: that second job ran; let it end first
+            while get_json(server, f"{PLUGIN}/collect_status?run=ddp")["state"] == "running":
+                time.sleep(0.2)
+        time.sleep(1)
+    else:
+        pytest.fail("the collector never ran long enough to overlap one view request")
+    deadline = time.monotonic() + 300
+    while get_json(server, f"{PLUGIN}/collect_status?run=pending")["state"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert get_json(server, f"{PLUGIN}/collect_status?run=pending")["state"] == "done"
 
 
 # -- scalars ---------------------------------------------------------------------------------

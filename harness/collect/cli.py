@@ -22,6 +22,7 @@ from harness.collect.merged import (MERGED_BUDGET_BYTES, MergedChoice, MergedRes
                                     write_merged)
 from harness.collect.model import RankTrace
 from harness.collect.parse import TraceError, parse_trace
+from harness.collect.progress import Progress
 from harness.collect.report import build_report, collective_rows, console_summary, write_report
 from harness.collect.run_state import choose_attempt, ending_notes, skipped_note, skipped_windows
 from harness.collect.stragglers import Thresholds
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read NCCL watchdog dumps (pickles) among the Flight Recorder dumps; only for files you trust "
                         "(no class is loaded even then)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
+    p.add_argument("--progress-file", type=Path, help="keep a JSON of the stage reached here (harness/collect/progress.py)")
     return p
 
 
@@ -114,8 +116,11 @@ def _parse_one(path: Path) -> RankTrace | str:
         return str(exc)
 
 
-def parse_all(files: list[Path], pool: Executor | None, progress: bool) -> tuple[list[RankTrace], list[str]]:
+def parse_all(files: list[Path], pool: Executor | None, progress: bool,
+              reporter: Progress | None = None) -> tuple[list[RankTrace], list[str]]:
     """Parse the traces, in parallel on `pool` when there is one; bad files become warnings."""
+    reporter = reporter or Progress(None)
+    reporter.stage("parsing traces", total=len(files))
     bar = None
     if progress:
         from tqdm import tqdm
@@ -125,6 +130,7 @@ def parse_all(files: list[Path], pool: Executor | None, progress: bool) -> tuple
     for r in (pool.map(_parse_one, files) if pool is not None and len(files) > 1 else map(_parse_one, files)):
         results.append(r)
         bar and bar.update()
+        reporter.advance(len(results))
     if bar:
         bar.close()
     traces = [r for r in results if isinstance(r, RankTrace)]
@@ -143,14 +149,22 @@ def main(argv: list[str] | None = None) -> None:
     # One pool for parsing and for the merged trace, started while this process is still small
     # (workers are forked: they would otherwise each map the parent's analysis).
     pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+    reporter = Progress(args.progress_file)
+    ok, message = False, "stopped"
     try:
-        collect(args, pool)
+        message = collect(args, pool, reporter)
+        ok = True
+    except SystemExit as exc:
+        message = f"exit {exc.code}: see the collector's error"
+        raise
     finally:
+        reporter.finish(ok, message)
         if pool is not None:
             pool.shutdown(cancel_futures=True)
 
 
-def collect(args: argparse.Namespace, pool: Executor | None) -> None:
+def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress) -> str:
+    """The whole collection; returns the line naming the verdict."""
     try:
         try:
             inputs, attempt_notes = choose_attempt(args.inputs, args.attempt)
@@ -160,7 +174,7 @@ def collect(args: argparse.Namespace, pool: Executor | None) -> None:
         files = [f for f in find_trace_files(inputs, summaries=not args.from_traces) if f not in dump_files]
         if not files:
             raise InputError(f"no trace files under {', '.join(inputs)}, only Flight Recorder dumps")
-        traces, errors = parse_all(files, pool, progress=not args.quiet and len(files) > 1)
+        traces, errors = parse_all(files, pool, progress=not args.quiet and len(files) > 1, reporter=reporter)
         for e in errors:
             print(f"{PROG}: warning: skipped {e}", file=sys.stderr)
         if not traces:
@@ -168,7 +182,7 @@ def collect(args: argparse.Namespace, pool: Executor | None) -> None:
         runset = group_ranks(traces)
     except InputError as exc:
         if flight_only_report(args, str(exc)):
-            return
+            return "report from the Flight Recorder dumps alone"
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         print_memory_only(args.inputs, args.attempt)
         raise SystemExit(EXIT_INPUT) from None
@@ -177,6 +191,7 @@ def collect(args: argparse.Namespace, pool: Executor | None) -> None:
     runset.warnings[:0] = (attempt_notes + runset.ending + [skipped_note(w) for w in runset.skipped_windows]
                            + [f"skipped {e}" for e in errors])
     thresholds = Thresholds(min_lag_ms=args.min_lag_ms, rel_lag=args.rel_lag, rel_lag_cpu=args.rel_lag_cpu)
+    reporter.stage("aligning clocks, matching collectives, finding stragglers")
     try:
         analysis = analyze(runset, align=not args.no_align, thresholds=thresholds, steps=args.steps)
     except NoStepsError as exc:
@@ -188,7 +203,9 @@ def collect(args: argparse.Namespace, pool: Executor | None) -> None:
     doc = build_report(analysis, inputs, memory, find_memory_timelines(dirs))
     attach(doc, read_flight(inputs, args.unpickle_nccl_dumps, doc["warnings"]))
     out = args.output or default_output(inputs, files)
+    reporter.stage("writing the merged trace")
     merged = write_merged_trace(analysis, out, args.merged, pool)
+    reporter.stage("writing the report")
     doc["merged"] = merged_summary(merged) if merged else None
     write_report(doc, out, collective_rows(analysis))
     write_view(doc, build_timeline(analysis), out)
@@ -211,6 +228,7 @@ def collect(args: argparse.Namespace, pool: Executor | None) -> None:
               f"{merged.window.note}")
     elif args.merged.mode != "none":
         print(f"no {MERGED_TRACE}: only the in-job summaries, not the traces, are here")
+    return f"verdict: {doc['headline']}"
 
 
 def write_merged_trace(analysis: Analysis, out: Path, choice: MergedChoice, pool: Executor | None) -> MergedResult | None:

@@ -345,7 +345,6 @@ class _Tables:
 BLOCK_BYTES = 2**20
 HEAD_LIMIT_BYTES = 64 * 2**20  # where "traceEvents" must start for the file to be streamed
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_BOUNDARY = re.compile(rb"\}\s*,\s*\{")  # between two objects of the array (or inside one: checked by decoding)
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
 _EVENT_LIST = msgspec.json.Decoder(list[Event])
 _ONE_EVENT = msgspec.json.Decoder(Event)
@@ -365,14 +364,35 @@ def open_trace(path: Path) -> BinaryIO:
     return fh
 
 
-def _last_boundary(buf: bytes) -> re.Match[bytes] | None:
-    last = None
-    for start in (max(0, len(buf) - 2**20), 0):  # the tail first; the whole block if it has none
-        for last in _BOUNDARY.finditer(buf, start):
-            pass
-        if last is not None or start == 0:
-            return last
-    return last
+_SPACE = frozenset(b" \t\r\n")
+
+
+class _Cut(NamedTuple):
+    """Where two events of the array meet: `buf[start]` is the `}` closing the first one,
+    `buf[end - 1]` the `{` opening the next."""
+
+    start: int
+    end: int
+
+
+def _last_boundary(buf: bytes) -> _Cut | None:
+    """The last `}`, `,`, `{` (whitespace between them allowed) in `buf`: searched backwards
+    from each `{`, so only the block's tail is looked at (a regex scan visited every event)."""
+    pos = len(buf)
+    while True:
+        j = buf.rfind(b"{", 0, pos)
+        if j < 0:
+            return None
+        k = j - 1
+        while k >= 0 and buf[k] in _SPACE:
+            k -= 1
+        if k >= 0 and buf[k] == 0x2C:  # ','
+            k -= 1
+            while k >= 0 and buf[k] in _SPACE:
+                k -= 1
+            if k >= 0 and buf[k] == 0x7D:  # '}'
+                return _Cut(k, j + 1)
+        pos = j
 
 
 def _last_event(rest: bytes, one: msgspec.json.Decoder) -> tuple[Any, int]:
@@ -430,7 +450,7 @@ def stream_events(fh: BinaryIO, block_bytes: int, sink: Callable[[list[Any]], No
         cut = _last_boundary(buf)
         if cut is not None:
             try:
-                events = items.decode(b"[" + buf[:cut.start() + 1] + b"]")
+                events = items.decode(b"[" + buf[:cut.start + 1] + b"]")
             except msgspec.ValidationError:
                 raise NotStreamable from None  # events of odd shape: the whole-file path handles them
             except msgspec.DecodeError:
@@ -439,9 +459,9 @@ def stream_events(fh: BinaryIO, block_bytes: int, sink: Callable[[list[Any]], No
                 continue
             sink(events)
             if on_block:
-                on_block(offset, offset + cut.start() + 1)
-            offset += cut.end() - 1
-            buf = buf[cut.end() - 1:]
+                on_block(offset, offset + cut.start + 1)
+            offset += cut.end - 1
+            buf = buf[cut.end - 1:]
         if eof:
             break
     rest = buf.lstrip()

@@ -395,6 +395,11 @@ def _self_times(main_ops: _Ops, names: list[str], index: _StepIndex, by_number: 
     comm = [bool(COMM_OP.match(n)) for n in names]
     reducer = [n.startswith(REDUCER_PREFIX) for n in names]
     ts, dur, name = main_ops.ts, main_ops.dur, main_ops.name
+    # The ops come in start order: the step containing each is found by a pointer moving
+    # forward (what index.at finds by bisection), with its data/optimizer spans precomputed.
+    steps, starts = index.steps, index.starts
+    outside = [[(a, b) for p, a, b in s.phase_spans if p in NON_MODEL_PHASES] for s in steps]
+    k = -1
     stack: list[tuple[float, bool, str]] = []  # (end_us, is a communication op, the name its time is booked under)
     for i in main_ops.longest_first():
         t, d, n = ts[i], dur[i], name[i]
@@ -402,14 +407,19 @@ def _self_times(main_ops: _Ops, names: list[str], index: _StepIndex, by_number: 
             stack.pop()
         inside = (stack and stack[-1][2] == DDP_REDUCER) or reducer[n]
         key = DDP_REDUCER if inside else names[n]
-        st = index.at(t)
-        if st is not None and _in_model_phase(by_number[st], t):
-            by_name = by_number[st].compute_by_name_us
-            if not comm[n]:
-                by_name[key] = by_name.get(key, 0.0) + d
-            if stack and not stack[-1][1]:
-                parent = stack[-1][2]
-                by_name[parent] = by_name.get(parent, 0.0) - d
+        while k + 1 < len(starts) and starts[k + 1] <= t:
+            k += 1
+        if k >= 0 and t <= steps[k].end_us:
+            for a, b in outside[k]:
+                if a <= t <= b:
+                    break
+            else:
+                by_name = steps[k].compute_by_name_us
+                if not comm[n]:
+                    by_name[key] = by_name.get(key, 0.0) + d
+                if stack and not stack[-1][1]:
+                    parent = stack[-1][2]
+                    by_name[parent] = by_name.get(parent, 0.0) - d
         stack.append((t + d, comm[n], key))
 
 

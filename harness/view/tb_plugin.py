@@ -8,7 +8,8 @@ loads it. Routes, under /data/plugin/harness_distributed/:
 - `view?run=R`: the view page (same renderer as report.html, scripts linked, not inlined);
 - `report.json?run=R`, `timeline.json?run=R`: the run's collector output;
 - `plotly.min.js` (from the installed plotly package), `view.js`, `view.css`;
-- `collect?run=R` (POST): run the collector on a run that has traces and no report.
+- `collect?run=R` (POST): start the collector on the run in its own process (202; one at a time);
+- `collect_status?run=R`: {state: none|running|done|failed, stage, done, total, elapsed_s, message}.
 
 A run name is looked up among the runs found by walking the logdir; anything else, including
 path-traversal attempts, is a 404. No route builds a file path from client input.
@@ -24,9 +25,13 @@ from __future__ import annotations
 import html
 import json
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 from tensorboard.backend import http_util
@@ -54,7 +59,8 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
     def __init__(self, context: base_plugin.TBContext) -> None:
         self.logdir = context.logdir
         self.cache = BodyCache()
-        self._collect_lock = threading.Lock()
+        self._jobs: dict[str, CollectJob] = {}
+        self._jobs_lock = threading.Lock()
 
     def get_plugin_apps(self) -> dict[str, Any]:
         apps = {
@@ -64,6 +70,7 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
             "/timeline.json": self._serve_timeline,
             "/plotly.min.js": self._serve_plotly,
             "/collect": self._serve_collect,
+            "/collect_status": self._serve_collect_status,
         }
         for name in STATIC_FILES:
             apps["/" + name] = self._serve_static
@@ -166,22 +173,77 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
         entry = self._entry(request)
         if entry is None:
             return self._not_found(request, "no such run")
-        if not self._collect_lock.acquire(blocking=False):
-            return http_util.Respond(request, json.dumps({"ok": False, "message": "a collection is already running"}),
-                                     _JSON, code=409)
-        try:
-            # The collector is torch-free; a child process keeps a crash or a huge run from
-            # taking TensorBoard down, and the timeout bounds how long the request can hang.
-            proc = subprocess.run([sys.executable, "-m", "harness.collect", str(entry.run_dir), "-q"],
-                                  capture_output=True, text=True, timeout=COLLECT_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            body, code = {"ok": False, "message": f"the collector ran past {COLLECT_TIMEOUT_S} s; run it by hand: "
-                                                  f"{collect_command(entry)}"}, 504
-        else:
-            lines = (proc.stdout + proc.stderr).strip().splitlines()
-            body = {"ok": proc.returncode == 0, "message": lines[-1] if lines else ""}
-            code = 200 if proc.returncode == 0 else 500
-        finally:
-            self._collect_lock.release()
-        return http_util.Respond(request, json.dumps(body), _JSON, code=code)
+        with self._jobs_lock:
+            busy = next((j for j in self._jobs.values() if j.state()["state"] == "running"), None)
+            if busy is not None:
+                return http_util.Respond(request, json.dumps(
+                    {"ok": False, "message": f"the collector is already running on run {busy.run}"}), _JSON, code=409)
+            old = self._jobs.pop(entry.name, None)
+            if old is not None:
+                old.close()
+            # The collector runs in its own process (torch-free; a crash or a huge run cannot
+            # take TensorBoard down); this request returns at once and the page polls
+            # collect_status, so TensorBoard keeps serving everything else meanwhile.
+            self._jobs[entry.name] = CollectJob.start(entry.name, entry.run_dir)
+        return http_util.Respond(request, json.dumps({"ok": True, "message": "started"}), _JSON, code=202)
 
+    @wrappers.Request.application
+    def _serve_collect_status(self, request: wrappers.Request) -> wrappers.Response:
+        entry = self._entry(request)
+        if entry is None:
+            return self._not_found(request, "no such run")
+        with self._jobs_lock:
+            job = self._jobs.get(entry.name)
+            body = job.state() if job is not None else {"state": "none", "message": "no collection started here"}
+        return http_util.Respond(request, json.dumps(body), _JSON)
+
+
+class CollectJob:
+    """One collector process started by "Analyse now": its progress file and its output, in a
+    temporary folder of its own; killed once it runs past COLLECT_TIMEOUT_S."""
+
+    def __init__(self, run: str, proc: subprocess.Popen, folder: Path) -> None:
+        self.run, self.proc, self.folder = run, proc, folder
+        self.started = time.monotonic()
+        self.timed_out = False
+
+    @classmethod
+    def start(cls, run: str, run_dir: Path) -> "CollectJob":
+        folder = Path(tempfile.mkdtemp(prefix="harness-collect-"))
+        with (folder / "output.txt").open("wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "harness.collect", str(run_dir), "-q",
+                                     "--progress-file", str(folder / "progress.json")],
+                                    stdout=out, stderr=subprocess.STDOUT)
+        return cls(run, proc, folder)
+
+    def state(self) -> dict[str, Any]:
+        """{state: running|done|failed, stage, done, total, elapsed_s, message}."""
+        elapsed = time.monotonic() - self.started
+        code = self.proc.poll()
+        if code is None and elapsed > COLLECT_TIMEOUT_S:
+            self.proc.kill()
+            code = self.proc.wait()
+            self.timed_out = True
+        try:
+            progress = json.loads((self.folder / "progress.json").read_text())
+        except (OSError, ValueError):
+            progress = {"stage": "starting", "done": 0, "total": 0}
+        body = {"state": "running", "stage": progress.get("stage", ""), "done": progress.get("done", 0),
+                "total": progress.get("total", 0), "elapsed_s": round(elapsed, 1), "message": ""}
+        if code is not None:
+            try:
+                lines = (self.folder / "output.txt").read_text(errors="replace").strip().splitlines()
+            except OSError:
+                lines = []
+            if self.timed_out:
+                message = f"the collector ran past {COLLECT_TIMEOUT_S} s; run it by hand (python -m harness.collect RUN_DIR)"
+            else:
+                message = next((ln for ln in lines if ln.startswith("verdict:")), lines[-1] if lines else "")
+            body.update(state="done" if code == 0 else "failed", message=message)
+        return body
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)

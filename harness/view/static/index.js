@@ -49,15 +49,34 @@ export async function render() {
     show(pick.run);
   }
   select.addEventListener("change", () => show(select.value));
+  // "Analyse now": the collector runs in its own process; the page polls its progress.
+  async function follow(name) {
+    for (;;) {
+      await new Promise((resolve) => setTimeout(resolve, 500));
+      const response = await fetch("./collect_status?run=" + encodeURIComponent(name));
+      const job = await response.json();
+      if (job.state === "running") {
+        const count = job.total ? " " + job.done + "/" + job.total : "";
+        status.textContent = "analysing " + name + ": " + job.stage + count + " (" + Math.round(job.elapsed_s) + " s)";
+        continue;
+      }
+      return job;
+    }
+  }
   button.addEventListener("click", async () => {
     const name = select.value;
     button.disabled = true;
-    status.textContent = "running the collector on " + name + " ...";
+    status.textContent = "starting the collector on " + name + " ...";
     try {
       const response = await fetch("./collect?run=" + encodeURIComponent(name), { method: "POST" });
-      const result = await response.json();
-      status.textContent = result.ok ? "done: " + result.message : "collector failed: " + result.message;
-      if (result.ok) await refresh(name);
+      const started = await response.json();
+      if (!started.ok) {
+        status.textContent = "collector not started: " + started.message;
+        return;
+      }
+      const job = await follow(name);
+      status.textContent = job.state === "done" ? "done: " + job.message : "collector failed: " + job.message;
+      if (job.state === "done") await refresh(name);
     } catch (err) {
       status.textContent = "collector failed: " + err;
     } finally {
