@@ -65,28 +65,38 @@ def estimate_offsets(instances: list[Instance], traces: list[RankTrace]) -> tupl
     ref = domain[ref_rank]
     offset: dict[str, float] = {ref: 0.0}
     clocks: dict[str, HostClock] = {ref: HostClock(host=ref, ranks=ranks_of[ref], offset_us=0.0, spread_us=0.0, samples=0)}
+    # Per instance, once: each host's ends and their median; the aligned ends (end - offset of
+    # the aligned hosts) grow as hosts are aligned, and their median is the instance's anchor.
+    # (Recomputing these for every host added made 128 hosts x 1024 ranks take seconds.)
+    per_host = []
+    for inst in instances:
+        ends: dict[str, list[float]] = defaultdict(list)
+        for r, op in inst.ops.items():
+            ends[domain[r]].append(op.end_us)
+        per_host.append((ends, {h: statistics.median(e) for h, e in ends.items()}))
+    aligned: list[list[float]] = [list(ends.get(ref, [])) for ends, _ in per_host]
+    anchors = [statistics.median(a) if a else None for a in aligned]
     while True:
         diffs: dict[str, list[float]] = defaultdict(list)
-        via: dict[str, set[str]] = defaultdict(set)
-        for inst in instances:
-            ends: dict[str, list[float]] = defaultdict(list)
-            for r, op in inst.ops.items():
-                ends[domain[r]].append(op.end_us)
-            aligned = [op.end_us - offset[domain[r]] for r, op in inst.ops.items() if domain[r] in offset]
-            if not aligned:
+        for (ends, median_end), anchor in zip(per_host, anchors):
+            if anchor is None:
                 continue
-            anchor = statistics.median(aligned)
-            for h, e in ends.items():
+            for h in ends:
                 if h not in offset:
-                    diffs[h].append(statistics.median(e) - anchor)
-                    via[h].update(domain[r] for r in inst.ops if domain[r] in offset)
+                    diffs[h].append(median_end[h] - anchor)
         if not diffs:
             break
         h = max(sorted(diffs), key=lambda k: len(diffs[k]))
         med = statistics.median(diffs[h])
         offset[h] = med
+        via = {g for (ends, _), anchor in zip(per_host, anchors) if anchor is not None and h in ends
+               for g in ends if g in offset and g != h}
         clocks[h] = HostClock(host=h, ranks=ranks_of[h], offset_us=med, spread_us=mad(diffs[h]),
-                              samples=len(diffs[h]), via=", ".join(sorted(via[h])))
+                              samples=len(diffs[h]), via=", ".join(sorted(via)))
+        for k, (ends, _) in enumerate(per_host):
+            if h in ends:
+                aligned[k].extend(e - med for e in ends[h])
+                anchors[k] = statistics.median(aligned[k])
     for h, rs in ranks_of.items():
         clocks.setdefault(h, HostClock(host=h, ranks=rs, offset_us=0.0, spread_us=0.0, samples=0))
     rank_diffs: dict[int, list[float]] = defaultdict(list)

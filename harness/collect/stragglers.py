@@ -5,6 +5,7 @@ Reads the matched collectives' waits (`waits.py`) on aligned clocks.
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import defaultdict
@@ -209,6 +210,7 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
                     if i != j:
                         owed[i][j] += w.waited_on_us(i, j)
     result = []
+    run_ups = _RunUps(by_rank)
     for r in ranks:
         steps_late = sum(1 for c in step_late.values() if c.get(r, 0.0) / 1e3 > threshold)
         is_straggler = r in flagged
@@ -222,7 +224,7 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
         if is_straggler:
             rb.pattern = "persistent" if steps_late >= math.ceil(PERSISTENT_SHARE * n_steps) else "intermittent"
             caused = [w for w, late in zip(waits, lateness) if late.get(r, 0.0) > late_floor_us]
-            rb.phase, rb.phase_excess_ms = _slow_phase(r, caused, by_rank, n_steps)
+            rb.phase, rb.phase_excess_ms = _slow_phase(r, caused, by_rank, n_steps, run_ups)
         result.append(rb)
     replayed = replay_steps(traces, waits, set())
     for rb in result:
@@ -245,8 +247,48 @@ def _overlap_by_name(spans: list[tuple[str, float, float]], lo: float, hi: float
     return out
 
 
+class _RunUps:
+    """Every rank's run-up time by name at each instance, and per name the sorted values over
+    the instance's ranks: computed once for all stragglers (per straggler it made 128 stragglers
+    of 1024 ranks quadratic)."""
+
+    def __init__(self, by_rank: dict[int, RankTrace]) -> None:
+        self.by_rank = by_rank
+        self._spans: dict[int, list[tuple[str, float, float]]] | None = None
+        self._done: dict[tuple[int, bool], tuple[dict[int, dict[str, float]], dict[str, list[float]]]] = {}
+
+    def at(self, w: InstanceWaits, use_phases: bool) -> tuple[dict[int, dict[str, float]], dict[str, list[float]]]:
+        key = (w.index, use_phases)
+        if key not in self._done:
+            if use_phases and self._spans is None:
+                self._spans = {r: [sp for st in t.steps for sp in st.phase_spans] for r, t in self.by_rank.items()}
+            times: dict[int, dict[str, float]] = {}
+            for r, op in w.instance.ops.items():
+                if use_phases:
+                    lo = op.start_us if op.run_up_start_us is None else op.run_up_start_us
+                    times[r] = _overlap_by_name(self._spans[r], lo, op.start_us)  # type: ignore[index]
+                else:
+                    times[r] = op.run_up_us
+            names = set().union(*times.values())
+            self._done[key] = times, {n: sorted(t.get(n, 0.0) for t in times.values()) for n in names}
+        return self._done[key]
+
+
+def _median_without(values: list[float], v: float) -> float:
+    """The median of sorted `values` with one occurrence of `v` (one of them) left out."""
+    i = bisect.bisect_left(values, v)
+    m = len(values) - 1
+    if m <= 0:
+        raise statistics.StatisticsError("no median for empty data")
+
+    def get(k: int) -> float:
+        return values[k] if k < i else values[k + 1]
+
+    return get(m // 2) if m % 2 else (get(m // 2 - 1) + get(m // 2)) / 2
+
+
 def _slow_phase(slow: int, caused: list[InstanceWaits], by_rank: dict[int, RankTrace],
-                n_steps: int) -> tuple[str | None, float | None]:
+                n_steps: int, run_ups: _RunUps | None = None) -> tuple[str | None, float | None]:
     """The phase a straggler is slow in, from its run-up to the collectives it was late for.
 
     After a collective every rank is in step, so at each such instance each rank's run-up is
@@ -260,20 +302,14 @@ def _slow_phase(slow: int, caused: list[InstanceWaits], by_rank: dict[int, RankT
     3. the excesses summed over those instances and divided by the steps; the largest positive
        one names the phase."""
     use_phases = any(st.phase_spans for st in by_rank[slow].steps)
-    spans = {r: [sp for st in t.steps for sp in st.phase_spans] for r, t in by_rank.items()} if use_phases else {}
+    run_ups = run_ups or _RunUps(by_rank)
     excess: dict[str, float] = defaultdict(float)
     for w in caused:
-        ops = w.instance.ops
-        times = {}
-        for r, op in ops.items():
-            if use_phases:
-                lo = op.start_us if op.run_up_start_us is None else op.run_up_start_us
-                times[r] = _overlap_by_name(spans[r], lo, op.start_us)
-            else:
-                times[r] = op.run_up_us
-        peers = [r for r in ops if r != slow]
-        for name in set().union(*times.values()):
-            excess[name] += times[slow].get(name, 0.0) - statistics.median([times[r].get(name, 0.0) for r in peers])
+        times, values = run_ups.at(w, use_phases)
+        mine = times[slow]
+        for name, vals in values.items():
+            own = mine.get(name, 0.0)
+            excess[name] += own - _median_without(vals, own)
     if not excess:
         return None, None
     name = max(sorted(excess), key=excess.get)
