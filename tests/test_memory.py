@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from harness.collect import cli as collect_cli
-from harness.collect.memory import (MiB, GiB, MemoryThresholds, analyze_memory, memory_from_dirs, read_step_logs,
+from harness.collect.memory import (MiB, GiB, analyze_memory, memory_from_dirs, read_step_logs,
                                     t_quantile)
 from harness.collect.report import build_report, console_summary, render_markdown
 from harness.config import ConfigError, LaunchEnv, build_config, resolve_environment
 from harness.paths import MEMORY_TIMELINE_PATTERN, PARTIAL_SUFFIX, steps_path
 from harness.view.render import render_page
 
-from conftest import QUICK, REPO, run_harness
+from conftest import REPO, run_harness
 from tracebuild import ring_docs, run_analysis
 
 WARMUP = 5

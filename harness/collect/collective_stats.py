@@ -8,7 +8,6 @@ against the link's peak whatever the number of ranks.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 from harness.collect.overlap import StepOverlap
