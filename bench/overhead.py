@@ -32,14 +32,14 @@ from pathlib import Path
 
 import torch
 
-from harness.cli import parse_config
-from harness.config import LaunchEnv, TrainConfig, resolve_environment
-from harness.parallel import build_optimizer, wrap_model
-from harness.profiling import TraceRecorder
+from harness.train.cli import parse_config
+from harness.train.config import LaunchEnv, TrainConfig, resolve_environment
+from harness.train.parallel import build_optimizer, wrap_model
+from harness.train.profiling import TraceRecorder
 from harness.scalars import ScalarWriter
-from harness.stats import StepLog
-from harness.trainer import Trainer, _endless, build_loader
-from harness.workloads import build_workload
+from harness.train.stats import StepLog
+from harness.train.trainer import Trainer, _endless, build_loader
+from harness.train.workloads import build_workload
 
 
 def make_trainer(cfg: TrainConfig) -> Trainer:

@@ -44,7 +44,7 @@ RUN_FILE = "run.json"
 STATUS_DIR = "status"
 STATUS_TEMPLATE = "rank{rank}.json"
 STATUS_PATTERN = re.compile(r"^rank(?P<rank>\d+)\.json$")
-# Flight Recorder dumps (harness/flight.py writes, harness/collect/flight.py reads): one JSON file
+# Flight Recorder dumps (harness/train/flight.py writes, harness/collect/flight.py reads): one JSON file
 # per rank, written when a collective times out or fails, on SIGTERM/SIGINT, or when the rank
 # ends with an error; NCCL's own watchdog dumps (a pickle) land in the same folder under
 # NCCL_DUMP_PREFIX + rank.

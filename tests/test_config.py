@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import parse_config
-from harness.config import ConfigError, LaunchEnv, resolve_environment
+from harness.train.cli import parse_config
+from harness.train.config import ConfigError, LaunchEnv, resolve_environment
 
 from conftest import REPO
 
@@ -41,7 +41,7 @@ def test_cli_overrides_preset_and_only_what_was_typed(tmp_path: Path) -> None:
 def test_optimizer_defaults_per_mode_and_builds() -> None:
     from torch import nn
 
-    from harness.parallel import build_optimizer
+    from harness.train.parallel import build_optimizer
 
     assert parse_config(["--mode", "comm"]).workload.optimizer == "sgd"
     assert parse_config(["--mode", "baseline"]).workload.optimizer == "adamw"

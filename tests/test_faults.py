@@ -78,11 +78,11 @@ def whole_lines(path: Path) -> list[dict]:
 
 
 def test_straggler_injector_picks_ranks_phases_and_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.config import PHASES, StragglerConfig
-    from harness.faults import StragglerInjector
+    from harness.train.config import PHASES, StragglerConfig
+    from harness.train.faults import StragglerInjector
 
     sleeps: list[float] = []
-    monkeypatch.setattr("harness.faults.time.sleep", sleeps.append)
+    monkeypatch.setattr("harness.train.faults.time.sleep", sleeps.append)
     cfg = StragglerConfig(rank=(1, 3), ms=5.0, phase="backward", every=2, from_step=3)
     slowed = []
     for rank in range(4):
@@ -101,10 +101,10 @@ def test_straggler_injector_picks_ranks_phases_and_steps(monkeypatch: pytest.Mon
 def test_compute_straggler_spends_the_time_in_matmuls(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from harness.config import StragglerConfig
-    from harness.faults import StragglerInjector
+    from harness.train.config import StragglerConfig
+    from harness.train.faults import StragglerInjector
 
-    monkeypatch.setattr("harness.faults.time.sleep", lambda s: pytest.fail("compute kind must not sleep"))
+    monkeypatch.setattr("harness.train.faults.time.sleep", lambda s: pytest.fail("compute kind must not sleep"))
     injector = StragglerInjector(StragglerConfig(rank=(0,), ms=30.0, phase="forward", kind="compute"), 0,
                                  torch.device("cpu"))
     calls = 0
@@ -115,7 +115,7 @@ def test_compute_straggler_spends_the_time_in_matmuls(monkeypatch: pytest.Monkey
         calls += 1
         return real_mm(*args, **kwargs)
 
-    monkeypatch.setattr("harness.faults.torch.mm", counting_mm)
+    monkeypatch.setattr("harness.train.faults.torch.mm", counting_mm)
     started = time.perf_counter()
     injector.maybe_delay("forward", 0)
     spent_ms = (time.perf_counter() - started) * 1e3
@@ -129,8 +129,8 @@ def test_compute_straggler_spends_the_time_in_matmuls(monkeypatch: pytest.Monkey
 def test_compute_straggler_on_cuda_keeps_the_host_free() -> None:
     import torch
 
-    from harness.config import StragglerConfig
-    from harness.faults import StragglerInjector
+    from harness.train.config import StragglerConfig
+    from harness.train.faults import StragglerInjector
 
     device = torch.device("cuda", 0)
     injector = StragglerInjector(StragglerConfig(rank=(0,), ms=50.0, kind="compute"), 0, device)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.collect.flight import FlightError, analyse, headline, read_dump, read_dumps
-from harness.config import ConfigError, build_config
+from harness.train.config import ConfigError, build_config
 from harness.paths import flight_path, status_path
 
 from conftest import QUICK, REPO, _env, run_harness

@@ -15,7 +15,7 @@ from harness.collect import cli as collect_cli
 from harness.collect.memory import (MiB, GiB, analyze_memory, memory_from_dirs, read_step_logs,
                                     t_quantile)
 from harness.collect.report import build_report, console_summary, render_markdown
-from harness.config import ConfigError, LaunchEnv, build_config, resolve_environment
+from harness.train.config import ConfigError, LaunchEnv, build_config, resolve_environment
 from harness.paths import MEMORY_TIMELINE_PATTERN, PARTIAL_SUFFIX, steps_path
 from harness.view.render import render_page
 
@@ -300,8 +300,8 @@ def test_leak_config_is_validated() -> None:
 def test_leak_injector_keeps_what_it_allocates() -> None:
     import torch
 
-    from harness.config import LeakConfig
-    from harness.memory_leak import LeakInjector
+    from harness.train.config import LeakConfig
+    from harness.train.memory_leak import LeakInjector
 
     leak = LeakInjector(LeakConfig(rank=1, mb=2.0), 1, torch.device("cpu"))
     for _ in range(3):

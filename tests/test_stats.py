@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness.stats import format_rank_table, percentile, summarize
+from harness.train.stats import format_rank_table, percentile, summarize
 
 
 def test_percentile_interpolates_linearly() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_METADATA_KEY, TRACE_PATTERN, WORKER_RANK_PATTERN
-from harness.stats import summarize
+from harness.train.stats import summarize
 
 from conftest import QUICK, Run, load_trace, run_harness
 

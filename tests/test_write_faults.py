@@ -18,8 +18,8 @@ from typing import Callable, Iterator
 import pytest
 
 from harness.paths import partial_path, trace_path
-from harness.run_info import host_name
-from harness.stats import StepLog
+from harness.train.run_info import host_name
+from harness.train.stats import StepLog
 from harness.write_faults import AppendOnlyFile, FaultLog, describe
 
 from conftest import REPO, run_harness

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from harness.cli import parse_config
+from harness.train.cli import parse_config
 from harness.atomic import write_text_atomic
-from harness.config import ConfigError
+from harness.train.config import ConfigError
 from harness.lab.results import FAILED, OK, SKIPPED, RowResult, csv_text, derive, summary_markdown
 from harness.lab.runner import run_name, run_row, train_args
 from harness.lab.sweeps import SWEEPS, Host, Row, Sweep

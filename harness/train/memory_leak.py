@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.config import LeakConfig
+from harness.train.config import LeakConfig
 
 MB = 10**6
 

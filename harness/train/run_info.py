@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from harness.atomic import write_text_atomic
-from harness.config import ConfigError, LaunchEnv, OutputConfig, TrainConfig
+from harness.train.config import ConfigError, LaunchEnv, OutputConfig, TrainConfig
 from harness.paths import ELASTIC_FILE, STEPS_DIR, TRACE_PATTERN, attempt_dir, run_file
 
 MIN_FREE_BYTES = 64 * 2**20

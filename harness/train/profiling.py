@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
-from harness.config import ProfilerConfig
+from harness.train.config import ProfilerConfig
 from harness.paths import TRACE_METADATA_KEY, memory_timeline_path, partial_path, summary_path, trace_path
 from harness.write_faults import FaultLog, is_disk_full
 

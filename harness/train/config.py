@@ -1,7 +1,7 @@
 """Training configuration: validated dataclasses, one per TOML table.
 
 Precedence: field defaults < `--config FILE` (TOML) < command-line flags. Every field is a knob
-with one definition here; `harness.cli` builds its flags from the field metadata. Validation runs
+with one definition here; `harness.train.cli` builds its flags from the field metadata. Validation runs
 in `__post_init__`, so a config that exists is a valid one, and `resolve_environment` checks what
 depends on the launcher (world size, CUDA) before any process group starts.
 """

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from harness.config import HangConfig, StragglerConfig
+from harness.train.config import HangConfig, StragglerConfig
 
 
 class ComputeDelay:

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harness.config import LaunchEnv, ParallelConfig, SpeedConfig
-from harness.run_info import elastic_attempt
+from harness.train.config import LaunchEnv, ParallelConfig, SpeedConfig
+from harness.train.run_info import elastic_attempt
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PG_TIMEOUT = datetime.timedelta(minutes=10)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from harness.config import DataConfig, WorkloadConfig
+from harness.train.config import DataConfig, WorkloadConfig
 
 NUM_CLASSES = 10
 MLP_IN_FEATURES = 256

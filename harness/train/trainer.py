@@ -11,17 +11,17 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from harness.config import TrainConfig
-from harness.faults import HangInjector, StragglerInjector
-from harness.flight import Progress
-from harness.memory_leak import LeakInjector
-from harness.parallel import AMP_DTYPES
-from harness.profiling import TraceRecorder
-from harness.ranges import phase_range
+from harness.train.config import TrainConfig
+from harness.train.faults import HangInjector, StragglerInjector
+from harness.train.flight import Progress
+from harness.train.memory_leak import LeakInjector
+from harness.train.parallel import AMP_DTYPES
+from harness.train.profiling import TraceRecorder
+from harness.train.ranges import phase_range
 from harness.scalars import ScalarWriter, step_scalars
-from harness.stats import StepLog, SystemSampler
-from harness.timing import StepClock
-from harness.workloads import Workload
+from harness.train.stats import StepLog, SystemSampler
+from harness.train.timing import StepClock
+from harness.train.workloads import Workload
 
 
 def build_loader(workload: Workload, cfg: TrainConfig, device: torch.device) -> DataLoader:

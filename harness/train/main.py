@@ -12,19 +12,19 @@ from pathlib import Path
 
 import torch
 
-from harness import flight
-from harness.cli import fail_config, parse_config
-from harness.config import ConfigError, LaunchEnv, TrainConfig, resolve_environment
-from harness.parallel import build_optimizer, destroy_process_group, init_process_group, pick_device, wrap_model
+from harness.train import flight
+from harness.train.cli import fail_config, parse_config
+from harness.train.config import ConfigError, LaunchEnv, TrainConfig, resolve_environment
+from harness.train.parallel import build_optimizer, destroy_process_group, init_process_group, pick_device, wrap_model
 from harness.paths import run_file, scalars_dir, steps_path
-from harness.profiling import TraceRecorder
-from harness.run_info import RunIdentity, agree_identity, check_output, gather, host_name, write_run_json
-from harness.run_status import RankStatus, Terminated, raise_on_sigterm
+from harness.train.profiling import TraceRecorder
+from harness.train.run_info import RunIdentity, agree_identity, check_output, gather, host_name, write_run_json
+from harness.train.run_status import RankStatus, Terminated, raise_on_sigterm
 from harness.scalars import ScalarWriter
-from harness.stats import StepLog, format_rank_table, summarize
-from harness.trainer import Trainer, build_loader
+from harness.train.stats import StepLog, format_rank_table, summarize
+from harness.train.trainer import Trainer, build_loader
 from harness.write_faults import FaultLog
-from harness.workloads import build_workload
+from harness.train.workloads import build_workload
 
 PROG = "harness.train"
 

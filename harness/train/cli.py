@@ -13,7 +13,7 @@ import typing
 from pathlib import Path
 from typing import Any, NoReturn
 
-from harness.config import SECTIONS, ConfigError, TrainConfig, build_config, flag_of, load_toml
+from harness.train.config import SECTIONS, ConfigError, TrainConfig, build_config, flag_of, load_toml
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser
 
 EXIT_CONFIG = EXIT_USAGE

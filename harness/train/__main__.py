@@ -1,0 +1,3 @@
+from harness.train.main import main
+
+main()
