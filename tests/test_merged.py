@@ -58,7 +58,7 @@ def _rank(rank: int, step_events: dict[int, int], json_bytes: int, dur_us: dict[
         d = (dur_us or {}).get(n, 100.0)
         steps.append(Step(number=n, start_us=t, end_us=t + d, events=ev))
         t += d
-    return RankTrace(rank=rank, world_size=2, host="h", path="p", run_id=None, device="cpu", steps=steps, comms=[],
+    return RankTrace(rank=rank, world_size=2, host="h", paths=["p"], run_id=None, device="cpu", steps=steps, comms=[],
                      compute=[], json_bytes=json_bytes, events=sum(step_events.values()))
 
 
@@ -188,3 +188,15 @@ def test_summaries_carry_what_the_window_needs(tmp_path: Path) -> None:
     again = read_summary(summarize(f))
     assert again.blocks == direct.blocks and again.json_bytes == direct.json_bytes > 0
     assert [s.events for s in again.steps] == [s.events for s in direct.steps] == [5] * 5
+
+
+def test_a_path_with_a_comma_and_space_is_one_path(tmp_path: Path) -> None:
+    """RankTrace.paths is a list: a folder named "a, b" once broke the ", "-joined path."""
+    docs = ring_docs(lambda r, s: 300.0 if r == 0 else 500.0, n_ranks=2, n_steps=3)
+    run = tmp_path / "a, b"
+    for r, d in enumerate(docs):
+        write(run / f"rank{r}.pt.trace.json", d)
+    proc = collect(str(run), "-q", "-o", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    assert _merged(tmp_path / "out")["harness_merged"]["steps"] == [1, 2, 3]
+    assert "no merged" not in proc.stdout

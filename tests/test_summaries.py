@@ -40,8 +40,8 @@ def test_a_summary_reads_back_as_the_parsed_trace(tmp_path: Path) -> None:
         parsed = parse_trace(path)
         out = write_summary(parsed, tmp_path / "s" / summary_path(path).name)
         back = read_summary(out)
-        assert back.path == str(tmp_path / "s" / path.name)
-        back.path = parsed.path
+        assert back.paths == [str(tmp_path / "s" / path.name)]
+        back.paths = parsed.paths
         assert back == parsed, path.name
         with open_trace(path) as fh:
             json_bytes = len(fh.read())

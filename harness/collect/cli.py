@@ -311,4 +311,4 @@ def flight_only_report(args: argparse.Namespace, no_traces: str) -> bool:
 
 
 def _traces_present(runset: RunSet) -> bool:
-    return all(Path(p).is_file() for t in runset.ranks for p in t.path.split(", "))
+    return all(Path(p).is_file() for t in runset.ranks for p in t.paths)

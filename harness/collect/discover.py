@@ -90,17 +90,17 @@ def group_ranks(traces: list[RankTrace]) -> RunSet:
     """
     run_ids = {t.run_id for t in traces if t.run_id}
     if len(run_ids) > 1:
-        by_run = {rid: sorted(Path(t.path).parent.name + "/" + Path(t.path).name for t in traces if t.run_id == rid)[:2]
+        by_run = {rid: sorted(Path(t.paths[0]).parent.name + "/" + Path(t.paths[0]).name for t in traces if t.run_id == rid)[:2]
                   for rid in sorted(run_ids)}
         detail = "; ".join(f"run {rid}: {', '.join(files)}" for rid, files in by_run.items())
         raise InputError(f"traces of {len(run_ids)} different runs are mixed ({detail}); collect one run at a time")
     sizes = {t.world_size for t in traces if t.world_size}
     if len(sizes) > 1:
-        examples = {ws: next(Path(t.path).name for t in traces if t.world_size == ws) for ws in sorted(sizes)}
+        examples = {ws: next(Path(t.paths[0]).name for t in traces if t.world_size == ws) for ws in sorted(sizes)}
         detail = ", ".join(f"world size {ws} ({name})" for ws, name in examples.items())
         raise InputError(f"traces of different runs are mixed: {detail}; collect one run at a time")
     by_rank: dict[int, list[RankTrace]] = {}
-    for t in sorted(traces, key=lambda t: t.path):
+    for t in sorted(traces, key=lambda t: t.paths):
         by_rank.setdefault(t.rank, []).append(t)
     ranks: list[RankTrace] = []
     duplicates: list[str] = []
@@ -112,9 +112,9 @@ def group_ranks(traces: list[RankTrace]) -> RunSet:
         for t in parts:
             first = t.steps[0].number if t.steps else None
             if first in seen_first_steps:
-                duplicates.append(f"rank {rank}: {t.path} duplicates {seen_first_steps[first]} (ignored)")
+                duplicates.append(f"rank {rank}: {t.paths[0]} duplicates {seen_first_steps[first]} (ignored)")
                 continue
-            seen_first_steps[first] = t.path
+            seen_first_steps[first] = t.paths[0]
             kept.append(t)
         ranks.append(_merge_windows(kept))
     world_size = next(iter(sizes), None)
@@ -130,7 +130,7 @@ def _merge_windows(parts: list[RankTrace]) -> RankTrace:
     parts = sorted((p.shifted(base - p.base_us) for p in parts), key=lambda t: t.steps[0].start_us if t.steps else 0.0)
     first = parts[0]
     merged = RankTrace(
-        rank=first.rank, world_size=first.world_size, host=first.host, path=", ".join(p.path for p in parts),
+        rank=first.rank, world_size=first.world_size, host=first.host, paths=[f for p in parts for f in p.paths],
         run_id=first.run_id, device="gpu" if any(p.device == "gpu" for p in parts) else "cpu",
         steps=[s for p in parts for s in p.steps], comms=[c for p in parts for c in p.comms],
         compute=sorted((b for p in parts for b in p.compute), key=by_interval),

@@ -350,8 +350,7 @@ def rank_jobs(a: Analysis, window: Window) -> list[_RankJob]:
             device_ends = [b for _, b, st in trace.compute + trace.copies if st in keep] + \
                 [c.end_us for c in trace.comms if c.step in keep]
             span = (min(s.start_us for s in chosen), max([s.end_us for s in chosen] + device_ends)) if chosen else (0.0, 0.0)
-        paths = trace.path.split(", ")
-        jobs.append(_RankJob(rank=trace.rank, host=trace.host, paths=paths, blocks=trace.blocks,
+        jobs.append(_RankJob(rank=trace.rank, host=trace.host, paths=trace.paths, blocks=trace.blocks,
                              shift_us=(trace.base_us - base) - a.offsets[trace.rank].offset_us, span_us=span))
     return jobs
 

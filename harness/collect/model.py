@@ -94,7 +94,9 @@ class RankTrace:
     rank: int
     world_size: int | None
     host: str
-    path: str
+    # the trace file(s), one per profiler window merged into this rank (a default only so that an
+    # older summary still decodes and is refused for its version, not called damaged)
+    paths: list[str] = field(default_factory=list)
     run_id: str | None
     device: str  # "gpu" when the trace has GPU kernels, else "cpu"
     steps: list[Step]

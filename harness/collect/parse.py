@@ -334,7 +334,7 @@ def parse_trace(path: Path) -> RankTrace:
     number_by_group(comms)
     set_run_ups(comms, spans, steps[0].start_us if steps else None)
     return RankTrace(rank=rank, world_size=world_size if isinstance(world_size, int) else None, host=host,
-                     path=str(path), run_id=meta.get("run_id"), device="gpu" if len(kernels) else "cpu", steps=steps,
+                     paths=[str(path)], run_id=meta.get("run_id"), device="gpu" if len(kernels) else "cpu", steps=steps,
                      comms=comms, compute=merged_by_step(spans), copies=merged_by_step(copies), warnings=warnings,
                      steps_source=steps_source,
                      rank_source=rank_source, base_us=base_ns / 1e3, json_bytes=doc.json_bytes,

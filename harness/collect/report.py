@@ -209,7 +209,7 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
     doc = {
         "schema_version": SCHEMA_VERSION,
         "inputs": inputs,
-        "input_dirs": sorted({str(Path(p).parent.resolve()) for t in a.runset.ranks for p in t.path.split(", ")}),
+        "input_dirs": sorted({str(Path(p).parent.resolve()) for t in a.runset.ranks for p in t.paths}),
         "verdict": res.verdict,
         "verdict_reason": res.reason,
         "headline": headline(res.verdict, stragglers, a.runset.missing, a.runset.ending, res.reason),

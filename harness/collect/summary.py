@@ -74,7 +74,7 @@ def read_summary(path: Path) -> RankTrace:
     if doc.version != VERSION:
         raise TraceError(f"{path}: summary version {doc.version}, this collector reads version {VERSION}; "
                          "collect from its trace instead (--from-traces)")
-    doc.rank_trace.path = str(trace_of_summary(path))
+    doc.rank_trace.paths = [str(trace_of_summary(path))]
     return doc.rank_trace
 
 
