@@ -30,7 +30,7 @@ from harness.collect.summary import read_summary
 from harness.collect.tb_scalars import write_scalars
 from harness.collect.timeline import build_timeline
 from harness.view.files import write_view
-from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser
+from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser, fail
 from harness.paths import FLIGHT_DIR, MERGED_TRACE, is_summary, trace_of_summary
 
 PROG = "harness.collect"
@@ -183,9 +183,8 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     except InputError as exc:
         if flight_only_report(args, str(exc)):
             return "report from the Flight Recorder dumps alone"
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        print_memory_only(args.inputs, args.attempt)
-        raise SystemExit(EXIT_INPUT) from None
+        print_memory_only(args.inputs, args.attempt)  # on stdout: what the step logs still tell
+        fail(PROG, str(exc), code=EXIT_INPUT)
     runset.ending = [n for d in inputs if Path(d).is_dir() for n in ending_notes(Path(d))]
     runset.skipped_windows = [w for d in inputs if Path(d).is_dir() for w in skipped_windows(Path(d))]
     runset.warnings[:0] = (attempt_notes + runset.ending + [skipped_note(w) for w in runset.skipped_windows]
@@ -195,8 +194,7 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     try:
         analysis = analyze(runset, align=not args.no_align, thresholds=thresholds, steps=args.steps)
     except NoStepsError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        raise SystemExit(EXIT_INPUT) from None
+        fail(PROG, str(exc), code=EXIT_INPUT)
     dirs = [Path(d) for d in inputs if Path(d).is_dir()]
     memory = memory_from_dirs(dirs)
     analysis.warnings.extend(memory.warnings)
@@ -291,8 +289,7 @@ def flight_only_report(args: argparse.Namespace, no_traces: str) -> bool:
     warnings: list[str] = list(notes)
     result = read_flight(inputs, args.unpickle_nccl_dumps, warnings)
     if result is None:
-        print(f"{PROG}: error: no readable trace and no readable Flight Recorder dump: {warnings[-1]}", file=sys.stderr)
-        raise SystemExit(EXIT_INPUT)
+        fail(PROG, f"no readable trace and no readable Flight Recorder dump: {warnings[-1]}", code=EXIT_INPUT)
     ending = [n for d in inputs if Path(d).is_dir() for n in ending_notes(Path(d))]
     warnings[:0] = ending + [f"no profiler trace ({no_traces}); the report comes from the Flight Recorder dumps alone"]
     doc = flight_only(inputs, result, ending, warnings)

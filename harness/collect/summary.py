@@ -22,7 +22,7 @@ from harness.atomic import write_bytes_atomic
 from harness.collect.decode import TraceError
 from harness.collect.model import RankTrace
 from harness.collect.parse import parse_trace
-from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser
+from harness.oneline_argparse import OneLineArgumentParser, fail
 from harness.paths import summary_path, trace_of_summary
 
 FORMAT = "harness rank summary"
@@ -89,8 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         files = [f for f in find_trace_files(args.inputs, summaries=False)]
     except InputError as exc:
-        print(f"{p.prog}: error: {exc}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from None
+        fail(p.prog, str(exc))
     failed = 0
     for f in files:
         try:
@@ -99,8 +98,7 @@ def main(argv: list[str] | None = None) -> None:
             failed += 1
             print(f"{p.prog}: warning: skipped {exc}", file=sys.stderr)
     if failed == len(files):
-        print(f"{p.prog}: error: none of the {len(files)} file(s) could be condensed", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
+        fail(p.prog, f"none of the {len(files)} file(s) could be condensed")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from tqdm import tqdm
 
@@ -20,7 +21,8 @@ from harness.train.config import ConfigError
 from harness.lab.results import FAILED, OK, SKIPPED, RowResult, csv_text, derive, summary_markdown
 from harness.lab.runner import run_name, run_row, train_args
 from harness.lab.sweeps import SWEEPS, Host, Row, Sweep
-from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser
+from harness.oneline_argparse import OneLineArgumentParser
+from harness.oneline_argparse import fail as exit_with
 from harness.paths import DEFAULT_LOG_DIR, LAB_DIR, LAB_RUNS_DIR, LAB_SUMMARY, LAB_TIMINGS, lab_dir
 
 PROG = "harness.lab"
@@ -98,9 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(own)
     sweep = SWEEPS[args.sweep]
 
-    def fail(message: str) -> None:
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
+    def fail(message: str) -> NoReturn:
+        exit_with(PROG, message)
 
     if args.nproc is not None and args.nproc < 1:
         fail(f"--nproc {args.nproc} must be >= 1")

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import typing
 from pathlib import Path
 from typing import Any, NoReturn
 
 from harness.train.config import SECTIONS, ConfigError, TrainConfig, build_config, flag_of, load_toml
-from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser
+from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser, fail
 
 EXIT_CONFIG = EXIT_USAGE
 
@@ -68,5 +67,4 @@ def parse_config(argv: list[str] | None = None, prog: str = "harness.train") -> 
 
 
 def fail_config(prog: str, exc: ConfigError) -> NoReturn:
-    print(f"{prog}: invalid config: {exc}", file=sys.stderr)
-    raise SystemExit(EXIT_CONFIG)
+    fail(prog, str(exc), label="invalid config", code=EXIT_CONFIG)
