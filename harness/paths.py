@@ -71,6 +71,9 @@ REPORT_JSON = "report.json"
 TIMELINE_JSON = "timeline.json"
 MERGED_TRACE = "merged.pt.trace.json.gz"
 REPORT_HTML = "report.html"
+REPORT_MD = "report.md"
+STEPS_CSV = "steps.csv"
+COLLECTIVES_CSV = "collectives.csv"
 
 # Lab sweeps: <log-dir>/lab/<sweep>-<time>/ holds timings.csv, summary.md, the charts, and one
 # harness run folder (plus its torchrun log) per row under runs/.

@@ -31,7 +31,8 @@ from harness.collect.tb_scalars import write_scalars
 from harness.collect.timeline import build_timeline
 from harness.view.files import write_view
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser, fail
-from harness.paths import FLIGHT_DIR, MERGED_TRACE, is_summary, trace_of_summary
+from harness.paths import (COLLECTIVES_CSV, FLIGHT_DIR, MERGED_TRACE, REPORT_HTML, REPORT_JSON, REPORT_MD, STEPS_CSV,
+                           TIMELINE_JSON, is_summary, trace_of_summary)
 
 PROG = "harness.collect"
 EXIT_INPUT = EXIT_USAGE
@@ -219,7 +220,7 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     print(f"diagnosis: {doc['diagnosis_summary']}")
     for n in doc["next_steps"]:
         print(f"next: {n['text']}")
-    print(f"report:  {out}/report.md (also report.html, report.json, timeline.json, steps.csv, collectives.csv; "
+    print(f"report:  {out}/{REPORT_MD} (also {REPORT_HTML}, {REPORT_JSON}, {TIMELINE_JSON}, {STEPS_CSV}, {COLLECTIVES_CSV}; "
           f"TensorBoard scalars in {out}/tb/)")
     if merged:
         print(f"merged:  {merged.path} ({merged.gz_bytes / 1e6:.1f} MB, {merged.json_bytes / 1e6:.0f} MB of JSON): "
@@ -303,7 +304,7 @@ def flight_only_report(args: argparse.Namespace, no_traces: str) -> bool:
             print(f"warning: {w}")
     for n in doc["next_steps"]:
         print(f"next: {n['text']}")
-    print(f"report:  {out}/report.md (also report.html, report.json; from Flight Recorder dumps only)")
+    print(f"report:  {out}/{REPORT_MD} (also {REPORT_HTML}, {REPORT_JSON}; from Flight Recorder dumps only)")
     return True
 
 

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.collect.model import RankTrace, by_interval, number_by_group
-from harness.paths import ATTEMPT_PATTERN, FLIGHT_DIR, STATUS_DIR, TRACE_PATTERN, is_summary, trace_of_summary
+from harness.paths import (ATTEMPT_PATTERN, FLIGHT_DIR, REPORT_JSON, RUN_FILE, STATUS_DIR, TRACE_PATTERN, is_summary,
+                           trace_of_summary)
 
 REPORT_DIR = "report"
 TRACE_SUFFIXES = (".json", ".json.gz")
-NOT_TRACES = {"run.json", "report.json"}
+NOT_TRACES = {RUN_FILE, REPORT_JSON}
 
 
 class InputError(ValueError):

@@ -74,7 +74,7 @@ from harness.collect.analysis import Analysis
 from harness.collect.collective_stats import collective_stats, process_groups
 from harness.collect.hang_report import hang_lines
 from harness.collect.memory import MemoryResult, finding_text
-from harness.paths import REPORT_JSON
+from harness.paths import COLLECTIVES_CSV, REPORT_JSON, REPORT_MD, STEPS_CSV
 
 SCHEMA_VERSION = 1
 MAX_GAPS = 200
@@ -490,12 +490,12 @@ STEP_COLUMNS = ["rank", "step", "step_ms", "wait_ms", "lag_ms", "exposed_comm_ms
 def write_report(doc: dict[str, Any], out: Path, collectives: list[dict[str, Any]] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / REPORT_JSON, json.dumps(doc, indent=1, allow_nan=False) + "\n")
-    write_text_atomic(out / "report.md", render_markdown(doc))
-    with (out / "steps.csv").open("w", newline="") as fh:
+    write_text_atomic(out / REPORT_MD, render_markdown(doc))
+    with (out / STEPS_CSV).open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=STEP_COLUMNS)
         w.writeheader()
         w.writerows(doc["steps"])
-    with (out / "collectives.csv").open("w", newline="") as fh:
+    with (out / COLLECTIVES_CSV).open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=COLLECTIVE_COLUMNS)
         w.writeheader()
         w.writerows(collectives or [])

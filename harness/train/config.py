@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.paths import DEFAULT_LOG_DIR
+
 MODES = ("baseline", "data", "torch", "kernel", "comm")
 ARCHS = ("mlp", "cnn")
 PARALLELS = ("auto", "none", "ddp", "fsdp")
@@ -310,7 +312,7 @@ class LeakConfig:
 class OutputConfig:
     """Where the run's traces, statistics and summary go."""
 
-    log_dir: str = knob("profiler_logs", "root folder of all runs")
+    log_dir: str = knob(DEFAULT_LOG_DIR, "root folder of all runs")
     run_name: str | None = knob(None, "run folder name (default: mode-parallel-wsN-time)")
     scalars: bool = knob(True, "write per-rank TensorBoard scalars (step time, data wait, throughput, memory) to <run>/tb/")
 

@@ -16,7 +16,7 @@ from harness.train import flight
 from harness.train.cli import fail_config, parse_config
 from harness.train.config import ConfigError, LaunchEnv, TrainConfig, resolve_environment
 from harness.train.parallel import build_optimizer, destroy_process_group, init_process_group, pick_device, wrap_model
-from harness.paths import run_file, scalars_dir, steps_path
+from harness.paths import RUN_FILE, run_file, scalars_dir, steps_path
 from harness.train.profiling import TraceRecorder
 from harness.train.run_info import RunIdentity, agree_identity, check_output, gather, host_name, write_run_json
 from harness.train.run_status import RankStatus, Terminated, raise_on_sigterm
@@ -92,7 +92,7 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
         try:
             path: Path | None = write_run_json(ident, cfg, env, device, rows)
         except OSError as exc:
-            faults.report("run.json", exc, "the per-rank table below is the run's only summary", run_file(ident.dir))
+            faults.report(RUN_FILE, exc, "the per-rank table below is the run's only summary", run_file(ident.dir))
             path = None
         report(ident, rows, path)
 

@@ -66,8 +66,8 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
         apps = {
             "/runs": self._serve_runs,
             "/view": self._serve_view,
-            "/report.json": self._serve_report,
-            "/timeline.json": self._serve_timeline,
+            "/" + REPORT_JSON: self._serve_report,
+            "/" + TIMELINE_JSON: self._serve_timeline,
             "/plotly.min.js": self._serve_plotly,
             "/collect": self._serve_collect,
             "/collect_status": self._serve_collect_status,
