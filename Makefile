@@ -21,6 +21,7 @@ demo: setup
 	$(BIN)/python -m harness.collect profiler_logs/$(DEMO_RUN)
 
 test: setup browser
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 tensorboard: setup

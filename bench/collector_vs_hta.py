@@ -217,7 +217,8 @@ def print_comparison(rows: list[dict[str, Any]], anchors: dict[str, str], decode
         print(f"{r['set']:28} {fastest:>13} {speed:>8.1f} {memory:>9.1f} {r['mb'] / wall:>10.0f} "
               f"{r['mb'] / wall / decode_mb_s:>16.0%} "
               f"{(merged.get('gz_bytes', 0) / 1e6):>6.1f} ({merged.get('json_bytes', 0) / 1e6:.0f})   {ok} the target")
-    print(f"targets: >= {TARGET_SPEED:g}x faster and >= {1 / TARGET_MEMORY:g}x less peak memory than the faster anchor; "
+    print(f"targets: >= {TARGET_SPEED:g}x faster and >= {1 / TARGET_MEMORY:g}x less peak memory "
+          "than the faster anchor; "
           f"decoder limit: msgspec alone, {decode_mb_s:.0f} MB/s on {psutil.cpu_count()} cores")
 
 
@@ -314,7 +315,8 @@ def summaries(work: Path, ranks: int, sizes_mb: list[float], reps: int, source: 
         tmp = folder / "out"
         full = [measured(ours_cmd(folder, tmp / "full") + ["--from-traces"]) for _ in range(reps)]
         cond = [measured(ours_cmd(folder, tmp / "summ")) for _ in range(reps)]
-        same = json.loads((tmp / "full" / "report.json").read_text()) == json.loads((tmp / "summ" / "report.json").read_text())
+        same = (json.loads((tmp / "full" / "report.json").read_text())
+                == json.loads((tmp / "summ" / "report.json").read_text()))
         print(f"{mb:>8g} {statistics.median(condense):>16.2f} {summary_mb:>16.2f} "
               f"{statistics.median(w for w, _ in full):>14.2f} {statistics.median(w for w, _ in cond):>17.2f} "
               f"{statistics.median(m for _, m in cond) / 1e6:>8.0f}   report identical: {same}")
@@ -372,7 +374,8 @@ def check_anchors(anchors: dict[str, str]) -> None:
             ok = subprocess.run([python, "-c", "import hta.trace_analysis"], capture_output=True).returncode == 0
         if not ok:
             raise SystemExit(f"{name}: {python} cannot import hta: pip install HolisticTraceAnalysis (or traceinsight) "
-                             "in that interpreter's venv and pass --anchor NAME=PYTHON, or pass --no-compare (ours only)")
+                             "in that interpreter's venv and pass --anchor NAME=PYTHON, "
+                             "or pass --no-compare (ours only)")
 
 
 def main() -> None:
@@ -394,7 +397,8 @@ def main() -> None:
     p.add_argument("--stream-mb", type=float, default=0.0, help="also time one trace of this size (ours only)")
     p.add_argument("--no-compare", action="store_true", help="skip the comparison with the anchors")
     p.add_argument("--summaries", default="", help="comma-separated MB per rank: in-job summaries against full traces")
-    p.add_argument("--summary-ranks", type=int, default=0, help="collect this many ranks of in-job summaries (ours only)")
+    p.add_argument("--summary-ranks", type=int, default=0,
+                   help="collect this many ranks of in-job summaries (ours only)")
     args = p.parse_args()
     anchors = dict(a.split("=", 1) for a in args.anchor) or {"hta": sys.executable}
     if not args.no_compare:

@@ -32,11 +32,11 @@ from pathlib import Path
 
 import torch
 
+from harness.scalars import ScalarWriter
 from harness.train.cli import parse_config
 from harness.train.config import LaunchEnv, TrainConfig, resolve_environment
 from harness.train.parallel import build_optimizer, wrap_model
 from harness.train.profiling import TraceRecorder
-from harness.scalars import ScalarWriter
 from harness.train.stats import StepLog
 from harness.train.trainer import Trainer, _endless, build_loader
 from harness.train.workloads import build_workload
@@ -84,7 +84,8 @@ def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out:
         prof = dataclasses.replace(prof, wait=total + 10, warmup=0, active=1, repeat=1)
     elif profiler == "record":
         prof = dataclasses.replace(prof, wait=0, warmup=max(warmup - 1, 1), active=total, repeat=1)
-    cfg = dataclasses.replace(base, profiler=prof, workload=dataclasses.replace(base.workload, steps=total, warmup_steps=warmup))
+    cfg = dataclasses.replace(base, profiler=prof,
+                              workload=dataclasses.replace(base.workload, steps=total, warmup_steps=warmup))
     trainer = make_trainer(cfg)
     tag = f"{profiler}-{time.monotonic_ns()}"
     log = StepLog(out / f"{tag}.jsonl")
@@ -152,7 +153,8 @@ def main() -> None:
     for label, num, den, target in (("(a) harness off / minimal loop", names[1], names[0], "target <= 1.02"),
                                     ("(b) outside window / profiling off", names[2], names[1], "target <= 1.02"),
                                     ("(c) inside window / profiling off", names[3], names[1], "the profiler's cost"),
-                                    ("(d) harness off / same, no scalars", names[1], names[4], "TensorBoard scalars' cost")):
+                                    ("(d) harness off / same, no scalars", names[1], names[4],
+                                     "TensorBoard scalars' cost")):
         print(f"{label:<38}{paired(num, den, 0):>7.4f}{paired(num, den, 1):>8.4f}  ({target})")
 
 

@@ -65,7 +65,8 @@ def run_harness(args: list[str], log_dir: Path, *, nproc: int | None = 2, run_na
         shutil.rmtree(log_dir / run_name, ignore_errors=True)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=REPO)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{cmd} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}")
+        raise AssertionError(f"{cmd} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}"
+                             f"\nstderr:\n{proc.stderr[-6000:]}")
     return Run(proc=proc, dir=log_dir / run_name)
 
 

@@ -17,7 +17,8 @@ from conftest import REPO, run_harness
 from tracebuild import GpuRank, document, step, write, x
 
 HEALTHY = {"device": "cpu", "data_share": 0.02, "host_ops_per_step": 400, "us_per_op": 40.0, "launches_per_step": 0,
-           "syncs_per_step": 0, "syncs_by_caller": {}, "sync_share": 0.0, "compute_share": 0.5, "exposed_transfer_share": 0.2, "idle_share": 0.1,
+           "syncs_per_step": 0, "syncs_by_caller": {}, "sync_share": 0.0, "compute_share": 0.5,
+           "exposed_transfer_share": 0.2, "idle_share": 0.1,
            "transfer_share": 0.1, "gemm_share": 0.7, "top_compute": [["aten::mm", 0.5]]}
 
 

@@ -106,8 +106,8 @@ def test_cpu_gloo_overlap_exact(tmp_path: Path) -> None:
     a = run_analysis(tmp_path, [cpu_doc(0, 200.0), cpu_doc(1, 400.0)])
     o = {r.rank: r for r in a.overlap}
     # rank 0: C = [0,300]+[600,650] = 350; M = [200,500] = 300; overlap 100; exposed 200; idle 450
-    assert (o[0].window_us, o[0].compute_us, o[0].comm_us, o[0].overlapped_comm_us, o[0].exposed_comm_us, o[0].idle_us) == (
-        1000, 350, 300, 100, 200, 450)
+    assert (o[0].window_us, o[0].compute_us, o[0].comm_us, o[0].overlapped_comm_us, o[0].exposed_comm_us,
+            o[0].idle_us) == (1000, 350, 300, 100, 200, 450)
     # rank 1: M = [400,500], no overlap; idle = [300,400] + [500,600] + [650,1000]
     assert (o[1].comm_us, o[1].exposed_comm_us, o[1].idle_us) == (100, 100, 550)
     idle0 = sorted((g.start_us, g.dur_us, g.collective) for g in a.gaps if g.rank == 0 and g.kind == "idle")
@@ -148,7 +148,8 @@ def test_traces_of_two_runs_are_refused(tmp_path: Path) -> None:
     from conftest import REPO
 
     for rank, run_id in ((0, "aaa"), (1, "bbb")):
-        write(tmp_path / f"rank{rank}.pt.trace.json", cpu_doc(rank, 200.0) | {"harness": {"run_id": run_id, "rank": rank}})
+        write(tmp_path / f"rank{rank}.pt.trace.json",
+              cpu_doc(rank, 200.0) | {"harness": {"run_id": run_id, "rank": rank}})
     proc = subprocess.run([sys.executable, "-m", "harness.collect", str(tmp_path)], capture_output=True, text=True,
                           timeout=120, cwd=REPO)
     assert proc.returncode == 2
@@ -159,7 +160,8 @@ def test_traces_of_two_runs_are_refused(tmp_path: Path) -> None:
 def test_c10d_ops_stand_in_when_there_are_no_gloo_ranges(tmp_path: Path) -> None:
     docs = []
     for rank, start in ((0, 200.0), (1, 400.0)):
-        events = [step(0, 0, 1000), x("aten::mm", "cpu_op", 0, 300), x("c10d::allreduce_", "cpu_op", start, 500 - start)]
+        events = [step(0, 0, 1000), x("aten::mm", "cpu_op", 0, 300),
+                  x("c10d::allreduce_", "cpu_op", start, 500 - start)]
         docs.append(document(events, rank, base_ns=None))
     a = run_analysis(tmp_path, docs)
     assert [i.name for i in a.instances] == ["allreduce"]
@@ -220,8 +222,8 @@ def test_odd_events_decode_or_are_left_out_with_a_warning(tmp_path: Path) -> Non
 
 def _real_and_built_traces(tmp_path: Path) -> list[Path]:
     events = [step(1, 0, 1000), x("aten::mm", "cpu_op", 100, 200, shapes=[{"a": 1}, {"b": 2}]),
-              x('odd }, { name "quoted"', "cpu_op", 300, 10), {"ph": "i", "name": "instant", "ts": 5, "pid": 1, "tid": 1},
-              x("aten::add", "cpu_op", 400, 5)]
+              x('odd }, { name "quoted"', "cpu_op", 300, 10),
+              {"ph": "i", "name": "instant", "ts": 5, "pid": 1, "tid": 1}, x("aten::add", "cpu_op", 400, 5)]
     built = [write(tmp_path / "compact.pt.trace.json", document(events, 0)),
              write(tmp_path / "compact.pt.trace.json.gz", document(events, 1)),
              write(tmp_path / "empty.pt.trace.json", document([], 0))]

@@ -121,7 +121,8 @@ def test_skew_injected_into_one_rank_is_recovered(log_dir: Path, tmp_path: Path)
     assert [(h["host"], h["ranks"]) for h in after["clock"]["hosts"]] == [(before["ranks"][0]["host"], [0]),
                                                                           ("other-node", [1])]
     assert after["verdict"] == before["verdict"] == "straggler"
-    assert [(s["rank"], s["phase"]) for s in after["stragglers"]] == [(s["rank"], s["phase"]) for s in before["stragglers"]]
+    assert ([(s["rank"], s["phase"]) for s in after["stragglers"]]
+            == [(s["rank"], s["phase"]) for s in before["stragglers"]])
     collect(str(skewed), "-q", "--no-align", "-o", str(tmp_path / "unaligned"))
     unaligned = json.loads((tmp_path / "unaligned" / "report.json").read_text())
     assert unaligned["ranks"][1]["clock_offset_ms"] == 0.0
@@ -155,7 +156,8 @@ def test_missing_rank_gives_a_partial_report(log_dir: Path, tmp_path: Path) -> N
 
 
 THIRD_PARTY = ["dlrm_8rank_v100", "hta_trace_filter_2of128", "hta_single_rank/nccl_data_a100_rank0of2.json.gz",
-               "hta_single_rank/df_index_resolver_v100_rank1of2.json.gz", "hta_single_rank/torchrec_a100_rank0of16.json.gz"]
+               "hta_single_rank/df_index_resolver_v100_rank1of2.json.gz",
+               "hta_single_rank/torchrec_a100_rank0of16.json.gz"]
 
 
 @pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is not present")

@@ -17,8 +17,8 @@ CONFIGS = sorted((REPO / "configs").glob("*.toml"))
 
 
 def env(world_size: int = 1, distributed: bool = False, cuda: bool = False, **more: int) -> LaunchEnv:
-    return LaunchEnv(rank=0, local_rank=0, world_size=world_size, distributed=distributed, cuda=cuda, accelerate_fsdp=False,
-                     **more)
+    return LaunchEnv(rank=0, local_rank=0, world_size=world_size, distributed=distributed, cuda=cuda,
+                     accelerate_fsdp=False, **more)
 
 
 def test_defaults_resolve_to_none_single_process_and_ddp_under_torchrun() -> None:
@@ -68,7 +68,8 @@ def test_optimizer_defaults_per_mode_and_builds() -> None:
         (["--straggler-rank", "0,-1"], "straggler.rank"),
         (["--straggler-rank", "1,2,1"], "straggler.rank"),
         (["--straggler-from", "-1"], "straggler.from_step"),
-        (["--straggler-rank", "0", "--straggler-ms", "5", "--steps", "10", "--straggler-from", "10"], "straggler.from_step"),
+        (["--straggler-rank", "0", "--straggler-ms", "5", "--steps", "10", "--straggler-from", "10"],
+         "straggler.from_step"),
     ],
 )
 def test_invalid_values_name_the_field(argv: list[str], field: str) -> None:
@@ -88,7 +89,8 @@ def test_invalid_values_name_the_field(argv: list[str], field: str) -> None:
          "speed.fused_optimizer"),
         (["--mode", "comm", "--parallel", "fsdp", "--fused-optimizer"], env(world_size=2, distributed=True),
          "speed.fused_optimizer"),  # comm mode's default optimizer is SGD
-        ([], env(world_size=4, distributed=True, cuda=True, local_world_size=4, device_count=2), "launch.nproc_per_node"),
+        ([], env(world_size=4, distributed=True, cuda=True, local_world_size=4, device_count=2),
+         "launch.nproc_per_node"),
         ([], env(cuda=True, local_world_size=1, device_count=0), "launch.nproc_per_node"),
     ],
 )

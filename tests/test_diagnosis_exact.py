@@ -116,7 +116,8 @@ def test_no_matched_collective_is_inconclusive(tmp_path: Path) -> None:
 
 def test_one_rank_is_inconclusive(tmp_path: Path) -> None:
     a = run_analysis(tmp_path, ring_docs(late_ranks({}), 2, 2)[:1])
-    assert (a.stragglers.verdict, a.stragglers.reason) == ("inconclusive", "one rank only: there is no peer to compare it with")
+    assert (a.stragglers.verdict, a.stragglers.reason) == ("inconclusive",
+                                                           "one rank only: there is no peer to compare it with")
 
 
 def test_ranks_on_one_host_share_its_clock(tmp_path: Path) -> None:

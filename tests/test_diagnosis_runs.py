@@ -60,7 +60,8 @@ def test_demo_victim_is_diagnosed_as_the_clean_run_and_the_whatif_matches_it(log
         slow = collected(run_harness([*DEMO, *DEMO_STRAGGLER], log_dir, run_name=f"slow{attempt}").dir)
         clean = collected(run_harness(DEMO, log_dir, run_name=f"clean{attempt}").dir)
         victim, clean0 = slow["diagnosis"][0], clean["diagnosis"][0]
-        whatif, measured = slow["stragglers"][0]["whatif_step_ms"] if slow["stragglers"] else None, clean["run"]["median_step_ms"]
+        whatif, measured = (slow["stragglers"][0]["whatif_step_ms"] if slow["stragglers"] else None,
+                            clean["run"]["median_step_ms"])
         ok = (slow["verdict"] == "straggler" and [s["rank"] for s in slow["stragglers"]] == [1]
               and victim["bottleneck"] == clean0["bottleneck"] and [r for r, _ in victim["waits_for"]] == [1]
               and whatif is not None and abs(whatif - measured) <= 0.25 * measured)

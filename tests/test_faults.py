@@ -19,7 +19,6 @@ from harness.paths import PARTIAL_SUFFIX, list_traces, status_path, steps_path
 
 from conftest import REPO, _env
 
-
 # Rank 0 sleeps 15 ms a step so the job lasts long enough to be killed mid-run; the profiler
 # window (steps 3-5) is written early, so both ranks have a trace before the kill.
 LONG = ["--mode", "baseline", "--steps", "150", "--warmup-steps", "2", "--wait", "1", "--warmup", "1",
@@ -224,7 +223,8 @@ def test_elastic_restarts_keep_every_attempt_apart(tmp_path: Path) -> None:
     proc = collect(str(run_dir), "--attempt", "0")
     assert proc.returncode == 0, proc.stderr
     first = json.loads((run_dir / "report" / "report.json").read_text())
-    assert not first["run"]["complete"] and any("rank 1 " in n and "without a word" in n for n in first["run"]["ending"])
+    assert not first["run"]["complete"] and any("rank 1 " in n and "without a word" in n
+                                                for n in first["run"]["ending"])
     proc = collect(str(run_dir), "--attempt", "3")
     assert proc.returncode == 2 and "has no attempt 3 (attempts: 0, 1)" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from harness.collect.flight import FlightError, analyse, headline, read_dump, read_dumps
-from harness.train.config import ConfigError, build_config
 from harness.paths import flight_path, status_path
+from harness.train.config import ConfigError, build_config
 
 from conftest import QUICK, REPO, _env, run_harness
 
@@ -121,7 +121,8 @@ def test_hand_built_hang_exact(tmp_path: Path) -> None:
 def test_foreign_dumps_step_from_step_logs_and_subgroup(tmp_path: Path) -> None:
     """No harness key (another job's dumps): the rank from the file name, the step from the step
     logs (last logged + 1); a hang in a subgroup of ranks 0 and 1 only."""
-    pg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}, "1": {"name": "1", "desc": "tp", "ranks": "[0, 1]"}}
+    pg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"},
+          "1": {"name": "1", "desc": "tp", "ranks": "[0, 1]"}}
     world = [entry(s) for s in range(1, 4)]
     sub = lambda n: [entry(s, "all_gather", pg=("1", "tp")) for s in range(1, n + 1)]  # noqa: E731
     folder = tmp_path / "dumps"
@@ -163,7 +164,9 @@ def test_unreadable_dump_one_line_reason(tmp_path: Path, content: bytes, reason:
     path = tmp_path / "flight" / "rank0.json"
     path.parent.mkdir()
     path.write_bytes(content)
-    with pytest.raises(FlightError, match="^" + str(path).replace(".", r"\.") + ": " + reason.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(FlightError,
+                       match="^" + str(path).replace(".", r"\.") + ": "
+                             + reason.replace("(", r"\(").replace(")", r"\)")):
         read_dump(path)
     out = collect(str(tmp_path))
     assert out.returncode == 2

@@ -79,7 +79,8 @@ def mutate(doc: dict[str, Any], m: tuple) -> None:
         e.pop(m[2], None)
 
 
-@settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+@settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
           derandomize=__import__("os").environ.get("FUZZ_RANDOM") is None)
 @example(which=0, mutations=[("retype", 0.0, "pid", [])], truncate=None, gz=False, block=1 << 20)  # found by it
 @given(which=st.integers(0, len(SOURCES) - 1), mutations=st.lists(mutation, min_size=1, max_size=5),

@@ -5,8 +5,9 @@ Hand-built traces with exact answers, then the real traces in ../shared/traces."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -152,7 +153,8 @@ def test_grad_scaler_is_named_as_the_cause(tmp_path: Path) -> None:
         assert d.reason.startswith("GradScaler syncs 1.0 times per step (its .item() on found_inf")
         assert d.advice == GRAD_SCALER_ADVICE
     # the user's own .item() as well: the user is told, and about GradScaler too
-    a = run_analysis(tmp_path / "both", idle_gpu_docs(lambda t: grad_scaler(t) + item_ops(t + 700) + [sync(t + 720, 5)]))
+    a = run_analysis(tmp_path / "both",
+                     idle_gpu_docs(lambda t: grad_scaler(t) + item_ops(t + 700) + [sync(t + 720, 5)]))
     for d in diagnose(a):
         assert d.evidence["syncs_by_caller"] == {"GradScaler": 1.0, "item": 1.0}
         assert d.bottleneck == "sync-bound" and d.reason.startswith("1.0 blocking syncs per step from the training "
@@ -205,7 +207,8 @@ def test_gpu_run_without_kernels_is_said_in_one_line(tmp_path: Path) -> None:
     assert with_gpus.warnings == [f"rank0.pt.trace.json: {NO_KERNELS}"] and with_gpus.device == "cpu"
     nccl = document(ev, 0)
     nccl["distributedInfo"]["backend"] = "nccl"
-    assert parse_trace(write(tmp_path / "b" / "rank0.pt.trace.json", nccl)).warnings == [f"rank0.pt.trace.json: {NO_KERNELS}"]
+    assert (parse_trace(write(tmp_path / "b" / "rank0.pt.trace.json", nccl)).warnings
+            == [f"rank0.pt.trace.json: {NO_KERNELS}"])
     assert parse_trace(write(tmp_path / "c" / "rank0.pt.trace.json", document(ev, 0))).warnings == []  # gloo, CPU
     a = run_analysis(tmp_path / "run", [document(ev, r, deviceProperties=gpus) for r in (0, 1)])
     assert [w for w in a.warnings if "no GPU kernels" in w] == [f"rank(s) 0-1: {NO_KERNELS}"]

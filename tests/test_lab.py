@@ -69,10 +69,12 @@ def fake_run(path: Path, step_ms: list[list[float]], throughput: list[float], rs
     for rank, times in enumerate(step_ms):
         p = steps_path(path, rank)
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text("".join(json.dumps({"step": i, "step_ms": t, "warmup": i < warmup}) + "\n" for i, t in enumerate(times)))
+        p.write_text("".join(json.dumps({"step": i, "step_ms": t, "warmup": i < warmup}) + "\n"
+                             for i, t in enumerate(times)))
         ranks.append({"rank": rank, "throughput_samples_s": throughput[rank], "peak_rss_bytes": rss[rank],
                       "peak_gpu_allocated_bytes": gpu[rank] if gpu else None})
-    run_file(path).write_text(json.dumps({"world_size": len(step_ms), "parallel": "ddp", "device": "cpu", "ranks": ranks}))
+    run_file(path).write_text(json.dumps({"world_size": len(step_ms), "parallel": "ddp", "device": "cpu",
+                                          "ranks": ranks}))
     return path
 
 
@@ -197,7 +199,8 @@ def test_torch_sweep_end_to_end(tmp_path: Path) -> None:
     proc = lab(["torch", "--log-dir", str(tmp_path), "--", "--steps", "8", "--warmup-steps", "2", "--micro-ops", "20"])
     assert proc.returncode == 0, proc.stderr
     table = timings(tmp_path, "torch")
-    assert [(r["key"], r["status"], r["world_size"]) for r in table] == [("batch-256", OK, "2"), ("batch-1024", OK, "2")]
+    assert [(r["key"], r["status"], r["world_size"]) for r in table] == [("batch-256", OK, "2"),
+                                                                         ("batch-1024", OK, "2")]
     for r in table:
         assert float(r["mean_step_ms"]) > 0 and float(r["throughput_samples_s"]) > 0 and int(r["peak_mem_bytes"]) > 0
         assert r["steps"] == "6" and "--micro-ops 20" in r["args"]

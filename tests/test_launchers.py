@@ -18,7 +18,8 @@ from conftest import QUICK, REPO, free_port
 # A fake executable: writes its arguments, one per line, to $FAKE_LOG/<its name>.args.
 RECORD = '#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$FAKE_LOG/$(basename "$0").args"\n'
 # A fake torchrun: records, then runs what follows --no-python as rank $FAKE_RANK would.
-TORCHRUN = RECORD + 'while [ $# -gt 0 ] && [ "$1" != --no-python ]; do shift; done\nshift\nRANK=${FAKE_RANK:-0} exec "$@"\n'
+TORCHRUN = RECORD + ('while [ $# -gt 0 ] && [ "$1" != --no-python ]; do shift; done\n'
+                     'shift\nRANK=${FAKE_RANK:-0} exec "$@"\n')
 
 
 @pytest.fixture
@@ -27,14 +28,16 @@ def fakes(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     scripts = {"nsys": RECORD, "ncu": RECORD, "python": RECORD, "torchrun": TORCHRUN,
-               "nvidia-smi": '#!/usr/bin/env bash\nfor i in 0 1 2 3; do echo "GPU $i: NVIDIA H100 (UUID: GPU-$i)"; done\n'}
+               "nvidia-smi": '#!/usr/bin/env bash\n'
+                             'for i in 0 1 2 3; do echo "GPU $i: NVIDIA H100 (UUID: GPU-$i)"; done\n'}
     for name, text in scripts.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     return bin_dir
 
 
-def launch(script: str, args: list[str], fakes: Path, **env: str) -> tuple[subprocess.CompletedProcess, dict[str, list[str]]]:
+def launch(script: str, args: list[str], fakes: Path,
+           **env: str) -> tuple[subprocess.CompletedProcess, dict[str, list[str]]]:
     """Run launch/<script> with the fakes; returns the process and each fake's recorded arguments."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("NCU_", "NSYS_", "CUDA_VISIBLE", "NPROC_PER"))}
     full_env = {**base, "PATH": f"{fakes}{os.pathsep}{os.environ['PATH']}", "FAKE_LOG": str(fakes),
@@ -90,7 +93,8 @@ def test_ncu_defaults_and_the_other_ranks(fakes: Path) -> None:
     proc, got = launch("ncu.sh", ["--", "--no-profile"], fakes)
     assert proc.returncode == 0, proc.stderr
     regex = re.compile(value_of(got["ncu"], "--kernel-name").removeprefix("regex:"))
-    assert regex.search("void at::native::vectorized_elementwise_kernel<4>") and not regex.search("ncclDevKernel_Generic")
+    assert (regex.search("void at::native::vectorized_elementwise_kernel<4>")
+            and not regex.search("ncclDevKernel_Generic"))
     assert value_of(got["ncu"], "--launch-skip") == "0" and got["ncu"].count("--no-profile") == 1
     proc, got = launch("ncu.sh", ["--", "--mode", "kernel"], fakes, FAKE_RANK="1")
     assert proc.returncode == 0, proc.stderr
@@ -111,7 +115,8 @@ def test_ncu_defaults_and_the_other_ranks(fakes: Path) -> None:
     ({"CUDA_VISIBLE_DEVICES": "0,1", "NPROC_PER_NODE": "3"}, "3"),
 ])
 def test_multinode_counts_the_gpus_cuda_sees(fakes: Path, env: dict[str, str], nproc: str) -> None:
-    proc, got = launch("multinode.sh", ["--mode", "comm"], fakes, TORCHRUN=str(fakes / "torchrun"), FAKE_RANK="0", **env)
+    proc, got = launch("multinode.sh", ["--mode", "comm"], fakes, TORCHRUN=str(fakes / "torchrun"), FAKE_RANK="0",
+                       **env)
     assert value_of(got["torchrun"], "--nproc-per-node") == nproc, proc.stderr
 
 

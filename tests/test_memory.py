@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 
 from harness.collect import cli as collect_cli
-from harness.collect.memory import (MiB, GiB, analyze_memory, memory_from_dirs, read_step_logs,
-                                    t_quantile)
+from harness.collect.memory import GiB, MiB, analyze_memory, memory_from_dirs, read_step_logs, t_quantile
 from harness.collect.report import build_report, console_summary, render_markdown
-from harness.train.config import ConfigError, LaunchEnv, build_config, resolve_environment
 from harness.paths import MEMORY_TIMELINE_PATTERN, PARTIAL_SUFFIX, steps_path
+from harness.train.config import ConfigError, LaunchEnv, build_config, resolve_environment
 from harness.view.render import render_page
 
 from conftest import REPO, run_harness
@@ -222,7 +221,8 @@ def test_damaged_and_partial_lines_are_skipped_with_a_warning(tmp_path: Path) ->
     mem = analyze_memory(logs)
     # 15 good points of the exact line remain: the slope is still exact
     assert kinds(mem.findings) == [(1, "growth")]
-    assert mem.findings[0]["evidence"]["bytes_per_step"] == pytest.approx(3 * MiB) and mem.findings[0]["evidence"]["steps"] == 15
+    assert (mem.findings[0]["evidence"]["bytes_per_step"] == pytest.approx(3 * MiB)
+            and mem.findings[0]["evidence"]["steps"] == 15)
     assert mem.warnings == logs.warnings
 
 
@@ -253,7 +253,8 @@ def test_report_markdown_view_and_console(tmp_path: Path) -> None:
     by = {r["rank"]: r for r in doc["ranks"]}
     assert by[1]["rss_growth_bytes_per_step"] == pytest.approx(3 * MiB) and by[0]["peak_gpu_allocated_bytes"] is None
     # traced steps 1..3 are warm-up in the step log: no memory there
-    assert {(r["rank"], r["step"], r["rss_mb"]) for r in doc["steps"]} == {(r, s, None) for r in (0, 1) for s in (1, 2, 3)}
+    assert ({(r["rank"], r["step"], r["rss_mb"]) for r in doc["steps"]}
+            == {(r, s, None) for r in (0, 1) for s in (1, 2, 3)})
     assert [n["about"] for n in doc["next_steps"]] == ["memory", "healthy"]
     assert doc["next_steps"][0]["ranks"] == [1] and doc["next_steps"][0]["text"].startswith("Rank 1 memory growth")
     md = render_markdown(doc)
@@ -279,7 +280,8 @@ def test_collector_without_traces_still_prints_memory_findings(tmp_path: Path, c
     assert exc.value.code == 2
     out = capsys.readouterr()
     assert "error:" in out.err
-    assert "memory: rank 1 growth: host RSS rises 3.15 MB per step" in out.out and "next: Rank 1 memory growth" in out.out
+    assert ("memory: rank 1 growth: host RSS rises 3.15 MB per step" in out.out
+            and "next: Rank 1 memory growth" in out.out)
 
 
 # --- injection config ---------------------------------------------------------------------------
@@ -368,6 +370,7 @@ def test_profiler_buffers_are_not_a_host_leak(tmp_path: Path) -> None:
     result = analyze_memory(read_step_logs([tmp_path]))
     assert kinds(result.findings) == [(1, "growth")]
     # a long stretch after the window is judged on its own: a leak there is found
-    write_log(tmp_path, 0, [rec(s, rss=400e6 + (3 * MiB * s if s > 8 else 0), profiler="record" if s in (6, 7, 8) else "wait")
+    write_log(tmp_path, 0, [rec(s, rss=400e6 + (3 * MiB * s if s > 8 else 0),
+                                profiler="record" if s in (6, 7, 8) else "wait")
                             for s in range(WARMUP + 30)])
     assert (0, "growth") in kinds(analyze_memory(read_step_logs([tmp_path])).findings)

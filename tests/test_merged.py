@@ -125,7 +125,8 @@ def test_merged_steps_hold_exactly_those_steps_events(tmp_path: Path) -> None:
     for r in (0, 1):
         mine = [e for e in doc["traceEvents"] if e["pid"] == r and e["ph"] == "X" and e.get("cat") != "collective_wait"]
         # per step: its ProfilerStep, two launches, two kernels (steps 2 and 5 only touch the window's edges)
-        assert sorted(e["name"] for e in mine if e["name"].startswith("ProfilerStep#")) == ["ProfilerStep#3", "ProfilerStep#4"]
+        assert (sorted(e["name"] for e in mine if e["name"].startswith("ProfilerStep#"))
+                == ["ProfilerStep#3", "ProfilerStep#4"])
         assert len(mine) == 2 * 5
         assert all(2000 <= e["ts"] < 4000 for e in mine)  # one host, one time base: not shifted
         labels = {e["args"]["name"] for e in doc["traceEvents"] if e["pid"] == r and e["name"] == "thread_name"}

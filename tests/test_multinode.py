@@ -39,10 +39,12 @@ def launch_two_nodes(log_dir: Path, hosts: list[str], run_name: str) -> tuple[bo
                "--log-dir", str(log_dir), "--run-name", run_name]
         if hosts[0] != hosts[1]:
             cmd = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', host, *cmd]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     statuses = [status_path(log_dir / run_name, r) for r in (0, 1)]
-    told = "\n".join(f"--- node {i} (exit {p.returncode}) ---\n{out[-4000:]}" for i, (p, out) in enumerate(zip(procs, outputs)))
+    told = "\n".join(f"--- node {i} (exit {p.returncode}) ---\n{out[-4000:]}"
+                     for i, (p, out) in enumerate(zip(procs, outputs)))
     told += "\n" + "\n".join(f"{s}: {s.read_text() if s.exists() else 'missing'}" for s in statuses)
     ok = all(p.returncode == 0 for p in procs)
     # torchrun's c10d rendezvous store lives in one of the two agents; once, in a CI run, an agent

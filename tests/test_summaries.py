@@ -60,7 +60,8 @@ def test_damaged_or_foreign_summaries_are_refused_in_one_line(tmp_path: Path, mo
             read_summary(bad)
         assert "\n" not in str(info.value) and bad.name in str(info.value)
     monkeypatch.setattr(summary, "VERSION", summary.VERSION + 1)
-    with pytest.raises(TraceError, match=r"summary version \d+, this collector reads version \d+; collect from its trace"):
+    with pytest.raises(TraceError,
+                       match=r"summary version \d+, this collector reads version \d+; collect from its trace"):
         read_summary(good)
 
 
@@ -80,7 +81,8 @@ def test_collector_prefers_summaries_and_falls_back_to_the_trace(tmp_path: Path)
     proc = collect(str(run), "-o", str(tmp_path / "fallback"), "-q", "--no-merged")
     doc = json.loads((tmp_path / "fallback" / "report.json").read_text())
     assert proc.returncode == 0 and doc["ranks"] == full["ranks"]
-    assert any("damaged or not a harness summary" in w and "parsed rank1.pt.trace.json instead" in w for w in doc["warnings"])
+    assert any("damaged or not a harness summary" in w and "parsed rank1.pt.trace.json instead" in w
+               for w in doc["warnings"])
     # Summaries without their traces: the report from the summaries alone, and no merged trace.
     summarize(traces[1])
     for t in traces:
@@ -107,7 +109,8 @@ def test_in_job_summaries_give_the_report_of_the_full_traces(log_dir: Path, tmp_
         outs[how] = {name: json.loads((tmp_path / how / name).read_text()) for name in ("report.json", "timeline.json")}
     assert outs["summaries"] == outs["traces"]
     report = outs["summaries"]["report.json"]
-    assert (report["verdict"], report["stragglers"][0]["rank"], report["stragglers"][0]["phase"]) == ("straggler", 1, "forward")
+    assert ((report["verdict"], report["stragglers"][0]["rank"], report["stragglers"][0]["phase"])
+            == ("straggler", 1, "forward"))
 
 
 @pytest.mark.slow

@@ -81,7 +81,8 @@ def server(logdir: Path) -> Iterator[str]:
             except (urllib.error.URLError, ConnectionError):
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("tensorboard did not start: " + (logdir.parent / "tensorboard.log").read_text()[-3000:])
+                raise AssertionError("tensorboard did not start: "
+                                     + (logdir.parent / "tensorboard.log").read_text()[-3000:])
             time.sleep(0.5)
         yield base
     finally:
@@ -139,8 +140,8 @@ def test_plugin_refuses_unknown_runs_and_paths(server: str, path: str) -> None:
     assert status == 404, (path, status, body[:300])
 
 
-@pytest.mark.parametrize("raw", ["/../../../../etc/passwd", "/..%2F..%2F..%2Fetc%2Fpasswd", "/view.js/../../../setup.py",
-                                 "/%2e%2e/%2e%2e/pyproject.toml"])
+@pytest.mark.parametrize("raw", ["/../../../../etc/passwd", "/..%2F..%2F..%2Fetc%2Fpasswd",
+                                 "/view.js/../../../setup.py", "/%2e%2e/%2e%2e/pyproject.toml"])
 def test_plugin_traversal_in_the_raw_path(server: str, raw: str) -> None:
     # http.client sends the path as written (urllib would not normalise it either, but be explicit)
     host, port = urllib.parse.urlsplit(server).netloc.split(":")
@@ -333,7 +334,8 @@ VIEW_STATE = """
 const v = window.harnessView;
 if (!v || !v.ready) return null;
 const d = (id) => document.getElementById(id).data;
-return {charts: v.charts, memY: d('heatmap-memory')[0].y, memZ: d('heatmap-memory')[0].z, stepY: d('heatmap-step')[0].y, waitZ: d('heatmap-wait')[0].z, waitY: d('heatmap-wait')[0].y,
+return {charts: v.charts, memY: d('heatmap-memory')[0].y, memZ: d('heatmap-memory')[0].z,
+        stepY: d('heatmap-step')[0].y, waitZ: d('heatmap-wait')[0].z, waitY: d('heatmap-wait')[0].y,
         bars: d('bars').map(t => [t.name, t.y, t.x]), timeline: d('timeline').map(t => [t.name, t.y.length]),
         stragglers: Array.from(document.querySelectorAll('#stragglers tbody tr')).map(
             tr => Object.fromEntries(Array.from(tr.cells).map(c => [c.dataset.key, c.textContent]))),
@@ -344,14 +346,16 @@ return {charts: v.charts, memY: d('heatmap-memory')[0].y, memZ: d('heatmap-memor
 
 def check_view(state: dict[str, Any], report: dict[str, Any]) -> None:
     # the memory heatmap beside the step-time ones: the run's step logs are next to its traces
-    assert state["charts"] == ["heatmap-step", "heatmap-wait", "heatmap-memory", "bars", "timeline"] and state["svgs"] >= 5
+    assert (state["charts"] == ["heatmap-step", "heatmap-wait", "heatmap-memory", "bars", "timeline"]
+            and state["svgs"] >= 5)
     assert state["memY"] == ["rank 0", "rank 1"] and all(z > 0 for row in state["memZ"] for z in row), state["memZ"]
     assert state["verdict"] == report["headline"] and "rank 1" in state["verdict"]
     assert state["stepY"] == state["waitY"] == ["rank 0", "rank 1"]
     # rank 0 waits ~30 ms for rank 1 in every step; rank 1 waits for nobody
     assert all(z > 15 for z in state["waitZ"][0]) and all(z < 5 for z in state["waitZ"][1]), state["waitZ"]
     bars = {name: dict(zip(y, x)) for name, y, x in state["bars"]}
-    assert set(bars) == {"compute only", "overlapped communication", "exposed transfer", "exposed waiting for peers", "idle"}
+    assert set(bars) == {"compute only", "overlapped communication", "exposed transfer", "exposed waiting for peers",
+                         "idle"}
     by_rank = {r["rank"]: r for r in report["ranks"]}
     assert bars["exposed transfer"]["rank 0"] == pytest.approx(by_rank[0]["exposed_transfer_ms"])
     assert bars["exposed waiting for peers"]["rank 0"] == pytest.approx(by_rank[0]["exposed_wait_ms"])
@@ -394,5 +398,6 @@ def test_report_html_opens_from_disk_offline(browser: Any, logdir: Path) -> None
     check_view(state, json.loads((logdir / "ddp" / "report" / "report.json").read_text()))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(ARTIFACTS / "report_html.png"))
-    assert [u for u in requested_urls(browser) if not u.startswith("file://") and not u.startswith(("data:", "blob:"))] == []
+    assert [u for u in requested_urls(browser)
+            if not u.startswith("file://") and not u.startswith(("data:", "blob:"))] == []
     assert console_errors(browser) == []

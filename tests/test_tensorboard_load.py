@@ -26,10 +26,11 @@ import pytest
 from tensorboard.plugins import base_plugin
 from werkzeug.test import Client
 
-from conftest import REPO, free_port
 from harness.view.files import BodyCache, view_title
 from harness.view.render import render_page
 from harness.view.tb_plugin import DistributedViewPlugin
+
+from conftest import REPO, free_port
 from tracebuild import ring_docs, write
 
 PLUGIN = "/data/plugin/harness_distributed"

@@ -138,8 +138,8 @@ def test_existing_run_name_is_refused_not_overwritten(log_dir: Path) -> None:
 
 def test_speed_knobs_run_and_sync_loss_logs_every_loss(log_dir: Path) -> None:
     run = run_harness(["--mode", "baseline", "--arch", "cnn", "--channels-last", "--amp", "bf16", "--fused-optimizer",
-                       "--sync-loss", "--non-blocking", "--cudnn-benchmark", "--static-graph", "--gradient-as-bucket-view",
-                       "--bucket-cap-mb", "1", *QUICK], log_dir)
+                       "--sync-loss", "--non-blocking", "--cudnn-benchmark", "--static-graph",
+                       "--gradient-as-bucket-view", "--bucket-cap-mb", "1", *QUICK], log_dir)
     check_run(run, world_size=2)
     assert all(isinstance(r["loss"], float) for r in run.steps(0))
     assert run.run_json["config"]["speed"]["amp"] == "bf16"

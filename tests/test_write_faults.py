@@ -12,8 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
@@ -23,7 +23,6 @@ from harness.train.stats import StepLog
 from harness.write_faults import AppendOnlyFile, FaultLog, describe
 
 from conftest import REPO, run_harness
-
 
 # -- unit: the append-only file -----------------------------------------------------------------
 
@@ -43,8 +42,8 @@ def test_refused_chunk_is_cut_back_and_written_later(tmp_path: Path, monkeypatch
     f.append(b'{"step": 2}\n')  # within RETRY_S: queued, not tried
     assert path.read_bytes() == b'{"step": 0}\n' and len(f.pending) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"harness.train: warning: rank 3: step log failed (no space left on {tmp_path}): 1 record(s) kept in "
-                   "memory and written when the disk takes them again"]
+    assert err == [f"harness.train: warning: rank 3: step log failed (no space left on {tmp_path}): "
+                   "1 record(s) kept in memory and written when the disk takes them again"]
     monkeypatch.setattr(os, "write", real_write)
     assert f.close()
     assert path.read_bytes() == b'{"step": 0}\n{"step": 1}\n{"step": 2}\n'
@@ -98,7 +97,8 @@ def _first_trace(run_dir: Path, timeout_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def _during(run_dir: Path, start: Callable[[], None], stop: Callable[[], None], hold_s: float = 2.0) -> threading.Thread:
+def _during(run_dir: Path, start: Callable[[], None], stop: Callable[[], None],
+            hold_s: float = 2.0) -> threading.Thread:
     """Once the run has written its first trace: start the fault, hold it, then end it."""
     def body() -> None:
         _first_trace(run_dir)
@@ -192,7 +192,8 @@ def test_log_folder_removed_mid_run(tmp_path: Path) -> None:
     run = run_harness(LONG, log_dir, timeout=600)
     fault.join(timeout=60)
     _check_survived(run)  # step logs re-created whole, statuses and run.json written again
-    assert "step log: " in run.proc.stderr and "was removed; created again with what was written before" in run.proc.stderr
+    assert ("step log: " in run.proc.stderr
+            and "was removed; created again with what was written before" in run.proc.stderr)
 
 
 @pytest.mark.slow

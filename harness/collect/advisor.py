@@ -204,7 +204,8 @@ def classify(ev: dict[str, Any], rules: Rules = Rules()) -> tuple[str, str]:
                                       f"(>= {rules.data_share:.0%})")
     elif gpu and user >= rules.sync_per_step and ev["idle_share"] >= rules.sync_idle_share:
         kind, reason = "sync-bound", (f"{user:.1f} blocking syncs per step from the training code "
-                                      f"({_callers(by, lambda k: k not in NOT_USERS)}; all syncs {ev['sync_share']:.0%} "
+                                      f"({_callers(by, lambda k: k not in NOT_USERS)}; "
+                                      f"all syncs {ev['sync_share']:.0%} "
                                       f"of the step) and the device idle {ev['idle_share']:.0%} of the time")
     elif gpu and by.get(GRAD_SCALER, 0) >= rules.sync_per_step and ev["idle_share"] >= rules.sync_idle_share:
         counted = GRAD_SCALER
@@ -216,13 +217,14 @@ def classify(ev: dict[str, Any], rules: Rules = Rules()) -> tuple[str, str]:
         kind, reason = "launch-bound", (f"{ev['host_ops_per_step']:.0f} ops per step at {ev['us_per_op']:.1f} us of "
                                         f"step time each (>= {rules.launch_ops_per_step} ops, < "
                                         f"{rules.launch_us_per_op:.0f} us)")
-    elif gpu and ev["launches_per_step"] >= rules.launch_gpu_launches and ev["idle_share"] >= rules.launch_gpu_idle_share:
+    elif (gpu and ev["launches_per_step"] >= rules.launch_gpu_launches
+          and ev["idle_share"] >= rules.launch_gpu_idle_share):
         kind, reason = "launch-bound", (f"{ev['launches_per_step']:.0f} kernel launches per step with the device idle "
                                         f"{ev['idle_share']:.0%} of the time")
     elif ev["transfer_share"] >= rules.comm_transfer_share and ev["exposed_transfer_share"] >= rules.comm_exposed_share:
         kind, reason = "comm-exposed", (f"collectives transfer for {ev['transfer_share']:.0%} of the step and "
-                                        f"{ev['exposed_transfer_share']:.0%} of device time is exposed transfer (waiting "
-                                        "for peers not counted)")
+                                        f"{ev['exposed_transfer_share']:.0%} of device time is exposed transfer "
+                                        "(waiting for peers not counted)")
     elif ev["compute_share"] >= rules.kernel_compute_share and ev["gemm_share"] < rules.kernel_gemm_share:
         top = ", ".join(f"{k} {v:.0%}" for k, v in ev["top_compute"])
         kind, reason = "kernel-bound", (f"compute is {ev['compute_share']:.0%} of device time, only "
@@ -271,8 +273,9 @@ def diagnose(a: Analysis, rules: Rules = Rules()) -> list[Diagnosis]:
         b = by[t.rank]
         ev["waits_for"] = b.waits_for
         if b.straggler:
-            ev.update(late_ms_per_step=round(b.late_ms, 3), cost_ms_per_step=round(b.cost_ms, 3), blame_ms=round(b.blame_ms, 3),
-                      late_fraction=round(b.late_fraction, 4), pattern=b.pattern, slow_phase=b.phase)
+            ev.update(late_ms_per_step=round(b.late_ms, 3), cost_ms_per_step=round(b.cost_ms, 3),
+                      blame_ms=round(b.blame_ms, 3), late_fraction=round(b.late_fraction, 4), pattern=b.pattern,
+                      slow_phase=b.phase)
             kind = "straggler"
             reason = (f"arrives {b.late_ms:.2f} ms per step after the punctual ranks (its share of the delay: "
                       f"{b.cost_ms:.2f} ms); late at "
@@ -285,7 +288,8 @@ def diagnose(a: Analysis, rules: Rules = Rules()) -> list[Diagnosis]:
             note = waiting_note(b.waits_for, ev["step_ms"])
             if note:
                 reason = f"{note}; on its own work: {reason}"
-                advice = f"it waits for rank(s) {', '.join(str(r) for r, _ in b.waits_for)}: fix those first; then {advice}"
+                advice = (f"it waits for rank(s) {', '.join(str(r) for r, _ in b.waits_for)}: "
+                          f"fix those first; then {advice}")
         out.append(Diagnosis(rank=t.rank, host=t.host, bottleneck=kind, reason=reason, evidence=ev, advice=advice,
                              waits_for=b.waits_for))
     return out

@@ -8,8 +8,8 @@ from harness.collect.clocks import ClockOffset, HostClock, estimate_offsets
 from harness.collect.discover import RunSet
 from harness.collect.matching import Instance, match_collectives
 from harness.collect.model import RankTrace
-from harness.collect.parse import NO_KERNELS
 from harness.collect.overlap import Gap, StepOverlap, rank_overlap
+from harness.collect.parse import NO_KERNELS
 from harness.collect.stragglers import StragglerResult, Thresholds, analyze_stragglers
 from harness.collect.waits import InstanceWaits, instance_waits, op_waits
 
@@ -114,5 +114,6 @@ def analyze(runset: RunSet, *, align: bool = True, thresholds: Thresholds | None
         r, g = rank_overlap(t, by_op)
         rows.extend(r)
         gaps.extend(g)
-    return Analysis(runset=runset, traces=aligned, offsets=offsets, host_clocks=clocks, aligned=align and bool(instances),
-                    instances=instances, waits=waits, stragglers=result, overlap=rows, gaps=gaps, warnings=warnings)
+    return Analysis(runset=runset, traces=aligned, offsets=offsets, host_clocks=clocks,
+                    aligned=align and bool(instances), instances=instances, waits=waits, stragglers=result,
+                    overlap=rows, gaps=gaps, warnings=warnings)

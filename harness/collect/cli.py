@@ -18,8 +18,14 @@ from harness.collect.discover import InputError, RunSet, find_trace_files, group
 from harness.collect.flight import analyse, find_dumps, read_dumps
 from harness.collect.hang_report import attach, flight_only
 from harness.collect.memory import find_memory_timelines, finding_text, memory_from_dirs
-from harness.collect.merged import (MERGED_BUDGET_BYTES, MergedChoice, MergedResult, merged_summary, window_for,
-                                    write_merged)
+from harness.collect.merged import (
+    MERGED_BUDGET_BYTES,
+    MergedChoice,
+    MergedResult,
+    merged_summary,
+    window_for,
+    write_merged,
+)
 from harness.collect.model import RankTrace
 from harness.collect.parse import TraceError, parse_trace
 from harness.collect.progress import Progress
@@ -29,10 +35,20 @@ from harness.collect.stragglers import Thresholds
 from harness.collect.summary import read_summary
 from harness.collect.tb_scalars import write_scalars
 from harness.collect.timeline import build_timeline
-from harness.view.files import write_view
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser, fail
-from harness.paths import (COLLECTIVES_CSV, FLIGHT_DIR, MERGED_TRACE, REPORT_HTML, REPORT_JSON, REPORT_MD, STEPS_CSV,
-                           TIMELINE_JSON, is_summary, trace_of_summary)
+from harness.paths import (
+    COLLECTIVES_CSV,
+    FLIGHT_DIR,
+    MERGED_TRACE,
+    REPORT_HTML,
+    REPORT_JSON,
+    REPORT_MD,
+    STEPS_CSV,
+    TIMELINE_JSON,
+    is_summary,
+    trace_of_summary,
+)
+from harness.view.files import write_view
 
 PROG = "harness.collect"
 EXIT_INPUT = EXIT_USAGE
@@ -62,7 +78,8 @@ def parse_merged(spec: str) -> MergedChoice:
     try:
         return MergedChoice(mode="steps", steps=frozenset(parse_steps(spec)))
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"invalid --merged {spec!r}; use auto, all, none or steps such as 5-8") from None
+        raise argparse.ArgumentTypeError(f"invalid --merged {spec!r}; "
+                                         "use auto, all, none or steps such as 5-8") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read NCCL watchdog dumps (pickles) among the Flight Recorder dumps; only for files you trust "
                         "(no class is loaded even then)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
-    p.add_argument("--progress-file", type=Path, help="keep a JSON of the stage reached here (harness/collect/progress.py)")
+    p.add_argument("--progress-file", type=Path,
+                   help="keep a JSON of the stage reached here (harness/collect/progress.py)")
     return p
 
 
@@ -220,8 +238,8 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     print(f"diagnosis: {doc['diagnosis_summary']}")
     for n in doc["next_steps"]:
         print(f"next: {n['text']}")
-    print(f"report:  {out}/{REPORT_MD} (also {REPORT_HTML}, {REPORT_JSON}, {TIMELINE_JSON}, {STEPS_CSV}, {COLLECTIVES_CSV}; "
-          f"TensorBoard scalars in {out}/tb/)")
+    print(f"report:  {out}/{REPORT_MD} (also {REPORT_HTML}, {REPORT_JSON}, {TIMELINE_JSON}, {STEPS_CSV}, "
+          f"{COLLECTIVES_CSV}; TensorBoard scalars in {out}/tb/)")
     if merged:
         print(f"merged:  {merged.path} ({merged.gz_bytes / 1e6:.1f} MB, {merged.json_bytes / 1e6:.0f} MB of JSON): "
               f"{merged.window.note}")
@@ -230,7 +248,8 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     return f"verdict: {doc['headline']}"
 
 
-def write_merged_trace(analysis: Analysis, out: Path, choice: MergedChoice, pool: Executor | None) -> MergedResult | None:
+def write_merged_trace(analysis: Analysis, out: Path, choice: MergedChoice,
+                       pool: Executor | None) -> MergedResult | None:
     """The merged trace `choice` asks for (None: not asked for, or no trace file left to copy
     from: only in-job summaries)."""
     window = window_for(choice, analysis.runset.ranks) if _traces_present(analysis.runset) else None
@@ -295,7 +314,8 @@ def flight_only_report(args: argparse.Namespace, no_traces: str) -> bool:
     warnings[:0] = ending + [f"no profiler trace ({no_traces}); the report comes from the Flight Recorder dumps alone"]
     doc = flight_only(inputs, result, ending, warnings)
     first = Path(inputs[0])
-    out = args.output or ((first.parent if first.name == FLIGHT_DIR else first) if first.is_dir() else first.parent) / "report"
+    out = args.output or ((first.parent if first.name == FLIGHT_DIR else first) if first.is_dir()
+                          else first.parent) / "report"
     write_report(doc, out)
     write_view(doc, None, out)
     print(doc["headline"])

@@ -44,7 +44,8 @@ def mad(xs: list[float]) -> float:
     return statistics.median(abs(x - med) for x in xs)
 
 
-def estimate_offsets(instances: list[Instance], traces: list[RankTrace]) -> tuple[dict[int, ClockOffset], list[HostClock]]:
+def estimate_offsets(instances: list[Instance],
+                     traces: list[RankTrace]) -> tuple[dict[int, ClockOffset], list[HostClock]]:
     """Per-host clock offsets, and each rank's end-time scatter (the timing noise at collectives).
 
     A blocking collective ends at nearly the same instant on every participant, so:
@@ -64,7 +65,8 @@ def estimate_offsets(instances: list[Instance], traces: list[RankTrace]) -> tupl
     ref_rank = min(domain)
     ref = domain[ref_rank]
     offset: dict[str, float] = {ref: 0.0}
-    clocks: dict[str, HostClock] = {ref: HostClock(host=ref, ranks=ranks_of[ref], offset_us=0.0, spread_us=0.0, samples=0)}
+    clocks: dict[str, HostClock] = {ref: HostClock(host=ref, ranks=ranks_of[ref], offset_us=0.0, spread_us=0.0,
+                                                   samples=0)}
     # Per instance, once: each host's ends and their median; the aligned ends (end - offset of
     # the aligned hosts) grow as hosts are aligned, and their median is the instance's anchor.
     # (Recomputing these for every host added made 128 hosts x 1024 ranks take seconds.)

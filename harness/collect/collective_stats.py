@@ -100,5 +100,6 @@ def process_groups(waits: list[InstanceWaits], overlap: list[StepOverlap]) -> li
             g["exposed_transfer_ms"] += v["exposed_transfer_us"] / 1e3
     out = []
     for g in sorted(groups.values(), key=lambda g: g["pg"]):
-        out.append({k: (sorted(v) if k == "ranks" else round(v, 6) if isinstance(v, float) else v) for k, v in g.items()})
+        out.append({k: (sorted(v) if k == "ranks" else round(v, 6) if isinstance(v, float) else v)
+                    for k, v in g.items()})
     return out

@@ -22,10 +22,11 @@ from __future__ import annotations
 import gzip
 import re
 import zlib
-from pathlib import Path
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable, NamedTuple
+from pathlib import Path
+from typing import Any, BinaryIO, NamedTuple
 
 import msgspec
 
@@ -210,7 +211,7 @@ class Columns:
     def __repr__(self) -> str:
         return f"Columns({len(self)} events)"
 
-    def take(self, order: list[int] | range) -> "Columns":
+    def take(self, order: list[int] | range) -> Columns:
         """The events at the positions `order`, in that order."""
         out = Columns()
         for k in self.__slots__:
@@ -218,7 +219,7 @@ class Columns:
             setattr(out, k, array(col.typecode, [col[i] for i in order]) if col else array(col.typecode))
         return out
 
-    def sort(self) -> "Columns":
+    def sort(self) -> Columns:
         """In start order (stable: events starting together keep their file order). Traces are
         nearly sorted already; only then is an index list built (transiently ~70 bytes an event)."""
         if is_sorted(self.ts):
@@ -255,7 +256,8 @@ class _Tables:
     def block(self, start: int, end: int) -> None:
         """The last batch handed to `add` came from bytes [start, end) of the file."""
         first, last, meta = self._batch
-        self.blocks.append(Block(start, end, first, last, meta) if first <= last else Block(start, end, None, None, meta))
+        self.blocks.append(Block(start, end, first, last, meta) if first <= last
+                           else Block(start, end, None, None, meta))
 
     def add(self, events: list[Event]) -> None:
         """Keep the `ph: X` events with numeric ts and a non-negative dur (others cannot be
@@ -325,7 +327,8 @@ class _Tables:
                 extra_add(-1)
                 continue
             corr = args.correlation
-            corr_add(-1 if corr is None else corr if type(corr) is int and -2**63 < corr < 2**63 else _correlation(corr))
+            corr_add(-1 if corr is None
+                     else corr if type(corr) is int and -2**63 < corr < 2**63 else _correlation(corr))
             if (extra_add is kernel_extra and (args.collective is not None or args.process_group is not None
                                                or args.in_nelems is not None or args.dtype is not None)) \
                     or (extra_add is op_extra and args.collective is not None):
@@ -519,7 +522,8 @@ def _json_error(path: Path, exc: msgspec.DecodeError) -> str:
     """Malformed JSON, said as what it most likely is: a file that ends early (the job killed
     while writing it, a copy cut short) or JSON broken somewhere inside."""
     if "truncated" in str(exc):
-        return f"{path}: not valid JSON: the file ends early (truncated: written by a job that was killed, or copied short)"
+        return (f"{path}: not valid JSON: the file ends early "
+                "(truncated: written by a job that was killed, or copied short)")
     return f"{path}: not valid JSON ({exc}); not a trace as written by torch.profiler"
 
 
@@ -540,8 +544,6 @@ def _decode_whole(path: Path) -> Trace:
     dropped = 0
     try:
         doc: _Doc | _LooseDoc = _DECODER.decode(raw)
-        del raw  # the bytes are as large as the file: free them before the events are tabled
-        events = doc.traceEvents
     except msgspec.ValidationError:
         try:
             doc = _LOOSE.decode(raw)
@@ -552,6 +554,9 @@ def _decode_whole(path: Path) -> Trace:
         events, dropped = _loose_events(doc.traceEvents)
     except msgspec.DecodeError as exc:
         raise TraceError(_json_error(path, exc)) from None
+    else:
+        del raw  # the bytes are as large as the file: free them before the events are tabled
+        events = doc.traceEvents
     tables = _Tables()
     tables.add(events)
     tables.json_bytes = size

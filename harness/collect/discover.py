@@ -7,8 +7,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.collect.model import RankTrace, by_interval, number_by_group
-from harness.paths import (ATTEMPT_PATTERN, FLIGHT_DIR, REPORT_JSON, RUN_FILE, STATUS_DIR, TRACE_PATTERN, is_summary,
-                           trace_of_summary)
+from harness.paths import (
+    ATTEMPT_PATTERN,
+    FLIGHT_DIR,
+    REPORT_JSON,
+    RUN_FILE,
+    STATUS_DIR,
+    TRACE_PATTERN,
+    is_summary,
+    trace_of_summary,
+)
 
 REPORT_DIR = "report"
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -91,8 +99,8 @@ def group_ranks(traces: list[RankTrace]) -> RunSet:
     """
     run_ids = {t.run_id for t in traces if t.run_id}
     if len(run_ids) > 1:
-        by_run = {rid: sorted(Path(t.paths[0]).parent.name + "/" + Path(t.paths[0]).name for t in traces if t.run_id == rid)[:2]
-                  for rid in sorted(run_ids)}
+        by_run = {rid: sorted(Path(t.paths[0]).parent.name + "/" + Path(t.paths[0]).name
+                              for t in traces if t.run_id == rid)[:2] for rid in sorted(run_ids)}
         detail = "; ".join(f"run {rid}: {', '.join(files)}" for rid, files in by_run.items())
         raise InputError(f"traces of {len(run_ids)} different runs are mixed ({detail}); collect one run at a time")
     sizes = {t.world_size for t in traces if t.world_size}
@@ -135,7 +143,8 @@ def _merge_windows(parts: list[RankTrace]) -> RankTrace:
         run_id=first.run_id, device="gpu" if any(p.device == "gpu" for p in parts) else "cpu",
         steps=[s for p in parts for s in p.steps], comms=[c for p in parts for c in p.comms],
         compute=sorted((b for p in parts for b in p.compute), key=by_interval),
-        copies=sorted((b for p in parts for b in p.copies), key=by_interval), warnings=[w for p in parts for w in p.warnings],
+        copies=sorted((b for p in parts for b in p.copies), key=by_interval),
+        warnings=[w for p in parts for w in p.warnings],
         steps_source=first.steps_source, rank_source=first.rank_source, base_us=first.base_us,
         json_bytes=sum(p.json_bytes for p in parts), events=sum(p.events for p in parts),
         blocks={k: v for p in parts for k, v in p.blocks.items()},

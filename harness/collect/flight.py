@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from harness.collect.run_state import last_logged_step
-from harness.paths import FLIGHT_DIR, NCCL_DUMP_PREFIX, PARTIAL_SUFFIX, STATUS_DIR, TRACE_PATTERN, is_summary, status_path, steps_path
+from harness.paths import (
+    FLIGHT_DIR,
+    NCCL_DUMP_PREFIX,
+    PARTIAL_SUFFIX,
+    STATUS_DIR,
+    TRACE_PATTERN,
+    is_summary,
+    status_path,
+    steps_path,
+)
 
 MAX_MISMATCHES = 20
 PICKLE_HINT = ("the collector never unpickles a file by default (unpickling can run code); if you trust it, rerun "
@@ -143,7 +152,8 @@ def _entry(raw: Any) -> Entry | None:
     if not isinstance(seq, int) or isinstance(seq, bool) or seq <= 0 or not isinstance(name, str):
         return None
     pg = raw.get("process_group")
-    pg_name, pg_desc = (str(pg[0]), str(pg[1])) if isinstance(pg, list) and len(pg) == 2 else (str(raw.get("pg_id", "")), "")
+    pg_name, pg_desc = ((str(pg[0]), str(pg[1])) if isinstance(pg, list) and len(pg) == 2
+                        else (str(raw.get("pg_id", "")), ""))
     created = raw.get("time_created_ns")
     return Entry(seq=seq, pg=pg_name, pg_desc=pg_desc, name=name.split(":", 1)[-1], profiling_name=name,
                  input_sizes=raw.get("input_sizes"), input_dtypes=raw.get("input_dtypes"),
@@ -157,7 +167,8 @@ def read_dump(path: Path, *, unpickle: bool = False) -> RankDump:
     rank = _rank_of(path, doc)
     parsed = [_entry(e) for e in doc["entries"]]
     entries = [e for e in parsed if e is not None]
-    skipped = sum(1 for e, raw in zip(parsed, doc["entries"]) if e is None and not (isinstance(raw, dict) and raw.get("is_p2p")))
+    skipped = sum(1 for e, raw in zip(parsed, doc["entries"])
+                  if e is None and not (isinstance(raw, dict) and raw.get("is_p2p")))
     harness = doc.get("harness") if isinstance(doc.get("harness"), dict) else {}
     dumped = harness.get("dumped_ns")
     if not isinstance(dumped, int):
@@ -186,7 +197,8 @@ def _looks_like_dump(path: Path) -> bool:
 def find_dumps(inputs: list[str]) -> list[Path]:
     """Dump files among the inputs: `<folder>/flight/*` of each run folder; a folder that is a
     dump folder itself (named `flight`, or holding `nccl_trace_rank_<R>` files, or files that open
-    like torch's dumps: other jobs' dumps); dump files given by name. Files under a temporary name (a dump cut by a kill) are left out."""
+    like torch's dumps: other jobs' dumps); dump files given by name. Files under a temporary name
+    (a dump cut by a kill) are left out."""
     found: list[Path] = []
     for item in inputs:
         p = Path(item)
@@ -211,10 +223,12 @@ def read_dumps(paths: list[Path], *, unpickle: bool = False) -> tuple[list[RankD
             warnings.append(f"flight recorder: skipped {exc}")
             continue
         if d.rank in dumps:
-            warnings.append(f"flight recorder: {p} is a second dump of rank {d.rank}; {dumps[d.rank].path.name} is used")
+            warnings.append(f"flight recorder: {p} is a second dump of rank {d.rank}; "
+                            f"{dumps[d.rank].path.name} is used")
             continue
         if d.skipped_entries:
-            warnings.append(f"flight recorder: {p}: {d.skipped_entries} entr(ies) without a sequence number or name left out")
+            warnings.append(f"flight recorder: {p}: {d.skipped_entries} entr(ies) "
+                            "without a sequence number or name left out")
         dumps[d.rank] = d
     return [dumps[r] for r in sorted(dumps)], warnings
 
@@ -338,7 +352,8 @@ def _last_entered(d: RankDump) -> dict[str, Any] | None:
 
 
 def _hang(pg: str, desc: str, top: int, entered: list[int], missing: list[int], seqs: dict[int, dict[int, Entry]],
-          by_rank: dict[int, RankDump], run_dir: Path | None, members: list[int], last: dict[int, int]) -> dict[str, Any]:
+          by_rank: dict[int, RankDump], run_dir: Path | None, members: list[int],
+          last: dict[int, int]) -> dict[str, Any]:
     """One hung collective (steps 3 and 4 of `analyse`)."""
     hung = seqs[entered[0]][top]
     step = _agreed([by_rank[r].harness.get("step") for r in entered])
@@ -359,8 +374,9 @@ def _hang(pg: str, desc: str, top: int, entered: list[int], missing: list[int], 
             where = _status(run_dir, r).get("where") or {"step": None, "phase": None}
         missing_at[str(r)] = {"last_seq": last[r], "step": where.get("step"), "phase": where.get("phase"),
                               "state": _status(run_dir, r).get("state") or by_rank[r].harness.get("reason")}
-    return {"seq": top, "collective": hung.name, "profiling_name": hung.profiling_name, "process_group": _pg_label(pg, desc),
-            "input_sizes": hung.input_sizes, "step": step, "step_source": step_source, "phase": phase,
+    return {"seq": top, "collective": hung.name, "profiling_name": hung.profiling_name,
+            "process_group": _pg_label(pg, desc), "input_sizes": hung.input_sizes, "step": step,
+            "step_source": step_source, "phase": phase,
             "entered_ranks": entered, "missing_ranks": missing, "members": members, "missing_at": missing_at,
             "waited_s": round(max(waits), 1) if waits else None, "_created_ns": hung.created_ns}
 
@@ -373,14 +389,16 @@ def headline(result: dict[str, Any]) -> str | None:
         phase = f", {h['phase']} phase" if h["phase"] else ""
         waited = f" for {h['waited_s']:.1f} s" if h["waited_s"] is not None else ""
         who = ", ".join(map(str, h["missing_ranks"]))
-        return (f"hang: rank{'s' if len(h['missing_ranks']) > 1 else ''} {who} never entered the {h['collective']}{step} "
+        return (f"hang: rank{'s' if len(h['missing_ranks']) > 1 else ''} {who} "
+                f"never entered the {h['collective']}{step} "
                 f"(collective #{h['seq']} of process group {h['process_group']}{phase}) that rank"
                 f"{'s' if len(h['entered_ranks']) > 1 else ''} {_and(h['entered_ranks'])} waited in{waited}")
     if result.get("mismatches"):
         m = result["mismatches"][0]
         groups: dict[str, list[str]] = {}
         for r, e in m["ranks"].items():
-            groups.setdefault(f"{e['collective']} of sizes {e['input_sizes']} ({', '.join(e['input_dtypes'] or [])})", []).append(r)
+            groups.setdefault(f"{e['collective']} of sizes {e['input_sizes']} "
+                              f"({', '.join(e['input_dtypes'] or [])})", []).append(r)
         parts = [f"rank{'s' if len(rs) > 1 else ''} {', '.join(rs)} issued {sig}" for sig, rs in groups.items()]
         return f"mismatch: at collective #{m['seq']} of process group {m['process_group']}, " + "; ".join(parts)
     return None
@@ -394,8 +412,8 @@ def next_step(result: dict[str, Any]) -> str | None:
     """What to do about the hang or mismatch."""
     h = result.get("hang")
     if h:
-        where = "; ".join(f"rank {r} was in step {w['step']} ({w['phase']}) when it stopped" for r, w in h["missing_at"].items()
-                          if w.get("step") is not None)
+        where = "; ".join(f"rank {r} was in step {w['step']} ({w['phase']}) when it stopped"
+                          for r, w in h["missing_at"].items() if w.get("step") is not None)
         return (f"Look at what rank(s) {', '.join(map(str, h['missing_ranks']))} did instead of entering collective "
                 f"#{h['seq']} ({h['collective']}): a stuck data loader or I/O, a branch that skips the collective, "
                 f"an exception swallowed, or a dead process" + (f" ({where})" if where else "")

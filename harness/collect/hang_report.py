@@ -36,7 +36,8 @@ def attach(doc: dict[str, Any], result: dict[str, Any] | None) -> dict[str, Any]
         doc["verdict"] = "hang" if doc["hang"] else "mismatch"
         doc["headline"] = line
         ranks = doc["hang"]["missing_ranks"] if doc["hang"] else sorted(int(r) for r in doc["mismatches"][0]["ranks"])
-        doc["next_steps"] = [{"about": doc["verdict"], "ranks": ranks, "text": flight.next_step(result)}] + doc["next_steps"]
+        doc["next_steps"] = ([{"about": doc["verdict"], "ranks": ranks, "text": flight.next_step(result)}]
+                             + doc["next_steps"])
     return doc
 
 
@@ -88,7 +89,8 @@ def hang_lines(doc: dict[str, Any]) -> list[str]:
     else:
         out.append("No hang: every rank that left a dump entered the same collectives.")
     for m in doc.get("mismatches", []):
-        sides = "; ".join(f"rank {r}: {e['collective']} {e['input_sizes']} {e['input_dtypes']}" for r, e in m["ranks"].items())
+        sides = "; ".join(f"rank {r}: {e['collective']} {e['input_sizes']} {e['input_dtypes']}"
+                          for r, e in m["ranks"].items())
         out.append(f"- mismatch at #{m['seq']} of process group {m['process_group']}: {sides}")
     if doc["flight"]["no_dump_ranks"]:
         out.append(f"- no dump from rank(s) {', '.join(map(str, doc['flight']['no_dump_ranks']))} (killed before it "

@@ -12,7 +12,7 @@ import bisect
 import re
 from array import array
 from collections import defaultdict
-from typing import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from harness.collect.decode import Columns, Trace
 from harness.collect.model import Step
@@ -155,8 +155,8 @@ def count_host_ops(doc: Trace, main: int | None, by_number: dict[int, Step]) -> 
         if nxt is not None:  # an op at the very start of the next step is that step's (as in _StepIndex)
             hi = min(hi, bisect.bisect_left(ops.ts, nxt.start_us))
         c = counts[s.number] = defaultdict(int)
-        for lo, hi in _outside(ops.ts, lo, hi, [(a, b) for p, a, b in s.phase_spans if p == STEP_PHASES[0]]):
-            for n, th in zip(ops.name[lo:hi], ops.thread[lo:hi]):
+        for i, j in _outside(ops.ts, lo, hi, [(a, b) for p, a, b in s.phase_spans if p == STEP_PHASES[0]]):
+            for n, th in zip(ops.name[i:j], ops.thread[i:j]):
                 if aten[n]:
                     c[th] += 1
                     if pin[n]:

@@ -258,7 +258,8 @@ GROWTH_ADVICE = {
             "also per-step caches, lists of outputs or metrics; compare two `tracemalloc` snapshots some steps apart",
     "gpu": "something keeps a device tensor alive every step: the classic is a loss history kept as tensors "
            "(`losses.append(loss)`: append `loss.item()` or `loss.detach()`), also outputs or metrics collected "
-           "on the device; record `torch.cuda.memory._record_memory_history()` and dump a snapshot to see who holds it, "
+           "on the device; record `torch.cuda.memory._record_memory_history()` "
+           "and dump a snapshot to see who holds it, "
            "or run with --profile-memory for the window's memory timeline",
 }
 
@@ -350,10 +351,12 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
                                     "host_mem_total_bytes"))
         t = trends[(r, "gpu")]
         if t is not None and _growing(t, th):
-            findings.append(_growth(r, "gpu", t, _limit(log, "gpu_mem_total_bytes"), t.last, t.slope, "gpu_mem_total_bytes"))
+            findings.append(_growth(r, "gpu", t, _limit(log, "gpu_mem_total_bytes"), t.last, t.slope,
+                                    "gpu_mem_total_bytes"))
     # 2. imbalance
     gpu_everywhere = bool(ranks) and all(v["peak_gpu_allocated_bytes"] is not None for v in ranks.values())
-    key, what = ("peak_gpu_allocated_bytes", "GPU peak allocated") if gpu_everywhere else ("peak_rss_bytes", "host RSS peak")
+    key, what = (("peak_gpu_allocated_bytes", "GPU peak allocated") if gpu_everywhere
+                 else ("peak_rss_bytes", "host RSS peak"))
     peaks = {r: v[key] for r, v in ranks.items() if v[key] is not None}
     for r, peak in sorted(peaks.items()):
         others = [p for q, p in peaks.items() if q != r]
@@ -378,7 +381,8 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
         if res >= th.cache_ratio * alloc and res - alloc >= th.cache_min_bytes:
             findings.append({"rank": r, "kind": "cache",
                              "evidence": {"peak_reserved_bytes": res, "peak_allocated_bytes": alloc,
-                                          "unused_bytes": res - alloc, "ratio": round(res / alloc, 3) if alloc else None},
+                                          "unused_bytes": res - alloc,
+                                          "ratio": round(res / alloc, 3) if alloc else None},
                              "reason": f"the caching allocator reserved {res / GiB:.2f} GiB but used at most "
                                        f"{alloc / GiB:.2f} GiB: {(res - alloc) / GiB:.2f} GiB held unused",
                              "advice": "fragmentation, usually from tensors whose shapes change step to step: set "
@@ -408,7 +412,8 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
                              "evidence": {"memory": "host", "host": host, "ranks": sorted(held), "peak_bytes": used,
                                           "limit_bytes": total, "free_fraction": round(1 - used / total, 4)},
                              "reason": f"the RSS peaks of rank(s) {', '.join(map(str, sorted(held)))} on {host} add up "
-                                       f"to {used / GiB:.2f} GiB of {total / GiB:.2f} GiB ({1 - used / total:.1%} free)",
+                                       f"to {used / GiB:.2f} GiB of {total / GiB:.2f} GiB "
+                                       f"({1 - used / total:.1%} free)",
                              "advice": "the host is about to run out (the OOM killer ends a rank without a word): "
                                        "fewer DataLoader workers or a smaller prefetch, no per-rank copies of the "
                                        "dataset, fewer ranks on this host"})

@@ -124,7 +124,8 @@ def choose_window(traces: list[RankTrace], budget_bytes: int) -> Window:
     sizes = step_bytes(traces)
     common = set.intersection(*(set(s.number for s in t.steps) for t in traces)) if traces else set()
     if not common:
-        return Window(steps=None, estimated_bytes=int(sum(t.json_bytes for t in traces)), note="no step on every rank: whole traces")
+        return Window(steps=None, estimated_bytes=int(sum(t.json_bytes for t in traces)),
+                      note="no step on every rank: whole traces")
     longest = {n: max(s.dur_us for t in traces for s in t.steps if s.number == n) for n in common}
     center = sorted(common, key=lambda n: (longest[n], n))[(len(common) - 1) // 2]
     lo = hi = center
@@ -149,7 +150,8 @@ def choose_window(traces: list[RankTrace], budget_bytes: int) -> Window:
     note = (f"{span} of {held[0]}-{held[-1]} (~{total / 1e6:.0f} MB of JSON, budget {budget_bytes / 1e6:.0f} MB; "
             "--merged all|STEPS for others)")
     if total > budget_bytes:
-        note = f"step {center} alone is ~{total / 1e6:.0f} MB, over the {budget_bytes / 1e6:.0f} MB budget: it may not open in a browser"
+        note = (f"step {center} alone is ~{total / 1e6:.0f} MB, over the {budget_bytes / 1e6:.0f} MB budget: "
+                "it may not open in a browser")
     return Window(steps=steps, estimated_bytes=int(total), note=note)
 
 
@@ -158,7 +160,8 @@ def window_for(choice: MergedChoice, traces: list[RankTrace]) -> Window | None:
     if choice.mode == "none":
         return None
     if choice.mode == "all":
-        return Window(steps=None, estimated_bytes=int(sum(t.json_bytes for t in traces)), note="every event of every trace")
+        return Window(steps=None, estimated_bytes=int(sum(t.json_bytes for t in traces)),
+                      note="every event of every trace")
     if choice.mode == "steps":
         sizes = step_bytes(traces)
         steps = sorted(n for n in choice.steps if n in sizes)
@@ -301,7 +304,8 @@ def _head(a: Analysis, window: Window) -> Piece:
         r = trace.rank
         for e in ({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r} ({trace.host})"}},
                   {"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}},
-                  {"ph": "M", "name": "thread_name", "pid": r, "tid": _tid(r, WAIT_TID), "args": {"name": "collective waits"}}):
+                  {"ph": "M", "name": "thread_name", "pid": r, "tid": _tid(r, WAIT_TID),
+                   "args": {"name": "collective waits"}}):
             w.write((b"" if first else b",\n") + _ENCODE(e))
             first = False
     return w.finish()
@@ -349,7 +353,8 @@ def rank_jobs(a: Analysis, window: Window) -> list[_RankJob]:
             # behind the host); no chosen step on this rank: an empty span copies nothing
             device_ends = [b for _, b, st in trace.compute + trace.copies if st in keep] + \
                 [c.end_us for c in trace.comms if c.step in keep]
-            span = (min(s.start_us for s in chosen), max([s.end_us for s in chosen] + device_ends)) if chosen else (0.0, 0.0)
+            span = ((min(s.start_us for s in chosen), max([s.end_us for s in chosen] + device_ends)) if chosen
+                    else (0.0, 0.0))
         jobs.append(_RankJob(rank=trace.rank, host=trace.host, paths=trace.paths, blocks=trace.blocks,
                              shift_us=(trace.base_us - base) - a.offsets[trace.rank].offset_us, span_us=span))
     return jobs

@@ -25,7 +25,7 @@ class Block(NamedTuple):
     meta: bool
 
 
-def number_by_group(comms: list["CommOp"]) -> None:
+def number_by_group(comms: list[CommOp]) -> None:
     """Set each op's `seq`: its position among its process group's ops (comms sorted by time)."""
     counters: dict[str, int] = {}
     for c in comms:
@@ -113,14 +113,15 @@ class RankTrace:
     events: int = 0
     blocks: dict[str, list[Block]] = field(default_factory=dict)
 
-    def shifted(self, offset_us: float) -> "RankTrace":
+    def shifted(self, offset_us: float) -> RankTrace:
         """A copy with every timestamp moved by -offset_us (clock alignment)."""
         from dataclasses import replace
 
         return replace(
             self,
             steps=[replace(s, start_us=s.start_us - offset_us, end_us=s.end_us - offset_us,
-                           phase_spans=[(p, a - offset_us, b - offset_us) for p, a, b in s.phase_spans]) for s in self.steps],
+                           phase_spans=[(p, a - offset_us, b - offset_us) for p, a, b in s.phase_spans])
+                   for s in self.steps],
             comms=[replace(c, start_us=c.start_us - offset_us, end_us=c.end_us - offset_us,
                            run_up_start_us=None if c.run_up_start_us is None else c.run_up_start_us - offset_us)
                    for c in self.comms],

@@ -96,7 +96,8 @@ class Gap:
 OpWaits = dict[tuple[int, str, int], float]  # (rank, process group, seq) -> that op's wait, us
 
 
-def _split(comms: list[CommOp], waits: OpWaits, rank: int, lo: float, hi: float) -> tuple[list[Interval], list[Interval]]:
+def _split(comms: list[CommOp], waits: OpWaits, rank: int, lo: float,
+           hi: float) -> tuple[list[Interval], list[Interval]]:
     """The comms' union clipped to [lo, hi], and the part of it where some op is transferring:
     an op waits from its start for `wait` (until the last peer arrives), then transfers."""
     spans, moving = [], []
@@ -178,10 +179,12 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None,
             for a, b in pieces:
                 if b - a >= min_gap_us:
                     name = next((c.name for c in comms if c.start_us < b and c.end_us > a), None)
-                    gaps.append(Gap(rank=trace.rank, step=step.number, start_us=a, dur_us=b - a, kind=kind, collective=name))
+                    gaps.append(Gap(rank=trace.rank, step=step.number, start_us=a, dur_us=b - a, kind=kind,
+                                    collective=name))
         for a, b in subtract([(lo, hi)], busy):
             if b - a >= min_gap_us:
                 before = [c for c in comms if c.end_us <= a]
                 name = max(before, key=lambda c: c.end_us).name if before else None
-                gaps.append(Gap(rank=trace.rank, step=step.number, start_us=a, dur_us=b - a, kind="idle", collective=name))
+                gaps.append(Gap(rank=trace.rank, step=step.number, start_us=a, dur_us=b - a, kind="idle",
+                                collective=name))
     return rows, gaps

@@ -24,15 +24,26 @@ import json
 import re
 from array import array
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from harness.collect.decode import (NO_ARGS, Args, Columns, Mark, Trace, TraceError, decode_trace, is_sorted, number,
-                                    read_bytes)
+from harness.collect.decode import (
+    NO_ARGS,
+    Args,
+    Columns,
+    Mark,
+    Trace,
+    TraceError,
+    decode_trace,
+    is_sorted,
+    number,
+    read_bytes,
+)
 from harness.collect.host import attribute_syncs, count_host_ops
 from harness.collect.model import CommOp, RankTrace, Step, number_by_group
 from harness.collect.runup import Span, merged_by_step, set_run_ups
-from harness.paths import RANGE_PREFIX, STEP_PHASES, WORKER_RANK_PATTERN, TRACE_PATTERN
+from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_PATTERN, WORKER_RANK_PATTERN
 
 __all__ = ["TraceError", "load_json", "parse_trace"]
 
@@ -41,7 +52,8 @@ GLOO_RANGE = re.compile(r"^gloo:(?P<coll>\w+)")
 C10D_OP = re.compile(r"^c10d::_?(?P<coll>[a-z_]+?)(?:_base)?_$")  # c10d::allreduce_, c10d::_allgather_base_
 STEP_NAME = re.compile(r"^ProfilerStep#(?P<n>\d+)$")
 FILE_RANK = re.compile(r"(?:rank|worker)[-_]?(?P<rank>\d+)", re.IGNORECASE)
-LAUNCH_CALL = re.compile(r"^(?:cuda|cu|hip)(?:LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|ModuleLaunchKernel|GraphLaunch)")
+LAUNCH_CALL = re.compile(r"^(?:cuda|cu|hip)(?:LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|"
+                         r"ModuleLaunchKernel|GraphLaunch)")
 PARAM_COMMS = "record_param_comms"
 # The warning for a GPU run's trace without device activity (analysis.py says it once for all ranks).
 NO_KERNELS = ("trace of a GPU run (it lists GPUs or an NCCL backend) with no GPU kernels: the profiler got no CUPTI "
@@ -148,7 +160,8 @@ def _steps(doc: Trace, main_marks: list[Mark], main_ops: _Ops, main: int | None,
                         max((t + d for t, d, th in zip(launches.ts, launches.dur, launches.thread) if th == main),
                             default=-float("inf"))])
         ends = [e.ts for e in marks[1:]] + [main_end]
-        return [Step(number=i, start_us=e.ts, end_us=end) for i, (e, end) in enumerate(zip(marks, ends))], "harness ranges"
+        return ([Step(number=i, start_us=e.ts, end_us=end) for i, (e, end) in enumerate(zip(marks, ends))],
+                "harness ranges")
     if not doc.count:
         return [], "whole trace"
     warnings.append(f"{name}: no ProfilerStep#N markers or harness ranges; the whole trace is one step")

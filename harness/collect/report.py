@@ -14,7 +14,8 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   replay model reproduces the run), whatif_all_fixed_step_ms (every straggler fixed)}.
 - `stragglers`: [{rank, host, phase, phase_excess_ms, late_ms (per step: how much later than
   the punctual ranks it arrives at collectives; what flags it), cost_ms (per step: its share of
-  how much later the collectives start, i.e. what fixing it buys when others are late too), blame_ms (the others' waiting it caused, total), wait_ms,
+  how much later the collectives start, i.e. what fixing it buys when others are late too),
+  blame_ms (the others' waiting it caused, total), wait_ms,
   late_fraction (of its collectives), steps_late, steps, pattern (persistent|intermittent),
   last_fraction, whatif_step_ms (step time with its excess removed, by replay), mean_step_ms}],
   latest first; empty unless the verdict is straggler.
@@ -81,10 +82,13 @@ MAX_GAPS = 200
 ADVICE = {
     "data": "its input pipeline is slow: more DataLoader workers (--num-workers), persistent workers, "
             "pinned memory, or move preprocessing offline; check its disk/network for input files",
-    "h2d": "its host-to-device copies are slow: pin memory and copy with non_blocking=True; check the PCIe/NUMA placement of that GPU",
-    "forward": "its forward pass is slow: compare its hardware (clocks, thermals, other tenants), and its input sizes if they vary",
+    "h2d": "its host-to-device copies are slow: pin memory and copy with non_blocking=True; "
+           "check the PCIe/NUMA placement of that GPU",
+    "forward": "its forward pass is slow: compare its hardware (clocks, thermals, other tenants), "
+               "and its input sizes if they vary",
     "loss": "its loss computation is slow: look for host syncs or data-dependent work in the loss",
-    "backward": "its backward pass is slow: compare its hardware (clocks, thermals, other tenants), and activation checkpointing settings",
+    "backward": "its backward pass is slow: compare its hardware (clocks, thermals, other tenants), "
+                "and activation checkpointing settings",
     "optimizer": "its optimizer step is slow: use a fused/foreach optimizer; check for per-parameter host work",
 }
 
@@ -141,8 +145,8 @@ def _mb(b: float | None) -> float | None:
     return None if b is None else round(b / 1e6, 3)
 
 
-MEMORY_RANK_KEYS = ("peak_rss_bytes", "rss_growth_bytes_per_step", "peak_gpu_allocated_bytes", "peak_gpu_reserved_bytes",
-                    "gpu_growth_bytes_per_step")
+MEMORY_RANK_KEYS = ("peak_rss_bytes", "rss_growth_bytes_per_step", "peak_gpu_allocated_bytes",
+                    "peak_gpu_reserved_bytes", "gpu_growth_bytes_per_step")
 
 
 def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = None,
@@ -167,7 +171,8 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
             "compute_ms": _ms(g["compute_us"]), "comm_ms": _ms(g["comm_us"]),
             "overlapped_comm_ms": _ms(g["overlapped_comm_us"]), "exposed_comm_ms": _ms(g["exposed_comm_us"]),
             "exposed_wait_ms": _ms(g["exposed_wait_us"]), "exposed_transfer_ms": _ms(g["exposed_transfer_us"]),
-            "memcpy_ms": _ms(g["memcpy_us"]), "idle_ms": _ms(g["idle_us"]), "wait_ms": b.wait_ms, "blame_ms": b.blame_ms,
+            "memcpy_ms": _ms(g["memcpy_us"]), "idle_ms": _ms(g["idle_us"]), "wait_ms": b.wait_ms,
+            "blame_ms": b.blame_ms,
             "late_ms": round(b.late_ms, 6), "cost_ms": round(b.cost_ms, 6),
             "late_fraction": b.late_fraction, "last_fraction": b.last_fraction, "waits_for": b.waits_for,
             "clock_offset_ms": _ms(o.offset_us), "clock_spread_ms": _ms(o.spread_us), "clock_samples": o.samples,
@@ -235,8 +240,9 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
         "collectives": {"matched": len(a.instances), "by_name": dict(Counter(i.name for i in a.instances))},
         "clock": {"aligned": a.aligned, "reference_rank": min(present) if present else None,
                   "reference_host": a.host_clocks[0].host if a.host_clocks else None,
-                  "hosts": [{"host": c.host, "ranks": c.ranks, "offset_ms": _ms(c.offset_us), "spread_ms": _ms(c.spread_us),
-                             "samples": c.samples, "via": c.via} for c in a.host_clocks]},
+                  "hosts": [{"host": c.host, "ranks": c.ranks, "offset_ms": _ms(c.offset_us),
+                             "spread_ms": _ms(c.spread_us), "samples": c.samples, "via": c.via}
+                            for c in a.host_clocks]},
         "memory_findings": memory.findings if memory else [],
         "memory_steps": memory.steps if memory else [],
         "memory_timelines": memory_timelines or [],
@@ -341,7 +347,8 @@ def scope_line(doc: dict[str, Any]) -> str:
     """What the report covers, in one sentence."""
     run = doc["run"]
     steps = f"{run['steps'][0]}..{run['steps'][-1]}" if run["steps"] else "-..-"
-    return (f"{len(run['ranks_present'])} rank(s) on {len(run['hosts'])} host(s), device {run['device']}, steps {steps} "
+    return (f"{len(run['ranks_present'])} rank(s) on {len(run['hosts'])} host(s), device {run['device']}, "
+            f"steps {steps} "
             f"({', '.join(run['steps_source'])}); {doc['collectives']['matched']} collective instance(s) matched.")
 
 
@@ -371,7 +378,8 @@ MEMORY_FINDING_COLUMNS: list[Column] = [
     ("rank", "rank", "{}"), ("kind", "finding", "{}"), ("reason", "evidence", "{}"), ("advice", "next step", "{}")]
 MEMORY_RANK_COLUMNS: list[Column] = [
     ("rank", "rank", "{}"), ("peak_rss_mb", "peak RSS MB", "{:.1f}"), ("rss_growth_mb", "RSS MB/step", "{:.3f}"),
-    ("peak_gpu_allocated_mb", "peak GPU allocated MB", "{:.1f}"), ("peak_gpu_reserved_mb", "peak GPU reserved MB", "{:.1f}"),
+    ("peak_gpu_allocated_mb", "peak GPU allocated MB", "{:.1f}"),
+    ("peak_gpu_reserved_mb", "peak GPU reserved MB", "{:.1f}"),
     ("gpu_growth_mb", "GPU MB/step", "{:.3f}")]
 
 
@@ -445,13 +453,16 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines += ["", "## Per process group", ""]
         lines += text_table.markdown(pg_rows(doc), PG_COLUMNS)
     if doc["collective_stats"]:
-        lines += ["", "## Collectives", "", "Bus bandwidth by NCCL-tests' conventions (all-reduce x 2(n-1)/n, all-gather "
-                  "and reduce-scatter x (n-1)/n), to hold against the link's speed; '-' where the trace gives no sizes.", ""]
+        lines += ["", "## Collectives", "",
+                  "Bus bandwidth by NCCL-tests' conventions (all-reduce x 2(n-1)/n, all-gather "
+                  "and reduce-scatter x (n-1)/n), to hold against the link's speed; "
+                  "'-' where the trace gives no sizes.", ""]
         lines += text_table.markdown(doc["collective_stats"], COLLECTIVE_STAT_COLUMNS)
     lines += ["", "## Biggest gaps", ""]
     if doc["gaps"]:
         lines += text_table.markdown(gap_rows(doc, 10), GAP_COLUMNS)
-        lines.append(f"\n{doc['gaps_total']} gap(s) in all; `report.json` lists the {min(doc['gaps_total'], MAX_GAPS)} longest.")
+        lines.append(f"\n{doc['gaps_total']} gap(s) in all; "
+                     f"`report.json` lists the {min(doc['gaps_total'], MAX_GAPS)} longest.")
     else:
         lines.append("No gap of exposed communication or idle device time.")
     lines += ["", "## Clock offsets", ""]
@@ -466,8 +477,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-COLLECTIVE_COLUMNS = ["instance", "name", "pg", "step", "rank", "arrival_us", "wait_us", "transfer_us", "delay_share_us",
-                      "last_rank"]
+COLLECTIVE_COLUMNS = ["instance", "name", "pg", "step", "rank", "arrival_us", "wait_us", "transfer_us",
+                      "delay_share_us", "last_rank"]
 
 
 def collective_rows(a: Analysis) -> list[dict[str, Any]]:
@@ -483,8 +494,9 @@ def collective_rows(a: Analysis) -> list[dict[str, Any]]:
     return rows
 
 
-STEP_COLUMNS = ["rank", "step", "step_ms", "wait_ms", "lag_ms", "exposed_comm_ms", "exposed_wait_ms", "exposed_transfer_ms",
-                "compute_ms", "comm_ms", "memcpy_ms", "idle_ms", "last_arriver", "rss_mb", "gpu_allocated_mb"]
+STEP_COLUMNS = ["rank", "step", "step_ms", "wait_ms", "lag_ms", "exposed_comm_ms", "exposed_wait_ms",
+                "exposed_transfer_ms", "compute_ms", "comm_ms", "memcpy_ms", "idle_ms", "last_arriver", "rss_mb",
+                "gpu_allocated_mb"]
 
 
 def write_report(doc: dict[str, Any], out: Path, collectives: list[dict[str, Any]] | None = None) -> None:

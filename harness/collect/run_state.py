@@ -10,7 +10,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.paths import ATTEMPT_PATTERN, PARTIAL_SUFFIX, STATUS_DIR, STATUS_PATTERN, STEPS_DIR, attempt_dir, run_file, status_path, steps_path
+from harness.paths import (
+    ATTEMPT_PATTERN,
+    PARTIAL_SUFFIX,
+    STATUS_DIR,
+    STATUS_PATTERN,
+    STEPS_DIR,
+    attempt_dir,
+    run_file,
+    status_path,
+    steps_path,
+)
 
 
 def attempts(run_dir: Path) -> list[int]:
@@ -114,7 +124,8 @@ def skipped_windows(run_dir: Path) -> list[dict]:
             for p in sorted((run_dir / STATUS_DIR).iterdir()):
                 try:
                     doc = json.loads(p.read_text())
-                    ranks.append({"rank": doc["rank"], "skipped_windows": (doc.get("tracing") or {}).get("skipped_windows", [])})
+                    ranks.append({"rank": doc["rank"],
+                                  "skipped_windows": (doc.get("tracing") or {}).get("skipped_windows", [])})
                 except (OSError, ValueError, KeyError, TypeError, AttributeError):
                     continue
     for r in ranks if isinstance(ranks, list) else []:

@@ -216,8 +216,9 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
         is_straggler = r in flagged
         waits_for = sorted(([j, round(v / 1e3 / n_steps, 4)] for j, v in owed[r].items()
                             if n_steps and v / 1e3 / n_steps > noise_ms), key=lambda x: (-x[1], x[0]))
-        rb = RankBlame(rank=r, host=by_rank[r].host, late_ms=late_ms[r], cost_ms=cost_ms[r], blame_ms=blame_total[r] / 1e3,
-                       wait_ms=wait_total[r] / 1e3, late_fraction=late_at[r] / taken_part[r] if taken_part[r] else 0.0,
+        rb = RankBlame(rank=r, host=by_rank[r].host, late_ms=late_ms[r], cost_ms=cost_ms[r],
+                       blame_ms=blame_total[r] / 1e3, wait_ms=wait_total[r] / 1e3,
+                       late_fraction=late_at[r] / taken_part[r] if taken_part[r] else 0.0,
                        steps_late=steps_late, steps=n_steps,
                        last_fraction=sum(1 for s in step_last.values() if s == r) / n_steps if n_steps else 0.0,
                        mean_step_ms=mean_step_ms[r], waits_for=[] if reason else waits_for, straggler=is_straggler)

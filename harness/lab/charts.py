@@ -92,7 +92,8 @@ def scaling(sweep: Sweep, done: list[RowResult]) -> plt.Figure:
     groups = sorted({r.row.group for r in done if r.efficiency is not None})
     top = 1
     for g in groups:
-        rows = sorted((r for r in done if r.row.group == g and r.efficiency is not None), key=lambda r: r.figures["world_size"])
+        rows = sorted((r for r in done if r.row.group == g and r.efficiency is not None),
+                      key=lambda r: r.figures["world_size"])
         sizes = [r.figures["world_size"] for r in rows]
         top = max(top, *sizes)
         ax.plot(sizes, [r.efficiency for r in rows], marker="o", label=g.upper())

@@ -15,15 +15,15 @@ from typing import NoReturn
 
 from tqdm import tqdm
 
-from harness.train.cli import parse_config
 from harness.atomic import write_text_atomic
-from harness.train.config import ConfigError
 from harness.lab.results import FAILED, OK, SKIPPED, RowResult, csv_text, derive, summary_markdown
 from harness.lab.runner import run_name, run_row, train_args
 from harness.lab.sweeps import SWEEPS, Host, Row, Sweep
 from harness.oneline_argparse import OneLineArgumentParser
 from harness.oneline_argparse import fail as exit_with
 from harness.paths import DEFAULT_LOG_DIR, LAB_DIR, LAB_RUNS_DIR, LAB_SUMMARY, LAB_TIMINGS, lab_dir
+from harness.train.cli import parse_config
+from harness.train.config import ConfigError
 
 PROG = "harness.lab"
 EXIT_FAILED_ROWS = 1
@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="print the sweep's rows on this machine and exit")
     p.add_argument("--profile", action="store_true",
                    help="record torch.profiler traces in every row (default off: timings without profiler overhead)")
-    p.add_argument("--row-timeout-s", type=float, default=1800.0, help="kill a row's job after this long (default 1800)")
+    p.add_argument("--row-timeout-s", type=float, default=1800.0,
+                   help="kill a row's job after this long (default 1800)")
     return p
 
 
@@ -61,7 +62,8 @@ def select_rows(sweep: Sweep, host: Host, nproc: int, only: str | None) -> list[
     keys = [r.key for r in rows]
     unknown = [k for k in wanted if k not in keys]
     if unknown or not wanted:
-        raise ValueError(f"--only: no row {', '.join(unknown) or '(empty)'} in sweep {sweep.name}; rows: {', '.join(keys)}")
+        raise ValueError(f"--only: no row {', '.join(unknown) or '(empty)'} in sweep {sweep.name}; "
+                         f"rows: {', '.join(keys)}")
     return [r for r in rows if r.key in wanted]
 
 
@@ -83,7 +85,8 @@ def new_sweep_dir(log_dir: Path, sweep: str) -> Path:
     return path
 
 
-def write_outputs(sweep: Sweep, results: list[RowResult], out: Path, context: dict[str, str], charts: bool) -> list[str]:
+def write_outputs(sweep: Sweep, results: list[RowResult], out: Path, context: dict[str, str],
+                  charts: bool) -> list[str]:
     derive(results)
     write_text_atomic(out / LAB_TIMINGS, csv_text(sweep, results))
     names: list[str] = []
@@ -132,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
 
     context = {"command": " ".join(["python -m harness.lab", *(sys.argv[1:] if argv is None else argv)]),
                "machine": f"{host.cores} CPU cores, {host.gpus} CUDA device(s), torch {torch.__version__}",
-               "profiler": "on (traces in each run folder)" if args.profile else "off (timings without its overhead; --profile to record traces)",
+               "profiler": ("on (traces in each run folder)" if args.profile
+                            else "off (timings without its overhead; --profile to record traces)"),
                "runs": f"{LAB_RUNS_DIR}/<NN-row>/ (harness run folders) and {LAB_RUNS_DIR}/<NN-row>.log"}
     results: list[RowResult] = []
     bar = tqdm(rows, desc=sweep.name, unit="row", file=sys.stderr, dynamic_ncols=True)
@@ -144,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         bar.close()
         write_outputs(sweep, results, out, context, charts=True)
-        print(f"{PROG}: interrupted after {len(results)} of {len(rows)} rows; written: {out / LAB_SUMMARY}", file=sys.stderr)
+        print(f"{PROG}: interrupted after {len(results)} of {len(rows)} rows; written: {out / LAB_SUMMARY}",
+              file=sys.stderr)
         raise SystemExit(EXIT_INTERRUPTED) from None
     bar.close()
     charts = write_outputs(sweep, results, out, context, charts=True)

@@ -99,7 +99,8 @@ def derive(results: list[RowResult]) -> None:
         r.speedup = _ratio(thr, done[0].figures.get("throughput_samples_s"))
         r.vs_previous = _ratio(thr, done[i - 1].figures.get("throughput_samples_s")) if i else None
     for r in done:
-        one = next((o for o in done if o.row.group and o.row.group == r.row.group and o.figures["world_size"] == 1), None)
+        one = next((o for o in done if o.row.group and o.row.group == r.row.group and o.figures["world_size"] == 1),
+                   None)
         if one is not None:
             r.efficiency = _ratio(r.figures.get("throughput_samples_s"),
                                   r.figures["world_size"] * (one.figures.get("throughput_samples_s") or 0))
@@ -142,7 +143,8 @@ def _cols(sweep: Sweep, results: list[RowResult]) -> list[text_table.Column]:
     kind = next((r.figures.get("peak_mem_kind") for r in results if r.figures.get("peak_mem_kind")), None)
     mem_title = "peak GPU MiB" if kind == "gpu_allocated" else "peak RSS MiB"
     cols: list[text_table.Column] = [
-        ("label", "configuration", "{}"), ("status", "status", "{}"), ("ranks", "ranks", "{}"), ("device", "device", "{}"),
+        ("label", "configuration", "{}"), ("status", "status", "{}"), ("ranks", "ranks", "{}"),
+        ("device", "device", "{}"),
         ("mean", "mean ms", "{:.2f}"), ("p50", "p50 ms", "{:.2f}"), ("p99", "p99 ms", "{:.2f}"),
         ("thr", "samples/s", "{:.1f}"), ("mem", mem_title, "{:.0f}"), ("speedup", "speed-up", "{:.2f}x")]
     if sweep.name == "ladder":
@@ -210,7 +212,8 @@ def ratio_lines(sweep: Sweep, results: list[RowResult]) -> list[str]:
             lines.append(f"bf16 -> bf16 + torch.compile: throughput x{comp:.2f}"
                          + _noise_note(done["bf16-compile"], done["bf16"]) +
                          (" (fusion pays: kernel count and memory traffic were the cost)" if comp >= 1.10 else
-                          " (compile does not pay here)" if comp >= 0.95 else " (a regression: compiled code is slower here)"))
+                          " (compile does not pay here)" if comp >= 0.95 else
+                          " (a regression: compiled code is slower here)"))
     elif sweep.name == "ladder":
         ran = list(done.values())
         worse = []
@@ -251,7 +254,8 @@ def summary_markdown(sweep: Sweep, results: list[RowResult], context: dict[str, 
     if skipped or failed:
         lines += ["## Not measured", ""]
         lines += [f"- {r.row.label}: skipped, {r.note}" for r in skipped]
-        lines += [f"- {r.row.label}: failed, {r.note}" + (f" (log: {r.run_dir}.log)" if r.run_dir else "") for r in failed]
+        lines += [f"- {r.row.label}: failed, {r.note}" + (f" (log: {r.run_dir}.log)" if r.run_dir else "")
+                  for r in failed]
         lines.append("")
     pngs = [c for c in charts if c.endswith(".png")]
     if pngs:

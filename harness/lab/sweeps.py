@@ -31,7 +31,7 @@ class Host:
         return self.gpus if self.cuda else self.cores
 
     @classmethod
-    def detect(cls) -> "Host":
+    def detect(cls) -> Host:
         import torch
 
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -82,7 +82,8 @@ def _data(host: Host, nproc: int) -> list[Row]:
 
 
 def _torch(host: Host, nproc: int) -> list[Row]:
-    return [Row(f"batch-{b}", f"batch {b}", ("--mode", "torch", "--batch-size", str(b)), nproc, skip=_no_ranks(host, nproc))
+    return [Row(f"batch-{b}", f"batch {b}", ("--mode", "torch", "--batch-size", str(b)), nproc,
+                skip=_no_ranks(host, nproc))
             for b in (256, 1024)]
 
 

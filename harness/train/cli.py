@@ -12,8 +12,8 @@ import typing
 from pathlib import Path
 from typing import Any, NoReturn
 
-from harness.train.config import SECTIONS, ConfigError, TrainConfig, build_config, flag_of, load_toml
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser, fail
+from harness.train.config import SECTIONS, ConfigError, TrainConfig, build_config, flag_of, load_toml
 
 EXIT_CONFIG = EXIT_USAGE
 
@@ -24,8 +24,10 @@ def _value_type(annotation: Any) -> type:
 
 
 def build_parser(prog: str = "harness.train") -> argparse.ArgumentParser:
-    parser = OneLineArgumentParser(prog=prog, description="Run a lab workload under torch.profiler (torchrun for several ranks).")
-    parser.add_argument("--config", type=Path, default=None, help="TOML preset (configs/<mode>.toml); flags override it")
+    parser = OneLineArgumentParser(prog=prog,
+                                   description="Run a lab workload under torch.profiler (torchrun for several ranks).")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="TOML preset (configs/<mode>.toml); flags override it")
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(section, cls.__doc__)
         hints = typing.get_type_hints(cls)

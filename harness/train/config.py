@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from harness.paths import DEFAULT_LOG_DIR
 
@@ -116,12 +117,14 @@ class WorkloadConfig:
     steps: int = knob(30, "training steps in total, warm-up included")
     warmup_steps: int = knob(5, "first steps left out of the statistics")
     seed: int = knob(0, "seed for model weights and synthetic data (data differs per rank)")
-    hidden: int | None = knob(None, "hidden width (default per mode: baseline 512, data 256, torch 256, kernel 2048, comm 64)")
+    hidden: int | None = knob(None, "hidden width (default per mode: baseline 512, data 256, torch 256, kernel 2048, "
+                                    "comm 64)")
     micro_ops: int = knob(60, "torch mode: repeats of the 3-op elementwise chain per forward")
     pointwise_depth: int = knob(8, "kernel mode: pointwise blocks (gate, gelu, layer_norm, add)")
     num_tables: int = knob(4, "comm mode: embedding tables with dense gradients")
     table_rows: int = knob(50_000, "comm mode: rows per embedding table")
-    optimizer: str | None = knob(None, "optimizer (default per mode: sgd in comm mode, adamw otherwise)", choices=OPTIMIZERS)
+    optimizer: str | None = knob(None, "optimizer (default per mode: sgd in comm mode, adamw otherwise)",
+                                 choices=OPTIMIZERS)
 
     def __post_init__(self) -> None:
         _check_types(self, "workload")
@@ -133,7 +136,8 @@ class WorkloadConfig:
         if self.optimizer is None:
             self.optimizer = MODE_OPTIMIZER.get(self.mode, "adamw")
         if self.warmup_steps >= self.steps:
-            raise ConfigError("workload.warmup_steps", f"{self.warmup_steps} leaves no measured step; must be < steps ({self.steps})")
+            raise ConfigError("workload.warmup_steps",
+                              f"{self.warmup_steps} leaves no measured step; must be < steps ({self.steps})")
 
 
 @dataclass(kw_only=True)
@@ -169,7 +173,8 @@ class ParallelConfig:
     reshard_after_forward: bool = knob(True, "FSDP: free gathered parameters after forward")
     collective_timeout: float = knob(600.0, "seconds a collective may wait for its peers before it fails (the process "
                                      "group's timeout): a rank that stops entering collectives ends the job after "
-                                     "this long, with Flight Recorder dumps in <run>/flight/", flag="--collective-timeout")
+                                     "this long, with Flight Recorder dumps in <run>/flight/",
+                                     flag="--collective-timeout")
     flight_recorder: int = knob(2000, "Flight Recorder entries kept per rank (TORCH_FR_BUFFER_SIZE, unless set in the "
                                 "environment); 0 turns it off", flag="--flight-recorder")
 
@@ -254,7 +259,8 @@ class StragglerConfig:
             _check_min("straggler", "rank", rank, 0)
         if self.rank is not None and len(set(self.rank)) < len(self.rank):
             twice = sorted({r for r in self.rank if self.rank.count(r) > 1})
-            raise ConfigError("straggler.rank", f"rank {', '.join(map(str, twice))} listed more than once; list each rank once")
+            raise ConfigError("straggler.rank",
+                              f"rank {', '.join(map(str, twice))} listed more than once; list each rank once")
         _check_min("straggler", "ms", self.ms, 0)
         _check_min("straggler", "every", self.every, 1)
         _check_min("straggler", "from_step", self.from_step, 0)
@@ -284,7 +290,8 @@ class HangConfig:
         _check_min("hang", "rank", self.rank, 0)
         _check_min("hang", "step", self.step, 0)
         if (self.rank is None) != (self.step is None):
-            raise ConfigError("hang.rank" if self.rank is None else "hang.step", "--hang-rank and --hang-step go together")
+            raise ConfigError("hang.rank" if self.rank is None else "hang.step",
+                              "--hang-rank and --hang-step go together")
 
     def stops(self, rank: int, phase: str, step: int) -> bool:
         """Whether `rank` stops for good in `phase` of `step`."""
@@ -314,7 +321,8 @@ class OutputConfig:
 
     log_dir: str = knob(DEFAULT_LOG_DIR, "root folder of all runs")
     run_name: str | None = knob(None, "run folder name (default: mode-parallel-wsN-time)")
-    scalars: bool = knob(True, "write per-rank TensorBoard scalars (step time, data wait, throughput, memory) to <run>/tb/")
+    scalars: bool = knob(True, "write per-rank TensorBoard scalars (step time, data wait, throughput, memory) "
+                               "to <run>/tb/")
 
     def __post_init__(self) -> None:
         _check_types(self, "output")
@@ -352,9 +360,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         strag = self.straggler
         if strag.rank is not None and strag.ms > 0 and strag.from_step >= self.workload.steps:
-            raise ConfigError("straggler.from_step", f"{strag.from_step} is past the last step; must be < steps ({self.workload.steps})")
+            raise ConfigError("straggler.from_step",
+                              f"{strag.from_step} is past the last step; must be < steps ({self.workload.steps})")
         if self.hang.step is not None and self.hang.step >= self.workload.steps:
-            raise ConfigError("hang.step", f"{self.hang.step} is past the last step; must be < steps ({self.workload.steps})")
+            raise ConfigError("hang.step",
+                              f"{self.hang.step} is past the last step; must be < steps ({self.workload.steps})")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
@@ -408,7 +418,7 @@ class LaunchEnv:
 
     @classmethod
     def from_environ(cls, environ: typing.Mapping[str, str] | None = None, *, cuda: bool | None = None,
-                     device_count: int | None = None) -> "LaunchEnv":
+                     device_count: int | None = None) -> LaunchEnv:
         env = os.environ if environ is None else environ
         if cuda is None or (cuda and device_count is None):
             import torch
@@ -441,7 +451,8 @@ def resolve_environment(cfg: TrainConfig, env: LaunchEnv) -> TrainConfig:
     if parallel == "auto":
         parallel = ("fsdp" if env.accelerate_fsdp else "ddp") if env.distributed else "none"
     if parallel in ("ddp", "fsdp") and not env.distributed:
-        raise ConfigError("parallel.parallel", f"{parallel} needs a process group: launch with torchrun (or use --parallel none)")
+        raise ConfigError("parallel.parallel",
+                          f"{parallel} needs a process group: launch with torchrun (or use --parallel none)")
     backend = par.backend
     if backend == "auto":
         backend = "nccl" if env.cuda else "gloo"
@@ -454,7 +465,8 @@ def resolve_environment(cfg: TrainConfig, env: LaunchEnv) -> TrainConfig:
         procs = max(env.local_world_size, env.local_rank + 1)
         if procs > env.device_count:
             raise ConfigError("launch.nproc_per_node", f"{procs} processes on this node but {env.device_count} GPU(s) "
-                              "visible; start at most one process per GPU (torchrun --nproc-per-node, CUDA_VISIBLE_DEVICES)")
+                              "visible; start at most one process per GPU "
+                              "(torchrun --nproc-per-node, CUDA_VISIBLE_DEVICES)")
     strag = cfg.straggler
     for rank in strag.rank or ():
         if rank >= env.world_size:

@@ -12,19 +12,19 @@ from pathlib import Path
 
 import torch
 
+from harness.paths import RUN_FILE, run_file, scalars_dir, steps_path
+from harness.scalars import ScalarWriter
 from harness.train import flight
 from harness.train.cli import fail_config, parse_config
 from harness.train.config import ConfigError, LaunchEnv, TrainConfig, resolve_environment
 from harness.train.parallel import build_optimizer, destroy_process_group, init_process_group, pick_device, wrap_model
-from harness.paths import RUN_FILE, run_file, scalars_dir, steps_path
 from harness.train.profiling import TraceRecorder
 from harness.train.run_info import RunIdentity, agree_identity, check_output, gather, host_name, write_run_json
 from harness.train.run_status import RankStatus, Terminated, raise_on_sigterm
-from harness.scalars import ScalarWriter
 from harness.train.stats import StepLog, format_rank_table, summarize
 from harness.train.trainer import Trainer, build_loader
-from harness.write_faults import FaultLog
 from harness.train.workloads import build_workload
+from harness.write_faults import FaultLog
 
 PROG = "harness.train"
 
@@ -56,12 +56,13 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
     # Profiler-side outputs never stop training: their write failures are said once and recorded.
     faults = FaultLog(rank=env.rank)
     scalars = ScalarWriter(scalars_dir(ident.dir, env.rank), faults=faults) if cfg.output.scalars else None
-    trainer = Trainer(cfg=cfg, model=model, optimizer=build_optimizer(model, cfg.workload.optimizer, cfg.speed), workload=workload,
-                      loader=build_loader(workload, cfg, device), device=device, rank=env.rank, host=host,
-                      scalars=scalars)
+    trainer = Trainer(cfg=cfg, model=model, optimizer=build_optimizer(model, cfg.workload.optimizer, cfg.speed),
+                      workload=workload, loader=build_loader(workload, cfg, device), device=device, rank=env.rank,
+                      host=host, scalars=scalars)
     metadata = {"run_id": ident.run_id, "run_name": ident.name, "attempt": ident.attempt, "rank": env.rank,
                 "local_rank": env.local_rank,
-                "world_size": env.world_size, "host": host, "mode": cfg.workload.mode, "parallel": cfg.parallel.parallel}
+                "world_size": env.world_size, "host": host, "mode": cfg.workload.mode,
+                "parallel": cfg.parallel.parallel}
     log = StepLog(steps_path(ident.dir, env.rank), faults)
     status = RankStatus(ident.dir, rank=env.rank, host=host, attempt=ident.attempt, faults=faults)
     rec = TraceRecorder(cfg.profiler, run_dir=ident.dir, rank=env.rank, host=host, cuda=device.type == "cuda",
@@ -76,7 +77,8 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
         dump = None
         if recorder_on:
             dump = flight.write_dump(ident.dir, rank=env.rank, world_size=env.world_size, backend=cfg.parallel.backend,
-                                     reason=_dump_reason(state, exc), progress=trainer.progress, host=host, faults=faults)
+                                     reason=_dump_reason(state, exc), progress=trainer.progress, host=host,
+                                     faults=faults)
         status.end(state, _last_step(log), exc, tracing=_tracing(rec, faults), where=where,
                    flight=str(dump.relative_to(ident.dir)) if dump else None)
         raise

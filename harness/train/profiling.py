@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
-from harness.train.config import ProfilerConfig
 from harness.paths import TRACE_METADATA_KEY, memory_timeline_path, partial_path, summary_path, trace_path
+from harness.train.config import ProfilerConfig
 from harness.write_faults import FaultLog, is_disk_full
 
 # After a full disk, the next window is exported only once this much is free again: the start-up
@@ -39,8 +39,8 @@ class TraceRecorder:
     rank, host, ...), so a reader can tell runs apart without trusting file names.
     """
 
-    def __init__(self, cfg: ProfilerConfig, *, run_dir: Path, rank: int, host: str, cuda: bool, metadata: dict[str, Any],
-                 faults: FaultLog | None = None) -> None:
+    def __init__(self, cfg: ProfilerConfig, *, run_dir: Path, rank: int, host: str, cuda: bool,
+                 metadata: dict[str, Any], faults: FaultLog | None = None) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.rank = rank
@@ -64,7 +64,7 @@ class TraceRecorder:
     def enabled(self) -> bool:
         return self.cfg.profile
 
-    def __enter__(self) -> "TraceRecorder":
+    def __enter__(self) -> TraceRecorder:
         if not self.enabled:
             return self
         activities = [ProfilerActivity.CPU]
@@ -72,7 +72,8 @@ class TraceRecorder:
             activities.append(ProfilerActivity.CUDA)
         self._prof = profile(
             activities=activities,
-            schedule=schedule(wait=self.cfg.wait, warmup=self.cfg.warmup, active=self.cfg.active, repeat=self.cfg.repeat),
+            schedule=schedule(wait=self.cfg.wait, warmup=self.cfg.warmup, active=self.cfg.active,
+                              repeat=self.cfg.repeat),
             on_trace_ready=self._write_window,
             # torch's memory timeline needs shapes and stacks besides the allocations
             record_shapes=self.cfg.record_shapes or self.cfg.profile_memory,

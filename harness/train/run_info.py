@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 from harness.atomic import write_text_atomic
-from harness.train.config import ConfigError, LaunchEnv, OutputConfig, TrainConfig
 from harness.paths import ELASTIC_FILE, STEPS_DIR, TRACE_PATTERN, attempt_dir, run_file
+from harness.train.config import ConfigError, LaunchEnv, OutputConfig, TrainConfig
 
 MIN_FREE_BYTES = 64 * 2**20
 
@@ -75,12 +75,15 @@ def check_output(out: OutputConfig) -> None:
         probe.write_bytes(b"x")
         probe.unlink()
     except OSError as exc:
-        raise ConfigError("output.log_dir", f"cannot write to {root} ({exc.strerror}); pass a writable --log-dir") from None
+        raise ConfigError("output.log_dir",
+                          f"cannot write to {root} ({exc.strerror}); pass a writable --log-dir") from None
     free = shutil.disk_usage(root).free
     if free < MIN_FREE_BYTES:
-        raise ConfigError("output.log_dir", f"{root} has only {free // 2**20} MiB free; free space or pass another --log-dir")
+        raise ConfigError("output.log_dir",
+                          f"{root} has only {free // 2**20} MiB free; free space or pass another --log-dir")
     if out.run_name is not None and _holds_run(root / out.run_name) and elastic_attempt()[0] == 0:
-        raise ConfigError("output.run_name", f"{root / out.run_name} already holds a run; pick another --run-name or remove it")
+        raise ConfigError("output.run_name",
+                          f"{root / out.run_name} already holds a run; pick another --run-name or remove it")
 
 
 def agree_identity(cfg: TrainConfig, env: LaunchEnv) -> RunIdentity:
@@ -126,7 +129,8 @@ def device_description(device: torch.device) -> str:
     return "cpu"
 
 
-def write_run_json(ident: RunIdentity, cfg: TrainConfig, env: LaunchEnv, device: torch.device, ranks: list[dict[str, Any]]) -> Path:
+def write_run_json(ident: RunIdentity, cfg: TrainConfig, env: LaunchEnv, device: torch.device,
+                   ranks: list[dict[str, Any]]) -> Path:
     doc = {
         "run_name": ident.name,
         "run_id": ident.run_id,

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from harness.scalars import ScalarWriter, step_scalars
 from harness.train.config import TrainConfig
 from harness.train.faults import HangInjector, StragglerInjector
 from harness.train.flight import Progress
@@ -18,7 +19,6 @@ from harness.train.memory_leak import LeakInjector
 from harness.train.parallel import AMP_DTYPES
 from harness.train.profiling import TraceRecorder
 from harness.train.ranges import phase_range
-from harness.scalars import ScalarWriter, step_scalars
 from harness.train.stats import StepLog, SystemSampler
 from harness.train.timing import StepClock
 from harness.train.workloads import Workload

@@ -53,7 +53,8 @@ class SmallCNN(nn.Module):
             nn.Sequential(nn.Conv2d(a, b, 3, stride=1 if i == 0 else 2, padding=1), nn.ReLU())
             for i, (a, b) in enumerate(zip(channels[:-1], channels[1:]))
         )
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels[-1], hidden), nn.ReLU(), nn.Linear(hidden, NUM_CLASSES))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels[-1], hidden), nn.ReLU(),
+                                  nn.Linear(hidden, NUM_CLASSES))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:

@@ -20,10 +20,29 @@ from pathlib import Path
 from typing import Any
 
 from harness.collect.hang_report import hang_html
-from harness.collect.report import (CLOCK_COLUMNS, COLLECTIVE_STAT_COLUMNS, DIAGNOSIS_COLUMNS, GAP_COLUMNS, HOST_COLUMNS,
-                                    MEMORY_FINDING_COLUMNS, MEMORY_RANK_COLUMNS, PG_COLUMNS, RANK_COLUMNS,
-                                    STRAGGLER_COLUMNS, Column, cell, clock_rows, gap_rows, host_rows, memory_note,
-                                    memory_rank_rows, no_straggler_text, pg_rows, scope_line, straggler_rows)
+from harness.collect.report import (
+    CLOCK_COLUMNS,
+    COLLECTIVE_STAT_COLUMNS,
+    DIAGNOSIS_COLUMNS,
+    GAP_COLUMNS,
+    HOST_COLUMNS,
+    MEMORY_FINDING_COLUMNS,
+    MEMORY_RANK_COLUMNS,
+    PG_COLUMNS,
+    RANK_COLUMNS,
+    STRAGGLER_COLUMNS,
+    Column,
+    cell,
+    clock_rows,
+    gap_rows,
+    host_rows,
+    memory_note,
+    memory_rank_rows,
+    no_straggler_text,
+    pg_rows,
+    scope_line,
+    straggler_rows,
+)
 
 GAPS_SHOWN = 20
 # The view's own assets (index.js is the TensorBoard tab's entry module).
@@ -44,7 +63,8 @@ def plotly_js_path() -> Path:
 
     path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: reinstall the plotly package (pip install --force-reinstall plotly)")
+        raise FileNotFoundError(f"{path} is missing: reinstall the plotly package "
+                                "(pip install --force-reinstall plotly)")
     return path
 
 
@@ -100,8 +120,8 @@ def _body(doc: dict[str, Any], title: str) -> str:
     if doc.get("process_groups"):
         parts.append(_section("Per process group", html_table(pg_rows(doc), PG_COLUMNS, "process-groups"), "sec-pgs"))
     if doc.get("collective_stats"):
-        parts.append(_section("Collectives", '<p class="note">Bus bandwidth by NCCL-tests\' conventions, to hold against '
-                                             'the link\'s speed; - where the trace gives no sizes.</p>'
+        parts.append(_section("Collectives", '<p class="note">Bus bandwidth by NCCL-tests\' conventions, '
+                                             'to hold against the link\'s speed; - where the trace gives no sizes.</p>'
                               + html_table(doc["collective_stats"], COLLECTIVE_STAT_COLUMNS, "collective-stats"),
                               "sec-collectives"))
     parts.append(_section("Rank × step", '<div id="heatmap-step" class="chart"></div>'
@@ -126,7 +146,8 @@ def _body(doc: dict[str, Any], title: str) -> str:
         clock = '<p id="clock">Clocks not aligned (--no-align, or no collective matched across ranks).</p>'
     parts.append(_section("Clock offsets", clock, "sec-clock"))
     if doc["warnings"]:
-        parts.append(_section("Warnings", "<ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in doc["warnings"]) + "</ul>",
+        parts.append(_section("Warnings",
+                              "<ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in doc["warnings"]) + "</ul>",
                               "sec-warnings"))
     return "\n".join(parts)
 
@@ -164,7 +185,8 @@ def render_page(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: 
 
 def render_message(title: str, message_html: str, *, assets: str = "linked") -> str:
     """A page with only a message (no report yet, unreadable report): same look as the view."""
-    head = f"<style>{static_text('view.css')}</style>" if assets == "inline" else '<link rel="stylesheet" href="view.css">'
+    head = (f"<style>{static_text('view.css')}</style>" if assets == "inline"
+            else '<link rel="stylesheet" href="view.css">')
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(title)}</title>{head}</head><body><h1>{html.escape(title)}</h1>"
             f'<div id="message">{message_html}</div></body></html>\n')

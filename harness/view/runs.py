@@ -3,8 +3,9 @@
 A run is either
 - a folder with a collector report: `<run>/report/report.json` (run = `<run>`), or any other
   folder holding `report.json` (a report written with `-o`; run = that folder);
-- a folder of per-rank traces (or their in-job summaries) with no report yet (a folder whose traces a report read, listed
-  in its `input_dirs`, belongs to that report's run: the other nodes of a multi-node run); node folders of a multi-node run
+- a folder of per-rank traces (or their in-job summaries) with no report yet (a folder whose
+  traces a report read, listed in its `input_dirs`, belongs to that report's run: the other
+  nodes of a multi-node run); node folders of a multi-node run
   (`<run>/<node>/*.pt.trace.json.gz`, nothing directly in `<run>`, `<run>` not the logdir
   itself) count as one run, `<run>`.
 
@@ -22,8 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.paths import (MERGED_TRACE, REPORT_DIR, REPORT_JSON, SCALARS_DIR, STEPS_DIR, TIMELINE_JSON, TRACE_PATTERN,
-                           is_summary)
+from harness.paths import (
+    MERGED_TRACE,
+    REPORT_DIR,
+    REPORT_JSON,
+    SCALARS_DIR,
+    STEPS_DIR,
+    TIMELINE_JSON,
+    TRACE_PATTERN,
+    is_summary,
+)
 
 SKIPPED_DIRS = {SCALARS_DIR, STEPS_DIR}
 

@@ -208,7 +208,7 @@ class CollectJob:
         self.timed_out = False
 
     @classmethod
-    def start(cls, run: str, run_dir: Path) -> "CollectJob":
+    def start(cls, run: str, run_dir: Path) -> CollectJob:
         folder = Path(tempfile.mkdtemp(prefix="harness-collect-"))
         with (folder / "output.txt").open("wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", "harness.collect", str(run_dir), "-q",
@@ -236,7 +236,8 @@ class CollectJob:
             except OSError:
                 lines = []
             if self.timed_out:
-                message = f"the collector ran past {COLLECT_TIMEOUT_S} s; run it by hand (python -m harness.collect RUN_DIR)"
+                message = (f"the collector ran past {COLLECT_TIMEOUT_S} s; "
+                           "run it by hand (python -m harness.collect RUN_DIR)")
             else:
                 message = next((ln for ln in lines if ln.startswith("verdict:")), lines[-1] if lines else "")
             body.update(state="done" if code == 0 else "failed", message=message)
