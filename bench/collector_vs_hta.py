@@ -248,10 +248,10 @@ def profile(folder: Path) -> None:
     from harness.collect.cli import parse_all, write_merged_trace
     from harness.collect.discover import find_trace_files, group_ranks
     from harness.collect.merged import MergedChoice
-    from harness.collect.report import build_report, collective_rows, write_report
     from harness.collect.tb_scalars import write_scalars
     from harness.collect.timeline import build_timeline
-    from harness.view.files import write_view
+    from harness.report.document import build_report, collective_rows
+    from harness.report.files import write_report, write_view
 
     out = Path(tempfile.mkdtemp(prefix="cvh-prof-"))
     stages: list[tuple[str, float]] = []

@@ -10,8 +10,8 @@ import pytest
 from harness.collect.discover import group_ranks
 from harness.collect.overlap import intersect, merge, subtract
 from harness.collect.parse import parse_trace
-from harness.collect.report import build_report
 from harness.collect.runup import IDLE
+from harness.report.document import build_report
 
 from conftest import REPO
 from tracebuild import GLOO, GpuRank, document, gpu_docs, run_analysis, shift_doc, step, write, x
@@ -170,7 +170,7 @@ def test_c10d_ops_stand_in_when_there_are_no_gloo_ranges(tmp_path: Path) -> None
 
 
 def test_collectives_csv_rows(tmp_path: Path) -> None:
-    from harness.collect.report import collective_rows
+    from harness.report.document import collective_rows
 
     rows = collective_rows(run_analysis(tmp_path, gpu_docs()))
     assert [(r["instance"], r["rank"], r["wait_us"], r["transfer_us"], r["last_rank"]) for r in rows] == [

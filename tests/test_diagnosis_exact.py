@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from harness.collect.collective_stats import bus_factor, collective_stats, message_bytes
-from harness.collect.report import build_report
 from harness.collect.waits import attribute
+from harness.report.document import build_report
 
 from conftest import REPO
 from tracebuild import ring_docs, run_analysis, write

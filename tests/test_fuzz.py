@@ -20,7 +20,7 @@ from harness.collect import decode
 from harness.collect.analysis import analyze
 from harness.collect.discover import InputError, group_ranks
 from harness.collect.parse import TraceError, parse_trace
-from harness.collect.report import build_report
+from harness.report.document import build_report
 
 from conftest import REPO
 

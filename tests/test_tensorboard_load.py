@@ -26,8 +26,9 @@ import pytest
 from tensorboard.plugins import base_plugin
 from werkzeug.test import Client
 
-from harness.view.files import BodyCache, view_title
-from harness.view.render import render_page
+from harness.report.files import view_title
+from harness.report.page import render_page
+from harness.view.cache import BodyCache
 from harness.view.tb_plugin import DistributedViewPlugin
 
 from conftest import REPO, free_port

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from harness.collect.report import build_report
 from harness.collect.tb_scalars import write_scalars
 from harness.collect.timeline import build_timeline
+from harness.report.document import build_report
+from harness.report.files import write_view
+from harness.report.page import render_page
 from harness.scalars import ScalarWriter, step_scalars
-from harness.view.files import write_view
-from harness.view.render import render_page
 from harness.view.runs import find_runs, load_view_data
 
 from tracebuild import gpu_docs, run_analysis

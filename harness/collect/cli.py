@@ -29,7 +29,6 @@ from harness.collect.merged import (
 from harness.collect.model import RankTrace
 from harness.collect.parse import TraceError, parse_trace
 from harness.collect.progress import Progress
-from harness.collect.report import build_report, collective_rows, console_summary, write_report
 from harness.collect.run_state import choose_attempt, ending_notes, skipped_note, skipped_windows
 from harness.collect.stragglers import Thresholds
 from harness.collect.summary import read_summary
@@ -48,7 +47,9 @@ from harness.paths import (
     is_summary,
     trace_of_summary,
 )
-from harness.view.files import write_view
+from harness.report.console import console_summary
+from harness.report.document import build_report, collective_rows
+from harness.report.files import write_report, write_view
 
 PROG = "harness.collect"
 EXIT_INPUT = EXIT_USAGE

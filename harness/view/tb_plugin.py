@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,22 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from harness.paths import REPORT_JSON, TIMELINE_JSON
-from harness.view.files import Body, BodyCache, file_key, json_file_body, static_file_body, view_title
-from harness.view.render import STATIC_FILES, plotly_js_path, render_message, render_page, static_text
+from harness.report.files import view_title
+from harness.report.page import STATIC_FILES as PAGE_FILES
+from harness.report.page import plotly_js_path, render_message, render_page
+from harness.report.page import static_text as page_text
+from harness.view.cache import Body, BodyCache, file_key, json_file_body, static_file_body
 from harness.view.runs import RunEntry, find_runs, load_view_data
+
+# What the plugin serves of its own: the page's assets, and the TensorBoard tab's entry module.
+STATIC_FILES = {**PAGE_FILES, "index.js": "text/javascript"}
+
+
+def static_text(name: str) -> str:
+    if name == "index.js":
+        return resources.files("harness.view").joinpath("static", name).read_text(encoding="utf-8")
+    return page_text(name)
+
 
 PLUGIN_NAME = "harness_distributed"
 COLLECT_TIMEOUT_S = 600

@@ -1,39 +1,20 @@
-"""The view's files in a report folder: writing timeline.json and the self-contained report.html,
-and serving them (and pages made from them) to many readers at once from one bounded cache."""
+"""Serving a report folder's files (and pages made from them) to many readers at once from one
+bounded cache of gzip-compressed bodies."""
 
 from __future__ import annotations
 
 import gzip
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from harness.atomic import write_text_atomic
-from harness.paths import REPORT_HTML, TIMELINE_JSON
-from harness.view.render import render_page
 from harness.view.runs import parse_json_object
 
 CACHE_ENTRIES = 8
 CACHE_BYTES = 64 * 2**20  # compressed bytes kept, all entries together
 GZIP_LEVEL = 6
-
-
-def view_title(run_name: str) -> str:
-    return f"Distributed view: {run_name}"
-
-
-def write_view(doc: dict[str, Any], timeline: dict[str, Any], out: Path) -> Path:
-    """Write timeline.json and report.html (Plotly and the view's script inlined) into `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / TIMELINE_JSON, json.dumps(timeline, separators=(",", ":"), allow_nan=False) + "\n")
-    name = doc["run"]["run_id"] or out.resolve().parent.name
-    path = out / REPORT_HTML
-    write_text_atomic(path, render_page(doc, timeline, title=view_title(name), assets="inline"))
-    return path
 
 
 @dataclass(frozen=True)

@@ -60,22 +60,16 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
 
 from __future__ import annotations
 
-import csv
-import json
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from harness import text_table
-from harness.atomic import write_text_atomic
 from harness.collect.advisor import advice_for, as_rows, diagnose, summary
 from harness.collect.analysis import Analysis
 from harness.collect.collective_stats import collective_stats, process_groups
-from harness.collect.hang_report import hang_lines
 from harness.collect.memory import MemoryResult, finding_text
-from harness.paths import COLLECTIVES_CSV, REPORT_JSON, REPORT_MD, STEPS_CSV
 
 SCHEMA_VERSION = 1
 MAX_GAPS = 200
@@ -93,55 +87,12 @@ ADVICE = {
 }
 
 
-# Table columns as (key, title, format), shared by report.md and the HTML view.
-Column = tuple[str, str, str]
-STRAGGLER_COLUMNS: list[Column] = [
-    ("rank", "rank", "{}"), ("host", "host", "{}"), ("phase", "late in", "{}"),
-    ("late_ms", "late ms/step", "{:.2f}"), ("cost_ms", "costs ms/step", "{:.2f}"),
-    ("phase_excess_ms", "excess ms/step", "{:.2f}"),
-    ("pattern", "pattern", "{}"), ("steps_late_text", "late in steps", "{}"),
-    ("late_fraction", "late at collectives", "{:.0%}"), ("blame_ms", "others waited ms", "{:.2f}"),
-    ("mean_step_ms", "step ms", "{:.2f}"), ("whatif_step_ms", "step ms if fixed", "{:.2f}")]
-RANK_COLUMNS: list[Column] = [
-    ("rank", "rank", "{}"), ("host", "host", "{}"), ("steps", "steps", "{}"), ("mean_step_ms", "step ms", "{:.2f}"),
-    ("compute_ms", "compute ms", "{:.2f}"), ("comm_ms", "comm ms", "{:.2f}"),
-    ("overlapped_comm_ms", "overlapped ms", "{:.2f}"), ("exposed_wait_ms", "exposed waiting ms", "{:.2f}"),
-    ("exposed_transfer_ms", "exposed transfer ms", "{:.2f}"),
-    ("idle_ms", "idle ms", "{:.2f}"), ("wait_ms", "waited ms", "{:.2f}"), ("blame_ms", "blamed ms", "{:.2f}"),
-    ("late_ms", "late ms/step", "{:.2f}"), ("cost_ms", "costs ms/step", "{:.2f}")]
-GAP_COLUMNS: list[Column] = [
-    ("rank", "rank", "{}"), ("step", "step", "{}"), ("kind", "kind", "{}"), ("dur_ms", "ms", "{:.3f}"),
-    ("collective", "collective", "{}")]
-DIAGNOSIS_COLUMNS: list[Column] = [
-    ("rank", "rank", "{}"), ("host", "host", "{}"), ("bottleneck", "bottleneck", "{}"), ("reason", "evidence", "{}"),
-    ("advice", "next step", "{}")]
-HOST_COLUMNS: list[Column] = [
-    ("host", "host", "{}"), ("ranks", "ranks", "{}"), ("blame_ms", "others waited ms", "{:.2f}"),
-    ("wait_ms", "waited ms", "{:.2f}"), ("stragglers", "stragglers", "{}")]
-CLOCK_COLUMNS: list[Column] = [
-    ("host", "host", "{}"), ("ranks_text", "ranks", "{}"), ("offset_ms", "offset ms", "{:.3f}"),
-    ("spread_ms", "spread ms", "{:.3f}"), ("samples", "collectives", "{}"), ("via", "aligned against", "{}")]
-PG_COLUMNS: list[Column] = [
-    ("pg", "process group", "{}"), ("ranks_text", "ranks", "{}"), ("collectives", "collectives", "{}"),
-    ("comm_ms", "comm ms", "{:.2f}"), ("exposed_wait_ms", "exposed waiting ms", "{:.2f}"),
-    ("exposed_transfer_ms", "exposed transfer ms", "{:.2f}"), ("wait_ms", "waited ms", "{:.2f}"),
-    ("transfer_ms", "transfer ms", "{:.2f}")]
-COLLECTIVE_STAT_COLUMNS: list[Column] = [
-    ("name", "collective", "{}"), ("pg", "group", "{}"), ("ranks", "ranks", "{}"), ("bytes", "bytes", "{:,}"),
-    ("count", "count", "{}"), ("transfer_ms", "transfer ms", "{:.3f}"), ("mean_transfer_ms", "mean ms", "{:.4f}"),
-    ("wait_ms", "waited ms", "{:.3f}"), ("algbw_gbps", "algbw GB/s", "{:.2f}"), ("busbw_gbps", "busbw GB/s", "{:.2f}")]
-
-
-def cell(row: dict[str, Any], key: str, fmt: str) -> str:
-    """One table cell as text: '-' for a missing value."""
-    return "-" if row.get(key) is None else fmt.format(row[key])
-
-
 def _ms(us: float) -> float:
     return round(us / 1e3, 6)
 
 
-def _mb(b: float | None) -> float | None:
+def bytes_to_mb(b: float | None) -> float | None:
+    """Bytes as MB (10^6), 3 decimals; None stays None."""
     return None if b is None else round(b / 1e6, 3)
 
 
@@ -204,7 +155,8 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
             "exposed_transfer_ms": _ms(row.exposed_transfer_us), "compute_ms": _ms(row.compute_us),
             "comm_ms": _ms(row.comm_us), "memcpy_ms": _ms(row.memcpy_us), "idle_ms": _ms(row.idle_us),
             "last_arriver": res.step_last.get(row.step) == row.rank,
-            "rss_mb": _mb(logged.get("rss_bytes")), "gpu_allocated_mb": _mb(logged.get("gpu_peak_allocated_bytes")),
+            "rss_mb": bytes_to_mb(logged.get("rss_bytes")),
+            "gpu_allocated_mb": bytes_to_mb(logged.get("gpu_peak_allocated_bytes")),
         })
     gaps = sorted(a.gaps, key=lambda g: -g.dur_us)
     present = sorted(by_rank)
@@ -343,144 +295,6 @@ def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def scope_line(doc: dict[str, Any]) -> str:
-    """What the report covers, in one sentence."""
-    run = doc["run"]
-    steps = f"{run['steps'][0]}..{run['steps'][-1]}" if run["steps"] else "-..-"
-    return (f"{len(run['ranks_present'])} rank(s) on {len(run['hosts'])} host(s), device {run['device']}, "
-            f"steps {steps} "
-            f"({', '.join(run['steps_source'])}); {doc['collectives']['matched']} collective instance(s) matched.")
-
-
-def host_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{**h, "ranks": ", ".join(map(str, h["ranks"])), "stragglers": ", ".join(map(str, h["stragglers"])) or None}
-            for h in doc["hosts"]]
-
-
-def straggler_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{**s, "steps_late_text": f"{s['steps_late']} of {s['steps']}"} for s in doc["stragglers"]]
-
-
-def clock_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{**h, "ranks_text": ", ".join(map(str, h["ranks"]))} for h in doc["clock"]["hosts"]]
-
-
-def pg_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{**g, "ranks_text": ", ".join(map(str, g["ranks"]))} for g in doc["process_groups"]]
-
-
-def gap_rows(doc: dict[str, Any], n: int) -> list[dict[str, Any]]:
-    """The n longest gaps, with their duration in ms."""
-    return [{**g, "dur_ms": g["dur_us"] / 1e3} for g in doc["gaps"][:n]]
-
-
-MEMORY_FINDING_COLUMNS: list[Column] = [
-    ("rank", "rank", "{}"), ("kind", "finding", "{}"), ("reason", "evidence", "{}"), ("advice", "next step", "{}")]
-MEMORY_RANK_COLUMNS: list[Column] = [
-    ("rank", "rank", "{}"), ("peak_rss_mb", "peak RSS MB", "{:.1f}"), ("rss_growth_mb", "RSS MB/step", "{:.3f}"),
-    ("peak_gpu_allocated_mb", "peak GPU allocated MB", "{:.1f}"),
-    ("peak_gpu_reserved_mb", "peak GPU reserved MB", "{:.1f}"),
-    ("gpu_growth_mb", "GPU MB/step", "{:.3f}")]
-
-
-def memory_rank_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """ranks[]' memory columns in MB, for the tables."""
-    keys = {"peak_rss_mb": "peak_rss_bytes", "rss_growth_mb": "rss_growth_bytes_per_step",
-            "peak_gpu_allocated_mb": "peak_gpu_allocated_bytes", "peak_gpu_reserved_mb": "peak_gpu_reserved_bytes",
-            "gpu_growth_mb": "gpu_growth_bytes_per_step"}
-    return [{"rank": r["rank"], **{k: _mb(r.get(b)) for k, b in keys.items()}} for r in doc["ranks"]]
-
-
-def memory_note(doc: dict[str, Any]) -> str:
-    """What the memory findings rest on, in one sentence."""
-    if not doc.get("memory_steps"):
-        return "No step logs (steps/rank<R>.jsonl) next to the traces: no memory findings."
-    if not doc["memory_findings"]:
-        return ("No memory finding: no steady growth, no rank far above its peers, no unused allocator cache, "
-                "no peak near the limit (step logs, warm-up left out).")
-    return "From the step logs (steps/rank<R>.jsonl), warm-up steps left out."
-
-
-def memory_lines(doc: dict[str, Any]) -> list[str]:
-    lines = [memory_note(doc)]
-    if doc.get("memory_findings"):
-        lines += [""] + text_table.markdown(doc["memory_findings"], MEMORY_FINDING_COLUMNS)
-    if doc.get("memory_steps"):
-        lines += [""] + text_table.markdown(memory_rank_rows(doc), MEMORY_RANK_COLUMNS)
-    if doc.get("memory_timelines"):
-        lines += ["", "Memory timelines (torch's, per profiler window; --profile-memory):", ""]
-        lines += [f"- rank {t['rank']} window {t['window']}: `{t['path']}`" for t in doc["memory_timelines"]]
-    return lines
-
-
-def no_straggler_text(doc: dict[str, Any]) -> str:
-    if doc["verdict"] == "inconclusive":
-        return f"Not analysed: {doc['verdict_reason']}."
-    if doc.get("threshold_ms") is None:
-        return "Not analysed: no profiler trace, only Flight Recorder dumps."
-    return f"None: no rank arrives later than the punctual ones by more than {doc['threshold_ms']:.2f} ms per step."
-
-
-def render_markdown(doc: dict[str, Any]) -> str:
-    run = doc["run"]
-    lines = ["# Straggler and overlap report", "", f"**Verdict: {doc['headline']}**", ""]
-    lines.append(scope_line(doc))
-    if run["ranks_missing"]:
-        lines.append(f"\n**Incomplete run:** rank(s) {', '.join(map(str, run['ranks_missing']))} of "
-                     f"{run['world_size']} have no trace; the analysis covers the ranks present.")
-    for note in run.get("ending", []):
-        lines.append(f"\n**Run ended badly:** {note}.")
-    lines += hang_lines(doc)
-    lines += ["", "## What to do next", ""] + [f"- {n['text']}" for n in doc["next_steps"]]
-    lines += ["", "## Stragglers", ""]
-    if doc["stragglers"]:
-        lines += text_table.markdown(straggler_rows(doc), STRAGGLER_COLUMNS)
-        if run.get("replayed_step_ms") is not None:
-            lines.append(f"\n'Step ms if fixed' replays each step's collectives with that rank as fast as its peers; "
-                         f"the same replay with nothing changed gives {run['replayed_step_ms']:.2f} ms against a "
-                         f"measured {run['median_step_ms']:.2f} ms.")
-    else:
-        lines.append(no_straggler_text(doc))
-    lines += ["", f"## Diagnosis: {doc['diagnosis_summary']}", ""]
-    lines += text_table.markdown(doc["diagnosis"], DIAGNOSIS_COLUMNS)
-    lines += ["", "## Memory", ""] + memory_lines(doc)
-    lines += ["", "## Per rank", ""]
-    lines += text_table.markdown(doc["ranks"], RANK_COLUMNS)
-    if len(doc["hosts"]) > 1:
-        lines += ["", "## Per host", ""]
-        lines += text_table.markdown(host_rows(doc), HOST_COLUMNS)
-    if doc["process_groups"]:
-        lines += ["", "## Per process group", ""]
-        lines += text_table.markdown(pg_rows(doc), PG_COLUMNS)
-    if doc["collective_stats"]:
-        lines += ["", "## Collectives", "",
-                  "Bus bandwidth by NCCL-tests' conventions (all-reduce x 2(n-1)/n, all-gather "
-                  "and reduce-scatter x (n-1)/n), to hold against the link's speed; "
-                  "'-' where the trace gives no sizes.", ""]
-        lines += text_table.markdown(doc["collective_stats"], COLLECTIVE_STAT_COLUMNS)
-    lines += ["", "## Biggest gaps", ""]
-    if doc["gaps"]:
-        lines += text_table.markdown(gap_rows(doc, 10), GAP_COLUMNS)
-        lines.append(f"\n{doc['gaps_total']} gap(s) in all; "
-                     f"`report.json` lists the {min(doc['gaps_total'], MAX_GAPS)} longest.")
-    else:
-        lines.append("No gap of exposed communication or idle device time.")
-    lines += ["", "## Clock offsets", ""]
-    if doc["clock"]["aligned"]:
-        lines.append(f"One offset per host, estimated from the end times of matched collectives, relative to host "
-                     f"{doc['clock']['reference_host']} (subtracted from each rank's timestamps).")
-        lines += [""] + text_table.markdown(clock_rows(doc), CLOCK_COLUMNS)
-    else:
-        lines.append("Clocks not aligned (--no-align, or no collective matched across ranks).")
-    if doc["warnings"]:
-        lines += ["", "## Warnings", ""] + [f"- {w}" for w in doc["warnings"]]
-    return "\n".join(lines) + "\n"
-
-
-COLLECTIVE_COLUMNS = ["instance", "name", "pg", "step", "rank", "arrival_us", "wait_us", "transfer_us",
-                      "delay_share_us", "last_rank"]
-
-
 def collective_rows(a: Analysis) -> list[dict[str, Any]]:
     """One row per (collective instance, rank): arrival on the aligned clock, wait, the
     instance's transfer, the rank's share of the delay of its start, the last arriver."""
@@ -492,33 +306,3 @@ def collective_rows(a: Analysis) -> list[dict[str, Any]]:
                          "transfer_us": round(w.transfer_us, 3), "delay_share_us": round(w.delay_us[r], 3),
                          "last_rank": w.last_rank})
     return rows
-
-
-STEP_COLUMNS = ["rank", "step", "step_ms", "wait_ms", "lag_ms", "exposed_comm_ms", "exposed_wait_ms",
-                "exposed_transfer_ms", "compute_ms", "comm_ms", "memcpy_ms", "idle_ms", "last_arriver", "rss_mb",
-                "gpu_allocated_mb"]
-
-
-def write_report(doc: dict[str, Any], out: Path, collectives: list[dict[str, Any]] | None = None) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / REPORT_JSON, json.dumps(doc, indent=1, allow_nan=False) + "\n")
-    write_text_atomic(out / REPORT_MD, render_markdown(doc))
-    with (out / STEPS_CSV).open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=STEP_COLUMNS)
-        w.writeheader()
-        w.writerows(doc["steps"])
-    with (out / COLLECTIVES_CSV).open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=COLLECTIVE_COLUMNS)
-        w.writeheader()
-        w.writerows(collectives or [])
-
-
-def console_summary(doc: dict[str, Any]) -> str:
-    cols = [("rank", "rank", "{}"), ("host", "host", "{}"), ("mean_step_ms", "step ms", "{:.2f}"),
-            ("exposed_wait_ms", "exp. waiting ms", "{:.2f}"), ("exposed_transfer_ms", "exp. transfer ms", "{:.2f}"),
-            ("idle_ms", "idle ms", "{:.2f}"), ("wait_ms", "waited ms", "{:.2f}"), ("late_ms", "late ms/step", "{:.2f}"),
-            ("clock_offset_ms", "offset ms", "{:.3f}")]
-    straggling = {s["rank"] for s in doc["stragglers"]}
-    table = text_table.render(doc["ranks"], cols, lambda r: "  <- straggler" if r["rank"] in straggling else "")
-    memory = [f"memory: rank {f['rank']} {f['kind']}: {f['reason']}" for f in doc.get("memory_findings", [])]
-    return "\n".join([table, *memory])

@@ -1,4 +1,4 @@
-"""One renderer for the distributed view: the collector's `report.html` and the TensorBoard plugin.
+"""One renderer for the distributed view page: the collector's `report.html` and the TensorBoard plugin's.
 
 The page is plain HTML (verdict, tables) plus charts drawn in the browser by `static/view.js`
 with Plotly from the installed `plotly` package, from the report and timeline embedded as JSON.
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.collect.hang_report import hang_html
-from harness.collect.report import (
+from harness.report.tables import (
     CLOCK_COLUMNS,
     COLLECTIVE_STAT_COLUMNS,
     DIAGNOSIS_COLUMNS,
@@ -45,15 +45,15 @@ from harness.collect.report import (
 )
 
 GAPS_SHOWN = 20
-# The view's own assets (index.js is the TensorBoard tab's entry module).
-STATIC_FILES = {"view.js": "text/javascript", "view.css": "text/css", "index.js": "text/javascript"}
+# The page's own assets, inlined into report.html and served by the TensorBoard plugin.
+STATIC_FILES = {"view.js": "text/javascript", "view.css": "text/css"}
 
 
 def static_text(name: str) -> str:
-    """One of the view's own assets (`STATIC_FILES`), from the installed package."""
+    """One of the page's own assets (`STATIC_FILES`), from the installed package."""
     if name not in STATIC_FILES:
         raise KeyError(name)
-    return resources.files("harness.view").joinpath("static", name).read_text(encoding="utf-8")
+    return resources.files("harness.report").joinpath("static", name).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=1)

@@ -1,0 +1,18 @@
+"""The collector's console table: one line per rank, the stragglers marked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness import text_table
+
+
+def console_summary(doc: dict[str, Any]) -> str:
+    cols = [("rank", "rank", "{}"), ("host", "host", "{}"), ("mean_step_ms", "step ms", "{:.2f}"),
+            ("exposed_wait_ms", "exp. waiting ms", "{:.2f}"), ("exposed_transfer_ms", "exp. transfer ms", "{:.2f}"),
+            ("idle_ms", "idle ms", "{:.2f}"), ("wait_ms", "waited ms", "{:.2f}"), ("late_ms", "late ms/step", "{:.2f}"),
+            ("clock_offset_ms", "offset ms", "{:.3f}")]
+    straggling = {s["rank"] for s in doc["stragglers"]}
+    table = text_table.render(doc["ranks"], cols, lambda r: "  <- straggler" if r["rank"] in straggling else "")
+    memory = [f"memory: rank {f['rank']} {f['kind']}: {f['reason']}" for f in doc.get("memory_findings", [])]
+    return "\n".join([table, *memory])
