@@ -14,7 +14,7 @@ import pytest
 from harness.collect import cli as collect_cli
 from harness.collect.memory import GiB, MiB, analyze_memory, memory_from_dirs, read_step_logs, t_quantile
 from harness.paths import MEMORY_TIMELINE_PATTERN, PARTIAL_SUFFIX, steps_path
-from harness.report.console import console_summary
+from harness.report.console import console_table
 from harness.report.document import build_report
 from harness.report.markdown import render_markdown
 from harness.report.page import render_page
@@ -262,7 +262,7 @@ def test_report_markdown_view_and_console(tmp_path: Path) -> None:
     md = render_markdown(doc)
     assert "## Memory" in md and "| 1 | growth | host RSS rises 3.15 MB per step" in md
     assert "- rank 1 window 1: `/r/t.json.gz`" in md
-    assert "memory: rank 1 growth: host RSS rises 3.15 MB per step" in console_summary(doc)
+    assert "memory: rank 1 growth: host RSS rises 3.15 MB per step" in console_table(doc)
     page = render_page(doc, None, title="t", assets="linked")
     assert 'id="memory-findings"' in page and 'id="heatmap-memory"' in page and 'id="memory-timelines"' in page
     assert len(doc["memory_steps"]) == 40

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness.train.stats import format_rank_table, percentile, summarize
+from harness.train.stats import format_rank_table, percentile, step_statistics
 
 
 def test_percentile_interpolates_linearly() -> None:
@@ -27,7 +27,7 @@ def test_summary_skips_warmup_and_counts_throughput() -> None:
         {"step": 2, "step_ms": 30.0, "data_ms": 3.0, "samples": 8, "warmup": False, "profiler": "record",
          "rss_bytes": 800},
     ]
-    s = summarize(records)
+    s = step_statistics(records)
     assert s["steps"] == 2
     assert s["mean_step_ms"] == 20.0
     assert s["p50_step_ms"] == 20.0
@@ -40,7 +40,7 @@ def test_summary_skips_warmup_and_counts_throughput() -> None:
 
 
 def test_summary_of_nothing_is_valid_json() -> None:
-    s = summarize([{"step": 0, "step_ms": 1.0, "data_ms": 0.0, "samples": 1, "warmup": True}])
+    s = step_statistics([{"step": 0, "step_ms": 1.0, "data_ms": 0.0, "samples": 1, "warmup": True}])
     assert s["mean_step_ms"] is None
     json.loads(json.dumps(s, allow_nan=False))
     row = {"rank": 0, "host": "h", **s}
@@ -48,8 +48,8 @@ def test_summary_of_nothing_is_valid_json() -> None:
 
 
 def test_table_marks_the_longest_steps() -> None:
-    base = summarize([{"step": 0, "step_ms": 10.0, "data_ms": 0.0, "samples": 1, "warmup": False}])
-    slow = summarize([{"step": 0, "step_ms": 30.0, "data_ms": 0.0, "samples": 1, "warmup": False}])
+    base = step_statistics([{"step": 0, "step_ms": 10.0, "data_ms": 0.0, "samples": 1, "warmup": False}])
+    slow = step_statistics([{"step": 0, "step_ms": 30.0, "data_ms": 0.0, "samples": 1, "warmup": False}])
     table = format_rank_table([{"rank": 0, "host": "a", **base}, {"rank": 1, "host": "b", **slow}])
     lines = table.splitlines()
     assert lines[2].endswith("<- longest steps") and not lines[1].endswith("<- longest steps")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_METADATA_KEY, TRACE_PATTERN, WORKER_RANK_PATTERN
-from harness.train.stats import summarize
+from harness.train.stats import step_statistics
 
 from conftest import QUICK, Run, load_trace, run_harness
 
@@ -62,7 +62,7 @@ def check_run(run: Run, world_size: int, windows: int = 1) -> list[dict]:
         assert [r["step"] for r in records] == list(range(cfg["steps"]))
         assert all(r["rank"] == row["rank"] and r["step_ms"] > 0 and r["data_ms"] >= 0 for r in records)
         assert all(r["rss_bytes"] > 0 and "host_cpu_util_pct" in r for r in records)
-        expected = summarize(records)
+        expected = step_statistics(records)
         assert row["steps"] == cfg["steps"] - cfg["warmup_steps"]
         for key in ("mean_step_ms", "p50_step_ms", "p99_step_ms", "max_step_ms", "throughput_samples_s"):
             assert math.isclose(row[key], expected[key]), key

@@ -299,7 +299,7 @@ def as_rows(diagnoses: list[Diagnosis]) -> list[dict[str, Any]]:
     return [asdict(d) for d in diagnoses]
 
 
-def summary(diagnoses: list[Diagnosis]) -> str:
+def diagnosis_line(diagnoses: list[Diagnosis]) -> str:
     """'launch-bound (ranks 0, 1)' style, most common first."""
     by: dict[str, list[int]] = {}
     for d in diagnoses:

@@ -22,7 +22,7 @@ from harness.collect.merged import (
     MERGED_BUDGET_BYTES,
     MergedChoice,
     MergedResult,
-    merged_summary,
+    merged_entry,
     window_for,
     write_merged,
 )
@@ -47,7 +47,7 @@ from harness.paths import (
     is_summary,
     trace_of_summary,
 )
-from harness.report.console import console_summary
+from harness.report.console import console_table
 from harness.report.document import build_report, collective_rows
 from harness.report.files import write_report, write_view
 
@@ -224,7 +224,7 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     reporter.stage("writing the merged trace")
     merged = write_merged_trace(analysis, out, args.merged, pool)
     reporter.stage("writing the report")
-    doc["merged"] = merged_summary(merged) if merged else None
+    doc["merged"] = merged_entry(merged) if merged else None
     write_report(doc, out, collective_rows(analysis))
     write_view(doc, build_timeline(analysis), out)
     write_scalars(doc, out)
@@ -232,7 +232,7 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     if doc.get("hang") or doc.get("mismatches"):
         print(doc["headline"])  # first: the rest of the report is about a job that never finished
     if not args.quiet:
-        print(console_summary(doc))
+        print(console_table(doc))
         for w in analysis.warnings:
             print(f"warning: {w}")
     print(f"\nverdict: {doc['headline']}")

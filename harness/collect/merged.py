@@ -383,7 +383,7 @@ def write_merged(a: Analysis, out: Path, window: Window, pool: Executor | None =
                         events=sum(r.events for r in results))
 
 
-def merged_summary(result: MergedResult) -> dict[str, Any]:
+def merged_entry(result: MergedResult) -> dict[str, Any]:
     """The report's `merged` entry."""
     steps = result.window.steps
     return {"file": result.path.name, "steps": steps, "note": result.window.note,

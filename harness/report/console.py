@@ -7,7 +7,7 @@ from typing import Any
 from harness import text_table
 
 
-def console_summary(doc: dict[str, Any]) -> str:
+def console_table(doc: dict[str, Any]) -> str:
     cols = [("rank", "rank", "{}"), ("host", "host", "{}"), ("mean_step_ms", "step ms", "{:.2f}"),
             ("exposed_wait_ms", "exp. waiting ms", "{:.2f}"), ("exposed_transfer_ms", "exp. transfer ms", "{:.2f}"),
             ("idle_ms", "idle ms", "{:.2f}"), ("wait_ms", "waited ms", "{:.2f}"), ("late_ms", "late ms/step", "{:.2f}"),

@@ -66,7 +66,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from harness.collect.advisor import advice_for, as_rows, diagnose, summary
+from harness.collect.advisor import advice_for, as_rows, diagnose, diagnosis_line
 from harness.collect.analysis import Analysis
 from harness.collect.collective_stats import collective_stats, process_groups
 from harness.collect.memory import MemoryResult, finding_text
@@ -181,7 +181,7 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
         },
         "stragglers": stragglers,
         "diagnosis": as_rows(diagnoses),
-        "diagnosis_summary": summary(diagnoses),
+        "diagnosis_summary": diagnosis_line(diagnoses),
         "ranks": ranks,
         "hosts": list(hosts.values()),
         "steps": step_rows,

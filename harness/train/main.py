@@ -21,7 +21,7 @@ from harness.train.parallel import build_optimizer, destroy_process_group, init_
 from harness.train.profiling import TraceRecorder
 from harness.train.run_info import RunIdentity, agree_identity, check_output, gather, host_name, write_run_json
 from harness.train.run_status import RankStatus, Terminated, raise_on_sigterm
-from harness.train.stats import StepLog, format_rank_table, summarize
+from harness.train.stats import StepLog, format_rank_table, step_statistics
 from harness.train.trainer import Trainer, build_loader
 from harness.train.workloads import build_workload
 from harness.write_faults import FaultLog
@@ -84,7 +84,7 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
         raise
     _close_outputs(log, scalars, faults)
     status.end("finished", _last_step(log), tracing=_tracing(rec, faults))
-    row = {"rank": env.rank, "local_rank": env.local_rank, "host": host, **summarize(log.records),
+    row = {"rank": env.rank, "local_rank": env.local_rank, "host": host, **step_statistics(log.records),
            "final_loss": trainer.last_loss, "traces": [p.name for p in rec.written if p.exists()],
            "trace_summaries": [p.name for p in rec.summaries], "trace_summary_s": round(rec.summary_s, 3),
            "steps_file": str(log.path.relative_to(ident.dir)), "skipped_windows": rec.skipped,
@@ -149,7 +149,7 @@ def report(ident: RunIdentity, rows: list[dict], run_json: Path | None) -> None:
         if r.get("unwritten_step_records"):
             print(f"skipped: rank {r['rank']}: {r['unwritten_step_records']} step record(s) not on disk")
     print(f"steps:   {ident.dir}/steps/rank<R>.jsonl")
-    print(f"summary: {run_json or 'not written (see the warnings above)'}")
+    print(f"run:     {run_json or 'not written (see the warnings above)'}")
     if len(rows) > 1:
         print(f"who waits for whom: python -m harness.collect {ident.dir}")
     sys.stdout.flush()

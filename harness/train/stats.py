@@ -1,4 +1,4 @@
-"""Per-step statistics: the JSONL log (flushed every step), system samples and the summary."""
+"""Per-step statistics: the JSONL log (flushed every step), system samples and the steady-state statistics."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def _max(values: list[Any]) -> Any:
     return max(present) if present else None
 
 
-def summarize(records: list[dict[str, Any]]) -> dict[str, float | int | None]:
-    """Steady-state summary of one rank's step records (warm-up steps excluded).
+def step_statistics(records: list[dict[str, Any]]) -> dict[str, float | int | None]:
+    """Steady-state statistics of one rank's step records (warm-up steps excluded).
 
     1. keep the records not marked `warmup`;
     2. mean, p50, p90, p99 and max of their `step_ms`;
