@@ -76,17 +76,19 @@ def test_window_grows_around_the_median_step_until_the_budget() -> None:
     w = choose_window(traces, budget_bytes=350)
     assert w.steps == [4, 5, 6]  # centre 5 (lower median of 10 durations), then 6, then 4; 7 would be 400
     assert w.estimated_bytes == 300
-    assert "steps 4-6 of 1-10" in w.note
+    assert "step(s) 4-6 of 1-10" in w.note
     assert choose_window(traces, budget_bytes=10_000).steps == list(range(1, 11))
     one = choose_window(traces, budget_bytes=50)
     assert one.steps == [5] and "over the" in one.note  # a step larger than the budget is still written
 
 
-def test_window_stops_at_a_gap_in_step_numbers_and_uses_common_steps() -> None:
+def test_window_grows_across_gaps_between_profiler_windows_over_common_steps() -> None:
+    # rank 1 lacks step 7; steps 1-3 and 8 (two profiler windows) are neighbours in the order
     traces = [_rank(0, {1: 1, 2: 1, 3: 1, 7: 1, 8: 1}, 500), _rank(1, {1: 1, 2: 1, 3: 1, 8: 1}, 400)]
-    # common steps 1, 2, 3, 8: lower median by duration (all 100 us) is step 2
     w = choose_window(traces, budget_bytes=10_000)
-    assert w.steps == [1, 2, 3]
+    assert w.steps == [1, 2, 3, 8] and "step(s) 1-3, 8 of 1-3, 8" in w.note
+    # 200 bytes a step (100 per rank): centre 2 (lower median of four equal durations), then 3, then 1
+    assert choose_window(traces, budget_bytes=650).steps == [1, 2, 3]
 
 
 def test_window_for_each_choice() -> None:
@@ -137,6 +139,21 @@ def test_merged_steps_hold_exactly_those_steps_events(tmp_path: Path) -> None:
     assert report["merged"]["steps"] == [3, 4] and report["merged"]["events"] == 2 * (2 * 5 + 2)
 
 
+def test_merged_steps_apart_hold_only_their_own_time(tmp_path: Path) -> None:
+    """Steps 2 and 5 are two spans: nothing of steps 3-4 between them is copied."""
+    run = _ring(tmp_path)
+    proc = collect(str(run), "-q", "--merged", "2,5", "-o", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    doc = _merged(tmp_path / "out")
+    assert doc["harness_merged"]["steps"] == [2, 5]
+    for r in (0, 1):
+        mine = [e for e in doc["traceEvents"] if e["pid"] == r and e["ph"] == "X" and e.get("cat") != "collective_wait"]
+        assert sorted(e["name"] for e in mine if e["name"].startswith("ProfilerStep#")) == ["ProfilerStep#2",
+                                                                                            "ProfilerStep#5"]
+        assert len(mine) == 2 * 5
+        assert all(1000 <= e["ts"] < 2000 or 4000 <= e["ts"] < 5000 for e in mine)
+
+
 def test_merged_all_none_and_default(tmp_path: Path) -> None:
     run = _ring(tmp_path, n_steps=6)
     assert collect(str(run), "-q", "--merged", "none", "-o", str(tmp_path / "none")).returncode == 0
@@ -149,7 +166,7 @@ def test_merged_all_none_and_default(tmp_path: Path) -> None:
     proc = collect(str(run), "-o", str(tmp_path / "auto"))
     assert proc.returncode == 0
     assert _merged(tmp_path / "auto")["harness_merged"]["steps"] == [1, 2, 3, 4, 5, 6]  # small: all of it
-    assert "merged:  " in proc.stdout and "steps 1-6 of 1-6" in proc.stdout
+    assert "merged:  " in proc.stdout and "step(s) 1-6 of 1-6" in proc.stdout
 
 
 def test_bad_merged_choice_is_one_line(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ and compresses what it keeps into a raw deflate piece; the pieces become one gzi
 
 from __future__ import annotations
 
+import bisect
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
-from harness.collect.analysis import Analysis
+from harness.collect.analysis import Analysis, step_ranges
 from harness.collect.decode import open_trace, thread_key
 from harness.collect.gzip_pieces import Piece, PieceWriter, write_gzip
 from harness.collect.model import Block, RankTrace
@@ -115,42 +116,39 @@ def choose_window(traces: list[RankTrace], budget_bytes: int) -> Window:
     """The consecutive steps around a typical step that fit `budget_bytes` (estimated by
     `step_bytes`).
 
-    1. the centre: among the steps every rank has, the one whose longest rank-duration is the
-       median (the lower median, so the choice is one step of the run, not an outlier);
-    2. grow the window one step at a time, after then before, alternately, while the next step
-       still fits; a side stops growing at a step that does not fit or at a gap in the numbers;
-    3. a centre step larger than the budget on its own is still written (one step is the least
+    1. the steps every rank has, in order (several profiler windows leave gaps in the numbers:
+       the steps on either side of a gap are still neighbours here);
+    2. the centre: the one whose longest rank-duration is the median (the lower median, so the
+       choice is one step of the run, not an outlier);
+    3. grow the window one step at a time, after then before, alternately, while the next step
+       still fits; a side stops growing at a step that does not fit;
+    4. a centre step larger than the budget on its own is still written (one step is the least
        that shows anything) and the note says so."""
     sizes = step_bytes(traces)
-    common = set.intersection(*(set(s.number for s in t.steps) for t in traces)) if traces else set()
+    common = sorted(set.intersection(*(set(s.number for s in t.steps) for t in traces))) if traces else []
     if not common:
         return Window(steps=None, estimated_bytes=int(sum(t.json_bytes for t in traces)),
                       note="no step on every rank: whole traces")
     longest = {n: max(s.dur_us for t in traces for s in t.steps if s.number == n) for n in common}
-    center = sorted(common, key=lambda n: (longest[n], n))[(len(common) - 1) // 2]
+    center = common.index(sorted(common, key=lambda n: (longest[n], n))[(len(common) - 1) // 2])
     lo = hi = center
-    total = sizes.get(center, 0.0)
-    grow_after, grow_before = True, True
-    while grow_after or grow_before:
+    total = sizes.get(common[center], 0.0)
+    growing = {"after": True, "before": True}
+    while any(growing.values()):
         for side in ("after", "before"):
+            if not growing[side]:
+                continue
             nxt = hi + 1 if side == "after" else lo - 1
-            if not (grow_after if side == "after" else grow_before):
+            if not 0 <= nxt < len(common) or total + sizes.get(common[nxt], 0.0) > budget_bytes:
+                growing[side] = False
                 continue
-            if nxt not in sizes or total + sizes[nxt] > budget_bytes:
-                if side == "after":
-                    grow_after = False
-                else:
-                    grow_before = False
-                continue
-            total += sizes[nxt]
+            total += sizes.get(common[nxt], 0.0)
             lo, hi = min(lo, nxt), max(hi, nxt)
-    steps = list(range(lo, hi + 1))
-    held = sorted(sizes)
-    span = f"steps {lo}-{hi}" if lo != hi else f"step {lo}"
-    note = (f"{span} of {held[0]}-{held[-1]} (~{total / 1e6:.0f} MB of JSON, budget {budget_bytes / 1e6:.0f} MB; "
-            "--merged all|STEPS for others)")
+    steps = common[lo:hi + 1]
+    note = (f"step(s) {step_ranges(steps)} of {step_ranges(common)} (~{total / 1e6:.0f} MB of JSON, budget "
+            f"{budget_bytes / 1e6:.0f} MB; --merged all|STEPS for others)")
     if total > budget_bytes:
-        note = (f"step {center} alone is ~{total / 1e6:.0f} MB, over the {budget_bytes / 1e6:.0f} MB budget: "
+        note = (f"step {common[center]} alone is ~{total / 1e6:.0f} MB, over the {budget_bytes / 1e6:.0f} MB budget: "
                 "it may not open in a browser")
     return Window(steps=steps, estimated_bytes=int(total), note=note)
 
@@ -165,7 +163,9 @@ def window_for(choice: MergedChoice, traces: list[RankTrace]) -> Window | None:
     if choice.mode == "steps":
         sizes = step_bytes(traces)
         steps = sorted(n for n in choice.steps if n in sizes)
-        return Window(steps=steps, estimated_bytes=int(sum(sizes[n] for n in steps)), note="the steps asked for")
+        note = (f"step(s) {step_ranges(steps)} of those asked for ({step_ranges(sorted(choice.steps))})" if steps
+                else f"none of the steps asked for ({step_ranges(sorted(choice.steps))}) is in the traces")
+        return Window(steps=steps, estimated_bytes=int(sum(sizes[n] for n in steps)), note=note)
     return choose_window(traces, choice.budget_bytes)
 
 
@@ -176,7 +176,8 @@ class _RankJob:
     paths: list[str]
     blocks: dict[str, list[Block]]
     shift_us: float
-    span_us: tuple[float, float] | None  # [lo, hi) on the trace's own clock; None: everything
+    # disjoint [lo, hi) intervals on the trace's own clock, by start; None: everything
+    spans_us: list[tuple[float, float]] | None
     level: int = COMPRESS_LEVEL
 
 
@@ -233,7 +234,10 @@ def _whole(path: Path) -> list[_Copy]:
 def write_rank(job: _RankJob) -> _RankPiece:
     """One rank's events, moved and compressed (see the module docstring); runs in a worker."""
     out = PieceWriter(job.level)
-    rank, shift, span = job.rank, job.shift_us, job.span_us
+    rank, shift, spans = job.rank, job.shift_us, job.spans_us
+    starts = [lo for lo, _ in spans] if spans is not None else []
+    ends = [hi for _, hi in spans] if spans is not None else []
+    n_spans = len(starts)
     tids: dict[tuple[Any, Any], int] = {}
     kept = 0
     for path in job.paths:
@@ -245,8 +249,9 @@ def write_rank(job: _RankJob) -> _RankPiece:
                 for b in blocks:
                     if b.meta:
                         _labels(_read_block(fh, b), procs, threads)
-                wanted = [b for b in blocks if span is None or b.first_ts is None or b.last_end is None  # times unknown
-                          or (b.first_ts < span[1] and b.last_end >= span[0])]
+                # a block without X events has no known times: read it
+                wanted = [b for b in blocks if spans is None or b.first_ts is None or b.last_end is None
+                          or any(b.first_ts < hi and b.last_end >= lo for lo, hi in spans)]
                 chunks = (_read_block(fh, b) for b in wanted)
             else:
                 events = _whole(Path(path))
@@ -261,16 +266,18 @@ def write_rank(job: _RankJob) -> _RankPiece:
                     ts = e.ts
                     if type(ts) is not float and type(ts) is not int or ts is True or ts is False:
                         ts = None
-                    if span is not None:  # [lo, hi): slices that overlap it, instants inside it
-                        if ts is None or ts >= span[1]:
+                    if spans is not None:  # slices that overlap a span, instants inside one
+                        if ts is None:
                             continue
-                        end = ts
-                        if ph == "X":
-                            d = e.dur
-                            if type(d) is float or type(d) is int:
-                                end = ts + d
-                        if end <= span[0] and not (end == ts == span[0]):
-                            continue
+                        i = bisect.bisect_right(starts, ts) - 1  # the last span starting by ts
+                        if i < 0 or ts >= ends[i]:
+                            end = ts
+                            if ph == "X":
+                                d = e.dur
+                                if type(d) is float or type(d) is int:
+                                    end = ts + d
+                            if not (i + 1 < n_spans and end > starts[i + 1]):  # nor reaching into the next
+                                continue
                     key = (e.pid, e.tid)
                     try:
                         tid = tids.get(key)
@@ -339,6 +346,26 @@ def _waits(a: Analysis, window: Window, tids: dict[int, dict[tuple[Any, Any], in
     return w.finish()
 
 
+def step_spans(trace: RankTrace, keep: set[int]) -> list[tuple[float, float]]:
+    """The time of the steps in `keep` on the trace's own clock, as disjoint intervals by start:
+    each step from its start to its end or the end of the device work it launched, whichever is
+    later (GPU work runs behind the host); overlapping or touching intervals joined."""
+    end_of = {s.number: s.end_us for s in trace.steps if s.number in keep}
+    for _, b, st in trace.compute + trace.copies:
+        if st in end_of and b > end_of[st]:
+            end_of[st] = b
+    for c in trace.comms:
+        if c.step in end_of and c.end_us > end_of[c.step]:
+            end_of[c.step] = c.end_us
+    out: list[tuple[float, float]] = []
+    for lo, hi in sorted((s.start_us, end_of[s.number]) for s in trace.steps if s.number in keep):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
 def rank_jobs(a: Analysis, window: Window) -> list[_RankJob]:
     """One job per rank: its files, block index, the shift onto the aligned clock (the common
     epoch of `analyze`, then the host's clock offset) and the window on its own clock."""
@@ -346,17 +373,9 @@ def rank_jobs(a: Analysis, window: Window) -> list[_RankJob]:
     keep = None if window.steps is None else set(window.steps)
     jobs = []
     for trace in a.runset.ranks:
-        span = None
-        if keep is not None:
-            chosen = [s for s in trace.steps if s.number in keep]
-            # the steps' host time, to the end of the device work they launched (GPU work runs
-            # behind the host); no chosen step on this rank: an empty span copies nothing
-            device_ends = [b for _, b, st in trace.compute + trace.copies if st in keep] + \
-                [c.end_us for c in trace.comms if c.step in keep]
-            span = ((min(s.start_us for s in chosen), max([s.end_us for s in chosen] + device_ends)) if chosen
-                    else (0.0, 0.0))
         jobs.append(_RankJob(rank=trace.rank, host=trace.host, paths=trace.paths, blocks=trace.blocks,
-                             shift_us=(trace.base_us - base) - a.offsets[trace.rank].offset_us, span_us=span))
+                             shift_us=(trace.base_us - base) - a.offsets[trace.rank].offset_us,
+                             spans_us=None if keep is None else step_spans(trace, keep)))
     return jobs
 
 
