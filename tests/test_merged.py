@@ -118,17 +118,25 @@ def _merged(out: Path) -> dict:
     return json.loads(gzip.decompress((out / "merged.pt.trace.json.gz").read_bytes()))
 
 
-def test_merged_steps_hold_exactly_those_steps_events(tmp_path: Path) -> None:
-    run = _ring(tmp_path)
-    proc = collect(str(run), "-q", "--merged", "3-4", "-o", str(tmp_path / "out"))
+def _merged_steps(tmp_path: Path, steps: str) -> tuple[dict, dict[int, tuple[list[dict], list[str]]]]:
+    """The merged trace of `--merged STEPS` over the 10-step ring, and per rank its own slices
+    (not the synthetic waits) and the ProfilerStep names among them."""
+    proc = collect(str(_ring(tmp_path)), "-q", "--merged", steps, "-o", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
     doc = _merged(tmp_path / "out")
-    assert doc["harness_merged"]["steps"] == [3, 4]
+    per_rank = {}
     for r in (0, 1):
         mine = [e for e in doc["traceEvents"] if e["pid"] == r and e["ph"] == "X" and e.get("cat") != "collective_wait"]
+        per_rank[r] = mine, sorted(e["name"] for e in mine if e["name"].startswith("ProfilerStep#"))
+    return doc, per_rank
+
+
+def test_merged_steps_hold_exactly_those_steps_events(tmp_path: Path) -> None:
+    doc, per_rank = _merged_steps(tmp_path, "3-4")
+    assert doc["harness_merged"]["steps"] == [3, 4]
+    for r, (mine, marks) in per_rank.items():
         # per step: its ProfilerStep, two launches, two kernels (steps 2 and 5 only touch the window's edges)
-        assert (sorted(e["name"] for e in mine if e["name"].startswith("ProfilerStep#"))
-                == ["ProfilerStep#3", "ProfilerStep#4"])
+        assert marks == ["ProfilerStep#3", "ProfilerStep#4"]
         assert len(mine) == 2 * 5
         assert all(2000 <= e["ts"] < 4000 for e in mine)  # one host, one time base: not shifted
         labels = {e["args"]["name"] for e in doc["traceEvents"] if e["pid"] == r and e["name"] == "thread_name"}
@@ -141,15 +149,10 @@ def test_merged_steps_hold_exactly_those_steps_events(tmp_path: Path) -> None:
 
 def test_merged_steps_apart_hold_only_their_own_time(tmp_path: Path) -> None:
     """Steps 2 and 5 are two spans: nothing of steps 3-4 between them is copied."""
-    run = _ring(tmp_path)
-    proc = collect(str(run), "-q", "--merged", "2,5", "-o", str(tmp_path / "out"))
-    assert proc.returncode == 0, proc.stderr
-    doc = _merged(tmp_path / "out")
+    doc, per_rank = _merged_steps(tmp_path, "2,5")
     assert doc["harness_merged"]["steps"] == [2, 5]
-    for r in (0, 1):
-        mine = [e for e in doc["traceEvents"] if e["pid"] == r and e["ph"] == "X" and e.get("cat") != "collective_wait"]
-        assert sorted(e["name"] for e in mine if e["name"].startswith("ProfilerStep#")) == ["ProfilerStep#2",
-                                                                                            "ProfilerStep#5"]
+    for mine, marks in per_rank.values():
+        assert marks == ["ProfilerStep#2", "ProfilerStep#5"]
         assert len(mine) == 2 * 5
         assert all(1000 <= e["ts"] < 2000 or 4000 <= e["ts"] < 5000 for e in mine)
 
