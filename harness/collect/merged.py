@@ -20,6 +20,7 @@ and compresses what it keeps into a raw deflate piece; the pieces become one gzi
 from __future__ import annotations
 
 import bisect
+import contextlib
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +29,12 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
+from harness.atomic import atomic_file
 from harness.collect.analysis import Analysis, step_ranges
 from harness.collect.decode import open_trace, thread_key
 from harness.collect.gzip_pieces import Piece, PieceWriter, write_gzip
 from harness.collect.model import Block, RankTrace
+from harness.collect.overlap import merge
 from harness.collect.parse import load_json
 from harness.paths import MERGED_TRACE
 
@@ -172,7 +175,6 @@ def window_for(choice: MergedChoice, traces: list[RankTrace]) -> Window | None:
 @dataclass
 class _RankJob:
     rank: int
-    host: str
     paths: list[str]
     blocks: dict[str, list[Block]]
     shift_us: float
@@ -244,15 +246,16 @@ def write_rank(job: _RankJob) -> _RankPiece:
         blocks = job.blocks.get(path)
         procs: dict[Any, str] = {}
         threads: dict[tuple[Any, Any], str] = {}
-        with open_trace(Path(path)) as fh:
+        with contextlib.ExitStack() as stack:
             if blocks:
-                for b in blocks:
-                    if b.meta:
-                        _labels(_read_block(fh, b), procs, threads)
+                fh = stack.enter_context(open_trace(Path(path)))
+                meta = {b.start: _read_block(fh, b) for b in blocks if b.meta}
+                for events in meta.values():
+                    _labels(events, procs, threads)
                 # a block without X events has no known times: read it
                 wanted = [b for b in blocks if spans is None or b.first_ts is None or b.last_end is None
                           or any(b.first_ts < hi and b.last_end >= lo for lo, hi in spans)]
-                chunks = (_read_block(fh, b) for b in wanted)
+                chunks = (meta.pop(b.start) if b.start in meta else _read_block(fh, b) for b in wanted)
             else:
                 events = _whole(Path(path))
                 _labels(events, procs, threads)
@@ -349,7 +352,7 @@ def _waits(a: Analysis, window: Window, tids: dict[int, dict[tuple[Any, Any], in
 def step_spans(trace: RankTrace, keep: set[int]) -> list[tuple[float, float]]:
     """The time of the steps in `keep` on the trace's own clock, as disjoint intervals by start:
     each step from its start to its end or the end of the device work it launched, whichever is
-    later (GPU work runs behind the host); overlapping or touching intervals joined."""
+    later (GPU work runs behind the host); overlapping or touching intervals joined (`merge`)."""
     end_of = {s.number: s.end_us for s in trace.steps if s.number in keep}
     for _, b, st in trace.compute + trace.copies:
         if st in end_of and b > end_of[st]:
@@ -357,13 +360,7 @@ def step_spans(trace: RankTrace, keep: set[int]) -> list[tuple[float, float]]:
     for c in trace.comms:
         if c.step in end_of and c.end_us > end_of[c.step]:
             end_of[c.step] = c.end_us
-    out: list[tuple[float, float]] = []
-    for lo, hi in sorted((s.start_us, end_of[s.number]) for s in trace.steps if s.number in keep):
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
+    return merge([(s.start_us, end_of[s.number]) for s in trace.steps if s.number in keep])
 
 
 def rank_jobs(a: Analysis, window: Window) -> list[_RankJob]:
@@ -373,7 +370,7 @@ def rank_jobs(a: Analysis, window: Window) -> list[_RankJob]:
     keep = None if window.steps is None else set(window.steps)
     jobs = []
     for trace in a.runset.ranks:
-        jobs.append(_RankJob(rank=trace.rank, host=trace.host, paths=trace.paths, blocks=trace.blocks,
+        jobs.append(_RankJob(rank=trace.rank, paths=trace.paths, blocks=trace.blocks,
                              shift_us=(trace.base_us - base) - a.offsets[trace.rank].offset_us,
                              spans_us=None if keep is None else step_spans(trace, keep)))
     return jobs
@@ -391,13 +388,11 @@ class MergedResult:
 def write_merged(a: Analysis, out: Path, window: Window, pool: Executor | None = None) -> MergedResult:
     """Write the merged trace of `window` into `out` (ranks in parallel on `pool` when given)."""
     path = out / MERGED_TRACE
-    tmp = path.with_name(path.name + ".partial")
     jobs = rank_jobs(a, window)
     results = list(pool.map(write_rank, jobs)) if pool is not None and len(jobs) > 1 else [write_rank(j) for j in jobs]
     tids = {j.rank: r.tids for j, r in zip(jobs, results)}
-    with tmp.open("wb") as fh:
+    with atomic_file(path) as fh:
         size = write_gzip(fh, [_head(a, window), *(r.piece for r in results), _waits(a, window, tids)])
-    tmp.replace(path)
     return MergedResult(path=path, window=window, json_bytes=size, gz_bytes=path.stat().st_size,
                         events=sum(r.events for r in results))
 
