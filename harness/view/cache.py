@@ -10,7 +10,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.view.runs import parse_json_object
+from harness.view.runs import parse_json_object, unless_missing
 
 CACHE_ENTRIES = 8
 CACHE_BYTES = 64 * 2**20  # compressed bytes kept, all entries together
@@ -29,13 +29,8 @@ class FileKey:
 def file_key(path: Path) -> FileKey | None:
     """The key of the file `path` leads to (a link followed) now; None when there is none,
     ValueError when it cannot be looked at."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise ValueError(f"cannot read {path.name}: {exc.strerror}") from None
-    return FileKey(str(path), st.st_mtime_ns, st.st_size)
+    st = unless_missing(path.stat, path)
+    return None if st is None else FileKey(str(path), st.st_mtime_ns, st.st_size)
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.paths import (
     MERGED_TRACE,
@@ -33,6 +34,8 @@ from harness.paths import (
     TRACE_PATTERN,
     is_summary,
 )
+
+T = TypeVar("T")
 
 SKIPPED_DIRS = {SCALARS_DIR, STEPS_DIR}
 
@@ -139,15 +142,21 @@ def _input_dirs(report_json: Path) -> set[Path]:
         return dirs
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from a report folder, or None when missing (raises ValueError when unreadable)."""
+def unless_missing(look: Callable[[], T], path: Path) -> T | None:
+    """`look()` at a report folder's file: None when the file is missing, ValueError naming it
+    when it cannot be read (the page shows that line)."""
     try:
-        data = path.read_bytes()
+        return look()
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise ValueError(f"cannot read {path.name}: {exc.strerror}") from None
-    return parse_json_object(data, path.name)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a report folder, or None when missing (raises ValueError when unreadable)."""
+    data = unless_missing(path.read_bytes, path)
+    return None if data is None else parse_json_object(data, path.name)
 
 
 def parse_json_object(data: bytes, name: str) -> dict[str, Any]:
