@@ -239,42 +239,16 @@ def _time(fn: Any) -> float:
 
 
 def profile(folder: Path) -> None:
-    """Our default command's stages, timed in this process (parsing on the same pool of workers
-    as the command), to say where the time goes."""
-    import os
-    from concurrent.futures import ProcessPoolExecutor
-
-    from harness.collect.analysis import analyze
-    from harness.collect.cli import parse_all, write_merged_trace
-    from harness.collect.discover import find_trace_files, group_ranks
-    from harness.collect.merged import MergedChoice
-    from harness.collect.tb_scalars import write_scalars
-    from harness.collect.timeline import build_timeline
-    from harness.report.document import build_report, collective_rows
-    from harness.report.files import write_report, write_view
-
-    out = Path(tempfile.mkdtemp(prefix="cvh-prof-"))
-    stages: list[tuple[str, float]] = []
-    with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
-        t = time.perf_counter()
-        traces, _ = parse_all(find_trace_files([str(folder)]), pool, progress=False)
-        stages.append(("parse (workers)", time.perf_counter() - t))
-        t = time.perf_counter()
-        a = analyze(group_ranks(traces))
-        stages.append(("analysis", time.perf_counter() - t))
-        t = time.perf_counter()
-        doc = build_report(a, [str(folder)], None, [])
-        write_report(doc, out, collective_rows(a))
-        write_view(doc, build_timeline(a), out)
-        write_scalars(doc, out)
-        stages.append(("report files", time.perf_counter() - t))
-        t = time.perf_counter()
-        write_merged_trace(a, out, MergedChoice(), pool)
-        stages.append(("merged trace (workers)", time.perf_counter() - t))
-    total = sum(d for _, d in stages)
-    print(f"\nprofile of {folder.name} (in one process; the command adds its start-up):")
+    """Where the default command's time goes: the command itself, run once, with the stage
+    timings it writes to its --progress-file; the rest of its wall time is start-up and finding
+    the traces."""
+    tmp = Path(tempfile.mkdtemp(prefix="cvh-prof-"))
+    wall, _ = measured(default_cmd(folder, tmp / "report") + ["--progress-file", str(tmp / "progress.json")])
+    stages = [(name, seconds) for name, seconds in json.loads((tmp / "progress.json").read_text())["stages_s"]]
+    stages.append(("start-up, finding traces", max(wall - sum(d for _, d in stages), 0.0)))
+    print(f"\nprofile of {folder.name} (the default command, {wall:.2f} s wall):")
     for name, d in stages:
-        print(f"  {name:24} {d:>7.2f} s {d / total:>5.0%}")
+        print(f"  {name:58} {d:>7.2f} s {d / wall:>5.0%}")
 
 
 def scale(work: Path, sizes: list[int], rank_mb: float, reps: int, source: Path = SOURCE) -> None:
