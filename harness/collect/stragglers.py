@@ -90,6 +90,42 @@ class StragglerResult:
         return sorted((r for r in self.ranks if r.straggler), key=lambda r: (-r.late_ms, r.rank))
 
 
+NOISE_BOUNDS = ("min_lag", "clock_noise", "jitter")  # the bounds that are about noise, not about the ranks
+
+
+def run_jitter_ms(step_ms_by_rank: list[list[float]]) -> float:
+    """The run's step-to-step jitter: the median over ranks (with 2+ steps) of the median absolute
+    deviation of each rank's step durations. Step to step on one rank, because the ranks'
+    differences are what waiting makes, not noise."""
+    jitter = [mad(steps) for steps in step_ms_by_rank if len(steps) > 1]
+    return statistics.median(jitter) if jitter else 0.0
+
+
+def straggler_bounds(late_ms: dict[int, float], *, median_step_ms: float, clock_noise_ms: float, jitter_ms: float,
+                     cpu: bool, th: Thresholds) -> dict[str, float]:
+    """The straggler rule: the bounds a rank's lateness per step must all exceed (a straggler's
+    `late_ms` > max of them). Shared by the collector (lateness at collectives, from traces) and
+    the live watch (harness/train/watch.py: lateness of the work between collectives, from the
+    step timings).
+
+    1. min_lag = --min-lag-ms (no absolute floor by default);
+    2. clock_noise = noise_factor x the clocks' noise (0 where no clocks are compared);
+    3. jitter = jitter_factor x the run's step-to-step jitter (`run_jitter_ms`);
+    4. relative = rel_lag x the median rank's mean step (rel_lag_cpu when every rank ran on CPU);
+    5. on 3+ ranks, outlier = the median of the lower half of the ranks' late_ms + mad_factor x
+       that half's median absolute deviation: up to half of the ranks can straggle and still
+       stand out.
+    """
+    bounds = {"min_lag": th.min_lag_ms, "clock_noise": th.noise_factor * clock_noise_ms,
+              "jitter": th.jitter_factor * jitter_ms,
+              "relative": (th.rel_lag_cpu if cpu else th.rel_lag) * median_step_ms}
+    if len(late_ms) >= 3:
+        values = sorted(late_ms.values())
+        lower = values[:max(len(values) // 2, 1)]
+        bounds["outlier"] = statistics.median(lower) + th.mad_factor * mad(lower)
+    return bounds
+
+
 def punctual_arrival(arrival_us: dict[int, float]) -> float:
     """When the punctual ranks arrived at one collective: the lower-quartile arrival (the
     earliest of 2-4 ranks, the 2nd of 5-8, ...). Up to three quarters of the ranks can be late
@@ -126,14 +162,8 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
        when another rank is as late), wait and blame summed likewise; the step's costliest rank;
     4. per rank: late_ms and cost_ms = means over the steps with matched collectives (an
        instance without a step counts as one more step of its own);
-    5. bound = max(--min-lag-ms, rel_lag x the median rank's mean step (rel_lag_cpu on CPU-only
-       traces), noise_factor x the median end scatter of matched collectives (the clock's noise),
-       jitter_factor x the run's jitter: the median over ranks of the median absolute deviation
-       of each rank's step durations (step to step on one rank: the ranks' differences are what
-       waiting makes, not noise));
-       on 3+ ranks each rank's late_ms must also exceed the median of the lower half of the
-       ranks' late_ms + mad_factor x that half's median absolute deviation (an outlier, with up
-       to half of the ranks straggling);
+    5. the bounds (`straggler_bounds`), with the clocks' noise = the median end scatter of
+       matched collectives and the run's jitter over each rank's steps;
     6. a straggler's late_ms exceeds the bound; any number of ranks can be stragglers;
     7. late_fraction = share of its collectives where its lateness exceeds noise_factor x the
        clock noise (any lateness on exact clocks); steps_late = steps whose lateness exceeds
@@ -177,22 +207,15 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
     mean_step_ms = {r: statistics.mean([s.dur_us for s in by_rank[r].steps]) / 1e3 if by_rank[r].steps else None
                     for r in ranks}
     timed = [m for m in mean_step_ms.values() if m is not None]
-    median_step_ms = statistics.median(timed) if timed else 0.0
     spreads = [o.spread_us for o in offsets.values() if o.samples and o.rank != min(ranks)]
     noise_us = statistics.median(spreads) if spreads else 0.0
-    jitter = [mad([s.dur_us / 1e3 for s in t.steps]) for t in traces if len(t.steps) > 1]
-    jitter_ms = statistics.median(jitter) if jitter else 0.0
-    rel_lag = th.rel_lag_cpu if all(t.device == "cpu" for t in traces) else th.rel_lag
-    bounds = {"min_lag": th.min_lag_ms, "clock_noise": th.noise_factor * noise_us / 1e3,
-              "jitter": th.jitter_factor * jitter_ms}
-    noise_ms = max(bounds.values())
-    bounds["relative"] = rel_lag * median_step_ms
     cost_ms = {r: sum(c.get(r, 0.0) for c in step_cost.values()) / 1e3 / n_steps if n_steps else 0.0 for r in ranks}
     late_ms = {r: sum(c.get(r, 0.0) for c in step_late.values()) / 1e3 / n_steps if n_steps else 0.0 for r in ranks}
-    if len(ranks) >= 3:
-        values = sorted(late_ms.values())
-        lower = values[:max(len(values) // 2, 1)]
-        bounds["outlier"] = statistics.median(lower) + th.mad_factor * mad(lower)
+    bounds = straggler_bounds(late_ms, median_step_ms=statistics.median(timed) if timed else 0.0,
+                              clock_noise_ms=noise_us / 1e3,
+                              jitter_ms=run_jitter_ms([[s.dur_us / 1e3 for s in t.steps] for t in traces]),
+                              cpu=all(t.device == "cpu" for t in traces), th=th)
+    noise_ms = max(bounds[k] for k in NOISE_BOUNDS)
     threshold = max(bounds.values())
     late_floor_us = th.noise_factor * noise_us
     late_at: dict[int, int] = defaultdict(int)
