@@ -34,6 +34,7 @@ from harness.collect.stragglers import Thresholds
 from harness.collect.summary import read_summary
 from harness.collect.tb_scalars import write_scalars
 from harness.collect.timeline import build_timeline
+from harness.collect.windows import pick_window, window_entry, window_line
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser, fail
 from harness.paths import (
     COLLECTIVES_CSV,
@@ -83,6 +84,13 @@ def parse_merged(spec: str) -> MergedChoice:
                                          "use auto, all, none or steps such as 5-8") from None
 
 
+def parse_window(spec: str) -> str:
+    """'latest', 'all' or a window number (1, 2, ...)."""
+    if spec in ("latest", "all") or (spec.isdigit() and int(spec) >= 1):
+        return spec
+    raise argparse.ArgumentTypeError(f"invalid --window {spec!r}; use latest, all or a window number such as 2")
+
+
 def build_parser() -> argparse.ArgumentParser:
     th = Thresholds()
     p = OneLineArgumentParser(prog=PROG, description="Merge per-rank PyTorch profiler traces, align their clocks, find "
@@ -97,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "none, or steps such as 5-8")
     p.add_argument("--no-merged", dest="merged", action="store_const", const=MergedChoice(mode="none"),
                    help="the same as --merged none")
+    p.add_argument("--window", type=parse_window, default="latest",
+                   help="profiler window to analyse: latest (default), all, or its number (the N in "
+                        "<trace>.000N.pt.trace.json.gz): a run's windows, the scheduled ones and those the live watch "
+                        "captured, are analysed one at a time")
     p.add_argument("--attempt", type=int, help="after torchrun restarts (--max-restarts), the attempt to analyse: "
                    "0 = the first, N = <run>/restart-N (default: the latest)")
     p.add_argument("--from-traces", action="store_true",
@@ -194,6 +206,10 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
         files = [f for f in find_trace_files(inputs, summaries=not args.from_traces) if f not in dump_files]
         if not files:
             raise InputError(f"no trace files under {', '.join(inputs)}, only Flight Recorder dumps")
+        try:
+            files, window = pick_window(files, args.window)
+        except InputError as exc:  # a bad --window, not a run without traces
+            fail(PROG, str(exc), code=EXIT_INPUT)
         traces, errors = parse_all(files, pool, progress=not args.quiet and len(files) > 1, reporter=reporter)
         for e in errors:
             print(f"{PROG}: warning: skipped {e}", file=sys.stderr)
@@ -225,6 +241,7 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     merged = write_merged_trace(analysis, out, args.merged, pool)
     reporter.stage("writing the report")
     doc["merged"] = merged_entry(merged) if merged else None
+    doc["window"] = window_entry(window, runset, dirs)
     write_report(doc, out, collective_rows(analysis))
     write_view(doc, build_timeline(analysis), out)
     write_scalars(doc, out)
@@ -235,6 +252,8 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
         print(console_table(doc))
         for w in analysis.warnings:
             print(f"warning: {w}")
+    if doc["window"] and (len(doc["window"]["windows"]) > 1 or not args.quiet):
+        print(f"window:  {window_line(doc['window'])}")
     print(f"\nverdict: {doc['headline']}")
     print(f"diagnosis: {doc['diagnosis_summary']}")
     for n in doc["next_steps"]:

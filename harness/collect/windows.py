@@ -1,0 +1,96 @@
+"""Which profiler window the collector analyses (`--window`): a run's windows can be far apart
+in time (the scheduled one at step 11, one the live watch captured at step 53 when a rank turned
+slow), and analysed together a straggler in one is diluted by the healthy steps of the other."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.collect.discover import InputError, RunSet
+from harness.paths import TRACE_PATTERN, WORKER_RANK_PATTERN, is_summary, run_file, trace_of_summary
+
+
+def trace_window(path: Path) -> int | None:
+    """The harness profiler window a trace (or its summary) holds, from its name
+    (rank00002-host.0003.pt.trace.json.gz -> 3); None for a name the harness did not write
+    (torch's tensorboard_trace_handler puts a timestamp where the window number goes)."""
+    m = TRACE_PATTERN.match((trace_of_summary(path) if is_summary(path) else path).name)
+    if m is None or m["span"] is None or not WORKER_RANK_PATTERN.match(m["worker"]):
+        return None
+    return int(m["span"])
+
+
+@dataclass(frozen=True)
+class WindowPick:
+    """Which profiler window is analysed: `window` of `windows` (every window number present);
+    window None: all of them (or traces without window numbers)."""
+
+    window: int | None = None
+    windows: tuple[int, ...] = ()
+
+
+def pick_window(files: list[Path], choice: str) -> tuple[list[Path], WindowPick]:
+    """The trace files of one profiler window (`choice`: a window number, "latest" or "all").
+
+    1. each file's window from its name (`trace_window`);
+    2. "all", or files without window numbers (third-party names): every file;
+    3. "latest": the highest window number present on any rank (a rank that could not write
+       it is then reported missing), a number: that window, refused when no file holds it.
+    """
+    numbered = {f: trace_window(f) for f in files}
+    windows = tuple(sorted({w for w in numbered.values() if w is not None}))
+    if choice not in ("all", "latest") and not windows:
+        raise InputError(f"--window {choice}: these traces carry no harness window number (names such as "
+                         "rank00000-host.0002.pt.trace.json.gz); use --window all")
+    if choice == "all" or not windows:
+        return files, WindowPick(windows=windows)
+    window = windows[-1] if choice == "latest" else int(choice)
+    if window not in windows:
+        raise InputError(f"--window {window}: no trace of that window; windows present: "
+                         f"{', '.join(map(str, windows))}")
+    return [f for f in files if numbered[f] == window], WindowPick(window=window, windows=windows)
+
+
+def window_entry(pick: WindowPick, runset: RunSet, dirs: list[Path]) -> dict[str, Any] | None:
+    """report.json `window`: {window, windows, steps: [first, last] analysed, captured: the live
+    watch's capture that recorded those steps ({first, last, watch_step, ranks}, from run.json)
+    or null}; None when the traces carry no window numbers."""
+    if not pick.windows:
+        return None
+    steps = [s.number for t in runset.ranks for s in t.steps if s.number is not None]
+    span = [min(steps), max(steps)] if steps else None
+    captured = None
+    if span:
+        for capture in _captures(dirs):
+            if capture.get("first", 0) <= span[0] and span[1] <= capture.get("last", -1):
+                captured = capture
+    return {"window": pick.window, "windows": list(pick.windows), "steps": span, "captured": captured}
+
+
+def window_line(entry: dict[str, Any]) -> str:
+    """The console's `window:` line."""
+    which = "all windows" if entry["window"] is None else f"window {entry['window']}"
+    text = f"{which} of {', '.join(map(str, entry['windows']))}"
+    if entry["steps"]:
+        text += f" (steps {entry['steps'][0]}-{entry['steps'][1]})"
+    if entry["captured"]:
+        c = entry["captured"]
+        text += (f", traced when the live watch flagged rank(s) {', '.join(map(str, c['ranks']))} "
+                 f"at step {c['watch_step']}")
+    if len(entry["windows"]) > 1:
+        text += "; --window N or all for others"
+    return text
+
+
+def _captures(dirs: list[Path]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for d in dirs:
+        try:
+            watch = json.loads(run_file(d).read_text()).get("watch") or {}
+        except (OSError, ValueError, AttributeError):
+            continue  # no run.json (third-party traces, a run that did not finish): nothing to say
+        out.extend(c for c in watch.get("captures", []) if isinstance(c, dict))
+    return out
