@@ -39,6 +39,8 @@ STEP_PHASES = ("data", "h2d", "forward", "loss", "backward", "optimizer")
 STEPS_DIR = "steps"
 STEPS_TEMPLATE = "rank{rank}.jsonl"
 RUN_FILE = "run.json"
+# The live straggler watch (harness/train/watch.py): one JSON line per judged interval, by rank 0.
+WATCH_FILE = "watch.jsonl"
 # Each rank's state (running / finished / failed / terminated), rewritten as it changes: a rank
 # still "running" in a run that is over was killed without a word (SIGKILL, OOM, node lost).
 STATUS_DIR = "status"
@@ -151,6 +153,10 @@ def attempt_dir(run_dir: Path, attempt: int) -> Path:
 
 def run_file(run_dir: Path) -> Path:
     return run_dir / RUN_FILE
+
+
+def watch_path(run_dir: Path) -> Path:
+    return run_dir / WATCH_FILE
 
 
 def list_traces(run_dir: Path) -> list[Path]:

@@ -273,6 +273,31 @@ class StragglerConfig:
                 and step >= self.from_step and (step - self.from_step) % self.every == 0)
 
 
+@dataclass(kw_only=True)
+class WatchConfig:
+    """The live straggler watch (harness/train/watch.py): every N steps the ranks exchange their step
+    timings in one small collective and apply the collector's straggler rule to them."""
+
+    # 50: one exchange of ~7 KB per rank every 50 steps; bench/overhead.py measures its cost.
+    every: int = knob(50, "every N steps, the ranks exchange their last steps' phase times and the watch names "
+                      "the stragglers (0 = off)", flag="--watch-every")
+    capture_on_straggler: bool = knob(False, "when the watch flags a new straggler, every rank traces a profiler "
+                                      "window (--warmup + --active steps) starting two steps later",
+                                      flag="--capture-on-straggler")
+    max_captures: int = knob(1, "at most this many triggered trace windows per run", flag="--max-captures")
+    min_lag_ms: float = knob(0.0, "watch: least lateness per step, ms, for a straggler (as the collector's "
+                             "--min-lag-ms; default: no absolute floor)", flag="--watch-min-lag-ms")
+
+    def __post_init__(self) -> None:
+        _check_types(self, "watch")
+        _check_min("watch", "every", self.every, 0)
+        _check_min("watch", "max_captures", self.max_captures, 1)
+        _check_min("watch", "min_lag_ms", self.min_lag_ms, 0)
+        if self.capture_on_straggler and self.every == 0:
+            raise ConfigError("watch.capture_on_straggler", "--capture-on-straggler needs the watch; "
+                              "drop --watch-every 0")
+
+
 HANG_PHASES = ("data", "forward", "backward", "optimizer")
 
 
@@ -339,6 +364,7 @@ SECTIONS: dict[str, type] = {
     "straggler": StragglerConfig,
     "leak": LeakConfig,
     "hang": HangConfig,
+    "watch": WatchConfig,
     "output": OutputConfig,
 }
 
@@ -355,6 +381,7 @@ class TrainConfig:
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     leak: LeakConfig = field(default_factory=LeakConfig)
     hang: HangConfig = field(default_factory=HangConfig)
+    watch: WatchConfig = field(default_factory=WatchConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def __post_init__(self) -> None:
@@ -362,6 +389,9 @@ class TrainConfig:
         if strag.rank is not None and strag.ms > 0 and strag.from_step >= self.workload.steps:
             raise ConfigError("straggler.from_step",
                               f"{strag.from_step} is past the last step; must be < steps ({self.workload.steps})")
+        if self.watch.capture_on_straggler and not self.profiler.profile:
+            raise ConfigError("watch.capture_on_straggler", "--capture-on-straggler traces with the profiler; "
+                              "drop --no-profile")
         if self.hang.step is not None and self.hang.step >= self.workload.steps:
             raise ConfigError("hang.step",
                               f"{self.hang.step} is past the last step; must be < steps ({self.workload.steps})")

@@ -14,6 +14,7 @@ import os
 import shutil
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,24 @@ from harness.write_faults import FaultLog, is_disk_full
 RESUME_MIN_FREE_BYTES = 64 * 2**20
 
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+
+
+@dataclass(frozen=True)
+class Capture:
+    """A triggered trace window (the live watch's --capture-on-straggler): warm-up steps from
+    `start`, then steps `first`..`last` recorded; `why` goes into the window's trace metadata."""
+
+    start: int
+    first: int
+    last: int
+    why: dict[str, Any]
+
+    def action(self, step: int) -> ProfilerAction | None:
+        if step < self.start or step > self.last:
+            return None
+        if step < self.first:
+            return ProfilerAction.WARMUP
+        return ProfilerAction.RECORD_AND_SAVE if step == self.last else ProfilerAction.RECORD
 
 
 class TraceRecorder:
@@ -59,6 +78,8 @@ class TraceRecorder:
         self._leftovers: set[Path] = set()  # temporary files that could not be removed yet
         self._prof: profile | None = None
         self._stamped_window = 0
+        self._scheduled = schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat)
+        self.captures: list[Capture] = []
 
     @property
     def enabled(self) -> bool:
@@ -72,8 +93,7 @@ class TraceRecorder:
             activities.append(ProfilerActivity.CUDA)
         self._prof = profile(
             activities=activities,
-            schedule=schedule(wait=self.cfg.wait, warmup=self.cfg.warmup, active=self.cfg.active,
-                              repeat=self.cfg.repeat),
+            schedule=self._action,
             on_trace_ready=self._write_window,
             # torch's memory timeline needs shapes and stacks besides the allocations
             record_shapes=self.cfg.record_shapes or self.cfg.profile_memory,
@@ -100,11 +120,39 @@ class TraceRecorder:
             return "record"
         return "warmup" if action == ProfilerAction.WARMUP else "wait"
 
+    def _action(self, step: int) -> ProfilerAction:
+        """What the profiler does in `step`: a triggered window's action there, else the schedule's."""
+        for c in self.captures:
+            action = c.action(step)
+            if action is not None:
+                return action
+        return self._scheduled(step)
+
+    def plan_capture(self, earliest: int, last_step: int, why: dict[str, Any]) -> Capture | None:
+        """Book a triggered window (--warmup steps, then --active recorded) at the first step from
+        `earliest` where neither the schedule nor another triggered window traces, ending by
+        `last_step`; None when the profiler is off or no such room is left in the run."""
+        if self._prof is None:
+            return None
+        span = self.cfg.warmup + self.cfg.active
+        for start in range(earliest, last_step - span + 2):
+            steps = range(start, start + span)
+            if all(self._scheduled(s) == ProfilerAction.NONE and not any(c.action(s) for c in self.captures)
+                   for s in steps):
+                capture = Capture(start=start, first=start + self.cfg.warmup, last=start + span - 1, why=why)
+                self.captures.append(capture)
+                return capture
+        return None
+
     def step(self) -> None:
         """Mark a step boundary (closes `ProfilerStep#N`, may finish a window)."""
         if self._prof is None:
             return
-        self._prof.step()
+        with warnings.catch_warnings():
+            # torch says once, as a second window starts, that each window holds its own events:
+            # what the harness wants (one file per window), so not worth a line in the job's log.
+            warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
+            self._prof.step()
         self._stamp()
 
     def _stamp(self) -> None:
@@ -113,7 +161,12 @@ class TraceRecorder:
         assert self._prof is not None
         window = self._windows + 1
         if self._prof.current_action in _RECORDING and self._stamped_window != window:
-            self._prof.add_metadata_json(TRACE_METADATA_KEY, json.dumps({**self.metadata, "window": window}))
+            meta = {**self.metadata, "window": window}
+            step = self._prof.step_num
+            trigger = next((c for c in self.captures if c.start <= step <= c.last), None)
+            if trigger is not None:
+                meta["captured"] = {"steps": [trigger.first, trigger.last], **trigger.why}
+            self._prof.add_metadata_json(TRACE_METADATA_KEY, json.dumps(meta))
             self._stamped_window = window
 
     @property

@@ -130,7 +130,7 @@ def device_description(device: torch.device) -> str:
 
 
 def write_run_json(ident: RunIdentity, cfg: TrainConfig, env: LaunchEnv, device: torch.device,
-                   ranks: list[dict[str, Any]]) -> Path:
+                   ranks: list[dict[str, Any]], watch: dict[str, Any] | None = None) -> Path:
     doc = {
         "run_name": ident.name,
         "run_id": ident.run_id,
@@ -146,6 +146,7 @@ def write_run_json(ident: RunIdentity, cfg: TrainConfig, env: LaunchEnv, device:
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "ranks": ranks,
+        "watch": watch,  # the live straggler watch (harness/train/watch.py): flags and captured windows
     }
     path = run_file(ident.dir)
     write_text_atomic(path, json.dumps(doc, indent=2) + "\n")

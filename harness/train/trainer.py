@@ -21,6 +21,7 @@ from harness.train.profiling import TraceRecorder
 from harness.train.ranges import phase_range
 from harness.train.stats import StepLog, SystemSampler
 from harness.train.timing import StepClock
+from harness.train.watch import Watch
 from harness.train.workloads import Workload
 
 
@@ -136,7 +137,7 @@ class Trainer:
             self.loss_steps += 1
         clock.finish(**extra, **self.sampler.sample())
 
-    def run(self, recorder: TraceRecorder, log: StepLog) -> None:
+    def run(self, recorder: TraceRecorder, log: StepLog, watch: Watch | None = None) -> None:
         batches = _endless(self.loader)
         # cudaProfilerStart/Stop around the measured steps, for Nsight tools told to wait for it.
         api_range = self.cfg.profiler.cuda_profiler_api and self.device.type == "cuda"
@@ -147,6 +148,10 @@ class Trainer:
             recorder.step()
             for rec in self.clock.poll():
                 self._log(log, rec)
+                if watch:
+                    watch.add(rec)
+            if watch:
+                watch.after_step(step)
         if api_range:
             torch.cuda.profiler.stop()
         for rec in self.clock.drain():

@@ -1,0 +1,179 @@
+"""The live straggler watch: every `--watch-every` steps the ranks exchange their latest step
+timings in one small collective, and each applies the collector's straggler rule to them
+(`watch_rule.judge_interval`). Every rank computes the same verdict from the same gathered numbers,
+so they also agree, without another message, on the step where a triggered trace window starts.
+
+Rank 0 prints a line when a rank becomes a straggler and when it stops being one, and appends one
+line per judged interval to `<run>/watch.jsonl`; every rank writes its own `watch/*` scalars.
+
+The exchange runs on a gloo group of its own, with CPU tensors: no device synchronisation, and
+none of the training's collectives (or their Flight Recorder entries) is touched. It happens after
+a step's end mark, so its time counts in the next step's `outside_step_ms`, in no phase.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.collect.stragglers import Thresholds
+from harness.paths import STEP_PHASES, watch_path
+from harness.scalars import ScalarWriter
+from harness.train.config import TrainConfig
+from harness.train.profiling import TraceRecorder
+from harness.train.watch_rule import IntervalVerdict, StepTimes, judge_interval, own_work_phases
+from harness.write_faults import AppendOnlyFile, FaultLog
+
+# A step record travels as [step, step_ms, one column per STEP_PHASES]; NaN pads the rows a rank
+# has not timed yet (on GPU a step is timed once its CUDA events complete, a few steps late).
+_COLUMNS = 2 + len(STEP_PHASES)
+
+
+class Watch:
+    """Collects this rank's step timings and, every `every` steps, exchanges and judges them."""
+
+    def __init__(self, train: TrainConfig, *, rank: int, world_size: int, host: str, cpu: bool, run_dir: Path,
+                 recorder: TraceRecorder, scalars: ScalarWriter | None, faults: FaultLog) -> None:
+        cfg = self.cfg = train.watch
+        self.on = (cfg.every > 0 and world_size > 1 and train.workload.steps >= cfg.every and dist.is_available()
+                   and dist.is_initialized())
+        self.rank = rank
+        self.world_size = world_size
+        self.own_phases = own_work_phases(train.parallel.parallel)
+        self.cpu = cpu
+        self.warmup_steps = train.workload.warmup_steps
+        self.last_step = train.workload.steps - 1
+        self.recorder = recorder
+        self.scalars = scalars
+        self.faults = faults
+        self.th = Thresholds(min_lag_ms=cfg.min_lag_ms)
+        # Twice the interval: steps a rank timed late (GPU) are still there at the next exchange.
+        self._recent: deque[StepTimes] = deque(maxlen=2 * max(cfg.every, 1))
+        self._judged_through = -1
+        self.flagged: dict[int, int] = {}  # rank -> step of the interval that first flagged it
+        self.intervals = 0
+        self.flags: list[dict[str, Any]] = []  # every time a rank became a straggler
+        self.captures: list[dict[str, Any]] = []
+        self._log: AppendOnlyFile | None = None
+        if not self.on:
+            return
+        # Its own gloo group, timing out like the training's collectives (--collective-timeout): a
+        # rank that hangs leaves the others in this exchange no longer than in a training collective.
+        timeout = datetime.timedelta(seconds=train.parallel.collective_timeout)
+        self.group = dist.new_group(backend="gloo", timeout=timeout, group_desc="harness_watch")
+        hosts: list[Any] = [None] * world_size
+        dist.all_gather_object(hosts, host, group=self.group)
+        self.hosts = dict(enumerate(hosts))
+        if rank == 0:
+            self._log = AppendOnlyFile(watch_path(run_dir), faults, "watch log")
+
+    def add(self, record: dict[str, Any]) -> None:
+        """A step record from the step clock (warm-up steps are not judged: first-step costs)."""
+        if self.on and record["step"] >= self.warmup_steps:
+            self._recent.append(StepTimes(step=record["step"], step_ms=float(record["step_ms"]),
+                                          phases_ms=dict(record.get("phases_ms") or {})))
+
+    def after_step(self, step: int) -> None:
+        """Call once per step, after the step and its profiler step: exchanges every `every` steps."""
+        if not self.on or (step + 1) % self.cfg.every:
+            return
+        verdict = judge_interval(self._exchange(), self.hosts, self.own_phases, cpu=self.cpu, th=self.th)
+        if not verdict.steps:
+            return
+        self._judged_through = verdict.steps[-1]
+        self.intervals += 1
+        self._act(step, verdict)
+
+    def _exchange(self) -> dict[int, list[StepTimes]]:
+        rows = torch.full((self._recent.maxlen or 1, _COLUMNS), math.nan, dtype=torch.float64)
+        for i, t in enumerate(self._recent):
+            rows[i, 0], rows[i, 1] = t.step, t.step_ms
+            for j, phase in enumerate(STEP_PHASES):
+                rows[i, 2 + j] = t.phases_ms.get(phase, math.nan)
+        gathered = [torch.empty_like(rows) for _ in range(self.world_size)]
+        dist.all_gather(gathered, rows, group=self.group)
+        out: dict[int, list[StepTimes]] = {}
+        for r, table in enumerate(gathered):
+            out[r] = [StepTimes(step=int(row[0]), step_ms=row[1],
+                                phases_ms={p: v for p, v in zip(STEP_PHASES, row[2:]) if not math.isnan(v)})
+                      for row in table.tolist() if not math.isnan(row[0]) and row[0] > self._judged_through]
+        return out
+
+    def _act(self, step: int, verdict: IntervalVerdict) -> None:
+        now = {r.rank: r for r in verdict.stragglers}
+        new = [r for r in verdict.stragglers if r.rank not in self.flagged]
+        gone = sorted(set(self.flagged) - set(now))
+        for r in gone:
+            del self.flagged[r]
+        for r in new:
+            self.flagged[r.rank] = step
+            self.flags.append({"step": step, "rank": r.rank, "host": r.host, "phase": r.phase})
+        capture = None
+        if new and self.cfg.capture_on_straggler and len(self.captures) < self.cfg.max_captures:
+            why = {"watch_step": step, "ranks": [r.rank for r in new]}
+            booked = self.recorder.plan_capture(step + 2, self.last_step, why)
+            capture = {"first": booked.first, "last": booked.last, **why} if booked else None
+            if capture:
+                self.captures.append(capture)
+        if self.scalars:
+            mine = next((r for r in verdict.ranks if r.rank == self.rank), None)
+            if mine:
+                self.scalars.add(step, {"watch/late_ms": mine.late_ms, "watch/straggler": float(mine.straggler),
+                                        "watch/threshold_ms": verdict.threshold_ms})
+        if self.rank != 0:
+            return
+        for r in new:
+            _say(f"watch: step {step}: rank {r.rank} ({r.host}) is a straggler: {_where(r.phase, r.excess_ms)}, "
+                 f"{r.late_ms:.1f} ms/step late (bound {verdict.threshold_ms:.1f} ms), "
+                 f"late in {r.steps_late}/{len(verdict.steps)} steps {verdict.steps[0]}-{verdict.steps[-1]}")
+        for rank in gone:
+            _say(f"watch: step {step}: rank {rank} ({self.hosts.get(rank, '?')}) is no longer a straggler "
+                 f"(steps {verdict.steps[0]}-{verdict.steps[-1]})")
+        if new and self.cfg.capture_on_straggler:
+            if capture:
+                _say(f"watch: step {step}: tracing steps {capture['first']}-{capture['last']} on every rank "
+                     f"(capture {len(self.captures)} of at most {self.cfg.max_captures})")
+            elif len(self.captures) < self.cfg.max_captures:
+                _say(f"watch: step {step}: no trace captured: the run ends, or the profiler schedule traces, "
+                     "before a window fits")
+        line = interval_line(step, verdict, capture)
+        if self._log:
+            self._log.append((json.dumps(line) + "\n").encode())
+
+    def summary(self) -> dict[str, Any]:
+        """For run.json: the interval, what was flagged, which windows were captured."""
+        return {"every": self.cfg.every if self.on else 0, "intervals": self.intervals, "flags": self.flags,
+                "captures": self.captures}
+
+    def close(self) -> None:
+        if self._log and not self._log.close():
+            self.faults.note(f"the watch log {self._log.path} could not all be written")
+
+
+def interval_line(step: int, verdict: IntervalVerdict, capture: dict[str, Any] | None) -> dict[str, Any]:
+    """One line of watch.jsonl."""
+    line: dict[str, Any] = {
+        "step": step, "steps": [verdict.steps[0], verdict.steps[-1]], "threshold_ms": round(verdict.threshold_ms, 3),
+        "stragglers": [{"rank": r.rank, "host": r.host, "phase": r.phase,
+                        "excess_ms": None if r.excess_ms is None else round(r.excess_ms, 3),
+                        "late_ms": round(r.late_ms, 3), "steps_late": r.steps_late} for r in verdict.stragglers]}
+    if capture:
+        line["capture"] = capture
+    return line
+
+
+def _where(phase: str | None, excess_ms: float | None) -> str:
+    if phase is None or excess_ms is None:
+        return "no single phase stands out"
+    return f"{phase} +{excess_ms:.1f} ms/step over the other ranks' median"
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)

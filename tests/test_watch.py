@@ -1,0 +1,175 @@
+"""The live straggler watch: its verdict on hand-built step timings (exact), triggered trace windows,
+the collector's --window, and real 4-rank jobs (a straggler appearing at step 40, a clean run)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from harness.collect.discover import InputError
+from harness.collect.stragglers import Thresholds, straggler_bounds
+from harness.collect.windows import pick_window, trace_window
+from harness.paths import watch_path
+from harness.train.watch_rule import StepTimes, judge_interval, own_work_phases
+
+from conftest import REPO, run_harness
+
+DDP_OWN = own_work_phases("ddp")
+
+
+def steps(rank_phases: dict[str, float], *, first: int = 10, n: int = 4, step_ms: float = 100.0,
+          bump: dict[int, dict[str, float]] | None = None) -> list[StepTimes]:
+    """`n` steps with the same phase times, plus per-step extra time (`bump`: step -> phase -> ms)."""
+    out = []
+    for s in range(first, first + n):
+        phases = dict(rank_phases)
+        for phase, ms in (bump or {}).get(s, {}).items():
+            phases[phase] = phases.get(phase, 0.0) + ms
+        out.append(StepTimes(step=s, step_ms=step_ms, phases_ms=phases))
+    return out
+
+
+BASE = {"data": 1.0, "h2d": 0.0, "forward": 20.0, "loss": 1.0, "backward": 60.0, "optimizer": 10.0}
+
+
+def test_own_work_phases_leave_out_the_phases_that_hold_collectives() -> None:
+    assert own_work_phases("ddp") == ("data", "h2d", "forward", "loss", "optimizer")
+    assert own_work_phases("fsdp") == ("data", "h2d", "loss", "optimizer")
+    assert own_work_phases("none") == ("data", "h2d", "forward", "loss", "backward", "optimizer")
+
+
+def test_a_slow_data_phase_is_flagged_and_its_victims_waiting_in_backward_are_not() -> None:
+    # Rank 2 spends 50 ms more in data every step; ranks 0, 1, 3 wait for it inside backward
+    # (DDP's all-reduce), so their backward is 50 ms longer and rank 2's is not.
+    slow = {**BASE, "data": 51.0}
+    victim = {**BASE, "backward": 110.0}
+    times = {0: steps(victim, step_ms=150.0), 1: steps(victim, step_ms=150.0), 2: steps(slow, step_ms=150.0),
+             3: steps(victim, step_ms=150.0)}
+    v = judge_interval(times, {0: "a", 1: "a", 2: "b", 3: "b"}, DDP_OWN, cpu=False, th=Thresholds())
+    assert v.steps == [10, 11, 12, 13]
+    # own work: 32 ms on ranks 0, 1, 3 and 82 ms on rank 2; punctual (lower quartile) = 32 ms
+    assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 0.0, 50.0, 0.0]
+    # relative: 0.10 x 150 ms; jitter 0 (every step the same); outlier: lower half [0, 0] -> 0
+    assert v.bounds_ms == {"min_lag": 0.0, "clock_noise": 0.0, "jitter": 0.0, "relative": 15.0, "outlier": 0.0}
+    assert v.threshold_ms == 15.0
+    [s] = v.stragglers
+    assert (s.rank, s.host, s.phase, s.excess_ms, s.steps_late) == (2, "b", "data", 50.0, 4)
+
+
+def test_the_bound_is_the_collectors_rule() -> None:
+    # Same late_ms, the bounds straggler_bounds gives, on CPU (rel_lag_cpu) and with a floor.
+    times = {r: steps(BASE, step_ms=100.0) for r in range(3)}
+    times[1] = steps({**BASE, "optimizer": 30.0}, step_ms=100.0)
+    th = Thresholds(min_lag_ms=25.0)
+    v = judge_interval(times, {}, DDP_OWN, cpu=True, th=th)
+    assert v.bounds_ms == straggler_bounds({0: 0.0, 1: 20.0, 2: 0.0}, median_step_ms=100.0, clock_noise_ms=0.0,
+                                           jitter_ms=0.0, cpu=True, th=th)
+    assert v.threshold_ms == 35.0  # 0.35 x 100 ms on CPU, over the 25 ms floor
+    assert v.stragglers == []  # 20 ms late is under both
+    assert v.ranks[1].phase == "optimizer" and v.ranks[1].excess_ms == 20.0
+
+
+def test_lateness_is_a_mean_over_the_interval_and_steps_late_counts_steps() -> None:
+    # Rank 1 is 80 ms late in 2 of 4 steps: 40 ms per step, over a 10 ms bound; late in 2 steps.
+    times = {0: steps(BASE), 1: steps(BASE, bump={10: {"forward": 80.0}, 12: {"forward": 80.0}})}
+    v = judge_interval(times, {}, DDP_OWN, cpu=False, th=Thresholds())
+    assert v.threshold_ms == 10.0
+    assert [(r.rank, r.late_ms, r.steps_late) for r in v.stragglers] == [(1, 40.0, 2)]
+
+
+def test_only_steps_every_rank_timed_are_judged() -> None:
+    times = {0: steps(BASE, first=10, n=5), 1: steps(BASE, first=11, n=5)}
+    assert judge_interval(times, {}, DDP_OWN, cpu=False, th=Thresholds()).steps == [11, 12, 13, 14]
+    assert judge_interval({0: steps(BASE)}, {}, DDP_OWN, cpu=False, th=Thresholds()).ranks == []
+
+
+def test_trace_window_numbers_come_from_harness_names_only() -> None:
+    assert trace_window(Path("rank00002-vm.0003.pt.trace.json.gz")) == 3
+    assert trace_window(Path("rank00002-vm.0003.pt.trace.json.gz.summary.json")) == 3
+    # torch's tensorboard_trace_handler: a timestamp where the window goes
+    assert trace_window(Path("worker0.1700000000123.pt.trace.json")) is None
+    files = [Path(f"rank0000{r}-vm.000{w}.pt.trace.json.gz") for r in (0, 1) for w in (1, 2)]
+    kept, pick = pick_window(files, "latest")
+    assert [f.name for f in kept] == ["rank00000-vm.0002.pt.trace.json.gz", "rank00001-vm.0002.pt.trace.json.gz"]
+    assert (pick.window, pick.windows) == (2, (1, 2))
+    assert len(pick_window(files, "1")[0]) == 2 and pick_window(files, "all")[0] == files
+    with pytest.raises(InputError, match="windows present: 1, 2"):
+        pick_window(files, "3")
+    other = [Path("worker0.1700000000123.pt.trace.json")]
+    assert pick_window(other, "latest")[0] == other
+    with pytest.raises(InputError, match="use --window all"):
+        pick_window(other, "2")
+
+
+def test_capture_options_are_checked(log_dir: Path) -> None:
+    for args, message in ((["--capture-on-straggler", "--watch-every", "0"], "needs the watch"),
+                          (["--capture-on-straggler", "--no-profile"], "drop --no-profile"),
+                          (["--max-captures", "0"], "must be >= 1")):
+        proc = subprocess.run([sys.executable, "-m", "harness.train", "--log-dir", str(log_dir), *args],
+                              capture_output=True, text=True, cwd=REPO)
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def watch_lines(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in watch_path(run_dir).read_text().splitlines()]
+
+
+# 4 ranks share 2 cores here: a descheduled rank runs late by a time slice or more, so both real
+# runs set a 25 ms floor (--watch-min-lag-ms); the injected straggler is 150 ms a step, 6x over it.
+REAL = ["--mode", "baseline", "--hidden", "128", "--batch-size", "16", "--steps", "70", "--warmup-steps", "5",
+        "--watch-every", "10", "--watch-min-lag-ms", "25"]
+
+
+@pytest.mark.slow
+def test_a_straggler_from_step_40_is_flagged_traced_and_named_by_the_collector(log_dir: Path) -> None:
+    run = run_harness([*REAL, "--straggler-rank", "2", "--straggler-ms", "150", "--straggler-from", "40",
+                       "--capture-on-straggler"], log_dir, nproc=4, timeout=600)
+    lines = watch_lines(run.dir)
+    assert [line["step"] for line in lines] == [9, 19, 29, 39, 49, 59, 69]
+    assert all(line["stragglers"] == [] for line in lines if line["step"] < 40)
+    flagged = next(line for line in lines if line["stragglers"])
+    assert flagged["step"] <= 59
+    assert [(s["rank"], s["phase"]) for s in flagged["stragglers"]] == [(2, "data")]
+    assert all(s["rank"] == 2 for line in lines for s in line["stragglers"])
+    assert flagged["capture"]["ranks"] == [2]
+    assert f"watch: step {flagged['step']}: rank 2 (" in run.proc.stdout and "is a straggler: data +" in run.proc.stdout
+    watch = run.run_json["watch"]
+    assert watch["captures"] == [flagged["capture"]]
+    first, last = flagged["capture"]["first"], flagged["capture"]["last"]
+    assert first == flagged["step"] + 4  # two steps to agree and start, two warm-up steps (--warmup 2)
+    # The scheduled window and the captured one on every rank.
+    for rank in range(4):
+        assert sorted(p.name.split(".")[1] for p in run.dir.glob(f"rank0000{rank}-*.pt.trace.json.gz")) == [
+            "0001", "0002"]
+    tags = EventAccumulator(str(run.dir / "tb" / "rank00002"))
+    tags.Reload()
+    assert {"watch/late_ms", "watch/straggler", "watch/threshold_ms"} <= set(tags.Tags()["scalars"])
+    assert [e.value for e in tags.Scalars("watch/straggler")][:4] == [0.0] * 4
+
+    out = log_dir / "report"
+    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(run.dir), "-o", str(out), "--no-merged"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["window"] == {"window": 2, "windows": [1, 2], "steps": [first, last], "captured": flagged["capture"]}
+    line = f"window:  window 2 of 1, 2 (steps {first}-{last}), traced when the live watch flagged rank(s) 2"
+    assert line in proc.stdout
+    assert doc["verdict"] == "straggler"
+    assert [(s["rank"], s["phase"]) for s in doc["stragglers"]] == [(2, "data")]
+
+
+@pytest.mark.slow
+def test_a_clean_run_raises_no_flag(log_dir: Path) -> None:
+    run = run_harness([*REAL, "--steps", "60", "--capture-on-straggler"], log_dir, nproc=4, timeout=600)
+    lines = watch_lines(run.dir)
+    assert [line["step"] for line in lines] == [9, 19, 29, 39, 49, 59]
+    assert all(line["stragglers"] == [] for line in lines)
+    assert run.run_json["watch"] == {"every": 10, "intervals": 6, "flags": [], "captures": []}
+    assert "watch:   every 10 steps, 6 interval(s) judged, no straggler" in run.proc.stdout
+    assert len(list(run.dir.glob("*.pt.trace.json.gz"))) == 4  # the scheduled window only
