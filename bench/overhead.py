@@ -1,7 +1,7 @@
 """Benchmark (not a test): what the harness and its profiler cost per training step.
 
 Measured side by side in one process, on the same model and data, the variants' order rotated
-every repetition (A B C D S, B C D S A, ...) and garbage collected before each, so drift, noise and
+every repetition (A B C D S W, B C D S W A, ...) and garbage collected before each, so drift, noise and
 the leftovers of the previous variant hit every variant alike:
 
   A  minimal hand-written loop: next(batch) -> forward -> loss -> backward -> step -> zero_grad
@@ -10,12 +10,18 @@ the leftovers of the previous variant hit every variant alike:
   C  the harness loop with the profiler on but every timed step outside its window (wait)
   D  the harness loop with every timed step inside the profiler's active window
   S  B without TensorBoard scalars (--no-scalars)
+  W  B with the live straggler watch at its default interval (--watch-every 100) over 8 simulated
+     ranks: a real gloo all-gather on a 1-rank group whose result is copied 8 times, then the
+     verdict, its log line and scalars; the host's whole cost of an interval, not the network's
+     (8 numbers per step and rank: 12.8 KB per rank every 100 steps)
 
 Each variant's figure per repetition is (time of N steps) / N, warm-up steps run first and not
 timed, in two clocks: wall time, and this process's CPU time (user + system), which does not
 count time the process spent descheduled by other tenants of a shared machine. Ratios are taken
 within each repetition (paired) and their median reported: B/A (target <= 1.02), C/B (target
-<= 1.02), D/B (the profiler's cost while recording), B/S (the scalars' cost).
+<= 1.02), D/B (the profiler's cost while recording), B/S (the scalars' cost), W/B (the watch's
+cost, target <= 1.005); and the watch's own time, timed inside its calls (add, after_step), as a
+share of the loop's: what (e) measures, without the noise of two separate runs.
 
     python bench/overhead.py --mode torch --steps 200 --reps 7
 """
@@ -25,12 +31,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import socket
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from harness.scalars import ScalarWriter
 from harness.train.cli import parse_config
@@ -39,7 +47,40 @@ from harness.train.parallel import build_optimizer, wrap_model
 from harness.train.profiling import TraceRecorder
 from harness.train.stats import StepLog
 from harness.train.trainer import Trainer, _endless, build_loader
+from harness.train.watch import Watch
 from harness.train.workloads import build_workload
+from harness.write_faults import FaultLog
+
+SIMULATED_RANKS = 8
+
+
+class SimulatedWatch(Watch):
+    """The watch of rank 0 of SIMULATED_RANKS: its all-gather runs for real on a 1-rank gloo group
+    and its result is copied to every simulated rank (the network's time is not in it)."""
+
+    def _connect(self, host: str, timeout) -> dict[int, str]:
+        self.group = dist.new_group(backend="gloo", timeout=timeout)
+        return dict.fromkeys(range(self.world_size), host)
+
+    spent_s = 0.0  # time inside add() and after_step(): the watch's own cost, measured directly
+
+    def _all_gather(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        one = [torch.empty_like(rows)]
+        dist.all_gather(one, rows, group=self.group)
+        return one * self.world_size
+
+    def add(self, record) -> None:
+        t0 = time.perf_counter()
+        super().add(record)
+        self.spent_s += time.perf_counter() - t0
+
+    def after_step(self, step: int) -> None:
+        t0 = time.perf_counter()
+        super().after_step(step)
+        self.spent_s += time.perf_counter() - t0
+
+
+WATCH_SHARES: list[float] = []  # per W run: the watch's own time / the whole loop's time
 
 
 def make_trainer(cfg: TrainConfig) -> Trainer:
@@ -72,7 +113,7 @@ def time_minimal(trainer: Trainer, steps: int, warmup: int) -> tuple[float, floa
 
 
 def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out: Path,
-                 scalars: bool = True) -> tuple[float, float]:
+                 scalars: bool = True, watch: bool = False) -> tuple[float, float]:
     """Variants B-D: Trainer.run for warmup + steps, timing only the last `steps` steps.
 
     profiler: "off" (B), "wait" (C: window placed after the run) or "record" (D: the timed steps
@@ -100,9 +141,15 @@ def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out:
 
     trainer.train_step = timed_step  # type: ignore[method-assign]
     with TraceRecorder(prof, run_dir=out, rank=0, host="bench", cuda=False, metadata={}) as rec:
-        trainer.run(rec, log)
+        watcher = SimulatedWatch(cfg, rank=0, world_size=SIMULATED_RANKS, host="bench", cpu=True, run_dir=out / tag,
+                                 recorder=rec, scalars=trainer.scalars, faults=FaultLog(rank=0)) if watch else None
+        trainer.run(rec, log, watcher)
         stamps.append((time.perf_counter(), time.process_time()))  # before the profiler's exit exports the trace
     log.close()
+    if watcher:
+        assert watcher.intervals > 0, "the watch judged no interval: give it more --steps"
+        WATCH_SHARES.append(watcher.spent_s / (stamps[-1][0] - stamps[0][0]))
+        watcher.close()
     if trainer.scalars:
         trainer.scalars.close()
     (w0, c0), (w1, c1) = stamps[warmup], stamps[-1]
@@ -121,7 +168,8 @@ def main() -> None:
     args, extra = ap.parse_known_args()
     torch.set_num_threads(args.threads)
     base = resolve_environment(parse_config(["--mode", args.mode, *extra]), LaunchEnv.from_environ({}, cuda=False))
-    names = ("A minimal", "B harness off", "C outside window", "D inside window", "S no scalars")
+    names = ("A minimal", "B harness off", "C outside window", "D inside window", "S no scalars", "W watch on")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     results: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
@@ -131,6 +179,7 @@ def main() -> None:
             names[2]: lambda: time_harness(base, args.steps, args.warmup, "wait", out),
             names[3]: lambda: time_harness(base, args.record_steps, args.warmup, "record", out),
             names[4]: lambda: time_harness(base, args.steps, args.warmup, "off", out, scalars=False),
+            names[5]: lambda: time_harness(base, args.steps, args.warmup, "off", out, watch=True),
         }
         for rep in range(args.reps):
             for name in names[rep % len(names):] + names[:rep % len(names)]:
@@ -154,8 +203,17 @@ def main() -> None:
                                     ("(b) outside window / profiling off", names[2], names[1], "target <= 1.02"),
                                     ("(c) inside window / profiling off", names[3], names[1], "the profiler's cost"),
                                     ("(d) harness off / same, no scalars", names[1], names[4],
-                                     "TensorBoard scalars' cost")):
+                                     "TensorBoard scalars' cost"),
+                                    ("(e) watch on / harness off", names[5], names[1], "target <= 1.005")):
         print(f"{label:<38}{paired(num, den, 0):>7.4f}{paired(num, den, 1):>8.4f}  ({target})")
+    print(f"(f) the watch's own time / the loop's: median {statistics.median(WATCH_SHARES) * 100:.3f}%, max "
+          f"{max(WATCH_SHARES) * 100:.3f}% (timed inside its calls: exact where (e) is within the noise)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

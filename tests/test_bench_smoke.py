@@ -41,9 +41,11 @@ class Smoke:
 
 
 SMOKE = [
-    Smoke("overhead.py", ["--mode", "torch", "--steps", "3", "--warmup", "2", "--reps", "1", "--record-steps", "2"],
-          ["A minimal", "B harness off", "C outside window", "D inside window", "S no scalars",
-           "(a) harness off / minimal loop", "(d) harness off / same, no scalars"]),
+    Smoke("overhead.py", ["--mode", "torch", "--steps", "3", "--warmup", "2", "--reps", "1", "--record-steps", "2",
+                          "--watch-every", "2"],
+          ["A minimal", "B harness off", "C outside window", "D inside window", "S no scalars", "W watch on",
+           "(a) harness off / minimal loop", "(d) harness off / same, no scalars", "(e) watch on / harness off",
+           "(f) the watch's own time"]),
     Smoke("collector_vs_hta.py", TINY_COLLECTOR + ["--no-compare", "--stream-mb", "0.05", "--summaries", "0.05",
                                                    "--scale", "2", "--scale-mb", "0.05", "--summary-ranks", "16",
                                                    "--profile"],

@@ -9,13 +9,19 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from harness.collect.discover import InputError
-from harness.collect.stragglers import Thresholds, straggler_bounds
+from harness.collect.stragglers import Thresholds, run_jitter_ms, straggler_bounds
 from harness.collect.windows import pick_window, trace_window
-from harness.paths import watch_path
-from harness.train.watch_rule import StepTimes, judge_interval, own_work_phases
+from harness.paths import STEP_PHASES, watch_path
+from harness.train.config import ProfilerConfig, build_config
+from harness.train.profiling import TraceRecorder
+from harness.train.watch import Watch
+from harness.train.watch_rule import jitter_ms, own_work_phases, pack_rows, step_row
+from harness.train.watch_rule import judge_interval as judge_tables
+from harness.write_faults import AppendOnlyFile, FaultLog
 
 from conftest import REPO, run_harness
 
@@ -23,15 +29,22 @@ DDP_OWN = own_work_phases("ddp")
 
 
 def steps(rank_phases: dict[str, float], *, first: int = 10, n: int = 4, step_ms: float = 100.0,
-          bump: dict[int, dict[str, float]] | None = None) -> list[StepTimes]:
-    """`n` steps with the same phase times, plus per-step extra time (`bump`: step -> phase -> ms)."""
+          bump: dict[int, dict[str, float]] | None = None) -> list[dict]:
+    """`n` step records with the same phase times, plus per-step extra time (`bump`: step -> phase -> ms)."""
     out = []
     for s in range(first, first + n):
         phases = dict(rank_phases)
         for phase, ms in (bump or {}).get(s, {}).items():
             phases[phase] = phases.get(phase, 0.0) + ms
-        out.append(StepTimes(step=s, step_ms=step_ms, phases_ms=phases))
+        out.append({"step": s, "step_ms": step_ms, "phases_ms": phases})
     return out
+
+
+def judge_interval(times: dict[int, list[dict]], hosts: dict[int, str], own: tuple[str, ...], **kwargs):
+    """judge_interval over the tables each rank would send with these step records."""
+    rows = max(len(t) for t in times.values())
+    return judge_tables(torch.stack([pack_rows([step_row(rec) for rec in times[r]], rows) for r in sorted(times)]),
+                        hosts, own, **kwargs)
 
 
 BASE = {"data": 1.0, "h2d": 0.0, "forward": 20.0, "loss": 1.0, "backward": 60.0, "optimizer": 10.0}
@@ -71,7 +84,7 @@ def test_the_bound_is_the_collectors_rule() -> None:
                                            jitter_ms=0.0, cpu=True, th=th)
     assert v.threshold_ms == 35.0  # 0.35 x 100 ms on CPU, over the 25 ms floor
     assert v.stragglers == []  # 20 ms late is under both
-    assert v.ranks[1].phase == "optimizer" and v.ranks[1].excess_ms == 20.0
+    assert (v.ranks[1].late_ms, v.ranks[1].phase) == (20.0, None)  # a phase is named for stragglers only
 
 
 def test_lateness_is_a_mean_over_the_interval_and_steps_late_counts_steps() -> None:
@@ -173,3 +186,69 @@ def test_a_clean_run_raises_no_flag(log_dir: Path) -> None:
     assert run.run_json["watch"] == {"every": 10, "intervals": 6, "flags": [], "captures": []}
     assert "watch:   every 10 steps, 6 interval(s) judged, no straggler" in run.proc.stdout
     assert len(list(run.dir.glob("*.pt.trace.json.gz"))) == 4  # the scheduled window only
+
+
+class TwoRankWatch(Watch):
+    """Rank 0's watch in a 2-rank job without a process group: the all-gather hands back this
+    rank's table and a copy whose data phase is `slow_ms` longer (rank 1's)."""
+
+    def __init__(self, tmp_path: Path, *, slow_ms: float, capture: bool = False) -> None:
+        cfg = build_config([{"watch": {"every": 4, "capture_on_straggler": capture}, "workload": {"steps": 40}}])
+        self.recorder_cfg = cfg.profiler
+        rec = TraceRecorder(cfg.profiler, run_dir=tmp_path, rank=0, host="a", cuda=False, metadata={})
+        super().__init__(cfg, rank=0, world_size=2, host="a", cpu=False, run_dir=tmp_path, recorder=rec, scalars=None,
+                         faults=FaultLog(rank=0))
+        self.on, self.hosts, self.slow_ms = True, {0: "a", 1: "b"}, slow_ms
+        self._log = AppendOnlyFile(watch_path(tmp_path), self.faults, "watch log")
+
+    def _all_gather(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        other = rows.clone()
+        other[:, 2 + STEP_PHASES.index("data")] += self.slow_ms
+        return [rows, other]
+
+    def run(self, first: int, last: int) -> None:
+        for s in range(first, last + 1):
+            self.add({"step": s, "step_ms": 100.0, "phases_ms": dict(BASE)})
+            self.after_step(s)
+
+
+def test_the_watch_flags_a_rank_says_when_it_recovers_and_logs_each_interval(tmp_path: Path, capsys) -> None:
+    w = TwoRankWatch(tmp_path, slow_ms=50.0)
+    w.run(0, 11)  # warm-up steps 0-4 are not judged: intervals end at steps 7 (5-7) and 11 (8-11)
+    w.slow_ms = 0.0
+    w.run(12, 15)
+    w.close()
+    assert capsys.readouterr().out.splitlines() == [
+        "watch: step 7: rank 1 (b) is a straggler: data +50.0 ms/step over the other ranks' median, 50.0 ms/step "
+        "late (bound 10.0 ms), late in 3/3 steps 5-7",
+        "watch: step 15: rank 1 (b) is no longer a straggler (steps 12-15)"]
+    flagged = [{"rank": 1, "host": "b", "phase": "data", "excess_ms": 50.0, "late_ms": 50.0, "steps_late": n}
+               for n in (3, 4)]
+    assert watch_lines(tmp_path) == [
+        {"step": 7, "steps": [5, 7], "threshold_ms": 10.0, "stragglers": [flagged[0]]},
+        {"step": 11, "steps": [8, 11], "threshold_ms": 10.0, "stragglers": [flagged[1]]},
+        {"step": 15, "steps": [12, 15], "threshold_ms": 10.0, "stragglers": []}]
+    assert w.summary() == {"every": 4, "intervals": 3, "captures": [],
+                           "flags": [{"step": 7, "rank": 1, "host": "b", "phase": "data"}]}
+
+
+def test_a_capture_is_booked_where_the_schedule_leaves_room(tmp_path: Path) -> None:
+    # Scheduled window: wait 9, warm-up 2, record steps 11-13 (the defaults).
+    rec = TraceRecorder(ProfilerConfig(), run_dir=tmp_path, rank=0, host="a", cuda=False, metadata={})
+    assert rec.plan_capture(5, 40, {}) is None  # the profiler is not running
+    with rec:
+        first = rec.plan_capture(3, 40, {"ranks": [1]})
+        assert (first.start, first.first, first.last) == (3, 5, 7)  # warm-up 3-4, recorded 5-7: before step 9
+        second = rec.plan_capture(8, 40, {})
+        assert (second.start, second.first, second.last) == (14, 16, 18)  # after the scheduled window
+        assert rec.plan_capture(37, 40, {}) is None  # 5 steps do not fit in 37-40
+        assert [rec._action(s).name for s in (2, 3, 5, 7, 8, 9, 11, 13, 14, 18)] == [
+            "NONE", "WARMUP", "RECORD", "RECORD_AND_SAVE", "NONE", "WARMUP", "RECORD", "RECORD_AND_SAVE", "WARMUP",
+            "RECORD_AND_SAVE"]
+
+
+def test_the_watch_jitter_is_the_collectors_jitter() -> None:
+    gen = torch.Generator().manual_seed(3)
+    for ranks, n in ((2, 2), (3, 7), (5, 10), (4, 1)):
+        step_ms = torch.rand((ranks, n), generator=gen, dtype=torch.float64) * 100
+        assert jitter_ms(step_ms) == pytest.approx(run_jitter_ms(step_ms.tolist()), abs=1e-9)

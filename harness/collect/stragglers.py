@@ -132,7 +132,12 @@ def punctual_arrival(arrival_us: dict[int, float]) -> float:
     and still be measured against the punctual ones, and one early outlier does not set the
     mark on a large job."""
     order = sorted(arrival_us.values())
-    return order[(len(order) - 1) // 4]
+    return order[punctual_index(len(order))]
+
+
+def punctual_index(n: int) -> int:
+    """Where the punctual ranks' mark lies among `n` sorted values: the lower quartile."""
+    return (n - 1) // 4
 
 
 def inconclusive_reason(traces: list[RankTrace], waits: list[InstanceWaits]) -> str | None:

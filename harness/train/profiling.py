@@ -78,7 +78,7 @@ class TraceRecorder:
         self._leftovers: set[Path] = set()  # temporary files that could not be removed yet
         self._prof: profile | None = None
         self._stamped_window = 0
-        self._scheduled = schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat)
+        self._scheduled: Any = None  # the wait/warmup/active/repeat schedule, made as the profiler starts
         self.captures: list[Capture] = []
 
     @property
@@ -88,6 +88,8 @@ class TraceRecorder:
     def __enter__(self) -> TraceRecorder:
         if not self.enabled:
             return self
+        cfg = self.cfg
+        self._scheduled = schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat)
         activities = [ProfilerActivity.CPU]
         if self.cuda:
             activities.append(ProfilerActivity.CUDA)

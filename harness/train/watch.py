@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -24,16 +23,12 @@ import torch
 import torch.distributed as dist
 
 from harness.collect.stragglers import Thresholds
-from harness.paths import STEP_PHASES, watch_path
+from harness.paths import watch_path
 from harness.scalars import ScalarWriter
 from harness.train.config import TrainConfig
 from harness.train.profiling import TraceRecorder
-from harness.train.watch_rule import IntervalVerdict, StepTimes, judge_interval, own_work_phases
+from harness.train.watch_rule import IntervalVerdict, judge_interval, own_work_phases, pack_rows, step_row
 from harness.write_faults import AppendOnlyFile, FaultLog
-
-# A step record travels as [step, step_ms, one column per STEP_PHASES]; NaN pads the rows a rank
-# has not timed yet (on GPU a step is timed once its CUDA events complete, a few steps late).
-_COLUMNS = 2 + len(STEP_PHASES)
 
 
 class Watch:
@@ -55,56 +50,51 @@ class Watch:
         self.faults = faults
         self.th = Thresholds(min_lag_ms=cfg.min_lag_ms)
         # Twice the interval: steps a rank timed late (GPU) are still there at the next exchange.
-        self._recent: deque[StepTimes] = deque(maxlen=2 * max(cfg.every, 1))
+        self._recent: deque[list[float]] = deque(maxlen=2 * max(cfg.every, 1))
         self._judged_through = -1
         self.flagged: dict[int, int] = {}  # rank -> step of the interval that first flagged it
         self.intervals = 0
         self.flags: list[dict[str, Any]] = []  # every time a rank became a straggler
         self.captures: list[dict[str, Any]] = []
         self._log: AppendOnlyFile | None = None
+        self.hosts: dict[int, str] = {}
         if not self.on:
             return
-        # Its own gloo group, timing out like the training's collectives (--collective-timeout): a
-        # rank that hangs leaves the others in this exchange no longer than in a training collective.
-        timeout = datetime.timedelta(seconds=train.parallel.collective_timeout)
-        self.group = dist.new_group(backend="gloo", timeout=timeout, group_desc="harness_watch")
-        hosts: list[Any] = [None] * world_size
-        dist.all_gather_object(hosts, host, group=self.group)
-        self.hosts = dict(enumerate(hosts))
+        self.hosts = self._connect(host, datetime.timedelta(seconds=train.parallel.collective_timeout))
         if rank == 0:
             self._log = AppendOnlyFile(watch_path(run_dir), faults, "watch log")
+
+    def _connect(self, host: str, timeout: datetime.timedelta) -> dict[int, str]:
+        """The watch's own gloo group (timing out like the training's collectives, so a rank that
+        hangs leaves the others in this exchange no longer than in a training collective), and
+        every rank's host."""
+        self.group = dist.new_group(backend="gloo", timeout=timeout, group_desc="harness_watch")
+        hosts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(hosts, host, group=self.group)
+        return dict(enumerate(hosts))
 
     def add(self, record: dict[str, Any]) -> None:
         """A step record from the step clock (warm-up steps are not judged: first-step costs)."""
         if self.on and record["step"] >= self.warmup_steps:
-            self._recent.append(StepTimes(step=record["step"], step_ms=float(record["step_ms"]),
-                                          phases_ms=dict(record.get("phases_ms") or {})))
+            self._recent.append(step_row(record))
 
     def after_step(self, step: int) -> None:
         """Call once per step, after the step and its profiler step: exchanges every `every` steps."""
         if not self.on or (step + 1) % self.cfg.every:
             return
-        verdict = judge_interval(self._exchange(), self.hosts, self.own_phases, cpu=self.cpu, th=self.th)
+        tables = torch.stack(self._all_gather(pack_rows(list(self._recent), self._recent.maxlen or 1)))
+        verdict = judge_interval(tables, self.hosts, self.own_phases, cpu=self.cpu, th=self.th,
+                                 after_step=self._judged_through)
         if not verdict.steps:
             return
         self._judged_through = verdict.steps[-1]
         self.intervals += 1
         self._act(step, verdict)
 
-    def _exchange(self) -> dict[int, list[StepTimes]]:
-        rows = torch.full((self._recent.maxlen or 1, _COLUMNS), math.nan, dtype=torch.float64)
-        for i, t in enumerate(self._recent):
-            rows[i, 0], rows[i, 1] = t.step, t.step_ms
-            for j, phase in enumerate(STEP_PHASES):
-                rows[i, 2 + j] = t.phases_ms.get(phase, math.nan)
+    def _all_gather(self, rows: torch.Tensor) -> list[torch.Tensor]:
         gathered = [torch.empty_like(rows) for _ in range(self.world_size)]
         dist.all_gather(gathered, rows, group=self.group)
-        out: dict[int, list[StepTimes]] = {}
-        for r, table in enumerate(gathered):
-            out[r] = [StepTimes(step=int(row[0]), step_ms=row[1],
-                                phases_ms={p: v for p, v in zip(STEP_PHASES, row[2:]) if not math.isnan(v)})
-                      for row in table.tolist() if not math.isnan(row[0]) and row[0] > self._judged_through]
-        return out
+        return gathered
 
     def _act(self, step: int, verdict: IntervalVerdict) -> None:
         now = {r.rank: r for r in verdict.stragglers}

@@ -1,5 +1,6 @@
 """The live watch's verdict on one interval of step timings: who is a straggler, in which phase.
-Pure functions, no torch; the exchange between ranks is harness/train/watch.py.
+Pure functions over the gathered table (a tensor: every rank judges thousands of ranks' steps in
+milliseconds); the exchange between ranks is harness/train/watch.py.
 
 Why phase times, and which ones. In synchronous training every rank leaves a collective at the
 same moment, so what makes the others wait is the work a rank does between collectives: a rank
@@ -8,7 +9,7 @@ the phase that holds the collective. That phase (backward under DDP; forward and
 FSDP) lasts about as long on every rank (the slow one works, the others wait), so it tells a
 cause from a victim by nothing; the phases that hold no collective do ("own work"). A rank's
 lateness at the next collective is then how much longer its own work took than the punctual
-ranks' (the collector's `punctual_arrival`, the lower quartile), and the collector's rule
+ranks' (the collector's punctual mark, the lower quartile), and the collector's rule
 (`straggler_bounds`) decides. What this cannot see: a rank that is slow *inside* the phase that
 holds the collectives (a slow backward under DDP): every rank's phase ends together. The traces
 see it (the collector's lateness at each collective); a scheduled or triggered window captures it.
@@ -16,11 +17,22 @@ see it (the collector's lateness at each collective); a scheduled or triggered w
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
-from harness.collect.stragglers import Thresholds, punctual_arrival, run_jitter_ms, straggler_bounds
+import torch
+
+from harness.collect.stragglers import Thresholds, punctual_index, straggler_bounds
 from harness.paths import STEP_PHASES
+
+# The table one rank sends: a row per step, [step, step_ms, one column per STEP_PHASES]; NaN pads
+# the rows a rank has not timed yet (on GPU a step is timed once its CUDA events complete) and
+# the phases a step did not have.
+COLUMNS = 2 + len(STEP_PHASES)
+# At most this many stragglers get a phase per interval (the costliest): the phase compares a rank
+# with every other rank, so this keeps an interval of a 1000-rank job in milliseconds.
+MAX_PHASED = 16
 
 # Phases that hold collectives, per parallel wrapper (harness/train/parallel.py): DDP all-reduces
 # gradients during backward; FSDP2 all-gathers parameters in forward and backward and
@@ -32,15 +44,6 @@ def own_work_phases(parallel: str) -> tuple[str, ...]:
     """The step phases that hold no collective under `parallel` (ddp, fsdp or none)."""
     held = COLLECTIVE_PHASES.get(parallel, ("forward", "backward"))
     return tuple(p for p in STEP_PHASES if p not in held)
-
-
-@dataclass(frozen=True)
-class StepTimes:
-    """One rank's timings of one step, from its step record (harness/train/timing.py)."""
-
-    step: int
-    step_ms: float
-    phases_ms: dict[str, float]
 
 
 @dataclass(kw_only=True)
@@ -66,55 +69,86 @@ class IntervalVerdict:
         return sorted((r for r in self.ranks if r.straggler), key=lambda r: (-r.late_ms, r.rank))
 
 
-def judge_interval(times: dict[int, list[StepTimes]], hosts: dict[int, str], own_phases: tuple[str, ...], *,
-                   cpu: bool, th: Thresholds) -> IntervalVerdict:
-    """Who straggled over an interval of steps, from every rank's step timings.
+def step_row(record: dict) -> list[float]:
+    """A step record (harness/train/timing.py) as a row of the exchanged table."""
+    phases = record.get("phases_ms") or {}
+    return [record["step"], record["step_ms"], *(phases.get(p, math.nan) for p in STEP_PHASES)]
 
-    1. the steps judged are those every rank timed;
+
+def pack_rows(rows: list[list[float]], n: int) -> torch.Tensor:
+    """One rank's table for the exchange: its latest `n` rows (`step_row`), NaN-padded."""
+    rows = rows[-n:]
+    return torch.tensor(rows + [[math.nan] * COLUMNS] * (n - len(rows)), dtype=torch.float64)
+
+
+def judge_interval(tables: torch.Tensor, hosts: dict[int, str], own_phases: tuple[str, ...], *, cpu: bool,
+                   th: Thresholds, after_step: int = -1) -> IntervalVerdict:
+    """Who straggled over an interval of steps, from every rank's table ([ranks, rows, COLUMNS],
+    rank r's table at index r, see `pack_rows`).
+
+    1. the steps judged are those after `after_step` that every rank timed;
     2. per step and rank: own = the sum of its own-work phases (`own_work_phases`); lateness =
-       own - the punctual ranks' own (`punctual_arrival`: the lower quartile), at least 0;
+       own - the punctual ranks' own (the lower quartile: `punctual_index`), at least 0;
     3. per rank: late_ms = the mean lateness per step;
     4. the collector's rule (`straggler_bounds`): the median rank's mean step time, the run's
-       jitter over each rank's step times, no clock noise (each rank times itself: no clocks are
-       compared); a straggler's late_ms exceeds every bound; steps_late = steps whose lateness
-       exceeds the threshold;
-    5. per rank and own-work phase: excess = the mean per step of its time minus the median of
-       the other ranks' time; the largest positive excess names the phase.
+       jitter over each rank's step times (`jitter_ms`), no clock noise (each rank times
+       itself: no clocks are compared); a straggler's late_ms exceeds every bound; steps_late =
+       steps whose lateness exceeds the threshold;
+    5. per straggler (the MAX_PHASED latest) and own-work phase: excess = the mean per step of
+       its time minus the median of the other ranks' time; the largest positive one names the
+       phase.
     """
-    ranks = sorted(times)
-    by_step = [{t.step: t for t in times[r]} for r in ranks]
-    steps = sorted(set.intersection(*(set(d) for d in by_step))) if by_step else []
-    if not steps or len(ranks) < 2:
+    n_ranks = tables.shape[0]
+    step_col = tables[..., 0]
+    valid = ~torch.isnan(step_col) & (step_col > after_step)
+    filled = torch.where(valid, step_col, -1.0)
+    if bool((filled == filled[0]).all()):  # every rank timed the same steps (always on CPU): no alignment
+        table = tables[:, valid[0]]
+        steps = [int(s) for s in table[0, :, 0].tolist()]
+    else:
+        candidates = step_col[0][valid[0]]
+        present = ((step_col.unsqueeze(-1) == candidates) & valid.unsqueeze(-1)).any(dim=1).all(dim=0)
+        steps = sorted(int(s) for s in candidates[present].tolist())
+        keep = torch.isin(step_col, torch.tensor(steps, dtype=tables.dtype)) & valid
+        order = torch.sort(torch.where(keep, step_col, math.inf), dim=1, stable=True).indices[:, :len(steps)]
+        table = torch.gather(tables, 1, order.unsqueeze(-1).expand(-1, -1, COLUMNS))  # [ranks, steps, COLUMNS]
+    if not steps or n_ranks < 2:
         return IntervalVerdict(steps=steps, ranks=[])
-    own = {s: {r: sum(d[s].phases_ms.get(p, 0.0) for p in own_phases) for r, d in zip(ranks, by_step)} for s in steps}
-    late = {s: _lateness(per_rank) for s, per_rank in own.items()}
-    late_ms = {r: statistics.fmean(late[s][r] for s in steps) for r in ranks}
-    step_ms = {r: [d[s].step_ms for s in steps] for r, d in zip(ranks, by_step)}
-    bounds = straggler_bounds(late_ms, median_step_ms=statistics.median(statistics.fmean(v) for v in step_ms.values()),
-                              clock_noise_ms=0.0, jitter_ms=run_jitter_ms(list(step_ms.values())), cpu=cpu, th=th)
+    phases = torch.nan_to_num(table[..., 2:], nan=0.0)
+    own_cols = [STEP_PHASES.index(p) for p in own_phases]
+    own = phases[..., own_cols].sum(-1)  # [ranks, steps]
+    punctual = own.sort(dim=0).values[punctual_index(n_ranks)]
+    late = (own - punctual).clamp(min=0.0)
+    late_ms = dict(enumerate(late.mean(dim=1).tolist()))
+    step_ms = table[..., 1]
+    bounds = straggler_bounds(late_ms, median_step_ms=statistics.median(step_ms.mean(dim=1).tolist()),
+                              clock_noise_ms=0.0, jitter_ms=jitter_ms(step_ms), cpu=cpu, th=th)
     threshold = max(bounds.values())
-    out = []
-    for r in ranks:
-        phase, excess = _slowest_phase(r, ranks, by_step, steps, own_phases)
-        out.append(RankLateness(rank=r, host=hosts.get(r, "?"), late_ms=late_ms[r],
-                                steps_late=sum(1 for s in steps if late[s][r] > threshold),
-                                phase=phase, excess_ms=excess, straggler=late_ms[r] > threshold))
+    steps_late = (late > threshold).sum(dim=1).tolist()
+    flagged = sorted((r for r in range(n_ranks) if late_ms[r] > threshold), key=lambda r: (-late_ms[r], r))
+    phased = {r: _slowest_phase(r, phases, own_cols, own_phases) for r in flagged[:MAX_PHASED]}
+    out = [RankLateness(rank=r, host=hosts.get(r, "?"), late_ms=late_ms[r], steps_late=int(steps_late[r]),
+                        phase=phased.get(r, (None, None))[0], excess_ms=phased.get(r, (None, None))[1],
+                        straggler=late_ms[r] > threshold)
+           for r in range(n_ranks)]
     return IntervalVerdict(steps=steps, ranks=out, threshold_ms=threshold, bounds_ms=bounds)
 
 
-def _lateness(own_ms: dict[int, float]) -> dict[int, float]:
-    mark = punctual_arrival(own_ms)
-    return {r: max(v - mark, 0.0) for r, v in own_ms.items()}
+def jitter_ms(step_ms: torch.Tensor) -> float:
+    """`run_jitter_ms` (the collector's jitter) of a [ranks, steps] tensor: the median over ranks of
+    each rank's median absolute deviation, medians averaging the two middle values as
+    `statistics.median` does (torch.quantile at 0.5); 0 under 2 steps."""
+    if step_ms.shape[1] < 2:
+        return 0.0
+    med = torch.quantile(step_ms, 0.5, dim=1, keepdim=True)
+    return float(torch.quantile(torch.quantile((step_ms - med).abs(), 0.5, dim=1), 0.5))
 
 
-def _slowest_phase(rank: int, ranks: list[int], by_step: list[dict[int, StepTimes]], steps: list[int],
+def _slowest_phase(rank: int, phases: torch.Tensor, own_cols: list[int],
                    own_phases: tuple[str, ...]) -> tuple[str | None, float | None]:
-    mine = by_step[ranks.index(rank)]
-    others = [d for r, d in zip(ranks, by_step) if r != rank]
-    excess = {p: statistics.fmean(mine[s].phases_ms.get(p, 0.0)
-                                  - statistics.median(d[s].phases_ms.get(p, 0.0) for d in others) for s in steps)
-              for p in own_phases}
-    best = max(sorted(excess), key=excess.get, default=None)
-    if best is None or excess[best] <= 0:
+    others = torch.cat([phases[:rank], phases[rank + 1:]])[..., own_cols]  # [ranks - 1, steps, own]
+    excess = (phases[rank][..., own_cols] - torch.quantile(others, 0.5, dim=0)).mean(dim=0).tolist()
+    best = max(range(len(own_phases)), key=lambda i: (excess[i], -i))
+    if excess[best] <= 0:
         return None, None
-    return best, excess[best]
+    return own_phases[best], excess[best]
