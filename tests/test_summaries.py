@@ -12,6 +12,7 @@ import pytest
 
 from harness.collect import summary
 from harness.collect.decode import open_trace
+from harness.collect.model import CommOp, RankTrace, Step, share_names
 from harness.collect.parse import TraceError, parse_trace
 from harness.collect.summary import read_summary, summarize, write_summary
 from harness.paths import SUMMARY_SUFFIX, list_traces, summary_path
@@ -124,3 +125,22 @@ def test_summary_only_runs_keep_no_traces_and_still_collect(log_dir: Path) -> No
     assert proc.returncode == 0, proc.stderr
     report = json.loads((run.dir / "report" / "report.json").read_text())
     assert [r["rank"] for r in report["ranks"]] == [0, 1] and report["ranks"][0]["steps"] == 6
+
+
+def test_ranks_read_apart_share_one_copy_of_each_name() -> None:
+    def rank(r: int) -> RankTrace:
+        kernel = "".join(["void gemm<float, 128>", "(int)"])  # built at run time: a new string each call
+        return RankTrace(rank=r, world_size=2, host="".join(["node", "0"]), run_id=None, device="gpu",
+                         steps=[Step(number=1, start_us=0.0, end_us=10.0, compute_by_name_us={kernel: 4.0},
+                                     phase_spans=[("".join(["for", "ward"]), 0.0, 5.0)])],
+                         comms=[CommOp(name="allreduce", pg="0", start_us=5.0, end_us=9.0,
+                                       run_up_us={"op:" + kernel: 4.0})], compute=[])
+
+    names: dict[str, str] = {}
+    a, b = share_names(rank(0), names), share_names(rank(1), names)
+    (ka,), (kb,) = a.steps[0].compute_by_name_us, b.steps[0].compute_by_name_us
+    assert ka == kb and ka is kb
+    assert next(iter(a.comms[0].run_up_us)) is next(iter(b.comms[0].run_up_us))
+    assert a.steps[0].phase_spans[0][0] is b.steps[0].phase_spans[0][0] and a.host is b.host
+    assert b.steps[0].compute_by_name_us == {"void gemm<float, 128>(int)": 4.0}  # values untouched
+    assert b.comms[0].run_up_us == {"op:void gemm<float, 128>(int)": 4.0}

@@ -33,6 +33,30 @@ def number_by_group(comms: list[CommOp]) -> None:
         counters[c.pg] = c.seq + 1
 
 
+def share_names(trace: RankTrace, names: dict[str, str]) -> RankTrace:
+    """Make `trace` hold one copy of each name it shares with the ranks already read: `names` maps
+    a name to its first copy. Every rank parsed apart (in another process, or from its own
+    summary) arrives with its own copies of the same kernel and op names, often hundreds of bytes
+    each (C++ template signatures); shared, a rank's parsed form holds little more than its
+    numbers (a 128-rank DLRM set of summaries: 119 -> 52 KB a rank)."""
+
+    def keyed(d: dict[str, float]) -> dict[str, float]:
+        return {names.setdefault(k, k): v for k, v in d.items()}
+
+    for c in trace.comms:
+        c.name, c.pg = names.setdefault(c.name, c.name), names.setdefault(c.pg, c.pg)
+        c.run_up_us = keyed(c.run_up_us)
+    for st in trace.steps:
+        st.phases_us = keyed(st.phases_us)
+        st.top_ops_us = keyed(st.top_ops_us)
+        st.syncs_by_caller = keyed(st.syncs_by_caller)  # type: ignore[arg-type]
+        st.sync_us_by_caller = keyed(st.sync_us_by_caller)
+        st.compute_by_name_us = keyed(st.compute_by_name_us)
+        st.phase_spans = [(names.setdefault(p, p), a, b) for p, a, b in st.phase_spans]
+    trace.host = names.setdefault(trace.host, trace.host)
+    return trace
+
+
 def by_interval(b: Busy) -> tuple[float, float]:
     """Sort key for Busy: by time only (the step may be None, which does not compare with int)."""
     return b[0], b[1]
