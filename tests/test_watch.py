@@ -19,7 +19,7 @@ from harness.paths import STEP_PHASES, watch_path
 from harness.train.config import ProfilerConfig, build_config
 from harness.train.profiling import TraceRecorder
 from harness.train.watch import Watch
-from harness.train.watch_rule import jitter_ms, own_work_phases, pack_rows, step_row
+from harness.train.watch_rule import jitter_ms, median, own_work_phases, pack_rows, step_row
 from harness.train.watch_rule import judge_interval as judge_tables
 from harness.write_faults import AppendOnlyFile, FaultLog
 
@@ -98,6 +98,12 @@ def test_lateness_is_a_mean_over_the_interval_and_steps_late_counts_steps() -> N
 def test_only_steps_every_rank_timed_are_judged() -> None:
     times = {0: steps(BASE, first=10, n=5), 1: steps(BASE, first=11, n=5)}
     assert judge_interval(times, {}, DDP_OWN, cpu=False, th=Thresholds()).steps == [11, 12, 13, 14]
+    # a rank that lacks a step in the middle, and the late rank's step 15 beyond the others'
+    times[1] = [t for t in times[1] if t["step"] != 12]
+    times[1][0] = {**times[1][0], "phases_ms": {**BASE, "data": 41.0}}  # its step 11: 40 ms late
+    v = judge_interval(times, {}, DDP_OWN, cpu=False, th=Thresholds())
+    assert v.steps == [11, 13, 14]
+    assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, round(40 / 3, 6)]
     assert judge_interval({0: steps(BASE)}, {}, DDP_OWN, cpu=False, th=Thresholds()).ranks == []
 
 
@@ -113,6 +119,13 @@ def test_trace_window_numbers_come_from_harness_names_only() -> None:
     assert len(pick_window(files, "1")[0]) == 2 and pick_window(files, "all")[0] == files
     with pytest.raises(InputError, match="windows present: 1, 2"):
         pick_window(files, "3")
+    # rank 1 could not write window 2 (a full disk): the latest window every rank holds is 1
+    kept, pick = pick_window(files[:3], "latest")
+    assert (pick.window, [f.name for f in kept]) == (1, ["rank00000-vm.0001.pt.trace.json.gz",
+                                                         "rank00001-vm.0001.pt.trace.json.gz"])
+    assert pick.note == ("window 2 lacks rank(s) 1; analysing window 1, the latest every rank wrote "
+                         "(--window 2 for that one)")
+    assert trace_window(Path("rank00001-vm.1700000000123.pt.trace.json")) is None  # a timestamp, not a window
     other = [Path("worker0.1700000000123.pt.trace.json")]
     assert pick_window(other, "latest")[0] == other
     with pytest.raises(InputError, match="use --window all"):
@@ -206,6 +219,9 @@ class TwoRankWatch(Watch):
         other[:, 2 + STEP_PHASES.index("data")] += self.slow_ms
         return [rows, other]
 
+    def _broadcast(self, message: torch.Tensor) -> None:
+        pass  # rank 0 is the source: the message stays as it is
+
     def run(self, first: int, last: int) -> None:
         for s in range(first, last + 1):
             self.add({"step": s, "step_ms": 100.0, "phases_ms": dict(BASE)})
@@ -232,6 +248,16 @@ def test_the_watch_flags_a_rank_says_when_it_recovers_and_logs_each_interval(tmp
                            "flags": [{"step": 7, "rank": 1, "host": "b", "phase": "data"}]}
 
 
+def test_a_new_straggler_books_one_window_after_the_scheduled_one(tmp_path: Path, capsys) -> None:
+    w = TwoRankWatch(tmp_path, slow_ms=50.0, capture=True)
+    with w.recorder:
+        w.run(0, 11)
+    # flagged after step 7; steps 9-13 are the scheduled window's warm-up and record (defaults)
+    assert w.captures == [{"first": 16, "last": 18, "watch_step": 7, "ranks": [1]}]
+    assert [(c.start, c.first, c.last) for c in w.recorder.captures] == [(14, 16, 18)]
+    assert "watch: step 7: tracing steps 16-18 on every rank (capture 1 of at most 1)" in capsys.readouterr().out
+
+
 def test_a_capture_is_booked_where_the_schedule_leaves_room(tmp_path: Path) -> None:
     # Scheduled window: wait 9, warm-up 2, record steps 11-13 (the defaults).
     rec = TraceRecorder(ProfilerConfig(), run_dir=tmp_path, rank=0, host="a", cuda=False, metadata={})
@@ -248,6 +274,7 @@ def test_a_capture_is_booked_where_the_schedule_leaves_room(tmp_path: Path) -> N
 
 
 def test_the_watch_jitter_is_the_collectors_jitter() -> None:
+    assert float(median(torch.tensor([3.0, 1.0, 2.0, 10.0]), dim=0)) == 2.5  # statistics.median's, not torch's 2.0
     gen = torch.Generator().manual_seed(3)
     for ranks, n in ((2, 2), (3, 7), (5, 10), (4, 1)):
         step_ms = torch.rand((ranks, n), generator=gen, dtype=torch.float64) * 100

@@ -225,13 +225,15 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     runset.ending = [n for d in inputs if Path(d).is_dir() for n in ending_notes(Path(d))]
     runset.skipped_windows = [w for d in inputs if Path(d).is_dir() for w in skipped_windows(Path(d))]
     runset.warnings[:0] = (attempt_notes + runset.ending + [skipped_note(w) for w in runset.skipped_windows]
-                           + [f"skipped {e}" for e in errors])
+                           + [f"skipped {e}" for e in errors] + ([window.note] if window.note else []))
     thresholds = Thresholds(min_lag_ms=args.min_lag_ms, rel_lag=args.rel_lag, rel_lag_cpu=args.rel_lag_cpu)
     reporter.stage("aligning clocks, matching collectives, finding stragglers")
     try:
         analysis = analyze(runset, align=not args.no_align, thresholds=thresholds, steps=args.steps)
     except NoStepsError as exc:
-        fail(PROG, str(exc), code=EXIT_INPUT)
+        other = len(window.windows) > 1 and window.window is not None
+        hint = f" (in profiler window {window.window}; --window N or all for the others)" if other else ""
+        fail(PROG, f"{exc}{hint}", code=EXIT_INPUT)
     dirs = [Path(d) for d in inputs if Path(d).is_dir()]
     memory = memory_from_dirs(dirs)
     analysis.warnings.extend(memory.warnings)

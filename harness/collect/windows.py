@@ -18,9 +18,16 @@ def trace_window(path: Path) -> int | None:
     (rank00002-host.0003.pt.trace.json.gz -> 3); None for a name the harness did not write
     (torch's tensorboard_trace_handler puts a timestamp where the window number goes)."""
     m = TRACE_PATTERN.match((trace_of_summary(path) if is_summary(path) else path).name)
-    if m is None or m["span"] is None or not WORKER_RANK_PATTERN.match(m["worker"]):
+    # The harness writes 4 digits (more past window 9999); a timestamp in ms has 13.
+    if m is None or m["span"] is None or len(m["span"]) > 6 or not WORKER_RANK_PATTERN.match(m["worker"]):
         return None
     return int(m["span"])
+
+
+def _rank_of(path: Path) -> int | None:
+    m = TRACE_PATTERN.match((trace_of_summary(path) if is_summary(path) else path).name)
+    w = WORKER_RANK_PATTERN.match(m["worker"]) if m else None
+    return int(w["rank"]) if w else None
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,7 @@ class WindowPick:
 
     window: int | None = None
     windows: tuple[int, ...] = ()
+    note: str | None = None  # why the latest window was not taken
 
 
 def pick_window(files: list[Path], choice: str) -> tuple[list[Path], WindowPick]:
@@ -37,8 +45,10 @@ def pick_window(files: list[Path], choice: str) -> tuple[list[Path], WindowPick]
 
     1. each file's window from its name (`trace_window`);
     2. "all", or files without window numbers (third-party names): every file;
-    3. "latest": the highest window number present on any rank (a rank that could not write
-       it is then reported missing), a number: that window, refused when no file holds it.
+    3. "latest": the highest window number that every rank with traces holds (a rank that
+       could not write a later window, e.g. on a full disk, would otherwise go missing from the
+       analysis, and it may be the straggler; the note says so), else the highest present; a
+       number: that window, refused when no file holds it.
     """
     numbered = {f: trace_window(f) for f in files}
     windows = tuple(sorted({w for w in numbered.values() if w is not None}))
@@ -47,11 +57,25 @@ def pick_window(files: list[Path], choice: str) -> tuple[list[Path], WindowPick]
                          "rank00000-host.0002.pt.trace.json.gz); use --window all")
     if choice == "all" or not windows:
         return files, WindowPick(windows=windows)
-    window = windows[-1] if choice == "latest" else int(choice)
+    note = None
+    if choice == "latest":
+        held: dict[int, set[int | None]] = {}
+        for f, w in numbered.items():
+            if w is not None:
+                held.setdefault(w, set()).add(_rank_of(f))
+        ranks: set[int | None] = set().union(*held.values())
+        complete = [w for w in windows if held[w] == ranks]
+        window = complete[-1] if complete else windows[-1]
+        if window != windows[-1]:
+            lacking = ", ".join(str(r) for r in sorted(r for r in ranks - held[windows[-1]] if r is not None))
+            note = (f"window {windows[-1]} lacks rank(s) {lacking}; "
+                    f"analysing window {window}, the latest every rank wrote (--window {windows[-1]} for that one)")
+    else:
+        window = int(choice)
     if window not in windows:
         raise InputError(f"--window {window}: no trace of that window; windows present: "
                          f"{', '.join(map(str, windows))}")
-    return [f for f in files if numbered[f] == window], WindowPick(window=window, windows=windows)
+    return [f for f in files if numbered[f] == window], WindowPick(window=window, windows=windows, note=note)
 
 
 def window_entry(pick: WindowPick, runset: RunSet, dirs: list[Path]) -> dict[str, Any] | None:

@@ -68,13 +68,17 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
     status = RankStatus(ident.dir, rank=env.rank, host=host, attempt=ident.attempt, faults=faults)
     rec = TraceRecorder(cfg.profiler, run_dir=ident.dir, rank=env.rank, host=host, cuda=device.type == "cuda",
                         metadata=metadata, faults=faults)
-    watch = Watch(cfg, rank=env.rank, world_size=env.world_size, host=host, cpu=device.type == "cpu",
-                  run_dir=ident.dir, recorder=rec, scalars=scalars, faults=faults)
+    watch: Watch | None = None
     try:
+        # Inside the try: connecting the watch's group talks to every peer and can fail like a
+        # collective (a dead peer, the wrong network interface, SIGTERM meanwhile).
+        watch = Watch(cfg, rank=env.rank, world_size=env.world_size, host=host, cpu=device.type == "cpu",
+                      run_dir=ident.dir, recorder=rec, scalars=scalars, faults=faults)
         with rec:
             trainer.run(rec, log, watch)
     except BaseException as exc:
-        watch.close()
+        if watch:
+            watch.close()
         _close_outputs(log, scalars, faults)
         state = "hung" if flight.is_timeout(exc) else "failed"
         where = {"step": trainer.progress.step, "phase": trainer.progress.phase}

@@ -141,10 +141,15 @@ class TraceRecorder:
             steps = range(start, start + span)
             if all(self._scheduled(s) == ProfilerAction.NONE and not any(c.action(s) for c in self.captures)
                    for s in steps):
-                capture = Capture(start=start, first=start + self.cfg.warmup, last=start + span - 1, why=why)
-                self.captures.append(capture)
-                return capture
+                return self.book_capture(start, why)
         return None
+
+    def book_capture(self, start: int, why: dict[str, Any]) -> Capture:
+        """Book a triggered window from `start` (found by `plan_capture`, here or on rank 0)."""
+        span = self.cfg.warmup + self.cfg.active
+        capture = Capture(start=start, first=start + self.cfg.warmup, last=start + span - 1, why=why)
+        self.captures.append(capture)
+        return capture
 
     def step(self) -> None:
         """Mark a step boundary (closes `ProfilerStep#N`, may finish a window)."""

@@ -150,7 +150,8 @@ class Trainer:
                 self._log(log, rec)
                 if watch:
                     watch.add(rec)
-            if watch:
+            if watch and watch.due(step):
+                self.progress.phase = "watch exchange"  # a hung peer leaves this rank waiting here
                 watch.after_step(step)
         if api_range:
             torch.cuda.profiler.stop()

@@ -6,9 +6,10 @@ so they also agree, without another message, on the step where a triggered trace
 Rank 0 prints a line when a rank becomes a straggler and when it stops being one, and appends one
 line per judged interval to `<run>/watch.jsonl`; every rank writes its own `watch/*` scalars.
 
-The exchange runs on a gloo group of its own, with CPU tensors: no device synchronisation, and
-none of the training's collectives (or their Flight Recorder entries) is touched. It happens after
-a step's end mark, so its time counts in the next step's `outside_step_ms`, in no phase.
+The exchange runs on a gloo group of its own ("harness_watch"), with CPU tensors: no device
+synchronisation, and none of the training's collectives is touched. It happens after a step's end
+mark and the profiler's step, so its time counts in the next step's `outside_step_ms`, in no phase
+(in a recorded window: inside the next ProfilerStep, as a gloo all-gather).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from harness.train.config import TrainConfig
 from harness.train.profiling import TraceRecorder
 from harness.train.watch_rule import IntervalVerdict, judge_interval, own_work_phases, pack_rows, step_row
 from harness.write_faults import AppendOnlyFile, FaultLog
+
+# A triggered window's metadata names at most this many of the newly flagged ranks.
+MAX_NAMED = 16
 
 
 class Watch:
@@ -78,9 +82,13 @@ class Watch:
         if self.on and record["step"] >= self.warmup_steps:
             self._recent.append(step_row(record))
 
+    def due(self, step: int) -> bool:
+        """Whether the ranks exchange after `step` (every `every` steps)."""
+        return self.on and (step + 1) % self.cfg.every == 0
+
     def after_step(self, step: int) -> None:
-        """Call once per step, after the step and its profiler step: exchanges every `every` steps."""
-        if not self.on or (step + 1) % self.cfg.every:
+        """Call after a step and its profiler step: exchanges and judges when `due`."""
+        if not self.due(step):
             return
         tables = torch.stack(self._all_gather(pack_rows(list(self._recent), self._recent.maxlen or 1)))
         verdict = judge_interval(tables, self.hosts, self.own_phases, cpu=self.cpu, th=self.th,
@@ -96,6 +104,32 @@ class Watch:
         dist.all_gather(gathered, rows, group=self.group)
         return gathered
 
+    def _agree_capture(self, step: int, new: list[int]) -> dict[str, Any] | None:
+        """Rank 0 books a triggered window when it flagged a new straggler, and every rank books the
+        same one: rank 0's decision is broadcast (each rank judges the same numbers, but ranks on
+        different CPUs may round a borderline verdict differently, and one window must mean the
+        same steps everywhere). [start step or -1, count, ranks...] on the watch's group."""
+        message = torch.full((2 + MAX_NAMED,), -1, dtype=torch.int64)
+        if self.rank == 0 and new:
+            booked = self.recorder.plan_capture(step + 2, self.last_step,
+                                                {"watch_step": step, "ranks": new[:MAX_NAMED]})
+            if booked:
+                named = new[:MAX_NAMED]
+                message[0], message[1] = booked.start, len(named)
+                message[2:2 + len(named)] = torch.tensor(named)
+        self._broadcast(message)
+        start, count = int(message[0]), int(message[1])
+        if start < 0:
+            return None
+        why = {"watch_step": step, "ranks": message[2:2 + count].tolist()}
+        booked = self.recorder.book_capture(start, why) if self.rank != 0 else self.recorder.captures[-1]
+        capture = {"first": booked.first, "last": booked.last, **why}
+        self.captures.append(capture)
+        return capture
+
+    def _broadcast(self, message: torch.Tensor) -> None:
+        dist.broadcast(message, src=0, group=self.group)
+
     def _act(self, step: int, verdict: IntervalVerdict) -> None:
         now = {r.rank: r for r in verdict.stragglers}
         new = [r for r in verdict.stragglers if r.rank not in self.flagged]
@@ -106,12 +140,8 @@ class Watch:
             self.flagged[r.rank] = step
             self.flags.append({"step": step, "rank": r.rank, "host": r.host, "phase": r.phase})
         capture = None
-        if new and self.cfg.capture_on_straggler and len(self.captures) < self.cfg.max_captures:
-            why = {"watch_step": step, "ranks": [r.rank for r in new]}
-            booked = self.recorder.plan_capture(step + 2, self.last_step, why)
-            capture = {"first": booked.first, "last": booked.last, **why} if booked else None
-            if capture:
-                self.captures.append(capture)
+        if self.cfg.capture_on_straggler and len(self.captures) < self.cfg.max_captures:
+            capture = self._agree_capture(step, [r.rank for r in new])
         if self.scalars:
             mine = next((r for r in verdict.ranks if r.rank == self.rank), None)
             if mine:

@@ -105,13 +105,14 @@ def judge_interval(tables: torch.Tensor, hosts: dict[int, str], own_phases: tupl
     if bool((filled == filled[0]).all()):  # every rank timed the same steps (always on CPU): no alignment
         table = tables[:, valid[0]]
         steps = [int(s) for s in table[0, :, 0].tolist()]
-    else:
-        candidates = step_col[0][valid[0]]
-        present = ((step_col.unsqueeze(-1) == candidates) & valid.unsqueeze(-1)).any(dim=1).all(dim=0)
-        steps = sorted(int(s) for s in candidates[present].tolist())
-        keep = torch.isin(step_col, torch.tensor(steps, dtype=tables.dtype)) & valid
-        order = torch.sort(torch.where(keep, step_col, math.inf), dim=1, stable=True).indices[:, :len(steps)]
-        table = torch.gather(tables, 1, order.unsqueeze(-1).expand(-1, -1, COLUMNS))  # [ranks, steps, COLUMNS]
+    else:  # on GPU ranks resolve their steps' CUDA events at different times
+        keyed = torch.where(valid, step_col, math.inf)
+        held, counts = torch.unique(keyed[valid], return_counts=True)  # a rank holds each step once
+        common = held[counts == n_ranks]
+        steps = [int(s) for s in common.tolist()]
+        ordered, perm = keyed.sort(dim=1)
+        rows = perm.gather(1, torch.searchsorted(ordered, common.expand(n_ranks, -1).contiguous()))
+        table = torch.gather(tables, 1, rows.unsqueeze(-1).expand(-1, -1, COLUMNS))  # [ranks, steps, COLUMNS]
     if not steps or n_ranks < 2:
         return IntervalVerdict(steps=steps, ranks=[])
     phases = torch.nan_to_num(table[..., 2:], nan=0.0)
@@ -136,18 +137,27 @@ def judge_interval(tables: torch.Tensor, hosts: dict[int, str], own_phases: tupl
 
 def jitter_ms(step_ms: torch.Tensor) -> float:
     """`run_jitter_ms` (the collector's jitter) of a [ranks, steps] tensor: the median over ranks of
-    each rank's median absolute deviation, medians averaging the two middle values as
-    `statistics.median` does (torch.quantile at 0.5); 0 under 2 steps."""
+    each rank's median absolute deviation (`median`); 0 under 2 steps."""
     if step_ms.shape[1] < 2:
         return 0.0
-    med = torch.quantile(step_ms, 0.5, dim=1, keepdim=True)
-    return float(torch.quantile(torch.quantile((step_ms - med).abs(), 0.5, dim=1), 0.5))
+    med = median(step_ms, dim=1).unsqueeze(1)
+    return float(median(median((step_ms - med).abs(), dim=1), dim=0))
+
+
+def median(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The median along `dim`, the two middle values averaged for an even count as
+    `statistics.median` does (torch.median takes the lower one; torch.quantile refuses more than
+    2^24 values)."""
+    ordered = x.sort(dim=dim).values
+    n = x.shape[dim]
+    upper = ordered.narrow(dim, n // 2, 1).squeeze(dim)
+    return upper if n % 2 else (ordered.narrow(dim, n // 2 - 1, 1).squeeze(dim) + upper) / 2
 
 
 def _slowest_phase(rank: int, phases: torch.Tensor, own_cols: list[int],
                    own_phases: tuple[str, ...]) -> tuple[str | None, float | None]:
     others = torch.cat([phases[:rank], phases[rank + 1:]])[..., own_cols]  # [ranks - 1, steps, own]
-    excess = (phases[rank][..., own_cols] - torch.quantile(others, 0.5, dim=0)).mean(dim=0).tolist()
+    excess = (phases[rank][..., own_cols] - median(others, dim=0)).mean(dim=0).tolist()
     best = max(range(len(own_phases)), key=lambda i: (excess[i], -i))
     if excess[best] <= 0:
         return None, None
