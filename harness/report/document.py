@@ -54,6 +54,9 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   reference_host, hosts: [{host, ranks, offset_ms, spread_ms, samples, via}]} (one offset per
   host); `threshold_ms`: the straggler bound applied to each rank's cost per step, `bounds_ms`
   the bounds it is the largest of; `warnings`: what was missing or doubtful.
+- `window`: {window, windows, steps, captured}: the profiler window analysed (`--window`,
+  windows.py; null for traces without harness window numbers); `merged`: what
+  merged.pt.trace.json.gz holds (merged.py `merged_entry`), null without one.
 - `hang`, `other_hangs`, `mismatches`, `flight`, `trace_verdict`: from the Flight Recorder dumps
   (hang_report.py); with a hang `verdict` is "hang" (a mismatch alone: "mismatch").
 """
