@@ -11,8 +11,9 @@ the leftovers of the previous variant hit every variant alike:
   D  the harness loop with every timed step inside the profiler's active window
   S  B without TensorBoard scalars (--no-scalars)
   W  B with the live straggler watch at its default interval (--watch-every 100) over 8 simulated
-     ranks: a real gloo all-gather on a 1-rank group whose result is copied 8 times, then the
-     verdict, its log line and scalars; the host's whole cost of an interval, not the network's
+     ranks: a real gloo all-gather on a 1-rank group whose result is copied 8 times (8 equal
+     ranks: the verdict's healthy path, the common one), then the verdict, its log line and
+     scalars; the host's whole cost of an interval, not the network's
      (8 numbers per step and rank: 12.8 KB per rank every 100 steps)
 
 Each variant's figure per repetition is (time of N steps) / N, warm-up steps run first and not
@@ -30,12 +31,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import gc
 import socket
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -58,18 +62,20 @@ class SimulatedWatch(Watch):
     """The watch of rank 0 of SIMULATED_RANKS: its all-gather runs for real on a 1-rank gloo group
     and its result is copied to every simulated rank (the network's time is not in it)."""
 
-    def _connect(self, host: str, timeout) -> dict[int, str]:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spent_s = 0.0  # time inside add() and after_step(): the watch's own cost, timed directly
+
+    def _connect(self, host: str, timeout: datetime.timedelta) -> dict[int, str]:
         self.group = dist.new_group(backend="gloo", timeout=timeout)
         return dict.fromkeys(range(self.world_size), host)
-
-    spent_s = 0.0  # time inside add() and after_step(): the watch's own cost, measured directly
 
     def _all_gather(self, rows: torch.Tensor) -> list[torch.Tensor]:
         one = [torch.empty_like(rows)]
         dist.all_gather(one, rows, group=self.group)
         return one * self.world_size
 
-    def add(self, record) -> None:
+    def add(self, record: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         super().add(record)
         self.spent_s += time.perf_counter() - t0
@@ -147,7 +153,10 @@ def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out:
         stamps.append((time.perf_counter(), time.process_time()))  # before the profiler's exit exports the trace
     log.close()
     if watcher:
-        assert watcher.intervals > 0, "the watch judged no interval: give it more --steps"
+        if watcher.intervals == 0:
+            sys.exit(f"overhead.py: error: the watch judged no interval in {total} steps; give --steps + --warmup "
+                     f"at least --watch-every ({cfg.watch.every}), or a smaller --watch-every")
+        # Both over the whole run, warm-up steps included: the watch's calls start at step 0 too.
         WATCH_SHARES.append(watcher.spent_s / (stamps[-1][0] - stamps[0][0]))
         watcher.close()
     if trainer.scalars:

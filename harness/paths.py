@@ -17,6 +17,9 @@ WORKER_TEMPLATE = "rank{rank:05d}-{host}"
 # The span is the 1-based profiler window, zero-padded because torch-tb-profiler sorts spans as
 # strings before turning them into indices.
 TRACE_TEMPLATE = "{worker}.{window:04d}.pt.trace.json.gz"
+# A span longer than this is not a harness window (4 digits, more past window 9999), e.g. the
+# 13-digit millisecond timestamp torch's tensorboard_trace_handler writes there.
+WINDOW_MAX_DIGITS = 6
 # Written first, renamed to the final name when complete: never matches TRACE_PATTERN.
 PARTIAL_SUFFIX = ".partial"
 # A trace's condensed summary (harness/collect/summary.py) sits next to it: the trace's own name

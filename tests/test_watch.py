@@ -206,7 +206,8 @@ class TwoRankWatch(Watch):
     rank's table and a copy whose data phase is `slow_ms` longer (rank 1's)."""
 
     def __init__(self, tmp_path: Path, *, slow_ms: float, capture: bool = False) -> None:
-        cfg = build_config([{"watch": {"every": 4, "capture_on_straggler": capture}, "workload": {"steps": 40}}])
+        cfg = build_config([{"watch": {"every": 4, "capture_on_straggler": capture}, "workload": {"steps": 40},
+                             "parallel": {"parallel": "ddp"}}])
         self.recorder_cfg = cfg.profiler
         rec = TraceRecorder(cfg.profiler, run_dir=tmp_path, rank=0, host="a", cuda=False, metadata={})
         super().__init__(cfg, rank=0, world_size=2, host="a", cpu=False, run_dir=tmp_path, recorder=rec, scalars=None,
@@ -240,10 +241,11 @@ def test_the_watch_flags_a_rank_says_when_it_recovers_and_logs_each_interval(tmp
         "watch: step 15: rank 1 (b) is no longer a straggler (steps 12-15)"]
     flagged = [{"rank": 1, "host": "b", "phase": "data", "excess_ms": 50.0, "late_ms": 50.0, "steps_late": n}
                for n in (3, 4)]
+    bounds = {"min_lag": 0.0, "clock_noise": 0.0, "jitter": 0.0, "relative": 10.0}  # 2 ranks: no outlier bound
     assert watch_lines(tmp_path) == [
-        {"step": 7, "steps": [5, 7], "threshold_ms": 10.0, "stragglers": [flagged[0]]},
-        {"step": 11, "steps": [8, 11], "threshold_ms": 10.0, "stragglers": [flagged[1]]},
-        {"step": 15, "steps": [12, 15], "threshold_ms": 10.0, "stragglers": []}]
+        {"step": 7, "steps": [5, 7], "threshold_ms": 10.0, "bounds_ms": bounds, "stragglers": [flagged[0]]},
+        {"step": 11, "steps": [8, 11], "threshold_ms": 10.0, "bounds_ms": bounds, "stragglers": [flagged[1]]},
+        {"step": 15, "steps": [12, 15], "threshold_ms": 10.0, "bounds_ms": bounds, "stragglers": []}]
     assert w.summary() == {"every": 4, "intervals": 3, "captures": [],
                            "flags": [{"step": 7, "rank": 1, "host": "b", "phase": "data"}]}
 

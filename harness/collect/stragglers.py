@@ -105,7 +105,7 @@ def straggler_bounds(late_ms: dict[int, float], *, median_step_ms: float, clock_
                      cpu: bool, th: Thresholds) -> dict[str, float]:
     """The straggler rule: the bounds a rank's lateness per step must all exceed (a straggler's
     `late_ms` > max of them). Shared by the collector (lateness at collectives, from traces) and
-    the live watch (harness/train/watch.py: lateness of the work between collectives, from the
+    the live watch (harness/train/watch_rule.py: lateness of the work between collectives, from the
     step timings).
 
     1. min_lag = --min-lag-ms (no absolute floor by default);

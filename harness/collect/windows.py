@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.collect.discover import InputError, RunSet
-from harness.paths import TRACE_PATTERN, WORKER_RANK_PATTERN, is_summary, run_file, trace_of_summary
+from harness.paths import (
+    TRACE_PATTERN,
+    WINDOW_MAX_DIGITS,
+    WORKER_RANK_PATTERN,
+    is_summary,
+    run_file,
+    trace_of_summary,
+)
 
 
 def trace_window(path: Path) -> int | None:
@@ -18,8 +25,8 @@ def trace_window(path: Path) -> int | None:
     (rank00002-host.0003.pt.trace.json.gz -> 3); None for a name the harness did not write
     (torch's tensorboard_trace_handler puts a timestamp where the window number goes)."""
     m = TRACE_PATTERN.match((trace_of_summary(path) if is_summary(path) else path).name)
-    # The harness writes 4 digits (more past window 9999); a timestamp in ms has 13.
-    if m is None or m["span"] is None or len(m["span"]) > 6 or not WORKER_RANK_PATTERN.match(m["worker"]):
+    if (m is None or m["span"] is None or len(m["span"]) > WINDOW_MAX_DIGITS
+            or not WORKER_RANK_PATTERN.match(m["worker"])):
         return None
     return int(m["span"])
 

@@ -276,15 +276,16 @@ class StragglerConfig:
 @dataclass(kw_only=True)
 class WatchConfig:
     """The live straggler watch (harness/train/watch.py): every N steps the ranks exchange their step
-    timings in one small collective and apply the collector's straggler rule to them."""
+    timings in one all-gather and apply the collector's straggler rule to them."""
 
-    # 100: on the lab's CPU workload (5.4 ms steps, the shortest a real job has) the watch's own
+    # 100: on the lab's CPU workload (5.6 ms steps, shorter than a real job's) the watch's own
     # time was 0.58% of the loop at 50 steps and under 0.5% at 100 (bench/overhead.py, variant W);
     # on steps of 50 ms or more (GPU training) either costs under 0.1%.
     every: int = knob(100, "every N steps, the ranks exchange their last steps' phase times and the watch names "
                       "the stragglers (0 = off)", flag="--watch-every")
     capture_on_straggler: bool = knob(False, "when the watch flags a new straggler, every rank traces a profiler "
-                                      "window (--warmup + --active steps) starting two steps later",
+                                      "window (--warmup + --active steps) from the first free step at least two "
+                                      "steps later",
                                       flag="--capture-on-straggler")
     max_captures: int = knob(1, "at most this many triggered trace windows per run", flag="--max-captures")
     min_lag_ms: float = knob(0.0, "watch: least lateness per step, ms, for a straggler (as the collector's "

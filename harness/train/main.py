@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from harness.paths import RUN_FILE, WATCH_FILE, run_file, scalars_dir, steps_path
+from harness.paths import RUN_FILE, run_file, scalars_dir, steps_path, watch_path
 from harness.scalars import ScalarWriter
 from harness.train import flight
 from harness.train.cli import fail_config, parse_config
@@ -23,7 +24,7 @@ from harness.train.run_info import RunIdentity, agree_identity, check_output, ga
 from harness.train.run_status import RankStatus, Terminated, raise_on_sigterm
 from harness.train.stats import StepLog, format_rank_table, step_statistics
 from harness.train.trainer import Trainer, build_loader
-from harness.train.watch import Watch
+from harness.train.watch import Watch, summary_line
 from harness.train.workloads import build_workload
 from harness.write_faults import FaultLog
 
@@ -68,17 +69,17 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
     status = RankStatus(ident.dir, rank=env.rank, host=host, attempt=ident.attempt, faults=faults)
     rec = TraceRecorder(cfg.profiler, run_dir=ident.dir, rank=env.rank, host=host, cuda=device.type == "cuda",
                         metadata=metadata, faults=faults)
-    watch: Watch | None = None
+    built: Watch | None = None
     try:
         # Inside the try: connecting the watch's group talks to every peer and can fail like a
         # collective (a dead peer, the wrong network interface, SIGTERM meanwhile).
-        watch = Watch(cfg, rank=env.rank, world_size=env.world_size, host=host, cpu=device.type == "cpu",
+        built = Watch(cfg, rank=env.rank, world_size=env.world_size, host=host, cpu=device.type == "cpu",
                       run_dir=ident.dir, recorder=rec, scalars=scalars, faults=faults)
         with rec:
-            trainer.run(rec, log, watch)
+            trainer.run(rec, log, built)
     except BaseException as exc:
-        if watch:
-            watch.close()
+        if built:
+            built.close()
         _close_outputs(log, scalars, faults)
         state = "hung" if flight.is_timeout(exc) else "failed"
         where = {"step": trainer.progress.step, "phase": trainer.progress.phase}
@@ -90,6 +91,7 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
         status.end(state, _last_step(log), exc, tracing=_tracing(rec, faults), where=where,
                    flight=str(dump.relative_to(ident.dir)) if dump else None)
         raise
+    watch: Watch = built
     watch.close()
     _close_outputs(log, scalars, faults)
     status.end("finished", _last_step(log), tracing=_tracing(rec, faults))
@@ -141,7 +143,7 @@ def _last_step(log: StepLog) -> int | None:
     return log.records[-1].get("step") if log.records else None
 
 
-def report(ident: RunIdentity, rows: list[dict], run_json: Path | None, watch: dict | None = None) -> None:
+def report(ident: RunIdentity, rows: list[dict], run_json: Path | None, watch: dict[str, Any] | None = None) -> None:
     n_traces = sum(len(r["traces"]) for r in rows)
     print(f"\n{PROG}: run {ident.name} finished ({len(rows)} rank(s), steady state, warm-up excluded)")
     print(format_rank_table(rows))
@@ -159,22 +161,11 @@ def report(ident: RunIdentity, rows: list[dict], run_json: Path | None, watch: d
             print(f"skipped: rank {r['rank']}: {r['unwritten_step_records']} step record(s) not on disk")
     print(f"steps:   {ident.dir}/steps/rank<R>.jsonl")
     if watch and watch["every"]:
-        print(f"watch:   {watch_line(watch)} ({ident.dir}/{WATCH_FILE})")
+        print(f"watch:   {summary_line(watch)} ({watch_path(ident.dir)})")
     print(f"run:     {run_json or 'not written (see the warnings above)'}")
     if len(rows) > 1:
         print(f"who waits for whom: python -m harness.collect {ident.dir}")
     sys.stdout.flush()
-
-
-def watch_line(watch: dict) -> str:
-    """The live watch in one line: its interval, what it flagged, what it captured."""
-    text = f"every {watch['every']} steps, {watch['intervals']} interval(s) judged"
-    if not watch["flags"]:
-        return text + ", no straggler"
-    flags = ", ".join(f"rank {f['rank']} at step {f['step']}" + (f" ({f['phase']})" if f["phase"] else "")
-                      for f in watch["flags"])
-    caps = ", ".join(f"steps {c['first']}-{c['last']}" for c in watch["captures"])
-    return f"{text}; straggler(s): {flags}" + (f"; traced {caps}" if caps else "")
 
 
 def main(argv: list[str] | None = None) -> None:

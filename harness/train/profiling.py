@@ -14,6 +14,7 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,8 @@ class TraceRecorder:
         self._leftovers: set[Path] = set()  # temporary files that could not be removed yet
         self._prof: profile | None = None
         self._stamped_window = 0
-        self._scheduled: Any = None  # the wait/warmup/active/repeat schedule, made as the profiler starts
+        # the wait/warmup/active/repeat schedule, made as the profiler starts
+        self._scheduled: Callable[[int], ProfilerAction] | None = None
         self.captures: list[Capture] = []
 
     @property
@@ -128,6 +130,7 @@ class TraceRecorder:
             action = c.action(step)
             if action is not None:
                 return action
+        assert self._scheduled is not None, "made in __enter__, before the profiler asks"
         return self._scheduled(step)
 
     def plan_capture(self, earliest: int, last_step: int, why: dict[str, Any]) -> Capture | None:
@@ -137,9 +140,11 @@ class TraceRecorder:
         if self._prof is None:
             return None
         span = self.cfg.warmup + self.cfg.active
+        scheduled = self._scheduled
+        assert scheduled is not None
         for start in range(earliest, last_step - span + 2):
             steps = range(start, start + span)
-            if all(self._scheduled(s) == ProfilerAction.NONE and not any(c.action(s) for c in self.captures)
+            if all(scheduled(s) == ProfilerAction.NONE and not any(c.action(s) for c in self.captures)
                    for s in steps):
                 return self.book_capture(start, why)
         return None

@@ -1,7 +1,7 @@
 """The live straggler watch: every `--watch-every` steps the ranks exchange their latest step
-timings in one small collective, and each applies the collector's straggler rule to them
-(`watch_rule.judge_interval`). Every rank computes the same verdict from the same gathered numbers,
-so they also agree, without another message, on the step where a triggered trace window starts.
+timings in one all-gather, and each applies the collector's straggler rule to them
+(`watch_rule.judge_interval`). With --capture-on-straggler, rank 0 then broadcasts whether and
+where a triggered trace window starts, so that every rank books the same steps.
 
 Rank 0 prints a line when a rank becomes a straggler and when it stops being one, and appends one
 line per judged interval to `<run>/watch.jsonl`; every rank writes its own `watch/*` scalars.
@@ -31,7 +31,8 @@ from harness.train.profiling import TraceRecorder
 from harness.train.watch_rule import IntervalVerdict, judge_interval, own_work_phases, pack_rows, step_row
 from harness.write_faults import AppendOnlyFile, FaultLog
 
-# A triggered window's metadata names at most this many of the newly flagged ranks.
+# A triggered window's metadata names at most this many of the newly flagged ranks (the size of
+# the broadcast; 16 = two 8-GPU nodes' worth, like the collector's MAX_CAUSES).
 MAX_NAMED = 16
 
 
@@ -56,7 +57,7 @@ class Watch:
         # Twice the interval: steps a rank timed late (GPU) are still there at the next exchange.
         self._recent: deque[list[float]] = deque(maxlen=2 * max(cfg.every, 1))
         self._judged_through = -1
-        self.flagged: dict[int, int] = {}  # rank -> step of the interval that first flagged it
+        self.flagged: set[int] = set()  # the ranks flagged in the last judged interval
         self.intervals = 0
         self.flags: list[dict[str, Any]] = []  # every time a rank became a straggler
         self.captures: list[dict[str, Any]] = []
@@ -111,6 +112,7 @@ class Watch:
         same steps everywhere). [start step or -1, count, ranks...] on the watch's group."""
         message = torch.full((2 + MAX_NAMED,), -1, dtype=torch.int64)
         if self.rank == 0 and new:
+            # step + 1's profiler action was fixed at this step's recorder.step(): the next free one
             booked = self.recorder.plan_capture(step + 2, self.last_step,
                                                 {"watch_step": step, "ranks": new[:MAX_NAMED]})
             if booked:
@@ -131,13 +133,11 @@ class Watch:
         dist.broadcast(message, src=0, group=self.group)
 
     def _act(self, step: int, verdict: IntervalVerdict) -> None:
-        now = {r.rank: r for r in verdict.stragglers}
+        now = {r.rank for r in verdict.stragglers}
         new = [r for r in verdict.stragglers if r.rank not in self.flagged]
-        gone = sorted(set(self.flagged) - set(now))
-        for r in gone:
-            del self.flagged[r]
+        gone = sorted(self.flagged - now)
+        self.flagged = now
         for r in new:
-            self.flagged[r.rank] = step
             self.flags.append({"step": step, "rank": r.rank, "host": r.host, "phase": r.phase})
         capture = None
         if self.cfg.capture_on_straggler and len(self.captures) < self.cfg.max_captures:
@@ -177,10 +177,23 @@ class Watch:
             self.faults.note(f"the watch log {self._log.path} could not all be written")
 
 
+def summary_line(watch: dict[str, Any]) -> str:
+    """`Watch.summary()` in one line (the training printout): its interval, what it flagged, what it
+    captured."""
+    text = f"every {watch['every']} steps, {watch['intervals']} interval(s) judged"
+    if not watch["flags"]:
+        return text + ", no straggler"
+    flags = ", ".join(f"rank {f['rank']} at step {f['step']}" + (f" ({f['phase']})" if f["phase"] else "")
+                      for f in watch["flags"])
+    caps = ", ".join(f"steps {c['first']}-{c['last']}" for c in watch["captures"])
+    return f"{text}; straggler(s): {flags}" + (f"; traced {caps}" if caps else "")
+
+
 def interval_line(step: int, verdict: IntervalVerdict, capture: dict[str, Any] | None) -> dict[str, Any]:
     """One line of watch.jsonl."""
     line: dict[str, Any] = {
         "step": step, "steps": [verdict.steps[0], verdict.steps[-1]], "threshold_ms": round(verdict.threshold_ms, 3),
+        "bounds_ms": {k: round(v, 3) for k, v in verdict.bounds_ms.items()},
         "stragglers": [{"rank": r.rank, "host": r.host, "phase": r.phase,
                         "excess_ms": None if r.excess_ms is None else round(r.excess_ms, 3),
                         "late_ms": round(r.late_ms, 3), "steps_late": r.steps_late} for r in verdict.stragglers]}

@@ -30,8 +30,9 @@ from harness.paths import STEP_PHASES
 # the rows a rank has not timed yet (on GPU a step is timed once its CUDA events complete) and
 # the phases a step did not have.
 COLUMNS = 2 + len(STEP_PHASES)
-# At most this many stragglers get a phase per interval (the costliest): the phase compares a rank
-# with every other rank, so this keeps an interval of a 1000-rank job in milliseconds.
+# At most this many stragglers get a phase per interval (the most late): each phase compares a rank
+# with every other rank (one straggler among 1024 ranks: 20-24 ms an interval, mostly this), so 16,
+# two 8-GPU nodes' worth like the collector's MAX_CAUSES, bounds it; the rest are flagged unnamed.
 MAX_PHASED = 16
 
 # Phases that hold collectives, per parallel wrapper (harness/train/parallel.py): DDP all-reduces
@@ -42,7 +43,7 @@ COLLECTIVE_PHASES = {"ddp": ("backward",), "fsdp": ("forward", "backward"), "non
 
 def own_work_phases(parallel: str) -> tuple[str, ...]:
     """The step phases that hold no collective under `parallel` (ddp, fsdp or none)."""
-    held = COLLECTIVE_PHASES.get(parallel, ("forward", "backward"))
+    held = COLLECTIVE_PHASES[parallel]
     return tuple(p for p in STEP_PHASES if p not in held)
 
 
@@ -94,7 +95,7 @@ def judge_interval(tables: torch.Tensor, hosts: dict[int, str], own_phases: tupl
        jitter over each rank's step times (`jitter_ms`), no clock noise (each rank times
        itself: no clocks are compared); a straggler's late_ms exceeds every bound; steps_late =
        steps whose lateness exceeds the threshold;
-    5. per straggler (the MAX_PHASED latest) and own-work phase: excess = the mean per step of
+    5. per straggler (the MAX_PHASED with the largest late_ms) and own-work phase: excess = the mean per step of
        its time minus the median of the other ranks' time; the largest positive one names the
        phase.
     """
