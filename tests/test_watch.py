@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from harness.collect.discover import InputError
 from harness.collect.stragglers import Thresholds, run_jitter_ms, straggler_bounds
+from harness.collect.watch_log import run_watch, watch_line
 from harness.collect.windows import pick_window, trace_window
 from harness.paths import STEP_PHASES, watch_path
 from harness.train.config import ProfilerConfig, build_config
@@ -188,6 +189,10 @@ def test_a_straggler_from_step_40_is_flagged_traced_and_named_by_the_collector(l
     assert line in proc.stdout
     assert doc["verdict"] == "straggler"
     assert [(s["rank"], s["phase"]) for s in doc["stragglers"]] == [(2, "data")]
+    assert doc["watch"]["flags"] == [{"step": flagged["step"], "rank": 2, "host": flagged["stragglers"][0]["host"],
+                                      "phase": "data"}]
+    assert "Live straggler watch during the run: every 10 steps, 7 interval(s) judged; straggler(s): rank 2 at step" \
+        in (out / "report.md").read_text()
 
 
 @pytest.mark.slow
@@ -281,3 +286,18 @@ def test_the_watch_jitter_is_the_collectors_jitter() -> None:
     for ranks, n in ((2, 2), (3, 7), (5, 10), (4, 1)):
         step_ms = torch.rand((ranks, n), generator=gen, dtype=torch.float64) * 100
         assert jitter_ms(step_ms) == pytest.approx(run_jitter_ms(step_ms.tolist()), abs=1e-9)
+
+
+def test_the_collector_reads_the_watch_record_from_run_json_and_skips_what_is_malformed(tmp_path: Path) -> None:
+    assert run_watch([tmp_path]) is None  # no run.json
+    (tmp_path / "run.json").write_text(json.dumps({"watch": {
+        "every": 10, "intervals": 4,
+        "flags": [{"step": 49, "rank": 2, "host": "a", "phase": "data"}, {"step": "x"}, 7],
+        "captures": [{"first": 53, "last": 55, "watch_step": 49, "ranks": [2]}, {"first": 1}]}}))
+    watch = run_watch([tmp_path])
+    assert watch == {"every": 10, "intervals": 4, "flags": [{"step": 49, "rank": 2, "host": "a", "phase": "data"}],
+                     "captures": [{"first": 53, "last": 55, "watch_step": 49, "ranks": [2]}]}
+    assert watch_line(watch) == ("every 10 steps, 4 interval(s) judged; straggler(s): rank 2 at step 49 (data); "
+                                 "traced steps 53-55")
+    (tmp_path / "run.json").write_text(json.dumps({"watch": {"every": 0, "intervals": 0, "flags": [], "captures": []}}))
+    assert run_watch([tmp_path]) is None  # the watch was off

@@ -34,6 +34,7 @@ from harness.collect.stragglers import Thresholds
 from harness.collect.summary import read_summary
 from harness.collect.tb_scalars import write_scalars
 from harness.collect.timeline import build_timeline
+from harness.collect.watch_log import run_watch
 from harness.collect.windows import pick_window, window_entry, window_line
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser, fail
 from harness.paths import (
@@ -245,6 +246,7 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     reporter.stage("writing the report")
     doc["merged"] = merged_entry(merged) if merged else None
     doc["window"] = window_entry(window, runset, dirs)
+    doc["watch"] = run_watch(dirs)
     write_report(doc, out, collective_rows(analysis))
     write_view(doc, build_timeline(analysis), out)
     write_scalars(doc, out)

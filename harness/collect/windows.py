@@ -4,18 +4,17 @@ slow), and analysed together a straggler in one is diluted by the healthy steps 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.collect.discover import InputError, RunSet
+from harness.collect.watch_log import run_watch
 from harness.paths import (
     TRACE_PATTERN,
     WINDOW_MAX_DIGITS,
     WORKER_RANK_PATTERN,
     is_summary,
-    run_file,
     trace_of_summary,
 )
 
@@ -95,8 +94,8 @@ def window_entry(pick: WindowPick, runset: RunSet, dirs: list[Path]) -> dict[str
     span = [min(steps), max(steps)] if steps else None
     captured = None
     if span:
-        for capture in _captures(dirs):
-            if capture.get("first", 0) <= span[0] and span[1] <= capture.get("last", -1):
+        for capture in (run_watch(dirs) or {}).get("captures", []):
+            if capture["first"] <= span[0] and span[1] <= capture["last"]:
                 captured = capture
     return {"window": pick.window, "windows": list(pick.windows), "steps": span, "captured": captured}
 
@@ -116,12 +115,3 @@ def window_line(entry: dict[str, Any]) -> str:
     return text
 
 
-def _captures(dirs: list[Path]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for d in dirs:
-        try:
-            watch = json.loads(run_file(d).read_text()).get("watch") or {}
-        except (OSError, ValueError, AttributeError):
-            continue  # no run.json (third-party traces, a run that did not finish): nothing to say
-        out.extend(c for c in watch.get("captures", []) if isinstance(c, dict))
-    return out

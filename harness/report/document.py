@@ -56,7 +56,10 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   the bounds it is the largest of; `warnings`: what was missing or doubtful.
 - `window`: {window, windows, steps, captured}: the profiler window analysed (`--window`,
   windows.py; null for traces without harness window numbers); `merged`: what
-  merged.pt.trace.json.gz holds (merged.py `merged_entry`), null without one.
+  merged.pt.trace.json.gz holds (merged.py `merged_entry`), null without one; `watch`: the live
+  straggler watch's record from run.json ({every, intervals, flags: [{step, rank, host, phase}],
+  captures: [{first, last, watch_step, ranks}]}, watch_log.py), null when it was off or there is
+  no run.json.
 - `hang`, `other_hangs`, `mismatches`, `flight`, `trace_verdict`: from the Flight Recorder dumps
   (hang_report.py); with a hang `verdict` is "hang" (a mismatch alone: "mismatch").
 """

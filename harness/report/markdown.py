@@ -6,6 +6,8 @@ from typing import Any
 
 from harness import text_table
 from harness.collect.hang_report import hang_lines
+from harness.collect.watch_log import watch_line
+from harness.collect.windows import window_line
 from harness.report.document import MAX_GAPS
 from harness.report.tables import (
     CLOCK_COLUMNS,
@@ -31,6 +33,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
     run = doc["run"]
     lines = ["# Straggler and overlap report", "", f"**Verdict: {doc['headline']}**", ""]
     lines.append(scope_line(doc))
+    if doc.get("window"):
+        lines.append(f"\nProfiler {window_line(doc['window'])}.")
+    if doc.get("watch"):
+        lines.append(f"\nLive straggler watch during the run: {watch_line(doc['watch'])}.")
     if run["ranks_missing"]:
         lines.append(f"\n**Incomplete run:** rank(s) {', '.join(map(str, run['ranks_missing']))} of "
                      f"{run['world_size']} have no trace; the analysis covers the ranks present.")

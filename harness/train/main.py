@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from harness.collect.watch_log import watch_line
 from harness.paths import RUN_FILE, run_file, scalars_dir, steps_path, watch_path
 from harness.scalars import ScalarWriter
 from harness.train import flight
@@ -24,7 +25,7 @@ from harness.train.run_info import RunIdentity, agree_identity, check_output, ga
 from harness.train.run_status import RankStatus, Terminated, raise_on_sigterm
 from harness.train.stats import StepLog, format_rank_table, step_statistics
 from harness.train.trainer import Trainer, build_loader
-from harness.train.watch import Watch, summary_line
+from harness.train.watch import Watch
 from harness.train.workloads import build_workload
 from harness.write_faults import FaultLog
 
@@ -161,7 +162,7 @@ def report(ident: RunIdentity, rows: list[dict], run_json: Path | None, watch: d
             print(f"skipped: rank {r['rank']}: {r['unwritten_step_records']} step record(s) not on disk")
     print(f"steps:   {ident.dir}/steps/rank<R>.jsonl")
     if watch and watch["every"]:
-        print(f"watch:   {summary_line(watch)} ({watch_path(ident.dir)})")
+        print(f"watch:   {watch_line(watch)} ({watch_path(ident.dir)})")
     print(f"run:     {run_json or 'not written (see the warnings above)'}")
     if len(rows) > 1:
         print(f"who waits for whom: python -m harness.collect {ident.dir}")

@@ -177,18 +177,6 @@ class Watch:
             self.faults.note(f"the watch log {self._log.path} could not all be written")
 
 
-def summary_line(watch: dict[str, Any]) -> str:
-    """`Watch.summary()` in one line (the training printout): its interval, what it flagged, what it
-    captured."""
-    text = f"every {watch['every']} steps, {watch['intervals']} interval(s) judged"
-    if not watch["flags"]:
-        return text + ", no straggler"
-    flags = ", ".join(f"rank {f['rank']} at step {f['step']}" + (f" ({f['phase']})" if f["phase"] else "")
-                      for f in watch["flags"])
-    caps = ", ".join(f"steps {c['first']}-{c['last']}" for c in watch["captures"])
-    return f"{text}; straggler(s): {flags}" + (f"; traced {caps}" if caps else "")
-
-
 def interval_line(step: int, verdict: IntervalVerdict, capture: dict[str, Any] | None) -> dict[str, Any]:
     """One line of watch.jsonl."""
     line: dict[str, Any] = {
