@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from harness.collect.tb_scalars import write_scalars
 from harness.collect.timeline import build_timeline
 from harness.report.document import build_report
-from harness.report.files import write_view
+from harness.report.files import view_title, write_view
 from harness.report.page import render_page
 from harness.scalars import ScalarWriter, step_scalars
 from harness.view.runs import find_runs, load_view_data
@@ -113,8 +113,12 @@ def test_render_page_escapes_and_embeds(tmp_path: Path) -> None:
 def test_write_view_files(tmp_path: Path) -> None:
     a = run_analysis(tmp_path, gpu_docs())
     doc = build_report(a, ["x"])
-    path = write_view(doc, build_timeline(a), tmp_path / "report")
+    timeline = build_timeline(a)
+    path = write_view(doc, timeline, tmp_path / "report")
     assert path.name == "report.html" and _data_block(path.read_text())["report"] == doc
+    # written in parts, the page is the one render_page builds whole (the plugin serves that one)
+    title = view_title(doc["run"]["run_id"] or tmp_path.name)
+    assert path.read_text(encoding="utf-8") == render_page(doc, timeline, title=title, assets="inline")
     assert json.loads((tmp_path / "report" / "timeline.json").read_text())["ranks"][0]["rank"] == 0
 
 

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.atomic import write_text_atomic
+from harness.atomic import atomic_file, write_text_atomic
 from harness.paths import COLLECTIVES_CSV, REPORT_HTML, REPORT_JSON, REPORT_MD, STEPS_CSV, TIMELINE_JSON
 from harness.report.markdown import render_markdown
-from harness.report.page import render_page
+from harness.report.page import page_parts
 
 COLLECTIVE_COLUMNS = ["instance", "name", "pg", "step", "rank", "arrival_us", "wait_us", "transfer_us",
                       "delay_share_us", "last_rank"]
@@ -48,5 +48,7 @@ def write_view(doc: dict[str, Any], timeline: dict[str, Any], out: Path) -> Path
     write_text_atomic(out / TIMELINE_JSON, json.dumps(timeline, separators=(",", ":"), allow_nan=False) + "\n")
     name = doc["run"]["run_id"] or out.resolve().parent.name
     path = out / REPORT_HTML
-    write_text_atomic(path, render_page(doc, timeline, title=view_title(name), assets="inline"))
+    with atomic_file(path) as fh:
+        for part in page_parts(doc, timeline, title=view_title(name), assets="inline"):
+            fh.write(part.encode("utf-8"))
     return path

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Iterator
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -167,8 +168,16 @@ def _memory(doc: dict[str, Any]) -> str:
 
 
 def render_page(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: str, assets: str = "inline") -> str:
-    """The whole view as one HTML document. `assets`: "inline" (self-contained file) or
-    "linked" (scripts and style loaded from `plotly.min.js`, `view.js`, `view.css` next to the page)."""
+    """The whole view as one HTML document (`page_parts` joined)."""
+    return "".join(page_parts(doc, timeline, title=title, assets=assets))
+
+
+def page_parts(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: str,
+               assets: str = "inline") -> Iterator[str]:
+    """The view as one HTML document, in parts a writer can write one at a time (a 1024-rank
+    report.html is ~11 MB: built whole, with its JSON and that JSON's escaped copies, it made the
+    collector's memory peak). `assets`: "inline" (self-contained file) or "linked" (scripts and
+    style loaded from `plotly.min.js`, `view.js`, `view.css` next to the page)."""
     if assets == "inline":
         head = f"<style>{static_text('view.css')}</style>"
         scripts = _inline_script(plotly_js_path().read_text(encoding="utf-8")) + _inline_script(static_text("view.js"))
@@ -177,10 +186,16 @@ def render_page(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: 
         scripts = '<script src="plotly.min.js"></script><script src="view.js"></script>'
     else:
         raise ValueError(f"assets must be 'inline' or 'linked', not {assets!r}")
-    data = _json_block({"report": doc, "timeline": timeline})
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title>{head}</head><body>\n{_body(doc, title)}\n"
-            f'<script type="application/json" id="harness-data">{data}</script>\n{scripts}\n</body></html>\n')
+    yield ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+           f"<title>{html.escape(title)}</title>{head}</head><body>\n{_body(doc, title)}\n"
+           '<script type="application/json" id="harness-data">')
+    # {"report": doc, "timeline": timeline} as one compact JSON object, a member at a time
+    yield '{"report":'
+    yield _json_block(doc)
+    yield ',"timeline":'
+    yield _json_block(timeline)
+    yield "}"
+    yield f"</script>\n{scripts}\n</body></html>\n"
 
 
 def render_message(title: str, message_html: str, *, assets: str = "linked") -> str:
