@@ -245,8 +245,9 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     merged = write_merged_trace(analysis, out, args.merged, pool)
     reporter.stage("writing the report")
     doc["merged"] = merged_entry(merged) if merged else None
-    doc["window"] = window_entry(window, runset, dirs)
-    doc["watch"] = run_watch(dirs)
+    watch = run_watch(dirs)
+    doc["window"] = window_entry(window, runset, watch)
+    doc["watch"] = watch
     write_report(doc, out, collective_rows(analysis))
     write_view(doc, build_timeline(analysis), out)
     write_scalars(doc, out)

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.collect.discover import InputError, RunSet
-from harness.collect.watch_log import run_watch
 from harness.paths import (
     TRACE_PATTERN,
     WINDOW_MAX_DIGITS,
@@ -19,21 +18,21 @@ from harness.paths import (
 )
 
 
-def trace_window(path: Path) -> int | None:
-    """The harness profiler window a trace (or its summary) holds, from its name
-    (rank00002-host.0003.pt.trace.json.gz -> 3); None for a name the harness did not write
+def harness_name(path: Path) -> tuple[int, int] | None:
+    """(rank, window) of a trace (or its summary) the harness wrote, from its name
+    (rank00002-host.0003.pt.trace.json.gz -> (2, 3)); None for a name the harness did not write
     (torch's tensorboard_trace_handler puts a timestamp where the window number goes)."""
     m = TRACE_PATTERN.match((trace_of_summary(path) if is_summary(path) else path).name)
-    if (m is None or m["span"] is None or len(m["span"]) > WINDOW_MAX_DIGITS
-            or not WORKER_RANK_PATTERN.match(m["worker"])):
+    if m is None or m["span"] is None or len(m["span"]) > WINDOW_MAX_DIGITS:
         return None
-    return int(m["span"])
+    w = WORKER_RANK_PATTERN.match(m["worker"])
+    return (int(w["rank"]), int(m["span"])) if w else None
 
 
-def _rank_of(path: Path) -> int | None:
-    m = TRACE_PATTERN.match((trace_of_summary(path) if is_summary(path) else path).name)
-    w = WORKER_RANK_PATTERN.match(m["worker"]) if m else None
-    return int(w["rank"]) if w else None
+def trace_window(path: Path) -> int | None:
+    """The harness profiler window a trace (or its summary) holds (`harness_name`), else None."""
+    named = harness_name(path)
+    return named[1] if named else None
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,8 @@ def pick_window(files: list[Path], choice: str) -> tuple[list[Path], WindowPick]
        analysis, and it may be the straggler; the note says so), else the highest present; a
        number: that window, refused when no file holds it.
     """
-    numbered = {f: trace_window(f) for f in files}
+    named = {f: harness_name(f) for f in files}
+    numbered = {f: n[1] if n else None for f, n in named.items()}
     windows = tuple(sorted({w for w in numbered.values() if w is not None}))
     if choice not in ("all", "latest") and not windows:
         raise InputError(f"--window {choice}: these traces carry no harness window number (names such as "
@@ -65,15 +65,15 @@ def pick_window(files: list[Path], choice: str) -> tuple[list[Path], WindowPick]
         return files, WindowPick(windows=windows)
     note = None
     if choice == "latest":
-        held: dict[int, set[int | None]] = {}
-        for f, w in numbered.items():
-            if w is not None:
-                held.setdefault(w, set()).add(_rank_of(f))
-        ranks: set[int | None] = set().union(*held.values())
+        held: dict[int, set[int]] = {}
+        for n in named.values():
+            if n is not None:
+                held.setdefault(n[1], set()).add(n[0])
+        ranks = set().union(*held.values())
         complete = [w for w in windows if held[w] == ranks]
         window = complete[-1] if complete else windows[-1]
         if window != windows[-1]:
-            lacking = ", ".join(str(r) for r in sorted(r for r in ranks - held[windows[-1]] if r is not None))
+            lacking = ", ".join(map(str, sorted(ranks - held[windows[-1]])))
             note = (f"window {windows[-1]} lacks rank(s) {lacking}; "
                     f"analysing window {window}, the latest every rank wrote (--window {windows[-1]} for that one)")
     else:
@@ -84,17 +84,18 @@ def pick_window(files: list[Path], choice: str) -> tuple[list[Path], WindowPick]
     return [f for f in files if numbered[f] == window], WindowPick(window=window, windows=windows, note=note)
 
 
-def window_entry(pick: WindowPick, runset: RunSet, dirs: list[Path]) -> dict[str, Any] | None:
+def window_entry(pick: WindowPick, runset: RunSet, watch: dict[str, Any] | None) -> dict[str, Any] | None:
     """report.json `window`: {window, windows, steps: [first, last] analysed, captured: the live
-    watch's capture that recorded those steps ({first, last, watch_step, ranks}, from run.json)
-    or null}; None when the traces carry no window numbers."""
+    watch's capture that recorded those steps ({first, last, watch_step, ranks}, from `watch`:
+    run.json's record, `watch_log.run_watch`) or null}; None when the traces carry no window
+    numbers."""
     if not pick.windows:
         return None
     steps = [s.number for t in runset.ranks for s in t.steps if s.number is not None]
     span = [min(steps), max(steps)] if steps else None
     captured = None
     if span:
-        for capture in (run_watch(dirs) or {}).get("captures", []):
+        for capture in (watch or {}).get("captures", []):
             if capture["first"] <= span[0] and span[1] <= capture["last"]:
                 captured = capture
     return {"window": pick.window, "windows": list(pick.windows), "steps": span, "captured": captured}
@@ -113,5 +114,3 @@ def window_line(entry: dict[str, Any]) -> str:
     if len(entry["windows"]) > 1:
         text += "; --window N or all for others"
     return text
-
-

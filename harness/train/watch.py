@@ -111,12 +111,12 @@ class Watch:
         different CPUs may round a borderline verdict differently, and one window must mean the
         same steps everywhere). [start step or -1, count, ranks...] on the watch's group."""
         message = torch.full((2 + MAX_NAMED,), -1, dtype=torch.int64)
+        booked = None
         if self.rank == 0 and new:
+            named = new[:MAX_NAMED]
             # step + 1's profiler action was fixed at this step's recorder.step(): the next free one
-            booked = self.recorder.plan_capture(step + 2, self.last_step,
-                                                {"watch_step": step, "ranks": new[:MAX_NAMED]})
+            booked = self.recorder.plan_capture(step + 2, self.last_step, {"watch_step": step, "ranks": named})
             if booked:
-                named = new[:MAX_NAMED]
                 message[0], message[1] = booked.start, len(named)
                 message[2:2 + len(named)] = torch.tensor(named)
         self._broadcast(message)
@@ -124,7 +124,8 @@ class Watch:
         if start < 0:
             return None
         why = {"watch_step": step, "ranks": message[2:2 + count].tolist()}
-        booked = self.recorder.book_capture(start, why) if self.rank != 0 else self.recorder.captures[-1]
+        if booked is None:  # the other ranks book the window rank 0 chose
+            booked = self.recorder.book_capture(start, why)
         capture = {"first": booked.first, "last": booked.last, **why}
         self.captures.append(capture)
         return capture
