@@ -12,6 +12,13 @@ kernels), names and threads as indices into one table each. An event then costs 
 instead of a Python object's ~200, so a 2 GB trace fits in a few hundred MB (figures in
 bench/RESULTS.md). Only the few annotations (steps, harness phases, gloo ranges) stay objects.
 
+Where the install compiled it (setup.py; a C compiler is all it needs), the native tabler
+`_scan.c` fills the same columns straight from each block's bytes, no Python object per event
+(bench/RESULTS.md: the decode of a 92 MB rank twice as fast); a block it declines (an escaped
+name, a string time, malformed JSON: anything outside the narrow shape it reads) is decoded as
+above, so the result is the same either way (tests/test_native_scan.py).
+HARNESS_NATIVE_SCAN=0 switches it off.
+
 A trace whose events do not fit the structs (an event that is not an object, `args` that is not
 an object) is decoded whole and generically, then converted event by event; what still does not
 fit is dropped and counted, never fatal.
@@ -20,6 +27,7 @@ fit is dropped and counted, never fatal.
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import zlib
 from array import array
@@ -32,6 +40,12 @@ import msgspec
 
 from harness.collect.model import Block
 from harness.paths import TRACE_METADATA_KEY
+
+try:  # built by the install when a C compiler is there (setup.py); else everything decodes in Python
+    from harness.collect import _scan
+except ImportError:
+    _scan = None
+NATIVE_ENV = "HARNESS_NATIVE_SCAN"  # 0: decode in Python even where the native tabler is built
 
 
 class TraceError(ValueError):
@@ -166,6 +180,12 @@ def _loose_events(items: list[Any]) -> tuple[list[Event], int]:
 # Host calls that launch kernels (their args carry the correlation id kernels are matched by).
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "hip_runtime"})
 COPY_CATS = frozenset({"gpu_memcpy", "gpu_memset"})
+# Each category's column group (_Tables.columns): cpu ops, kernel launches, kernels, copies.
+OPS, LAUNCHES, KERNELS, COPIES = range(4)
+GROUP_OF = {"cpu_op": OPS, **dict.fromkeys(sorted(LAUNCH_CATS), LAUNCHES), "kernel": KERNELS,
+            **dict.fromkeys(sorted(COPY_CATS), COPIES)}
+MARK_CAT = "user_annotation"  # annotations (record_function, NVTX through the profiler) become Marks
+STEP_PREFIX = "ProfilerStep#"  # and so do steps, whatever their category
 
 
 def thread_key(v: Any) -> int | str | float | None:
@@ -253,11 +273,33 @@ class _Tables:
         self.json_bytes = 0
         self._batch = (float("inf"), -float("inf"), False)  # the last batch's extent and metadata flag
 
+    def columns(self) -> tuple[Columns, Columns, Columns, Columns]:
+        """The column groups in GROUP_OF's numbering."""
+        return self.ops, self.launches, self.kernels, self.copies
+
     def block(self, start: int, end: int) -> None:
         """The last batch handed to `add` came from bytes [start, end) of the file."""
         first, last, meta = self._batch
         self.blocks.append(Block(start, end, first, last, meta) if first <= last
                            else Block(start, end, None, None, meta))
+
+    def add_native(self, buf: bytes, start: int, end: int) -> bool:
+        """`add` for the events in buf[start:end] without decoding them into objects: the native
+        tabler (`_scan.c`, the same rules) does it; False when it declines the block (anything
+        outside the shape it reads), and the caller decodes the block for `add` instead."""
+        got = _scan.scan(buf, start, end, self.names, self.threads, len(self.args))
+        if got is None:
+            return False
+        count, first, last, meta, groups, marks, arg_spans = got
+        for c, group in zip(self.columns(), groups):
+            for k, raw in zip(Columns.__slots__, group):
+                getattr(c, k).frombytes(raw)
+        self.marks.extend(map(Mark._make, marks))
+        self.args.extend(_ONE_EVENT.decode(buf[a:b]).args for a, b in arg_spans)
+        self.count += count
+        self.first_ts, self.last_end = min(self.first_ts, first), max(self.last_end, last)
+        self._batch = (first, last, meta)
+        return True
 
     def add(self, events: list[Event]) -> None:
         """Keep the `ph: X` events with numeric ts and a non-negative dur (others cannot be
@@ -266,12 +308,10 @@ class _Tables:
         when they name a collective: a kernel's, and a cpu op's (`record_param_comms`)."""
         # The hot loop of the collector: locals and bound methods only.
         names, threads, marks = self.names, self.threads, self.marks
+        cols = self.columns()
         groups = {cat: (c.ts.append, c.dur.append, c.name.append, c.thread.append, c.corr.append, c.extra.append)
-                  for cat, c in (("cpu_op", self.ops), ("kernel", self.kernels))}
-        for cats, c in ((LAUNCH_CATS, self.launches), (COPY_CATS, self.copies)):
-            for cat in cats:
-                groups[cat] = (c.ts.append, c.dur.append, c.name.append, c.thread.append, c.corr.append, c.extra.append)
-        kernel_extra, op_extra = groups["kernel"][5], groups["cpu_op"][5]
+                  for cat, c in ((cat, cols[g]) for cat, g in GROUP_OF.items())}
+        kernel_extra, op_extra = groups["kernel"][5], groups["cpu_op"][5]  # compared by identity below
         count, first_ts, last_end = self.count, self.first_ts, self.last_end
         batch_first, batch_last, meta = float("inf"), -float("inf"), False
         last_key, last_thread = None, -1
@@ -298,7 +338,7 @@ class _Tables:
             if ts + dur > batch_last:
                 batch_last = ts + dur
             group = groups.get(cat)
-            is_mark = cat == "user_annotation" or name.startswith("ProfilerStep#")
+            is_mark = cat == MARK_CAT or name.startswith(STEP_PREFIX)
             if group is None and not is_mark:
                 continue
             pid, tid = e.pid, e.tid
@@ -418,11 +458,13 @@ def _last_event(rest: bytes, one: msgspec.json.Decoder) -> tuple[Any, int]:
 
 def stream_events(fh: BinaryIO, block_bytes: int, sink: Callable[[list[Any]], None],
                   items: msgspec.json.Decoder = _EVENT_LIST, one: msgspec.json.Decoder = _ONE_EVENT,
-                  on_block: Callable[[int, int], None] | None = None) -> tuple[bytes, int]:
+                  on_block: Callable[[int, int], None] | None = None,
+                  native: Callable[[bytes, int, int], bool] | None = None) -> tuple[bytes, int]:
     """Decode `{..., "traceEvents": [e, e, ...], ...}` a block at a time, handing each block's
     events (decoded by `items`, the last one by `one`) to `sink`, then the block's byte range
     in the stream to `on_block`; returns the document without its events (`{head ] tail}`) and
-    the stream's length. Raises NotStreamable when the layout does not allow it.
+    the stream's length. Raises NotStreamable when the layout does not allow it. `native`, when
+    given, is offered each block's bytes first (`_Tables.add_native`); what it declines is decoded.
 
     1. find `"traceEvents": [` in the first blocks (within HEAD_LIMIT_BYTES); what precedes it
        is the document's head;
@@ -452,15 +494,16 @@ def stream_events(fh: BinaryIO, block_bytes: int, sink: Callable[[list[Any]], No
             buf += more
         cut = _last_boundary(buf)
         if cut is not None:
-            try:
-                events = items.decode(b"[" + buf[:cut.start + 1] + b"]")
-            except msgspec.ValidationError:
-                raise NotStreamable from None  # events of odd shape: the whole-file path handles them
-            except msgspec.DecodeError:
-                if eof:
-                    raise NotStreamable from None
-                continue
-            sink(events)
+            if native is None or not native(buf, 0, cut.start + 1):
+                try:
+                    events = items.decode(b"[" + buf[:cut.start + 1] + b"]")
+                except msgspec.ValidationError:
+                    raise NotStreamable from None  # events of odd shape: the whole-file path handles them
+                except msgspec.DecodeError:
+                    if eof:
+                        raise NotStreamable from None
+                    continue
+                sink(events)
             if on_block:
                 on_block(offset, offset + cut.start + 1)
             offset += cut.end - 1
@@ -483,10 +526,21 @@ def stream_events(fh: BinaryIO, block_bytes: int, sink: Callable[[list[Any]], No
     return head + rest, offset + len(rest)
 
 
+def native_scan() -> bool:
+    """Whether blocks go through the native tabler: built, and not switched off by NATIVE_ENV."""
+    return _scan is not None and os.environ.get(NATIVE_ENV, "1") != "0"
+
+
+if _scan is not None:
+    _scan.configure(tuple((cat.encode(), g) for cat, g in GROUP_OF.items()), OPS, KERNELS, MARK_CAT.encode(),
+                    STEP_PREFIX.encode())
+
+
 def _stream(fh: BinaryIO, block_bytes: int) -> tuple[_Doc, _Tables]:
     """The trace's events into `_Tables`, block by block, and its other fields."""
     tables = _Tables()
-    rest, tables.json_bytes = stream_events(fh, block_bytes, tables.add, on_block=tables.block)
+    rest, tables.json_bytes = stream_events(fh, block_bytes, tables.add, on_block=tables.block,
+                                            native=tables.add_native if native_scan() else None)
     try:
         return _DECODER.decode(rest), tables
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -500,7 +554,7 @@ def decode_trace(path: Path, block_bytes: int | None = None) -> Trace:
         with open_trace(path) as fh:
             doc, tables = _stream(fh, block_bytes or BLOCK_BYTES)
         return _trace(doc, tables, dropped=0)
-    except (NotStreamable, OSError, EOFError, zlib.error):
+    except (NotStreamable, OSError, EOFError, zlib.error, UnicodeDecodeError):
         pass  # odd layout, unreadable or corrupt: the whole-file path decodes it or says why
     return _decode_whole(path)
 
@@ -518,9 +572,12 @@ def _trace(doc: _Doc | _LooseDoc, t: _Tables, dropped: int) -> Trace:
                  json_bytes=t.json_bytes, blocks=t.blocks)
 
 
-def _json_error(path: Path, exc: msgspec.DecodeError) -> str:
+def _json_error(path: Path, exc: msgspec.DecodeError | UnicodeDecodeError) -> str:
     """Malformed JSON, said as what it most likely is: a file that ends early (the job killed
-    while writing it, a copy cut short) or JSON broken somewhere inside."""
+    while writing it, a copy cut short), a string that is not UTF-8, or JSON broken somewhere."""
+    if isinstance(exc, UnicodeDecodeError):
+        return (f"{path}: not valid JSON: a string holds bytes that are not UTF-8; "
+                "not a trace as written by torch.profiler")
     if "truncated" in str(exc):
         return (f"{path}: not valid JSON: the file ends early "
                 "(truncated: written by a job that was killed, or copied short)")
@@ -549,10 +606,10 @@ def _decode_whole(path: Path) -> Trace:
             doc = _LOOSE.decode(raw)
         except msgspec.ValidationError as exc:
             raise TraceError(_shape_error(path, exc)) from None
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             raise TraceError(_json_error(path, exc)) from None
         events, dropped = _loose_events(doc.traceEvents)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # msgspec says bad UTF-8 in a string as the latter
         raise TraceError(_json_error(path, exc)) from None
     else:
         del raw  # the bytes are as large as the file: free them before the events are tabled

@@ -1,0 +1,651 @@
+/* Native tabling of trace events: the collector's decode without one Python object per event.
+ *
+ * scan(buf, start, end, names, threads, args_base) reads buf[start:end], the comma-separated
+ * events of one streamed block of a trace's traceEvents array (see decode.stream_events), and
+ * returns what decode._Tables.add would have added for them, or None when anything in the block
+ * is outside the narrow shape it reads (a name with an escape, a string timestamp, a pid that is
+ * not an integer, malformed JSON, nesting deeper than MAX_DEPTH): the caller then decodes the
+ * block with msgspec and the Python loop, so this module only ever accelerates, and is at least
+ * as strict as msgspec about JSON (it also rejects invalid UTF-8 anywhere).
+ *
+ * Rules, identical to _Tables.add (tests/test_native_scan.py compares the two on every trace in
+ * ../shared/traces and on generated events):
+ *   1. only objects; `ph` "M" anywhere sets the block's metadata flag; only `ph` "X" is kept;
+ *   2. a kept event has numeric `ts` and `dur` (missing: skipped) and dur >= 0; it counts, and
+ *      widens the block's time extent;
+ *   3. its category picks a column group (configure(): cpu ops, launches, kernels, copies);
+ *      it is also a mark when its category is the annotation one or its name starts with the
+ *      step prefix; events that are neither count and are dropped;
+ *   4. names (group events) and (pid, tid) keys (group events and marks) are numbered in the
+ *      `names` and `threads` dicts in order of first appearance, as the Python loop does;
+ *   5. args.correlation (an integer, else -1); an event whose args name a collective (kernels:
+ *      any of the four collective fields non-null; cpu ops: the collective name) gets the next
+ *      index from args_base, and its byte span is returned for msgspec to decode its Args.
+ * Side effects on failure: only names/threads entries added in file order (the Python pass
+ * over the same block then assigns the same numbers).
+ *
+ * Returns (count, first_ts, last_end, meta, columns, marks, arg_spans): columns = 4 groups x
+ * (ts d, dur d, name i, thread i, corr q, extra i) as bytes; marks = [(ts, dur, name, cat,
+ * thread)]; arg_spans = [(start, end)] offsets in buf.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define GROUPS 4
+#define MAX_DEPTH 64
+#define MAX_CATS 16
+#define NUMBER_CHARS 64
+
+typedef struct {
+    const unsigned char *p, *end;
+} Cur;
+
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Buf;
+
+static struct {
+    char text[MAX_CATS][32];
+    Py_ssize_t len[MAX_CATS];
+    int group[MAX_CATS];
+    int n;
+    char mark_cat[32];
+    Py_ssize_t mark_cat_len;
+    char step_prefix[32];
+    Py_ssize_t step_prefix_len;
+    int op_group, kernel_group;
+} cfg;
+
+static int buf_put(Buf *b, const void *src, Py_ssize_t n) {
+    if (b->len + n > b->cap) {
+        Py_ssize_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap < b->len + n) cap *= 2;
+        char *d = PyMem_Realloc(b->data, cap);
+        if (!d) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        b->data = d;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+static inline void ws(Cur *c) {
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\n' || *c->p == '\r' || *c->p == '\t')) c->p++;
+}
+
+/* One UTF-8 sequence starting at c->p (a byte >= 0x80): advance past it, 0 if invalid. */
+static int utf8_seq(Cur *c) {
+    const unsigned char *p = c->p;
+    unsigned char b = *p;
+    int n;
+    unsigned int lo = 0x80, hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) n = 1;
+    else if (b == 0xE0) { n = 2; lo = 0xA0; }
+    else if (b >= 0xE1 && b <= 0xEC) n = 2;
+    else if (b == 0xED) { n = 2; hi = 0x9F; }
+    else if (b >= 0xEE && b <= 0xEF) n = 2;
+    else if (b == 0xF0) { n = 3; lo = 0x90; }
+    else if (b >= 0xF1 && b <= 0xF3) n = 3;
+    else if (b == 0xF4) { n = 3; hi = 0x8F; }
+    else return 0;
+    if (c->end - p <= n) return 0;
+    if (p[1] < lo || p[1] > hi) return 0;
+    for (int i = 2; i <= n; i++)
+        if (p[i] < 0x80 || p[i] > 0xBF) return 0;
+    c->p = p + n + 1;
+    return 1;
+}
+
+static int is_hex(unsigned char ch) {
+    return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f') || (ch >= 'A' && ch <= 'F');
+}
+
+/* A string at c->p (which is '"'): its raw contents [*s, *s + *n) and whether they hold an
+ * escape. Validates escapes, control characters and UTF-8. */
+static int string(Cur *c, const unsigned char **s, Py_ssize_t *n, int *escaped) {
+    c->p++;
+    *s = c->p;
+    *escaped = 0;
+    while (c->p < c->end) {
+        unsigned char ch = *c->p;
+        if (ch == '"') {
+            *n = c->p - *s;
+            c->p++;
+            return 1;
+        }
+        if (ch < 0x20) return 0;
+        if (ch == '\\') {
+            *escaped = 1;
+            if (c->end - c->p < 2) return 0;
+            unsigned char e = c->p[1];
+            if (e == 'u') {
+                if (c->end - c->p < 6) return 0;
+                for (int i = 2; i < 6; i++)
+                    if (!is_hex(c->p[i])) return 0;
+                c->p += 6;
+            } else if (strchr("\"\\/bfnrt", e) && e) {
+                c->p += 2;
+            } else {
+                return 0;
+            }
+        } else if (ch >= 0x80) {
+            if (!utf8_seq(c)) return 0;
+        } else {
+            c->p++;
+        }
+    }
+    return 0;
+}
+
+/* A JSON number at c->p: its text [*s, c->p) and whether it is an integer literal. */
+static int number(Cur *c, const unsigned char **s, int *integer) {
+    const unsigned char *p = c->p, *e = c->end;
+    *s = p;
+    *integer = 1;
+    if (p < e && *p == '-') p++;
+    if (p >= e) return 0;
+    if (*p == '0') p++;
+    else if (*p >= '1' && *p <= '9') while (p < e && *p >= '0' && *p <= '9') p++;
+    else return 0;
+    if (p < e && *p == '.') {
+        *integer = 0;
+        p++;
+        if (p >= e || *p < '0' || *p > '9') return 0;
+        while (p < e && *p >= '0' && *p <= '9') p++;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        *integer = 0;
+        p++;
+        if (p < e && (*p == '+' || *p == '-')) p++;
+        if (p >= e || *p < '0' || *p > '9') return 0;
+        while (p < e && *p >= '0' && *p <= '9') p++;
+    }
+    c->p = p;
+    return 1;
+}
+
+static int literal(Cur *c, const char *word) {
+    size_t n = strlen(word);
+    if ((size_t)(c->end - c->p) < n || memcmp(c->p, word, n)) return 0;
+    c->p += n;
+    return 1;
+}
+
+static int skip(Cur *c, int depth);
+
+/* Any value, validated and skipped. */
+static int skip(Cur *c, int depth) {
+    const unsigned char *s;
+    Py_ssize_t n;
+    int flag;
+    if (c->p >= c->end) return 0;
+    switch (*c->p) {
+    case '"':
+        return string(c, &s, &n, &flag);
+    case '{':
+    case '[': {
+        unsigned char close = *c->p == '{' ? '}' : ']';
+        int object = close == '}';
+        if (depth >= MAX_DEPTH) return 0;
+        c->p++;
+        ws(c);
+        if (c->p < c->end && *c->p == close) {
+            c->p++;
+            return 1;
+        }
+        for (;;) {
+            if (object) {
+                if (c->p >= c->end || *c->p != '"' || !string(c, &s, &n, &flag)) return 0;
+                ws(c);
+                if (c->p >= c->end || *c->p != ':') return 0;
+                c->p++;
+                ws(c);
+            }
+            if (!skip(c, depth + 1)) return 0;
+            ws(c);
+            if (c->p >= c->end) return 0;
+            if (*c->p == ',') {
+                c->p++;
+                ws(c);
+                continue;
+            }
+            if (*c->p != close) return 0;
+            c->p++;
+            return 1;
+        }
+    }
+    case 't':
+        return literal(c, "true");
+    case 'f':
+        return literal(c, "false");
+    case 'n':
+        return literal(c, "null");
+    default:
+        return number(c, &s, &flag);
+    }
+}
+
+static int to_double(const unsigned char *s, Py_ssize_t n, double *out) {
+    char text[NUMBER_CHARS];
+    if (n >= NUMBER_CHARS) return 0;
+    memcpy(text, s, n);
+    text[n] = 0;
+    char *end;
+    *out = PyOS_string_to_double(text, &end, NULL);
+    if (*out == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return end == text + n && isfinite(*out);
+}
+
+/* An integer literal of at most 18 digits (int64 without overflow checks). */
+static int to_int(const unsigned char *s, Py_ssize_t n, long long *out) {
+    int neg = n > 0 && *s == '-';
+    if (n - neg > 18 || n - neg < 1) return 0;
+    long long v = 0;
+    for (Py_ssize_t i = neg; i < n; i++) v = v * 10 + (s[i] - '0');
+    *out = neg ? -v : v;
+    return 1;
+}
+
+static int key_is(const unsigned char *k, Py_ssize_t n, const char *word) {
+    return (size_t)n == strlen(word) && !memcmp(k, word, n);
+}
+
+typedef struct {
+    int has_ph, is_x, is_m;
+    const unsigned char *name, *cat;
+    Py_ssize_t name_len, cat_len;
+    int has_ts, has_dur, has_pid, has_tid;
+    double ts, dur;
+    long long pid, tid, corr;
+    int has_corr, collective, other_comm;  /* collective: "Collective name" non-null; other: the 3 others */
+    /* fields this module does not read, by what they matter to (fall back when they do):
+       odd_time: ts, dur, name or cat (any X event); odd_thread: pid or tid (group events and
+       marks); odd_args: args or its correlation (group events) */
+    int odd_time, odd_thread, odd_args;
+    /* fall back whatever the event: an escaped ph or top-level key (it may spell "ph"), or a
+       value msgspec's typed decode rejects (ts or dur neither number, string nor null; a
+       number out of range; args neither object nor null): the block then takes another path */
+    int unsure;
+} Ev;
+
+/* The event's args object (or null; anything else is unsure). */
+static int args(Cur *c, Ev *ev) {
+    const unsigned char *k, *s;
+    Py_ssize_t kn;
+    int escaped, integer;
+    ev->has_corr = ev->collective = ev->other_comm = 0;
+    if (literal(c, "null")) return 1;
+    if (c->p >= c->end || *c->p != '{') {
+        ev->unsure = 1;
+        return skip(c, 1);
+    }
+    c->p++;
+    ws(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+        return 1;
+    }
+    for (;;) {
+        if (c->p >= c->end || *c->p != '"' || !string(c, &k, &kn, &escaped)) return 0;
+        ev->odd_args |= escaped;
+        ws(c);
+        if (c->p >= c->end || *c->p != ':') return 0;
+        c->p++;
+        ws(c);
+        if (c->p >= c->end) return 0;
+        int null = *c->p == 'n';
+        if (key_is(k, kn, "correlation")) {
+            ev->has_corr = 0;
+            if (null) {
+                if (!literal(c, "null")) return 0;
+            } else if (*c->p == '-' || (*c->p >= '0' && *c->p <= '9')) {
+                if (!number(c, &s, &integer)) return 0;
+                if (integer && to_int(s, c->p - s, &ev->corr)) ev->has_corr = 1;
+                else ev->odd_args = 1;
+            } else {
+                ev->odd_args = 1;
+                if (!skip(c, 2)) return 0;
+            }
+        } else {
+            int coll = key_is(k, kn, "Collective name");
+            int other = key_is(k, kn, "Process Group Name") || key_is(k, kn, "In msg nelems") || key_is(k, kn, "dtype");
+            if (coll) ev->collective = !null;
+            if (other) ev->other_comm = !null;
+            if (!skip(c, 2)) return 0;
+        }
+        ws(c);
+        if (c->p >= c->end) return 0;
+        if (*c->p == ',') {
+            c->p++;
+            ws(c);
+            continue;
+        }
+        if (*c->p != '}') return 0;
+        c->p++;
+        return 1;
+    }
+}
+
+/* One event object at c->p into ev. */
+static int event(Cur *c, Ev *ev) {
+    const unsigned char *k, *s;
+    Py_ssize_t kn, n;
+    int escaped, integer;
+    memset(ev, 0, sizeof(*ev));
+    ev->name = ev->cat = (const unsigned char *)"";
+    if (c->p >= c->end || *c->p != '{') return 0;
+    c->p++;
+    ws(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+        return 1;
+    }
+    for (;;) {
+        if (c->p >= c->end || *c->p != '"' || !string(c, &k, &kn, &escaped)) return 0;
+        if (escaped) {  /* an escaped key might spell a field's name */
+            ev->unsure = 1;
+            kn = 0;
+        }
+        ws(c);
+        if (c->p >= c->end || *c->p != ':') return 0;
+        c->p++;
+        ws(c);
+        if (c->p >= c->end) return 0;
+        int is_ts = key_is(k, kn, "ts"), is_dur = key_is(k, kn, "dur");
+        int is_pid = key_is(k, kn, "pid"), is_tid = key_is(k, kn, "tid");
+        int is_name = key_is(k, kn, "name"), is_cat = key_is(k, kn, "cat");
+        if (key_is(k, kn, "ph")) {
+            ev->has_ph = ev->is_x = ev->is_m = 0;  /* a non-string ph is neither X nor M */
+            if (*c->p == '"') {
+                if (!string(c, &s, &n, &escaped)) return 0;
+                ev->unsure |= escaped;
+                ev->has_ph = 1;
+                ev->is_x = n == 1 && *s == 'X';
+                ev->is_m = n == 1 && *s == 'M';
+            } else if (!skip(c, 1)) {
+                return 0;
+            }
+        } else if ((is_name || is_cat) && *c->p == '"') {
+            if (!string(c, &s, &n, &escaped)) return 0;
+            ev->odd_time |= escaped;
+            if (is_name) { ev->name = s; ev->name_len = n; }
+            else { ev->cat = s; ev->cat_len = n; }
+        } else if ((is_ts || is_dur) && (*c->p == '-' || (*c->p >= '0' && *c->p <= '9'))) {
+            double v = 0;
+            if (!number(c, &s, &integer)) return 0;
+            if (!to_double(s, c->p - s, &v)) ev->unsure = 1;
+            if (is_ts) { ev->ts = v; ev->has_ts = 1; }
+            else { ev->dur = v; ev->has_dur = 1; }
+        } else if ((is_pid || is_tid) && (*c->p == '-' || (*c->p >= '0' && *c->p <= '9'))) {
+            long long v = 0;
+            if (!number(c, &s, &integer)) return 0;
+            if (!integer || !to_int(s, c->p - s, &v)) ev->odd_thread = 1;
+            if (is_pid) { ev->pid = v; ev->has_pid = 1; }
+            else { ev->tid = v; ev->has_tid = 1; }
+        } else if (is_ts || is_dur || is_pid || is_tid || is_name || is_cat) {
+            /* a string time, a null name, a string pid...: the Python loop's affair */
+            if (is_pid || is_tid) ev->odd_thread = 1;
+            else ev->odd_time = 1;
+            if ((is_ts || is_dur) && *c->p != '"' && *c->p != 'n') ev->unsure = 1;
+            if (!skip(c, 1)) return 0;
+        } else if (key_is(k, kn, "args")) {
+            if (!args(c, ev)) return 0;
+        } else if (!skip(c, 1)) {
+            return 0;
+        }
+        ws(c);
+        if (c->p >= c->end) return 0;
+        if (*c->p == ',') {
+            c->p++;
+            ws(c);
+            continue;
+        }
+        if (*c->p != '}') return 0;
+        c->p++;
+        return 1;
+    }
+}
+
+static int group_of(const Ev *ev) {
+    for (int i = 0; i < cfg.n; i++)
+        if (ev->cat_len == cfg.len[i] && !memcmp(ev->cat, cfg.text[i], ev->cat_len)) return cfg.group[i];
+    return -1;
+}
+
+static int is_mark(const Ev *ev) {
+    if (ev->cat_len == cfg.mark_cat_len && !memcmp(ev->cat, cfg.mark_cat, ev->cat_len)) return 1;
+    return ev->name_len >= cfg.step_prefix_len && !memcmp(ev->name, cfg.step_prefix, cfg.step_prefix_len);
+}
+
+/* The number of `key` in `table` (a dict numbering keys by first appearance), added if new;
+ * steals nothing. -1 on error. */
+static long number_of(PyObject *table, PyObject *key) {
+    PyObject *v = PyDict_GetItemWithError(table, key);
+    if (v) return PyLong_AsLong(v);
+    if (PyErr_Occurred()) return -1;
+    Py_ssize_t n = PyDict_GET_SIZE(table);
+    PyObject *num = PyLong_FromSsize_t(n);
+    if (!num) return -1;
+    int rc = PyDict_SetItem(table, key, num);
+    Py_DECREF(num);
+    return rc < 0 ? -1 : (long)n;
+}
+
+typedef struct {
+    Buf col[GROUPS][6];
+} Columns;
+
+static void columns_free(Columns *cols) {
+    for (int g = 0; g < GROUPS; g++)
+        for (int k = 0; k < 6; k++) PyMem_Free(cols->col[g][k].data);
+}
+
+static PyObject *scan(PyObject *self, PyObject *args_in) {
+    (void)self;
+    Py_buffer view;
+    Py_ssize_t start, end, args_base;
+    PyObject *names, *threads;
+    if (!PyArg_ParseTuple(args_in, "y*nnO!O!n", &view, &start, &end, &PyDict_Type, &names, &PyDict_Type, &threads,
+                          &args_base))
+        return NULL;
+    if (cfg.op_group < 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_RuntimeError, "scan: call configure() first");
+        return NULL;
+    }
+    if (start < 0 || end > view.len || start > end) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "scan: range outside the buffer");
+        return NULL;
+    }
+    const unsigned char *base = view.buf;
+    Cur c = {base + start, base + end};
+    Columns cols;
+    memset(&cols, 0, sizeof(cols));
+    PyObject *marks = PyList_New(0), *spans = PyList_New(0), *result = NULL;
+    PyObject *last_key = NULL;
+    long last_thread = -1;
+    long long last_pid = 0, last_tid = 0;
+    long long count = 0;
+    double first = INFINITY, last = -INFINITY;
+    int meta = 0, ok = 0;
+    Py_ssize_t extra_next = args_base;
+    if (!marks || !spans) goto done;
+    ws(&c);
+    while (c.p < c.end) {
+        const unsigned char *at = c.p;
+        Ev ev;
+        if (!event(&c, &ev)) goto fallback;
+        const unsigned char *after = c.p;
+        ws(&c);
+        if (c.p < c.end) {
+            if (*c.p != ',') goto fallback;
+            c.p++;
+            ws(&c);
+            if (c.p >= c.end) goto fallback;  /* a trailing comma */
+        }
+        if (ev.unsure || (ev.odd_time && ev.is_x)) goto fallback;  /* a field that may matter, not read here */
+        if (ev.is_m) meta = 1;
+        if (!ev.is_x || !ev.has_ts || !ev.has_dur || ev.dur < 0) continue;
+        count++;
+        if (ev.ts < first) first = ev.ts;
+        if (ev.ts + ev.dur > last) last = ev.ts + ev.dur;
+        int g = group_of(&ev), mark = is_mark(&ev);
+        if (g < 0 && !mark) continue;
+        if (!ev.has_pid || !ev.has_tid || ev.odd_thread || (g >= 0 && ev.odd_args)) goto fallback;
+        if (!last_key || ev.pid != last_pid || ev.tid != last_tid) {
+            PyObject *key = Py_BuildValue("(LL)", ev.pid, ev.tid);
+            if (!key) goto done;
+            last_thread = number_of(threads, key);
+            Py_XDECREF(last_key);
+            last_key = key;
+            last_pid = ev.pid;
+            last_tid = ev.tid;
+            if (last_thread < 0) goto done;
+        }
+        PyObject *name = PyUnicode_DecodeUTF8((const char *)ev.name, ev.name_len, NULL);
+        if (!name) goto done;
+        if (mark) {
+            PyObject *cat = PyUnicode_DecodeUTF8((const char *)ev.cat, ev.cat_len, NULL);
+            PyObject *m = cat ? Py_BuildValue("(ddOOl)", ev.ts, ev.dur, name, cat, last_thread) : NULL;
+            Py_XDECREF(cat);
+            if (!m || PyList_Append(marks, m) < 0) {
+                Py_XDECREF(m);
+                Py_DECREF(name);
+                goto done;
+            }
+            Py_DECREF(m);
+        }
+        if (g >= 0) {
+            long n = number_of(names, name);
+            if (n < 0) {
+                Py_DECREF(name);
+                goto done;
+            }
+            int name_i = (int)n, thread_i = (int)last_thread, extra = -1;
+            long long corr = ev.has_corr ? ev.corr : -1;
+            if ((g == cfg.kernel_group && (ev.collective || ev.other_comm)) || (g == cfg.op_group && ev.collective)) {
+                PyObject *span = Py_BuildValue("(nn)", (Py_ssize_t)(at - base), (Py_ssize_t)(after - base));
+                if (!span || PyList_Append(spans, span) < 0) {
+                    Py_XDECREF(span);
+                    Py_DECREF(name);
+                    goto done;
+                }
+                Py_DECREF(span);
+                extra = (int)extra_next++;
+            }
+            Buf *col = cols.col[g];
+            if (buf_put(&col[0], &ev.ts, 8) || buf_put(&col[1], &ev.dur, 8) || buf_put(&col[2], &name_i, sizeof(int))
+                || buf_put(&col[3], &thread_i, sizeof(int)) || buf_put(&col[4], &corr, 8)
+                || buf_put(&col[5], &extra, sizeof(int))) {
+                Py_DECREF(name);
+                goto done;
+            }
+        }
+        Py_DECREF(name);
+    }
+    ok = 1;
+fallback:
+    if (!ok) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    PyObject *groups = PyTuple_New(GROUPS);
+    if (!groups) goto done;
+    for (int g = 0; g < GROUPS; g++) {
+        PyObject *t = PyTuple_New(6);
+        if (!t) {
+            Py_DECREF(groups);
+            goto done;
+        }
+        PyTuple_SET_ITEM(groups, g, t);
+        for (int k = 0; k < 6; k++) {
+            PyObject *b = PyBytes_FromStringAndSize(cols.col[g][k].data ? cols.col[g][k].data : "", cols.col[g][k].len);
+            if (!b) {
+                Py_DECREF(groups);
+                goto done;
+            }
+            PyTuple_SET_ITEM(t, k, b);
+        }
+    }
+    result = Py_BuildValue("(LddNNOO)", count, first, last, PyBool_FromLong(meta), groups, marks, spans);
+done:
+    Py_XDECREF(last_key);
+    Py_XDECREF(marks);
+    Py_XDECREF(spans);
+    columns_free(&cols);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static int copy_text(char *dst, PyObject *src, Py_ssize_t *len) {
+    char *s;
+    Py_ssize_t n;
+    if (PyBytes_AsStringAndSize(src, &s, &n) < 0) return -1;
+    if (n >= 32) {
+        PyErr_SetString(PyExc_ValueError, "configure: a category of 32 bytes or more");
+        return -1;
+    }
+    memcpy(dst, s, n);
+    *len = n;
+    return 0;
+}
+
+/* configure(((cat bytes, group), ...), op_group, kernel_group, mark_cat bytes, step_prefix bytes) */
+static PyObject *configure(PyObject *self, PyObject *a) {
+    (void)self;
+    PyObject *cats, *mark_cat, *prefix;
+    int op_group, kernel_group;
+    if (!PyArg_ParseTuple(a, "O!iiSS", &PyTuple_Type, &cats, &op_group, &kernel_group, &mark_cat, &prefix)) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(cats);
+    if (n > MAX_CATS) {
+        PyErr_SetString(PyExc_ValueError, "configure: too many categories");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *text;
+        int group;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(cats, i), "Si", &text, &group)) return NULL;
+        if (group < 0 || group >= GROUPS) {
+            PyErr_SetString(PyExc_ValueError, "configure: group out of range");
+            return NULL;
+        }
+        if (copy_text(cfg.text[i], text, &cfg.len[i]) < 0) return NULL;
+        cfg.group[i] = group;
+    }
+    if (copy_text(cfg.mark_cat, mark_cat, &cfg.mark_cat_len) < 0 ||
+        copy_text(cfg.step_prefix, prefix, &cfg.step_prefix_len) < 0)
+        return NULL;
+    cfg.n = (int)n;
+    cfg.op_group = op_group;
+    cfg.kernel_group = kernel_group;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS, "Table one block of trace events (see the module comment); None: fall back."},
+    {"configure", configure, METH_VARARGS, "Set the category groups, the annotation category and the step prefix."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_scan", "Native tabling of trace events.", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__scan(void) {
+    cfg.n = 0;
+    cfg.op_group = cfg.kernel_group = -1;
+    return PyModule_Create(&module);
+}
