@@ -241,7 +241,7 @@ def test_corrupted_files_give_the_same_outcome(cut: float, flip: float, byte: in
                       st.from_regex(r"-?(0|[1-9][0-9]{0,19})(\.[0-9]{1,24})?([eE][+-]?[0-9]{1,3})?", fullmatch=True)))
 def test_times_parse_to_the_same_double_as_python(text: str):
     """The scanner's number parsing (a fast exact path, else CPython's) against float()."""
-    block = ('{"ph": "X", "cat": "cpu_op", "name": "n", "pid": 1, "tid": 1, "ts": %s, "dur": 0}' % text).encode()
+    block = ('{"ph": "X", "cat": "cpu_op", "name": "n", "pid": 1, "tid": 1, "ts": ' + text + ', "dur": 0}').encode()
     expected = float(text)
     got = decode._scan.scan(block, 0, len(block), {}, {}, 0)
     if not math.isfinite(expected):
