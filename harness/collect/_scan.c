@@ -196,7 +196,45 @@ static int literal(Cur *c, const char *word) {
     return 1;
 }
 
-static int skip(Cur *c, int depth);
+/* The walk over an object's members or an array's items, shared by skip, args and event:
+ *   more = open_container(c, '}');                      (c->p at '{' or '[')
+ *   while (more > 0) { [member_key(...)]; value; more = next_item(c, '}'); }
+ *   more < 0: malformed. */
+
+/* Past the opening bracket: 0 when the container is empty (closed too), 1 when items follow. */
+static int open_container(Cur *c, unsigned char close) {
+    c->p++;
+    ws(c);
+    if (c->p < c->end && *c->p == close) {
+        c->p++;
+        return 0;
+    }
+    return 1;
+}
+
+/* `"key" :` and the whitespace around; the key's raw text and whether it holds an escape. */
+static int member_key(Cur *c, const unsigned char **k, Py_ssize_t *kn, int *escaped) {
+    if (c->p >= c->end || *c->p != '"' || !string(c, k, kn, escaped)) return 0;
+    ws(c);
+    if (c->p >= c->end || *c->p != ':') return 0;
+    c->p++;
+    ws(c);
+    return c->p < c->end;
+}
+
+/* After an item: 1 past a comma (another item follows), 0 past the closing bracket, -1 else. */
+static int next_item(Cur *c, unsigned char close) {
+    ws(c);
+    if (c->p >= c->end) return -1;
+    if (*c->p == ',') {
+        c->p++;
+        ws(c);
+        return 1;
+    }
+    if (*c->p != close) return -1;
+    c->p++;
+    return 0;
+}
 
 /* Any value, validated and skipped. */
 static int skip(Cur *c, int depth) {
@@ -210,34 +248,14 @@ static int skip(Cur *c, int depth) {
     case '{':
     case '[': {
         unsigned char close = *c->p == '{' ? '}' : ']';
-        int object = close == '}';
         if (depth >= MAX_DEPTH) return 0;
-        c->p++;
-        ws(c);
-        if (c->p < c->end && *c->p == close) {
-            c->p++;
-            return 1;
-        }
-        for (;;) {
-            if (object) {
-                if (c->p >= c->end || *c->p != '"' || !string(c, &s, &n, &flag)) return 0;
-                ws(c);
-                if (c->p >= c->end || *c->p != ':') return 0;
-                c->p++;
-                ws(c);
-            }
+        int more = open_container(c, close);
+        while (more > 0) {
+            if (close == '}' && !member_key(c, &s, &n, &flag)) return 0;
             if (!skip(c, depth + 1)) return 0;
-            ws(c);
-            if (c->p >= c->end) return 0;
-            if (*c->p == ',') {
-                c->p++;
-                ws(c);
-                continue;
-            }
-            if (*c->p != close) return 0;
-            c->p++;
-            return 1;
+            more = next_item(c, close);
         }
+        return more == 0;
     }
     case 't':
         return literal(c, "true");
@@ -343,20 +361,10 @@ static int args(Cur *c, Ev *ev) {
         ev->unsure = 1;
         return skip(c, 1);
     }
-    c->p++;
-    ws(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
-        return 1;
-    }
-    for (;;) {
-        if (c->p >= c->end || *c->p != '"' || !string(c, &k, &kn, &escaped)) return 0;
+    int more = open_container(c, '}');
+    while (more > 0) {
+        if (!member_key(c, &k, &kn, &escaped)) return 0;
         ev->odd_args |= escaped;
-        ws(c);
-        if (c->p >= c->end || *c->p != ':') return 0;
-        c->p++;
-        ws(c);
-        if (c->p >= c->end) return 0;
         int null = *c->p == 'n';
         if (key_is(k, kn, "correlation")) {
             ev->has_corr = 0;
@@ -377,17 +385,9 @@ static int args(Cur *c, Ev *ev) {
             if (other) ev->other_comm = !null;
             if (!skip(c, 2)) return 0;
         }
-        ws(c);
-        if (c->p >= c->end) return 0;
-        if (*c->p == ',') {
-            c->p++;
-            ws(c);
-            continue;
-        }
-        if (*c->p != '}') return 0;
-        c->p++;
-        return 1;
+        more = next_item(c, '}');
     }
+    return more == 0;
 }
 
 /* One event object at c->p into ev. */
@@ -398,23 +398,13 @@ static int event(Cur *c, Ev *ev) {
     memset(ev, 0, sizeof(*ev));
     ev->name = ev->cat = (const unsigned char *)"";
     if (c->p >= c->end || *c->p != '{') return 0;
-    c->p++;
-    ws(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
-        return 1;
-    }
-    for (;;) {
-        if (c->p >= c->end || *c->p != '"' || !string(c, &k, &kn, &escaped)) return 0;
+    int more = open_container(c, '}');
+    while (more > 0) {
+        if (!member_key(c, &k, &kn, &escaped)) return 0;
         if (escaped) {  /* an escaped key might spell a field's name */
             ev->unsure = 1;
             kn = 0;
         }
-        ws(c);
-        if (c->p >= c->end || *c->p != ':') return 0;
-        c->p++;
-        ws(c);
-        if (c->p >= c->end) return 0;
         int is_ts = key_is(k, kn, "ts"), is_dur = key_is(k, kn, "dur");
         int is_pid = key_is(k, kn, "pid"), is_tid = key_is(k, kn, "tid");
         int is_name = key_is(k, kn, "name"), is_cat = key_is(k, kn, "cat");
@@ -457,17 +447,9 @@ static int event(Cur *c, Ev *ev) {
         } else if (!skip(c, 1)) {
             return 0;
         }
-        ws(c);
-        if (c->p >= c->end) return 0;
-        if (*c->p == ',') {
-            c->p++;
-            ws(c);
-            continue;
-        }
-        if (*c->p != '}') return 0;
-        c->p++;
-        return 1;
+        more = next_item(c, '}');
     }
+    return more == 0;
 }
 
 static int group_of(const Ev *ev) {

@@ -311,8 +311,8 @@ class _Tables:
         # The hot loop of the collector: locals and bound methods only.
         names, threads, marks = self.names, self.threads, self.marks
         cols = self.columns()
-        groups = {cat: (c.ts.append, c.dur.append, c.name.append, c.thread.append, c.corr.append, c.extra.append)
-                  for cat, c in ((cat, cols[g]) for cat, g in GROUP_OF.items())}
+        groups = {cat: (cols[g].ts.append, cols[g].dur.append, cols[g].name.append, cols[g].thread.append,
+                        cols[g].corr.append, cols[g].extra.append) for cat, g in GROUP_OF.items()}
         kernel_extra, op_extra = groups["kernel"][5], groups["cpu_op"][5]  # compared by identity below
         count, first_ts, last_end = self.count, self.first_ts, self.last_end
         batch_first, batch_last, meta = float("inf"), -float("inf"), False
