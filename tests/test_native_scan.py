@@ -14,6 +14,7 @@ from array import array
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -232,6 +233,40 @@ def test_corrupted_files_give_the_same_outcome(cut: float, flip: float, byte: in
     path.write_bytes(bytes(raw))
     python, native = both(path, monkeypatch, block_bytes=256)
     assert native == python
+
+
+MALFORMED = {
+    "array closed by a brace": b'{"ph": "X", "args": {"a": [1, 2}}',
+    "object closed by a bracket": b'{"ph": "X", "args": {"a": 1]}',
+    "event closed by a bracket": b'{"ph": "X", "ts": 1]',
+    "missing comma": b'{"ph": "X" "cat": "x"}',
+    "trailing comma in an object": b'{"ph": "X",}',
+    "missing colon": b'{"ph" "X"}',
+    "bad literal": b'{"ph": "X", "args": {"a": tru}}',
+    "leading zero": b'{"ph": "X", "args": {"a": 01}}',
+    "bare point": b'{"ph": "X", "args": {"a": 1.}}',
+    "control character": b'{"ph": "X", "args": {"a": "\x01"}}',
+    "unknown escape": b'{"ph": "X", "args": {"a": "\\q"}}',
+    "short unicode escape": b'{"ph": "X", "args": {"a": "\\u12"}}',
+    "invalid UTF-8": b'{"ph": "X", "args": {"a": "\xff"}}',
+    "overlong UTF-8": b'{"ph": "X", "args": {"a": "\xc0\xaf"}}',
+    "unclosed string": b'{"ph": "X", "name": "abc}',
+    "trailing comma between events": b'{"ph": "X"},',
+    "nesting deeper than the scanner walks": b'{"ph": "X", "args": {"a": ' + b"[" * 70 + b"]" * 70 + b"}}",
+}
+
+
+@built
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_scanner_declines_what_it_cannot_vouch_for(case: str):
+    """At least as strict as msgspec: malformed JSON (and nesting past its depth) is declined,
+    never read, so such a block always takes the msgspec path and its errors."""
+    block = MALFORMED[case]
+    assert decode._scan.scan(block, 0, len(block), {}, {}, 0) is None
+    # stricter than msgspec: it skips bad UTF-8 inside args values, and walks deeper
+    if case not in ("invalid UTF-8", "overlong UTF-8", "nesting deeper than the scanner walks"):
+        with pytest.raises((msgspec.DecodeError, UnicodeDecodeError)):
+            decode._EVENT_LIST.decode(b"[" + block + b"]")
 
 
 @built
