@@ -10,17 +10,19 @@ MERGED_BUDGET_BYTES of JSON (`choose_window`), `all`, a step list, or nothing. T
 the file's `harness_merged` key say which steps it holds.
 
 How: one job per rank, in parallel processes. A job reads only the blocks of its trace that the
-parse recorded as overlapping the window (`model.Block`) or holding thread names, decodes each
-event into `_Copy` (the few fields it rewrites; `args`, names and the rest stay raw bytes,
-never built into objects), moves it to the rank's pid, a rank-unique tid and the aligned clock,
-and compresses what it keeps into a raw deflate piece; the pieces become one gzip file
-(`gzip_pieces`). A trace without a block index (decoded whole: odd layout) is read whole.
+parse recorded as overlapping the window (`model.Block`) or holding thread names, moves each
+event to the rank's pid, a rank-unique tid and the aligned clock (`_Mover`), and compresses
+what it keeps into a raw deflate piece; the pieces become one gzip file (`gzip_pieces`). The
+moving is done on the block's bytes by the native rewriter where it is built (`_rewrite.c`:
+the rewritten fields are patched, the rest copied, no event becomes an object), else by
+decoding each event into `_Copy` (the few fields it rewrites; `args`, names and the rest stay
+raw bytes). A trace without a block index (decoded whole: odd layout) is read whole.
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
+from array import array
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,7 @@ import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from harness.atomic import atomic_file
+from harness.collect import decode
 from harness.collect.analysis import Analysis, step_ranges
 from harness.collect.decode import open_trace, thread_key
 from harness.collect.gzip_pieces import Piece, PieceWriter, write_gzip
@@ -211,9 +214,13 @@ def _labels(events: list[_Copy], procs: dict[Any, str], threads: dict[tuple[Any,
             threads[(thread_key(e.pid), thread_key(e.tid))] = str(name)
 
 
-def _read_block(fh: Any, b: Block) -> list[_Copy]:
+def _read(fh: Any, b: Block) -> bytes:
     fh.seek(b.start)
-    return _COPY_LIST.decode(b"[" + fh.read(b.end - b.start) + b"]")
+    return fh.read(b.end - b.start)
+
+
+def _decode_block(data: bytes) -> list[_Copy]:
+    return _COPY_LIST.decode(b"[" + data + b"]")
 
 
 def _whole(path: Path) -> list[_Copy]:
@@ -233,75 +240,107 @@ def _whole(path: Path) -> list[_Copy]:
         return out
 
 
+class _Mover:
+    """One rank's events moved onto the merged trace: the window filter, the rank's pid, a
+    rank-unique tid per original (pid, tid), the aligned clock, rank-unique flow ids.
+
+    `block` does it on a block's bytes with the native rewriter (`_rewrite.c`, the same rules)
+    when it is built and the block is within its shape; else, and for `events`, the Python loop
+    over decoded `_Copy` events. Either returns the kept events as JSON (b",\n" + events), b""
+    when none."""
+
+    def __init__(self, job: _RankJob) -> None:
+        self.rank, self.shift = job.rank, job.shift_us
+        spans = job.spans_us
+        self.starts = array("d", [lo for lo, _ in spans]) if spans is not None else None
+        self.ends = array("d", [hi for _, hi in spans]) if spans is not None else None
+        self.tids: dict[tuple[Any, Any], int] = {}
+        self.procs: dict[Any, str] = {}  # labels of the file being read
+        self.threads: dict[tuple[Any, Any], str] = {}
+        self.kept = 0
+        self.native = decode.native_scan()
+
+    def _new_thread(self, key: tuple[Any, Any]) -> _Copy:
+        """Number a (pid, tid) key not seen yet; its thread-name event."""
+        tid = self.tids[key] = _tid(self.rank, len(self.tids) + 1)
+        label = f"{self.procs.get(key[0], f'pid {key[0]}')} / {self.threads.get(key, f'tid {key[1]}')}"
+        return _Copy(ph="M", name=Raw(b'"thread_name"'), pid=self.rank, tid=tid, args=Raw(_ENCODE({"name": label})))
+
+    def block(self, data: bytes) -> bytes:
+        if self.native:
+            got = decode._scan.rewrite(data, 0, len(data), self.rank, self.shift, self.starts, self.ends, self.tids,
+                                       lambda key: _ENCODE(self._new_thread(key)))
+            if got is not None:
+                self.kept += got[1]
+                return got[0]
+        return self.events(_decode_block(data))
+
+    def events(self, events: list[_Copy]) -> bytes:
+        rank, shift, tids = self.rank, self.shift, self.tids
+        starts, ends = self.starts, self.ends
+        n_spans = len(starts) if starts is not None else 0
+        keep: list[_Copy] = []
+        for e in events:
+            ph = e.ph
+            if type(ph) is not str or ph not in COPIED_PHASES:
+                continue
+            ts = e.ts
+            if type(ts) is not float and type(ts) is not int:
+                ts = None
+            if starts is not None:  # slices that overlap a span, instants inside one
+                if ts is None:
+                    continue
+                i = bisect.bisect_right(starts, ts) - 1  # the last span starting by ts
+                if i < 0 or ts >= ends[i]:
+                    end = ts
+                    if ph == "X":
+                        d = e.dur
+                        if type(d) is float or type(d) is int:
+                            end = ts + d
+                    if not (i + 1 < n_spans and end > starts[i + 1]):  # nor reaching into the next
+                        continue
+            key = (None if e.pid is UNSET else e.pid, None if e.tid is UNSET else e.tid)
+            try:
+                tid = tids.get(key)
+            except TypeError:  # a list or object as pid/tid: keyed by its JSON text, as parse does
+                key = (thread_key(key[0]), thread_key(key[1]))
+                tid = tids.get(key)
+            if tid is None:
+                keep.append(self._new_thread(key))
+                tid = tids[key]
+            e.pid, e.tid = rank, tid
+            if ts is not None:
+                e.ts = ts + shift
+            if ph in FLOW_PHASES and e.id is not UNSET:
+                e.id = f"r{rank}-{e.id}"
+            keep.append(e)
+        self.kept += len(keep)
+        return b",\n" + _ENCODE(keep)[1:-1] if keep else b""
+
+
 def write_rank(job: _RankJob) -> _RankPiece:
     """One rank's events, moved and compressed (see the module docstring); runs in a worker."""
     out = PieceWriter(job.level)
-    rank, shift, spans = job.rank, job.shift_us, job.spans_us
-    starts = [lo for lo, _ in spans] if spans is not None else []
-    ends = [hi for _, hi in spans] if spans is not None else []
-    n_spans = len(starts)
-    tids: dict[tuple[Any, Any], int] = {}
-    kept = 0
+    mover = _Mover(job)
+    spans = job.spans_us
     for path in job.paths:
         blocks = job.blocks.get(path)
-        procs: dict[Any, str] = {}
-        threads: dict[tuple[Any, Any], str] = {}
-        with contextlib.ExitStack() as stack:
-            if blocks:
-                fh = stack.enter_context(open_trace(Path(path)))
-                meta = {b.start: _read_block(fh, b) for b in blocks if b.meta}
-                for events in meta.values():
-                    _labels(events, procs, threads)
-                # a block without X events has no known times: read it
-                wanted = [b for b in blocks if spans is None or b.first_ts is None or b.last_end is None
-                          or any(b.first_ts < hi and b.last_end >= lo for lo, hi in spans)]
-                chunks = (meta.pop(b.start) if b.start in meta else _read_block(fh, b) for b in wanted)
-            else:
-                events = _whole(Path(path))
-                _labels(events, procs, threads)
-                chunks = iter([events])
-            for events in chunks:
-                keep: list[_Copy] = []
-                for e in events:
-                    ph = e.ph
-                    if ph not in COPIED_PHASES:
-                        continue
-                    ts = e.ts
-                    if type(ts) is not float and type(ts) is not int or ts is True or ts is False:
-                        ts = None
-                    if spans is not None:  # slices that overlap a span, instants inside one
-                        if ts is None:
-                            continue
-                        i = bisect.bisect_right(starts, ts) - 1  # the last span starting by ts
-                        if i < 0 or ts >= ends[i]:
-                            end = ts
-                            if ph == "X":
-                                d = e.dur
-                                if type(d) is float or type(d) is int:
-                                    end = ts + d
-                            if not (i + 1 < n_spans and end > starts[i + 1]):  # nor reaching into the next
-                                continue
-                    key = (e.pid, e.tid)
-                    try:
-                        tid = tids.get(key)
-                    except TypeError:  # a list or object as pid/tid: keyed by its JSON text, as parse does
-                        key = (thread_key(e.pid), thread_key(e.tid))
-                        tid = tids.get(key)
-                    if tid is None:
-                        tid = tids[key] = _tid(rank, len(tids) + 1)
-                        label = f"{procs.get(key[0], f'pid {key[0]}')} / {threads.get(key, f'tid {key[1]}')}"
-                        keep.append(_Copy(ph="M", name=Raw(b'"thread_name"'), pid=rank, tid=tid,
-                                          args=Raw(_ENCODE({"name": label}))))
-                    e.pid, e.tid = rank, tid
-                    if ts is not None:
-                        e.ts = ts + shift
-                    if ph in FLOW_PHASES and e.id is not UNSET:
-                        e.id = f"r{rank}-{e.id}"
-                    keep.append(e)
-                if keep:
-                    kept += len(keep)
-                    out.write(b",\n" + _ENCODE(keep)[1:-1])
-    return _RankPiece(piece=out.finish(), tids=tids, events=kept)
+        mover.procs, mover.threads = {}, {}
+        if not blocks:
+            events = _whole(Path(path))
+            _labels(events, mover.procs, mover.threads)
+            out.write(mover.events(events))
+            continue
+        with open_trace(Path(path)) as fh:
+            meta = {b.start: _read(fh, b) for b in blocks if b.meta}
+            for data in meta.values():
+                _labels(_decode_block(data), mover.procs, mover.threads)
+            # a block without X events has no known times: read it
+            for b in blocks:
+                if (spans is None or b.first_ts is None or b.last_end is None
+                        or any(b.first_ts < hi and b.last_end >= lo for lo, hi in spans)):
+                    out.write(mover.block(meta.pop(b.start) if b.start in meta else _read(fh, b)))
+    return _RankPiece(piece=out.finish(), tids=mover.tids, events=mover.kept)
 
 
 def _head(a: Analysis, window: Window) -> Piece:
