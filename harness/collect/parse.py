@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from harness.collect.decode import (
     NO_ARGS,
     Args,
@@ -42,7 +44,7 @@ from harness.collect.decode import (
 )
 from harness.collect.host import attribute_syncs, count_host_ops
 from harness.collect.model import CommOp, RankTrace, Step, number_by_group
-from harness.collect.runup import Span, merged_by_step, set_run_ups
+from harness.collect.runup import NO_STEP, Spans, merged_by_step, set_run_ups
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_PATTERN, WORKER_RANK_PATTERN
 
 __all__ = ["TraceError", "load_json", "parse_trace"]
@@ -111,12 +113,10 @@ class _Ops:
     """The main thread's cpu ops as columns (start order): ts, dur, name id."""
 
     def __init__(self, doc: Trace, main: int | None) -> None:
-        self.ts, self.dur, self.name = array("d"), array("d"), array("i")
-        for t, d, n, th in zip(doc.ops.ts, doc.ops.dur, doc.ops.name, doc.ops.thread):
-            if th == main:
-                self.ts.append(t)
-                self.dur.append(d)
-                self.name.append(n)
+        ops = doc.ops
+        mine = _numpy(ops.thread) == (-1 if main is None else main)
+        self.ts, self.dur, self.name = (array(c.typecode, _numpy(c)[mine].tobytes())
+                                        for c in (ops.ts, ops.dur, ops.name))
 
     def __iter__(self) -> Iterator[tuple[float, float, int]]:
         return zip(self.ts, self.dur, self.name)
@@ -138,6 +138,11 @@ class _Ops:
             else:
                 yield from sorted(range(i, j), key=lambda k: -dur[k])
             i = j
+
+
+def _numpy(column: array) -> np.ndarray:
+    """A column as a numpy array sharing its memory."""
+    return np.frombuffer(column, dtype=np.dtype(column.typecode))
 
 
 def _steps(doc: Trace, main_marks: list[Mark], main_ops: _Ops, main: int | None, warnings: list[str],
@@ -180,6 +185,16 @@ class _StepIndex:
         if i >= 0 and ts <= self.steps[i].end_us:
             return self.steps[i].number
         return None
+
+    def at_each(self, ts: np.ndarray) -> np.ndarray:
+        """`at` for every time in `ts`, NO_STEP where it is in no step."""
+        if not self.steps:
+            return np.full(len(ts), NO_STEP, dtype=np.int64)
+        i = np.searchsorted(np.array(self.starts), ts, side="right") - 1
+        ends = np.array([s.end_us for s in self.steps])
+        numbers = np.array([s.number for s in self.steps], dtype=np.int64)
+        inside = (i >= 0) & (ts <= ends[np.maximum(i, 0)])
+        return np.where(inside, numbers[np.maximum(i, 0)], NO_STEP)
 
 
 class _LaunchTimes:
@@ -291,8 +306,7 @@ def parse_trace(path: Path) -> RankTrace:
     aten = [name.startswith("aten::") for name in names]
 
     comms: list[CommOp] = []
-    spans: list[Span] = []
-    copies: list[Span] = []
+    spans, copies = Spans(names), Spans(names)
     kernels = doc.kernels
     launch_ts = _LaunchTimes(doc.launches) if len(kernels) or len(doc.copies) else None
     if len(kernels):
@@ -311,14 +325,14 @@ def parse_trace(path: Path) -> RankTrace:
                                     nelems=_int(args.in_nelems), dtype=_str(args.dtype), step=step,
                                     thread=doc.threads[th]))
             else:
-                spans.append((t, t + d, step, names[n]))
+                spans.add(t, t + d, step, n)
                 if step is not None and _in_model_phase(by_number[step], launched):
                     by_name = by_number[step].compute_by_name_us
                     by_name[names[n]] = by_name.get(names[n], 0.0) + d
     elif doc.gpus or _nccl_backend(doc):
         warnings.append(f"{path.name}: {NO_KERNELS}")
     for t, d, n, corr in zip(doc.copies.ts, doc.copies.dur, doc.copies.name, doc.copies.corr):
-        copies.append((t, t + d, index.at(launch_ts.get(corr, t)), names[n]))
+        copies.add(t, t + d, index.at(launch_ts.get(corr, t)), n)
     for e in doc.marks:
         if e.cat != "user_annotation":
             continue
@@ -339,9 +353,9 @@ def parse_trace(path: Path) -> RankTrace:
         if comms:
             warnings.append(f"{path.name}: no gloo:* or NCCL communication ranges; using the main thread's c10d ops")
     if not len(kernels):
-        for t, d, n in main_ops:
-            if aten[n]:
-                spans.append((t, t + d, index.at(t), names[n]))
+        ts, dur, name = (_numpy(c) for c in (main_ops.ts, main_ops.dur, main_ops.name))
+        is_aten = np.array(aten, dtype=bool)[name] if len(name) else np.zeros(0, dtype=bool)
+        spans.extend(ts[is_aten], ts[is_aten] + dur[is_aten], index.at_each(ts[is_aten]), name[is_aten])
         _self_times(main_ops, names, index, by_number)
     comms.sort(key=lambda c: c.start_us)
     number_by_group(comms)

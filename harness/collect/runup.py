@@ -1,60 +1,114 @@
 """Each collective's run-up on its own rank: what the rank did between its previous collective
 and this one. Computed once per trace at parse time (then the per-kernel intervals can be
 dropped, and an in-job summary carries the same figures); read by the straggler phase
-attribution. Pure functions."""
+attribution. Pure functions over `Spans`, a trace's compute intervals as numpy columns."""
 
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict
+from array import array
+from dataclasses import dataclass, field
 
-from harness.collect.model import CommOp, Interval
-from harness.collect.overlap import length, merge
+import numpy as np
+
+from harness.collect.model import CommOp
 
 IDLE = "idle (waiting on the host)"
 OP_PREFIX = "op:"
+NO_STEP = -1  # Spans.step of an interval that belongs to no step
 
-Span = tuple[float, float, "int | None", str]  # (start_us, end_us, step, kernel/op name)
+
+@dataclass
+class Spans:
+    """Intervals by kernel (GPU) or aten op (CPU) name, as columns: start_us, end_us, step (the
+    step it belongs to, NO_STEP: none) and name (an index into `names`). `add` appends one;
+    `columns` gives them as numpy arrays, by (start, end)."""
+
+    names: list[str]
+    start_us: array = field(default_factory=lambda: array("d"))
+    end_us: array = field(default_factory=lambda: array("d"))
+    step: array = field(default_factory=lambda: array("q"))
+    name: array = field(default_factory=lambda: array("q"))
+
+    def add(self, start_us: float, end_us: float, step: int | None, name: int) -> None:
+        self.start_us.append(start_us)
+        self.end_us.append(end_us)
+        self.step.append(NO_STEP if step is None else step)
+        self.name.append(name)
+
+    def extend(self, start_us: np.ndarray, end_us: np.ndarray, step: np.ndarray, name: np.ndarray) -> None:
+        for col, values in ((self.start_us, start_us), (self.end_us, end_us), (self.step, step), (self.name, name)):
+            col.frombytes(np.ascontiguousarray(values, dtype=np.dtype(col.typecode)).tobytes())
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        start, end = np.frombuffer(self.start_us, dtype=np.float64), np.frombuffer(self.end_us, dtype=np.float64)
+        order = np.lexsort((end, start))  # stable: equal intervals keep the order they were added in
+        return (start[order], end[order], np.frombuffer(self.step, dtype=np.int64)[order],
+                np.frombuffer(self.name, dtype=np.int64)[order])
 
 
-def set_run_ups(comms: list[CommOp], spans: list[Span], first_step_start_us: float | None) -> None:
+def merged_pieces(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of intervals [x, y) given by non-decreasing x, as disjoint (start, end) columns:
+    an interval starting at or before the furthest end so far joins the current piece (as
+    overlap.merge does, touching intervals included)."""
+    if not len(x):
+        return x, y
+    reach = np.maximum.accumulate(y)
+    first = np.ones(len(x), dtype=bool)
+    first[1:] = x[1:] > reach[:-1]
+    starts = np.flatnonzero(first)
+    ends = np.append(starts[1:], len(x)) - 1
+    return x[starts], reach[ends]
+
+
+def set_run_ups(comms: list[CommOp], spans: Spans, first_step_start_us: float | None) -> None:
     """Set every op's `run_up_start_us` and `run_up_us`.
 
     1. run-up window = [lo, hi]: hi = the op's start; lo = the latest end among the rank's
        collectives that ended by then, else the first step's start, else the op's start;
-    2. run_up_us["op:<name>"] = the time compute spans of that name overlap the window;
+    2. run_up_us["op:<name>"] = the time compute spans of that name overlap the window (summed
+       in span order, names in order of first appearance);
     3. run_up_us[IDLE] = window length - the union of all compute spans inside it (the device,
        or on CPU the main thread, neither computing nor in a collective's run-up work).
     `spans` are the trace's compute intervals by kernel (GPU) or aten op (CPU) name."""
+    if not comms:
+        return
     ends = sorted(c.end_us for c in comms)
-    spans = sorted(spans, key=lambda s: (s[0], s[1]))
-    starts = [s[0] for s in spans]
+    starts, stops, _, names = spans.columns()
     # Spans that overlap [lo, hi] start in [lo - longest span, hi): only those are visited.
-    longest_us = max((b - a for a, b, _, _ in spans), default=0.0)
+    longest_us = float(np.max(stops - starts)) if len(starts) else 0.0
     for op in comms:
         hi = op.start_us
         i = bisect.bisect_right(ends, hi) - 1
         lo = ends[i] if i >= 0 else (first_step_start_us if first_step_start_us is not None else hi)
-        by_name: dict[str, float] = defaultdict(float)
-        pieces: list[Interval] = []
-        for j in range(bisect.bisect_left(starts, lo - longest_us), bisect.bisect_left(starts, hi)):
-            a, b, _, name = spans[j]
-            if b > lo:
-                x, y = max(a, lo), min(b, hi)
-                by_name[OP_PREFIX + name] += y - x
-                pieces.append((x, y))
-        by_name[IDLE] = (hi - lo) - length(merge(pieces))
+        a, b = np.searchsorted(starts, [lo - longest_us, hi], side="left")
+        keep = stops[a:b] > lo
+        x, y = np.maximum(starts[a:b][keep], lo), np.minimum(stops[a:b][keep], hi)
+        named = names[a:b][keep]
+        ids, first, inverse = np.unique(named, return_index=True, return_inverse=True)
+        totals = np.bincount(inverse, weights=y - x, minlength=len(ids))  # added in span order, as a loop would
+        by_name = {OP_PREFIX + spans.names[ids[k]]: float(totals[k]) for k in np.argsort(first, kind="stable")}
+        p, q = merged_pieces(x, y)
+        by_name[IDLE] = (hi - lo) - sum((q - p).tolist())
         op.run_up_start_us = lo
-        op.run_up_us = dict(by_name)
+        op.run_up_us = by_name
 
 
-def merged_by_step(spans: list[Span]) -> list[tuple[float, float, int]]:
+def merged_by_step(spans: Spans) -> list[tuple[float, float, int]]:
     """The compute intervals each step owns, merged per step (what overlap reads), by start;
     intervals that belong to no step are left out."""
-    by_step: dict[int, list[Interval]] = defaultdict(list)
-    for a, b, st, _ in spans:
-        if st is not None:
-            by_step[st].append((a, b))
-    out = [(a, b, st) for st, iv in by_step.items() for a, b in merge(iv)]
+    starts, stops, steps, _ = spans.columns()
+    owned = steps != NO_STEP
+    starts, stops, steps = starts[owned], stops[owned], steps[owned]
+    if not len(steps):
+        return []
+    order = np.argsort(steps, kind="stable")  # by step, and by (start, end) within one
+    starts, stops, steps = starts[order], stops[order], steps[order]
+    bounds = np.flatnonzero(np.diff(steps)) + 1
+    out: list[tuple[float, float, int]] = []
+    for lo, hi in zip(np.concatenate(([0], bounds)).tolist(), np.concatenate((bounds, [len(steps)])).tolist()):
+        p, q = merged_pieces(starts[lo:hi], stops[lo:hi])
+        st = int(steps[lo])
+        out.extend((a, b, st) for a, b in zip(p.tolist(), q.tolist()))
     out.sort(key=lambda x: (x[0], x[1]))
     return out
