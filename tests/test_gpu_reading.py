@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from harness.collect.advisor import GEMM, GRAD_SCALER_ADVICE, Rules, advice_for, classify, diagnose
@@ -103,9 +104,9 @@ def test_caller_walk_and_enclosing_ops() -> None:
     assert caller(step_, ("my_timer", False)) == ("other: my_timer", -1)
     assert caller(step_) == ("other", -1) and caller() == ("other", -1)
     # events by start, the longer first among equal starts; [0, 100] holds [0, 50] holds [10, 20]
-    events = [(0.0, 100.0, "a", True), (0.0, 50.0, "b", True), (10.0, 20.0, "c", True), (60.0, 70.0, "d", True)]
-    assert [[e[2] for e in c] for c in enclosing(events, [15.0, 20.0, 65.0, 100.0])] == [
-        ["a", "b", "c"], ["a", "b"], ["a", "d"], []]
+    starts, ends, names = np.array([0.0, 0.0, 10.0, 60.0]), np.array([100.0, 50.0, 20.0, 70.0]), "abcd"
+    assert [[names[k] for k in c] for c in enclosing(starts, ends, [5.0, 15.0, 20.0, 65.0, 100.0])] == [
+        ["a", "b"], ["a", "b", "c"], ["a", "b"], ["a", "d"], []]
 
 
 def idle_gpu_docs(host_events: Callable[[float], list[dict]], steps: int = 2) -> list[dict]:

@@ -12,9 +12,11 @@ import bisect
 import re
 from array import array
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
-from harness.collect.decode import Columns, Trace
+import numpy as np
+
+from harness.collect.decode import Trace
 from harness.collect.model import Step
 from harness.paths import STEP_PHASES
 
@@ -86,48 +88,21 @@ def copy_direction(memcpy_name: str | None) -> str:
     return COPY
 
 
-def enclosing(events: Iterable[Event], times: Sequence[float]) -> list[list[Event]]:
-    """For each time (ascending), the events that contain it (start <= t < end), outermost first.
+def enclosing(starts: np.ndarray, ends: np.ndarray, times: Sequence[float]) -> list[list[int]]:
+    """For each time (ascending), the positions of the intervals [start, end) that contain it
+    (start <= t < end), in the intervals' order; given in nest order (by start, the longer first
+    among equal starts: a parent before its children), that is outermost first.
 
-    `events` come by start, the longer first among equal starts (a parent before its children):
-    1. push every event that starts by t, first popping the open events that ended by its start;
-    2. the open events that have not ended by t are the ones containing it."""
-    out: list[list[Event]] = []
-    stack: list[Event] = []
-    it = iter(events)
-    nxt = next(it, None)
-    for t in times:
-        while nxt is not None and nxt[0] <= t:
-            while stack and stack[-1][1] <= nxt[0]:
-                stack.pop()
-            stack.append(nxt)
-            nxt = next(it, None)
-        while stack and stack[-1][1] <= t:
-            stack.pop()
-        out.append([e for e in stack if e[1] > t])  # the filter only matters for ranges that are not nested
-    return out
-
-
-def nest_order(ts: array, dur: array, positions: list[int]) -> Iterator[int]:
-    """`positions` (by start) with the longer event first among events starting together (the
-    outer one of a nest); only runs of equal starts are sorted."""
-    i, n = 0, len(positions)
-    while i < n:
-        j = i + 1
-        while j < n and ts[positions[j]] == ts[positions[i]]:
-            j += 1
-        if j == i + 1:
-            yield positions[i]
-        else:
-            yield from sorted(positions[i:j], key=lambda k: -dur[k])
-        i = j
-
-
-def _by_thread(cols: Columns, threads: set[int]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {th: [] for th in threads}
-    for i, th in enumerate(cols.thread):
-        if th in out:
-            out[th].append(i)
+    1. each interval holds a run of the times: from the first at or after its start to the last
+       before its end (two binary searches, for all intervals at once);
+    2. the intervals whose run is not empty are dealt to their times, in order: beyond the
+       searches, the work is the size of the answer, not the number of intervals."""
+    at = np.asarray(times, dtype=np.float64)
+    lo, hi = np.searchsorted(at, starts, side="left"), np.searchsorted(at, ends, side="left")
+    out: list[list[int]] = [[] for _ in range(len(at))]
+    for k in np.flatnonzero(hi > lo).tolist():
+        for j in range(int(lo[k]), int(hi[k])):
+            out[j].append(k)
     return out
 
 
@@ -212,20 +187,26 @@ def attribute_syncs(doc: Trace, step_at: StepAt, by_number: dict[int, Step]) -> 
         return
     copy_names = {c: names[n] for c, n in zip(doc.copies.corr, doc.copies.name) if c >= 0}
     ops = doc.ops
-    op_positions = _by_thread(ops, set(syncs))
+    op_ts, op_dur, op_name, op_thread = (np.frombuffer(c, dtype=np.dtype(c.typecode))
+                                         for c in (ops.ts, ops.dur, ops.name, ops.thread))
+    is_unscale = np.array([n == AMP_UNSCALE for n in names], dtype=bool)
     for th, found in syncs.items():
-        positions = op_positions[th]
-        op_events = ((ops.ts[i], ops.ts[i] + ops.dur[i], names[ops.name[i]], True)
-                     for i in nest_order(ops.ts, ops.dur, positions))
+        mine = np.flatnonzero(op_thread == th)  # by start
+        order = mine[np.lexsort((-op_dur[mine], op_ts[mine]))]  # nest order: the longer first among equal starts
+        op_start = op_ts[order]
+        op_end = op_start + op_dur[order]
         marks = sorted(((m.ts, m.ts + m.dur, m.name, False) for m in doc.marks
                         if m.thread == th and m.cat == "user_annotation"), key=lambda e: (e[0], e[0] - e[1]))
         times = [launches.ts[i] for i, _ in found]
-        unscale = [ops.ts[i] for i in positions if names[ops.name[i]] == AMP_UNSCALE]
+        unscale = op_ts[mine][is_unscale[op_name[mine]]].tolist() if len(mine) else []
         used: set[int] = set()
         mem = memcpy.get(th, [])
         mem_ts = [launches.ts[i] for i in mem]
-        for (i, st), op_chain, mark_chain in zip(found, enclosing(op_events, times), enclosing(marks, times)):
-            chain = sorted(op_chain + mark_chain, key=lambda e: (e[0], e[0] - e[1]))
+        op_chains = enclosing(op_start, op_end, times)
+        mark_chains = enclosing(np.array([e[0] for e in marks]), np.array([e[1] for e in marks]), times)
+        for (i, st), op_at, mark_at in zip(found, op_chains, mark_chains):
+            chain = sorted([(float(op_start[k]), float(op_end[k]), names[op_name[order[k]]], True) for k in op_at]
+                           + [marks[k] for k in mark_at], key=lambda e: (e[0], e[0] - e[1]))
             caller, at = caller_of([e[2] for e in chain], [e[3] for e in chain])
             t = launches.ts[i]
             if caller == COPY:
