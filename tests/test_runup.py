@@ -1,19 +1,24 @@
-"""Run-ups and per-step merged compute over numpy columns (runup.py) against the plain loops they
-replaced, kept here as the oracle: the same numbers to the last bit, the same name order, on
-generated intervals (nested, overlapping, touching, outside every step, zero-length)."""
+"""Run-ups and per-step merged compute over numpy columns (runup.py), and CPU self times
+(parse._self_times), against the plain loops they replaced, kept here as the oracle: the same
+numbers to the last bit, the same key order, on generated intervals (nested, overlapping,
+touching, outside every step, zero-length)."""
 
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections import defaultdict
+from types import SimpleNamespace
 
 import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from harness.collect.model import CommOp
+from harness.collect.model import CommOp, Step
 from harness.collect.overlap import length, merge
+from harness.collect.parse import COMM_OP, DDP_REDUCER, NON_MODEL_PHASES, REDUCER_PREFIX, _self_times, _StepIndex
 from harness.collect.runup import IDLE, OP_PREFIX, Spans, merged_by_step, merged_pieces, set_run_ups
+from harness.paths import STEP_PHASES
 
 NAMES = ["aten::mm", "aten::add", "k1", "k2"]
 TIME = st.one_of(st.integers(0, 400).map(float), st.floats(0, 400, allow_nan=False))
@@ -81,3 +86,54 @@ def test_merged_pieces_is_the_union(intervals: list):
     x, y = np.array([a for a, _ in ordered]), np.array([b for _, b in ordered])
     starts, ends = merged_pieces(x, y)
     assert list(zip(starts.tolist(), ends.tolist())) == merge(ordered)
+
+
+def _self_times_by_loop(ts: list[float], dur: list[float], name: list[int], names: list[str],
+                        steps: list[Step]) -> list[dict[str, float]]:
+    """The stack walk parse._self_times replaced, kept as the oracle."""
+    comm = [bool(COMM_OP.match(n)) for n in names]
+    reducer = [n.startswith(REDUCER_PREFIX) for n in names]
+    starts = [s.start_us for s in steps]
+    outside = [[(a, b) for p, a, b in s.phase_spans if p in NON_MODEL_PHASES] for s in steps]
+    out: list[dict[str, float]] = [{} for _ in steps]
+    order = sorted(range(len(ts)), key=lambda i: (ts[i], -dur[i]))
+    k, stack = -1, []
+    for i in order:
+        t, d, n = ts[i], dur[i], name[i]
+        while stack and stack[-1][0] <= t:
+            stack.pop()
+        inside = (stack and stack[-1][2] == DDP_REDUCER) or reducer[n]
+        key = DDP_REDUCER if inside else names[n]
+        while k + 1 < len(starts) and starts[k + 1] <= t:
+            k += 1
+        if k >= 0 and t <= steps[k].end_us and not any(a <= t <= b for a, b in outside[k]):
+            by_name = out[k]
+            if not comm[n]:
+                by_name[key] = by_name.get(key, 0.0) + d
+            if stack and not stack[-1][1]:
+                by_name[stack[-1][2]] = by_name.get(stack[-1][2], 0.0) - d
+        stack.append((t + d, comm[n], key))
+    return out
+
+
+OP_NAMES = ["aten::mm", "aten::add", "c10d::allreduce_", REDUCER_PREFIX + "copy_grad_to_bucket", "aten::mul"]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(ops=st.lists(st.tuples(st.integers(0, 60).map(float), st.integers(0, 30).map(float),
+                              st.integers(0, len(OP_NAMES) - 1)), max_size=40),
+       phases=st.lists(st.tuples(st.sampled_from(["data", "optimizer", "forward"]), st.integers(0, 1),
+                                 st.integers(0, 25).map(float), st.integers(0, 10).map(float)), max_size=4))
+def test_self_times_match_the_loop(ops: list, phases: list):
+    """Nested, overlapping and equal ops; two steps with data/optimizer/forward phases."""
+    ops.sort(key=lambda o: o[0])  # the main thread's columns come by start
+    steps = [Step(number=7, start_us=0.0, end_us=30.0), Step(number=9, start_us=30.0, end_us=55.0)]
+    for p, j, a, d in phases:
+        steps[j].phase_spans.append((STEP_PHASES[0] if p == "data" else p, steps[j].start_us + a,
+                                     steps[j].start_us + a + d))
+    main = SimpleNamespace(ts=array("d", [o[0] for o in ops]), dur=array("d", [o[1] for o in ops]),
+                           name=array("i", [o[2] for o in ops]))
+    expected = _self_times_by_loop(list(main.ts), list(main.dur), list(main.name), OP_NAMES, steps)
+    _self_times(main, OP_NAMES, _StepIndex(steps), {s.number: s for s in steps})
+    assert [s.compute_by_name_us for s in steps] == expected
+    assert [list(s.compute_by_name_us) for s in steps] == [list(e) for e in expected]  # same key order

@@ -124,21 +124,6 @@ class _Ops:
     def end_us(self) -> float:
         return max((t + d for t, d, _ in self), default=-float("inf"))
 
-    def longest_first(self) -> Iterator[int]:
-        """Positions by start, the longer op first among ops starting together (the outer one
-        of a nest); the columns are already by start, so only runs of equal starts are sorted."""
-        ts, dur = self.ts, self.dur
-        i, n = 0, len(ts)
-        while i < n:
-            j = i + 1
-            while j < n and ts[j] == ts[i]:
-                j += 1
-            if j == i + 1:
-                yield i
-            else:
-                yield from sorted(range(i, j), key=lambda k: -dur[k])
-            i = j
-
 
 def _numpy(column: array) -> np.ndarray:
     """A column as a numpy array sharing its memory."""
@@ -414,40 +399,70 @@ def _self_times(main_ops: _Ops, names: list[str], index: _StepIndex, by_number: 
     communication ops and the data and optimizer phases left out; the CPU-side equivalent of
     GPU kernel time by name.
 
-    1. walk the ops by start, longest first on ties, with a stack of open ops;
-    2. pop the ops that ended before this one starts; credit its duration to its name and
-       debit it from the enclosing op's name;
-    3. an op inside DDP's reducer is credited and debited under `DDP_REDUCER` instead, which
-       thereby holds the reducer's whole time."""
-    comm = [bool(COMM_OP.match(n)) for n in names]
+    1. walk the ops by start, longest first on ties, with a stack of open ops: an op's parent
+       is the top of the stack once the ops that ended by its start are popped;
+    2. an op is booked under its name, or under `DDP_REDUCER` when it or its parent is (DDP's
+       reducer and everything under it, which thereby holds the reducer's whole time);
+    3. in its step, outside the data and optimizer phases: credit its duration to its own key
+       (unless it is a communication op) and debit it from its parent's (unless the parent is
+       one); the credits and debits are summed in walk order, each op's credit first."""
+    if not len(main_ops.ts):
+        return
+    comm = np.array([bool(COMM_OP.match(n)) for n in names], dtype=bool)
     reducer = [n.startswith(REDUCER_PREFIX) for n in names]
-    ts, dur, name = main_ops.ts, main_ops.dur, main_ops.name
-    # The ops come in start order: the step containing each is found by a pointer moving
-    # forward (what index.at finds by bisection), with its data/optimizer spans precomputed.
-    steps, starts = index.steps, index.starts
-    outside = [[(a, b) for p, a, b in s.phase_spans if p in NON_MODEL_PHASES] for s in steps]
-    k = -1
-    stack: list[tuple[float, bool, str]] = []  # (end_us, is a communication op, the name its time is booked under)
-    for i in main_ops.longest_first():
-        t, d, n = ts[i], dur[i], name[i]
-        while stack and stack[-1][0] <= t:
+    ts_all, dur_all, name_all = (_numpy(c) for c in (main_ops.ts, main_ops.dur, main_ops.name))
+    order = np.lexsort((-dur_all, ts_all))  # by start, the longer first (the outer one of a nest)
+    ts, dur, name = ts_all[order], dur_all[order], name_all[order]
+    parent, key = _nest(ts.tolist(), (ts + dur).tolist(), name.tolist(), reducer)
+    own = np.where(key, len(names), name).astype(np.int64)  # the key booked under; len(names): DDP_REDUCER
+    has_parent = parent >= 0
+    parent_key = np.where(has_parent, own[np.maximum(parent, 0)], -1)
+    # step of each op and whether it is in the step's data or optimizer phase
+    k = np.searchsorted(np.array(index.starts), ts, side="right") - 1 if index.steps else np.full(len(ts), -1)
+    ends = np.array([s.end_us for s in index.steps] or [0.0])
+    valid = (k >= 0) & (ts <= ends[np.maximum(k, 0)])
+    for j, s in enumerate(index.steps):
+        for p, lo, hi in s.phase_spans:
+            if p in NON_MODEL_PHASES:
+                a, b = np.searchsorted(ts, lo, side="left"), np.searchsorted(ts, hi, side="right")
+                valid[a:b] &= k[a:b] != j  # [lo, hi] closed, as the step's own phases only
+    credit = valid & ~comm[name]
+    debit = valid & has_parent & ~comm[name[np.maximum(parent, 0)]]
+    width = len(names) + 1
+    # interleaved in walk order: op i's credit, then its debit
+    ids = np.stack([k * width + own, k * width + parent_key], axis=1).ravel()
+    amounts = np.stack([dur, -dur], axis=1).ravel()
+    used = np.stack([credit, debit], axis=1).ravel()
+    ids, amounts = ids[used], amounts[used]
+    if not len(ids):
+        return
+    unique, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    totals = np.bincount(inverse, weights=amounts)  # summed in walk order, as the loop did
+    for u in np.argsort(first, kind="stable").tolist():  # keys in order of first touch
+        step, booked = divmod(int(unique[u]), width)
+        by_name = index.steps[step].compute_by_name_us
+        label = DDP_REDUCER if booked == len(names) else names[booked]
+        by_name[label] = by_name.get(label, 0.0) + float(totals[u])
+
+
+def _nest(starts: list[float], ends: list[float], name: list[int],
+          reducer: list[bool]) -> tuple[np.ndarray, np.ndarray]:
+    """The stack walk of `_self_times` (ops in walk order): each op's parent (-1: none) and
+    whether it is booked under DDP_REDUCER (it is a reducer op, or its parent is so booked)."""
+    parent = [-1] * len(starts)
+    in_reducer = [False] * len(starts)
+    stack: list[int] = []
+    for i, t in enumerate(starts):
+        while stack and ends[stack[-1]] <= t:
             stack.pop()
-        inside = (stack and stack[-1][2] == DDP_REDUCER) or reducer[n]
-        key = DDP_REDUCER if inside else names[n]
-        while k + 1 < len(starts) and starts[k + 1] <= t:
-            k += 1
-        if k >= 0 and t <= steps[k].end_us:
-            for a, b in outside[k]:
-                if a <= t <= b:
-                    break
-            else:
-                by_name = steps[k].compute_by_name_us
-                if not comm[n]:
-                    by_name[key] = by_name.get(key, 0.0) + d
-                if stack and not stack[-1][1]:
-                    parent = stack[-1][2]
-                    by_name[parent] = by_name.get(parent, 0.0) - d
-        stack.append((t + d, comm[n], key))
+        if stack:
+            top = stack[-1]
+            parent[i] = top
+            in_reducer[i] = in_reducer[top] or reducer[name[i]]
+        else:
+            in_reducer[i] = reducer[name[i]]
+        stack.append(i)
+    return np.array(parent, dtype=np.int64), np.array(in_reducer, dtype=bool)
 
 
 def _int(v: Any) -> int | None:

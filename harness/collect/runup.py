@@ -110,5 +110,9 @@ def merged_by_step(spans: Spans) -> list[tuple[float, float, int]]:
         p, q = merged_pieces(starts[lo:hi], stops[lo:hi])
         st = int(steps[lo])
         out.extend((a, b, st) for a, b in zip(p.tolist(), q.tolist()))
-    out.sort(key=lambda x: (x[0], x[1]))
+    # ties across steps: the step whose first interval was added first comes first
+    raw = np.frombuffer(spans.step, dtype=np.int64)
+    seen, first = np.unique(raw, return_index=True)
+    added = dict(zip(seen.tolist(), first.tolist()))
+    out.sort(key=lambda x: (x[0], x[1], added[x[2]]))
     return out
