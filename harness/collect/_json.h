@@ -199,6 +199,18 @@ static inline int next_item(Cur *c, unsigned char close) {
     return 0;
 }
 
+/* After an element of a block of comma-separated elements (no brackets): 1 past the comma
+ * and the whitespace before the next element, or at the block's end; 0 on anything else,
+ * a trailing comma included. */
+static inline int next_element(Cur *c) {
+    ws(c);
+    if (c->p >= c->end) return 1;
+    if (*c->p != ',') return 0;
+    c->p++;
+    ws(c);
+    return c->p < c->end;
+}
+
 /* Any value, validated and skipped. */
 static inline int skip(Cur *c, int depth) {
     const unsigned char *s;

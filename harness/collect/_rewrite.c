@@ -89,26 +89,30 @@ static int is_number(const unsigned char *v) {
     return *v == '-' || (*v >= '0' && *v <= '9');
 }
 
+/* Whether a (validated) value is a number, and whether it is an integer literal. */
+static int numeric(const unsigned char *v, Py_ssize_t n, int *integer) {
+    Cur c = {v, v + n};
+    const unsigned char *s;
+    return is_number(v) && number(&c, &s, integer);
+}
+
 /* An integer literal of at most 18 digits, as msgspec decodes it (an int). */
 static int int_literal(const unsigned char *v, Py_ssize_t n, long long *out) {
-    if (!is_number(v)) return 0;
-    for (Py_ssize_t j = 0; j < n; j++)
-        if (v[j] == '.' || v[j] == 'e' || v[j] == 'E') return 0;
-    return to_int(v, n, out);
+    int integer;
+    return numeric(v, n, &integer) && integer && to_int(v, n, out);
 }
 
 /* A numeric value as the double Python's arithmetic on it gives; 0 when that is not exact: an
- * integer beyond 2^53 (Python compares and adds such ints exactly, a double cannot). */
+ * integer beyond 2^53 (Python compares and adds such ints exactly, a double cannot), or of
+ * more than 18 digits. */
 static int exact_double(const unsigned char *v, Py_ssize_t n, double *out) {
     long long i;
-    if (int_literal(v, n, &i)) {
-        if (i > EXACT_INT || i < -EXACT_INT) return 0;
-        *out = (double)i;
-        return 1;
-    }
-    for (Py_ssize_t j = 0; j < n; j++)
-        if (v[j] == '.' || v[j] == 'e' || v[j] == 'E') return to_double(v, n, out);
-    return 0; /* an integer of more than 18 digits */
+    int integer;
+    if (!numeric(v, n, &integer)) return 0;
+    if (!integer) return to_double(v, n, out);
+    if (!to_int(v, n, &i) || i > EXACT_INT || i < -EXACT_INT) return 0;
+    *out = (double)i;
+    return 1;
 }
 
 /* pid or tid as the Python object msgspec decodes: an int or a str; NULL (no error set) when
@@ -339,14 +343,7 @@ PyObject *rewrite(PyObject *self, PyObject *a) {
     ws(&c);
     while (c.p < c.end) {
         Fields f;
-        if (!fields(&c, &f)) goto decline;
-        ws(&c);
-        if (c.p < c.end) { /* events are separated by commas, with no trailing one */
-            if (*c.p != ',') goto decline;
-            c.p++;
-            ws(&c);
-            if (c.p >= c.end) goto decline;
-        }
+        if (!fields(&c, &f) || !next_element(&c)) goto decline;
         int rc = one_event(&job, &f, &out, &first, &kept);
         if (rc == DECLINE) goto decline;
         if (rc == FAIL) goto done;

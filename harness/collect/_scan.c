@@ -236,13 +236,7 @@ static PyObject *scan(PyObject *self, PyObject *args_in) {
         Ev ev;
         if (!event(&c, &ev)) goto fallback;
         const unsigned char *after = c.p;
-        ws(&c);
-        if (c.p < c.end) {
-            if (*c.p != ',') goto fallback;
-            c.p++;
-            ws(&c);
-            if (c.p >= c.end) goto fallback;  /* a trailing comma */
-        }
+        if (!next_element(&c)) goto fallback;
         if (ev.unsure || (ev.odd_time && ev.is_x)) goto fallback;  /* a field that may matter, not read here */
         if (ev.is_m) meta = 1;
         if (!ev.is_x || !ev.has_ts || !ev.has_dur || ev.dur < 0) continue;
