@@ -205,11 +205,16 @@ def _correlation(v: Any) -> int:
     return int(n)
 
 
+def as_numpy(column: array) -> np.ndarray:
+    """A column as a numpy array sharing its memory."""
+    return np.frombuffer(column, dtype=column.typecode)
+
+
 def is_sorted(seq: array) -> bool:
     """Whether the numeric array never decreases (NaN anywhere: not sorted)."""
     if len(seq) < 2:
         return True
-    values = np.frombuffer(seq, dtype=seq.typecode)
+    values = as_numpy(seq)
     return bool(np.all(values[:-1] <= values[1:]))
 
 
@@ -241,11 +246,11 @@ class Columns:
         often come by stream, not by start. NaN starts sort last."""
         if is_sorted(self.ts):
             return self
-        order = np.argsort(np.frombuffer(self.ts, dtype="d"), kind="stable")
+        order = np.argsort(as_numpy(self.ts), kind="stable")
         out = Columns()
         for k in self.__slots__:
             col = getattr(self, k)
-            getattr(out, k).frombytes(np.frombuffer(col, dtype=col.typecode)[order].tobytes())
+            getattr(out, k).frombytes(as_numpy(col)[order].tobytes())
         return out
 
 

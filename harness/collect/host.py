@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from harness.collect.decode import Trace
+from harness.collect.decode import Trace, as_numpy
 from harness.collect.model import Step
 from harness.paths import STEP_PHASES
 
@@ -86,6 +86,12 @@ def copy_direction(memcpy_name: str | None) -> str:
         if TO_DEVICE.search(memcpy_name):
             return COPY_TO_DEVICE
     return COPY
+
+
+def nest_order(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """The positions of events given by start in nest order: by start, the longer first among
+    events starting together (the outer one of a nest), else in their given order."""
+    return np.lexsort((-dur, ts))
 
 
 def enclosing(starts: np.ndarray, ends: np.ndarray, times: Sequence[float]) -> list[list[int]]:
@@ -187,12 +193,11 @@ def attribute_syncs(doc: Trace, step_at: StepAt, by_number: dict[int, Step]) -> 
         return
     copy_names = {c: names[n] for c, n in zip(doc.copies.corr, doc.copies.name) if c >= 0}
     ops = doc.ops
-    op_ts, op_dur, op_name, op_thread = (np.frombuffer(c, dtype=np.dtype(c.typecode))
-                                         for c in (ops.ts, ops.dur, ops.name, ops.thread))
+    op_ts, op_dur, op_name, op_thread = (as_numpy(c) for c in (ops.ts, ops.dur, ops.name, ops.thread))
     is_unscale = np.array([n == AMP_UNSCALE for n in names], dtype=bool)
     for th, found in syncs.items():
         mine = np.flatnonzero(op_thread == th)  # by start
-        order = mine[np.lexsort((-op_dur[mine], op_ts[mine]))]  # nest order: the longer first among equal starts
+        order = mine[nest_order(op_ts[mine], op_dur[mine])]
         op_start = op_ts[order]
         op_end = op_start + op_dur[order]
         marks = sorted(((m.ts, m.ts + m.dur, m.name, False) for m in doc.marks

@@ -37,12 +37,13 @@ from harness.collect.decode import (
     Mark,
     Trace,
     TraceError,
+    as_numpy,
     decode_trace,
     is_sorted,
     number,
     read_bytes,
 )
-from harness.collect.host import attribute_syncs, count_host_ops
+from harness.collect.host import attribute_syncs, count_host_ops, nest_order
 from harness.collect.model import CommOp, RankTrace, Step, number_by_group
 from harness.collect.runup import NO_STEP, Spans, merged_by_step, set_run_ups
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_PATTERN, WORKER_RANK_PATTERN
@@ -114,8 +115,8 @@ class _Ops:
 
     def __init__(self, doc: Trace, main: int | None) -> None:
         ops = doc.ops
-        mine = _numpy(ops.thread) == (-1 if main is None else main)
-        self.ts, self.dur, self.name = (array(c.typecode, _numpy(c)[mine].tobytes())
+        mine = as_numpy(ops.thread) == (-1 if main is None else main)
+        self.ts, self.dur, self.name = (array(c.typecode, as_numpy(c)[mine].tobytes())
                                         for c in (ops.ts, ops.dur, ops.name))
 
     def __iter__(self) -> Iterator[tuple[float, float, int]]:
@@ -123,11 +124,6 @@ class _Ops:
 
     def end_us(self) -> float:
         return max((t + d for t, d, _ in self), default=-float("inf"))
-
-
-def _numpy(column: array) -> np.ndarray:
-    """A column as a numpy array sharing its memory."""
-    return np.frombuffer(column, dtype=np.dtype(column.typecode))
 
 
 def _steps(doc: Trace, main_marks: list[Mark], main_ops: _Ops, main: int | None, warnings: list[str],
@@ -171,15 +167,20 @@ class _StepIndex:
             return self.steps[i].number
         return None
 
-    def at_each(self, ts: np.ndarray) -> np.ndarray:
-        """`at` for every time in `ts`, NO_STEP where it is in no step."""
+    def positions(self, ts: np.ndarray) -> np.ndarray:
+        """For every time in `ts`, the position in `steps` of the step containing it (as `at`
+        finds it), -1 where it is in none."""
         if not self.steps:
-            return np.full(len(ts), NO_STEP, dtype=np.int64)
+            return np.full(len(ts), -1, dtype=np.int64)
         i = np.searchsorted(np.array(self.starts), ts, side="right") - 1
         ends = np.array([s.end_us for s in self.steps])
-        numbers = np.array([s.number for s in self.steps], dtype=np.int64)
-        inside = (i >= 0) & (ts <= ends[np.maximum(i, 0)])
-        return np.where(inside, numbers[np.maximum(i, 0)], NO_STEP)
+        return np.where((i >= 0) & (ts <= ends[np.maximum(i, 0)]), i, -1)
+
+    def at_each(self, ts: np.ndarray) -> np.ndarray:
+        """`at` for every time in `ts`, NO_STEP where it is in no step."""
+        i = self.positions(ts)
+        numbers = np.array([s.number for s in self.steps] or [NO_STEP], dtype=np.int64)
+        return np.where(i >= 0, numbers[np.maximum(i, 0)], NO_STEP)
 
 
 class _LaunchTimes:
@@ -338,7 +339,7 @@ def parse_trace(path: Path) -> RankTrace:
         if comms:
             warnings.append(f"{path.name}: no gloo:* or NCCL communication ranges; using the main thread's c10d ops")
     if not len(kernels):
-        ts, dur, name = (_numpy(c) for c in (main_ops.ts, main_ops.dur, main_ops.name))
+        ts, dur, name = (as_numpy(c) for c in (main_ops.ts, main_ops.dur, main_ops.name))
         is_aten = np.array(aten, dtype=bool)[name] if len(name) else np.zeros(0, dtype=bool)
         spans.extend(ts[is_aten], ts[is_aten] + dur[is_aten], index.at_each(ts[is_aten]), name[is_aten])
         _self_times(main_ops, names, index, by_number)
@@ -410,17 +411,16 @@ def _self_times(main_ops: _Ops, names: list[str], index: _StepIndex, by_number: 
         return
     comm = np.array([bool(COMM_OP.match(n)) for n in names], dtype=bool)
     reducer = [n.startswith(REDUCER_PREFIX) for n in names]
-    ts_all, dur_all, name_all = (_numpy(c) for c in (main_ops.ts, main_ops.dur, main_ops.name))
-    order = np.lexsort((-dur_all, ts_all))  # by start, the longer first (the outer one of a nest)
+    ts_all, dur_all, name_all = (as_numpy(c) for c in (main_ops.ts, main_ops.dur, main_ops.name))
+    order = nest_order(ts_all, dur_all)
     ts, dur, name = ts_all[order], dur_all[order], name_all[order]
     parent, key = _nest(ts.tolist(), (ts + dur).tolist(), name.tolist(), reducer)
     own = np.where(key, len(names), name).astype(np.int64)  # the key booked under; len(names): DDP_REDUCER
     has_parent = parent >= 0
     parent_key = np.where(has_parent, own[np.maximum(parent, 0)], -1)
-    # step of each op and whether it is in the step's data or optimizer phase
-    k = np.searchsorted(np.array(index.starts), ts, side="right") - 1 if index.steps else np.full(len(ts), -1)
-    ends = np.array([s.end_us for s in index.steps] or [0.0])
-    valid = (k >= 0) & (ts <= ends[np.maximum(k, 0)])
+    # step of each op (its position) and whether it is in the step's data or optimizer phase
+    k = index.positions(ts)
+    valid = k >= 0
     for j, s in enumerate(index.steps):
         for p, lo, hi in s.phase_spans:
             if p in NON_MODEL_PHASES:
