@@ -11,6 +11,7 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -137,3 +138,80 @@ def test_self_times_match_the_loop(ops: list, phases: list):
     _self_times(main, OP_NAMES, _StepIndex(steps), {s.number: s for s in steps})
     assert [s.compute_by_name_us for s in steps] == expected
     assert [list(s.compute_by_name_us) for s in steps] == [list(e) for e in expected]  # same key order
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(rows=st.lists(st.tuples(st.one_of(st.integers(0, 40).map(float), st.just(float("nan"))),
+                               st.one_of(st.integers(0, 20).map(float), st.just(float("nan"))), st.booleans()),
+                     max_size=40))
+def test_native_nest_matches_the_python_walk(rows: list):
+    """host.nest natively (_nest.c) and in Python: same parents and flags, NaN ends included."""
+    import os
+
+    from harness.collect import decode
+    from harness.collect.host import nest
+
+    if not decode.native_scan():
+        pytest.skip("the native extension is not built: nothing to compare")
+    starts = np.array([r[0] for r in rows], dtype=np.float64)
+    ends = starts + np.array([r[1] for r in rows], dtype=np.float64)
+    own = np.array([r[2] for r in rows], dtype=bool)
+    native = nest(starts, ends, own)
+    os.environ[decode.NATIVE_ENV] = "0"
+    try:
+        python = nest(starts, ends, own)
+    finally:
+        del os.environ[decode.NATIVE_ENV]
+    assert native[0].tolist() == python[0].tolist()
+    assert native[1].tolist() == python[1].tolist()
+
+
+def _device_work_by_loop(kernels: list, launches: dict[int, float], steps: list[Step], names: list[str]):
+    """The per-kernel loop parse._device_work replaced: (spans rows, compute_by_name_us per step)."""
+    index = _StepIndex(steps)
+    by_number = {s.number: s for s in steps}
+    rows, by_step = [], [dict() for _ in steps]
+    for t, d, n, corr in kernels:
+        launched = launches.get(corr, t) if corr >= 0 else t
+        step = index.at(launched)
+        rows.append((t, t + d, -1 if step is None else step, n))
+        if step is not None and not any(a <= launched <= b for p, a, b in by_number[step].phase_spans
+                                        if p in NON_MODEL_PHASES):
+            by_name = by_step[steps.index(by_number[step])]
+            by_name[names[n]] = by_name.get(names[n], 0.0) + d
+    return rows, by_step
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(kernels=st.lists(st.tuples(TIME, TIME, st.integers(0, 2), st.integers(-1, 12)), max_size=40),
+       launch=st.lists(st.tuples(st.integers(-1, 12), TIME), max_size=12),
+       phases=st.lists(st.tuples(st.sampled_from(["data", "optimizer", "forward"]), st.integers(0, 1),
+                                 st.integers(0, 25).map(float), st.integers(0, 10).map(float)), max_size=4))
+def test_device_work_matches_the_loop(kernels: list, launch: list, phases: list):
+    """Kernels launched in, between and outside two steps, by ids found, missing, negative and
+    reused (the last launch of an id counts), with data/optimizer/forward phases."""
+    from harness.collect.decode import Columns
+    from harness.collect.parse import _device_work, _LaunchTimes
+
+    names = ["k0", "k1", "k2"]
+    kernels.sort(key=lambda k: k[0])
+    steps = [Step(number=4, start_us=0.0, end_us=30.0), Step(number=5, start_us=30.0, end_us=55.0)]
+    for p, j, a, d in phases:
+        steps[j].phase_spans.append((STEP_PHASES[0] if p == "data" else p, steps[j].start_us + a,
+                                     steps[j].start_us + a + d))
+    launches = Columns()
+    for corr, ts in launch:
+        launches.corr.append(corr), launches.ts.append(ts), launches.dur.append(1.0)
+        launches.name.append(0), launches.thread.append(0), launches.extra.append(-1)
+    doc = SimpleNamespace(kernels=Columns(), names=names, args=[], threads=[(1, 1)])
+    for t, d, n, corr in kernels:
+        for col, v in zip((doc.kernels.ts, doc.kernels.dur, doc.kernels.name, doc.kernels.corr,
+                           doc.kernels.thread, doc.kernels.extra), (t, d, n, corr, 0, -1)):
+            col.append(v)
+    last = {corr: ts for corr, ts in launch if corr >= 0}  # the last launch of a reused id
+    expected_rows, expected = _device_work_by_loop(kernels, last, steps, names)
+    spans = Spans(names)
+    assert _device_work(doc, _StepIndex(steps), _LaunchTimes(launches), spans) == []
+    assert list(zip(spans.start_us, spans.end_us, spans.step, spans.name)) == expected_rows
+    assert [s.compute_by_name_us for s in steps] == expected
+    assert [list(s.compute_by_name_us) for s in steps] == [list(e) for e in expected]

@@ -377,16 +377,18 @@ static PyObject *configure(PyObject *self, PyObject *a) {
 }
 
 PyObject *rewrite(PyObject *self, PyObject *args); /* _rewrite.c */
+PyObject *nest(PyObject *self, PyObject *args); /* _nest.c */
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Table one block of trace events (see the module comment); None: fall back."},
     {"configure", configure, METH_VARARGS, "Set the category groups, the annotation category and the step prefix."},
     {"rewrite", rewrite, METH_VARARGS, "Rewrite one block of events for the merged trace (see _rewrite.c); None: fall back."},
+    {"nest", nest, METH_VARARGS, "Each interval's parent in a stack walk, and inherited flags (see _nest.c)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_scan", "Native tabling of trace events, and their rewriting for the merged trace.", -1, methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_scan", "Native tabling of trace events, their rewriting for the merged trace, and interval nesting.", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__scan(void) {

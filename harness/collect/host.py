@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from harness.collect import decode
 from harness.collect.decode import Trace, as_numpy
 from harness.collect.model import Step
 from harness.paths import STEP_PHASES
@@ -94,6 +95,38 @@ def nest_order(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
     return np.lexsort((-dur, ts))
 
 
+def nest(starts: np.ndarray, ends: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The stack walk of parse._self_times over intervals in walk order: each one's parent (-1:
+    none) and its flag, `own` or inherited from its parent (for the DDP reducer booking).
+
+    1. walk the intervals with a stack of open ones: pop while the top ended by this one's start;
+    2. its parent is the top of the stack then (-1: empty); push it;
+    3. flag = own, or the parent's flag when there is a parent (a nest inherits it).
+    Natively (`_nest.c`) when the extension is built and not switched off, else in Python."""
+    n = len(starts)
+    parent, flag = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
+    if decode.native_scan():
+        decode._scan.nest(np.ascontiguousarray(starts, dtype=np.float64),
+                          np.ascontiguousarray(ends, dtype=np.float64), np.ascontiguousarray(own, dtype=bool),
+                          parent, flag)
+        return parent, flag
+    up, inherited, mine = [-1] * n, [False] * n, own.tolist()
+    stack: list[int] = []
+    ends_us = ends.tolist()
+    for i, t in enumerate(starts.tolist()):
+        while stack and ends_us[stack[-1]] <= t:
+            stack.pop()
+        if stack:
+            top = stack[-1]
+            up[i] = top
+            inherited[i] = inherited[top] or mine[i]
+        else:
+            inherited[i] = mine[i]
+        stack.append(i)
+    parent[:], flag[:] = up, inherited
+    return parent, flag
+
+
 def enclosing(starts: np.ndarray, ends: np.ndarray, times: Sequence[float]) -> list[list[int]]:
     """For each time (ascending), the positions of the intervals [start, end) that contain it
     (start <= t < end), in the intervals' order; given in nest order (by start, the longer first
@@ -124,9 +157,10 @@ def count_host_ops(doc: Trace, main: int | None, by_number: dict[int, Step]) -> 
        thread always counts;
     3. host_ops = the sum over the model's threads."""
     names = doc.names
-    aten = [n.startswith("aten::") for n in names]
-    pin = [n in PIN_OPS for n in names]
     ops = doc.ops
+    name, thread = as_numpy(ops.name), as_numpy(ops.thread)
+    aten = np.array([n.startswith("aten::") for n in names], dtype=bool)[name]
+    pin = aten & np.array([n in PIN_OPS for n in names], dtype=bool)[name]
     counts: dict[int, dict[int, int]] = {}
     pinning: set[int] = set()
     steps = sorted(by_number.values(), key=lambda s: s.start_us)
@@ -137,11 +171,10 @@ def count_host_ops(doc: Trace, main: int | None, by_number: dict[int, Step]) -> 
             hi = min(hi, bisect.bisect_left(ops.ts, nxt.start_us))
         c = counts[s.number] = defaultdict(int)
         for i, j in _outside(ops.ts, lo, hi, [(a, b) for p, a, b in s.phase_spans if p == STEP_PHASES[0]]):
-            for n, th in zip(ops.name[i:j], ops.thread[i:j]):
-                if aten[n]:
-                    c[th] += 1
-                    if pin[n]:
-                        pinning.add(th)
+            threads, n = np.unique(thread[i:j][aten[i:j]], return_counts=True)
+            for th, k in zip(threads.tolist(), n.tolist()):
+                c[th] += k
+            pinning.update(thread[i:j][pin[i:j]].tolist())
     gloo = {m.thread for m in doc.marks if m.cat == "user_annotation" and m.name.startswith("gloo:")}
     model = {th for c in counts.values() for th in c if th == main or (th not in gloo and th not in pinning)}
     for number, c in counts.items():

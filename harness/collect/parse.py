@@ -43,7 +43,7 @@ from harness.collect.decode import (
     number,
     read_bytes,
 )
-from harness.collect.host import attribute_syncs, count_host_ops, nest_order
+from harness.collect.host import attribute_syncs, count_host_ops, nest, nest_order
 from harness.collect.model import CommOp, RankTrace, Step, number_by_group
 from harness.collect.runup import NO_STEP, Spans, merged_by_step, set_run_ups
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_PATTERN, WORKER_RANK_PATTERN
@@ -207,9 +207,16 @@ class _LaunchTimes:
         i = bisect.bisect_right(self.corr, corr) - 1
         return i if i >= 0 and self.corr[i] == corr else -1
 
-    def get(self, corr: int, default: float) -> float:
-        i = self._at(corr)
-        return self.ts[i] if i >= 0 else default
+    def times(self, corr: np.ndarray, default: np.ndarray) -> np.ndarray:
+        """For every correlation id in `corr`, the launch time (`default` where the trace holds
+        no launch with that id, or the id is negative): what `_at` finds, for all at once."""
+        ids = as_numpy(self.corr)
+        if not len(ids):
+            return default.copy()
+        i = np.searchsorted(ids, corr, side="right") - 1
+        safe = np.maximum(i, 0)
+        found = (corr >= 0) & (i >= 0) & (ids[safe] == corr)
+        return np.where(found, as_numpy(self.ts)[safe], default)
 
     def launch(self, corr: int) -> tuple[float, int] | None:
         """(host time, thread index) of the launch, None when the trace does not hold it."""
@@ -242,6 +249,84 @@ class _ParamComms:
             return None
         _, end, args = self.by_thread[thread][i]
         return args if end >= ts else None
+
+
+def count_launches(doc: Trace, index: _StepIndex, names: list[str]) -> None:
+    """Each step's `launches`: the kernel launch calls (LAUNCH_CALL, any thread) that start in it."""
+    launches = doc.launches
+    if not len(launches):
+        return
+    name = as_numpy(launches.name)
+    is_launch = np.zeros(len(names), dtype=bool)
+    for n in np.unique(name).tolist():
+        is_launch[n] = bool(LAUNCH_CALL.match(names[n]))
+    pos = index.positions(as_numpy(launches.ts)[is_launch[name]])
+    for k, count in enumerate(np.bincount(pos[pos >= 0], minlength=len(index.steps)).tolist()):
+        index.steps[k].launches += count
+
+
+NON_MODEL_PHASES = (STEP_PHASES[0], "optimizer")
+
+
+def outside_phases(index: _StepIndex, ts: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Whether each host time `ts[i]`, in the step at position `pos[i]` (-1: none), is in that
+    step and outside its data and optimizer phases (the phases' own spans, [start, end]
+    closed): in the model's own work (forward, loss, backward, h2d); True throughout a step
+    with no harness ranges. Per phase span, two binary searches over the times in order."""
+    order = None if bool(np.all(ts[:-1] <= ts[1:])) else np.argsort(ts, kind="stable")
+    t, k = (ts, pos) if order is None else (ts[order], pos[order])
+    keep = k >= 0
+    for j, s in enumerate(index.steps):
+        for p, lo, hi in s.phase_spans:
+            if p in NON_MODEL_PHASES:
+                a, b = np.searchsorted(t, lo, side="left"), np.searchsorted(t, hi, side="right")
+                keep[a:b] &= k[a:b] != j
+    if order is None:
+        return keep
+    out = np.empty_like(keep)
+    out[order] = keep
+    return out
+
+
+def _device_work(doc: Trace, index: _StepIndex, launch_ts: _LaunchTimes, spans: Spans) -> list[CommOp]:
+    """The GPU kernels: NCCL/RCCL ones become CommOps (returned, in kernel order), the others
+    compute intervals in `spans`; each belongs to the step its launch started in (the kernel's
+    own start when the launch is not in the trace). Each step's `compute_by_name_us`: the
+    kernel time by name of the kernels launched in the model's own work (`outside_phases`),
+    summed in kernel order, names in order of first appearance."""
+    kernels, names = doc.kernels, doc.names
+    ts, dur, name, corr = (as_numpy(c) for c in (kernels.ts, kernels.dur, kernels.name, kernels.corr))
+    launched = launch_ts.times(corr, ts)
+    pos = index.positions(launched)
+    numbers = np.array([s.number for s in index.steps] + [NO_STEP], dtype=np.int64)  # numbers[-1]: no step
+    step = numbers[pos]
+    nccl = {n: NCCL_KERNEL.match(names[n]) for n in np.unique(name).tolist()}
+    is_nccl = np.zeros(len(names), dtype=bool)
+    is_nccl[[n for n, m in nccl.items() if m]] = True
+    comm = is_nccl[name]
+    compute = ~comm
+    spans.extend(ts[compute], ts[compute] + dur[compute], step[compute], name[compute])
+
+    model = compute & outside_phases(index, launched, pos)
+    width = len(names)
+    ids, first, inverse = np.unique(pos[model] * width + name[model], return_index=True, return_inverse=True)
+    totals = np.bincount(inverse, weights=dur[model], minlength=len(ids))  # summed in kernel order
+    for u in np.argsort(first, kind="stable").tolist():  # names in order of first appearance
+        k, n = divmod(int(ids[u]), width)
+        index.steps[k].compute_by_name_us[names[n]] = float(totals[u])
+
+    comms: list[CommOp] = []
+    param_comms = _ParamComms(doc) if comm.any() else None
+    for i in np.flatnonzero(comm).tolist():
+        t, d, n, extra = ts[i], dur[i], int(name[i]), kernels.extra[i]
+        args = doc.args[extra] if extra >= 0 else _launching_comms(param_comms, launch_ts, kernels.corr[i])
+        coll = args.collective or nccl[n]["coll"]
+        pg = "default" if args.process_group is None else args.process_group
+        st = int(step[i])
+        comms.append(CommOp(name=canonical_collective(str(coll)), pg=str(pg), start_us=float(t), end_us=float(t + d),
+                            nelems=_int(args.in_nelems), dtype=_str(args.dtype), step=None if st == NO_STEP else st,
+                            thread=doc.threads[kernels.thread[i]]))
+    return comms
 
 
 def parse_trace(path: Path) -> RankTrace:
@@ -281,12 +366,7 @@ def parse_trace(path: Path) -> RankTrace:
                 ops = by_number[st].top_ops_us
                 ops[names[n]] = ops.get(names[n], 0.0) + d
 
-    launch = {n: bool(LAUNCH_CALL.match(names[n])) for n in set(doc.launches.name)}
-    for t, n in zip(doc.launches.ts, doc.launches.name):
-        if launch[n]:
-            st = index.at(t)
-            if st is not None:
-                by_number[st].launches += 1
+    count_launches(doc, index, names)
     attribute_syncs(doc, index.at, by_number)
     count_host_ops(doc, main, by_number)
     aten = [name.startswith("aten::") for name in names]
@@ -296,29 +376,13 @@ def parse_trace(path: Path) -> RankTrace:
     kernels = doc.kernels
     launch_ts = _LaunchTimes(doc.launches) if len(kernels) or len(doc.copies) else None
     if len(kernels):
-        nccl = {n: NCCL_KERNEL.match(names[n]) for n in set(kernels.name)}
-        param_comms = _ParamComms(doc) if any(nccl.values()) else None
-        for t, d, n, th, corr, extra in zip(kernels.ts, kernels.dur, kernels.name, kernels.thread, kernels.corr,
-                                           kernels.extra):
-            launched = launch_ts.get(corr, t)
-            step = index.at(launched)
-            m = nccl[n]
-            if m:
-                args = doc.args[extra] if extra >= 0 else _launching_comms(param_comms, launch_ts, corr)
-                coll = args.collective or m["coll"]
-                pg = "default" if args.process_group is None else args.process_group
-                comms.append(CommOp(name=canonical_collective(str(coll)), pg=str(pg), start_us=t, end_us=t + d,
-                                    nelems=_int(args.in_nelems), dtype=_str(args.dtype), step=step,
-                                    thread=doc.threads[th]))
-            else:
-                spans.add(t, t + d, step, n)
-                if step is not None and _in_model_phase(by_number[step], launched):
-                    by_name = by_number[step].compute_by_name_us
-                    by_name[names[n]] = by_name.get(names[n], 0.0) + d
+        comms.extend(_device_work(doc, index, launch_ts, spans))
     elif doc.gpus or _nccl_backend(doc):
         warnings.append(f"{path.name}: {NO_KERNELS}")
-    for t, d, n, corr in zip(doc.copies.ts, doc.copies.dur, doc.copies.name, doc.copies.corr):
-        copies.add(t, t + d, index.at(launch_ts.get(corr, t)), n)
+    if len(doc.copies):
+        ts, dur = as_numpy(doc.copies.ts), as_numpy(doc.copies.dur)
+        copies.extend(ts, ts + dur, index.at_each(launch_ts.times(as_numpy(doc.copies.corr), ts)),
+                      as_numpy(doc.copies.name))
     for e in doc.marks:
         if e.cat != "user_annotation":
             continue
@@ -364,15 +428,6 @@ def count_step_events(doc: Trace, steps: list[Step]) -> int:
     return sum(len(ts) for ts in starts)
 
 
-NON_MODEL_PHASES = (STEP_PHASES[0], "optimizer")
-
-
-def _in_model_phase(step: Step, ts: float) -> bool:
-    """Whether host time `ts` is in the model's own work (forward, loss, backward, h2d), i.e. not
-    in the data or optimizer phase; True throughout a step with no harness ranges."""
-    return not any(a <= ts <= b for p, a, b in step.phase_spans if p in NON_MODEL_PHASES)
-
-
 def _launching_comms(param_comms: _ParamComms | None, launch_ts: _LaunchTimes, corr: int) -> Args:
     """An NCCL kernel without collective args (e.g. `ncclDevKernel_Generic`): the args of the
     `record_param_comms` op around the host call that launched it, else none."""
@@ -414,18 +469,13 @@ def _self_times(main_ops: _Ops, names: list[str], index: _StepIndex, by_number: 
     ts_all, dur_all, name_all = (as_numpy(c) for c in (main_ops.ts, main_ops.dur, main_ops.name))
     order = nest_order(ts_all, dur_all)
     ts, dur, name = ts_all[order], dur_all[order], name_all[order]
-    parent, key = _nest(ts.tolist(), (ts + dur).tolist(), name.tolist(), reducer)
+    parent, key = nest(ts, ts + dur, np.array(reducer, dtype=bool)[name])
     own = np.where(key, len(names), name).astype(np.int64)  # the key booked under; len(names): DDP_REDUCER
     has_parent = parent >= 0
     parent_key = np.where(has_parent, own[np.maximum(parent, 0)], -1)
     # step of each op (its position) and whether it is in the step's data or optimizer phase
     k = index.positions(ts)
-    valid = k >= 0
-    for j, s in enumerate(index.steps):
-        for p, lo, hi in s.phase_spans:
-            if p in NON_MODEL_PHASES:
-                a, b = np.searchsorted(ts, lo, side="left"), np.searchsorted(ts, hi, side="right")
-                valid[a:b] &= k[a:b] != j  # [lo, hi] closed, as the step's own phases only
+    valid = outside_phases(index, ts, k)
     credit = valid & ~comm[name]
     debit = valid & has_parent & ~comm[name[np.maximum(parent, 0)]]
     width = len(names) + 1
@@ -443,26 +493,6 @@ def _self_times(main_ops: _Ops, names: list[str], index: _StepIndex, by_number: 
         by_name = index.steps[step].compute_by_name_us
         label = DDP_REDUCER if booked == len(names) else names[booked]
         by_name[label] = by_name.get(label, 0.0) + float(totals[u])
-
-
-def _nest(starts: list[float], ends: list[float], name: list[int],
-          reducer: list[bool]) -> tuple[np.ndarray, np.ndarray]:
-    """The stack walk of `_self_times` (ops in walk order): each op's parent (-1: none) and
-    whether it is booked under DDP_REDUCER (it is a reducer op, or its parent is so booked)."""
-    parent = [-1] * len(starts)
-    in_reducer = [False] * len(starts)
-    stack: list[int] = []
-    for i, t in enumerate(starts):
-        while stack and ends[stack[-1]] <= t:
-            stack.pop()
-        if stack:
-            top = stack[-1]
-            parent[i] = top
-            in_reducer[i] = in_reducer[top] or reducer[name[i]]
-        else:
-            in_reducer[i] = reducer[name[i]]
-        stack.append(i)
-    return np.array(parent, dtype=np.int64), np.array(in_reducer, dtype=bool)
 
 
 def _int(v: Any) -> int | None:
