@@ -176,11 +176,13 @@ class _StepIndex:
         ends = np.array([s.end_us for s in self.steps])
         return np.where((i >= 0) & (ts <= ends[np.maximum(i, 0)]), i, -1)
 
+    def numbers(self, pos: np.ndarray) -> np.ndarray:
+        """The step number at each position from `positions`, NO_STEP where it is -1."""
+        return np.array([s.number for s in self.steps] + [NO_STEP], dtype=np.int64)[pos]
+
     def at_each(self, ts: np.ndarray) -> np.ndarray:
         """`at` for every time in `ts`, NO_STEP where it is in no step."""
-        i = self.positions(ts)
-        numbers = np.array([s.number for s in self.steps] or [NO_STEP], dtype=np.int64)
-        return np.where(i >= 0, numbers[np.maximum(i, 0)], NO_STEP)
+        return self.numbers(self.positions(ts))
 
 
 class _LaunchTimes:
@@ -251,16 +253,21 @@ class _ParamComms:
         return args if end >= ts else None
 
 
-def count_launches(doc: Trace, index: _StepIndex, names: list[str]) -> None:
+def _name_mask(names: list[str], name: np.ndarray, pattern: re.Pattern[str]) -> np.ndarray:
+    """For each event (its name ids in `name`), whether its name matches `pattern`: each name
+    used is matched once."""
+    matches = np.zeros(len(names), dtype=bool)
+    for n in np.unique(name).tolist():
+        matches[n] = bool(pattern.match(names[n]))
+    return matches[name]
+
+
+def count_launches(doc: Trace, index: _StepIndex) -> None:
     """Each step's `launches`: the kernel launch calls (LAUNCH_CALL, any thread) that start in it."""
     launches = doc.launches
     if not len(launches):
         return
-    name = as_numpy(launches.name)
-    is_launch = np.zeros(len(names), dtype=bool)
-    for n in np.unique(name).tolist():
-        is_launch[n] = bool(LAUNCH_CALL.match(names[n]))
-    pos = index.positions(as_numpy(launches.ts)[is_launch[name]])
+    pos = index.positions(as_numpy(launches.ts)[_name_mask(doc.names, as_numpy(launches.name), LAUNCH_CALL)])
     for k, count in enumerate(np.bincount(pos[pos >= 0], minlength=len(index.steps)).tolist()):
         index.steps[k].launches += count
 
@@ -298,12 +305,8 @@ def _device_work(doc: Trace, index: _StepIndex, launch_ts: _LaunchTimes, spans: 
     ts, dur, name, corr = (as_numpy(c) for c in (kernels.ts, kernels.dur, kernels.name, kernels.corr))
     launched = launch_ts.times(corr, ts)
     pos = index.positions(launched)
-    numbers = np.array([s.number for s in index.steps] + [NO_STEP], dtype=np.int64)  # numbers[-1]: no step
-    step = numbers[pos]
-    nccl = {n: NCCL_KERNEL.match(names[n]) for n in np.unique(name).tolist()}
-    is_nccl = np.zeros(len(names), dtype=bool)
-    is_nccl[[n for n, m in nccl.items() if m]] = True
-    comm = is_nccl[name]
+    step = index.numbers(pos)
+    comm = _name_mask(names, name, NCCL_KERNEL)
     compute = ~comm
     spans.extend(ts[compute], ts[compute] + dur[compute], step[compute], name[compute])
 
@@ -320,7 +323,7 @@ def _device_work(doc: Trace, index: _StepIndex, launch_ts: _LaunchTimes, spans: 
     for i in np.flatnonzero(comm).tolist():
         t, d, n, extra = ts[i], dur[i], int(name[i]), kernels.extra[i]
         args = doc.args[extra] if extra >= 0 else _launching_comms(param_comms, launch_ts, kernels.corr[i])
-        coll = args.collective or nccl[n]["coll"]
+        coll = args.collective or NCCL_KERNEL.match(names[n])["coll"]
         pg = "default" if args.process_group is None else args.process_group
         st = int(step[i])
         comms.append(CommOp(name=canonical_collective(str(coll)), pg=str(pg), start_us=float(t), end_us=float(t + d),
@@ -366,7 +369,7 @@ def parse_trace(path: Path) -> RankTrace:
                 ops = by_number[st].top_ops_us
                 ops[names[n]] = ops.get(names[n], 0.0) + d
 
-    count_launches(doc, index, names)
+    count_launches(doc, index)
     attribute_syncs(doc, index.at, by_number)
     count_host_ops(doc, main, by_number)
     aten = [name.startswith("aten::") for name in names]
