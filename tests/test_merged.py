@@ -18,6 +18,7 @@ from harness.collect.gzip_pieces import PieceWriter, crc32_combine, write_gzip
 from harness.collect.merged import MERGED_BUDGET_BYTES, MergedChoice, choose_window, step_bytes, window_for
 from harness.collect.model import RankTrace, Step
 from harness.collect.parse import parse_trace
+from harness.paths import MERGED_TRACE
 
 from conftest import REPO, SHARED_TRACES
 from tracebuild import ring_docs, write
@@ -170,6 +171,27 @@ def test_merged_all_none_and_default(tmp_path: Path) -> None:
     assert proc.returncode == 0
     assert _merged(tmp_path / "auto")["harness_merged"]["steps"] == [1, 2, 3, 4, 5, 6]  # small: all of it
     assert "merged:  " in proc.stdout and "step(s) 1-6 of 1-6" in proc.stdout
+
+
+def test_merged_trace_written_beside_the_analysis_is_the_same(tmp_path: Path) -> None:
+    """With a pool (-j 2) the rank jobs start right after the clock offsets are estimated and run
+    while the analysis goes on; with -j 1 they run after it, in the collector's process. Two
+    hosts, rank 1's clock 250 us ahead: both files are the same to the byte, with rank 1 moved
+    back onto rank 0's clock."""
+    docs = ring_docs(lambda r, s: 300.0 if r == 0 else 500.0, n_ranks=2, n_steps=6, hosts=["a", "b"],
+                     clock_us=[0.0, 250.0])
+    for r, d in enumerate(docs):
+        write(tmp_path / "run" / f"rank{r}.pt.trace.json", d)
+    for jobs in ("1", "2"):
+        proc = collect(str(tmp_path / "run"), "-q", "--merged", "all", "-j", jobs, "-o", str(tmp_path / jobs))
+        assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "1" / MERGED_TRACE).read_bytes() == (tmp_path / "2" / MERGED_TRACE).read_bytes()
+    doc = _merged(tmp_path / "2")
+    starts = {e["pid"]: e["ts"] for e in doc["traceEvents"] if e.get("name") == "ProfilerStep#1"}
+    assert starts == {0: 0.0, 1: 0.0}
+    entries = [json.loads((tmp_path / j / "report.json").read_text())["merged"] for j in ("1", "2")]
+    # per rank: 6 steps x 5 slices and the names of its two threads (main, GPU stream)
+    assert entries[0] == entries[1] and entries[0]["events"] == 2 * (6 * 5 + 2)
 
 
 def test_bad_merged_choice_is_one_line(tmp_path: Path) -> None:

@@ -69,14 +69,21 @@ def step_ranges(numbers: list[int]) -> str:
     return ", ".join(out)
 
 
-def analyze(runset: RunSet, *, align: bool = True, thresholds: Thresholds | None = None,
-            steps: set[int] | None = None) -> Analysis:
+@dataclass
+class Alignment:
+    """The first half of `analyze`: the ranks on one clock, before anything is measured on it."""
+    traces: list[RankTrace]  # on aligned clocks, the requested steps only
+    offsets: dict[int, ClockOffset]  # what each rank was shifted by after the common epoch
+    host_clocks: list[HostClock]
+    aligned: bool  # False: no alignment asked for, or no collective to align on
+    warnings: list[str]
+
+
+def align_ranks(runset: RunSet, *, align: bool = True, steps: set[int] | None = None) -> Alignment:
     """1. put every rank on the earliest rank's time origin (baseTimeNanoseconds may differ);
     2. keep the requested steps (NoStepsError when none of them is in the traces); 3. match
     collectives across ranks; 4. estimate one clock offset per host (or zeros with
-    `align=False`) and shift every rank by its host's; 5. each matched collective's waits on
-    the aligned clocks; 6. stragglers; 7. overlap per rank/step, exposed communication split
-    into waiting and transfer."""
+    `align=False`) and shift every rank by its host's."""
     warnings = list(runset.warnings)
     base = min(t.base_us for t in runset.ranks)
     traces = [t.shifted(base - t.base_us) if t.base_us != base else t for t in runset.ranks]
@@ -89,7 +96,6 @@ def analyze(runset: RunSet, *, align: bool = True, thresholds: Thresholds | None
     warnings.extend(trace_warnings(traces))
     instances, match_warnings = match_collectives(traces)
     warnings.extend(match_warnings)
-    ranks = [t.rank for t in traces]
     if align and instances:
         offsets, clocks = estimate_offsets(instances, traces)
         for c in clocks[1:]:
@@ -98,14 +104,22 @@ def analyze(runset: RunSet, *, align: bool = True, thresholds: Thresholds | None
                                 f"the reference host {clocks[0].host}: its clock is not aligned")
     else:
         _, clocks = estimate_offsets([], traces)
-        offsets = {r: ClockOffset(rank=r, offset_us=0.0, spread_us=0.0, samples=0) for r in ranks}
+        offsets = {t.rank: ClockOffset(rank=t.rank, offset_us=0.0, spread_us=0.0, samples=0) for t in traces}
     aligned = [t.shifted(offsets[t.rank].offset_us) if offsets[t.rank].offset_us else t for t in traces]
-    # matched again on the shifted copies: every later stage reads the ops on aligned clocks
-    # (matching keys hold no time, so the instances are the same)
+    return Alignment(traces=aligned, offsets=offsets, host_clocks=clocks, aligned=align and bool(instances),
+                     warnings=warnings)
+
+
+def analyze_aligned(runset: RunSet, alignment: Alignment, thresholds: Thresholds | None = None) -> Analysis:
+    """The second half of `analyze`, on `align_ranks`' traces: 5. match collectives again on the
+    aligned clocks (matching keys hold no time, so the instances are the same as in step 3, their
+    ops now on aligned clocks) and each one's waits; 6. stragglers; 7. overlap per rank/step,
+    exposed communication split into waiting and transfer."""
+    aligned, offsets, warnings = alignment.traces, alignment.offsets, list(alignment.warnings)
     instances, _ = match_collectives(aligned)
     waits = instance_waits(instances)
     result = analyze_stragglers(aligned, waits, offsets, thresholds)
-    if result.reason and len(ranks) > 1:
+    if result.reason and len(aligned) > 1:
         warnings.append(f"no straggler analysis: {result.reason}")
     by_op = op_waits(waits)
     rows: list[StepOverlap] = []
@@ -114,6 +128,14 @@ def analyze(runset: RunSet, *, align: bool = True, thresholds: Thresholds | None
         r, g = rank_overlap(t, by_op)
         rows.extend(r)
         gaps.extend(g)
-    return Analysis(runset=runset, traces=aligned, offsets=offsets, host_clocks=clocks,
-                    aligned=align and bool(instances), instances=instances, waits=waits, stragglers=result,
+    return Analysis(runset=runset, traces=aligned, offsets=offsets, host_clocks=alignment.host_clocks,
+                    aligned=alignment.aligned, instances=instances, waits=waits, stragglers=result,
                     overlap=rows, gaps=gaps, warnings=warnings)
+
+
+def analyze(runset: RunSet, *, align: bool = True, thresholds: Thresholds | None = None,
+            steps: set[int] | None = None) -> Analysis:
+    """`align_ranks` (steps 1-4: common epoch, requested steps, matching, clock offsets) then
+    `analyze_aligned` (steps 5-7: waits, stragglers, overlap); the collector's command runs the
+    two apart so the merged trace is written between them."""
+    return analyze_aligned(runset, align_ranks(runset, align=align, steps=steps), thresholds)

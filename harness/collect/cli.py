@@ -13,7 +13,7 @@ import sys
 from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
 
-from harness.collect.analysis import Analysis, NoStepsError, analyze
+from harness.collect.analysis import Alignment, NoStepsError, align_ranks, analyze_aligned
 from harness.collect.discover import InputError, RunSet, find_trace_files, group_ranks
 from harness.collect.flight import analyse, find_dumps, read_dumps
 from harness.collect.hang_report import attach, flight_only
@@ -21,10 +21,11 @@ from harness.collect.memory import find_memory_timelines, finding_text, memory_f
 from harness.collect.merged import (
     MERGED_BUDGET_BYTES,
     MergedChoice,
-    MergedResult,
+    MergedWriting,
+    finish_merged,
     merged_entry,
+    start_merged,
     window_for,
-    write_merged,
 )
 from harness.collect.model import RankTrace, share_names
 from harness.collect.parse import TraceError, parse_trace
@@ -230,11 +231,15 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     thresholds = Thresholds(min_lag_ms=args.min_lag_ms, rel_lag=args.rel_lag, rel_lag_cpu=args.rel_lag_cpu)
     reporter.stage("aligning clocks, matching collectives, finding stragglers")
     try:
-        analysis = analyze(runset, align=not args.no_align, thresholds=thresholds, steps=args.steps)
+        alignment = align_ranks(runset, align=not args.no_align, steps=args.steps)
     except NoStepsError as exc:
         other = len(window.windows) > 1 and window.window is not None
         hint = f" (in profiler window {window.window}; --window N or all for the others)" if other else ""
         fail(PROG, f"{exc}{hint}", code=EXIT_INPUT)
+    # the merged trace needs only the parsed ranks and the clock offsets: its rank jobs run on the
+    # pool while this process goes on with the analysis and the report
+    writing = start_merged_trace(runset, alignment, args.merged, pool)
+    analysis = analyze_aligned(runset, alignment, thresholds)
     dirs = [Path(d) for d in inputs if Path(d).is_dir()]
     memory = memory_from_dirs(dirs)
     analysis.warnings.extend(memory.warnings)
@@ -242,7 +247,10 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     attach(doc, read_flight(inputs, args.unpickle_nccl_dumps, doc["warnings"]))
     out = args.output or default_output(inputs, files)
     reporter.stage("writing the merged trace")
-    merged = write_merged_trace(analysis, out, args.merged, pool)
+    merged = None
+    if writing is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        merged = finish_merged(writing, analysis.waits, out)
     reporter.stage("writing the report")
     doc["merged"] = merged_entry(merged) if merged else None
     watch = run_watch(dirs)
@@ -274,15 +282,14 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     return f"verdict: {doc['headline']}"
 
 
-def write_merged_trace(analysis: Analysis, out: Path, choice: MergedChoice,
-                       pool: Executor | None) -> MergedResult | None:
-    """The merged trace `choice` asks for (None: not asked for, or no trace file left to copy
-    from: only in-job summaries)."""
-    window = window_for(choice, analysis.runset.ranks) if _traces_present(analysis.runset) else None
+def start_merged_trace(runset: RunSet, alignment: Alignment, choice: MergedChoice,
+                       pool: Executor | None) -> MergedWriting | None:
+    """The merged trace `choice` asks for, started (None: not asked for, or no trace file left
+    to copy from: only in-job summaries)."""
+    window = window_for(choice, runset.ranks) if _traces_present(runset) else None
     if window is None:
         return None
-    out.mkdir(parents=True, exist_ok=True)
-    return write_merged(analysis, out, window, pool)
+    return start_merged(runset.ranks, alignment.offsets, window, pool)
 
 
 def print_memory_only(inputs: list[str], attempt: int | None) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,12 +33,14 @@ from msgspec import UNSET, Raw, UnsetType
 
 from harness.atomic import atomic_file
 from harness.collect import decode
-from harness.collect.analysis import Analysis, step_ranges
+from harness.collect.analysis import step_ranges
+from harness.collect.clocks import ClockOffset
 from harness.collect.decode import open_trace, thread_key
 from harness.collect.gzip_pieces import Piece, PieceWriter, write_gzip
 from harness.collect.model import Block, RankTrace
 from harness.collect.overlap import merge
 from harness.collect.parse import load_json
+from harness.collect.waits import InstanceWaits
 from harness.paths import MERGED_TRACE
 
 # Perfetto UI holds about 2 GB in the browser, at 2-4x the JSON's size once parsed: a JSON of
@@ -343,13 +345,13 @@ def write_rank(job: _RankJob) -> _RankPiece:
     return _RankPiece(piece=out.finish(), tids=mover.tids, events=mover.kept)
 
 
-def _head(a: Analysis, window: Window) -> Piece:
+def _head(ranks: list[RankTrace], window: Window) -> Piece:
     meta = {"steps": window.steps, "note": window.note}
     w = PieceWriter(COMPRESS_LEVEL)
     w.write(b'{"schemaVersion":1,"displayTimeUnit":"ms","traceName":"merged by harness.collect","harness_merged":'
             + _ENCODE(meta) + b',"traceEvents":[\n')
     first = True
-    for trace in a.runset.ranks:
+    for trace in ranks:
         r = trace.rank
         for e in ({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r} ({trace.host})"}},
                   {"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}},
@@ -360,12 +362,12 @@ def _head(a: Analysis, window: Window) -> Piece:
     return w.finish()
 
 
-def _waits(a: Analysis, window: Window, tids: dict[int, dict[tuple[Any, Any], int]]) -> Piece:
+def _waits(waits: list[InstanceWaits], window: Window, tids: dict[int, dict[tuple[Any, Any], int]]) -> Piece:
     """The `collective waits` slices and the flow arrows joining each collective's ranks."""
     keep = None if window.steps is None else set(window.steps)
     w = PieceWriter(COMPRESS_LEVEL)
     events: list[dict[str, Any]] = []
-    for wt in a.waits:
+    for wt in waits:
         if keep is not None and wt.step not in keep:
             continue
         last_rank, last = wt.last_rank, wt.last_arrival_us
@@ -402,15 +404,16 @@ def step_spans(trace: RankTrace, keep: set[int]) -> list[tuple[float, float]]:
     return merge([(s.start_us, end_of[s.number]) for s in trace.steps if s.number in keep])
 
 
-def rank_jobs(a: Analysis, window: Window) -> list[_RankJob]:
-    """One job per rank: its files, block index, the shift onto the aligned clock (the common
-    epoch of `analyze`, then the host's clock offset) and the window on its own clock."""
-    base = min(t.base_us for t in a.runset.ranks)
+def rank_jobs(ranks: list[RankTrace], offsets: dict[int, ClockOffset], window: Window) -> list[_RankJob]:
+    """One job per rank of `ranks` (as parsed, on their own clocks): its files, block index, the
+    shift onto the aligned clock (the common epoch of `align_ranks`, then the rank's clock offset)
+    and the window on its own clock."""
+    base = min(t.base_us for t in ranks)
     keep = None if window.steps is None else set(window.steps)
     jobs = []
-    for trace in a.runset.ranks:
+    for trace in ranks:
         jobs.append(_RankJob(rank=trace.rank, paths=trace.paths, blocks=trace.blocks,
-                             shift_us=(trace.base_us - base) - a.offsets[trace.rank].offset_us,
+                             shift_us=(trace.base_us - base) - offsets[trace.rank].offset_us,
                              spans_us=None if keep is None else step_spans(trace, keep)))
     return jobs
 
@@ -424,14 +427,38 @@ class MergedResult:
     events: int
 
 
-def write_merged(a: Analysis, out: Path, window: Window, pool: Executor | None = None) -> MergedResult:
-    """Write the merged trace of `window` into `out` (ranks in parallel on `pool` when given)."""
-    path = out / MERGED_TRACE
-    jobs = rank_jobs(a, window)
-    results = list(pool.map(write_rank, jobs)) if pool is not None and len(jobs) > 1 else [write_rank(j) for j in jobs]
+@dataclass
+class MergedWriting:
+    """A merged trace under way: the rank jobs started on the pool (or run by `finish_merged`
+    when there is none), while the caller goes on with the analysis; only the `collective
+    waits` piece, written last, needs its result."""
+    ranks: list[RankTrace]
+    window: Window
+    jobs: list[_RankJob]
+    futures: list[Future[_RankPiece]] | None
+
+
+def start_merged(ranks: list[RankTrace], offsets: dict[int, ClockOffset], window: Window,
+                 pool: Executor | None = None) -> MergedWriting:
+    """Start writing the merged trace of `window`: one job per rank on `pool` when given (the
+    jobs need only the parsed ranks and the clock offsets, so they run beside the rest of the
+    analysis)."""
+    jobs = rank_jobs(ranks, offsets, window)
+    futures = [pool.submit(write_rank, j) for j in jobs] if pool is not None and len(jobs) > 1 else None
+    return MergedWriting(ranks=ranks, window=window, jobs=jobs, futures=futures)
+
+
+def finish_merged(writing: MergedWriting, waits: list[InstanceWaits], out: Path) -> MergedResult:
+    """Wait for the rank pieces, then write the head, the pieces in rank order and the waits
+    piece into `out`'s merged trace as one gzip file."""
+    jobs, window = writing.jobs, writing.window
+    results = ([f.result() for f in writing.futures] if writing.futures is not None
+               else [write_rank(j) for j in jobs])
     tids = {j.rank: r.tids for j, r in zip(jobs, results)}
+    path = out / MERGED_TRACE
     with atomic_file(path) as fh:
-        size = write_gzip(fh, [_head(a, window), *(r.piece for r in results), _waits(a, window, tids)])
+        size = write_gzip(fh, [_head(writing.ranks, window), *(r.piece for r in results),
+                               _waits(waits, window, tids)])
     return MergedResult(path=path, window=window, json_bytes=size, gz_bytes=path.stat().st_size,
                         events=sum(r.events for r in results))
 
