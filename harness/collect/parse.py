@@ -43,7 +43,7 @@ from harness.collect.decode import (
     number,
     read_bytes,
 )
-from harness.collect.host import attribute_syncs, count_host_ops, nest, nest_order
+from harness.collect.host import attribute_syncs, count_host_ops, nest, nest_order, top_level
 from harness.collect.model import CommOp, RankTrace, Step, number_by_group
 from harness.collect.runup import NO_STEP, Spans, merged_by_step, set_run_ups
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_PATTERN, WORKER_RANK_PATTERN
@@ -272,6 +272,23 @@ def count_launches(doc: Trace, index: _StepIndex) -> None:
         index.steps[k].launches += count
 
 
+def add_by_name(index: _StepIndex, pos: np.ndarray, name: np.ndarray, dur: np.ndarray, names: list[str],
+                field: str) -> None:
+    """Into each step's dict `field` (empty until then): the events' durations summed per name,
+    for the events at step positions `pos` (-1: in no step, left out).
+    1. one key per (step position, name id) present;
+    2. per key, the durations summed in event order, from 0.0 (bincount adds in input order: the
+       same sum as a loop adding them one by one);
+    3. names entered in each step's dict in order of their first event."""
+    keep = pos >= 0
+    width = len(names)
+    ids, first, inverse = np.unique(pos[keep] * width + name[keep], return_index=True, return_inverse=True)
+    totals = np.bincount(inverse, weights=dur[keep], minlength=len(ids))
+    for u in np.argsort(first, kind="stable").tolist():
+        k, n = divmod(int(ids[u]), width)
+        getattr(index.steps[k], field)[names[n]] = float(totals[u])
+
+
 NON_MODEL_PHASES = (STEP_PHASES[0], "optimizer")
 
 
@@ -311,12 +328,7 @@ def _device_work(doc: Trace, index: _StepIndex, launch_ts: _LaunchTimes, spans: 
     spans.extend(ts[compute], ts[compute] + dur[compute], step[compute], name[compute])
 
     model = compute & outside_phases(index, launched, pos)
-    width = len(names)
-    ids, first, inverse = np.unique(pos[model] * width + name[model], return_index=True, return_inverse=True)
-    totals = np.bincount(inverse, weights=dur[model], minlength=len(ids))  # summed in kernel order
-    for u in np.argsort(first, kind="stable").tolist():  # names in order of first appearance
-        k, n = divmod(int(ids[u]), width)
-        index.steps[k].compute_by_name_us[names[n]] = float(totals[u])
+    add_by_name(index, pos[model], name[model], dur[model], names, "compute_by_name_us")
 
     comms: list[CommOp] = []
     param_comms = _ParamComms(doc) if comm.any() else None
@@ -360,14 +372,7 @@ def parse_trace(path: Path) -> RankTrace:
                 phase = e.name[len(RANGE_PREFIX):]
                 step.phases_us[phase] = step.phases_us.get(phase, 0.0) + e.dur
                 step.phase_spans.append((phase, e.ts, e.ts + e.dur))
-    end = -float("inf")
-    for t, d, n in main_ops:  # top-level ops: not nested inside an earlier one
-        if t >= end:
-            end = t + d
-            st = index.at(t)
-            if st is not None:
-                ops = by_number[st].top_ops_us
-                ops[names[n]] = ops.get(names[n], 0.0) + d
+    _top_ops(main_ops, names, index)
 
     count_launches(doc, index)
     attribute_syncs(doc, index.at, by_number)
@@ -419,6 +424,15 @@ def parse_trace(path: Path) -> RankTrace:
                      steps_source=steps_source,
                      rank_source=rank_source, base_us=base_ns / 1e3, json_bytes=doc.json_bytes,
                      events=count_step_events(doc, steps), blocks={str(path): doc.blocks} if doc.blocks else {})
+
+
+def _top_ops(main_ops: _Ops, names: list[str], index: _StepIndex) -> None:
+    """Each step's `top_ops_us`: the durations by name of the main thread's top-level ops
+    (`host.top_level`: not nested in an earlier top-level one) that start in it, summed in op
+    order (`add_by_name`)."""
+    ts, dur, name = (as_numpy(c) for c in (main_ops.ts, main_ops.dur, main_ops.name))
+    top = top_level(ts, dur)
+    add_by_name(index, index.positions(ts[top]), name[top], dur[top], names, "top_ops_us")
 
 
 def count_step_events(doc: Trace, steps: list[Step]) -> int:
