@@ -195,17 +195,18 @@ def compare(folder: Path, reps: int, anchors: dict[str, str]) -> dict[str, Any]:
     merged = json.loads((tmp / "report" / "report.json").read_text()).get("merged") or {}
     size = sum(p.stat().st_size for p in folder.glob("*.json*")) / 1e6
     med = {k: (statistics.median(w for w, _ in v), statistics.median(m for _, m in v)) for k, v in runs.items()}
-    return {"set": folder.name, "mb": size, "med": med, "overlap_diff_pp": diffs, "merged": merged}
+    walls = {k: [w for w, _ in v] for k, v in runs.items()}  # in the order run
+    return {"set": folder.name, "mb": size, "med": med, "walls": walls, "overlap_diff_pp": diffs, "merged": merged}
 
 
 def print_comparison(rows: list[dict[str, Any]], anchors: dict[str, str], decode_mb_s: float) -> None:
     """One line per set and tool, then the ratios against the faster anchor and the throughput."""
-    print(f"{'set':28} {'MB':>6} {'tool':>13} {'wall s':>8} {'peak MB':>8} {'overlap diff pp':>16}")
+    print(f"{'set':28} {'MB':>6} {'tool':>13} {'wall s':>8} {'peak MB':>8} {'overlap diff pp':>16}  each run's wall s")
     for r in rows:
         for tool, (wall, peak) in r["med"].items():
             diff = r["overlap_diff_pp"].get(tool)
             print(f"{r['set']:28} {r['mb']:>6.0f} {tool:>13} {wall:>8.2f} {peak / 1e6:>8.0f} "
-                  f"{'-' if diff is None else f'{diff:.2f}':>16}")
+                  f"{'-' if diff is None else f'{diff:.2f}':>16}  {' '.join(f'{w:.2f}' for w in r['walls'][tool])}")
     print(f"\n{'set':28} {'faster anchor':>13} {'speed x':>8} {'memory x':>9} {'ours MB/s':>10} "
           f"{'of decoder limit':>17} {'merged MB (JSON)':>17}")
     for r in rows:

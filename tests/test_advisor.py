@@ -99,9 +99,11 @@ def diagnosis_of(run_dir: Path) -> dict:
 ], ids=["baseline", "data", "torch", "kernel", "comm", "straggler"])
 def test_lab_workloads_are_classified(args: list[str], expected: list[str], log_dir: Path) -> None:
     """Shares of a 6-step window on two shared cores move with the VM's load (the comm workload's
-    step measured 72-149 ms across CI runs), so a misclassified run gets one fresh run: a
-    classifier that is wrong, not unlucky, fails both."""
-    for attempt in range(2):
+    step measured 72-149 ms across CI runs; 62-75 ms in 8 quiet runs here, while two runs back to
+    back on a noisy VM gave 122 ms (kernel-bound) and 95 ms (one late step: a straggler)), so a
+    misclassified run gets up to two fresh runs: a classifier that is wrong, not unlucky, fails
+    all three."""
+    for attempt in range(3):
         run = run_harness([*args, *RUN], log_dir, run_name=f"run{attempt}")
         doc = diagnosis_of(run.dir)
         got = [d["bottleneck"] for d in doc["diagnosis"]]
