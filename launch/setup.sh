@@ -34,5 +34,5 @@ fi
 # An editable install ships no bytecode (pip compiles a regular install's modules as it installs
 # them): compile ours here, or every command pays ~0.06 s compiling them at start-up on its first
 # run, and on every run where PYTHONDONTWRITEBYTECODE is set. Only stale files are recompiled.
-"$VENV/bin/python" -m compileall -q harness bench > /dev/null
+"$VENV/bin/python" -m compileall -q harness bench
 "$VENV/bin/python" -c "import torch, harness; print(f'setup: ok (torch {torch.__version__}, cuda {torch.cuda.is_available()})')"

@@ -6,8 +6,11 @@ touching, outside every step, zero-length)."""
 from __future__ import annotations
 
 import bisect
+import os
 from array import array
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
@@ -140,13 +143,29 @@ def test_self_times_match_the_loop(ops: list, phases: list):
     assert [list(s.compute_by_name_us) for s in steps] == [list(e) for e in expected]  # same key order
 
 
+@contextmanager
+def _native_env(value: str) -> Iterator[None]:
+    """HARNESS_NATIVE_SCAN set to `value` for a block, then as it was (hypothesis runs many
+    examples per test, so pytest's per-test monkeypatch does not fit)."""
+    from harness.collect import decode
+
+    before = os.environ.get(decode.NATIVE_ENV)
+    os.environ[decode.NATIVE_ENV] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[decode.NATIVE_ENV]
+        else:
+            os.environ[decode.NATIVE_ENV] = before
+
+
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(rows=st.lists(st.tuples(st.one_of(st.integers(0, 40).map(float), st.just(float("nan"))),
                                st.one_of(st.integers(0, 20).map(float), st.just(float("nan"))), st.booleans()),
                      max_size=40))
 def test_native_nest_matches_the_python_walk(rows: list):
     """host.nest natively (_nest.c) and in Python: same parents and flags, NaN ends included."""
-    import os
 
     from harness.collect import decode
     from harness.collect.host import nest
@@ -157,13 +176,27 @@ def test_native_nest_matches_the_python_walk(rows: list):
     ends = starts + np.array([r[1] for r in rows], dtype=np.float64)
     own = np.array([r[2] for r in rows], dtype=bool)
     native = nest(starts, ends, own)
-    os.environ[decode.NATIVE_ENV] = "0"
-    try:
+    with _native_env("0"):
         python = nest(starts, ends, own)
-    finally:
-        del os.environ[decode.NATIVE_ENV]
     assert native[0].tolist() == python[0].tolist()
     assert native[1].tolist() == python[1].tolist()
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(times=st.lists(st.one_of(TIME, st.just(float("nan"))), max_size=30), nan_step=st.integers(0, 2))
+def test_step_positions_give_at_s_answers(times: list, nan_step: int):
+    """_StepIndex.at_each (numpy search) and at (bisection) agree, also when a step's start is
+    NaN (a ProfilerStep with "ts": "nan"), where bisection and searchsorted part ways."""
+    from harness.collect.runup import NO_STEP
+
+    steps = [Step(number=1, start_us=0.0, end_us=100.0), Step(number=2, start_us=150.0, end_us=250.0),
+             Step(number=3, start_us=260.0, end_us=400.0)]
+    for nan in (False, True):
+        if nan:
+            steps[nan_step] = Step(number=steps[nan_step].number, start_us=float("nan"), end_us=float("nan"))
+        index = _StepIndex(steps)
+        expected = [NO_STEP if (n := index.at(t)) is None else n for t in times]
+        assert index.at_each(np.array(times, dtype=np.float64)).tolist() == expected
 
 
 def _top_ops_by_loop(ops: list, names: list[str], steps: list[Step]) -> list[dict[str, float]]:
@@ -188,9 +221,7 @@ def test_top_ops_match_the_loop_natively_and_in_python(ops: list):
     """Top-level ops in, between and outside two steps: nested, back to back, overlapping the
     previous top-level op's end (not top-level, and its end does not count), zero and NaN
     durations, NaN starts (kept in place, as decoded); native (_nest.c) and Python sweeps."""
-    import os
 
-    from harness.collect import decode
     from harness.collect.parse import _top_ops
 
     names = ["a", "b", "c"]
@@ -201,11 +232,8 @@ def test_top_ops_match_the_loop_natively_and_in_python(ops: list):
     for native in ("1", "0"):
         steps = [Step(number=4, start_us=0.0, end_us=30.0), Step(number=5, start_us=30.0, end_us=55.0)]
         expected = _top_ops_by_loop(ops, names, steps)
-        os.environ[decode.NATIVE_ENV] = native
-        try:
+        with _native_env(native):
             _top_ops(main, names, _StepIndex(steps))
-        finally:
-            del os.environ[decode.NATIVE_ENV]
         # repr: every float to the last bit (NaN durations included), the keys in their order
         results.append(repr([s.top_ops_us for s in steps]))
         assert results[-1] == repr(expected)

@@ -12,6 +12,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 
 PyObject *nest(PyObject *self, PyObject *a) {
@@ -79,7 +80,7 @@ PyObject *top_level(PyObject *self, PyObject *a) {
     }
     const double *s = starts.buf, *d = durs.buf;
     unsigned char *out = top.buf;
-    double end = -Py_HUGE_VAL;
+    double end = -INFINITY;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (s[i] >= end) {
             end = s[i] + d[i];
@@ -93,6 +94,6 @@ PyObject *top_level(PyObject *self, PyObject *a) {
 done:
     PyBuffer_Release(&starts);
     PyBuffer_Release(&durs);
-    if (top.obj) PyBuffer_Release(&top);
+    PyBuffer_Release(&top);
     return result;
 }

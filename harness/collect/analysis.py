@@ -137,5 +137,5 @@ def analyze(runset: RunSet, *, align: bool = True, thresholds: Thresholds | None
             steps: set[int] | None = None) -> Analysis:
     """`align_ranks` (steps 1-4: common epoch, requested steps, matching, clock offsets) then
     `analyze_aligned` (steps 5-7: waits, stragglers, overlap); the collector's command runs the
-    two apart so the merged trace is written between them."""
+    two apart: the merged trace is started between them and written while the second runs."""
     return analyze_aligned(runset, align_ranks(runset, align=align, steps=steps), thresholds)

@@ -431,7 +431,7 @@ class MergedResult:
 class MergedWriting:
     """A merged trace under way: the rank jobs started on the pool (or run by `finish_merged`
     when there is none), while the caller goes on with the analysis; only the `collective
-    waits` piece, written last, needs its result."""
+    waits` piece, written last, needs the analysis's result (its waits)."""
     ranks: list[RankTrace]
     window: Window
     jobs: list[_RankJob]
@@ -450,7 +450,7 @@ def start_merged(ranks: list[RankTrace], offsets: dict[int, ClockOffset], window
 
 def finish_merged(writing: MergedWriting, waits: list[InstanceWaits], out: Path) -> MergedResult:
     """Wait for the rank pieces, then write the head, the pieces in rank order and the waits
-    piece into `out`'s merged trace as one gzip file."""
+    piece into `out`'s merged trace as one gzip file (`out` must exist)."""
     jobs, window = writing.jobs, writing.window
     results = ([f.result() for f in writing.futures] if writing.futures is not None
                else [write_rank(j) for j in jobs])

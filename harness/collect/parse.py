@@ -162,17 +162,22 @@ class _StepIndex:
         self.starts = [s.start_us for s in steps]
 
     def at(self, ts: float) -> int | None:
+        i = self._position(ts)
+        return None if i < 0 else self.steps[i].number
+
+    def _position(self, ts: float) -> int:
         i = bisect.bisect_right(self.starts, ts) - 1
-        if i >= 0 and ts <= self.steps[i].end_us:
-            return self.steps[i].number
-        return None
+        return i if i >= 0 and ts <= self.steps[i].end_us else -1
 
     def positions(self, ts: np.ndarray) -> np.ndarray:
         """For every time in `ts`, the position in `steps` of the step containing it (as `at`
         finds it), -1 where it is in none."""
         if not self.steps:
             return np.full(len(ts), -1, dtype=np.int64)
-        i = np.searchsorted(np.array(self.starts), ts, side="right") - 1
+        starts = np.array(self.starts)
+        if np.isnan(starts).any():  # bisection over NaN starts: only `at`'s own search gives its answer
+            return np.array([self._position(t) for t in ts.tolist()], dtype=np.int64)
+        i = np.searchsorted(starts, ts, side="right") - 1
         ends = np.array([s.end_us for s in self.steps])
         return np.where((i >= 0) & (ts <= ends[np.maximum(i, 0)]), i, -1)
 

@@ -22,7 +22,7 @@ from harness.train.config import ConfigError, LaunchEnv, TrainConfig, resolve_en
 from harness.train.parallel import build_optimizer, destroy_process_group, init_process_group, pick_device, wrap_model
 from harness.train.profiling import TraceRecorder
 from harness.train.run_info import RunIdentity, agree_identity, check_output, gather, host_name, write_run_json
-from harness.train.run_status import RankStatus, Terminated, raise_on_sigterm
+from harness.train.run_status import RankStatus, Terminated, raise_on_sigterm, sigterm_deferred
 from harness.train.stats import StepLog, format_rank_table, step_statistics
 from harness.train.trainer import Trainer, build_loader
 from harness.train.watch import Watch
@@ -79,18 +79,19 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
         with rec:
             trainer.run(rec, log, built)
     except BaseException as exc:
-        if built:
-            built.close()
-        _close_outputs(log, scalars, faults)
-        state = "hung" if flight.is_timeout(exc) else "failed"
-        where = {"step": trainer.progress.step, "phase": trainer.progress.phase}
-        dump = None
-        if recorder_on:
-            dump = flight.write_dump(ident.dir, rank=env.rank, world_size=env.world_size, backend=cfg.parallel.backend,
-                                     reason=_dump_reason(state, exc), progress=trainer.progress, host=host,
-                                     faults=faults)
-        status.end(state, _last_step(log), exc, tracing=_tracing(rec, faults), where=where,
-                   flight=str(dump.relative_to(ident.dir)) if dump else None)
+        with sigterm_deferred():  # torchrun's SIGTERM after a peer failed must not cut this short
+            if built:
+                built.close()
+            _close_outputs(log, scalars, faults)
+            state = "hung" if flight.is_timeout(exc) else "failed"
+            where = {"step": trainer.progress.step, "phase": trainer.progress.phase}
+            dump = None
+            if recorder_on:
+                dump = flight.write_dump(ident.dir, rank=env.rank, world_size=env.world_size,
+                                         backend=cfg.parallel.backend, reason=_dump_reason(state, exc),
+                                         progress=trainer.progress, host=host, faults=faults)
+            status.end(state, _last_step(log), exc, tracing=_tracing(rec, faults), where=where,
+                       flight=str(dump.relative_to(ident.dir)) if dump else None)
         raise
     watch: Watch = built
     watch.close()

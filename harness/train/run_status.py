@@ -15,6 +15,8 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,21 @@ def raise_on_sigterm() -> None:
         raise Terminated(signum)
 
     signal.signal(signal.SIGTERM, handler)
+
+
+@contextmanager
+def sigterm_deferred() -> Iterator[list[int]]:
+    """Inside the block a SIGTERM is recorded (in the yielded list), not raised; the handler that
+    was there is back after it. For a failing rank's last words: torchrun SIGTERMs the other ranks
+    as soon as one fails, which would otherwise raise in the middle of closing the files and
+    writing the status (then left at "running", as if the rank had been SIGKILLed). Only local
+    writes run inside, so deferring cannot keep a rank alive past torchrun's grace period."""
+    came: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: came.append(signum))
+    try:
+        yield came
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 class RankStatus:
