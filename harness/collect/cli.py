@@ -219,6 +219,7 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
         if not traces:
             raise InputError(f"none of the {len(files)} file(s) is a readable profiler trace (see the warnings above)")
         runset = group_ranks(traces)
+        del traces  # the run set holds them now (and lets their intervals go once they are aligned)
     except InputError as exc:
         if flight_only_report(args, str(exc)):
             return "report from the Flight Recorder dumps alone"
@@ -239,6 +240,9 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     # the merged trace needs only the parsed ranks and the clock offsets: its rank jobs run on the
     # pool while this process goes on with the analysis and the report
     writing = start_merged_trace(runset, alignment, args.merged, pool)
+    # From here on the ranks as parsed (own clocks) are read only for their identity, paths and
+    # steps: their intervals go, or every shifted rank's would be held twice (as parsed and aligned)
+    runset.ranks = [t.without_intervals() for t in runset.ranks]
     analysis = analyze_aligned(runset, alignment, thresholds)
     dirs = [Path(d) for d in inputs if Path(d).is_dir()]
     memory = memory_from_dirs(dirs)

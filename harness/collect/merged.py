@@ -345,15 +345,14 @@ def write_rank(job: _RankJob) -> _RankPiece:
     return _RankPiece(piece=out.finish(), tids=mover.tids, events=mover.kept)
 
 
-def _head(ranks: list[RankTrace], window: Window) -> Piece:
+def _head(ranks: list[tuple[int, str]], window: Window) -> Piece:
     meta = {"steps": window.steps, "note": window.note}
     w = PieceWriter(COMPRESS_LEVEL)
     w.write(b'{"schemaVersion":1,"displayTimeUnit":"ms","traceName":"merged by harness.collect","harness_merged":'
             + _ENCODE(meta) + b',"traceEvents":[\n')
     first = True
-    for trace in ranks:
-        r = trace.rank
-        for e in ({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r} ({trace.host})"}},
+    for r, host in ranks:
+        for e in ({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r} ({host})"}},
                   {"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}},
                   {"ph": "M", "name": "thread_name", "pid": r, "tid": _tid(r, WAIT_TID),
                    "args": {"name": "collective waits"}}):
@@ -432,7 +431,7 @@ class MergedWriting:
     """A merged trace under way: the rank jobs started on the pool (or run by `finish_merged`
     when there is none), while the caller goes on with the analysis; only the `collective
     waits` piece, written last, needs the analysis's result (its waits)."""
-    ranks: list[RankTrace]
+    ranks: list[tuple[int, str]]  # (rank, host) of each, for the process names
     window: Window
     jobs: list[_RankJob]
     futures: list[Future[_RankPiece]] | None
@@ -445,7 +444,7 @@ def start_merged(ranks: list[RankTrace], offsets: dict[int, ClockOffset], window
     analysis)."""
     jobs = rank_jobs(ranks, offsets, window)
     futures = [pool.submit(write_rank, j) for j in jobs] if pool is not None and len(jobs) > 1 else None
-    return MergedWriting(ranks=ranks, window=window, jobs=jobs, futures=futures)
+    return MergedWriting(ranks=[(t.rank, t.host) for t in ranks], window=window, jobs=jobs, futures=futures)
 
 
 def finish_merged(writing: MergedWriting, waits: list[InstanceWaits], out: Path) -> MergedResult:

@@ -137,6 +137,13 @@ class RankTrace:
     events: int = 0
     blocks: dict[str, list[Block]] = field(default_factory=dict)
 
+    def without_intervals(self) -> RankTrace:
+        """A copy without its collective, compute and copy intervals (what only the analysis on
+        aligned clocks reads); identity, paths, steps and block index stay."""
+        from dataclasses import replace
+
+        return replace(self, comms=[], compute=[], copies=[])
+
     def shifted(self, offset_us: float) -> RankTrace:
         """A copy with every timestamp moved by -offset_us (clock alignment)."""
         from dataclasses import replace
