@@ -75,7 +75,9 @@ def _traces_in(folder: Path) -> list[Path]:
 
 @dataclass
 class RunSet:
-    """The ranks of one run: traces grouped by rank (several windows of a rank merged)."""
+    """The ranks of one run: traces grouped by rank (several windows of a rank merged). The
+    collector's command lets their intervals go once the ranks are aligned (`Analysis.traces`
+    holds them on the aligned clocks); their identity, paths and steps stay."""
 
     ranks: list[RankTrace]
     world_size: int | None
