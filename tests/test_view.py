@@ -7,13 +7,15 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from harness.collect.tb_scalars import write_scalars
 from harness.collect.timeline import build_timeline
 from harness.report.document import build_report
 from harness.report.files import view_title, write_view
-from harness.report.page import render_page
+from harness.report.page import plotly_js_path, render_page
 from harness.scalars import ScalarWriter, step_scalars
 from harness.view.runs import find_runs, load_view_data
 
@@ -118,7 +120,11 @@ def test_write_view_files(tmp_path: Path) -> None:
     assert path.name == "report.html" and _data_block(path.read_text())["report"] == doc
     # written in parts, the page is the one render_page builds whole (the plugin serves that one)
     title = view_title(doc["run"]["run_id"] or tmp_path.name)
-    assert path.read_text(encoding="utf-8") == render_page(doc, timeline, title=title, assets="inline")
+    page = path.read_text(encoding="utf-8")
+    assert page == render_page(doc, timeline, title=title, assets="inline")
+    # Plotly goes in as bytes: the file's text, any "</script" in it escaped, inside one <script>
+    plotly = plotly_js_path().read_text(encoding="utf-8")
+    assert "<script>" + plotly.replace("</script", "<\\/script") + "</script>" in page
     assert json.loads((tmp_path / "report" / "timeline.json").read_text())["ranks"][0]["rank"] == 0
 
 
@@ -169,3 +175,30 @@ def test_load_view_data_refuses_foreign_or_broken_reports(tmp_path: Path) -> Non
         load_view_data(runs["a"])
     with pytest.raises(ValueError, match="not written by harness.collect"):
         load_view_data(runs["b"])
+
+
+_JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
+                          st.floats(allow_nan=False, allow_infinity=False),
+                          st.text(alphabet=st.sampled_from("ab<>&/\"\\é\n\u2028"), max_size=6))
+_JSON = st.recursive(_JSON_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=12), st.dictionaries(st.text(alphabet="k<&é", max_size=3), inner, max_size=5)),
+    max_leaves=60)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(data=st.one_of(_JSON, st.dictionaries(st.text(alphabet="ab<", max_size=3), _JSON, max_size=6)),
+       batch=st.integers(1, 4), part=st.integers(1, 40))
+def test_json_written_in_parts_is_the_same_text(data, batch: int, part: int, tmp_path_factory) -> None:
+    """report.json (write_json_in_parts) and the page's JSON (_json_parts), written a part at a
+    time, are the bytes json.dumps gives for the whole, with long lists split between parts
+    (batch and part sizes made tiny so every example crosses them)."""
+    import harness.report.files as files
+    import harness.report.page as page
+
+    path = tmp_path_factory.mktemp("parts") / "report.json"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(page, "JSON_BATCH", batch)
+        mp.setattr(files, "PART_CHARS", part)
+        assert "".join(page._json_parts(data)) == page._json_block(data)
+        files.write_json_in_parts(path, data, indent=1, allow_nan=False)
+    assert path.read_bytes() == (json.dumps(data, indent=1, allow_nan=False) + "\n").encode("utf-8")

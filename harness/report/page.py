@@ -75,6 +75,30 @@ def _json_block(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+JSON_BATCH = 256  # list elements per part in _json_parts
+
+
+def _json_parts(data: Any) -> Iterator[str]:
+    """`_json_block(data)` in parts, for a writer to write one at a time: a dict with string keys
+    member by member, a long list member JSON_BATCH elements at a time, each part encoded by the
+    json module's C encoder and escaped alone (the escapes are of single characters, so escaping
+    the parts is escaping the whole); joined, the parts are `_json_block(data)`'s text."""
+    if not (isinstance(data, dict) and all(isinstance(k, str) for k in data)):
+        yield _json_block(data)
+        return
+    yield "{"
+    for i, (key, value) in enumerate(data.items()):
+        yield ("," if i else "") + _json_block(key) + ":"
+        if isinstance(value, list) and len(value) > JSON_BATCH:
+            yield "["
+            for j in range(0, len(value), JSON_BATCH):
+                yield ("," if j else "") + _json_block(value[j:j + JSON_BATCH])[1:-1]
+            yield "]"
+        else:
+            yield _json_block(value)
+    yield "}"
+
+
 def _inline_script(js: str) -> str:
     return "<script>" + js.replace("</script", "<\\/script") + "</script>"
 
@@ -169,21 +193,21 @@ def _memory(doc: dict[str, Any]) -> str:
 
 def render_page(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: str, assets: str = "inline") -> str:
     """The whole view as one HTML document (`page_parts` joined)."""
-    return "".join(page_parts(doc, timeline, title=title, assets=assets))
+    return "".join(p if isinstance(p, str) else p.decode("utf-8") for p in page_parts(doc, timeline, title=title,
+                                                                                       assets=assets))
 
 
 def page_parts(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: str,
-               assets: str = "inline") -> Iterator[str]:
-    """The view as one HTML document, in parts a writer can write one at a time (a 1024-rank
-    report.html is ~11 MB: built whole, with its JSON and that JSON's escaped copies, it made the
-    collector's memory peak). `assets`: "inline" (self-contained file) or "linked" (scripts and
-    style loaded from `plotly.min.js`, `view.js`, `view.css` next to the page)."""
+               assets: str = "inline") -> Iterator[str | bytes]:
+    """The view as one HTML document, in parts a writer can write one at a time (str, and the
+    inlined Plotly as UTF-8 bytes; a 1024-rank report.html is ~11 MB: built whole, with its JSON
+    and that JSON's escaped copies, it made the collector's memory peak). `assets`: "inline"
+    (self-contained file) or "linked" (scripts and style loaded from `plotly.min.js`, `view.js`,
+    `view.css` next to the page)."""
     if assets == "inline":
         head = f"<style>{static_text('view.css')}</style>"
-        scripts = _inline_script(plotly_js_path().read_text(encoding="utf-8")) + _inline_script(static_text("view.js"))
     elif assets == "linked":
         head = '<link rel="stylesheet" href="view.css">'
-        scripts = '<script src="plotly.min.js"></script><script src="view.js"></script>'
     else:
         raise ValueError(f"assets must be 'inline' or 'linked', not {assets!r}")
     yield ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -191,11 +215,21 @@ def page_parts(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: s
            '<script type="application/json" id="harness-data">')
     # {"report": doc, "timeline": timeline} as one compact JSON object, a member at a time
     yield '{"report":'
-    yield _json_block(doc)
+    yield from _json_parts(doc)
     yield ',"timeline":'
-    yield _json_block(timeline)
+    yield from _json_parts(timeline)
     yield "}"
-    yield f"</script>\n{scripts}\n</body></html>\n"
+    yield "</script>\n"
+    if assets == "inline":
+        # Plotly's 4.8 MB as UTF-8 bytes: decoded, its few non-ASCII characters made it a str of
+        # 4 bytes a character (19 MB, and as much again escaped), the collector's memory peak
+        yield "<script>"
+        yield plotly_js_path().read_bytes().replace(b"</script", b"<\\/script")
+        yield "</script>"
+        yield _inline_script(static_text("view.js"))
+    else:
+        yield '<script src="plotly.min.js"></script><script src="view.js"></script>'
+    yield "\n</body></html>\n"
 
 
 def render_message(title: str, message_html: str, *, assets: str = "linked") -> str:
