@@ -99,8 +99,12 @@ def _json_parts(data: Any) -> Iterator[str]:
     yield "}"
 
 
-def _inline_script(js: str) -> str:
-    return "<script>" + js.replace("</script", "<\\/script") + "</script>"
+def _inline_script(js: bytes) -> Iterator[str | bytes]:
+    """`<script>js</script>`, js as UTF-8 bytes (written as they are), any "</script" in it
+    escaped so it cannot close the element early."""
+    yield "<script>"
+    yield js.replace(b"</script", b"<\\/script")
+    yield "</script>"
 
 
 def html_table(rows: list[dict[str, Any]], cols: list[Column], table_id: str,
@@ -223,10 +227,8 @@ def page_parts(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: s
     if assets == "inline":
         # Plotly's 4.8 MB as UTF-8 bytes: decoded, its few non-ASCII characters made it a str of
         # 4 bytes a character (19 MB, and as much again escaped), the collector's memory peak
-        yield "<script>"
-        yield plotly_js_path().read_bytes().replace(b"</script", b"<\\/script")
-        yield "</script>"
-        yield _inline_script(static_text("view.js"))
+        yield from _inline_script(plotly_js_path().read_bytes())
+        yield from _inline_script(static_text("view.js").encode("utf-8"))
     else:
         yield '<script src="plotly.min.js"></script><script src="view.js"></script>'
     yield "\n</body></html>\n"
