@@ -302,9 +302,9 @@ def summary_scale(work: Path, ranks: int, source: Path = SOURCE, per_host: int =
     source rank condensed once, then copied as rank r (of source rank r mod the source's ranks)
     with its world size and host rewritten; the collector over the summaries alone (the traces
     stay on the cluster), wall and peak memory."""
-    from harness.collect.summary import summarize
+    from harness.collect.summary import VERSION, summarize
 
-    folder = work / f"summaries-{source.name}-{ranks}r"
+    folder = work / f"summaries-v{VERSION}-{source.name}-{ranks}r"  # a new summary version: a new set
     if not (folder / ".complete").exists():
         folder.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix="cvh-cond-"))

@@ -195,14 +195,15 @@ def test_identical_kernel_intervals_inside_and_outside_a_step(tmp_path: Path) ->
     g.allreduce(20, 300, 100)
     doc = document([step(1, 0, 1000), *g.events], 0, world_size=1)
     trace = parse_trace(write(tmp_path / "rank0.pt.trace.json", doc))
-    assert trace.compute == [(100.0, 150.0, 1)]
+    cover = trace.steps[0].cover  # window: the kernel's start to the all-reduce's end
+    assert (cover.lo_us, cover.hi_us, cover.compute_us, cover.work_end_us) == (100.0, 400.0, 50.0, 150.0)
     assert trace.comms[0].run_up_start_us == 0.0
     assert trace.comms[0].run_up_us == {"op:k_in_step": 50.0, "op:k_before_steps": 50.0, IDLE: 250.0}
     windows = [write(tmp_path / f"w{i}" / f"rank0.{i}.pt.trace.json", doc) for i in (1, 2)]
     from harness.collect.discover import _merge_windows
 
     merged = _merge_windows([parse_trace(p) for p in windows])
-    assert len(merged.compute) == 2
+    assert [s.cover.compute_us for s in merged.steps] == [50.0, 50.0]  # each window's step keeps its own
 
 
 def test_odd_events_decode_or_are_left_out_with_a_warning(tmp_path: Path) -> None:
@@ -215,7 +216,8 @@ def test_odd_events_decode_or_are_left_out_with_a_warning(tmp_path: Path) -> Non
               x("aten::neg", "cpu_op", 500, -1), {**x("aten::abs", "cpu_op", 0, 1), "ts": True},
               {**x("aten::exp", "cpu_op", 0, 1), "dur": [1]}]
     t = parse_trace(write(tmp_path / "rank0.pt.trace.json", document(events, 0)))
-    assert t.compute == [(100.0, 300.0, 1), (400.0, 405.0, 1)]  # mm and add
+    cover = t.steps[0].cover  # compute: mm and add, in the step [0, 1000]
+    assert (cover.compute_us, cover.idle) == (205.0, [(0.0, 100.0), (300.0, 400.0), (405.0, 1000.0)])
     assert t.steps[0].host_ops == 2  # mm and add; "7" is not an aten op; neg has no valid duration
     assert any("2 malformed event(s) left out" in w for w in t.warnings)
 

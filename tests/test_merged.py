@@ -60,7 +60,7 @@ def _rank(rank: int, step_events: dict[int, int], json_bytes: int, dur_us: dict[
         steps.append(Step(number=n, start_us=t, end_us=t + d, events=ev))
         t += d
     return RankTrace(rank=rank, world_size=2, host="h", paths=["p"], run_id=None, device="cpu", steps=steps, comms=[],
-                     compute=[], json_bytes=json_bytes, events=sum(step_events.values()))
+                     json_bytes=json_bytes, events=sum(step_events.values()))
 
 
 def test_step_bytes_shares_each_trace_by_its_counted_events() -> None:

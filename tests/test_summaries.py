@@ -34,8 +34,8 @@ def _traces(tmp_path: Path) -> list[Path]:
 
 
 def test_a_summary_reads_back_as_the_parsed_trace(tmp_path: Path) -> None:
-    """Every field of the parsed rank (steps, phases, collectives with their run-ups, merged
-    compute, warnings) survives the summary exactly, on built and real GPU traces."""
+    """Every field of the parsed rank (steps, phases, covers, collectives with their run-ups,
+    warnings) survives the summary exactly, on built and real GPU traces."""
     (tmp_path / "s").mkdir()
     for path in _traces(tmp_path):
         parsed = parse_trace(path)
@@ -134,7 +134,7 @@ def test_ranks_read_apart_share_one_copy_of_each_name() -> None:
                          steps=[Step(number=1, start_us=0.0, end_us=10.0, compute_by_name_us={kernel: 4.0},
                                      phase_spans=[("".join(["for", "ward"]), 0.0, 5.0)])],
                          comms=[CommOp(name="allreduce", pg="0", start_us=5.0, end_us=9.0,
-                                       run_up_us={"op:" + kernel: 4.0})], compute=[])
+                                       run_up_us={"op:" + kernel: 4.0})])
 
     names: dict[str, str] = {}
     a, b = share_names(rank(0), names), share_names(rank(1), names)

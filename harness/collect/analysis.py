@@ -34,10 +34,10 @@ class Analysis:
 
 
 def select_steps(trace: RankTrace, keep: set[int]) -> RankTrace:
-    """Only the steps in `keep`, with the communication and compute that belong to them."""
+    """Only the steps in `keep` (their compute folded into them), with the communication that
+    belongs to them."""
     return replace(trace, steps=[s for s in trace.steps if s.number in keep],
-                   comms=[c for c in trace.comms if c.step in keep], compute=[b for b in trace.compute if b[2] in keep],
-                   copies=[b for b in trace.copies if b[2] in keep])
+                   comms=[c for c in trace.comms if c.step in keep])
 
 
 def trace_warnings(traces: list[RankTrace]) -> list[str]:

@@ -6,7 +6,7 @@ import glob
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.collect.model import RankTrace, by_interval, number_by_group
+from harness.collect.model import RankTrace, number_by_group
 from harness.paths import (
     ATTEMPT_PATTERN,
     FLIGHT_DIR,
@@ -144,8 +144,6 @@ def _merge_windows(parts: list[RankTrace]) -> RankTrace:
         rank=first.rank, world_size=first.world_size, host=first.host, paths=[f for p in parts for f in p.paths],
         run_id=first.run_id, device="gpu" if any(p.device == "gpu" for p in parts) else "cpu",
         steps=[s for p in parts for s in p.steps], comms=[c for p in parts for c in p.comms],
-        compute=sorted((b for p in parts for b in p.compute), key=by_interval),
-        copies=sorted((b for p in parts for b in p.copies), key=by_interval),
         warnings=[w for p in parts for w in p.warnings],
         steps_source=first.steps_source, rank_source=first.rank_source, base_us=first.base_us,
         json_bytes=sum(p.json_bytes for p in parts), events=sum(p.events for p in parts),

@@ -394,9 +394,10 @@ def step_spans(trace: RankTrace, keep: set[int]) -> list[tuple[float, float]]:
     each step from its start to its end or the end of the device work it launched, whichever is
     later (GPU work runs behind the host); overlapping or touching intervals joined (`merge`)."""
     end_of = {s.number: s.end_us for s in trace.steps if s.number in keep}
-    for _, b, st in trace.compute + trace.copies:
-        if st in end_of and b > end_of[st]:
-            end_of[st] = b
+    for s in trace.steps:
+        b = s.cover.work_end_us if s.cover is not None else None
+        if s.number in end_of and b is not None and b > end_of[s.number]:
+            end_of[s.number] = b
     for c in trace.comms:
         if c.step in end_of and c.end_us > end_of[c.step]:
             end_of[c.step] = c.end_us

@@ -57,11 +57,6 @@ def share_names(trace: RankTrace, names: dict[str, str]) -> RankTrace:
     return trace
 
 
-def by_interval(b: Busy) -> tuple[float, float]:
-    """Sort key for Busy: by time only (the step may be None, which does not compare with int)."""
-    return b[0], b[1]
-
-
 @dataclass(kw_only=True)
 class CommOp:
     """One collective as seen by one rank: its communication interval on the device/worker."""
@@ -86,6 +81,32 @@ class CommOp:
 
 
 @dataclass(kw_only=True)
+class StepCover:
+    """A step's device compute and copies folded into what the overlap analysis reads
+    (overlap.cover_steps), so that a rank's intervals need not be kept once it is parsed. On
+    the rank's clock; lengths in us. C = the step's compute, K = its copies, M = its
+    communication, all clipped to the window [lo_us, hi_us]."""
+
+    lo_us: float
+    hi_us: float
+    compute_us: float  # |C|
+    memcpy_us: float  # |K|
+    overlapped_us: float  # |C ∩ M|
+    busy_us: float  # |C ∪ M ∪ K|
+    compute_in_comm: list[Interval] = field(default_factory=list)  # C ∩ M, disjoint, by start
+    idle: list[Interval] = field(default_factory=list)  # window - (C ∪ M ∪ K), pieces >= overlap.MIN_GAP_US
+    work_end_us: float | None = None  # the latest end of the step's compute and copies, unclipped
+
+    def shifted(self, offset_us: float) -> StepCover:
+        from dataclasses import replace
+
+        return replace(self, lo_us=self.lo_us - offset_us, hi_us=self.hi_us - offset_us,
+                       compute_in_comm=[(a - offset_us, b - offset_us) for a, b in self.compute_in_comm],
+                       idle=[(a - offset_us, b - offset_us) for a, b in self.idle],
+                       work_end_us=None if self.work_end_us is None else self.work_end_us - offset_us)
+
+
+@dataclass(kw_only=True)
 class Step:
     number: int
     start_us: float
@@ -107,6 +128,9 @@ class Step:
     # Events of the step's time in the trace file (cpu ops, launches, kernels, copies,
     # annotations that start in it): its share of the file's bytes, for the merged trace.
     events: int = 0
+    # Its compute and copies as the overlap analysis reads them; None: no device work or
+    # communication to measure (a GPU step that launched nothing)
+    cover: StepCover | None = None
 
     @property
     def dur_us(self) -> float:
@@ -125,8 +149,6 @@ class RankTrace:
     device: str  # "gpu" when the trace has GPU kernels, else "cpu"
     steps: list[Step]
     comms: list[CommOp]
-    compute: list[Busy]  # device compute, merged per step, by start (GPU: the step of launch)
-    copies: list[Busy] = field(default_factory=list)  # GPU memcpy/memset, merged per step, by start
     base_us: float = 0.0  # the trace's time origin (baseTimeNanoseconds / 1e3, else 0)
     warnings: list[str] = field(default_factory=list)
     steps_source: str = "ProfilerStep"  # or "harness ranges" or "whole trace"
@@ -138,11 +160,11 @@ class RankTrace:
     blocks: dict[str, list[Block]] = field(default_factory=dict)
 
     def without_intervals(self) -> RankTrace:
-        """A copy without its collective, compute and copy intervals (what only the analysis on
-        aligned clocks reads); identity, paths, steps and block index stay."""
+        """A copy without its collectives (what only the analysis on aligned clocks reads);
+        identity, paths, steps and block index stay."""
         from dataclasses import replace
 
-        return replace(self, comms=[], compute=[], copies=[])
+        return replace(self, comms=[])
 
     def shifted(self, offset_us: float) -> RankTrace:
         """A copy with every timestamp moved by -offset_us (clock alignment)."""
@@ -151,11 +173,10 @@ class RankTrace:
         return replace(
             self,
             steps=[replace(s, start_us=s.start_us - offset_us, end_us=s.end_us - offset_us,
-                           phase_spans=[(p, a - offset_us, b - offset_us) for p, a, b in s.phase_spans])
+                           phase_spans=[(p, a - offset_us, b - offset_us) for p, a, b in s.phase_spans],
+                           cover=None if s.cover is None else s.cover.shifted(offset_us))
                    for s in self.steps],
             comms=[replace(c, start_us=c.start_us - offset_us, end_us=c.end_us - offset_us,
                            run_up_start_us=None if c.run_up_start_us is None else c.run_up_start_us - offset_us)
                    for c in self.comms],
-            compute=[(a - offset_us, b - offset_us, st) for a, b, st in self.compute],
-            copies=[(a - offset_us, b - offset_us, st) for a, b, st in self.copies],
         )

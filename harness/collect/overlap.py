@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.collect.model import CommOp, Interval, RankTrace
+from harness.collect.model import Busy, CommOp, Interval, RankTrace, StepCover
 
 MIN_GAP_US = 50.0  # gaps shorter than this are not listed (they are still counted in idle/exposed)
 
@@ -109,59 +109,89 @@ def _split(comms: list[CommOp], waits: OpWaits, rank: int, lo: float,
     return clip(merge(spans), lo, hi), clip(merge(moving), lo, hi)
 
 
-def rank_overlap(trace: RankTrace, waits: OpWaits | None = None,
-                 min_gap_us: float = MIN_GAP_US) -> tuple[list[StepOverlap], list[Gap]]:
-    """Overlap of one rank, step by step.
+def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy], min_gap_us: float = MIN_GAP_US) -> None:
+    """Fold the rank's compute and copy intervals into its steps (`Step.cover`): what of them
+    `rank_overlap` needs, so that the intervals themselves need not be kept. For every step N:
 
-    For every step N:
     1. C = union of the compute intervals of step N, M = union of its communication intervals,
        K = union of its copies (GPU memcpy/memset) (GPU: intervals launched in step N; CPU:
        intervals starting inside the step);
-    2. window = the ProfilerStep interval on a CPU trace; on GPU, first start to last end of
-       step N's device intervals, copies included (device work runs behind the host);
-       C, M and K are clipped to the window;
-    3. compute = |C|, comm = |M|, memcpy = |K|, overlapped = |C ∩ M|, exposed = comm -
-       overlapped, idle = window - |C ∪ M ∪ K| (a copy keeps the device busy, so it is not idle);
-    4. each op waits from its start for its `waits` entry (last arrival - own arrival at the
+    2. window [lo, hi] = the ProfilerStep interval on a CPU trace; on GPU, first start to last
+       end of step N's device intervals, copies included (device work runs behind the host),
+       no cover when there are none; C, M and K are clipped to the window;
+    3. compute = |C|, memcpy = |K|, overlapped = |C ∩ M|, busy = |C ∪ M ∪ K|;
+    4. kept as intervals: C ∩ M (what the split of exposed communication into waiting and
+       transfer still needs of C: every part of the communication lies in M) and the idle
+       pieces window - (C ∪ M ∪ K) at least `min_gap_us` long;
+    5. work_end = the latest end of step N's compute and copies, unclipped.
+    `compute` and `copies` are (start_us, end_us, step) on the trace's clock."""
+    comp_by: dict[int, list[Interval]] = {}
+    for a, b, st in compute:
+        if st is not None:
+            comp_by.setdefault(st, []).append((a, b))
+    copy_by: dict[int, list[Interval]] = {}
+    for a, b, st in copies:
+        if st is not None:
+            copy_by.setdefault(st, []).append((a, b))
+    comm_by: dict[int, list[Interval]] = {}
+    for c in trace.comms:
+        if c.step is not None:
+            comm_by.setdefault(c.step, []).append((c.start_us, c.end_us))
+    for step in trace.steps:
+        comps = comp_by.get(step.number, [])
+        spans = comm_by.get(step.number, [])
+        cops = copy_by.get(step.number, [])
+        if trace.device == "gpu":
+            every = comps + cops + spans
+            if not every:
+                step.cover = None
+                continue
+            lo, hi = min(a for a, _ in every), max(b for _, b in every)
+        else:
+            lo, hi = step.start_us, step.end_us
+        C = clip(merge(comps), lo, hi)
+        K = clip(merge(cops), lo, hi)
+        M = clip(merge(spans), lo, hi)
+        both = intersect(C, M)
+        busy = merge(C + M + K)
+        step.cover = StepCover(
+            lo_us=lo, hi_us=hi, compute_us=length(C), memcpy_us=length(K), overlapped_us=length(both),
+            busy_us=length(busy), compute_in_comm=both,
+            idle=[(a, b) for a, b in subtract([(lo, hi)], busy) if b - a >= min_gap_us],
+            work_end_us=max((b for _, b in comps + cops), default=None))
+
+
+def rank_overlap(trace: RankTrace, waits: OpWaits | None = None,
+                 min_gap_us: float = MIN_GAP_US) -> tuple[list[StepOverlap], list[Gap]]:
+    """Overlap of one rank, step by step, from its steps' covers (`cover_steps`, steps 1-3:
+    window, C, M, K and their lengths; idle gaps):
+    4. window = hi - lo, comm = |M|, exposed = comm - overlapped, idle = window - busy (a copy
+       keeps the device busy, so it is not idle);
+    5. each op waits from its start for its `waits` entry (last arrival - own arrival at the
        matched instance; 0 for an op matched on no other rank) and transfers for the rest;
        T = union of the transferring parts: exposed_transfer = |T - C|, exposed_wait =
-       exposed - exposed_transfer (exposed while every running op only waits);
-    5. the same split per process group, over that group's ops alone;
-    6. gaps: the intervals of T - C (exposed_transfer), of (M - C) - T (exposed_wait) and of
-       window - (C ∪ M ∪ K) (idle), at least `min_gap_us` long, each naming its collective (for
+       exposed - exposed_transfer (exposed while every running op only waits); T and M lie
+       in M, so C ∩ M stands in for C;
+    6. the same split per process group, over that group's ops alone;
+    7. gaps: the intervals of T - C (exposed_transfer), of (M - C) - T (exposed_wait), at least
+       `min_gap_us` long, and the cover's idle pieces (idle), each naming its collective (for
        idle: the last one to end before it in that step, if any).
     """
     waits = waits or {}
     rows: list[StepOverlap] = []
     gaps: list[Gap] = []
-    comp_by: dict[int, list[Interval]] = {}
-    for a, b, st in trace.compute:
-        if st is not None:
-            comp_by.setdefault(st, []).append((a, b))
-    copy_by: dict[int, list[Interval]] = {}
-    for a, b, st in trace.copies:
-        if st is not None:
-            copy_by.setdefault(st, []).append((a, b))
     comm_by: dict[int, list] = {}
     for c in trace.comms:
         if c.step is not None:
             comm_by.setdefault(c.step, []).append(c)
     for step in trace.steps:
-        comps = comp_by.get(step.number, [])
+        cover = step.cover
+        if cover is None:
+            continue
         comms = comm_by.get(step.number, [])
-        copies = copy_by.get(step.number, [])
-        if trace.device == "gpu":
-            spans = comps + copies + [(c.start_us, c.end_us) for c in comms]
-            if not spans:
-                continue
-            lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
-        else:
-            lo, hi = step.start_us, step.end_us
-        C = clip(merge(comps), lo, hi)
-        K = clip(merge(copies), lo, hi)
+        lo, hi = cover.lo_us, cover.hi_us
+        C = cover.compute_in_comm
         M, T = _split(comms, waits, trace.rank, lo, hi)
-        both = intersect(C, M)
-        busy = merge(C + M + K)
         window = hi - lo
         exposed = subtract(M, C)
         moving = subtract(T, C)
@@ -170,21 +200,19 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None,
             Mp, Tp = _split([c for c in comms if c.pg == pg], waits, trace.rank, lo, hi)
             exp_p, mov_p = length(subtract(Mp, C)), length(subtract(Tp, C))
             by_pg[pg] = {"comm_us": length(Mp), "exposed_wait_us": exp_p - mov_p, "exposed_transfer_us": mov_p}
-        rows.append(StepOverlap(rank=trace.rank, step=step.number, window_us=window, compute_us=length(C),
-                                comm_us=length(M), overlapped_comm_us=length(both),
+        rows.append(StepOverlap(rank=trace.rank, step=step.number, window_us=window, compute_us=cover.compute_us,
+                                comm_us=length(M), overlapped_comm_us=cover.overlapped_us,
                                 exposed_comm_us=length(exposed), exposed_wait_us=length(exposed) - length(moving),
-                                exposed_transfer_us=length(moving), idle_us=window - length(busy), by_pg=by_pg,
-                                memcpy_us=length(K)))
+                                exposed_transfer_us=length(moving), idle_us=window - cover.busy_us, by_pg=by_pg,
+                                memcpy_us=cover.memcpy_us))
         for kind, pieces in (("exposed_transfer", moving), ("exposed_wait", subtract(exposed, moving))):
             for a, b in pieces:
                 if b - a >= min_gap_us:
                     name = next((c.name for c in comms if c.start_us < b and c.end_us > a), None)
                     gaps.append(Gap(rank=trace.rank, step=step.number, start_us=a, dur_us=b - a, kind=kind,
                                     collective=name))
-        for a, b in subtract([(lo, hi)], busy):
-            if b - a >= min_gap_us:
-                before = [c for c in comms if c.end_us <= a]
-                name = max(before, key=lambda c: c.end_us).name if before else None
-                gaps.append(Gap(rank=trace.rank, step=step.number, start_us=a, dur_us=b - a, kind="idle",
-                                collective=name))
+        for a, b in cover.idle:
+            before = [c for c in comms if c.end_us <= a]
+            name = max(before, key=lambda c: c.end_us).name if before else None
+            gaps.append(Gap(rank=trace.rank, step=step.number, start_us=a, dur_us=b - a, kind="idle", collective=name))
     return rows, gaps

@@ -12,9 +12,11 @@ What is taken from where (the format facts are in ../shared/design.md):
 5. a GPU interval belongs to the step its launch (matched by correlation id) happened in;
 6. with neither NCCL kernels nor gloo ranges, the main thread's `c10d::<collective>_` ops;
 7. host ops per step and who called each blocking sync: host.py;
-8. kept condensed: compute and copies merged per step, and per collective its run-up by
-   kernel/op name (runup.py); the per-kernel intervals are not kept, so a parsed rank is small
-   whatever the trace's size (and is what an in-job summary stores).
+8. kept condensed: compute and copies folded into each step's cover (overlap.cover_steps: the
+   lengths the overlap analysis reads, the compute inside communication and the idle gaps),
+   and per collective its run-up by kernel/op name (runup.py); no interval of compute or
+   copies is kept, so a parsed rank is small whatever the trace's size (and is what an in-job
+   summary stores).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from harness.collect.decode import (
 )
 from harness.collect.host import attribute_syncs, count_host_ops, nest, nest_order, top_level
 from harness.collect.model import CommOp, RankTrace, Step, number_by_group
+from harness.collect.overlap import cover_steps
 from harness.collect.runup import NO_STEP, Spans, merged_by_step, set_run_ups
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_PATTERN, WORKER_RANK_PATTERN
 
@@ -423,12 +426,14 @@ def parse_trace(path: Path) -> RankTrace:
     comms.sort(key=lambda c: c.start_us)
     number_by_group(comms)
     set_run_ups(comms, spans, steps[0].start_us if steps else None)
-    return RankTrace(rank=rank, world_size=world_size if isinstance(world_size, int) else None, host=host,
-                     paths=[str(path)], run_id=meta.get("run_id"), device="gpu" if len(kernels) else "cpu", steps=steps,
-                     comms=comms, compute=merged_by_step(spans), copies=merged_by_step(copies), warnings=warnings,
-                     steps_source=steps_source,
-                     rank_source=rank_source, base_us=base_ns / 1e3, json_bytes=doc.json_bytes,
-                     events=count_step_events(doc, steps), blocks={str(path): doc.blocks} if doc.blocks else {})
+    trace = RankTrace(rank=rank, world_size=world_size if isinstance(world_size, int) else None, host=host,
+                      paths=[str(path)], run_id=meta.get("run_id"), device="gpu" if len(kernels) else "cpu",
+                      steps=steps, comms=comms, warnings=warnings, steps_source=steps_source,
+                      rank_source=rank_source, base_us=base_ns / 1e3, json_bytes=doc.json_bytes,
+                      events=count_step_events(doc, steps), blocks={str(path): doc.blocks} if doc.blocks else {})
+    # the compute and copies, folded into the steps here: no rank's intervals outlive its parse
+    cover_steps(trace, merged_by_step(spans), merged_by_step(copies))
+    return trace
 
 
 def _top_ops(main_ops: _Ops, names: list[str], index: _StepIndex) -> None:

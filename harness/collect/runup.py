@@ -95,7 +95,7 @@ def set_run_ups(comms: list[CommOp], spans: Spans, first_step_start_us: float | 
 
 
 def merged_by_step(spans: Spans) -> list[tuple[float, float, int]]:
-    """The compute intervals each step owns, merged per step (what overlap reads), by start;
+    """The compute intervals each step owns, merged per step (what overlap.cover_steps folds), by start;
     intervals that belong to no step are left out."""
     starts, stops, steps, _ = spans.columns()
     owned = steps != NO_STEP

@@ -1,7 +1,7 @@
 """In-job summaries: one rank's trace condensed to what the collector's analyses read.
 
-A summary is the parsed `RankTrace` (steps with their phases and per-name compute, each
-collective with its run-up, compute merged per step) as JSON, written next to the trace as
+A summary is the parsed `RankTrace` (steps with their phases, per-name compute and cover, each
+collective with its run-up) as JSON, written next to the trace as
 `<trace name>.summary.json`. The training job writes it when the profiler hands a window over
 (`--trace-summary alongside|only`), so the parsing is spread over the job's own nodes; the
 collector then reads summaries instead of traces (a few hundred kB instead of hundreds of MB)
@@ -28,8 +28,9 @@ from harness.paths import summary_path, trace_of_summary
 FORMAT = "harness rank summary"
 # Bump whenever parse.py's output changes meaning: an older summary is then refused (with the
 # advice to collect from the trace) instead of silently giving a different report.
-VERSION = 3  # 2: steps' syncs by caller, host ops of every model thread, copies per step; 3: events per
-# step, the trace's size and block index (the merged trace's window)
+VERSION = 4  # 2: steps' syncs by caller, host ops of every model thread, copies per step; 3: events per
+# step, the trace's size and block index (the merged trace's window); 4: compute and copies folded into
+# each step's cover instead of kept as intervals
 
 
 class _File(msgspec.Struct):
