@@ -109,6 +109,10 @@ def _split(comms: list[CommOp], waits: OpWaits, rank: int, lo: float,
     return clip(merge(spans), lo, hi), clip(merge(moving), lo, hi)
 
 
+def _timed(merged: list[Interval]) -> list[Interval]:
+    return [(a, b) for a, b in merged if b > a]
+
+
 def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy], min_gap_us: float = MIN_GAP_US) -> None:
     """Fold the rank's compute and copy intervals into its steps (`Step.cover`): what of them
     `rank_overlap` needs, so that the intervals themselves need not be kept. For every step N:
@@ -118,7 +122,8 @@ def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy], min_g
        intervals starting inside the step);
     2. window [lo, hi] = the ProfilerStep interval on a CPU trace; on GPU, first start to last
        end of step N's device intervals, copies included (device work runs behind the host),
-       no cover when there are none; C, M and K are clipped to the window;
+       no cover when there are none; C, M and K are clipped to the window, and their
+       zero-length pieces dropped (a kernel of no duration hides nothing and splits no gap);
     3. compute = |C|, memcpy = |K|, overlapped = |C ∩ M|, busy = |C ∪ M ∪ K|;
     4. kept as intervals: C ∩ M (what the split of exposed communication into waiting and
        transfer still needs of C: every part of the communication lies in M) and the idle
@@ -149,9 +154,7 @@ def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy], min_g
             lo, hi = min(a for a, _ in every), max(b for _, b in every)
         else:
             lo, hi = step.start_us, step.end_us
-        C = clip(merge(comps), lo, hi)
-        K = clip(merge(cops), lo, hi)
-        M = clip(merge(spans), lo, hi)
+        C, K, M = (_timed(clip(merge(x), lo, hi)) for x in (comps, cops, spans))
         both = intersect(C, M)
         busy = merge(C + M + K)
         step.cover = StepCover(
