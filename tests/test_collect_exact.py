@@ -172,7 +172,7 @@ def test_c10d_ops_stand_in_when_there_are_no_gloo_ranges(tmp_path: Path) -> None
 def test_collectives_csv_rows(tmp_path: Path) -> None:
     from harness.report.document import collective_rows
 
-    rows = collective_rows(run_analysis(tmp_path, gpu_docs()))
+    rows = list(collective_rows(run_analysis(tmp_path, gpu_docs())))
     assert [(r["instance"], r["rank"], r["wait_us"], r["transfer_us"], r["last_rank"]) for r in rows] == [
         (0, 0, 200.0, 200.0, 1), (0, 1, 0.0, 200.0, 1), (1, 0, 200.0, 200.0, 1), (1, 1, 0.0, 200.0, 1)]
     assert rows[0]["arrival_us"] == 300.0 and rows[1]["arrival_us"] == 500.0

@@ -13,6 +13,7 @@ from harness.collect.model import Busy, CommOp, RankTrace, Step
 from harness.collect.overlap import (
     MIN_GAP_US,
     Gap,
+    LongestGaps,
     StepOverlap,
     _split,
     clip,
@@ -136,3 +137,17 @@ def test_a_cover_keeps_only_what_the_overlap_reads() -> None:
     gpu, _ = _trace("gpu", [(0.0, 10.0)], [])
     cover_steps(gpu, [], [])
     assert gpu.steps[0].cover is None and rank_overlap(gpu) == ([], [])
+
+
+@settings(max_examples=200, deadline=None)
+@given(ranks=st.lists(st.lists(st.integers(0, 6), max_size=30), max_size=12), keep=st.integers(1, 8))
+def test_the_longest_gaps_are_those_of_sorting_them_all(ranks: list, keep: int) -> None:
+    # few distinct durations: ties everywhere, which must keep the order the gaps came in
+    everything, longest = [], LongestGaps(keep)
+    for r, durations in enumerate(ranks):
+        gaps = [Gap(rank=r, step=1, start_us=float(i), dur_us=float(d), kind="idle", collective=None)
+                for i, d in enumerate(durations)]
+        everything.extend(gaps)
+        longest.add(gaps)
+    assert longest.gaps == sorted(everything, key=lambda g: -g.dur_us)[:keep]
+    assert longest.total == len(everything)

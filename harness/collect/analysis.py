@@ -8,7 +8,7 @@ from harness.collect.clocks import ClockOffset, HostClock, estimate_offsets
 from harness.collect.discover import RunSet
 from harness.collect.matching import Instance, match_collectives
 from harness.collect.model import RankTrace
-from harness.collect.overlap import Gap, StepOverlap, rank_overlap
+from harness.collect.overlap import Gap, LongestGaps, StepOverlap, rank_overlap
 from harness.collect.parse import NO_KERNELS
 from harness.collect.stragglers import StragglerResult, Thresholds, analyze_stragglers
 from harness.collect.waits import InstanceWaits, instance_waits, op_waits
@@ -29,7 +29,8 @@ class Analysis:
     waits: list[InstanceWaits]  # one per instance, same order
     stragglers: StragglerResult
     overlap: list[StepOverlap]
-    gaps: list[Gap]
+    gaps: list[Gap]  # the longest (overlap.LONGEST_GAPS) over all ranks, longest first
+    gaps_total: int  # the gaps of all ranks, listed or not
     warnings: list[str] = field(default_factory=list)
 
 
@@ -114,7 +115,7 @@ def analyze_aligned(runset: RunSet, alignment: Alignment, thresholds: Thresholds
     """The second half of `analyze`, on `align_ranks`' traces: 5. match collectives again on the
     aligned clocks (matching keys hold no time, so the instances are the same as in step 3, their
     ops now on aligned clocks) and each one's waits; 6. stragglers; 7. overlap per rank/step,
-    exposed communication split into waiting and transfer."""
+    exposed communication split into waiting and transfer; of its gaps only the longest kept."""
     aligned, offsets, warnings = alignment.traces, alignment.offsets, list(alignment.warnings)
     instances, _ = match_collectives(aligned)
     waits = instance_waits(instances)
@@ -123,14 +124,14 @@ def analyze_aligned(runset: RunSet, alignment: Alignment, thresholds: Thresholds
         warnings.append(f"no straggler analysis: {result.reason}")
     by_op = op_waits(waits)
     rows: list[StepOverlap] = []
-    gaps: list[Gap] = []
+    gaps = LongestGaps()
     for t in aligned:
         r, g = rank_overlap(t, by_op)
         rows.extend(r)
-        gaps.extend(g)
+        gaps.add(g)
     return Analysis(runset=runset, traces=aligned, offsets=offsets, host_clocks=alignment.host_clocks,
                     aligned=alignment.aligned, instances=instances, waits=waits, stragglers=result,
-                    overlap=rows, gaps=gaps, warnings=warnings)
+                    overlap=rows, gaps=gaps.gaps, gaps_total=gaps.total, warnings=warnings)
 
 
 def analyze(runset: RunSet, *, align: bool = True, thresholds: Thresholds | None = None,

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -76,9 +77,10 @@ from harness.collect.advisor import advice_for, as_rows, diagnose, diagnosis_lin
 from harness.collect.analysis import Analysis
 from harness.collect.collective_stats import collective_stats, process_groups
 from harness.collect.memory import MemoryResult, finding_text
+from harness.collect.overlap import LONGEST_GAPS
 
 SCHEMA_VERSION = 1
-MAX_GAPS = 200
+MAX_GAPS = LONGEST_GAPS  # what the analysis keeps
 ADVICE = {
     "data": "its input pipeline is slow: more DataLoader workers (--num-workers), persistent workers, "
             "pinned memory, or move preprocessing offline; check its disk/network for input files",
@@ -164,7 +166,6 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
             "rss_mb": bytes_to_mb(logged.get("rss_bytes")),
             "gpu_allocated_mb": bytes_to_mb(logged.get("gpu_peak_allocated_bytes")),
         })
-    gaps = sorted(a.gaps, key=lambda g: -g.dur_us)
     present = sorted(by_rank)
     diagnoses = diagnose(a)
     all_steps = sorted({s.number for t in a.traces for s in t.steps})
@@ -191,8 +192,8 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
         "ranks": ranks,
         "hosts": list(hosts.values()),
         "steps": step_rows,
-        "gaps": [asdict(g) for g in gaps[:MAX_GAPS]],
-        "gaps_total": len(gaps),
+        "gaps": [asdict(g) for g in a.gaps],
+        "gaps_total": a.gaps_total,
         "process_groups": process_groups(a.waits, a.overlap),
         "collective_stats": collective_stats(a.waits),
         "collectives": {"matched": len(a.instances), "by_name": dict(Counter(i.name for i in a.instances))},
@@ -301,14 +302,13 @@ def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def collective_rows(a: Analysis) -> list[dict[str, Any]]:
+def collective_rows(a: Analysis) -> Iterator[dict[str, Any]]:
     """One row per (collective instance, rank): arrival on the aligned clock, wait, the
-    instance's transfer, the rank's share of the delay of its start, the last arriver."""
-    rows = []
+    instance's transfer, the rank's share of the delay of its start, the last arriver. Made
+    as they are written (collectives.csv has instances x ranks rows)."""
     for w in a.waits:
         for r in sorted(w.arrival_us):
-            rows.append({"instance": w.index, "name": w.name, "pg": w.instance.pg, "step": w.step, "rank": r,
-                         "arrival_us": round(w.arrival_us[r], 3), "wait_us": round(w.wait_us[r], 3),
-                         "transfer_us": round(w.transfer_us, 3), "delay_share_us": round(w.delay_us[r], 3),
-                         "last_rank": w.last_rank})
-    return rows
+            yield {"instance": w.index, "name": w.name, "pg": w.instance.pg, "step": w.step, "rank": r,
+                   "arrival_us": round(w.arrival_us[r], 3), "wait_us": round(w.wait_us[r], 3),
+                   "transfer_us": round(w.transfer_us, 3), "delay_share_us": round(w.delay_us[r], 3),
+                   "last_rank": w.last_rank}

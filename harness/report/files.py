@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ def write_json_in_parts(path: Path, data: Any, **options: Any) -> None:
         fh.write("".join(parts).encode("utf-8"))
 
 
-def write_report(doc: dict[str, Any], out: Path, collectives: list[dict[str, Any]] | None = None) -> None:
+def write_report(doc: dict[str, Any], out: Path, collectives: Iterable[dict[str, Any]] = ()) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_json_in_parts(out / REPORT_JSON, doc, indent=1, allow_nan=False)
     write_text_atomic(out / REPORT_MD, render_markdown(doc))
@@ -55,7 +56,7 @@ def write_report(doc: dict[str, Any], out: Path, collectives: list[dict[str, Any
     with (out / COLLECTIVES_CSV).open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=COLLECTIVE_COLUMNS)
         w.writeheader()
-        w.writerows(collectives or [])
+        w.writerows(collectives)
 
 
 
