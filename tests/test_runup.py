@@ -199,47 +199,6 @@ def test_step_positions_give_at_s_answers(times: list, nan_step: int):
         assert index.at_each(np.array(times, dtype=np.float64)).tolist() == expected
 
 
-def _top_ops_by_loop(ops: list, names: list[str], steps: list[Step]) -> list[dict[str, float]]:
-    """The loop parse._top_ops replaced: top_ops_us per step."""
-    index = _StepIndex(steps)
-    by_step: dict[int, dict[str, float]] = {s.number: {} for s in steps}
-    end = -float("inf")
-    for t, d, n in ops:
-        if t >= end:
-            end = t + d
-            st = index.at(t)
-            if st is not None:
-                by_step[st][names[n]] = by_step[st].get(names[n], 0.0) + d
-    return [by_step[s.number] for s in steps]
-
-
-@settings(max_examples=300, deadline=None, derandomize=True)
-@given(ops=st.lists(st.tuples(st.one_of(TIME, st.just(float("nan"))), st.one_of(TIME.map(lambda t: t / 8),
-                                                                                   st.just(float("nan"))),
-                              st.integers(0, 2)), max_size=40))
-def test_top_ops_match_the_loop_natively_and_in_python(ops: list):
-    """Top-level ops in, between and outside two steps: nested, back to back, overlapping the
-    previous top-level op's end (not top-level, and its end does not count), zero and NaN
-    durations, NaN starts (kept in place, as decoded); native (_nest.c) and Python sweeps."""
-
-    from harness.collect.parse import _top_ops
-
-    names = ["a", "b", "c"]
-    ops = sorted(ops, key=lambda o: -1.0 if o[0] != o[0] else o[0])
-    main = SimpleNamespace(ts=array("d", [o[0] for o in ops]), dur=array("d", [o[1] for o in ops]),
-                           name=array("i", [o[2] for o in ops]))
-    results = []
-    for native in ("1", "0"):
-        steps = [Step(number=4, start_us=0.0, end_us=30.0), Step(number=5, start_us=30.0, end_us=55.0)]
-        expected = _top_ops_by_loop(ops, names, steps)
-        with _native_env(native):
-            _top_ops(main, names, _StepIndex(steps))
-        # repr: every float to the last bit (NaN durations included), the keys in their order
-        results.append(repr([s.top_ops_us for s in steps]))
-        assert results[-1] == repr(expected)
-    assert results[0] == results[1]
-
-
 def _device_work_by_loop(kernels: list, launches: dict[int, float], steps: list[Step], names: list[str]):
     """The per-kernel loop parse._device_work replaced: (spans rows, compute_by_name_us per step)."""
     index = _StepIndex(steps)

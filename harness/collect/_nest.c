@@ -1,5 +1,5 @@
-/* Native nesting of intervals: host.nest's stack walk (the CPU self times' parents) and
- * host.top_level's sweep (the top-level ops), without a Python object per op.
+/* Native nesting of intervals: host.nest's stack walk (the CPU self times' parents), without a
+ * Python object per op.
  *
  * nest(starts, ends, own, parent, flag): starts and ends are arrays of doubles, the intervals in
  * walk order (by start, the longer first among equal starts); own one byte per interval. Fills
@@ -59,41 +59,5 @@ done:
     PyBuffer_Release(&own);
     if (parent.obj) PyBuffer_Release(&parent);
     if (flag.obj) PyBuffer_Release(&flag);
-    return result;
-}
-
-/* top_level(starts, durs, top): the intervals in start order (starts, durs: doubles); fills the
- * caller's writable byte array top:
- *   1. end = -inf; walk the intervals in order;
- *   2. top[i] = 1 when starts[i] >= end (it starts after the last top-level one ended; a NaN
- *      start never does), and then end = starts[i] + durs[i]; else top[i] = 0.
- * The same as the Python sweep, bit for bit (tests/test_runup.py compares the two). */
-PyObject *top_level(PyObject *self, PyObject *a) {
-    (void)self;
-    Py_buffer starts = {0}, durs = {0}, top = {0};
-    PyObject *result = NULL;
-    if (!PyArg_ParseTuple(a, "y*y*w*", &starts, &durs, &top)) return NULL;
-    Py_ssize_t n = starts.len / (Py_ssize_t)sizeof(double);
-    if (starts.len % (Py_ssize_t)sizeof(double) || durs.len != starts.len || top.len != n) {
-        PyErr_SetString(PyExc_ValueError, "top_level: starts and durs must be doubles, top bytes, all of one length");
-        goto done;
-    }
-    const double *s = starts.buf, *d = durs.buf;
-    unsigned char *out = top.buf;
-    double end = -INFINITY;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (s[i] >= end) {
-            end = s[i] + d[i];
-            out[i] = 1;
-        } else {
-            out[i] = 0;
-        }
-    }
-    result = Py_None;
-    Py_INCREF(result);
-done:
-    PyBuffer_Release(&starts);
-    PyBuffer_Release(&durs);
-    PyBuffer_Release(&top);
     return result;
 }

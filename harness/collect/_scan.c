@@ -378,14 +378,12 @@ static PyObject *configure(PyObject *self, PyObject *a) {
 
 PyObject *rewrite(PyObject *self, PyObject *args); /* _rewrite.c */
 PyObject *nest(PyObject *self, PyObject *args); /* _nest.c */
-PyObject *top_level(PyObject *self, PyObject *args); /* _nest.c */
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Table one block of trace events (see the module comment); None: fall back."},
     {"configure", configure, METH_VARARGS, "Set the category groups, the annotation category and the step prefix."},
     {"rewrite", rewrite, METH_VARARGS, "Rewrite one block of events for the merged trace (see _rewrite.c); None: fall back."},
     {"nest", nest, METH_VARARGS, "Each interval's parent in a stack walk, and inherited flags (see _nest.c)."},
-    {"top_level", top_level, METH_VARARGS, "Which intervals start after the last top-level one ended (see _nest.c)."},
     {NULL, NULL, 0, NULL},
 };
 

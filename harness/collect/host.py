@@ -127,27 +127,6 @@ def nest(starts: np.ndarray, ends: np.ndarray, own: np.ndarray) -> tuple[np.ndar
     return parent, flag
 
 
-def top_level(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
-    """Which of the ops, in start order, are top-level: not nested in an earlier top-level one.
-
-    1. end = -inf; walk the ops in order;
-    2. an op is top-level when it starts at or after `end` (a NaN start never is); then
-       end = its start + its duration.
-    An op that starts inside a top-level one is not, even when it ends after it. Natively
-    (`_nest.c`) when the extension is built and not switched off, else in Python."""
-    top = np.zeros(len(ts), dtype=bool)
-    if decode.native_scan():
-        decode._scan.top_level(np.ascontiguousarray(ts, dtype=np.float64),
-                               np.ascontiguousarray(dur, dtype=np.float64), top)
-        return top
-    end = -float("inf")
-    for i, (t, d) in enumerate(zip(ts.tolist(), dur.tolist())):
-        if t >= end:
-            end = t + d
-            top[i] = True
-    return top
-
-
 def enclosing(starts: np.ndarray, ends: np.ndarray, times: Sequence[float]) -> list[list[int]]:
     """For each time (ascending), the positions of the intervals [start, end) that contain it
     (start <= t < end), in the intervals' order; given in nest order (by start, the longer first

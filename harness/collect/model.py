@@ -48,7 +48,6 @@ def share_names(trace: RankTrace, names: dict[str, str]) -> RankTrace:
         c.run_up_us = keyed(c.run_up_us)
     for st in trace.steps:
         st.phases_us = keyed(st.phases_us)
-        st.top_ops_us = keyed(st.top_ops_us)
         st.syncs_by_caller = keyed(st.syncs_by_caller)  # type: ignore[arg-type]
         st.sync_us_by_caller = keyed(st.sync_us_by_caller)
         st.compute_by_name_us = keyed(st.compute_by_name_us)
@@ -113,7 +112,6 @@ class Step:
     end_us: float
     phases_us: dict[str, float] = field(default_factory=dict)  # harness:<phase> durations
     phase_spans: list[tuple[str, float, float]] = field(default_factory=list)  # (phase, start_us, end_us)
-    top_ops_us: dict[str, float] = field(default_factory=dict)  # main-thread top-level op durations
     # What the advisor reads (see parse.py, host.py): host ops outside the data phase (every
     # model thread's), kernel launches, blocking host-device syncs and their time (in all and by
     # caller: host.caller_of), and the model's compute time (forward/loss/backward, the
@@ -160,11 +158,11 @@ class RankTrace:
     blocks: dict[str, list[Block]] = field(default_factory=dict)
 
     def without_intervals(self) -> RankTrace:
-        """A copy without its collectives (what only the analysis on aligned clocks reads);
-        identity, paths, steps and block index stay."""
+        """A copy without its collectives and its steps' covers (what only the analysis on
+        aligned clocks reads); identity, paths, steps and block index stay."""
         from dataclasses import replace
 
-        return replace(self, comms=[])
+        return replace(self, comms=[], steps=[replace(s, cover=None) for s in self.steps])
 
     def shifted(self, offset_us: float) -> RankTrace:
         """A copy with every timestamp moved by -offset_us (clock alignment)."""

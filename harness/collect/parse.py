@@ -45,7 +45,7 @@ from harness.collect.decode import (
     number,
     read_bytes,
 )
-from harness.collect.host import attribute_syncs, count_host_ops, nest, nest_order, top_level
+from harness.collect.host import attribute_syncs, count_host_ops, nest, nest_order
 from harness.collect.model import CommOp, RankTrace, Step, number_by_group
 from harness.collect.overlap import cover_steps
 from harness.collect.runup import NO_STEP, Spans, merged_by_step, set_run_ups
@@ -380,7 +380,6 @@ def parse_trace(path: Path) -> RankTrace:
                 phase = e.name[len(RANGE_PREFIX):]
                 step.phases_us[phase] = step.phases_us.get(phase, 0.0) + e.dur
                 step.phase_spans.append((phase, e.ts, e.ts + e.dur))
-    _top_ops(main_ops, names, index)
 
     count_launches(doc, index)
     attribute_syncs(doc, index.at, by_number)
@@ -434,15 +433,6 @@ def parse_trace(path: Path) -> RankTrace:
     # the compute and copies, folded into the steps here: no rank's intervals outlive its parse
     cover_steps(trace, merged_by_step(spans), merged_by_step(copies))
     return trace
-
-
-def _top_ops(main_ops: _Ops, names: list[str], index: _StepIndex) -> None:
-    """Each step's `top_ops_us`: the durations by name of the main thread's top-level ops
-    (`host.top_level`: not nested in an earlier top-level one) that start in it, summed in op
-    order (`add_by_name`)."""
-    ts, dur, name = (as_numpy(c) for c in (main_ops.ts, main_ops.dur, main_ops.name))
-    top = top_level(ts, dur)
-    add_by_name(index, index.positions(ts[top]), name[top], dur[top], names, "top_ops_us")
 
 
 def count_step_events(doc: Trace, steps: list[Step]) -> int:

@@ -30,7 +30,8 @@ FORMAT = "harness rank summary"
 # advice to collect from the trace) instead of silently giving a different report.
 VERSION = 4  # 2: steps' syncs by caller, host ops of every model thread, copies per step; 3: events per
 # step, the trace's size and block index (the merged trace's window); 4: compute and copies folded into
-# each step's cover instead of kept as intervals
+# each step's cover instead of kept as intervals,
+# the main thread's top-level op times (read by nothing) dropped
 
 
 class _File(msgspec.Struct):
