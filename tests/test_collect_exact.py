@@ -247,3 +247,31 @@ def test_streamed_decode_equals_whole_decode(tmp_path: Path, block_bytes: int) -
         with open_trace(path) as fh:
             _stream(fh, block_bytes)  # the streamed path itself, not the whole-file fallback
         assert decode_trace(path, block_bytes) == _decode_whole(path), path.name
+
+
+def test_releasing_what_the_analysis_read_changes_no_result(tmp_path: Path) -> None:
+    """The collector's command lets the run-ups and the covers go once read (analyze_aligned's
+    `release`): the same stragglers, phase included, overlap and gaps as keeping them. Four ranks
+    on two hosts (the second's clock 300 us ahead, so the ranks are shifted copies), rank 2
+    computing 300 us longer in every step."""
+    from harness.collect.analysis import align_ranks, analyze_aligned
+
+    from tracebuild import ring_docs
+
+    docs = ring_docs(lambda r, s: 400.0 if r == 2 else 100.0, 4, 4, hosts=["a", "a", "b", "b"],
+                     clock_us=[0.0, 0.0, 300.0, 300.0])
+    paths = [write(tmp_path / f"rank{r}.pt.trace.json", d) for r, d in enumerate(docs)]
+    results = []
+    for release in (False, True):
+        runset = group_ranks([parse_trace(p) for p in paths])
+        results.append(analyze_aligned(runset, align_ranks(runset), release=release))
+    kept, released = results
+    [slow] = [b for b in kept.stragglers.ranks if b.straggler]
+    assert slow.rank == 2 and slow.phase == "op:ampere_sgemm_128x64_nn"  # read from the run-ups
+    assert kept.offsets[2].offset_us != 0.0
+    for name in ("overlap", "gaps", "gaps_total", "offsets"):
+        assert repr(getattr(released, name)) == repr(getattr(kept, name)), name
+    assert repr(released.stragglers.ranks) == repr(kept.stragglers.ranks)
+    assert all(s.cover is not None for t in kept.traces for s in t.steps)
+    assert all(s.cover is None for t in released.traces for s in t.steps)
+    assert not any(c.run_up_us for t in released.traces for c in t.comms)

@@ -111,17 +111,26 @@ def align_ranks(runset: RunSet, *, align: bool = True, steps: set[int] | None = 
                      warnings=warnings)
 
 
-def analyze_aligned(runset: RunSet, alignment: Alignment, thresholds: Thresholds | None = None) -> Analysis:
+def analyze_aligned(runset: RunSet, alignment: Alignment, thresholds: Thresholds | None = None, *,
+                    release: bool = False) -> Analysis:
     """The second half of `analyze`, on `align_ranks`' traces: 5. match collectives again on the
     aligned clocks (matching keys hold no time, so the instances are the same as in step 3, their
     ops now on aligned clocks) and each one's waits; 6. stragglers; 7. overlap per rank/step,
-    exposed communication split into waiting and transfer; of its gaps only the longest kept."""
+    exposed communication split into waiting and transfer; of its gaps only the longest kept.
+
+    With `release`, what only this function reads goes as soon as it is read: the collectives'
+    run-ups after step 6, each rank's step covers after its step 7 (the most a parsed rank
+    holds; the report, timeline and merged trace read neither)."""
     aligned, offsets, warnings = alignment.traces, alignment.offsets, list(alignment.warnings)
     instances, _ = match_collectives(aligned)
     waits = instance_waits(instances)
     result = analyze_stragglers(aligned, waits, offsets, thresholds)
     if result.reason and len(aligned) > 1:
         warnings.append(f"no straggler analysis: {result.reason}")
+    if release:
+        for t in aligned:
+            for c in t.comms:
+                c.run_up_us = {}
     by_op = op_waits(waits)
     rows: list[StepOverlap] = []
     gaps = LongestGaps()
@@ -129,6 +138,9 @@ def analyze_aligned(runset: RunSet, alignment: Alignment, thresholds: Thresholds
         r, g = rank_overlap(t, by_op)
         rows.extend(r)
         gaps.add(g)
+        if release:
+            for s in t.steps:
+                s.cover = None
     return Analysis(runset=runset, traces=aligned, offsets=offsets, host_clocks=alignment.host_clocks,
                     aligned=alignment.aligned, instances=instances, waits=waits, stragglers=result,
                     overlap=rows, gaps=gaps.gaps, gaps_total=gaps.total, warnings=warnings)

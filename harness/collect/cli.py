@@ -243,7 +243,7 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
     # From here on the ranks as parsed (own clocks) are read only for their identity, paths and
     # steps: their intervals go, or every shifted rank's would be held twice (as parsed and aligned)
     runset.ranks = [t.without_intervals() for t in runset.ranks]
-    analysis = analyze_aligned(runset, alignment, thresholds)
+    analysis = analyze_aligned(runset, alignment, thresholds, release=True)
     dirs = [Path(d) for d in inputs if Path(d).is_dir()]
     memory = memory_from_dirs(dirs)
     analysis.warnings.extend(memory.warnings)

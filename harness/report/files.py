@@ -24,7 +24,8 @@ STEP_COLUMNS = ["rank", "step", "step_ms", "wait_ms", "lag_ms", "exposed_comm_ms
                 "gpu_allocated_mb"]
 
 
-PART_CHARS = 1 << 20  # what write_json_in_parts holds before writing: ~1 MB of text
+PART_CHARS = 1 << 16  # what write_json_in_parts holds before writing: 64 k characters (in pieces of a few
+# characters each with indent, ~50 bytes of object apiece: 1 M characters held 8.5 MB at 1024 ranks)
 
 
 def write_json_in_parts(path: Path, data: Any, **options: Any) -> None:
