@@ -202,3 +202,22 @@ def test_json_written_in_parts_is_the_same_text(data, batch: int, part: int, tmp
         assert "".join(page._json_parts(data)) == page._json_block(data)
         files.write_json_in_parts(path, data, indent=1, allow_nan=False)
     assert path.read_bytes() == (json.dumps(data, indent=1, allow_nan=False) + "\n").encode("utf-8")
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.sampled_from([b"</script", b"</scr", b"ipt", b"<", b"/", b"x", b"</SCRIPT", b"\xc3\xa9"]),
+                       max_size=30),
+       chunk=st.integers(1, 12))
+def test_a_script_file_inlined_in_chunks_is_escaped_as_a_whole(pieces: list, chunk: int, tmp_path_factory) -> None:
+    """Plotly is inlined from its file a chunk at a time: the same bytes as escaping the whole,
+    however a "</script" falls across the chunks (chunk sizes made tiny)."""
+    import harness.report.page as page
+
+    js = b"".join(pieces)
+    path = tmp_path_factory.mktemp("js") / "script.js"
+    path.write_bytes(js)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(page, "CHUNK_BYTES", chunk)
+        chunked = b"".join(p.encode() if isinstance(p, str) else p for p in page._inline_script(path))
+    whole = b"".join(p.encode() if isinstance(p, str) else p for p in page._inline_script(js))
+    assert chunked == whole and b"</script" not in whole[len(b"<script>"):-len(b"</script>")]

@@ -115,22 +115,16 @@ def analyze_aligned(runset: RunSet, alignment: Alignment, thresholds: Thresholds
                     release: bool = False) -> Analysis:
     """The second half of `analyze`, on `align_ranks`' traces: 5. match collectives again on the
     aligned clocks (matching keys hold no time, so the instances are the same as in step 3, their
-    ops now on aligned clocks) and each one's waits; 6. stragglers; 7. overlap per rank/step,
-    exposed communication split into waiting and transfer; of its gaps only the longest kept.
+    ops now on aligned clocks) and each one's waits; 6. overlap per rank/step, exposed
+    communication split into waiting and transfer, of its gaps only the longest kept;
+    7. stragglers.
 
-    With `release`, what only this function reads goes as soon as it is read: the collectives'
-    run-ups after step 6, each rank's step covers after its step 7 (the most a parsed rank
+    With `release`, what only this function reads goes as soon as it is read: each rank's step
+    covers after its step 6, the collectives' run-ups after step 7 (the most a parsed rank
     holds; the report, timeline and merged trace read neither)."""
     aligned, offsets, warnings = alignment.traces, alignment.offsets, list(alignment.warnings)
     instances, _ = match_collectives(aligned)
     waits = instance_waits(instances)
-    result = analyze_stragglers(aligned, waits, offsets, thresholds)
-    if result.reason and len(aligned) > 1:
-        warnings.append(f"no straggler analysis: {result.reason}")
-    if release:
-        for t in aligned:
-            for c in t.comms:
-                c.run_up_us = {}
     by_op = op_waits(waits)
     rows: list[StepOverlap] = []
     gaps = LongestGaps()
@@ -141,6 +135,13 @@ def analyze_aligned(runset: RunSet, alignment: Alignment, thresholds: Thresholds
         if release:
             for s in t.steps:
                 s.cover = None
+    result = analyze_stragglers(aligned, waits, offsets, thresholds)
+    if result.reason and len(aligned) > 1:
+        warnings.append(f"no straggler analysis: {result.reason}")
+    if release:
+        for t in aligned:
+            for c in t.comms:
+                c.run_up_us = {}
     return Analysis(runset=runset, traces=aligned, offsets=offsets, host_clocks=alignment.host_clocks,
                     aligned=alignment.aligned, instances=instances, waits=waits, stragglers=result,
                     overlap=rows, gaps=gaps.gaps, gaps_total=gaps.total, warnings=warnings)
@@ -149,6 +150,6 @@ def analyze_aligned(runset: RunSet, alignment: Alignment, thresholds: Thresholds
 def analyze(runset: RunSet, *, align: bool = True, thresholds: Thresholds | None = None,
             steps: set[int] | None = None) -> Analysis:
     """`align_ranks` (steps 1-4: common epoch, requested steps, matching, clock offsets) then
-    `analyze_aligned` (steps 5-7: waits, stragglers, overlap); the collector's command runs the
+    `analyze_aligned` (steps 5-7: waits, overlap, stragglers); the collector's command runs the
     two apart: the merged trace is started between them and written while the second runs."""
     return analyze_aligned(runset, align_ranks(runset, align=align, steps=steps), thresholds)

@@ -99,11 +99,32 @@ def _json_parts(data: Any) -> Iterator[str]:
     yield "}"
 
 
-def _inline_script(js: bytes) -> Iterator[str | bytes]:
-    """`<script>js</script>`, js as UTF-8 bytes (written as they are), any "</script" in it
-    escaped so it cannot close the element early."""
+SCRIPT_END, SCRIPT_END_ESCAPED = b"</script", b"<\\/script"
+CHUNK_BYTES = 1 << 20  # what _inline_script holds of a script file at a time
+
+
+def _inline_script(js: bytes | Path) -> Iterator[str | bytes]:
+    """`<script>js</script>`, js as UTF-8 bytes (written as they are) or the file holding them,
+    any "</script" in it escaped so it cannot close the element early. A file is read
+    CHUNK_BYTES at a time (Plotly's 4.8 MB, read whole and escaped, was the collector's peak):
+    each chunk is escaped up to where no "</script" can straddle its end, the rest carried into
+    the next one."""
     yield "<script>"
-    yield js.replace(b"</script", b"<\\/script")
+    if isinstance(js, bytes):
+        yield js.replace(SCRIPT_END, SCRIPT_END_ESCAPED)
+    else:
+        carry = b""
+        with js.open("rb") as fh:
+            while chunk := fh.read(CHUNK_BYTES):
+                buf = carry + chunk
+                cut = max(len(buf) - (len(SCRIPT_END) - 1), 0)
+                # a match starting in the last bytes kept whole: it cannot overlap another
+                found = buf.find(SCRIPT_END, max(cut - len(SCRIPT_END) + 1, 0))
+                if 0 <= found < cut:
+                    cut = found + len(SCRIPT_END)
+                yield buf[:cut].replace(SCRIPT_END, SCRIPT_END_ESCAPED)
+                carry = buf[cut:]
+        yield carry.replace(SCRIPT_END, SCRIPT_END_ESCAPED)
     yield "</script>"
 
 
@@ -225,9 +246,9 @@ def page_parts(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: s
     yield "}"
     yield "</script>\n"
     if assets == "inline":
-        # Plotly's 4.8 MB as UTF-8 bytes: decoded, its few non-ASCII characters made it a str of
-        # 4 bytes a character (19 MB, and as much again escaped), the collector's memory peak
-        yield from _inline_script(plotly_js_path().read_bytes())
+        # Plotly's 4.8 MB as UTF-8 bytes from its file: decoded, its few non-ASCII characters
+        # made it a str of 4 bytes a character (19 MB, and as much again escaped)
+        yield from _inline_script(plotly_js_path())
         yield from _inline_script(static_text("view.js").encode("utf-8"))
     else:
         yield '<script src="plotly.min.js"></script><script src="view.js"></script>'
