@@ -210,7 +210,8 @@ def test_json_written_in_parts_is_the_same_text(data, batch: int, part: int, tmp
        chunk=st.integers(1, 12))
 def test_a_script_file_inlined_in_chunks_is_escaped_as_a_whole(pieces: list, chunk: int, tmp_path_factory) -> None:
     """Plotly is inlined from its file a chunk at a time: the same bytes as escaping the whole,
-    however a "</script" falls across the chunks (chunk sizes made tiny)."""
+    however a "</script" or a two-byte character falls across the chunks (chunk sizes made
+    tiny), and each part a valid UTF-8 text (the page decodes them one by one)."""
     import harness.report.page as page
 
     js = b"".join(pieces)
@@ -218,6 +219,10 @@ def test_a_script_file_inlined_in_chunks_is_escaped_as_a_whole(pieces: list, chu
     path.write_bytes(js)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(page, "CHUNK_BYTES", chunk)
-        chunked = b"".join(p.encode() if isinstance(p, str) else p for p in page._inline_script(path))
+        parts = list(page._inline_script(path))
+        for p in parts:
+            if isinstance(p, bytes):
+                p.decode("utf-8")  # raises on a character cut in two
+        chunked = b"".join(p.encode() if isinstance(p, str) else p for p in parts)
     whole = b"".join(p.encode() if isinstance(p, str) else p for p in page._inline_script(js))
     assert chunked == whole and b"</script" not in whole[len(b"<script>"):-len(b"</script>")]

@@ -88,6 +88,7 @@ class StepCover:
 
     lo_us: float
     hi_us: float
+    window_us: float  # hi - lo, measured before any shift (the lengths below are too)
     compute_us: float  # |C|
     memcpy_us: float  # |K|
     overlapped_us: float  # |C ∩ M|

@@ -114,7 +114,7 @@ def _timed(merged: list[Interval]) -> list[Interval]:
     return [(a, b) for a, b in merged if b > a]
 
 
-def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy], min_gap_us: float = MIN_GAP_US) -> None:
+def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy]) -> None:
     """Fold the rank's compute and copy intervals into its steps (`Step.cover`): what of them
     `rank_overlap` needs, so that the intervals themselves need not be kept. For every step N:
 
@@ -125,10 +125,10 @@ def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy], min_g
        end of step N's device intervals, copies included (device work runs behind the host),
        no cover when there are none; C, M and K are clipped to the window, and their
        zero-length pieces dropped (a kernel of no duration hides nothing and splits no gap);
-    3. compute = |C|, memcpy = |K|, overlapped = |C ∩ M|, busy = |C ∪ M ∪ K|;
+    3. window = hi - lo, compute = |C|, memcpy = |K|, overlapped = |C ∩ M|, busy = |C ∪ M ∪ K|;
     4. kept as intervals: C ∩ M (what the split of exposed communication into waiting and
        transfer still needs of C: every part of the communication lies in M) and the idle
-       pieces window - (C ∪ M ∪ K) at least `min_gap_us` long;
+       pieces window - (C ∪ M ∪ K) at least MIN_GAP_US long;
     5. work_end = the latest end of step N's compute and copies, unclipped.
     `compute` and `copies` are (start_us, end_us, step) on the trace's clock."""
     comp_by: dict[int, list[Interval]] = {}
@@ -159,18 +159,17 @@ def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy], min_g
         both = intersect(C, M)
         busy = merge(C + M + K)
         step.cover = StepCover(
-            lo_us=lo, hi_us=hi, compute_us=length(C), memcpy_us=length(K), overlapped_us=length(both),
-            busy_us=length(busy), compute_in_comm=both,
-            idle=[(a, b) for a, b in subtract([(lo, hi)], busy) if b - a >= min_gap_us],
+            lo_us=lo, hi_us=hi, window_us=hi - lo, compute_us=length(C), memcpy_us=length(K),
+            overlapped_us=length(both), busy_us=length(busy), compute_in_comm=both,
+            idle=[(a, b) for a, b in subtract([(lo, hi)], busy) if b - a >= MIN_GAP_US],
             work_end_us=max((b for _, b in comps + cops), default=None))
 
 
-def rank_overlap(trace: RankTrace, waits: OpWaits | None = None,
-                 min_gap_us: float = MIN_GAP_US) -> tuple[list[StepOverlap], list[Gap]]:
+def rank_overlap(trace: RankTrace, waits: OpWaits | None = None) -> tuple[list[StepOverlap], list[Gap]]:
     """Overlap of one rank, step by step, from its steps' covers (`cover_steps`, steps 1-3:
     window, C, M, K and their lengths; idle gaps):
-    4. window = hi - lo, comm = |M|, exposed = comm - overlapped, idle = window - busy (a copy
-       keeps the device busy, so it is not idle);
+    4. comm = |M|, exposed = comm - overlapped, idle = window - busy (a copy keeps the device
+       busy, so it is not idle);
     5. each op waits from its start for its `waits` entry (last arrival - own arrival at the
        matched instance; 0 for an op matched on no other rank) and transfers for the rest;
        T = union of the transferring parts: exposed_transfer = |T - C|, exposed_wait =
@@ -178,7 +177,7 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None,
        in M, so C ∩ M stands in for C;
     6. the same split per process group, over that group's ops alone;
     7. gaps: the intervals of T - C (exposed_transfer), of (M - C) - T (exposed_wait), at least
-       `min_gap_us` long, and the cover's idle pieces (idle), each naming its collective (for
+       MIN_GAP_US long, and the cover's idle pieces (idle), each naming its collective (for
        idle: the last one to end before it in that step, if any).
     """
     waits = waits or {}
@@ -196,7 +195,7 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None,
         lo, hi = cover.lo_us, cover.hi_us
         C = cover.compute_in_comm
         M, T = _split(comms, waits, trace.rank, lo, hi)
-        window = hi - lo
+        window = cover.window_us
         exposed = subtract(M, C)
         moving = subtract(T, C)
         by_pg = {}
@@ -211,7 +210,7 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None,
                                 memcpy_us=cover.memcpy_us))
         for kind, pieces in (("exposed_transfer", moving), ("exposed_wait", subtract(exposed, moving))):
             for a, b in pieces:
-                if b - a >= min_gap_us:
+                if b - a >= MIN_GAP_US:
                     name = next((c.name for c in comms if c.start_us < b and c.end_us > a), None)
                     gaps.append(Gap(rank=trace.rank, step=step.number, start_us=a, dur_us=b - a, kind=kind,
                                     collective=name))

@@ -21,6 +21,7 @@ import msgspec
 from harness.atomic import write_bytes_atomic
 from harness.collect.decode import TraceError
 from harness.collect.model import RankTrace
+from harness.collect.overlap import cover_steps
 from harness.collect.parse import parse_trace
 from harness.oneline_argparse import OneLineArgumentParser, fail
 from harness.paths import summary_path, trace_of_summary
@@ -40,7 +41,22 @@ class _File(msgspec.Struct):
     rank_trace: RankTrace
 
 
+class _IntervalsV3(msgspec.Struct):
+    """What version 3 kept in place of the steps' covers: the compute and copies merged per
+    step, (start_us, end_us, step) by start; folded into covers when such a summary is read (a
+    run condensed with `--trace-summary only` has no trace left to collect from)."""
+
+    compute: list[tuple[float, float, int | None]] = []
+    copies: list[tuple[float, float, int | None]] = []
+
+
+class _FileV3(msgspec.Struct):
+    rank_trace: _IntervalsV3
+
+
 _DECODER = msgspec.json.Decoder(_File)
+_DECODER_V3 = msgspec.json.Decoder(_FileV3)
+READABLE = (3, VERSION)  # 3: its intervals folded into covers on reading
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -73,9 +89,12 @@ def read_summary(path: Path) -> RankTrace:
                          "(--from-traces)") from None
     if doc.format != FORMAT:
         raise TraceError(f"{path}: not a harness summary (format {doc.format!r})")
-    if doc.version != VERSION:
-        raise TraceError(f"{path}: summary version {doc.version}, this collector reads version {VERSION}; "
-                         "collect from its trace instead (--from-traces)")
+    if doc.version not in READABLE:
+        raise TraceError(f"{path}: summary version {doc.version}, this collector reads versions "
+                         f"{', '.join(map(str, READABLE))}; collect from its trace instead (--from-traces)")
+    if doc.version == 3:
+        old = _DECODER_V3.decode(raw).rank_trace
+        cover_steps(doc.rank_trace, old.compute, old.copies)
     doc.rank_trace.paths = [str(trace_of_summary(path))]
     return doc.rank_trace
 

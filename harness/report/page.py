@@ -107,8 +107,8 @@ def _inline_script(js: bytes | Path) -> Iterator[str | bytes]:
     """`<script>js</script>`, js as UTF-8 bytes (written as they are) or the file holding them,
     any "</script" in it escaped so it cannot close the element early. A file is read
     CHUNK_BYTES at a time (Plotly's 4.8 MB, read whole and escaped, was the collector's peak):
-    each chunk is escaped up to where no "</script" can straddle its end, the rest carried into
-    the next one."""
+    each chunk is escaped up to where no "</script" can straddle its end and no UTF-8 character
+    is cut (every part decodes alone), the rest carried into the next one."""
     yield "<script>"
     if isinstance(js, bytes):
         yield js.replace(SCRIPT_END, SCRIPT_END_ESCAPED)
@@ -122,6 +122,10 @@ def _inline_script(js: bytes | Path) -> Iterator[str | bytes]:
                 found = buf.find(SCRIPT_END, max(cut - len(SCRIPT_END) + 1, 0))
                 if 0 <= found < cut:
                     cut = found + len(SCRIPT_END)
+                # back off a cut inside a character (onto its lead byte: never part of a match)
+                back = 0
+                while 0 < cut < len(buf) and back < 3 and buf[cut] & 0xC0 == 0x80:
+                    cut, back = cut - 1, back + 1
                 yield buf[:cut].replace(SCRIPT_END, SCRIPT_END_ESCAPED)
                 carry = buf[cut:]
         yield carry.replace(SCRIPT_END, SCRIPT_END_ESCAPED)
