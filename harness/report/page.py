@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Iterator
 from functools import lru_cache
 from importlib import resources
@@ -99,19 +100,26 @@ def _json_parts(data: Any) -> Iterator[str]:
     yield "}"
 
 
-SCRIPT_END, SCRIPT_END_ESCAPED = b"</script", b"<\\/script"
+SCRIPT_END = b"</script"  # in any case: HTML ends a script element on "</SCRIPT" too
+_SCRIPT_END = re.compile(rb"</(script)", re.IGNORECASE)
 CHUNK_BYTES = 1 << 20  # what _inline_script holds of a script file at a time
+
+
+def _escape_script_end(js: bytes) -> bytes:
+    """Every "</script", in any case, as "<\\/script" (the same letters): JavaScript reads the
+    same string, HTML no longer sees an end tag."""
+    return _SCRIPT_END.sub(rb"<\\/\1", js)
 
 
 def _inline_script(js: bytes | Path) -> Iterator[str | bytes]:
     """`<script>js</script>`, js as UTF-8 bytes (written as they are) or the file holding them,
-    any "</script" in it escaped so it cannot close the element early. A file is read
+    any "</script" in it (in any case) escaped so it cannot close the element early. A file is read
     CHUNK_BYTES at a time (Plotly's 4.8 MB, read whole and escaped, was the collector's peak):
     each chunk is escaped up to where no "</script" can straddle its end and no UTF-8 character
     is cut (every part decodes alone), the rest carried into the next one."""
     yield "<script>"
     if isinstance(js, bytes):
-        yield js.replace(SCRIPT_END, SCRIPT_END_ESCAPED)
+        yield _escape_script_end(js)
     else:
         carry = b""
         with js.open("rb") as fh:
@@ -119,16 +127,16 @@ def _inline_script(js: bytes | Path) -> Iterator[str | bytes]:
                 buf = carry + chunk
                 cut = max(len(buf) - (len(SCRIPT_END) - 1), 0)
                 # a match starting in the last bytes kept whole: it cannot overlap another
-                found = buf.find(SCRIPT_END, max(cut - len(SCRIPT_END) + 1, 0))
+                found = buf.lower().find(SCRIPT_END, max(cut - len(SCRIPT_END) + 1, 0))
                 if 0 <= found < cut:
                     cut = found + len(SCRIPT_END)
                 # back off a cut inside a character (onto its lead byte: never part of a match)
                 back = 0
                 while 0 < cut < len(buf) and back < 3 and buf[cut] & 0xC0 == 0x80:
                     cut, back = cut - 1, back + 1
-                yield buf[:cut].replace(SCRIPT_END, SCRIPT_END_ESCAPED)
+                yield _escape_script_end(buf[:cut])
                 carry = buf[cut:]
-        yield carry.replace(SCRIPT_END, SCRIPT_END_ESCAPED)
+        yield _escape_script_end(carry)
     yield "</script>"
 
 
