@@ -28,11 +28,12 @@ from harness.paths import summary_path, trace_of_summary
 
 FORMAT = "harness rank summary"
 # Bump whenever parse.py's output changes meaning: an older summary is then refused (with the
-# advice to collect from the trace) instead of silently giving a different report.
+# advice to collect from the trace) instead of silently giving a different report, unless
+# read_summary can bring it up to date (READABLE).
 VERSION = 4  # 2: steps' syncs by caller, host ops of every model thread, copies per step; 3: events per
 # step, the trace's size and block index (the merged trace's window); 4: compute and copies folded into
-# each step's cover instead of kept as intervals,
-# the main thread's top-level op times (read by nothing) dropped
+# each step's cover instead of kept as intervals, the main thread's top-level op times (read by nothing)
+# dropped
 
 
 class _File(msgspec.Struct):
