@@ -12,7 +12,6 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <math.h>
 #include <stdint.h>
 
 PyObject *nest(PyObject *self, PyObject *a) {

@@ -37,7 +37,7 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   exposed_transfer_ms, compute_ms, comm_ms, memcpy_ms, idle_ms, last_arriver}]; wait_ms: this rank waited
   for others; lag_ms: the others' waiting it caused; last_arriver: it cost the most that step.
 - `gaps`: [{rank, step, start_us, dur_us, kind (exposed_wait|exposed_transfer|idle),
-  collective}], longest first (at most `MAX_GAPS`; `gaps_total` counts all). start_us is on the
+  collective}], longest first (at most `overlap.LONGEST_GAPS`; `gaps_total` counts all). start_us is on the
   aligned clock of merged.pt.trace.json.gz.
 - `process_groups`: [{pg, ranks, collectives, comm_ms, exposed_wait_ms, exposed_transfer_ms,
   wait_ms, transfer_ms}] (collective_stats.py).
@@ -77,10 +77,8 @@ from harness.collect.advisor import advice_for, as_rows, diagnose, diagnosis_lin
 from harness.collect.analysis import Analysis
 from harness.collect.collective_stats import collective_stats, process_groups
 from harness.collect.memory import MemoryResult, finding_text
-from harness.collect.overlap import LONGEST_GAPS
 
 SCHEMA_VERSION = 1
-MAX_GAPS = LONGEST_GAPS  # what the analysis keeps
 ADVICE = {
     "data": "its input pipeline is slow: more DataLoader workers (--num-workers), persistent workers, "
             "pinned memory, or move preprocessing offline; check its disk/network for input files",

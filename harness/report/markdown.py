@@ -8,7 +8,6 @@ from harness import text_table
 from harness.collect.hang_report import hang_lines
 from harness.collect.watch_log import watch_line
 from harness.collect.windows import window_line
-from harness.report.document import MAX_GAPS
 from harness.report.tables import (
     CLOCK_COLUMNS,
     COLLECTIVE_STAT_COLUMNS,
@@ -74,7 +73,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     if doc["gaps"]:
         lines += text_table.markdown(gap_rows(doc, 10), GAP_COLUMNS)
         lines.append(f"\n{doc['gaps_total']} gap(s) in all; "
-                     f"`report.json` lists the {min(doc['gaps_total'], MAX_GAPS)} longest.")
+                     f"`report.json` lists the {len(doc['gaps'])} longest.")
     else:
         lines.append("No gap of exposed communication or idle device time.")
     lines += ["", "## Clock offsets", ""]

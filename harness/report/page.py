@@ -100,15 +100,15 @@ def _json_parts(data: Any) -> Iterator[str]:
     yield "}"
 
 
-SCRIPT_END = b"</script"  # in any case: HTML ends a script element on "</SCRIPT" too
-_SCRIPT_END = re.compile(rb"</(script)", re.IGNORECASE)
+# "</script" in any case (HTML ends a script element on "</SCRIPT" too), and the bytes a match spans
+SCRIPT_END, SCRIPT_LEN = re.compile(rb"</(script)", re.IGNORECASE), len(b"</script")
 CHUNK_BYTES = 1 << 20  # what _inline_script holds of a script file at a time
 
 
 def _escape_script_end(js: bytes) -> bytes:
     """Every "</script", in any case, as "<\\/script" (the same letters): JavaScript reads the
     same string, HTML no longer sees an end tag."""
-    return _SCRIPT_END.sub(rb"<\\/\1", js)
+    return SCRIPT_END.sub(rb"<\\/\1", js)
 
 
 def _inline_script(js: bytes | Path) -> Iterator[str | bytes]:
@@ -125,11 +125,11 @@ def _inline_script(js: bytes | Path) -> Iterator[str | bytes]:
         with js.open("rb") as fh:
             while chunk := fh.read(CHUNK_BYTES):
                 buf = carry + chunk
-                cut = max(len(buf) - (len(SCRIPT_END) - 1), 0)
+                cut = max(len(buf) - (SCRIPT_LEN - 1), 0)
                 # a match starting in the last bytes kept whole: it cannot overlap another
-                found = buf.lower().find(SCRIPT_END, max(cut - len(SCRIPT_END) + 1, 0))
-                if 0 <= found < cut:
-                    cut = found + len(SCRIPT_END)
+                found = SCRIPT_END.search(buf, max(cut - SCRIPT_LEN + 1, 0))
+                if found and found.start() < cut:
+                    cut = found.end()
                 # back off a cut inside a character (onto its lead byte: never part of a match)
                 back = 0
                 while 0 < cut < len(buf) and back < 3 and buf[cut] & 0xC0 == 0x80:
