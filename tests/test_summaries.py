@@ -12,7 +12,7 @@ import pytest
 
 from harness.collect import summary
 from harness.collect.decode import open_trace
-from harness.collect.model import CommOp, RankTrace, Step, share_names
+from harness.collect.model import CommOp, RankTrace, Shared, Step, compact
 from harness.collect.overlap import cover_steps
 from harness.collect.parse import TraceError, parse_trace
 from harness.collect.summary import read_summary, summarize, write_summary
@@ -169,10 +169,11 @@ def test_ranks_read_apart_share_one_copy_of_each_name() -> None:
                          comms=[CommOp(name="allreduce", pg="0", start_us=5.0, end_us=9.0,
                                        run_up_us={"op:" + kernel: 4.0})])
 
-    names: dict[str, str] = {}
-    a, b = share_names(rank(0), names), share_names(rank(1), names)
+    shared = Shared()
+    a, b = compact(rank(0), shared), compact(rank(1), shared)
     (ka,), (kb,) = a.steps[0].compute_by_name_us, b.steps[0].compute_by_name_us
     assert ka == kb and ka is kb
+    assert a.comms[0].run_up_us.names is b.comms[0].run_up_us.names  # one tuple for the same names
     assert next(iter(a.comms[0].run_up_us)) is next(iter(b.comms[0].run_up_us))
     assert a.steps[0].phase_spans[0][0] is b.steps[0].phase_spans[0][0] and a.host is b.host
     assert b.steps[0].compute_by_name_us == {"void gemm<float, 128>(int)": 4.0}  # values untouched

@@ -27,7 +27,7 @@ from harness.collect.merged import (
     start_merged,
     window_for,
 )
-from harness.collect.model import RankTrace, share_names
+from harness.collect.model import RankTrace, Shared, compact
 from harness.collect.parse import TraceError, parse_trace
 from harness.collect.progress import Progress
 from harness.collect.run_state import choose_attempt, ending_notes, skipped_note, skipped_windows
@@ -161,9 +161,9 @@ def parse_all(files: list[Path], pool: Executor | None, progress: bool,
 
         bar = tqdm(total=len(files), desc="parsing traces", unit="rank", file=sys.stderr, disable=None)
     results: list[RankTrace | str] = []
-    names: dict[str, str] = {}
+    shared = Shared()
     for r in (pool.map(_parse_one, files) if pool is not None and len(files) > 1 else map(_parse_one, files)):
-        results.append(share_names(r, names) if isinstance(r, RankTrace) else r)
+        results.append(compact(r, shared) if isinstance(r, RankTrace) else r)
         bar and bar.update()
         reporter.advance(len(results))
     if bar:

@@ -6,8 +6,11 @@ shares one epoch (see `parse.py`); clock alignment between hosts is applied late
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from harness.collect.compact import Named, Pieces
 
 Interval = tuple[float, float]  # (start_us, end_us)
 Busy = tuple[float, float, int]  # (start_us, end_us, step it belongs to): merged within each step
@@ -33,30 +36,50 @@ def number_by_group(comms: list[CommOp]) -> None:
         counters[c.pg] = c.seq + 1
 
 
-def share_names(trace: RankTrace, names: dict[str, str]) -> RankTrace:
-    """Make `trace` hold one copy of each name it shares with the ranks already read: `names` maps
-    a name to its first copy. Every rank parsed apart (in another process, or from its own
-    summary) arrives with its own copies of the same kernel and op names, often hundreds of bytes
-    each (C++ template signatures); shared, a rank's parsed form holds little more than its
-    numbers (a 128-rank DLRM set of summaries: 119 -> 52 KB a rank)."""
+@dataclass
+class Shared:
+    """What the ranks of one collection hold once between them (`compact`): each name's first
+    copy, and each tuple (of names, or a thread's ids) first seen."""
 
-    def keyed(d: dict[str, float]) -> dict[str, float]:
+    names: dict[str, str] = field(default_factory=dict)
+    tuples: dict[tuple, tuple] = field(default_factory=dict)
+
+
+def compact(trace: RankTrace, shared: Shared) -> RankTrace:
+    """Make `trace` hold what it shares with the ranks already read (`shared`) once, and its
+    per-name times and covers' intervals as arrays (`compact.py`). Every rank parsed apart (in
+    another process, or from its own summary) arrives with its own copies of the same kernel and
+    op names, often hundreds of bytes each (C++ template signatures), in the same order from rank
+    to rank, and its times as float objects:
+    1. every name (collective, process group, host, phase, kernel or op) -> its first copy;
+    2. each collective's run-up and each step's compute by name -> a `Named` whose tuple of names
+       is the first tuple of the same names; each collective's thread ids -> their first tuple;
+    3. each step's cover's intervals (compute under communication, idle) -> `Pieces`.
+    The values are untouched. Per rank, a 128-rank DLRM set of summaries: 119 -> 52 KB with the
+    names shared; 512 ranks of 10 steps (80 collectives): 250 -> 100 KB ... (bench/RESULTS.md)."""
+    names, tuples = shared.names, shared.tuples
+
+    def keyed(d: Mapping[str, float]) -> dict[str, float]:
         return {names.setdefault(k, k): v for k, v in d.items()}
 
     for c in trace.comms:
         c.name, c.pg = names.setdefault(c.name, c.name), names.setdefault(c.pg, c.pg)
-        c.run_up_us = keyed(c.run_up_us)
+        c.thread = tuples.setdefault(c.thread, c.thread)
+        c.run_up_us = Named.of(c.run_up_us, tuples, names)
     for st in trace.steps:
         st.phases_us = keyed(st.phases_us)
         st.syncs_by_caller = keyed(st.syncs_by_caller)  # type: ignore[arg-type]
         st.sync_us_by_caller = keyed(st.sync_us_by_caller)
-        st.compute_by_name_us = keyed(st.compute_by_name_us)
+        st.compute_by_name_us = Named.of(st.compute_by_name_us, tuples, names)
         st.phase_spans = [(names.setdefault(p, p), a, b) for p, a, b in st.phase_spans]
+        if st.cover is not None:
+            st.cover.compute_in_comm = Pieces.of(st.cover.compute_in_comm)
+            st.cover.idle = Pieces.of(st.cover.idle)
     trace.host = names.setdefault(trace.host, trace.host)
     return trace
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, slots=True)  # slots: a large job holds ~1e5 of them
 class CommOp:
     """One collective as seen by one rank: its communication interval on the device/worker."""
 
@@ -72,7 +95,7 @@ class CommOp:
     # Its run-up on this rank (see runup.py): from run_up_start_us to start_us, the compute
     # time by "op:<kernel or op name>" and the idle time in it.
     run_up_start_us: float | None = None
-    run_up_us: dict[str, float] = field(default_factory=dict)
+    run_up_us: Mapping[str, float] = field(default_factory=dict)  # a Named once compacted (compact)
 
     @property
     def dur_us(self) -> float:
@@ -93,16 +116,17 @@ class StepCover:
     memcpy_us: float  # |K|
     overlapped_us: float  # |C ∩ M|
     busy_us: float  # |C ∪ M ∪ K|
-    compute_in_comm: list[Interval] = field(default_factory=list)  # C ∩ M, disjoint, by start
-    idle: list[Interval] = field(default_factory=list)  # window - (C ∪ M ∪ K), pieces >= overlap.MIN_GAP_US
+    # (lists from the parse, `Pieces` once compacted: model.compact)
+    compute_in_comm: Sequence[Interval] = field(default_factory=list)  # C ∩ M, disjoint, by start
+    idle: Sequence[Interval] = field(default_factory=list)  # window - (C ∪ M ∪ K), pieces >= overlap.MIN_GAP_US
     work_end_us: float | None = None  # the latest end of the step's compute and copies, unclipped
 
     def shifted(self, offset_us: float) -> StepCover:
         from dataclasses import replace
 
         return replace(self, lo_us=self.lo_us - offset_us, hi_us=self.hi_us - offset_us,
-                       compute_in_comm=[(a - offset_us, b - offset_us) for a, b in self.compute_in_comm],
-                       idle=[(a - offset_us, b - offset_us) for a, b in self.idle],
+                       compute_in_comm=Pieces.of((a - offset_us, b - offset_us) for a, b in self.compute_in_comm),
+                       idle=Pieces.of((a - offset_us, b - offset_us) for a, b in self.idle),
                        work_end_us=None if self.work_end_us is None else self.work_end_us - offset_us)
 
 
@@ -123,7 +147,7 @@ class Step:
     sync_us: float = 0.0
     syncs_by_caller: dict[str, int] = field(default_factory=dict)
     sync_us_by_caller: dict[str, float] = field(default_factory=dict)
-    compute_by_name_us: dict[str, float] = field(default_factory=dict)
+    compute_by_name_us: Mapping[str, float] = field(default_factory=dict)  # a Named once compacted
     # Events of the step's time in the trace file (cpu ops, launches, kernels, copies,
     # annotations that start in it): its share of the file's bytes, for the merged trace.
     events: int = 0

@@ -193,7 +193,7 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None) -> tuple[list[S
             continue
         comms = comm_by.get(step.number, [])
         lo, hi = cover.lo_us, cover.hi_us
-        C = cover.compute_in_comm
+        C = list(cover.compute_in_comm)
         M, T = _split(comms, waits, trace.rank, lo, hi)
         window = cover.window_us
         exposed = subtract(M, C)

@@ -19,6 +19,7 @@ from pathlib import Path
 import msgspec
 
 from harness.atomic import write_bytes_atomic
+from harness.collect.compact import as_plain
 from harness.collect.decode import TraceError
 from harness.collect.model import RankTrace
 from harness.collect.overlap import cover_steps
@@ -58,7 +59,7 @@ class _FileV3(msgspec.Struct):
 _DECODER = msgspec.json.Decoder(_File)
 _DECODER_V3 = msgspec.json.Decoder(_FileV3)
 READABLE = (3, VERSION)  # 3: its intervals folded into covers on reading
-_ENCODER = msgspec.json.Encoder()
+_ENCODER = msgspec.json.Encoder(enc_hook=as_plain)  # a compacted rank's arrays as the JSON they stand for
 
 
 def write_summary(trace: RankTrace, path: Path) -> Path:
