@@ -9,19 +9,44 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
 
 from harness.collect.model import RankTrace
 from harness.collect.waits import InstanceWaits
 
-
-def _median_or(values: list[float], default: float) -> float:
-    return statistics.median(values) if values else default
+START, AFTER_END, AFTER_ARRIVAL = 0, 1, 2  # what a rank's arrival at a collective waited on (step 2 below)
 
 
-def replay_step(step_span_us: dict[int, tuple[float, float]], ws: list[InstanceWaits], fixed: set[int]) -> float:
-    """One step's replayed duration (us) with the ranks in `fixed` made as fast as their peers.
+@dataclass
+class _Collective:
+    """One collective of a step as the replay reads it: its participants (positions in the
+    step's ranks), what each one's arrival waited on, its run-up and its transfer."""
 
-    1. order the step's collectives by their measured start (last arrival);
+    ranks: np.ndarray  # int64 positions
+    kind: np.ndarray  # int8: START, AFTER_END, AFTER_ARRIVAL
+    run_us: np.ndarray
+    transfer_us: np.ndarray
+
+
+@dataclass
+class _Step:
+    """What does not change with the ranks fixed: steps 1-2 of `Replay`."""
+
+    ranks: np.ndarray  # the step's rank numbers, sorted; positions index the arrays below
+    collectives: list[_Collective]  # by measured start
+    tail_us: np.ndarray
+    has_collective: np.ndarray  # bool
+
+
+class Replay:
+    """What-if by replay over every step with matched collectives: `step_ms(fixed)` is the mean
+    replayed step (ms) with the ranks in `fixed` made as fast as their peers, on aligned clocks;
+    None when no matched collective lies inside a step. Built once for a run (steps 1-2), then
+    replayed for each set of fixed ranks (steps 3-5), a collective at a time over its ranks.
+
+    1. order each step's collectives by their measured start (last arrival);
     2. per rank and collective, what its arrival waited on (own clock): the end of its previous
        collective when it arrived after that end (its work resumed after it), else its previous
        arrival (collectives issued back to back, overlapping), the step's start for its first;
@@ -34,71 +59,85 @@ def replay_step(step_span_us: dict[int, tuple[float, float]], ws: list[InstanceW
        end = start + transfer; the rank's step = its last end + its tail (a rank without
        collectives in the step: its own step duration, or the unfixed ranks' median if fixed);
     5. the step's replayed duration is the longest rank's (the next step's first collective
-       waits for it).
-    With `fixed` empty this reproduces the measured step up to the model's assumptions
+       waits for it); the run's, their mean over the steps.
+    With `fixed` empty this reproduces the measured steps up to the model's assumptions
     (`StragglerResult.replayed_step_ms` reports it next to the measured step)."""
+
+    def __init__(self, traces: list[RankTrace], waits: list[InstanceWaits]) -> None:
+        by_step: dict[int, list[InstanceWaits]] = defaultdict(list)
+        for w in waits:
+            if w.step is not None:
+                by_step[w.step].append(w)
+        spans: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
+        for t in traces:
+            for s in t.steps:
+                spans[s.number][t.rank] = (s.start_us, s.end_us)
+        self.steps = [_plan(spans[s], by_step[s]) for s in sorted(by_step) if s in spans]
+
+    def step_ms(self, fixed: set[int]) -> float | None:
+        if not self.steps:
+            return None
+        return statistics.mean(_replay(st, np.isin(st.ranks, list(fixed))) for st in self.steps) / 1e3
+
+
+def _plan(step_span_us: dict[int, tuple[float, float]], ws: list[InstanceWaits]) -> _Step:
+    """Steps 1-2 of `Replay` for one step."""
     ws = sorted(ws, key=lambda w: (w.last_arrival_us, w.index))
+    ranks = sorted(set(step_span_us).union(*(w.arrival_us for w in ws)))
+    pos = {r: i for i, r in enumerate(ranks)}
     prev: dict[int, InstanceWaits] = {}
-    kind: dict[tuple[int, int], str] = {}
-    run: dict[tuple[int, int], float] = {}
+    collectives = []
     for w in ws:
+        kind, run = [], []
         for r, a in w.arrival_us.items():
             p = prev.get(r)
             if p is None:
-                kind[w.index, r], base = "start", step_span_us[r][0] if r in step_span_us else a
+                k, base = START, step_span_us[r][0] if r in step_span_us else a
             elif a >= p.end_us[r]:
-                kind[w.index, r], base = "end", p.end_us[r]
+                k, base = AFTER_END, p.end_us[r]
             else:
-                kind[w.index, r], base = "arrival", p.arrival_us[r]
-            run[w.index, r] = max(a - base, 0.0)
+                k, base = AFTER_ARRIVAL, p.arrival_us[r]
+            kind.append(k)
+            run.append(max(a - base, 0.0))
             prev[r] = w
-    ranks = set(step_span_us) | set(prev)
-    tail = {}
+        collectives.append(_Collective(
+            ranks=np.array([pos[r] for r in w.arrival_us], dtype=np.int64), kind=np.array(kind, dtype=np.int8),
+            run_us=np.array(run),
+            transfer_us=np.array([max(w.end_us[r] - w.last_arrival_us, 0.0) for r in w.arrival_us])))
+    tail = []
     for r in ranks:
         lo, hi = step_span_us.get(r, (0.0, 0.0))
-        tail[r] = max(hi - prev[r].end_us[r], 0.0) if r in prev else max(hi - lo, 0.0)
-    unfixed_tails = [tail[r] for r in ranks if r not in fixed and r in prev]
-    unfixed_solo = [tail[r] for r in ranks if r not in fixed and r not in prev]
-    arrived: dict[int, float] = {}
-    ended: dict[int, float] = {}
-    for w in ws:
-        peers = [q for q in w.arrival_us if q not in fixed]
-        new_arrival = {}
-        for r in w.arrival_us:
-            k = kind[w.index, r]
-            point = 0.0 if k == "start" else (ended[r] if k == "end" else arrived[r])
-            r_run = run[w.index, r]
-            if r in fixed:
-                r_run = _median_or([run[w.index, q] for q in peers], r_run)
-            new_arrival[r] = point + r_run
-        start = max(new_arrival.values())
-        transfer = {r: max(w.end_us[r] - w.last_arrival_us, 0.0) for r in w.arrival_us}
-        for r in w.arrival_us:
-            arrived[r] = new_arrival[r]
-            t = transfer[r] if r not in fixed else _median_or([transfer[q] for q in peers], transfer[r])
-            ended[r] = start + t
-    longest = 0.0
-    for r in ranks:
-        if r in ended:
-            t = tail[r] if r not in fixed else _median_or(unfixed_tails, tail[r])
-            longest = max(longest, ended[r] + t)
-        else:
-            longest = max(longest, tail[r] if r not in fixed else _median_or(unfixed_solo, tail[r]))
-    return longest
+        tail.append(max(hi - prev[r].end_us[r], 0.0) if r in prev else max(hi - lo, 0.0))
+    return _Step(ranks=np.array(ranks, dtype=np.int64), collectives=collectives, tail_us=np.array(tail),
+                 has_collective=np.array([r in prev for r in ranks], dtype=bool))
 
 
-def replay_steps(traces: list[RankTrace], waits: list[InstanceWaits], fixed: set[int]) -> float | None:
-    """The mean replayed step (ms) over the steps with matched collectives (`replay_step`), on
-    aligned clocks; None when no matched collective lies inside a step."""
-    by_step: dict[int, list[InstanceWaits]] = defaultdict(list)
-    for w in waits:
-        if w.step is not None:
-            by_step[w.step].append(w)
-    spans: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
-    for t in traces:
-        for s in t.steps:
-            spans[s.number][t.rank] = (s.start_us, s.end_us)
-    steps = [s for s in sorted(by_step) if s in spans]
-    if not steps:
-        return None
-    return statistics.mean(replay_step(spans[s], by_step[s], fixed) for s in steps) / 1e3
+def _with_peers_median(values: np.ndarray, fixed: np.ndarray) -> np.ndarray:
+    """`values` with the fixed entries replaced by the median of the unfixed ones (kept when all
+    are fixed)."""
+    if not fixed.any() or fixed.all():
+        return values
+    out = values.copy()
+    out[fixed] = np.median(values[~fixed])
+    return out
+
+
+def _replay(st: _Step, fixed: np.ndarray) -> float:
+    """Steps 3-5 of `Replay` for one step, `fixed` a mask over its ranks."""
+    arrived = np.zeros(len(st.ranks))
+    ended = np.zeros(len(st.ranks))
+    for c in st.collectives:
+        f = fixed[c.ranks]
+        point = np.where(c.kind == START, 0.0, np.where(c.kind == AFTER_END, ended[c.ranks], arrived[c.ranks]))
+        new_arrival = point + _with_peers_median(c.run_us, f)
+        start = new_arrival.max()
+        arrived[c.ranks] = new_arrival
+        ended[c.ranks] = start + _with_peers_median(c.transfer_us, f)
+    done = st.has_collective
+    tail = st.tail_us.copy()
+    for group in (done, ~done):
+        unfixed = group & ~fixed
+        if unfixed.any():
+            tail[group & fixed] = np.median(st.tail_us[unfixed])
+    rank_step = np.where(done, ended + tail, tail)
+    return float(rank_step.max()) if len(rank_step) else 0.0

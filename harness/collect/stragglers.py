@@ -9,11 +9,12 @@ import bisect
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from harness.collect.clocks import ClockOffset, mad
 from harness.collect.model import RankTrace
-from harness.collect.replay import replay_steps
+from harness.collect.replay import Replay
 from harness.collect.waits import InstanceWaits
 
 # A straggler is "persistent" when it is over the bound in at least this share of the analysed
@@ -176,7 +177,7 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
     8. waits_for (every rank): the stragglers whose share of its waiting (waits.InstanceWaits
        .waited_on_us), per step, exceeds the noise (the bound of 5 without its relative and
        outlier parts), most first: the ranks it waited on beyond the noise;
-    9. the phase (`_slow_phase`) and the what-if (`replay.py`) of each straggler.
+    9. the phase (`_slow_phases`) and the what-if (`replay.py`) of each straggler.
     Verdict: inconclusive (with a reason) when nothing can be analysed, else straggler or
     balanced.
     """
@@ -238,7 +239,7 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
                     if i != j:
                         owed[i][j] += w.waited_on_us(i, j)
     result = []
-    run_ups = _RunUps(by_rank)
+    phases = _slow_phases(flagged, waits, lateness, late_floor_us, by_rank, n_steps)
     for r in ranks:
         steps_late = sum(1 for c in step_late.values() if c.get(r, 0.0) / 1e3 > threshold)
         is_straggler = r in flagged
@@ -252,20 +253,20 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
                        mean_step_ms=mean_step_ms[r], waits_for=[] if reason else waits_for, straggler=is_straggler)
         if is_straggler:
             rb.pattern = "persistent" if steps_late >= math.ceil(PERSISTENT_SHARE * n_steps) else "intermittent"
-            caused = [w for w, late in zip(waits, lateness) if late.get(r, 0.0) > late_floor_us]
-            rb.phase, rb.phase_excess_ms = _slow_phase(r, caused, by_rank, n_steps, run_ups)
+            rb.phase, rb.phase_excess_ms = phases[r]
         result.append(rb)
-    replayed = replay_steps(traces, waits, set())
+    replay = Replay(traces, waits)
+    replayed = replay.step_ms(set())
     for rb in result:
         if rb.straggler:
-            rb.whatif_step_ms = replay_steps(traces, waits, {rb.rank})
+            rb.whatif_step_ms = replay.step_ms({rb.rank})
     verdict = "inconclusive" if reason else ("straggler" if flagged else "balanced")
     return StragglerResult(
         verdict=verdict, reason=reason, ranks=result, per_step={s: dict(v) for s, v in per_step.items()},
         step_blame={s: dict(v) for s, v in step_blame.items()}, step_cost={s: dict(v) for s, v in step_cost.items()},
         step_late={s: dict(v) for s, v in step_late.items()},
         step_last=step_last, threshold_ms=threshold, bounds_ms=bounds, waits=waits, replayed_step_ms=replayed,
-        whatif_all_fixed_step_ms=replay_steps(traces, waits, set(flagged)) if flagged else None)
+        whatif_all_fixed_step_ms=replay.step_ms(set(flagged)) if flagged else None)
 
 
 def _overlap_by_name(spans: list[tuple[str, float, float]], lo: float, hi: float) -> dict[str, float]:
@@ -276,31 +277,26 @@ def _overlap_by_name(spans: list[tuple[str, float, float]], lo: float, hi: float
     return out
 
 
-class _RunUps:
-    """Every rank's run-up time by name at each instance, and per name the sorted values over
-    the instance's ranks: computed once for all stragglers (per straggler it made 128 stragglers
-    of 1024 ranks quadratic)."""
-
-    def __init__(self, by_rank: dict[int, RankTrace]) -> None:
-        self.by_rank = by_rank
-        self._spans: dict[int, list[tuple[str, float, float]]] | None = None
-        self._done: dict[tuple[int, bool], tuple[dict[int, dict[str, float]], dict[str, list[float]]]] = {}
-
-    def at(self, w: InstanceWaits, use_phases: bool) -> tuple[dict[int, dict[str, float]], dict[str, list[float]]]:
-        key = (w.index, use_phases)
-        if key not in self._done:
-            if use_phases and self._spans is None:
-                self._spans = {r: [sp for st in t.steps for sp in st.phase_spans] for r, t in self.by_rank.items()}
-            times: dict[int, dict[str, float]] = {}
-            for r, op in w.instance.ops.items():
-                if use_phases:
-                    lo = op.start_us if op.run_up_start_us is None else op.run_up_start_us
-                    times[r] = _overlap_by_name(self._spans[r], lo, op.start_us)  # type: ignore[index]
-                else:
-                    times[r] = op.run_up_us
-            names = set().union(*times.values())
-            self._done[key] = times, {n: sorted(t.get(n, 0.0) for t in times.values()) for n in names}
-        return self._done[key]
+def _run_ups_at(w: InstanceWaits, spans: dict[int, list[tuple[str, float, float]]] | None
+                ) -> tuple[dict[int, Mapping[str, float]], dict[str, list[float]]]:
+    """Every rank's run-up time by name at one instance (by harness phase from `spans`, each
+    rank's phase spans, else its run-up as parsed), and per name the sorted values over the
+    instance's ranks (0.0 for a rank without that name)."""
+    times: dict[int, Mapping[str, float]] = {}
+    for r, op in w.instance.ops.items():
+        if spans is not None:
+            lo = op.start_us if op.run_up_start_us is None else op.run_up_start_us
+            times[r] = _overlap_by_name(spans[r], lo, op.start_us)
+        else:
+            times[r] = op.run_up_us
+    columns: dict[str, list[float]] = defaultdict(list)
+    for t in times.values():
+        for name, v in t.items():
+            columns[name].append(v)
+    for vals in columns.values():
+        vals.extend([0.0] * (len(times) - len(vals)))
+        vals.sort()
+    return times, columns
 
 
 def _median_without(values: list[float], v: float) -> float:
@@ -316,9 +312,11 @@ def _median_without(values: list[float], v: float) -> float:
     return get(m // 2) if m % 2 else (get(m // 2 - 1) + get(m // 2)) / 2
 
 
-def _slow_phase(slow: int, caused: list[InstanceWaits], by_rank: dict[int, RankTrace],
-                n_steps: int, run_ups: _RunUps | None = None) -> tuple[str | None, float | None]:
-    """The phase a straggler is slow in, from its run-up to the collectives it was late for.
+def _slow_phases(slow: list[int], waits: list[InstanceWaits], lateness: list[dict[int, float]],
+                 late_floor_us: float, by_rank: dict[int, RankTrace], n_steps: int
+                 ) -> dict[int, tuple[str | None, float | None]]:
+    """The phase each straggler in `slow` is slow in, from its run-up to the collectives it was
+    late for (its lateness at them, `lateness`, above `late_floor_us`).
 
     After a collective every rank is in step, so at each such instance each rank's run-up is
     the stretch from the end of its previous collective to its arrival (own clock; the waiting
@@ -329,19 +327,26 @@ def _slow_phase(slow: int, caused: list[InstanceWaits], by_rank: dict[int, RankT
        aten op) name, prefixed "op:", and over device idle time, named "idle (waiting on the
        host)": a rank whose device sat idle longer before arriving was held up on its host;
     3. the excesses summed over those instances and divided by the steps; the largest positive
-       one names the phase."""
-    use_phases = any(st.phase_spans for st in by_rank[slow].steps)
-    run_ups = run_ups or _RunUps(by_rank)
-    excess: dict[str, float] = defaultdict(float)
-    for w in caused:
-        times, values = run_ups.at(w, use_phases)
-        mine = times[slow]
-        for name, vals in values.items():
-            own = mine.get(name, 0.0)
-            excess[name] += own - _median_without(vals, own)
-    if not excess:
-        return None, None
-    name = max(sorted(excess), key=excess.get)
-    if excess[name] <= 0:
-        return None, None
-    return name, excess[name] / max(n_steps, 1) / 1e3
+       one names the phase.
+    One pass over the instances for all stragglers, each instance's run-ups gathered once and
+    dropped (kept for every instance, 128 stragglers of 1024 ranks held them all at once)."""
+    use_phases = {r: any(st.phase_spans for st in by_rank[r].steps) for r in slow}
+    spans = ({r: [sp for st in t.steps for sp in st.phase_spans] for r, t in by_rank.items()}
+             if any(use_phases.values()) else None)
+    excess: dict[int, dict[str, float]] = {r: defaultdict(float) for r in slow}
+    for w, late in zip(waits, lateness):
+        here = [r for r in slow if late.get(r, 0.0) > late_floor_us]
+        for by_phase in sorted({use_phases[r] for r in here}):
+            times, columns = _run_ups_at(w, spans if by_phase else None)
+            for r in here:
+                if use_phases[r] == by_phase:
+                    mine = times[r]
+                    for name, vals in columns.items():
+                        own = mine.get(name, 0.0)
+                        excess[r][name] += own - _median_without(vals, own)
+    out: dict[int, tuple[str | None, float | None]] = {}
+    for r in slow:
+        name = max(sorted(excess[r]), key=excess[r].get) if excess[r] else None
+        worst = excess[r][name] if name is not None else 0.0
+        out[r] = (name, worst / max(n_steps, 1) / 1e3) if name is not None and worst > 0 else (None, None)
+    return out

@@ -1,0 +1,143 @@
+"""The what-if replay (replay.Replay): built once per run and replayed a collective at a time over
+its ranks, it must give exactly what the replay gave as a loop over every rank of every
+collective, redone for each set of fixed ranks. The oracle is that loop (kept here); generated
+runs of 2-7 ranks, several steps, collectives of all ranks or of subgroups (arrivals after the
+previous end, overlapping it, first in the step), ranks without collectives, any set of ranks
+fixed."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.collect.matching import Instance
+from harness.collect.model import CommOp, RankTrace, Step
+from harness.collect.replay import Replay
+from harness.collect.waits import InstanceWaits, instance_waits
+
+
+def _median_or(values: list[float], default: float) -> float:
+    return statistics.median(values) if values else default
+
+
+def _replay_step_loop(step_span_us: dict[int, tuple[float, float]], ws: list[InstanceWaits], fixed: set[int]) -> float:
+    """One step's replayed duration as the loop over ranks computed it."""
+    ws = sorted(ws, key=lambda w: (w.last_arrival_us, w.index))
+    prev: dict[int, InstanceWaits] = {}
+    kind: dict[tuple[int, int], str] = {}
+    run: dict[tuple[int, int], float] = {}
+    for w in ws:
+        for r, a in w.arrival_us.items():
+            p = prev.get(r)
+            if p is None:
+                kind[w.index, r], base = "start", step_span_us[r][0] if r in step_span_us else a
+            elif a >= p.end_us[r]:
+                kind[w.index, r], base = "end", p.end_us[r]
+            else:
+                kind[w.index, r], base = "arrival", p.arrival_us[r]
+            run[w.index, r] = max(a - base, 0.0)
+            prev[r] = w
+    ranks = set(step_span_us) | set(prev)
+    tail = {}
+    for r in ranks:
+        lo, hi = step_span_us.get(r, (0.0, 0.0))
+        tail[r] = max(hi - prev[r].end_us[r], 0.0) if r in prev else max(hi - lo, 0.0)
+    unfixed_tails = [tail[r] for r in ranks if r not in fixed and r in prev]
+    unfixed_solo = [tail[r] for r in ranks if r not in fixed and r not in prev]
+    arrived: dict[int, float] = {}
+    ended: dict[int, float] = {}
+    for w in ws:
+        peers = [q for q in w.arrival_us if q not in fixed]
+        new_arrival = {}
+        for r in w.arrival_us:
+            k = kind[w.index, r]
+            point = 0.0 if k == "start" else (ended[r] if k == "end" else arrived[r])
+            r_run = run[w.index, r]
+            if r in fixed:
+                r_run = _median_or([run[w.index, q] for q in peers], r_run)
+            new_arrival[r] = point + r_run
+        start = max(new_arrival.values())
+        transfer = {r: max(w.end_us[r] - w.last_arrival_us, 0.0) for r in w.arrival_us}
+        for r in w.arrival_us:
+            arrived[r] = new_arrival[r]
+            t = transfer[r] if r not in fixed else _median_or([transfer[q] for q in peers], transfer[r])
+            ended[r] = start + t
+    longest = 0.0
+    for r in ranks:
+        if r in ended:
+            t = tail[r] if r not in fixed else _median_or(unfixed_tails, tail[r])
+            longest = max(longest, ended[r] + t)
+        else:
+            longest = max(longest, tail[r] if r not in fixed else _median_or(unfixed_solo, tail[r]))
+    return longest
+
+
+def _replay_loop(traces: list[RankTrace], waits: list[InstanceWaits], fixed: set[int]) -> float | None:
+    by_step: dict[int, list[InstanceWaits]] = defaultdict(list)
+    for w in waits:
+        if w.step is not None:
+            by_step[w.step].append(w)
+    spans: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
+    for t in traces:
+        for s in t.steps:
+            spans[s.number][t.rank] = (s.start_us, s.end_us)
+    steps = [s for s in sorted(by_step) if s in spans]
+    if not steps:
+        return None
+    return statistics.mean(_replay_step_loop(spans[s], by_step[s], fixed) for s in steps) / 1e3
+
+
+TIME = st.integers(0, 2000).map(lambda t: t / 4)
+# per collective: its step, its participants (a bit mask over the ranks), per rank (start, duration)
+COLLECTIVE = st.tuples(st.integers(1, 3), st.integers(1, 127),
+                       st.lists(st.tuples(TIME, st.integers(0, 400).map(lambda d: d / 4)), min_size=7, max_size=7))
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> tuple[list[RankTrace], list[InstanceWaits], list[set[int]]]:
+    n = draw(st.integers(2, 7))
+    steps_of = [draw(st.lists(st.integers(1, 3), max_size=3, unique=True)) for _ in range(n)]
+    traces = [RankTrace(rank=r, world_size=n, host="h", run_id=None, device="gpu", comms=[],
+                        steps=[Step(number=s, start_us=s * 1000.0 + draw(TIME), end_us=s * 1000.0 + 600 + draw(TIME))
+                               for s in steps_of[r]]) for r in range(n)]
+    instances = []
+    for k, (step, mask, times) in enumerate(draw(st.lists(COLLECTIVE, max_size=12))):
+        ranks = [r for r in range(n) if mask >> r & 1]
+        if len(ranks) < 2:
+            continue
+        ops = {r: CommOp(name="allreduce", pg="0", start_us=step * 1000.0 + times[r][0],
+                         end_us=step * 1000.0 + times[r][0] + times[r][1], step=step) for r in ranks}
+        instances.append(Instance(key=(k,), name="allreduce", pg="0", step=step, ops=ops))
+    fixed = [set(draw(st.lists(st.integers(0, n - 1), max_size=n))) for _ in range(3)] + [set(), set(range(n))]
+    return traces, instance_waits(instances), fixed
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs())
+def test_the_replay_over_arrays_equals_the_loop_over_ranks(run: tuple) -> None:
+    traces, waits, fixed_sets = run
+    replay = Replay(traces, waits)
+    for fixed in fixed_sets:
+        assert replay.step_ms(fixed) == _replay_loop(traces, waits, fixed), fixed
+
+
+def test_a_fixed_straggler_arrives_with_its_peers() -> None:
+    """Two collectives, three ranks; rank 2 arrives 300 us late at the first. Fixed, its run-up
+    becomes the median of ranks 0 and 1 (100 and 120: 110), everything else unchanged: exact."""
+    def op(start: float, end: float) -> CommOp:
+        return CommOp(name="allreduce", pg="0", start_us=start, end_us=end, step=1)
+
+    traces = [RankTrace(rank=r, world_size=3, host="h", run_id=None, device="gpu", comms=[],
+                        steps=[Step(number=1, start_us=0.0, end_us=1000.0)]) for r in range(3)]
+    first = Instance(key=(0,), name="allreduce", pg="0", step=1,
+                     ops={0: op(100.0, 450.0), 1: op(120.0, 450.0), 2: op(400.0, 450.0)})
+    second = Instance(key=(1,), name="allreduce", pg="0", step=1,
+                      ops={0: op(600.0, 700.0), 1: op(600.0, 700.0), 2: op(600.0, 700.0)})
+    replay = Replay(traces, instance_waits([first, second]))
+    # as measured: arrivals 100/120/400, start 400, ends 450; run-ups 150, start 600, end 700; tail 300
+    assert replay.step_ms(set()) == 1.0
+    # fixed: rank 2's run-up 110, start 120, ends 170; start 320, end 420; + tail 300
+    assert replay.step_ms({2}) == 0.72
