@@ -7,6 +7,7 @@
     python bench/collector_vs_hta.py --no-compare --stream-mb 2000     # ours only: one 2 GB trace
     python bench/collector_vs_hta.py --no-compare --summaries 10,20,85 # ours only: in-job summaries
     python bench/collector_vs_hta.py --no-compare --summary-ranks 1024 # ours only: a 1024-rank job's summaries
+    python bench/collector_vs_hta.py --no-compare --summary-ranks 1024 --summary-steps 10  # ... of 10 steps
 
 Shapes (`--shape`, repeatable): `dlrm` replicates the real DLRM traces in ../shared/traces (GPU
 kernels, NCCL, short args); `long-args` replicates a harness run made with `--record-shapes
@@ -297,14 +298,55 @@ def summaries(work: Path, ranks: int, sizes_mb: list[float], reps: int, source: 
               f"{statistics.median(m for _, m in cond) / 1e6:>8.0f}   report identical: {same}")
 
 
-def summary_scale(work: Path, ranks: int, source: Path = SOURCE, per_host: int = 8) -> None:
+def repeated_steps(rank_trace: dict, times: int) -> None:
+    """Make a summary's rank hold its profiled steps `times` over, as a job that profiled that many
+    steps would: each copy shifted by the steps' span (whole ms past it) and renumbered after the
+    last, its collectives with it (their per-group positions renumbered)."""
+    steps, comms = rank_trace["steps"], rank_trace["comms"]
+    if times <= 1 or not steps:
+        return
+    period = (max(s["end_us"] for s in steps) - min(s["start_us"] for s in steps)) // 1000 * 1000 + 2000
+    numbers = max(s["number"] for s in steps) - min(s["number"] for s in steps) + 1
+
+    def moved(d: float | None, by: float) -> float | None:
+        return None if d is None else d + by
+
+    out_steps, out_comms = [], []
+    for i in range(times):
+        by = i * period
+        for s in steps:
+            s = json.loads(json.dumps(s))
+            s.update(number=s["number"] + i * numbers, start_us=s["start_us"] + by, end_us=s["end_us"] + by,
+                     phase_spans=[[p, a + by, b + by] for p, a, b in s["phase_spans"]])
+            if s["cover"]:
+                c = s["cover"]
+                c.update(lo_us=c["lo_us"] + by, hi_us=c["hi_us"] + by, work_end_us=moved(c["work_end_us"], by),
+                         compute_in_comm=[[a + by, b + by] for a, b in c["compute_in_comm"]],
+                         idle=[[a + by, b + by] for a, b in c["idle"]])
+            out_steps.append(s)
+        for op in comms:
+            op = json.loads(json.dumps(op))
+            op.update(start_us=op["start_us"] + by, end_us=op["end_us"] + by,
+                      step=None if op["step"] is None else op["step"] + i * numbers,
+                      run_up_start_us=moved(op["run_up_start_us"], by))
+            out_comms.append(op)
+    seq: dict[str, int] = {}
+    for op in out_comms:
+        op["seq"] = seq.get(op["pg"], 0)
+        seq[op["pg"]] = op["seq"] + 1
+    rank_trace.update(steps=out_steps, comms=out_comms)
+
+
+def summary_scale(work: Path, ranks: int, source: Path = SOURCE, per_host: int = 8, steps: int = 1) -> None:
     """A job of `ranks` ranks that wrote in-job summaries (`per_host` ranks per host): each
     source rank condensed once, then copied as rank r (of source rank r mod the source's ranks)
-    with its world size and host rewritten; the collector over the summaries alone (the traces
-    stay on the cluster), wall and peak memory."""
+    with its world size and host rewritten, its steps repeated `steps` times (`repeated_steps`);
+    the collector over the summaries alone (the traces stay on the cluster), wall and peak
+    memory."""
     from harness.collect.summary import VERSION, summarize
 
-    folder = work / f"summaries-v{VERSION}-{source.name}-{ranks}r"  # a new summary version: a new set
+    # a new summary version: a new set
+    folder = work / (f"summaries-v{VERSION}-{source.name}-{ranks}r" + ("" if steps == 1 else f"-x{steps}"))
     if not (folder / ".complete").exists():
         folder.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix="cvh-cond-"))
@@ -315,11 +357,13 @@ def summary_scale(work: Path, ranks: int, source: Path = SOURCE, per_host: int =
         for r in range(ranks):
             doc = json.loads(json.dumps(condensed[r % len(condensed)]))
             doc["rank_trace"].update(rank=r, world_size=ranks, host=f"node{r // per_host:04d}")
+            repeated_steps(doc["rank_trace"], steps)
             (folder / f"rank{r:05d}.pt.trace.json.summary.json").write_text(json.dumps(doc))
         (folder / ".complete").touch()
     size = sum(p.stat().st_size for p in folder.glob("*.summary.json")) / 1e6
     wall, peak = measured(ours_cmd(folder, Path(tempfile.mkdtemp(prefix="cvh-sumscale-")) / "report"))
-    print(f"\n{ranks} ranks of in-job summaries ({size:.0f} MB, {ranks // per_host} hosts): ours {wall:.1f} s, "
+    held = f"{steps} x the source's steps" if steps > 1 else "the source's steps"
+    print(f"\n{ranks} ranks of in-job summaries ({size:.0f} MB, {ranks // per_host} hosts, {held}): ours {wall:.1f} s, "
           f"peak RSS {peak / 1e6:.0f} MB (target < 30 s)")
 
 
@@ -374,6 +418,8 @@ def main() -> None:
     p.add_argument("--summaries", default="", help="comma-separated MB per rank: in-job summaries against full traces")
     p.add_argument("--summary-ranks", type=int, default=0,
                    help="collect this many ranks of in-job summaries (ours only)")
+    p.add_argument("--summary-steps", type=int, default=1,
+                   help="with --summary-ranks: each rank's profiled steps this many times over (a longer profile)")
     args = p.parse_args()
     anchors = dict(a.split("=", 1) for a in args.anchor) or {"hta": sys.executable}
     if not args.no_compare:
@@ -394,7 +440,7 @@ def main() -> None:
     if args.summaries:
         summaries(args.work, args.ranks, [float(x) for x in args.summaries.split(",")], args.reps, sources[0])
     if args.summary_ranks:
-        summary_scale(args.work, args.summary_ranks, sources[0])
+        summary_scale(args.work, args.summary_ranks, sources[0], steps=args.summary_steps)
     if args.scale:
         reps = max(1, args.reps // 2) if args.reps > 1 else 1
         scale(args.work, [int(x) for x in args.scale.split(",")], args.scale_mb, reps, sources[0])
