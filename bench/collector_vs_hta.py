@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -298,14 +299,22 @@ def summaries(work: Path, ranks: int, sizes_mb: list[float], reps: int, source: 
               f"{statistics.median(m for _, m in cond) / 1e6:>8.0f}   report identical: {same}")
 
 
-def repeated_steps(rank_trace: dict, times: int) -> None:
+def step_period_us(rank_traces: list[dict]) -> float:
+    """How far apart `repeated_steps` puts the copies of every rank's steps (one period for all ranks,
+    or they drift apart): the longest span of a rank's steps and collectives, rounded up to whole
+    ms, plus 1 ms."""
+    spans = [max([s["end_us"] for s in t["steps"]] + [op["end_us"] for op in t["comms"]])
+             - min(s["start_us"] for s in t["steps"]) for t in rank_traces if t["steps"]]
+    return math.ceil(max(spans, default=0.0) / 1000) * 1000 + 1000
+
+
+def repeated_steps(rank_trace: dict, times: int, period_us: float) -> None:
     """Make a summary's rank hold its profiled steps `times` over, as a job that profiled that many
-    steps would: each copy shifted by the steps' span (whole ms past it) and renumbered after the
-    last, its collectives with it (their per-group positions renumbered)."""
+    steps would: each copy shifted by `period_us` (`step_period_us`) and renumbered after the last,
+    its collectives with it (their per-group positions renumbered)."""
     steps, comms = rank_trace["steps"], rank_trace["comms"]
     if times <= 1 or not steps:
         return
-    period = (max(s["end_us"] for s in steps) - min(s["start_us"] for s in steps)) // 1000 * 1000 + 2000
     numbers = max(s["number"] for s in steps) - min(s["number"] for s in steps) + 1
 
     def moved(d: float | None, by: float) -> float | None:
@@ -313,7 +322,7 @@ def repeated_steps(rank_trace: dict, times: int) -> None:
 
     out_steps, out_comms = [], []
     for i in range(times):
-        by = i * period
+        by = i * period_us
         for s in steps:
             s = json.loads(json.dumps(s))
             s.update(number=s["number"] + i * numbers, start_us=s["start_us"] + by, end_us=s["end_us"] + by,
@@ -354,10 +363,11 @@ def summary_scale(work: Path, ranks: int, source: Path = SOURCE, per_host: int =
         for f in source_traces(source):
             (staging / f.name).symlink_to(f.resolve())
             condensed.append(json.loads(summarize(staging / f.name).read_bytes()))
+        period_us = step_period_us([doc["rank_trace"] for doc in condensed])
         for r in range(ranks):
             doc = json.loads(json.dumps(condensed[r % len(condensed)]))
             doc["rank_trace"].update(rank=r, world_size=ranks, host=f"node{r // per_host:04d}")
-            repeated_steps(doc["rank_trace"], steps)
+            repeated_steps(doc["rank_trace"], steps, period_us)
             (folder / f"rank{r:05d}.pt.trace.json.summary.json").write_text(json.dumps(doc))
         (folder / ".complete").touch()
     size = sum(p.stat().st_size for p in folder.glob("*.summary.json")) / 1e6
