@@ -19,6 +19,7 @@ from harness.collect.host import DDP_LOGGER, GRAD_SCALER, NOT_USERS
 from harness.collect.model import RankTrace
 from harness.collect.overlap import StepOverlap
 from harness.collect.parse import DDP_REDUCER
+from harness.collect.rank_list import ranks_phrase
 from harness.paths import STEP_PHASES
 
 # Dense matrix math: the work a model is made of. On GPU by kernel name, on CPU by aten op.
@@ -300,10 +301,11 @@ def as_rows(diagnoses: list[Diagnosis]) -> list[dict[str, Any]]:
 
 
 def diagnosis_line(diagnoses: list[Diagnosis]) -> str:
-    """'launch-bound (ranks 0, 1)' style, most common first."""
+    """'launch-bound (ranks 0, 1)' style, most common first; many ranks in runs (`ranks_phrase`)."""
     by: dict[str, list[int]] = {}
     for d in diagnoses:
         by.setdefault(d.bottleneck, []).append(d.rank)
     parts = sorted(by.items(), key=lambda kv: (-len(kv[1]), BOTTLENECKS.index(kv[0])))
-    return "; ".join(f"{k} (rank{'s' if len(v) > 1 else ''} {', '.join(map(str, v))})" for k, v in parts)
+    present = [d.rank for d in diagnoses]
+    return "; ".join(f"{k} ({ranks_phrase(v, present)})" for k, v in parts)
 

@@ -77,6 +77,7 @@ from harness.collect.advisor import advice_for, as_rows, diagnose, diagnosis_lin
 from harness.collect.analysis import Analysis
 from harness.collect.collective_stats import collective_stats, process_groups
 from harness.collect.memory import MemoryResult, finding_text
+from harness.collect.rank_list import SPELLED, ranks_phrase
 
 SCHEMA_VERSION = 1
 ADVICE = {
@@ -231,31 +232,81 @@ def headline(verdict: str, stragglers: list[dict[str, Any]], missing: list[int],
     if verdict == "balanced":
         return "balanced: no rank keeps the others waiting beyond the noise" + tail
     parts = []
-    for s in stragglers:
-        words = _phase_words(s["phase"])
-        late = f"late in {s['steps_late']} of {s['steps']} steps" if s["pattern"] == "intermittent" else "late"
-        parts.append(f"rank {s['rank']} on {s['host']} is {late}" + (f" ({words})" if words else "")
-                     + f", {s['late_ms']:.2f} ms per step")
+    if len(stragglers) <= LISTED:
+        for s in stragglers:
+            words = _phase_words(s["phase"])
+            parts.append(f"rank {s['rank']} on {s['host']} is {_late_words(s)}" + (f" ({words})" if words else "")
+                         + f", {s['late_ms']:.2f} ms per step")
+    else:
+        for group in _straggler_groups(stragglers, lambda s: (_late_words(s), _phase_words(s["phase"]))):
+            late, words = _late_words(group[0]), _phase_words(group[0]["phase"])
+            hosts = len({s["host"] for s in group})
+            figures = sorted(s["late_ms"] for s in group)
+            parts.append(f"{ranks_phrase([s['rank'] for s in group])} on {hosts} host{'s' if hosts > 1 else ''} "
+                         f"{'are' if len(group) > 1 else 'is'} {late}" + (f" ({words})" if words else "")
+                         + f", {_range_ms(figures)} ms per step")
     return "straggler: " + "; ".join(parts) + tail
 
 
-def _straggler_step(s: dict[str, Any], run: dict[str, Any]) -> str:
+# Stragglers are named one by one (verdict, next steps) up to this many; beyond, those alike (the
+# same phase, the same pattern) are named together (a 1024-rank job with one slow rank per host
+# has 128, which made 128 lines of the same advice): four ranks with their host and figure are
+# about two terminal lines.
+LISTED = 4
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _late_words(s: dict[str, Any]) -> str:
+    return f"late in {s['steps_late']} of {s['steps']} steps" if s["pattern"] == "intermittent" else "late"
+
+
+def _range_ms(sorted_ms: list[float]) -> str:
+    lo, hi = f"{sorted_ms[0]:.2f}", f"{sorted_ms[-1]:.2f}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _straggler_groups(stragglers: list[dict[str, Any]], key: Any) -> list[list[dict[str, Any]]]:
+    """The stragglers grouped by `key`, groups in the order of their first member (stragglers
+    come latest first), members in that order."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for s in stragglers:
+        groups.setdefault(key(s), []).append(s)
+    return list(groups.values())
+
+
+def _straggler_advice(s: dict[str, Any]) -> str:
+    """What to do about one straggler, whichever rank it is: its phase's advice, its pattern's."""
     phase = s["phase"] or ""
     if phase in ADVICE:
-        text = f"Rank {s['rank']}: {ADVICE[phase]}."
+        text = f"{ADVICE[phase]}."
     elif phase.startswith("idle"):
-        text = (f"Rank {s['rank']}: its device idles before collectives while its host is busy: look at that rank's "
+        text = ("its device idles before collectives while its host is busy: look at that rank's "
                 "host side (input pipeline, Python overhead, CPU contention, syncs).")
     elif phase:
-        text = (f"Rank {s['rank']}: it spends longer in `{phase[3:] if phase.startswith('op:') else phase}` than its "
+        text = (f"it spends longer in `{phase[3:] if phase.startswith('op:') else phase}` than its "
                 "peers: check its inputs (uneven shapes/load) and its hardware.")
     else:
-        text = f"Rank {s['rank']}: the others wait for it; compare its hardware and inputs with its peers'."
+        text = "the others wait for it; compare its hardware and inputs with its peers'."
     if s["pattern"] == "intermittent":
         text += (f" It is late in {s['steps_late']} of {s['steps']} steps only: look for what those steps do "
                  "differently (periodic work, uneven batches, a neighbour's load).")
-    if s["whatif_step_ms"] is not None and run.get("replayed_step_ms"):
-        text += (f" Fixed, the step would take ~{s['whatif_step_ms']:.2f} ms instead of ~{run['replayed_step_ms']:.2f} "
+    return text
+
+
+def _straggler_step(group: list[dict[str, Any]], run: dict[str, Any]) -> str:
+    """The next step for stragglers alike (one, or several with the same advice): the advice, and
+    the step replayed with each one fixed alone."""
+    if len(group) == 1:
+        text = f"Rank {group[0]['rank']}: {_straggler_advice(group[0])}"
+    else:
+        text = f"{_cap(ranks_phrase([s['rank'] for s in group]))}, each: {_straggler_advice(group[0])}"
+    whatif = sorted(s["whatif_step_ms"] for s in group if s["whatif_step_ms"] is not None)
+    if whatif and run.get("replayed_step_ms"):
+        fixed = "Fixed" if len(group) == 1 else "Fixed one at a time"
+        text += (f" {fixed}, the step would take ~{_range_ms(whatif)} ms instead of ~{run['replayed_step_ms']:.2f} "
                  f"ms (both replayed; measured {run['median_step_ms']:.2f} ms).")
     return text
 
@@ -271,13 +322,17 @@ def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"about": "inconclusive", "ranks": doc["run"]["ranks_present"],
                     "text": f"No straggler analysis: {doc['verdict_reason']}. Collect every rank's trace over the same "
                             "steps (a window that holds collectives) to compare the ranks."})
-    for s in doc["stragglers"]:
-        out.append({"about": "straggler", "ranks": [s["rank"]], "text": _straggler_step(s, doc["run"])})
+    stragglers = doc["stragglers"]
+    alike = (lambda s: s["rank"]) if len(stragglers) <= LISTED else _straggler_advice
+    for group in _straggler_groups(stragglers, alike):
+        out.append({"about": "straggler", "ranks": [s["rank"] for s in group],
+                    "text": _straggler_step(group, doc["run"])})
     fixed = doc["run"].get("whatif_all_fixed_step_ms")
-    if len(doc["stragglers"]) > 1 and fixed is not None and doc["run"].get("replayed_step_ms"):
-        ranks = [s["rank"] for s in doc["stragglers"]]
+    present = doc["run"]["ranks_present"]
+    if len(stragglers) > 1 and fixed is not None and doc["run"].get("replayed_step_ms"):
+        ranks = [s["rank"] for s in stragglers]
         out.append({"about": "straggler", "ranks": ranks,
-                    "text": f"Fixing ranks {', '.join(map(str, ranks))} together would bring the step from "
+                    "text": f"Fixing {ranks_phrase(ranks, present)} together would bring the step from "
                             f"~{doc['run']['replayed_step_ms']:.2f} ms to ~{fixed:.2f} ms (replayed)."})
     for f in doc.get("memory_findings", []):
         out.append({"about": "memory", "ranks": [f["rank"]], "text": finding_text(f)})
@@ -288,13 +343,14 @@ def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for (kind, advice), ds in sorted(by_kind.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         ranks = [d["rank"] for d in ds]
         many = len(ranks) > 1
-        text = (f"Rank{'s' if many else ''} {', '.join(map(str, ranks))} ({kind}, on {'their' if many else 'its'} own "
+        text = (f"{_cap(ranks_phrase(ranks, present))} ({kind}, on {'their' if many else 'its'} own "
                 f"work): {advice}.")
         waiting = sorted({r for d in ds for r, _ in d["waits_for"]})
         if waiting:
             share = statistics.mean(d["evidence"]["waiting_share"] for d in ds)
-            text += (f" {'They spend' if many else 'It spends'} {share:.0%} of the step waiting on rank(s) "
-                     f"{', '.join(map(str, waiting))}; that part goes away when those are fixed, not by tuning "
+            on = f"rank(s) {', '.join(map(str, waiting))}" if len(waiting) <= SPELLED else ranks_phrase(waiting)
+            text += (f" {'They spend' if many else 'It spends'} {share:.0%} of the step waiting on "
+                     f"{on}; that part goes away when those are fixed, not by tuning "
                      "communication.")
         out.append({"about": kind, "ranks": ranks, "text": text})
     return out
