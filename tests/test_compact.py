@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.compact import Named, Pieces
+from harness.collect.compact import Named, Pieces, RankValues
 from harness.collect.model import CommOp, RankTrace, Shared, Step, StepCover, compact
 from harness.collect.summary import read_summary, write_summary
 
@@ -73,3 +73,18 @@ def test_a_compacted_rank_is_written_read_and_shifted_as_before(tmp_path: Path) 
     moved = small.shifted(2.5)
     assert moved.steps[0].cover.idle == [(5.5, 7.5)] and moved.steps[0].cover.compute_in_comm == [(2.5, 3.5)]
     assert moved == plain.shifted(2.5)
+
+
+def test_rank_values_read_as_the_dict_in_the_order_of_their_index() -> None:
+    index = {3: 0, 1: 1, 2: 2}
+    d = {2: 0.5, 3: 1.5, 1: 2.5}  # any order in, the index's order out
+    v = RankValues.of(d, index)
+    assert v == d and d == v and list(v) == [3, 1, 2] and list(v.values()) == [1.5, 2.5, 0.5]
+    assert list(v.items()) == [(3, 1.5), (1, 2.5), (2, 0.5)] and len(v) == 3 and 1 in v and 0 not in v
+    assert v[1] == 2.5 and v.get(0, -1.0) == -1.0 and sum(v.values()) == 4.5
+    with pytest.raises(KeyError):
+        v[0]
+    back = pickle.loads(pickle.dumps(v))
+    assert back == d and list(back) == [3, 1, 2]
+    w = RankValues.of({3: 0.0, 1: 0.0, 2: 0.0}, index)
+    assert w.index is v.index and w != v

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from harness.collect.clocks import ClockOffset, HostClock, estimate_offsets
+from harness.collect.compact import EMPTY
 from harness.collect.discover import RunSet
 from harness.collect.matching import Instance, match_collectives
 from harness.collect.model import RankTrace
 from harness.collect.overlap import Gap, LongestGaps, StepOverlap, rank_overlap
 from harness.collect.parse import NO_KERNELS
 from harness.collect.stragglers import StragglerResult, Thresholds, analyze_stragglers
-from harness.collect.waits import InstanceWaits, instance_waits, op_waits
+from harness.collect.waits import InstanceWaits, instance_waits, instances_by_rank, op_waits
 
 
 class NoStepsError(ValueError):
@@ -125,11 +126,11 @@ def analyze_aligned(runset: RunSet, alignment: Alignment, thresholds: Thresholds
     aligned, offsets, warnings = alignment.traces, alignment.offsets, list(alignment.warnings)
     instances, _ = match_collectives(aligned)
     waits = instance_waits(instances)
-    by_op = op_waits(waits)
+    taking_part = instances_by_rank(waits)
     rows: list[StepOverlap] = []
     gaps = LongestGaps()
     for t in aligned:
-        r, g = rank_overlap(t, by_op)
+        r, g = rank_overlap(t, op_waits(t.rank, taking_part.get(t.rank, [])))
         rows.extend(r)
         gaps.add(g)
         if release:
@@ -141,7 +142,7 @@ def analyze_aligned(runset: RunSet, alignment: Alignment, thresholds: Thresholds
     if release:
         for t in aligned:
             for c in t.comms:
-                c.run_up_us = {}
+                c.run_up_us = EMPTY
     return Analysis(runset=runset, traces=aligned, offsets=offsets, host_clocks=alignment.host_clocks,
                     aligned=alignment.aligned, instances=instances, waits=waits, stragglers=result,
                     overlap=rows, gaps=gaps.gaps, gaps_total=gaps.total, warnings=warnings)

@@ -7,8 +7,11 @@ and the report's tables.
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from harness.collect.compact import RankValues
 from harness.collect.matching import Instance
 
 
@@ -18,13 +21,14 @@ class InstanceWaits:
 
     index: int  # position in the analysis' instance list
     instance: Instance
-    arrival_us: dict[int, float]  # rank -> start of its op, aligned
-    end_us: dict[int, float]  # rank -> end of its op, aligned
+    # rank -> ..., as dicts or (from instance_waits) as RankValues over the instance's ranks
+    arrival_us: Mapping[int, float]  # rank -> start of its op, aligned
+    end_us: Mapping[int, float]  # rank -> end of its op, aligned
     last_rank: int  # the latest arriver (lowest rank among equals)
-    wait_us: dict[int, float]  # rank -> last arrival - own arrival
+    wait_us: Mapping[int, float]  # rank -> last arrival - own arrival
     transfer_us: float  # the instance's transfer time: min over ranks of (duration - wait)
-    delay_us: dict[int, float]  # rank -> its share of the delay of the collective's start
-    blame_us: dict[int, float]  # rank -> its share of the others' waiting
+    delay_us: Mapping[int, float]  # rank -> its share of the delay of the collective's start
+    blame_us: Mapping[int, float]  # rank -> its share of the others' waiting
 
     @property
     def name(self) -> str:
@@ -85,24 +89,43 @@ def instance_waits(instances: list[Instance]) -> list[InstanceWaits]:
     """Per instance (its ops already on aligned clocks): 1. arrival_r = start of rank r's op, end_r its end;
     2. last = the latest arrival; wait_r = last - arrival_r; 3. transfer = min over ranks of
     (duration_r - wait_r), at least 0 (the ends of a blocking collective coincide, so this is
-    about the last arriver's duration); 4. the attribution of `attribute`."""
+    about the last arriver's duration); 4. the attribution of `attribute`. Each held as
+    `RankValues` over the ranks in the order of the instance's ops (one index for every instance
+    of the same ranks)."""
     out = []
+    indexes: dict[tuple[int, ...], dict[int, int]] = {}
     for n, inst in enumerate(instances):
+        ranks = tuple(inst.ops)
+        index = indexes.setdefault(ranks, {r: i for i, r in enumerate(ranks)})
         arrival = {r: op.start_us for r, op in inst.ops.items()}
         end = {r: op.end_us for r, op in inst.ops.items()}
         last_rank = max(sorted(arrival), key=arrival.get)
         waits = {r: arrival[last_rank] - a for r, a in arrival.items()}
         transfer = max(min(end[r] - arrival[r] - waits[r] for r in arrival), 0.0)
         delay, blame = attribute(arrival)
-        out.append(InstanceWaits(index=n, instance=inst, arrival_us=arrival, end_us=end, last_rank=last_rank,
-                                 wait_us=waits, transfer_us=transfer, delay_us=delay, blame_us=blame))
+        out.append(InstanceWaits(index=n, instance=inst, arrival_us=RankValues.of(arrival, index),
+                                 end_us=RankValues.of(end, index), last_rank=last_rank,
+                                 wait_us=RankValues.of(waits, index), transfer_us=transfer,
+                                 delay_us=RankValues.of(delay, index), blame_us=RankValues.of(blame, index)))
     return out
 
 
-def op_waits(waits: list[InstanceWaits]) -> dict[tuple[int, str, int], float]:
-    """(rank, process group, seq) -> that op's wait: how the overlap split finds each op's wait."""
-    out = {}
+def instances_by_rank(waits: list[InstanceWaits]) -> dict[int, list[InstanceWaits]]:
+    """rank -> the instances it took part in, in order."""
+    by_rank: dict[int, list[InstanceWaits]] = defaultdict(list)
     for w in waits:
-        for r, op in w.instance.ops.items():
-            out[(r, op.pg, op.seq)] = w.wait_us[r]
+        for r in w.arrival_us:
+            by_rank[r].append(w)
+    return by_rank
+
+
+def op_waits(rank: int, taking_part: list[InstanceWaits]) -> dict[tuple[int, str, int], float]:
+    """(rank, process group, seq) -> that op's wait, for one rank's ops in the instances it took
+    part in (`instances_by_rank`): how the overlap split finds each op's wait. One rank at a time
+    (every rank's at once held a tuple key per op of the job: ~80 k on 1024 ranks x 80
+    collectives)."""
+    out = {}
+    for w in taking_part:
+        op = w.instance.ops[rank]
+        out[(rank, op.pg, op.seq)] = w.wait_us[rank]
     return out
