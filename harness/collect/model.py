@@ -102,7 +102,7 @@ class CommOp:
         return self.end_us - self.start_us
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class StepCover:
     """A step's device compute and copies folded into what the overlap analysis reads
     (overlap.cover_steps), so that a rank's intervals need not be kept once it is parsed. On
@@ -130,7 +130,7 @@ class StepCover:
                        work_end_us=None if self.work_end_us is None else self.work_end_us - offset_us)
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, slots=True)  # slots: ranks x steps of them
 class Step:
     number: int
     start_us: float

@@ -64,7 +64,7 @@ def clip(merged: list[Interval], lo: float, hi: float) -> list[Interval]:
     return [(max(a, lo), min(b, hi)) for a, b in merged if b > lo and a < hi]
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, slots=True)  # slots: ranks x steps of them
 class StepOverlap:
     rank: int
     step: int
