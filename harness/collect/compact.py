@@ -15,7 +15,33 @@ from array import array
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, Sequence, ValuesView
 
 
-class Named(Mapping[str, float]):
+class _ArrayMapping(Mapping):
+    """A read-only mapping whose keys are `_keys()` (a tuple or a dict, in order) and whose values
+    are the array `values_`, in the same order."""
+
+    __slots__ = ()
+    values_: array
+
+    def _keys(self) -> tuple | dict:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator:
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+    def items(self) -> ItemsView:
+        return _Items(self)
+
+    def values(self) -> ValuesView[float]:
+        return _Values(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict(self.items())!r})"
+
+
+class Named(_ArrayMapping, Mapping[str, float]):
     """A read-only mapping of name -> float, in the order the names were given. Lookups by name
     are linear in its length (readers iterate; the names of one mapping are tens, not
     thousands)."""
@@ -36,26 +62,14 @@ class Named(Mapping[str, float]):
             names = tuples.setdefault(names, names)
         return cls(names, array("d", list(items.values())))  # from a list: no room left over
 
+    def _keys(self) -> tuple[str, ...]:
+        return self.names
+
     def __getitem__(self, key: str) -> float:
         try:
             return self.values_[self.names.index(key)]
         except ValueError:
             raise KeyError(key) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-    def items(self) -> ItemsView[str, float]:
-        return _Items(self)
-
-    def values(self) -> ValuesView[float]:
-        return _Values(self)
-
-    def __repr__(self) -> str:
-        return f"Named({dict(self.items())!r})"
 
     def __reduce__(self) -> tuple:
         return Named, (self.names, self.values_)
@@ -64,7 +78,7 @@ class Named(Mapping[str, float]):
 EMPTY = Named()  # what a released rank's run-ups become (analysis.analyze_aligned(release=True))
 
 
-class RankValues(Mapping[int, float]):
+class RankValues(_ArrayMapping, Mapping[int, float]):
     """A read-only mapping of rank -> float (one collective instance's arrivals, waits, shares),
     in the order of `index`: rank -> position, one dict shared by every instance of the same ranks
     in the same order (a data-parallel job's instances all have the same ranks), the values as
@@ -87,20 +101,8 @@ class RankValues(Mapping[int, float]):
     def __contains__(self, rank: object) -> bool:
         return rank in self.index
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.index)
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def items(self) -> ItemsView[int, float]:
-        return _Items(self)
-
-    def values(self) -> ValuesView[float]:
-        return _Values(self)
-
-    def __repr__(self) -> str:
-        return f"RankValues({dict(self.items())!r})"
+    def _keys(self) -> dict[int, int]:
+        return self.index
 
     def __reduce__(self) -> tuple:
         return RankValues, (self.index, self.values_)
