@@ -301,10 +301,15 @@ def summaries(work: Path, ranks: int, sizes_mb: list[float], reps: int, source: 
 
 def step_period_us(rank_traces: list[dict]) -> float:
     """How far apart `repeated_steps` puts the copies of every rank's steps (one period for all ranks,
-    or they drift apart): the longest span of a rank's steps and collectives, rounded up to whole
-    ms, plus 1 ms."""
+    or they drift apart): the longest span of a rank's steps, collectives, run-ups and covers,
+    rounded up to whole ms, plus 1 ms."""
+    def starts(t: dict) -> list[float]:
+        return ([s["start_us"] for s in t["steps"]] + [op["start_us"] for op in t["comms"]]
+                + [op["run_up_start_us"] for op in t["comms"] if op["run_up_start_us"] is not None]
+                + [s["cover"]["lo_us"] for s in t["steps"] if s["cover"]])
+
     spans = [max([s["end_us"] for s in t["steps"]] + [op["end_us"] for op in t["comms"]])
-             - min(s["start_us"] for s in t["steps"]) for t in rank_traces if t["steps"]]
+             - min(starts(t)) for t in rank_traces if t["steps"]]
     return math.ceil(max(spans, default=0.0) / 1000) * 1000 + 1000
 
 

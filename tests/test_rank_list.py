@@ -36,8 +36,8 @@ def test_stragglers_alike_are_named_together_beyond_four() -> None:
     stragglers.append(_straggler(1000, 9.5, "op:gemm", 13.5))
     stragglers.sort(key=lambda s: (-s["late_ms"], s["rank"]))
     assert headline("straggler", stragglers, []) == (
-        "straggler: rank 1000 on 1 host is late (spends longer in gemm), 9.50 ms per step; "
-        "128 ranks [7-1023 every 8th] on 128 hosts are late (its device sits idle waiting on its host), "
+        "straggler: rank 1000 on node0125 is late (spends longer in gemm), 9.50 ms per step; "
+        "128 ranks [7-1023 every 8th] on 128 hosts are late (their devices sit idle waiting on their hosts), "
         "8.00-8.02 ms per step")
     doc = {"verdict": "straggler", "stragglers": stragglers, "memory_findings": [], "diagnosis": [],
            "run": {"replayed_step_ms": 14.0, "median_step_ms": 16.0, "whatif_all_fixed_step_ms": 12.5,
@@ -47,11 +47,16 @@ def test_stragglers_alike_are_named_together_beyond_four() -> None:
         "Rank 1000: it spends longer in `gemm` than its peers: check its inputs (uneven shapes/load) and its hardware. "
         "Fixed, the step would take ~13.50 ms instead of ~14.00 ms (both replayed; measured 16.00 ms).",
         "128 ranks [7-1023 every 8th], each: its device idles before collectives while its host is busy: look at that "
-        "rank's host side (input pipeline, Python overhead, CPU contention, syncs). Fixed one at a time, the step "
-        "would take ~14.00 ms instead of ~14.00 ms (both replayed; measured 16.00 ms).",
+        "rank's host side (input pipeline, Python overhead, CPU contention, syncs). Fixing one of them alone leaves "
+        "the step at ~14.00 ms (replayed; measured 16.00 ms).",
         "Fixing 129 ranks [7-999 every 8th, 1000, 1007-1023 every 8th] together would bring the step from ~14.00 ms to "
         "~12.50 ms (replayed)."]
     assert sorted(next_steps(doc)[1]["ranks"]) == list(range(7, 1024, 8))  # all of them in report.json
+    assert headline("balanced", [], list(range(100, 140))) == (
+        "balanced: no rank keeps the others waiting beyond the noise (incomplete: 40 ranks [100-139] missing)")
+    some = [{**s, "whatif_step_ms": 13.9 if s["rank"] == 15 else 14.0} for s in stragglers]
+    assert "Fixed one at a time, the step would take ~13.90-14.00 ms instead of ~14.00 ms" in next_steps(
+        {**doc, "stragglers": some})[1]["text"]
     four = stragglers[:4]
     assert headline("straggler", four, []).count("; ") == 3  # four or fewer: one by one, as before
     assert len(next_steps({**doc, "stragglers": four})) == 5

@@ -340,7 +340,7 @@ def _slow_phases(slow: list[int], waits: list[InstanceWaits], lateness: list[dic
             times, columns = _run_ups_at(w, spans if by_phase else None)
             for r in here:
                 if use_phases[r] == by_phase:
-                    mine = times[r]
+                    mine = dict(times[r].items())  # a Named's lookups are linear: hundreds of CPU op names
                     for name, vals in columns.items():
                         own = mine.get(name, 0.0)
                         excess[r][name] += own - _median_without(vals, own)

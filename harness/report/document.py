@@ -212,39 +212,50 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
     return doc
 
 
-def _phase_words(p: str | None) -> str:
+def _phase_words(p: str | None, many: bool = False) -> str:
+    """What a straggler (`many`: several alike) is slow in, in words."""
     if not p:
         return ""
     if p.startswith("op:"):
-        return f"spends longer in {p[3:]}"
+        return f"{'spend' if many else 'spends'} longer in {p[3:]}"
     if p.startswith("idle"):
-        return "its device sits idle waiting on its host"
-    return f"in its {p} phase"
+        return "their devices sit idle waiting on their hosts" if many else "its device sits idle waiting on its host"
+    return f"in {'their' if many else 'its'} {p} phase"
+
+
+def _straggler_words(s: dict[str, Any]) -> str:
+    """One straggler in the headline: its rank, host, pattern, phase and lateness."""
+    words = _phase_words(s["phase"])
+    return (f"rank {s['rank']} on {s['host']} is {_late_words(s)}" + (f" ({words})" if words else "")
+            + f", {s['late_ms']:.2f} ms per step")
 
 
 def headline(verdict: str, stragglers: list[dict[str, Any]], missing: list[int], ending: list[str] | None = None,
              reason: str | None = None) -> str:
-    tail = f" (incomplete: rank(s) {', '.join(map(str, missing))} missing)" if missing else ""
+    if missing:
+        tail = (f" (incomplete: rank(s) {', '.join(map(str, missing))} missing)" if len(missing) <= SPELLED
+                else f" (incomplete: {ranks_phrase(missing)} missing)")
+    else:
+        tail = ""
     if ending:
         tail += f" (the run did not finish: {ending[1] if len(ending) > 1 else ending[0]})"
     if verdict == "inconclusive":
         return f"inconclusive: {reason}" + tail
     if verdict == "balanced":
         return "balanced: no rank keeps the others waiting beyond the noise" + tail
-    parts = []
     if len(stragglers) <= LISTED:
-        for s in stragglers:
-            words = _phase_words(s["phase"])
-            parts.append(f"rank {s['rank']} on {s['host']} is {_late_words(s)}" + (f" ({words})" if words else "")
-                         + f", {s['late_ms']:.2f} ms per step")
-    else:
-        for group in _straggler_groups(stragglers, lambda s: (_late_words(s), _phase_words(s["phase"]))):
-            late, words = _late_words(group[0]), _phase_words(group[0]["phase"])
-            hosts = len({s["host"] for s in group})
-            figures = sorted(s["late_ms"] for s in group)
-            parts.append(f"{ranks_phrase([s['rank'] for s in group])} on {hosts} host{'s' if hosts > 1 else ''} "
-                         f"{'are' if len(group) > 1 else 'is'} {late}" + (f" ({words})" if words else "")
-                         + f", {_range_ms(figures)} ms per step")
+        return "straggler: " + "; ".join(_straggler_words(s) for s in stragglers) + tail
+    parts = []
+    for group in _straggler_groups(stragglers, lambda s: (_late_words(s), s["phase"] or "")):
+        if len(group) == 1:
+            parts.append(_straggler_words(group[0]))
+            continue
+        words = _phase_words(group[0]["phase"], many=True)
+        hosts = len({s["host"] for s in group})
+        figures = sorted(s["late_ms"] for s in group)
+        parts.append(f"{ranks_phrase([s['rank'] for s in group])} on {hosts} host{'s' if hosts > 1 else ''} are "
+                     f"{_late_words(group[0])}" + (f" ({words})" if words else "")
+                     + f", {_range_ms(figures)} ms per step")
     return "straggler: " + "; ".join(parts) + tail
 
 
@@ -305,9 +316,13 @@ def _straggler_step(group: list[dict[str, Any]], run: dict[str, Any]) -> str:
         text = f"{_cap(ranks_phrase([s['rank'] for s in group]))}, each: {_straggler_advice(group[0])}"
     whatif = sorted(s["whatif_step_ms"] for s in group if s["whatif_step_ms"] is not None)
     if whatif and run.get("replayed_step_ms"):
-        fixed = "Fixed" if len(group) == 1 else "Fixed one at a time"
-        text += (f" {fixed}, the step would take ~{_range_ms(whatif)} ms instead of ~{run['replayed_step_ms']:.2f} "
-                 f"ms (both replayed; measured {run['median_step_ms']:.2f} ms).")
+        now, measured = f"{run['replayed_step_ms']:.2f}", f"{run['median_step_ms']:.2f}"
+        if len(group) > 1 and _range_ms(whatif) == now:
+            text += f" Fixing one of them alone leaves the step at ~{now} ms (replayed; measured {measured} ms)."
+        else:
+            fixed = "Fixed" if len(group) == 1 else "Fixed one at a time"
+            text += (f" {fixed}, the step would take ~{_range_ms(whatif)} ms instead of ~{now} "
+                     f"ms (both replayed; measured {measured} ms).")
     return text
 
 
