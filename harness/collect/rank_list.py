@@ -63,3 +63,9 @@ def ranks_phrase(ranks: Iterable[int], present: Iterable[int] = ()) -> str:
     if set(rs) <= set(present) and others and len(rank_runs(others)) < len(runs):
         return f"{len(rs)} ranks [all but {_runs_text(rank_runs(others))}]"
     return f"{len(rs)} ranks [{_runs_text(runs)}]"
+
+
+def ranks_listed(ranks: Iterable[int]) -> str:
+    """'rank(s) 2, 5' (up to SPELLED ranks, in the order given), else as `ranks_phrase`."""
+    given = list(ranks)
+    return f"rank(s) {', '.join(map(str, given))}" if len(given) <= SPELLED else ranks_phrase(given)

@@ -77,7 +77,7 @@ from harness.collect.advisor import advice_for, as_rows, diagnose, diagnosis_lin
 from harness.collect.analysis import Analysis
 from harness.collect.collective_stats import collective_stats, process_groups
 from harness.collect.memory import MemoryResult, finding_text
-from harness.collect.rank_list import SPELLED, ranks_phrase
+from harness.collect.rank_list import ranks_listed, ranks_phrase
 
 SCHEMA_VERSION = 1
 ADVICE = {
@@ -232,11 +232,7 @@ def _straggler_words(s: dict[str, Any]) -> str:
 
 def headline(verdict: str, stragglers: list[dict[str, Any]], missing: list[int], ending: list[str] | None = None,
              reason: str | None = None) -> str:
-    if missing:
-        tail = (f" (incomplete: rank(s) {', '.join(map(str, missing))} missing)" if len(missing) <= SPELLED
-                else f" (incomplete: {ranks_phrase(missing)} missing)")
-    else:
-        tail = ""
+    tail = f" (incomplete: {ranks_listed(missing)} missing)" if missing else ""
     if ending:
         tail += f" (the run did not finish: {ending[1] if len(ending) > 1 else ending[0]})"
     if verdict == "inconclusive":
@@ -363,9 +359,8 @@ def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
         waiting = sorted({r for d in ds for r, _ in d["waits_for"]})
         if waiting:
             share = statistics.mean(d["evidence"]["waiting_share"] for d in ds)
-            on = f"rank(s) {', '.join(map(str, waiting))}" if len(waiting) <= SPELLED else ranks_phrase(waiting)
             text += (f" {'They spend' if many else 'It spends'} {share:.0%} of the step waiting on "
-                     f"{on}; that part goes away when those are fixed, not by tuning "
+                     f"{ranks_listed(waiting)}; that part goes away when those are fixed, not by tuning "
                      "communication.")
         out.append({"about": kind, "ranks": ranks, "text": text})
     return out
