@@ -8,14 +8,13 @@ fixed."""
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.collect.matching import Instance
 from harness.collect.model import CommOp, RankTrace, Step
-from harness.collect.replay import Replay
+from harness.collect.replay import Replay, steps_to_replay
 from harness.collect.waits import InstanceWaits, instance_waits
 
 
@@ -76,18 +75,10 @@ def _replay_step_loop(step_span_us: dict[int, tuple[float, float]], ws: list[Ins
 
 
 def _replay_loop(traces: list[RankTrace], waits: list[InstanceWaits], fixed: set[int]) -> float | None:
-    by_step: dict[int, list[InstanceWaits]] = defaultdict(list)
-    for w in waits:
-        if w.step is not None:
-            by_step[w.step].append(w)
-    spans: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
-    for t in traces:
-        for s in t.steps:
-            spans[s.number][t.rank] = (s.start_us, s.end_us)
-    steps = [s for s in sorted(by_step) if s in spans]
+    steps = steps_to_replay(traces, waits)  # the grouping by step is shared; the replay itself is the oracle's
     if not steps:
         return None
-    return statistics.mean(_replay_step_loop(spans[s], by_step[s], fixed) for s in steps) / 1e3
+    return statistics.mean(_replay_step_loop(spans, ws, fixed) for spans, ws in steps) / 1e3
 
 
 TIME = st.integers(0, 2000).map(lambda t: t / 4)

@@ -64,20 +64,27 @@ class Replay:
     (`StragglerResult.replayed_step_ms` reports it next to the measured step)."""
 
     def __init__(self, traces: list[RankTrace], waits: list[InstanceWaits]) -> None:
-        by_step: dict[int, list[InstanceWaits]] = defaultdict(list)
-        for w in waits:
-            if w.step is not None:
-                by_step[w.step].append(w)
-        spans: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
-        for t in traces:
-            for s in t.steps:
-                spans[s.number][t.rank] = (s.start_us, s.end_us)
-        self.steps = [_plan(spans[s], by_step[s]) for s in sorted(by_step) if s in spans]
+        self.steps = [_plan(spans, ws) for spans, ws in steps_to_replay(traces, waits)]
 
     def step_ms(self, fixed: set[int]) -> float | None:
         if not self.steps:
             return None
         return statistics.mean(_replay(st, np.isin(st.ranks, list(fixed))) for st in self.steps) / 1e3
+
+
+def steps_to_replay(traces: list[RankTrace], waits: list[InstanceWaits]
+                    ) -> list[tuple[dict[int, tuple[float, float]], list[InstanceWaits]]]:
+    """Per step with matched collectives, in step order: each rank's (start_us, end_us) of that
+    step and the step's instances."""
+    by_step: dict[int, list[InstanceWaits]] = defaultdict(list)
+    for w in waits:
+        if w.step is not None:
+            by_step[w.step].append(w)
+    spans: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
+    for t in traces:
+        for s in t.steps:
+            spans[s.number][t.rank] = (s.start_us, s.end_us)
+    return [(spans[s], by_step[s]) for s in sorted(by_step) if s in spans]
 
 
 def _plan(step_span_us: dict[int, tuple[float, float]], ws: list[InstanceWaits]) -> _Step:
