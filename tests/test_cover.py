@@ -22,6 +22,7 @@ from harness.collect.overlap import (
     length,
     merge,
     rank_overlap,
+    step_gaps,
     subtract,
 )
 
@@ -34,8 +35,8 @@ COMM = st.tuples(TIME, st.integers(0, 300).map(lambda d: d / 2), STEP_OF, st.sam
                  st.integers(0, 200).map(lambda w: w / 2))
 
 
-def _overlap_from_intervals(trace: RankTrace, compute: list[Busy], copies: list[Busy], waits: dict,
-                            min_gap_us: float = MIN_GAP_US) -> tuple[list[StepOverlap], list[Gap]]:
+def _overlap_from_intervals(trace: RankTrace, compute: list[Busy], copies: list[Busy],
+                            waits: dict) -> tuple[list[StepOverlap], list[Gap]]:
     """The overlap as computed before covers, from the rank's compute and copy intervals."""
     rows: list[StepOverlap] = []
     gaps: list[Gap] = []
@@ -75,18 +76,9 @@ def _overlap_from_intervals(trace: RankTrace, compute: list[Busy], copies: list[
                                 exposed_comm_us=length(exposed), exposed_wait_us=length(exposed) - length(moving),
                                 exposed_transfer_us=length(moving), idle_us=hi - lo - length(busy), by_pg=by_pg,
                                 memcpy_us=length(K)))
-        for kind, pieces in (("exposed_transfer", moving), ("exposed_wait", subtract(exposed, moving))):
-            for a, b in pieces:
-                if b - a >= min_gap_us:
-                    name = next((c.name for c in comms if c.start_us < b and c.end_us > a), None)
-                    gaps.append(Gap(rank=trace.rank, step=step.number, start_us=a, dur_us=b - a, kind=kind,
-                                    collective=name))
-        for a, b in subtract([(lo, hi)], busy):
-            if b - a >= min_gap_us:
-                before = [c for c in comms if c.end_us <= a]
-                name = max(before, key=lambda c: c.end_us).name if before else None
-                gaps.append(Gap(rank=trace.rank, step=step.number, start_us=a, dur_us=b - a, kind="idle",
-                                collective=name))
+        # naming the gaps is shared (overlap.step_gaps); the pieces are the oracle's own
+        idle = [(a, b) for a, b in subtract([(lo, hi)], busy) if b - a >= MIN_GAP_US]
+        gaps.extend(step_gaps(trace.rank, step.number, comms, moving, subtract(exposed, moving), idle))
     return rows, gaps
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from harness.collect.model import Busy, CommOp, Interval, RankTrace, StepCover
@@ -208,17 +209,27 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None) -> tuple[list[S
                                 exposed_comm_us=length(exposed), exposed_wait_us=length(exposed) - length(moving),
                                 exposed_transfer_us=length(moving), idle_us=window - cover.busy_us, by_pg=by_pg,
                                 memcpy_us=cover.memcpy_us))
-        for kind, pieces in (("exposed_transfer", moving), ("exposed_wait", subtract(exposed, moving))):
-            for a, b in pieces:
-                if b - a >= MIN_GAP_US:
-                    name = next((c.name for c in comms if c.start_us < b and c.end_us > a), None)
-                    gaps.append(Gap(rank=trace.rank, step=step.number, start_us=a, dur_us=b - a, kind=kind,
-                                    collective=name))
-        for a, b in cover.idle:
-            before = [c for c in comms if c.end_us <= a]
-            name = max(before, key=lambda c: c.end_us).name if before else None
-            gaps.append(Gap(rank=trace.rank, step=step.number, start_us=a, dur_us=b - a, kind="idle", collective=name))
+        gaps.extend(step_gaps(trace.rank, step.number, comms, moving, subtract(exposed, moving), cover.idle))
     return rows, gaps
+
+
+def step_gaps(rank: int, step: int, comms: list[CommOp], transfer: Iterable[Interval], wait: Iterable[Interval],
+              idle: Iterable[Interval]) -> list[Gap]:
+    """A step's gaps: the exposed transfer and exposed waiting pieces at least MIN_GAP_US long,
+    each naming the collective running over it, and the `idle` pieces (a cover's: already that
+    long, measured before any shift), each naming the last collective to end before it in the
+    step, if any."""
+    gaps = []
+    for kind, pieces in (("exposed_transfer", transfer), ("exposed_wait", wait)):
+        for a, b in pieces:
+            if b - a >= MIN_GAP_US:
+                name = next((c.name for c in comms if c.start_us < b and c.end_us > a), None)
+                gaps.append(Gap(rank=rank, step=step, start_us=a, dur_us=b - a, kind=kind, collective=name))
+    for a, b in idle:
+        before = [c for c in comms if c.end_us <= a]
+        name = max(before, key=lambda c: c.end_us).name if before else None
+        gaps.append(Gap(rank=rank, step=step, start_us=a, dur_us=b - a, kind="idle", collective=name))
+    return gaps
 
 
 class LongestGaps:
