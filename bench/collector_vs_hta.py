@@ -369,10 +369,11 @@ def summary_scale(work: Path, ranks: int, source: Path = SOURCE, per_host: int =
             (staging / f.name).symlink_to(f.resolve())
             condensed.append(json.loads(summarize(staging / f.name).read_bytes()))
         period_us = step_period_us([doc["rank_trace"] for doc in condensed])
+        for doc in condensed:  # once per source rank, not per copy
+            repeated_steps(doc["rank_trace"], steps, period_us)
         for r in range(ranks):
             doc = json.loads(json.dumps(condensed[r % len(condensed)]))
             doc["rank_trace"].update(rank=r, world_size=ranks, host=f"node{r // per_host:04d}")
-            repeated_steps(doc["rank_trace"], steps, period_us)
             (folder / f"rank{r:05d}.pt.trace.json.summary.json").write_text(json.dumps(doc))
         (folder / ".complete").touch()
     size = sum(p.stat().st_size for p in folder.glob("*.summary.json")) / 1e6
