@@ -50,8 +50,8 @@ SMOKE = [
                                                    "--scale", "2", "--scale-mb", "0.05", "--summary-ranks", "16",
                                                    "--summary-steps", "2", "--profile"],
           ["one trace of", "in-job summaries", "report identical: True", "scale: ours only",
-           "16 ranks of in-job summaries", "2 x the source's steps", "profile of src-2r-0.05mb", "parsing traces", "writing the merged trace",
-           "start-up, finding traces"]),
+           "16 ranks of in-job summaries", "2 x the source's steps", "profile of src-2r-0.05mb", "parsing traces",
+           "writing the merged trace", "start-up, finding traces"]),
     Smoke("collector_vs_hta.py", TINY_COLLECTOR, ["collector vs HTA", "src-2r-0.05mb", "faster anchor", "targets:"],
           hta_stub=True),
 ]
