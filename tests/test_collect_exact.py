@@ -28,20 +28,23 @@ def test_gpu_overlap_and_gaps_exact(tmp_path: Path) -> None:
     a = run_analysis(tmp_path, gpu_docs())
     r0 = [o for o in a.overlap if o.rank == 0]
     assert len(r0) == 2
-    for o in r0:
-        # window [100, 900]; C = 300 + 100; M = 400; C∩M = [300, 400]; idle = [700, 800]
+    # spans from each step's first device work: [100, 1100] and [1100, 1900] (the last ends
+    # with its work); in each: C = 300 + 100; M = 400; C∩M = [300, 400]; idle [700, 800], and
+    # in step 1 also [900, 1100]: between the steps' work, the device's time, counted once
+    for o, (window, idle) in zip(r0, [(1000, 300), (800, 100)]):
         assert (o.window_us, o.compute_us, o.comm_us, o.overlapped_comm_us, o.exposed_comm_us, o.idle_us) == (
-            800, 400, 400, 100, 300, 100)
+            window, 400, 400, 100, 300, idle)
+        assert o.compute_us + o.exposed_comm_us + o.memcpy_us + o.idle_us == o.window_us
     r1 = [o for o in a.overlap if o.rank == 1][0]
-    # M = [500, 700] does not touch C: all 200 exposed; idle = [400, 500] + [700, 800]
-    assert (r1.comm_us, r1.overlapped_comm_us, r1.exposed_comm_us, r1.idle_us) == (200, 0, 200, 200)
+    # M = [500, 700] does not touch C: all 200 exposed; idle = [400, 500] + [700, 800] + [900, 1100]
+    assert (r1.comm_us, r1.overlapped_comm_us, r1.exposed_comm_us, r1.idle_us) == (200, 0, 200, 400)
     # rank 0 arrives at 300, rank 1 at 500: rank 0 waits [300, 500], transfers [500, 700];
     # compute covers [100, 400], so exposed = [400, 500] waiting + [500, 700] transfer
     assert (r0[0].exposed_wait_us, r0[0].exposed_transfer_us) == (100, 200)
     assert (r1.exposed_wait_us, r1.exposed_transfer_us) == (0, 200)
     g0 = sorted((g.kind, g.start_us % 1000, g.dur_us, g.collective) for g in a.gaps if g.rank == 0 and g.step == 1)
     assert g0 == [("exposed_transfer", 500, 200, "allreduce"), ("exposed_wait", 400, 100, "allreduce"),
-                  ("idle", 700, 100, "allreduce")]
+                  ("idle", 700, 100, "allreduce"), ("idle", 900, 200, "allreduce")]
 
 
 def test_gpu_waits_blame_and_offsets_exact(tmp_path: Path) -> None:

@@ -75,10 +75,9 @@ def test_run_ups_match_the_loop(rows: list, comms: list, first: float | None):
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(rows=st.lists(SPAN, max_size=40))
 def test_merged_by_step_matches_the_loop(rows: list):
-    by_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for a, d, step, _ in rows:
-        if step is not None:
-            by_step[step].append((a, a + d))
+    by_step: dict[int | None, list[tuple[float, float]]] = defaultdict(list)
+    for a, d, step, _ in rows:  # those of no step too: they keep the device busy in whatever span they fall
+        by_step[step].append((a, a + d))
     expected = sorted(((a, b, st) for st, iv in by_step.items() for a, b in merge(iv)), key=lambda x: (x[0], x[1]))
     assert merged_by_step(_spans(rows)) == expected
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from harness.collect.clocks import ClockOffset, HostClock, estimate_offsets
@@ -10,7 +11,7 @@ from harness.collect.discover import RunSet
 from harness.collect.matching import Instance, match_collectives
 from harness.collect.model import RankTrace
 from harness.collect.overlap import Gap, LongestGaps, StepOverlap, rank_overlap
-from harness.collect.parse import NO_KERNELS
+from harness.collect.parse import NO_KERNELS, STUB_NOTE
 from harness.collect.stragglers import StragglerResult, Thresholds, analyze_stragglers
 from harness.collect.waits import InstanceWaits, instance_waits, instances_by_rank, op_waits
 
@@ -43,20 +44,27 @@ def select_steps(trace: RankTrace, keep: set[int]) -> RankTrace:
 
 
 def trace_warnings(traces: list[RankTrace]) -> list[str]:
-    """Every trace's warnings, in rank order; the no-GPU-kernels warning (parse.NO_KERNELS),
-    which a whole run gets at once, in one line naming its ranks."""
+    """Every trace's warnings, in rank order; those a whole run gets at once in one line naming
+    its ranks: the no-GPU-kernels warning (parse.NO_KERNELS) and each stub step left out
+    (parse.STUB_NOTE)."""
     out: list[str] = []
     ranks: list[int] = []
+    stubs: dict[int, list[tuple[int, str]]] = defaultdict(list)
     for t in sorted(traces, key=lambda t: t.rank):
         for w in t.warnings:
             if w.endswith(NO_KERNELS):
                 ranks.append(t.rank)
+            elif w.endswith(STUB_NOTE):
+                stubs[int(w.split()[1])].append((t.rank, w))
             else:
                 out.append(w)
     if len(ranks) > 1:
         out.insert(0, f"rank(s) {step_ranges(ranks)}: {NO_KERNELS}")
     elif ranks:
         out.insert(0, next(w for t in traces for w in t.warnings if w.endswith(NO_KERNELS)))
+    for number, held in sorted(stubs.items()):
+        out.append(f"rank {held[0][0]}: {held[0][1]}" if len(held) == 1 else
+                   f"rank(s) {step_ranges([r for r, _ in held])}: step {number} {STUB_NOTE}")
     return out
 
 

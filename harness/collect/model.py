@@ -13,7 +13,7 @@ from typing import NamedTuple
 from harness.collect.compact import Named, Pieces
 
 Interval = tuple[float, float]  # (start_us, end_us)
-Busy = tuple[float, float, int]  # (start_us, end_us, step it belongs to): merged within each step
+Busy = tuple[float, float, "int | None"]  # (start_us, end_us, step that launched it or None): merged per step
 
 
 class Block(NamedTuple):

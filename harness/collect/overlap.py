@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from harness.collect.model import Busy, CommOp, Interval, RankTrace, StepCover
@@ -69,7 +70,7 @@ def clip(merged: list[Interval], lo: float, hi: float) -> list[Interval]:
 class StepOverlap:
     rank: int
     step: int
-    window_us: float
+    window_us: float  # the step's span (device_spans): compute + exposed_comm + memcpy + idle
     compute_us: float
     comm_us: float
     overlapped_comm_us: float
@@ -79,7 +80,7 @@ class StepOverlap:
     idle_us: float  # neither compute, communication nor a copy
     # process group -> {comm_us, exposed_wait_us, exposed_transfer_us} (groups may overlap in time)
     by_pg: dict[str, dict[str, float]] = field(default_factory=dict)
-    memcpy_us: float = 0.0  # host<->device copies and memsets (GPU), whatever else runs with them
+    memcpy_us: float = 0.0  # host<->device copies and memsets (GPU) while no compute or communication runs
 
 
 @dataclass(kw_only=True)
@@ -115,62 +116,117 @@ def _timed(merged: list[Interval]) -> list[Interval]:
     return [(a, b) for a, b in merged if b > a]
 
 
-def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy]) -> None:
-    """Fold the rank's compute and copy intervals into its steps (`Step.cover`): what of them
-    `rank_overlap` needs, so that the intervals themselves need not be kept. For every step N:
+def device_spans(trace: RankTrace, own: Mapping[int, Interval],
+                 marks: Mapping[int, Interval] | None = None) -> dict[int, Interval]:
+    """The rank's step spans: consecutive, non-overlapping intervals of the timeline its device
+    (on CPU: its main thread) works on, one per step that has one; what `cover_steps` partitions.
 
-    1. C = union of the compute intervals of step N, M = union of its communication intervals,
-       K = union of its copies (GPU memcpy/memset) (GPU: intervals launched in step N; CPU:
-       intervals starting inside the step);
-    2. window [lo, hi] = the ProfilerStep interval on a CPU trace; on GPU, first start to last
-       end of step N's device intervals, copies included (device work runs behind the host),
-       no cover when there are none; C, M and K are clipped to the window, and their
-       zero-length pieces dropped (a kernel of no duration hides nothing and splits no gap);
-    3. window = hi - lo, compute = |C|, memcpy = |K|, overlapped = |C ∩ M|, busy = |C ∪ M ∪ K|;
+    CPU: each step's own ProfilerStep interval (the host is the device).
+    GPU: the device runs behind the host (a healthy job launches step N+1 while the device still
+    runs step N), so a step's span is cut from the device's timeline, not the host's:
+    1. the step's device start b_N = the start of its `gpu_user_annotation` ProfilerStep where
+       the trace has one (`marks`), else the earliest start of the device work it launched
+       (`own`: kernels, copies, memsets and collectives by launch), which is what Kineto builds
+       that annotation from; a stream runs its work in launch order, so b grows with N;
+    2. over the steps in host order, b is made non-decreasing (a side stream's early start
+       cannot move a step before the one launched ahead of it);
+    3. span N = [b_N, b_M), M the next step with a device start; the last span ends at the
+       latest end of the device work launched in any of the steps (or of its annotation), so
+       the spans cover the device's time from the first step's start to the end of the work
+       the steps launched;
+    4. a step that launched nothing and has no annotation has no span: its time belongs to the
+       span before it.
+    `own` maps a step to (first start, last end) of the device work it launched."""
+    if trace.device != "gpu":
+        return {s.number: (s.start_us, s.end_us) for s in trace.steps}
+    marks = marks or {}
+    starts: list[tuple[int, float]] = []
+    last_end = -math.inf
+    floor = -math.inf
+    for s in sorted(trace.steps, key=lambda s: s.start_us):
+        where = marks.get(s.number) or own.get(s.number)
+        if where is None:
+            continue
+        floor = max(floor, where[0])
+        starts.append((s.number, floor))
+        last_end = max(last_end, where[1], own.get(s.number, where)[1])
+    spans: dict[int, Interval] = {}
+    for i, (number, lo) in enumerate(starts):
+        hi = starts[i + 1][1] if i + 1 < len(starts) else max(last_end, lo)
+        spans[number] = (lo, hi)
+    return spans
+
+
+def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy],
+                marks: Mapping[int, Interval] | None = None) -> None:
+    """Fold the rank's compute and copy intervals into its steps (`Step.cover`): what of them
+    `rank_overlap` needs, so that the intervals themselves need not be kept. `compute` and
+    `copies` are (start_us, end_us, step that launched it or None) on the trace's clock;
+    `marks` the device's ProfilerStep annotations by step, where the trace has them.
+
+    1. each step's span [lo, hi] (`device_spans`); a step without one gets no cover;
+    2. C = union of ALL compute intervals, M = of all communication intervals, K = of all copies
+       (GPU memcpy/memset), whatever step launched them, clipped to the span, zero-length pieces
+       dropped (a kernel of no duration hides nothing and splits no gap): the device's time
+       inside the span is what ran there;
+    3. window = hi - lo, compute = |C|, overlapped = |C ∩ M|, busy = |C ∪ M ∪ K|, memcpy =
+       |K - (C ∪ M)| (the copies' time that nothing else covers), so that every instant of
+       the span is counted once: compute + (M - C) + memcpy + idle = window;
     4. kept as intervals: C ∩ M (what the split of exposed communication into waiting and
        transfer still needs of C: every part of the communication lies in M) and the idle
        pieces window - (C ∪ M ∪ K) at least MIN_GAP_US long;
-    5. work_end = the latest end of step N's compute and copies, unclipped.
-    `compute` and `copies` are (start_us, end_us, step) on the trace's clock."""
-    comp_by: dict[int, list[Interval]] = {}
-    for a, b, st in compute:
+    5. work_end = the latest end of the compute and copies the step launched, unclipped (where
+       the merged trace's window of that step ends)."""
+    own: dict[int, list[float]] = {}
+
+    def owned(a: float, b: float, st: int | None) -> None:
         if st is not None:
-            comp_by.setdefault(st, []).append((a, b))
-    copy_by: dict[int, list[Interval]] = {}
-    for a, b, st in copies:
-        if st is not None:
-            copy_by.setdefault(st, []).append((a, b))
-    comm_by: dict[int, list[Interval]] = {}
+            got = own.get(st)
+            if got is None:
+                own[st] = [a, b]
+            else:
+                got[0], got[1] = min(got[0], a), max(got[1], b)
+
+    work_end: dict[int, float] = {}
+    for a, b, st in (*compute, *copies):
+        owned(a, b, st)
+        if st is not None and b > work_end.get(st, -math.inf):
+            work_end[st] = b
     for c in trace.comms:
-        if c.step is not None:
-            comm_by.setdefault(c.step, []).append((c.start_us, c.end_us))
+        owned(c.start_us, c.end_us, c.step)
+    spans = device_spans(trace, {k: (v[0], v[1]) for k, v in own.items()}, marks)
+    every_compute = merge([(a, b) for a, b, _ in compute])
+    every_copy = merge([(a, b) for a, b, _ in copies])
+    every_comm = merge([(c.start_us, c.end_us) for c in trace.comms])
     for step in trace.steps:
-        comps = comp_by.get(step.number, [])
-        spans = comm_by.get(step.number, [])
-        cops = copy_by.get(step.number, [])
-        if trace.device == "gpu":
-            every = comps + cops + spans
-            if not every:
-                step.cover = None
-                continue
-            lo, hi = min(a for a, _ in every), max(b for _, b in every)
-        else:
-            lo, hi = step.start_us, step.end_us
-        C, K, M = (_timed(clip(merge(x), lo, hi)) for x in (comps, cops, spans))
+        span = spans.get(step.number)
+        if span is None:
+            step.cover = None
+            continue
+        lo, hi = span
+        C, K, M = (_timed(clip(x, lo, hi)) for x in (every_compute, every_copy, every_comm))
         both = intersect(C, M)
         busy = merge(C + M + K)
         step.cover = StepCover(
-            lo_us=lo, hi_us=hi, window_us=hi - lo, compute_us=length(C), memcpy_us=length(K),
-            overlapped_us=length(both), busy_us=length(busy), compute_in_comm=both,
-            idle=[(a, b) for a, b in subtract([(lo, hi)], busy) if b - a >= MIN_GAP_US],
-            work_end_us=max((b for _, b in comps + cops), default=None))
+            lo_us=lo, hi_us=hi, window_us=hi - lo, compute_us=length(C),
+            memcpy_us=length(subtract(K, merge(C + M))), overlapped_us=length(both), busy_us=length(busy),
+            compute_in_comm=both, idle=[(a, b) for a, b in subtract([(lo, hi)], busy) if b - a >= MIN_GAP_US],
+            work_end_us=work_end.get(step.number))
+
+
+def comms_in(comms: list[CommOp], lo: float, hi: float) -> list[CommOp]:
+    """The ops of `comms` that run inside [lo, hi), whatever step launched them (an op of no
+    duration: that starts inside it)."""
+    return [c for c in comms
+            if (c.start_us < hi and c.end_us > lo) or (c.start_us == c.end_us and lo <= c.start_us < hi)]
 
 
 def rank_overlap(trace: RankTrace, waits: OpWaits | None = None) -> tuple[list[StepOverlap], list[Gap]]:
-    """Overlap of one rank, step by step, from its steps' covers (`cover_steps`, steps 1-3:
-    window, C, M, K and their lengths; idle gaps):
-    4. comm = |M|, exposed = comm - overlapped, idle = window - busy (a copy keeps the device
-       busy, so it is not idle);
+    """Overlap of one rank, span by span, from its steps' covers (`cover_steps`, steps 1-3:
+    span, C, M, K and their lengths; idle gaps):
+    4. the ops in the span are every op of the rank that runs in it (`comms_in`), whatever
+       step launched it; comm = |M|, exposed = comm - overlapped, idle = window - busy (a copy
+       keeps the device busy, so it is not idle); compute + exposed + memcpy + idle = window;
     5. each op waits from its start for its `waits` entry (last arrival - own arrival at the
        matched instance; 0 for an op matched on no other rank) and transfers for the rest;
        T = union of the transferring parts: exposed_transfer = |T - C|, exposed_wait =
@@ -179,21 +235,18 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None) -> tuple[list[S
     6. the same split per process group, over that group's ops alone;
     7. gaps: the intervals of T - C (exposed_transfer), of (M - C) - T (exposed_wait), at least
        MIN_GAP_US long, and the cover's idle pieces (idle), each naming its collective (for
-       idle: the last one to end before it in that step, if any).
+       idle: the last one in the span to end before it, if any).
     """
     waits = waits or {}
     rows: list[StepOverlap] = []
     gaps: list[Gap] = []
-    comm_by: dict[int, list] = {}
-    for c in trace.comms:
-        if c.step is not None:
-            comm_by.setdefault(c.step, []).append(c)
+    every = sorted(trace.comms, key=lambda c: c.start_us)
     for step in trace.steps:
         cover = step.cover
         if cover is None:
             continue
-        comms = comm_by.get(step.number, [])
         lo, hi = cover.lo_us, cover.hi_us
+        comms = comms_in(every, lo, hi)
         C = list(cover.compute_in_comm)
         M, T = _split(comms, waits, trace.rank, lo, hi)
         window = cover.window_us

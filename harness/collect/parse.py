@@ -369,6 +369,8 @@ def parse_trace(path: Path) -> RankTrace:
     main_ops = _Ops(doc, main)
     main_marks = [m for m in doc.marks if m.thread == main]
     steps, steps_source = _steps(doc, main_marks, main_ops, main, warnings, path.name)
+    if steps_source == "ProfilerStep":
+        steps = drop_stub(steps, main_ops.ts, warnings)
     index = _StepIndex(steps)
     by_number = {s.number: s for s in steps}
 
@@ -431,8 +433,52 @@ def parse_trace(path: Path) -> RankTrace:
                       rank_source=rank_source, base_us=base_ns / 1e3, json_bytes=doc.json_bytes,
                       events=count_step_events(doc, steps), blocks={str(path): doc.blocks} if doc.blocks else {})
     # the compute and copies, folded into the steps here: no rank's intervals outlive its parse
-    cover_steps(trace, merged_by_step(spans), merged_by_step(copies))
+    cover_steps(trace, merged_by_step(spans), merged_by_step(copies), device_step_marks(doc))
     return trace
+
+
+def device_step_marks(doc: Trace) -> dict[int, tuple[float, float]]:
+    """The device's own ProfilerStep annotations (`gpu_user_annotation`, new traces), by step
+    number: from the first to the last device work of the step, as Kineto records them."""
+    out: dict[int, tuple[float, float]] = {}
+    for m in doc.marks:
+        if m.cat == "gpu_user_annotation":
+            found = STEP_NAME.match(m.name)
+            if found:
+                n = int(found["n"])
+                lo, hi = out.get(n, (m.ts, m.ts + m.dur))
+                out[n] = (min(lo, m.ts), max(hi, m.ts + m.dur))
+    return out
+
+
+# A step of the same loop dispatches about the same host ops, and takes about as long, every
+# time; one cut short by the end of its profiler window or of the run (a loop that `break`s, then
+# `prof.stop()`, or a run that ends inside the window) holds a fraction of both. Half the window's
+# median leaves room for steps of uneven length (a gradient-accumulation step without its
+# optimizer still dispatches its whole forward and backward) and none for a stub (a few ops, a
+# fraction of a millisecond). Both must hold: a short step with all its ops is a fast step, and
+# a long one with few ops did something else (an evaluation) that is still the run's time.
+STUB_SHARE = 0.5
+STUB_NOTE = "left out: cut short by the end of its profiler window or of the run"
+
+
+def drop_stub(steps: list[Step], main_op_starts: Any, warnings: list[str]) -> list[Step]:
+    """`steps` (by start) without the last one when it is a stub: it holds fewer main-thread
+    host ops (starting in it) than STUB_SHARE of the median over the window's steps, and lasts
+    less than STUB_SHARE of their median duration. A lone step is kept (nothing to compare it
+    with); the drop is said in `warnings`."""
+    if len(steps) < 2:
+        return steps
+    starts = as_numpy(main_op_starts)
+    counts = [int(np.searchsorted(starts, s.end_us, side="right") - np.searchsorted(starts, s.start_us, side="left"))
+              for s in steps]
+    full_ops, full_us = float(np.median(counts)), float(np.median([s.dur_us for s in steps]))
+    last = steps[-1]
+    if counts[-1] >= STUB_SHARE * full_ops or last.dur_us >= STUB_SHARE * full_us:
+        return steps
+    warnings.append(f"step {last.number} ({last.dur_us / 1e3:.2f} ms and {counts[-1]} host op(s) against "
+                    f"{full_us / 1e3:.2f} ms and {full_ops:.0f} in the median step) {STUB_NOTE}")
+    return steps[:-1]
 
 
 def count_step_events(doc: Trace, steps: list[Step]) -> int:

@@ -94,25 +94,24 @@ def set_run_ups(comms: list[CommOp], spans: Spans, first_step_start_us: float | 
         op.run_up_us = by_name
 
 
-def merged_by_step(spans: Spans) -> list[tuple[float, float, int]]:
-    """The compute intervals each step owns, merged per step (what overlap.cover_steps folds), by start;
-    intervals that belong to no step are left out."""
+def merged_by_step(spans: Spans) -> list[tuple[float, float, int | None]]:
+    """The compute intervals merged per step that launched them (what overlap.cover_steps folds),
+    by start; those of no step merged among themselves, with step None (they still keep the
+    device busy inside a step's span)."""
     starts, stops, steps, _ = spans.columns()
-    owned = steps != NO_STEP
-    starts, stops, steps = starts[owned], stops[owned], steps[owned]
     if not len(steps):
         return []
     order = np.argsort(steps, kind="stable")  # by step, and by (start, end) within one
     starts, stops, steps = starts[order], stops[order], steps[order]
     bounds = np.flatnonzero(np.diff(steps)) + 1
-    out: list[tuple[float, float, int]] = []
+    out: list[tuple[float, float, int | None]] = []
     for lo, hi in zip(np.concatenate(([0], bounds)).tolist(), np.concatenate((bounds, [len(steps)])).tolist()):
         p, q = merged_pieces(starts[lo:hi], stops[lo:hi])
         st = int(steps[lo])
-        out.extend((a, b, st) for a, b in zip(p.tolist(), q.tolist()))
+        out.extend((a, b, None if st == NO_STEP else st) for a, b in zip(p.tolist(), q.tolist()))
     # ties across steps: the step whose first interval was added first comes first
     raw = np.frombuffer(spans.step, dtype=np.int64)
     seen, first = np.unique(raw, return_index=True)
-    added = dict(zip(seen.tolist(), first.tolist()))
+    added = {(None if k == NO_STEP else k): v for k, v in zip(seen.tolist(), first.tolist())}
     out.sort(key=lambda x: (x[0], x[1], added[x[2]]))
     return out

@@ -31,10 +31,11 @@ FORMAT = "harness rank summary"
 # Bump whenever parse.py's output changes meaning: an older summary is then refused (with the
 # advice to collect from the trace) instead of silently giving a different report, unless
 # read_summary can bring it up to date (READABLE).
-VERSION = 4  # 2: steps' syncs by caller, host ops of every model thread, copies per step; 3: events per
+VERSION = 5  # 2: steps' syncs by caller, host ops of every model thread, copies per step; 3: events per
 # step, the trace's size and block index (the merged trace's window); 4: compute and copies folded into
 # each step's cover instead of kept as intervals, the main thread's top-level op times (read by nothing)
-# dropped
+# dropped; 5: covers over the device's step spans (overlap.device_spans), not over windows of each
+# step's own work (those overlapped: a version 4 cover cannot be unfolded, so it is refused)
 
 
 class _File(msgspec.Struct):
@@ -58,7 +59,7 @@ class _FileV3(msgspec.Struct):
 
 _DECODER = msgspec.json.Decoder(_File)
 _DECODER_V3 = msgspec.json.Decoder(_FileV3)
-READABLE = (3, VERSION)  # 3: its intervals folded into covers on reading
+READABLE = (3, VERSION)  # 3: its intervals (kept per step) folded into covers on reading
 _ENCODER = msgspec.json.Encoder(enc_hook=as_plain)  # a compacted rank's arrays as the JSON they stand for
 
 

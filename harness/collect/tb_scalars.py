@@ -15,7 +15,8 @@ from harness.write_faults import FaultLog
 
 # report.json `steps` key -> tag
 STEP_TAGS = {
-    "step_ms": "collector/step_ms",
+    "host_step_ms": "collector/step_ms",
+    "step_ms": "collector/device_span_ms",
     "wait_ms": "collector/wait_for_others_ms",
     "lag_ms": "collector/straggler_lag_ms",
     "exposed_comm_ms": "collector/exposed_comm_ms",

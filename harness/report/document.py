@@ -33,8 +33,11 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   compute..idle are summed over the analysed steps; exposed_comm = exposed_wait (exposed and
   only waiting for a later peer) + exposed_transfer.
 - `hosts`: [{host, ranks, blame_ms, wait_ms, stragglers}].
-- `steps`: [{rank, step, step_ms, wait_ms, lag_ms, exposed_comm_ms, exposed_wait_ms,
-  exposed_transfer_ms, compute_ms, comm_ms, memcpy_ms, idle_ms, last_arriver}]; wait_ms: this rank waited
+- `steps`: [{rank, step, step_ms, host_step_ms, wait_ms, lag_ms, exposed_comm_ms, exposed_wait_ms,
+  exposed_transfer_ms, compute_ms, comm_ms, memcpy_ms, idle_ms, last_arriver}]; step_ms: the step's span
+  on the timeline the device works on (overlap.device_spans: on GPU cut from the device's own timeline,
+  which runs behind the host; on CPU the ProfilerStep), which compute_ms + exposed_comm_ms + memcpy_ms +
+  idle_ms add up to; host_step_ms: its ProfilerStep on the host; wait_ms: this rank waited
   for others; lag_ms: the others' waiting it caused; last_arriver: it cost the most that step.
 - `gaps`: [{rank, step, start_us, dur_us, kind (exposed_wait|exposed_transfer|idle),
   collective}], longest first (at most `overlap.LONGEST_GAPS`; `gaps_total` counts all). start_us is on the
@@ -155,7 +158,8 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
     for row in sorted(a.overlap, key=lambda r: (r.rank, r.step)):
         logged = mem_logs[row.rank].steps.get(row.step, {}) if row.rank in mem_logs else {}
         step_rows.append({
-            "rank": row.rank, "step": row.step, "step_ms": _ms(step_dur.get((row.rank, row.step), row.window_us)),
+            "rank": row.rank, "step": row.step, "step_ms": _ms(row.window_us),
+            "host_step_ms": _ms(step_dur.get((row.rank, row.step), row.window_us)),
             "wait_ms": _ms(res.per_step.get(row.step, {}).get(row.rank, 0.0)),
             "lag_ms": _ms(res.step_blame.get(row.step, {}).get(row.rank, 0.0)),
             "exposed_comm_ms": _ms(row.exposed_comm_us), "exposed_wait_ms": _ms(row.exposed_wait_us),

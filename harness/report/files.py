@@ -19,7 +19,7 @@ COLLECTIVE_COLUMNS = ["instance", "name", "pg", "step", "rank", "arrival_us", "w
 
 
 
-STEP_COLUMNS = ["rank", "step", "step_ms", "wait_ms", "lag_ms", "exposed_comm_ms", "exposed_wait_ms",
+STEP_COLUMNS = ["rank", "step", "step_ms", "host_step_ms", "wait_ms", "lag_ms", "exposed_comm_ms", "exposed_wait_ms",
                 "exposed_transfer_ms", "compute_ms", "comm_ms", "memcpy_ms", "idle_ms", "last_arriver", "rss_mb",
                 "gpu_allocated_mb"]
 

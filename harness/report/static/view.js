@@ -138,7 +138,7 @@
     }
     var jobs = [];
     if (report.steps.length) {
-      jobs.push(heatmap("heatmap-step", report, "step_ms", "step time", "Viridis"));
+      jobs.push(heatmap("heatmap-step", report, "host_step_ms", "step time", "Viridis"));
       jobs.push(heatmap("heatmap-wait", report, "wait_ms", "wait for others", "Reds"));
     } else {
       fail("heatmap-step", "No steps analysed.");
