@@ -118,6 +118,33 @@ def test_cpu_gloo_overlap_exact(tmp_path: Path) -> None:
     assert {r.rank: r.wait_ms for r in a.stragglers.ranks} == {0: 0.2, 1: 0.0}
 
 
+def test_collectives_in_flight_together_count_a_late_rank_once(tmp_path: Path) -> None:
+    """DDP with two gradient buckets on gloo: both all-reduces run at once on two worker
+    threads. Rank 1 arrives 30 ms late at both (at 30100 and 30110 against 100 and 110):
+    its lateness per step is the union [100, 30100] + [110, 30110] = 30.01 ms, not the sum
+    60 ms; its cost (each instance's delay share 30 ms, scaled by the union of the stretches
+    its shares lie in over their sum, 30.01 / 60) too; rank 0 waits 30.01 ms, all owed to
+    rank 1. Steps are 40 ms: nothing is capped."""
+    gloo2 = (GLOO[0], GLOO[1] + 1)
+    docs = []
+    for rank, late in ((0, 0.0), (1, 30_000.0)):
+        ev = []
+        for n in (1, 2, 3):
+            t = (n - 1) * 40_000.0
+            end = t + 30_110.0 + 500.0
+            ev += [step(n, t, 40_000.0), x("aten::mm", "cpu_op", t, 100.0 + late),
+                   x("gloo:all_reduce", "user_annotation", t + 100.0 + late, end - (t + 100.0 + late), GLOO),
+                   x("gloo:all_reduce", "user_annotation", t + 110.0 + late, end + 10 - (t + 110.0 + late), gloo2)]
+        docs.append(document(ev, rank, base_ns=None))
+    a = run_analysis(tmp_path, docs)
+    by = {r.rank: r for r in a.stragglers.ranks}
+    assert by[1].late_ms == pytest.approx(30.01) and by[1].cost_ms == pytest.approx(30.01)
+    assert a.stragglers.step_late[1][1] == pytest.approx(30_010.0)
+    assert a.stragglers.per_step[1][0] == pytest.approx(30_010.0)  # rank 0's wait, once
+    assert by[0].waits_for == [[1, 30.01]]
+    assert by[1].late_ms <= by[1].mean_step_ms and a.stragglers.verdict == "straggler"
+
+
 def test_rank_from_file_name_when_distributed_info_is_missing(tmp_path: Path) -> None:
     doc = cpu_doc(0, 200.0)
     del doc["distributedInfo"]

@@ -155,6 +155,121 @@ def inconclusive_reason(traces: list[RankTrace], waits: list[InstanceWaits]) -> 
     return None
 
 
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of intervals (start, end)."""
+    total, reach = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
+def _clusters(members: list[int], waits: list[InstanceWaits]) -> list[list[int]]:
+    """The instances `members` (indexes into `waits`) in groups in flight at the same time: by
+    first arrival, an instance joins the group before it when it starts before the latest end
+    seen in that group (chained)."""
+    order = sorted(members, key=lambda k: min(waits[k].arrival_us.values()))
+    groups: list[list[int]] = []
+    reach = -math.inf
+    for k in order:
+        w = waits[k]
+        if groups and min(w.arrival_us.values()) < reach:
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+            reach = -math.inf
+        reach = max(reach, max(w.end_us.values()))
+    return groups
+
+
+@dataclass
+class Tallies:
+    """Per step and rank, what a rank's collectives in that step add up to, each stretch of
+    time counted once (`tally_once`); and per clustered instance the factor its waits are
+    scaled by (`wait_factor`)."""
+
+    late: dict[int, dict[int, float]]
+    wait: dict[int, dict[int, float]]
+    cost: dict[int, dict[int, float]]
+    blame: dict[int, dict[int, float]]
+    wait_factor: dict[int, dict[int, float]]  # instance index -> rank -> union / sum of its waits
+
+
+def tally_once(waits: list[InstanceWaits], lateness: list[dict[int, float]], marks: list[float],
+               steps: list[int], step_us: dict[tuple[int, int], float]) -> Tallies:
+    """A rank's lateness, waiting and shares per step, counting each stretch of time once.
+
+    DDP with several gradient buckets (and any overlapping collectives) has several
+    collectives in flight at once: one late arrival delays all of them, and summing its
+    lateness over them counts the same milliseconds once per collective.
+    1. per step, the instances in flight at the same time are grouped (`_clusters`); a group
+       of one adds its figures as they are;
+    2. in a larger group, per rank: late = |union of [punctual arrival, own arrival]| over the
+       instances where it is late; wait = |union of [own arrival, last arrival]|; its delay
+       and blame shares (each a weight over [first arrival, own arrival], waits.attribute)
+       are summed and scaled by |union of those stretches| / their summed length (exact where
+       the instances' arrivals coincide, as buckets of one backward pass do);
+    3. late, wait and cost are each at most the rank's step (`step_us`: its ProfilerStep
+       duration, where the step is one of its own); blame is the others' waiting, not capped.
+    `steps[k]` is instance k's step key (an instance outside any step: a key of its own),
+    `marks[k]` its punctual arrival, `lateness[k]` each rank's lateness at it."""
+    members: dict[int, list[int]] = defaultdict(list)
+    for k, s in enumerate(steps):
+        members[s].append(k)
+    late: dict[int, dict[int, float]] = {}
+    wait: dict[int, dict[int, float]] = {}
+    cost: dict[int, dict[int, float]] = {}
+    blame: dict[int, dict[int, float]] = {}
+    factors: dict[int, dict[int, float]] = {}
+    for s, ks in members.items():
+        L, W, C, B = (late.setdefault(s, defaultdict(float)), wait.setdefault(s, defaultdict(float)),
+                      cost.setdefault(s, defaultdict(float)), blame.setdefault(s, defaultdict(float)))
+        for group in (_clusters(ks, waits) if len(ks) > 1 else [ks]):
+            if len(group) == 1:
+                w, lt = waits[group[0]], lateness[group[0]]
+                for r in w.arrival_us:
+                    L[r] += lt[r]
+                    W[r] += w.wait_us[r]
+                    C[r] += w.delay_us[r]
+                    B[r] += w.blame_us[r]
+                continue
+            pieces: dict[int, tuple[list, list, list]] = defaultdict(lambda: ([], [], []))
+            sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+            for k in group:
+                w, mark = waits[k], marks[k]
+                first, last = min(w.arrival_us.values()), w.last_arrival_us
+                for r, a in w.arrival_us.items():
+                    late_p, wait_p, share_p = pieces[r]
+                    if a > mark:
+                        late_p.append((mark, a))
+                    wait_p.append((a, last))
+                    share_p.append((first, a))
+                    acc = sums[r]
+                    acc[0] += a - first
+                    acc[1] += w.delay_us[r]
+                    acc[2] += w.blame_us[r]
+                    acc[3] += w.wait_us[r]
+            for r, (late_p, wait_p, share_p) in pieces.items():
+                spread, delay, blamed, waited = sums[r]
+                scale = union_length(share_p) / spread if spread > 0 else 1.0
+                once_wait = union_length(wait_p)
+                L[r] += union_length(late_p)
+                W[r] += once_wait
+                C[r] += delay * scale
+                B[r] += blamed * scale
+                factor = once_wait / waited if waited > 0 else 1.0
+                for k in group:
+                    factors.setdefault(k, {})[r] = factor
+    for table in (late, wait, cost):  # blame is the others' waiting: many ranks can wait a step each
+        for s, per_rank in table.items():
+            for r, v in per_rank.items():
+                cap = step_us.get((r, s))
+                if cap is not None and v > cap:
+                    per_rank[r] = cap
+    return Tallies(late=late, wait=wait, cost=cost, blame=blame, wait_factor=factors)
+
+
 def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offsets: dict[int, ClockOffset],
                        th: Thresholds | None = None) -> StragglerResult:
     """Who everybody waits for, on aligned clocks (`traces` already shifted by `offsets`).
@@ -163,9 +278,11 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
        (`delay`) and of the others' waiting (`blame`);
     2. per collective and rank: lateness = its arrival - the punctual ranks' (`punctual_arrival`),
        at least 0;
-    3. per step and rank: late = the sum of its lateness; cost = the sum of its delay shares
-       (how much later the collectives started because of it: what fixing it alone buys is less
-       when another rank is as late), wait and blame summed likewise; the step's costliest rank;
+    3. per step and rank: late = its lateness; cost = its delay shares (how much later the
+       collectives started because of it: what fixing it alone buys is less when another rank
+       is as late), wait and blame likewise, each stretch of time counted once where
+       collectives are in flight together (`tally_once`), at most the step; the step's
+       costliest rank;
     4. per rank: late_ms and cost_ms = means over the steps with matched collectives (an
        instance without a step counts as one more step of its own);
     5. the bounds (`straggler_bounds`), with the clocks' noise = the median end scatter of
@@ -175,8 +292,9 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
        clock noise (any lateness on exact clocks); steps_late = steps whose lateness exceeds
        the bound; pattern = persistent when steps_late >= 2/3 of the steps, else intermittent;
     8. waits_for (every rank): the stragglers whose share of its waiting (waits.InstanceWaits
-       .waited_on_us), per step, exceeds the noise (the bound of 5 without its relative and
-       outlier parts), most first: the ranks it waited on beyond the noise;
+       .waited_on_us, scaled like its waiting in step 3), per step, exceeds the noise (the bound
+       of 5 without its relative and outlier parts), most first: the ranks it waited on beyond
+       the noise;
     9. the phase (`_slow_phases`) and the what-if (`replay.py`) of each straggler.
     Verdict: inconclusive (with a reason) when nothing can be analysed, else straggler or
     balanced.
@@ -185,29 +303,31 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
     by_rank = {t.rank: t for t in traces}
     ranks = sorted(by_rank)
     reason = inconclusive_reason(traces, waits)
-    per_step: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    step_blame: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    step_cost: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    step_late: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     lateness: list[dict[int, float]] = []
-    wait_total: dict[int, float] = defaultdict(float)
-    blame_total: dict[int, float] = defaultdict(float)
+    marks: list[float] = []
+    step_keys: list[int] = []
     taken_part: dict[int, int] = defaultdict(int)
     orphan = -1  # instances outside any step count as steps of their own, numbered below 0
     for w in waits:
         step = w.step
         if step is None:
             step, orphan = orphan, orphan - 1
+        step_keys.append(step)
         mark = punctual_arrival(w.arrival_us)
+        marks.append(mark)
         lateness.append({r: max(a - mark, 0.0) for r, a in w.arrival_us.items()})
         for r in w.arrival_us:
-            step_late[step][r] += lateness[-1][r]
-            per_step[step][r] += w.wait_us[r]
-            step_blame[step][r] += w.blame_us[r]
-            step_cost[step][r] += w.delay_us[r]
-            wait_total[r] += w.wait_us[r]
-            blame_total[r] += w.blame_us[r]
             taken_part[r] += 1
+    tallies = tally_once(waits, lateness, marks, step_keys,
+                         {(t.rank, s.number): s.dur_us for t in traces for s in t.steps})
+    step_late, per_step, step_cost, step_blame = tallies.late, tallies.wait, tallies.cost, tallies.blame
+    wait_total: dict[int, float] = defaultdict(float)
+    blame_total: dict[int, float] = defaultdict(float)
+    for s in per_step:
+        for r, v in per_step[s].items():
+            wait_total[r] += v
+        for r, v in step_blame[s].items():
+            blame_total[r] += v
     n_steps = len(step_cost)
     step_last = {s: max(sorted(c), key=c.get) for s, c in step_cost.items() if c and max(c.values()) > 0}
     mean_step_ms = {r: statistics.mean([s.dur_us for s in by_rank[r].steps]) / 1e3 if by_rank[r].steps else None
@@ -232,12 +352,13 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
     flagged = [r for r in ranks if reason is None and late_ms[r] > threshold]
     causes = sorted(flagged, key=lambda r: -cost_ms[r])[:MAX_CAUSES]
     owed: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    for w in waits:
+    for k, w in enumerate(waits):
+        scale = tallies.wait_factor.get(k, {})
         for j in causes:
             if j in w.delay_us:
                 for i in w.arrival_us:
                     if i != j:
-                        owed[i][j] += w.waited_on_us(i, j)
+                        owed[i][j] += w.waited_on_us(i, j) * scale.get(i, 1.0)
     result = []
     phases = _slow_phases(flagged, waits, lateness, late_floor_us, by_rank, n_steps)
     for r in ranks:
