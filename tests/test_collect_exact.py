@@ -145,6 +145,31 @@ def test_collectives_in_flight_together_count_a_late_rank_once(tmp_path: Path) -
     assert by[1].late_ms <= by[1].mean_step_ms and a.stragglers.verdict == "straggler"
 
 
+def test_a_stub_step_is_left_out_and_no_jitter_is_made_of_it(tmp_path: Path) -> None:
+    """`--steps 12` with the window at steps 11-13 (or a loop that breaks, then stops the
+    profiler) leaves the last ProfilerStep a 0.15 ms stub. Rank 1 is 33 ms late in a 45 ms step:
+    from steps of 45 and 0.15 ms the jitter bound was 3 x 22.4 ms and the run read balanced.
+    The stub (1 op against 20) is left out and said; with one full step no jitter is estimated,
+    and 33 ms is above 35% of the 45 ms step (CPU)."""
+    docs = []
+    for rank, arrive in ((0, 5_000.0), (1, 38_000.0)):
+        ev = [step(11, 0.0, 45_000.0), *(x("aten::mm", "cpu_op", 100.0 + 200.0 * i, 150.0) for i in range(20)),
+              x("aten::add", "cpu_op", arrive - 100.0, 90.0),
+              x("gloo:all_reduce", "user_annotation", arrive, 38_500.0 - arrive, GLOO),
+              step(12, 45_000.0, 150.0), x("aten::zeros", "cpu_op", 45_010.0, 20.0)]
+        docs.append(document(ev, rank, base_ns=None))
+    a = run_analysis(tmp_path, docs)
+    assert [[s.number for s in t.steps] for t in a.traces] == [[11], [11]]
+    assert any(w.startswith("rank(s) 0-1: step 12 left out: cut short by the end of its profiler window") for w in
+               a.warnings), a.warnings
+    assert any(w.startswith("step-to-step jitter not estimated: 1 full step(s) per rank, 3 needed") for w in
+               a.warnings), a.warnings
+    res = a.stragglers
+    assert res.bounds_ms["jitter"] == 0.0 and res.bounds_ms["relative"] == pytest.approx(0.35 * 45.0)
+    assert res.verdict == "straggler" and [r.rank for r in res.stragglers] == [1]
+    assert res.stragglers[0].late_ms == pytest.approx(33.0)
+
+
 def test_rank_from_file_name_when_distributed_info_is_missing(tmp_path: Path) -> None:
     doc = cpu_doc(0, 200.0)
     del doc["distributedInfo"]

@@ -33,8 +33,8 @@ def test_defaults_resolve_to_none_single_process_and_ddp_under_torchrun() -> Non
 def test_cli_overrides_preset_and_only_what_was_typed(tmp_path: Path) -> None:
     preset = tmp_path / "p.toml"
     preset.write_text('[workload]\nmode = "data"\nsteps = 50\n[data]\nnum_workers = 2\n')
-    cfg = parse_config(["--config", str(preset), "--steps", "9"])
-    assert (cfg.workload.mode, cfg.workload.steps, cfg.data.num_workers) == ("data", 9, 2)
+    cfg = parse_config(["--config", str(preset), "--steps", "19"])
+    assert (cfg.workload.mode, cfg.workload.steps, cfg.data.num_workers) == ("data", 19, 2)
     assert cfg.workload.hidden == 256  # the data mode's default width
 
 
@@ -182,6 +182,11 @@ def test_every_mode_has_a_preset() -> None:
         (["--steps", "0"], "workload.steps: 0 must be >= 1"),
         (["--config", "/no/such.toml"], "config: file /no/such.toml does not exist"),
         (["--straggler-rank", "0,x"], "straggler.rank: '0,x' is not a comma-separated list of integers"),
+        # a run that ends inside the profiler window (or before it) is refused before it starts
+        (["--steps", "12"], "profiler.active: the profiler records steps 11-13 in its window (after --wait 9 and "
+                            "--warmup 2; steps count from 0), but --steps 12 ends at step 11: use --steps 14 or more"),
+        (["--steps", "10", "--wait", "1", "--warmup", "1", "--active", "2", "--repeat", "3"],
+         "records steps 10-11 in window 3 of 3"),
     ],
 )
 def test_command_line_errors_exit_2_with_one_line(argv: list[str], needle: str, tmp_path: Path) -> None:

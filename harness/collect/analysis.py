@@ -147,6 +147,7 @@ def analyze_aligned(runset: RunSet, alignment: Alignment, thresholds: Thresholds
     result = analyze_stragglers(aligned, waits, offsets, thresholds)
     if result.reason and len(aligned) > 1:
         warnings.append(f"no straggler analysis: {result.reason}")
+    warnings.extend(result.notes)
     if release:
         for t in aligned:
             for c in t.comms:

@@ -85,6 +85,7 @@ class StragglerResult:
     waits: list[InstanceWaits] = field(default_factory=list)
     replayed_step_ms: float | None = None  # the replay with nothing changed (the model's fidelity)
     whatif_all_fixed_step_ms: float | None = None
+    notes: list[str] = field(default_factory=list)  # what the bounds could not be estimated from
 
     @property
     def stragglers(self) -> list[RankBlame]:
@@ -94,11 +95,18 @@ class StragglerResult:
 NOISE_BOUNDS = ("min_lag", "clock_noise", "jitter")  # the bounds that are about noise, not about the ranks
 
 
+# The fewest full steps a rank's step-to-step jitter is estimated from: the median absolute
+# deviation of two values is half their difference, so one odd step (a stub, a one-off stall)
+# sets the bound by itself; from three on, the median of the deviations ignores one.
+MIN_JITTER_STEPS = 3
+
+
 def run_jitter_ms(step_ms_by_rank: list[list[float]]) -> float:
-    """The run's step-to-step jitter: the median over ranks (with 2+ steps) of the median absolute
-    deviation of each rank's step durations. Step to step on one rank, because the ranks'
-    differences are what waiting makes, not noise."""
-    jitter = [mad(steps) for steps in step_ms_by_rank if len(steps) > 1]
+    """The run's step-to-step jitter: the median over ranks (with MIN_JITTER_STEPS+ steps) of the
+    median absolute deviation of each rank's step durations; 0 (not estimated) when no rank has
+    that many. Step to step on one rank, because the ranks' differences are what waiting makes,
+    not noise."""
+    jitter = [mad(steps) for steps in step_ms_by_rank if len(steps) >= MIN_JITTER_STEPS]
     return statistics.median(jitter) if jitter else 0.0
 
 
@@ -337,10 +345,17 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
     noise_us = statistics.median(spreads) if spreads else 0.0
     cost_ms = {r: sum(c.get(r, 0.0) for c in step_cost.values()) / 1e3 / n_steps if n_steps else 0.0 for r in ranks}
     late_ms = {r: sum(c.get(r, 0.0) for c in step_late.values()) / 1e3 / n_steps if n_steps else 0.0 for r in ranks}
+    cpu = all(t.device == "cpu" for t in traces)
     bounds = straggler_bounds(late_ms, median_step_ms=statistics.median(timed) if timed else 0.0,
                               clock_noise_ms=noise_us / 1e3,
                               jitter_ms=run_jitter_ms([[s.dur_us / 1e3 for s in t.steps] for t in traces]),
-                              cpu=all(t.device == "cpu" for t in traces), th=th)
+                              cpu=cpu, th=th)
+    notes = []
+    most = max((len(t.steps) for t in traces), default=0)
+    if reason is None and most < MIN_JITTER_STEPS:
+        notes.append(f"step-to-step jitter not estimated: {most} full step(s) per rank, {MIN_JITTER_STEPS} needed; "
+                     f"a straggler is late by more than {(th.rel_lag_cpu if cpu else th.rel_lag):.0%} of the median "
+                     "step and 3x the clocks' noise (profile more steps for a bound from the run's own jitter)")
     noise_ms = max(bounds[k] for k in NOISE_BOUNDS)
     threshold = max(bounds.values())
     late_floor_us = th.noise_factor * noise_us
@@ -387,7 +402,7 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
         step_blame={s: dict(v) for s, v in step_blame.items()}, step_cost={s: dict(v) for s, v in step_cost.items()},
         step_late={s: dict(v) for s, v in step_late.items()},
         step_last=step_last, threshold_ms=threshold, bounds_ms=bounds, waits=waits, replayed_step_ms=replayed,
-        whatif_all_fixed_step_ms=replay.step_ms(set(flagged)) if flagged else None)
+        whatif_all_fixed_step_ms=replay.step_ms(set(flagged)) if flagged else None, notes=notes)
 
 
 def _overlap_by_name(spans: list[tuple[str, float, float]], lo: float, hi: float) -> dict[str, float]:

@@ -65,7 +65,9 @@ def parse_config(argv: list[str] | None = None, prog: str = "harness.train") -> 
         section, name = dest.split(".", 1)
         cli.setdefault(section, {})[name] = value
     layers.append(cli)
-    return build_config(layers)
+    cfg = build_config(layers)
+    cfg.check_windows_fit()
+    return cfg
 
 
 def fail_config(prog: str, exc: ConfigError) -> NoReturn:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.collect.stragglers import Thresholds, punctual_index, straggler_bounds
+from harness.collect.stragglers import MIN_JITTER_STEPS, Thresholds, punctual_index, straggler_bounds
 from harness.paths import STEP_PHASES
 
 # The table one rank sends: a row per step, [step, step_ms, one column per STEP_PHASES]; NaN pads
@@ -138,8 +138,8 @@ def judge_interval(tables: torch.Tensor, hosts: dict[int, str], own_phases: tupl
 
 def jitter_ms(step_ms: torch.Tensor) -> float:
     """`run_jitter_ms` (the collector's jitter) of a [ranks, steps] tensor: the median over ranks of
-    each rank's median absolute deviation (`median`); 0 under 2 steps."""
-    if step_ms.shape[1] < 2:
+    each rank's median absolute deviation (`median`); 0 under MIN_JITTER_STEPS steps."""
+    if step_ms.shape[1] < MIN_JITTER_STEPS:
         return 0.0
     med = median(step_ms, dim=1).unsqueeze(1)
     return float(median(median((step_ms - med).abs(), dim=1), dim=0))
