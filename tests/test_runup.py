@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from harness.collect.model import CommOp, Step
 from harness.collect.overlap import length, merge
-from harness.collect.parse import COMM_OP, DDP_REDUCER, NON_MODEL_PHASES, REDUCER_PREFIX, _self_times, _StepIndex
+from harness.collect.parse import COMM_OP, DDP_REDUCER, REDUCER_PREFIX, _self_times, _StepIndex
+from harness.collect.phases import is_model
 from harness.collect.runup import IDLE, OP_PREFIX, Spans, merged_by_step, merged_pieces, set_run_ups
 from harness.paths import STEP_PHASES
 
@@ -97,7 +98,7 @@ def _self_times_by_loop(ts: list[float], dur: list[float], name: list[int], name
     comm = [bool(COMM_OP.match(n)) for n in names]
     reducer = [n.startswith(REDUCER_PREFIX) for n in names]
     starts = [s.start_us for s in steps]
-    outside = [[(a, b) for p, a, b in s.phase_spans if p in NON_MODEL_PHASES] for s in steps]
+    outside = [[(a, b) for p, a, b in s.phase_spans if not is_model(p)] for s in steps]
     out: list[dict[str, float]] = [{} for _ in steps]
     order = sorted(range(len(ts)), key=lambda i: (ts[i], -dur[i]))
     k, stack = -1, []
@@ -208,7 +209,7 @@ def _device_work_by_loop(kernels: list, launches: dict[int, float], steps: list[
         step = index.at(launched)
         rows.append((t, t + d, -1 if step is None else step, n))
         if step is not None and not any(a <= launched <= b for p, a, b in by_number[step].phase_spans
-                                        if p in NON_MODEL_PHASES):
+                                        if not is_model(p)):
             by_name = by_step[steps.index(by_number[step])]
             by_name[names[n]] = by_name.get(names[n], 0.0) + d
     return rows, by_step

@@ -20,8 +20,8 @@ from harness.collect.host import DDP_LOGGER, GRAD_SCALER, NOT_USERS
 from harness.collect.model import RankTrace
 from harness.collect.overlap import StepOverlap
 from harness.collect.parse import DDP_REDUCER
+from harness.collect.phases import is_data
 from harness.collect.rank_list import ranks_phrase
-from harness.paths import STEP_PHASES
 
 # Dense matrix math: the work a model is made of. On GPU by kernel name, on CPU by aten op.
 # `triton_tem_*`: Inductor's template kernels (max-autotune), every one a matmul, convolution
@@ -139,7 +139,7 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
     step_us = sum(s.dur_us for s in steps) / n
     wait_us = sum(r.exposed_wait_us for r in rows) / n
     own_us = max(step_us - wait_us, 0.0)
-    data_us = sum(s.phases_us.get(STEP_PHASES[0], 0.0) for s in steps) / n
+    data_us = sum(v for s in steps for k, v in s.phases_us.items() if is_data(k)) / n
     ops = sum(s.host_ops for s in steps) / n
     by_name: dict[str, float] = {}
     for s in steps:

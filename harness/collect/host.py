@@ -19,7 +19,7 @@ import numpy as np
 from harness.collect import decode
 from harness.collect.decode import Trace, as_numpy
 from harness.collect.model import Step
-from harness.paths import STEP_PHASES
+from harness.collect.phases import is_data
 
 StepAt = Callable[[float], "int | None"]  # the step a host timestamp falls in
 Event = tuple[float, float, str, bool]  # (start_us, end_us, name, is a cpu op (not an annotation))
@@ -170,7 +170,7 @@ def count_host_ops(doc: Trace, main: int | None, by_number: dict[int, Step]) -> 
         if nxt is not None:  # an op at the very start of the next step is that step's (as in _StepIndex)
             hi = min(hi, bisect.bisect_left(ops.ts, nxt.start_us))
         c = counts[s.number] = defaultdict(int)
-        for i, j in _outside(ops.ts, lo, hi, [(a, b) for p, a, b in s.phase_spans if p == STEP_PHASES[0]]):
+        for i, j in _outside(ops.ts, lo, hi, [(a, b) for p, a, b in s.phase_spans if is_data(p)]):
             threads, n = np.unique(thread[i:j][aten[i:j]], return_counts=True)
             for th, k in zip(threads.tolist(), n.tolist()):
                 c[th] += k

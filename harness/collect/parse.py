@@ -48,6 +48,7 @@ from harness.collect.decode import (
 from harness.collect.host import attribute_syncs, count_host_ops, nest, nest_order
 from harness.collect.model import CommOp, RankTrace, Step, number_by_group
 from harness.collect.overlap import cover_steps
+from harness.collect.phases import is_model, phase_name, top_level
 from harness.collect.runup import NO_STEP, Spans, merged_by_step, set_run_ups
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_PATTERN, WORKER_RANK_PATTERN
 
@@ -297,20 +298,17 @@ def add_by_name(index: _StepIndex, pos: np.ndarray, name: np.ndarray, dur: np.nd
         getattr(index.steps[k], field)[names[n]] = float(totals[u])
 
 
-NON_MODEL_PHASES = (STEP_PHASES[0], "optimizer")
-
-
 def outside_phases(index: _StepIndex, ts: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """Whether each host time `ts[i]`, in the step at position `pos[i]` (-1: none), is in that
     step and outside its data and optimizer phases (the phases' own spans, [start, end]
-    closed): in the model's own work (forward, loss, backward, h2d); True throughout a step
-    with no harness ranges. Per phase span, two binary searches over the times in order."""
+    closed; phases.is_model): in the model's own work (forward, loss, backward, h2d); True
+    throughout a step with no phases. Per phase span, two binary searches over the times in order."""
     order = None if bool(np.all(ts[:-1] <= ts[1:])) else np.argsort(ts, kind="stable")
     t, k = (ts, pos) if order is None else (ts[order], pos[order])
     keep = k >= 0
     for j, s in enumerate(index.steps):
         for p, lo, hi in s.phase_spans:
-            if p in NON_MODEL_PHASES:
+            if not is_model(p):
                 a, b = np.searchsorted(t, lo, side="left"), np.searchsorted(t, hi, side="right")
                 keep[a:b] &= k[a:b] != j
     if order is None:
@@ -374,14 +372,15 @@ def parse_trace(path: Path) -> RankTrace:
     index = _StepIndex(steps)
     by_number = {s.number: s for s in steps}
 
-    for e in main_marks:
-        if e.cat == "user_annotation" and e.name.startswith(RANGE_PREFIX):
-            st = index.at(e.ts)
-            if st is not None:
-                step = by_number[st]
-                phase = e.name[len(RANGE_PREFIX):]
-                step.phases_us[phase] = step.phases_us.get(phase, 0.0) + e.dur
-                step.phase_spans.append((phase, e.ts, e.ts + e.dur))
+    ranges = [(e.ts, e.ts + e.dur, e.name) for e in main_marks
+              if e.cat == "user_annotation" and not STEP_NAME.match(e.name)]
+    for a, b, name in top_level(ranges):  # the step's phases: phases.py
+        st = index.at(a)
+        if st is not None:
+            step = by_number[st]
+            phase = phase_name(name)
+            step.phases_us[phase] = step.phases_us.get(phase, 0.0) + (b - a)
+            step.phase_spans.append((phase, a, b))
 
     count_launches(doc, index)
     attribute_syncs(doc, index.at, by_number)

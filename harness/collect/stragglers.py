@@ -92,7 +92,9 @@ class StragglerResult:
         return sorted((r for r in self.ranks if r.straggler), key=lambda r: (-r.late_ms, r.rank))
 
 
-NOISE_BOUNDS = ("min_lag", "clock_noise", "jitter")  # the bounds that are about noise, not about the ranks
+NOISE_BOUNDS = ("min_lag", "clock_noise", "jitter")
+# The phase of a straggler slow in time its ranges do not cover (a loop that marks some phases only).
+OUTSIDE_RANGES = "outside its ranges"  # the bounds that are about noise, not about the ranks
 
 
 # The fewest full steps a rank's step-to-step jitter is estimated from: the median absolute
@@ -422,7 +424,11 @@ def _run_ups_at(w: InstanceWaits, spans: dict[int, list[tuple[str, float, float]
     for r, op in w.instance.ops.items():
         if spans is not None:
             lo = op.start_us if op.run_up_start_us is None else op.run_up_start_us
-            times[r] = _overlap_by_name(spans[r], lo, op.start_us)
+            by_phase = _overlap_by_name(spans[r], lo, op.start_us)
+            outside = (op.start_us - lo) - sum(by_phase.values())
+            if outside > 0:  # its step's time in no range: a delay there is named, not pinned on a phase
+                by_phase[OUTSIDE_RANGES] = outside
+            times[r] = by_phase
         else:
             times[r] = op.run_up_us
     columns: dict[str, list[float]] = defaultdict(list)
@@ -457,21 +463,36 @@ def _slow_phases(slow: list[int], waits: list[InstanceWaits], lateness: list[dic
     After a collective every rank is in step, so at each such instance each rank's run-up is
     the stretch from the end of its previous collective to its arrival (own clock; the waiting
     comes after arrival and is excluded):
-    1. per harness phase, the straggler's time inside its run-up minus the median of the other
-       ranks' is its excess;
+    1. per phase (phases.py: the loop's top-level ranges), the straggler's time inside its
+       run-up minus the median of the other ranks' is its excess; the run-up's time in no
+       range counts as one more phase (OUTSIDE_RANGES);
     2. without harness ranges, the same comparison over device compute by kernel (or, on CPU,
        aten op) name, prefixed "op:", and over device idle time, named "idle (waiting on the
        host)": a rank whose device sat idle longer before arriving was held up on its host;
-    3. the excesses summed over those instances and divided by the steps; the largest positive
-       one names the phase.
+    3. the excesses summed over those instances (of several sharing one run-up, as collectives
+       in flight together do, only the one it arrives at last) and divided by the steps; the
+       largest positive one names the phase.
     One pass over the instances for all stragglers, each instance's run-ups gathered once and
     dropped (kept for every instance, 128 stragglers of 1024 ranks held them all at once)."""
     use_phases = {r: any(st.phase_spans for st in by_rank[r].steps) for r in slow}
     spans = ({r: [sp for st in t.steps for sp in st.phase_spans] for r, t in by_rank.items()}
              if any(use_phases.values()) else None)
+    # Collectives in flight together (DDP's buckets) share one run-up: of those a straggler is
+    # late for, only the one it arrives at last is read (its run-up holds the others').
+    latest: dict[tuple[int, float], tuple[float, int]] = {}
+    for k, (w, late) in enumerate(zip(waits, lateness)):
+        for r in slow:
+            if late.get(r, 0.0) > late_floor_us:
+                op = w.instance.ops[r]
+                key = (r, op.start_us if op.run_up_start_us is None else op.run_up_start_us)
+                if key not in latest or op.start_us > latest[key][0]:
+                    latest[key] = (op.start_us, k)
+    read: dict[int, list[int]] = defaultdict(list)
+    for (r, _), (_, k) in latest.items():
+        read[k].append(r)
     excess: dict[int, dict[str, float]] = {r: defaultdict(float) for r in slow}
-    for w, late in zip(waits, lateness):
-        here = [r for r in slow if late.get(r, 0.0) > late_floor_us]
+    for k in sorted(read):
+        w, here = waits[k], sorted(read[k])
         for by_phase in sorted({use_phases[r] for r in here}):
             times, columns = _run_ups_at(w, spans if by_phase else None)
             for r in here:

@@ -80,7 +80,9 @@ from harness.collect.advisor import advice_for, as_rows, diagnose, diagnosis_lin
 from harness.collect.analysis import Analysis
 from harness.collect.collective_stats import collective_stats, process_groups
 from harness.collect.memory import MemoryResult, finding_text
+from harness.collect.phases import is_data
 from harness.collect.rank_list import ranks_listed, ranks_phrase
+from harness.collect.stragglers import OUTSIDE_RANGES
 
 SCHEMA_VERSION = 1
 ADVICE = {
@@ -224,6 +226,8 @@ def _phase_words(p: str | None, many: bool = False) -> str:
         return f"{'spend' if many else 'spends'} longer in {p[3:]}"
     if p.startswith("idle"):
         return "their devices sit idle waiting on their hosts" if many else "its device sits idle waiting on its host"
+    if p == OUTSIDE_RANGES:
+        return f"in code outside {'their' if many else 'its'} profiler ranges"
     return f"in {'their' if many else 'its'} {p} phase"
 
 
@@ -291,8 +295,11 @@ def _straggler_groups(stragglers: list[dict[str, Any]], key: Any) -> list[list[d
 def _straggler_advice(s: dict[str, Any]) -> str:
     """What to do about one straggler, whichever rank it is: its phase's advice, its pattern's."""
     phase = s["phase"] or ""
-    if phase in ADVICE:
-        text = f"{ADVICE[phase]}."
+    if phase in ADVICE or is_data(phase):
+        text = f"{ADVICE[phase if phase in ADVICE else 'data']}."
+    elif phase == OUTSIDE_RANGES:
+        text = ("it is slow in code outside its profiler ranges: wrap more of its step in record_function ranges "
+                "to see where, and look at its host side (Python overhead, CPU contention, syncs).")
     elif phase.startswith("idle"):
         text = ("its device idles before collectives while its host is busy: look at that rank's "
                 "host side (input pipeline, Python overhead, CPU contention, syncs).")
