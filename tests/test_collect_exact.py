@@ -242,13 +242,14 @@ def test_collector_does_not_import_torch() -> None:
 
 
 def test_identical_kernel_intervals_inside_and_outside_a_step(tmp_path: Path) -> None:
-    # Same start and duration, one launched inside step 1, one launched before any step: only
-    # the step's own kernel is its compute; both count in the collective's run-up.
+    # Same start and duration, one launched inside step 1, one launched before any step: the
+    # step's span starts with its own kernel, the two together are 50 us of its compute (busy
+    # is whatever runs in the span); both count in the collective's run-up.
     g = GpuRank()
     g.kernel("k_in_step", 10, 100, 50)
     g.kernel("k_before_steps", -500, 100, 50)
     g.allreduce(20, 300, 100)
-    doc = document([step(1, 0, 1000), *g.events], 0, world_size=1)
+    doc = document([step(1, 0, 1000), *g.events], 0)
     trace = parse_trace(write(tmp_path / "rank0.pt.trace.json", doc))
     cover = trace.steps[0].cover  # window: the kernel's start to the all-reduce's end
     assert (cover.lo_us, cover.hi_us, cover.compute_us, cover.work_end_us) == (100.0, 400.0, 50.0, 150.0)

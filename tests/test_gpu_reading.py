@@ -247,12 +247,26 @@ def test_copies_are_their_own_category_not_idle(tmp_path: Path) -> None:
     g.kernel("ampere_sgemm_128x64_nn", 20, 100, 200)
     memcpy(g, 30, 450, 50, call="cudaMemsetAsync", cat="gpu_memset")
     g.allreduce(40, 600, 100)
-    a = run_analysis(tmp_path, [document([step(1, 0, 1000)] + g.events, 0, world_size=1)])
+    a = run_analysis(tmp_path, [document([step(1, 0, 1000)] + g.events, 0)])
     cover = a.traces[0].steps[0].cover
     assert (cover.memcpy_us, cover.work_end_us) == (100.0, 500.0)  # the copies [50, 100] and [450, 500]
     [o] = a.overlap
     assert (o.window_us, o.compute_us, o.memcpy_us, o.comm_us, o.idle_us) == (650.0, 200.0, 100.0, 100.0, 250.0)
     assert [(gap.start_us, gap.dur_us) for gap in a.gaps if gap.kind == "idle"] == [(300.0, 150.0), (500.0, 100.0)]
+
+
+def test_a_world_of_one_rank_has_no_communication(tmp_path: Path) -> None:
+    # The same step in a world of one rank: NCCL's all-reduce [600, 700] exchanges nothing
+    # (a local copy: busy, not communication), said once; no exposed transfer
+    g = GpuRank()
+    memcpy(g, 10, 50, 50, "HtoD (Pinned -> Device)")
+    g.kernel("ampere_sgemm_128x64_nn", 20, 100, 200)
+    g.allreduce(40, 600, 100)
+    a = run_analysis(tmp_path, [document([step(1, 0, 1000)] + g.events, 0, world_size=1)])
+    [o] = a.overlap
+    assert (o.window_us, o.compute_us, o.memcpy_us, o.comm_us, o.exposed_comm_us, o.idle_us) == (
+        650.0, 200.0, 150.0, 0.0, 0.0, 300.0)
+    assert a.traces[0].comms == [] and any("a world of one rank" in w for w in a.warnings)
 
 
 # -- the real traces ----------------------------------------------------------------------------

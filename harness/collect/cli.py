@@ -8,7 +8,9 @@ or a bad option.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import re
 import sys
 from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
@@ -113,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "captured, are analysed one at a time")
     p.add_argument("--attempt", type=int, help="after torchrun restarts (--max-restarts), the attempt to analyse: "
                    "0 = the first, N = <run>/restart-N (default: the latest)")
+    p.add_argument("--comm-kernel", type=_regex, metavar="REGEX",
+                   help="GPU kernels whose names match REGEX (Python re.search) are communication too, beside the "
+                        "built-in families (NCCL/RCCL, DeepEP, NVSHMEM, MSCCL++, custom all-reduce: "
+                        "docs/collector.md); its first group, if any, names the collective; read from traces, not "
+                        "in-job summaries")
     p.add_argument("--from-traces", action="store_true",
                    help="parse the traces even where an in-job summary (<trace>.summary.json) is next to them")
     p.add_argument("--min-lag-ms", type=float, default=th.min_lag_ms,
@@ -131,27 +138,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parse_one(path: Path) -> RankTrace | str:
+def _regex(text: str) -> re.Pattern[str]:
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression ({exc})") from None
+
+
+def _parse_one(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankTrace | str:
     """The file's RankTrace (from its summary, if it is one), or the one-line reason it has none.
     An unreadable summary whose trace is still there falls back to the trace, with a warning."""
     try:
         if not is_summary(path):
-            return parse_trace(path)
+            return parse_trace(path, comm_kernel)
         try:
             return read_summary(path)
         except TraceError as exc:
             trace_file = trace_of_summary(path)
             if not trace_file.is_file():
                 raise
-            parsed = parse_trace(trace_file)
+            parsed = parse_trace(trace_file, comm_kernel)
             parsed.warnings.append(f"{exc}: parsed {trace_file.name} instead")
             return parsed
     except TraceError as exc:
         return str(exc)
 
 
-def parse_all(files: list[Path], pool: Executor | None, progress: bool,
-              reporter: Progress | None = None) -> tuple[list[RankTrace], list[str]]:
+def parse_all(files: list[Path], pool: Executor | None, progress: bool, reporter: Progress | None = None,
+              comm_kernel: re.Pattern[str] | None = None) -> tuple[list[RankTrace], list[str]]:
     """Parse the traces, in parallel on `pool` when there is one; bad files become warnings."""
     reporter = reporter or Progress(None)
     reporter.stage("parsing traces", total=len(files))
@@ -162,7 +176,8 @@ def parse_all(files: list[Path], pool: Executor | None, progress: bool,
         bar = tqdm(total=len(files), desc="parsing traces", unit="rank", file=sys.stderr, disable=None)
     results: list[RankTrace | str] = []
     shared = Shared()
-    for r in (pool.map(_parse_one, files) if pool is not None and len(files) > 1 else map(_parse_one, files)):
+    one = functools.partial(_parse_one, comm_kernel=comm_kernel)
+    for r in (pool.map(one, files) if pool is not None and len(files) > 1 else map(one, files)):
         results.append(compact(r, shared) if isinstance(r, RankTrace) else r)
         bar and bar.update()
         reporter.advance(len(results))
@@ -213,7 +228,8 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
             files, window = pick_window(files, args.window)
         except InputError as exc:  # a bad --window, not a run without traces
             fail(PROG, str(exc), code=EXIT_INPUT)
-        traces, errors = parse_all(files, pool, progress=not args.quiet and len(files) > 1, reporter=reporter)
+        traces, errors = parse_all(files, pool, progress=not args.quiet and len(files) > 1, reporter=reporter,
+                                   comm_kernel=args.comm_kernel)
         for e in errors:
             print(f"{PROG}: warning: skipped {e}", file=sys.stderr)
         if not traces:

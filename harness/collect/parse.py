@@ -3,9 +3,10 @@
 What is taken from where (the format facts are in ../shared/design.md):
 1. rank: `distributedInfo.rank`, else the harness metadata, else the file name (with a warning);
 2. steps: `ProfilerStep#N` on the main thread, else the harness phase ranges, else one window;
-3. communication: NCCL/RCCL kernels on GPU (identity from their args, else from the args of the
-   host's `record_param_comms` op that launched them, else from the kernel name) and `gloo:*`
-   ranges on gloo worker threads;
+3. communication: on GPU the kernels of communication libraries (comm_kernels.py: NCCL/RCCL,
+   identity from their args, else from the args of the host's `record_param_comms` op that
+   launched them, else from the kernel name; DeepEP, NVSHMEM, MSCCL++, custom all-reduce, ...
+   by name) and `gloo:*` ranges on gloo worker threads;
 4. compute: GPU kernels that are not communication (memcpy/memset are kept apart, as copies);
    on a trace with no GPU kernels, the main thread's `aten::` ops (a GPU run whose trace holds
    no kernels is said so in a warning);
@@ -32,6 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from harness.collect.comm_kernels import classify as classify_kernel
+from harness.collect.comm_kernels import looks_like_comm
+from harness.collect.comm_kernels import plain as plain_kernel
 from harness.collect.decode import (
     NO_ARGS,
     Args,
@@ -54,7 +58,6 @@ from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_PATTERN, WORKER_RANK_
 
 __all__ = ["TraceError", "load_json", "parse_trace"]
 
-NCCL_KERNEL = re.compile(r"^(?:nccl|rccl)(?:Dev)?Kernel_(?P<coll>[A-Za-z]+)", re.IGNORECASE)
 GLOO_RANGE = re.compile(r"^gloo:(?P<coll>\w+)")
 C10D_OP = re.compile(r"^c10d::_?(?P<coll>[a-z_]+?)(?:_base)?_$")  # c10d::allreduce_, c10d::_allgather_base_
 STEP_NAME = re.compile(r"^ProfilerStep#(?P<n>\d+)$")
@@ -318,20 +321,28 @@ def outside_phases(index: _StepIndex, ts: np.ndarray, pos: np.ndarray) -> np.nda
     return out
 
 
-def _device_work(doc: Trace, index: _StepIndex, launch_ts: _LaunchTimes, spans: Spans) -> list[CommOp]:
-    """The GPU kernels: NCCL/RCCL ones become CommOps (returned, in kernel order), the others
-    compute intervals in `spans`; each belongs to the step its launch started in (the kernel's
-    own start when the launch is not in the trace). Each step's `compute_by_name_us`: the
-    kernel time by name of the kernels launched in the model's own work (`outside_phases`),
-    summed in kernel order, names in order of first appearance."""
+def _device_work(doc: Trace, index: _StepIndex, launch_ts: _LaunchTimes, spans: Spans,
+                 user_comm: re.Pattern[str] | None, warnings: list[str], file_name: str) -> list[CommOp]:
+    """The GPU kernels: communication kernels (comm_kernels.py: NCCL/RCCL and the other
+    libraries' families, and the user's `--comm-kernel`) become CommOps (returned, in kernel
+    order), the others compute intervals in `spans`; each belongs to the step its launch started
+    in (the kernel's own start when the launch is not in the trace). Each step's
+    `compute_by_name_us`: the kernel time by name of the kernels launched in the model's own
+    work (`outside_phases`), summed in kernel order, names in order of first appearance. Kernels
+    whose names say communication but that no family holds are said in a warning."""
     kernels, names = doc.kernels, doc.names
     ts, dur, name, corr = (as_numpy(c) for c in (kernels.ts, kernels.dur, kernels.name, kernels.corr))
     launched = launch_ts.times(corr, ts)
     pos = index.positions(launched)
     step = index.numbers(pos)
-    comm = _name_mask(names, name, NCCL_KERNEL)
+    used = np.unique(name).tolist()
+    found = {n: classify_kernel(names[n], user_comm) for n in used}
+    is_comm = np.zeros(len(names), dtype=bool)
+    is_comm[[n for n in used if found[n] is not None]] = True
+    comm = is_comm[name]
     compute = ~comm
     spans.extend(ts[compute], ts[compute] + dur[compute], step[compute], name[compute])
+    _say_lookalikes(names, used, found, name, dur, warnings, file_name)
 
     model = compute & outside_phases(index, launched, pos)
     add_by_name(index, pos[model], name[model], dur[model], names, "compute_by_name_us")
@@ -340,18 +351,39 @@ def _device_work(doc: Trace, index: _StepIndex, launch_ts: _LaunchTimes, spans: 
     param_comms = _ParamComms(doc) if comm.any() else None
     for i in np.flatnonzero(comm).tolist():
         t, d, n, extra = ts[i], dur[i], int(name[i]), kernels.extra[i]
-        args = doc.args[extra] if extra >= 0 else _launching_comms(param_comms, launch_ts, kernels.corr[i])
-        coll = args.collective or NCCL_KERNEL.match(names[n])["coll"]
-        pg = "default" if args.process_group is None else args.process_group
+        kind = found[n]
+        if kind.family == "NCCL":
+            args = doc.args[extra] if extra >= 0 else _launching_comms(param_comms, launch_ts, kernels.corr[i])
+            coll = args.collective or kind.collective
+            pg = "default" if args.process_group is None else args.process_group
+            nelems, dtype = _int(args.in_nelems), _str(args.dtype)
+        else:  # no args: the name is all there is; the family is its own group
+            coll, pg, nelems, dtype = kind.collective, kind.family, None, None
         st = int(step[i])
         comms.append(CommOp(name=canonical_collective(str(coll)), pg=str(pg), start_us=float(t), end_us=float(t + d),
-                            nelems=_int(args.in_nelems), dtype=_str(args.dtype), step=None if st == NO_STEP else st,
+                            nelems=nelems, dtype=dtype, step=None if st == NO_STEP else st,
                             thread=doc.threads[kernels.thread[i]]))
     return comms
 
 
-def parse_trace(path: Path) -> RankTrace:
-    """Parse one trace file (see the module docstring for what comes from where)."""
+def _say_lookalikes(names: list[str], used: list[int], found: dict, name: np.ndarray, dur: np.ndarray,
+                    warnings: list[str], file_name: str) -> None:
+    """One warning naming the kernels (the longest by total time first) whose names say
+    communication but that are counted as compute: no family holds them."""
+    odd = [n for n in used if found[n] is None and looks_like_comm(names[n])]
+    if not odd:
+        return
+    total = {n: float(dur[name == n].sum()) for n in odd}
+    odd.sort(key=lambda n: -total[n])
+    shown = ", ".join(f"`{plain_kernel(names[n])[:60]}` ({total[n] / 1e3:.2f} ms)" for n in odd[:3])
+    more = f" and {len(odd) - 3} more" if len(odd) > 3 else ""
+    warnings.append(f"{file_name}: kernel(s) whose names look like communication are counted as compute: {shown}"
+                    f"{more}; if they are, pass --comm-kernel REGEX (docs/collector.md, communication kernels)")
+
+
+def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankTrace:
+    """Parse one trace file (see the module docstring for what comes from where); `comm_kernel`:
+    kernels it matches are communication too (--comm-kernel, comm_kernels.py)."""
     warnings: list[str] = []
     doc = decode_trace(path)
     if doc.dropped:
@@ -388,11 +420,13 @@ def parse_trace(path: Path) -> RankTrace:
     aten = [name.startswith("aten::") for name in names]
 
     comms: list[CommOp] = []
+    device_comms: list[CommOp] = []
     spans, copies = Spans(names), Spans(names)
     kernels = doc.kernels
     launch_ts = _LaunchTimes(doc.launches) if len(kernels) or len(doc.copies) else None
     if len(kernels):
-        comms.extend(_device_work(doc, index, launch_ts, spans))
+        device_comms = _device_work(doc, index, launch_ts, spans, comm_kernel, warnings, path.name)
+        comms.extend(device_comms)
     elif doc.gpus or _nccl_backend(doc):
         warnings.append(f"{path.name}: {NO_KERNELS}")
     if len(doc.copies):
@@ -423,6 +457,14 @@ def parse_trace(path: Path) -> RankTrace:
         is_aten = np.array(aten, dtype=bool)[name] if len(name) else np.zeros(0, dtype=bool)
         spans.extend(ts[is_aten], ts[is_aten] + dur[is_aten], index.at_each(ts[is_aten]), name[is_aten])
         _self_times(main_ops, names, index, by_number)
+    if world_size == 1 and comms:
+        # One rank has no peer to exchange with: its c10d and gloo ops are bookkeeping on the
+        # host, and NCCL's kernels local copies, which keep the device busy as copies do.
+        for c in device_comms:
+            copies.add(c.start_us, c.end_us, c.step, 0)
+        warnings.append(f"{path.name}: a world of one rank: its {len(comms)} collective call(s) exchange nothing "
+                        "(not counted as communication)")
+        comms = []
     comms.sort(key=lambda c: c.start_us)
     number_by_group(comms)
     set_run_ups(comms, spans, steps[0].start_us if steps else None)
