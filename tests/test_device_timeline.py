@@ -91,3 +91,101 @@ def test_a_comm_stream_hides_behind_compute(tmp_path: Path) -> None:
             500.0, 500.0, 0.0, 5.0)
         for o in rows:
             assert o.compute_us + o.exposed_comm_us + o.memcpy_us + o.idle_us == o.window_us
+
+
+def diagnosed(tmp_path: Path, sim: Sim) -> tuple[Analysis, dict[int, object]]:
+    from harness.collect.advisor import diagnose
+
+    a = analysed(tmp_path, sim)
+    return a, {d.rank: d for d in diagnose(a)}
+
+
+def test_a_busy_device_ahead_of_nothing_is_healthy_and_gpu_bound(tmp_path: Path) -> None:
+    _, d = diagnosed(tmp_path, gpu_bound())
+    for rank in (0, 1):
+        assert d[rank].bottleneck == "healthy", d[rank].reason
+        # spans: 4000 us of GEMM each, 200 us of exposed all-reduce at the end: busy 100%; the
+        # device starts step n 3975(n-1) + 5 us after the host does: 5, 3980, 7955, 11930, median 5967.5
+        assert d[rank].evidence["idle_share"] == 0.0 and d[rank].evidence["device_lag_ms"] == 5.9675
+        assert "GPU-bound: the device is busy 100% of its time, 5.97 ms behind its host" in d[rank].reason
+
+
+def sync_loop(after_sync_us: float, before_us: float = 0.0, steps: int = 4) -> Sim:
+    """One rank per step: `before_us` of host work between two GEMMs (when > 0), then `.item()`,
+    then `after_sync_us` of host work with the queue drained (the device waits for it)."""
+    sim = Sim(world_size=1)
+    h = sim.rank(0)
+    for n in range(1, steps + 1):
+        with h.step(n):
+            h.launch(GEMM, 7000.0 if not before_us else 2000.0)
+            if before_us:
+                h.cpu(before_us, "aten::_python_side")
+                h.launch(GEMM, 2000.0)
+            h.item()
+            if after_sync_us:
+                h.cpu(after_sync_us, "aten::_host_side")
+    return sim
+
+
+def test_a_sync_is_weighed_by_the_idle_it_causes(tmp_path: Path) -> None:
+    # 30%: per 10007 us step, a 7000 us GEMM [t+5, t+7005], item()'s copy [t+7005, t+7007] and
+    # its sync [t+10, t+7007], then 3000 us on the host: the device idles [t+7007, t+10012],
+    # 3005 us, until the next step's GEMM; the last step's sync has nothing after it (the
+    # trace ends): 3 x 3.005 / 4 = 2.254 ms a step, 22.5% of it
+    _, d = diagnosed(tmp_path / "a", sync_loop(3000.0))
+    ev = d[0].evidence
+    assert ev["sync_cost_ms_by_caller"] == {"item": 2.254} and ev["user_sync_cost_share"] == 0.2252
+    assert d[0].bottleneck == "sync-bound"
+    assert d[0].reason.startswith("blocking syncs from the training code leave the device idle 23% of the step "
+                                  "(>= 10%): item 1.0 per step (2.25 ms of device idle)")
+    # 1%: 5000 us of host work between two 2000 us GEMMs idles the device 3005 us a step, but
+    # the sync after the second GEMM drains a queue the host refills at once: 5 us a step. A
+    # count of one sync per step with a 43% idle device was sync-bound; weighed, it is host-bound
+    _, d = diagnosed(tmp_path / "b", sync_loop(0.0, before_us=5000.0))
+    ev = d[0].evidence
+    assert ev["sync_cost_ms_by_caller"] == {"item": 0.004} and ev["syncs_by_caller"] == {"item": 1.0}
+    assert d[0].bottleneck == "host-bound", d[0].reason
+    assert ev["idle_share"] == pytest.approx(0.43, abs=0.005)
+
+
+def test_many_small_launches_are_launch_bound(tmp_path: Path) -> None:
+    # 400 elementwise kernels of 3 us a step, each after 20 us of host work: the device idles
+    # ~88% of the time (3 of every 25 us busy)
+    sim = Sim(world_size=1)
+    h = sim.rank(0)
+    for n in range(1, 4):
+        with h.step(n):
+            for _ in range(400):
+                h.cpu(20.0, "aten::add")
+                h.launch("vectorized_elementwise_kernel", 3.0)
+    _, d = diagnosed(tmp_path, sim)
+    assert d[0].bottleneck == "launch-bound", d[0].reason
+    assert d[0].evidence["launches_per_step"] == 400.0 and d[0].evidence["idle_share"] == pytest.approx(0.88, abs=0.01)
+
+
+def test_a_straggler_blocked_in_item_is_named_by_its_syncs(tmp_path: Path) -> None:
+    # Rank 1 reads three values with .item() after short kernels and does 2000 us of host work
+    # after each, its queue drained: 3 x 2000 us of device idle a step that rank 0 does not have;
+    # it arrives ~6 ms late at the all-reduce
+    sim = Sim(world_size=2)
+    for r in range(2):
+        h = sim.rank(r)
+        for n in range(1, 5):
+            with h.step(n):
+                if r == 1:
+                    for _ in range(3):
+                        h.launch(GEMM, 500.0)
+                        h.item()
+                        h.cpu(2000.0, "aten::_log_metrics")
+                else:
+                    for _ in range(3):
+                        h.launch(GEMM, 500.0)
+                k = h.launch(GEMM, 1000.0)
+                h.collective("allreduce", 100.0, after=k)
+                h.sync(kind="device")
+    a, d = diagnosed(tmp_path, sim)
+    [s] = a.stragglers.stragglers
+    assert s.rank == 1 and d[1].bottleneck == "straggler"
+    assert list(s.syncs) == ["item"] and s.syncs["item"][0] == 3.0
+    assert s.syncs["item"][1] == pytest.approx(6.0, abs=0.1)  # ms of device idle a step
+    assert "its syncs made it late: item 3.0 per step" in d[1].reason

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,7 +32,8 @@ GEMM = re.compile(r"gemm|cutlass|xmma|cublas|nvjet|wgrad|dgrad|fprop|conv|^trito
 # CPU ops that move or re-view memory: on GPU these are memcpy/memset (not kernels) or nothing.
 MEMORY_OPS = re.compile(r"^aten::(?:copy_|_to_copy|to|clone|contiguous|as_strided|view|_unsafe_view|reshape|empty\w*|"
                         r"zero_|fill_|resize_|set_|detach|t|transpose|permute|expand|select|slice|unsqueeze|squeeze)$")
-BOTTLENECKS = ("straggler", "data-bound", "sync-bound", "launch-bound", "comm-exposed", "kernel-bound", "healthy")
+BOTTLENECKS = ("straggler", "data-bound", "sync-bound", "launch-bound", "comm-exposed", "kernel-bound", "host-bound",
+               "copy-bound", "healthy")
 
 
 @dataclass(frozen=True)
@@ -39,10 +41,13 @@ class Rules:
     """Thresholds of the decision tree (shares are of the rank's mean step time)."""
 
     data_share: float = 0.30  # data phase (waiting for the input pipeline)
-    # GPU: blocking host-device syncs per step that the training code asked for (GradScaler's
-    # alone also count, named as the cause; DDP's logger's never do) ...
-    sync_per_step: float = 1.0
-    sync_idle_share: float = 0.15  # ... while the device idles this much
+    # GPU: the device's idle time that the training code's blocking syncs cause (host.sync_costs;
+    # GradScaler's alone also count, named as the cause; DDP's logger's never do), as a share of
+    # the step. 10%: the share the straggler rule takes as material on GPU (Thresholds.rel_lag):
+    # below it, removing every sync buys less than real GPU steps vary from one to the next. A
+    # count says little: a sync on an empty queue costs microseconds.
+    sync_cost_share: float = 0.10
+    sync_per_step: float = 1.0  # (GradScaler's advice: it syncs at least once a step)
     launch_ops_per_step: int = 1000  # host ops per step ...
     launch_us_per_op: float = 10.0  # ... each taking less than this much step time (CPU and GPU)
     launch_gpu_launches: int = 300  # GPU: kernel launches per step ...
@@ -54,6 +59,16 @@ class Rules:
     comm_exposed_share: float = 0.15  # ... and not hidden behind compute
     kernel_compute_share: float = 0.40  # device busy computing ...
     kernel_gemm_share: float = 0.50  # ... with matrix math under this share of compute time
+    # Healthy needs evidence, not the absence of a rule: compute is the largest part of the
+    # device's time (ahead of idle, exposed transfer and copies each) and matrix math is at least
+    # kernel_gemm_share of it, and a GPU is idle less than launch_gpu_idle_share of its time (the
+    # bound an idle device has in launch-bound; on CPU the main thread's "idle" is the Python
+    # between ops, part of any eager step). Otherwise the largest of those names the rank: idle
+    # (host-bound), exposed transfer (comm-exposed), copies (copy-bound), or compute of small
+    # kernels.
+    # GPU: a device this busy (the sum of its compute and what runs under it) is GPU-bound, the
+    # host ahead of it: a step then goes no faster than its kernels.
+    gpu_bound_busy_share: float = 0.90
 
 
 ADVICE = {
@@ -71,6 +86,11 @@ ADVICE = {
                     "or do more compute per step (larger batch, gradient accumulation)",
     "kernel-bound": "memory-bound elementwise/normalisation kernels dominate: fuse them (torch.compile), "
                     "use bf16/fp16, fused implementations (fused layer norm, fused optimizers)",
+    "host-bound": "the device waits on its host: profile the host side (Python overhead between launches, CPU "
+                  "contention, pinned threads, the ops that run between kernels); wrap the step's parts in "
+                  "record_function ranges to see which; torch.compile or CUDA graphs take the host off the path",
+    "copy-bound": "host-device copies take the device's time: pin host memory and copy with non_blocking=True, "
+                  "keep tensors on the device between steps, move less (smaller dtypes)",
     "healthy": "the time goes to the model's matrix math with no dominant overhead: scale the batch or the "
                "model, or look at kernel efficiency (precision, tensor cores, channels_last)",
 }
@@ -124,9 +144,12 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
     3. launches_per_step, syncs_per_step, sync_share (blocking sync calls' time / own step);
        syncs_by_caller and sync_ms_by_caller (per step, by host.caller_of's callers);
        user_syncs_per_step: the syncs of callers not in host.NOT_USERS (GradScaler, DDP's logger);
-    4. compute, exposed transfer and idle shares of
-       the device window less the exposed waiting (device time: GPU kernels, or the CPU main
-       thread's ops on CPU-only traces);
+       sync_cost_share (the device idle the syncs cause, host.sync_costs / own step),
+       sync_cost_ms_by_caller, user_sync_cost_share (callers not in NOT_USERS);
+    4. compute, exposed transfer, copy and idle shares of the device spans less the exposed
+       waiting (device time: GPU kernels, or the CPU main thread's ops on CPU-only traces);
+       device_lag_ms (GPU): the median over steps of the device's span start - the host's step
+       start (how far the device runs behind);
     5. transfer_share = (the run's collective transfer time per step (waits.InstanceWaits
        .transfer_us summed over the step's collectives) + this rank's DDP reducer time per step)
        / own step: on CPU traces DDP's reducer (scaling gradients, copying them into buckets) is
@@ -153,11 +176,13 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
     callers: dict[str, list[float]] = {}
     for s in steps:
         for k, c in s.syncs_by_caller.items():
-            acc = callers.setdefault(k, [0.0, 0.0])
+            acc = callers.setdefault(k, [0.0, 0.0, 0.0])
             acc[0] += c
             acc[1] += s.sync_us_by_caller.get(k, 0.0)
+            acc[2] += s.sync_cost_us_by_caller.get(k, 0.0)
     by_count = sorted(callers.items(), key=lambda kv: -kv[1][0])
     window = (sum(r.window_us for r in rows) or step_us * n) - sum(r.exposed_wait_us for r in rows)
+    lags = [s.cover.lo_us - s.start_us for s in steps if s.cover is not None]
     return {
         "step_ms": round(step_us / 1e3, 3),
         "own_step_ms": round(own_us / 1e3, 3),
@@ -168,22 +193,24 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
         "launches_per_step": round(sum(s.launches for s in steps) / n, 1),
         "syncs_per_step": round(sum(s.syncs for s in steps) / n, 2),
         "sync_share": _share(sum(s.sync_us for s in steps) / n, own_us),
-        "syncs_by_caller": {k: round(c / n, 2) for k, (c, _) in by_count},
-        "sync_ms_by_caller": {k: round(us / n / 1e3, 3) for k, (_, us) in by_count},
-        "user_syncs_per_step": round(sum(c for k, (c, _) in by_count if k not in NOT_USERS) / n, 2),
+        "syncs_by_caller": {k: round(c / n, 2) for k, (c, _, _) in by_count},
+        "sync_ms_by_caller": {k: round(us / n / 1e3, 3) for k, (_, us, _) in by_count},
+        "user_syncs_per_step": round(sum(c for k, (c, _, _) in by_count if k not in NOT_USERS) / n, 2),
+        "sync_cost_share": _share(sum(s.sync_cost_us for s in steps) / n, own_us),
+        "sync_cost_ms_by_caller": {k: round(cost / n / 1e3, 3) for k, (_, _, cost) in by_count},
+        "user_sync_cost_share": _share(sum(cost for k, (_, _, cost) in by_count if k not in NOT_USERS) / n, own_us),
         "compute_share": _share(max(sum(r.compute_us for r in rows) - reducer_us, 0.0), window),
         "exposed_transfer_share": _share(sum(r.exposed_transfer_us for r in rows), window),
+        "memcpy_share": _share(sum(r.memcpy_us for r in rows), window),
         "idle_share": _share(sum(r.idle_us for r in rows), window),
+        # GPU: how far the device runs behind the host (its step span's start after the host's
+        # step start, median over steps): a device busy while the host runs ahead is GPU-bound
+        "device_lag_ms": round(statistics.median(lags) / 1e3, 4) if lags and trace.device == "gpu" else None,
         "transfer_share": _share(transfer_ms_per_step * 1e3 + reducer_us / n, own_us),
         "gemm_share": _share(gemm, total),
         "top_compute": [[k, _share(v, total)] for k, v in top],
         "device": trace.device,
     }
-
-
-def _callers(by_caller: dict[str, float], keep: Any) -> str:
-    """'item 2.0, copy to host 1.0' for the callers `keep(caller)` accepts."""
-    return ", ".join(f"{k} {v:.1f}" for k, v in by_caller.items() if keep(k))
 
 
 def _not_counted_note(ev: dict[str, Any], counted: str | None) -> str:
@@ -200,32 +227,58 @@ def _not_counted_note(ev: dict[str, Any], counted: str | None) -> str:
     return f"; syncs not the model's: {'; '.join(notes)}" if notes else ""
 
 
+def _largest_overhead(ev: dict[str, Any]) -> tuple[str, float]:
+    """The largest part of the device's time that is not compute: idle, exposed transfer or copies."""
+    parts = {"host-bound": ev["idle_share"], "comm-exposed": ev["exposed_transfer_share"],
+             "copy-bound": ev.get("memcpy_share", 0.0)}
+    kind = max(parts, key=parts.get)
+    return kind, parts[kind]
+
+
+def _gpu_bound_note(ev: dict[str, Any], rules: Rules) -> str:
+    """'; GPU-bound: the device is busy 99% of its time, 3.20 ms behind its host' for a busy GPU."""
+    busy = ev["compute_share"] + ev["exposed_transfer_share"] + ev.get("memcpy_share", 0.0)
+    if ev["device"] != "gpu" or busy < rules.gpu_bound_busy_share:
+        return ""
+    lag = ev.get("device_lag_ms")
+    behind = f", {lag:.2f} ms behind its host" if lag is not None and lag > 0 else ""
+    return f"; GPU-bound: the device is busy {busy:.0%} of its time{behind} (the host runs ahead)"
+
+
 def classify(ev: dict[str, Any], rules: Rules = Rules()) -> tuple[str, str]:
     """The decision tree, in the classic order (input pipeline first; then syncs; then launch
     overhead; then communication; then kernels): the first rule that holds names the
-    bottleneck. Returns (bottleneck, reason).
+    bottleneck, with the figures that fired it. Returns (bottleneck, reason).
 
-    Syncs (GPU, device idle >= sync_idle_share): 1. the training code's own syncs (callers not
-    in host.NOT_USERS) >= sync_per_step; else 2. GradScaler's >= sync_per_step, GradScaler
-    named as the cause; DDP's logger's never count. The reason of any verdict names the syncs
-    it did not count."""
+    Syncs (GPU), by what they cost the device, not by their count: 1. the device idle the
+    training code's own syncs cause (callers not in host.NOT_USERS) >= sync_cost_share of the
+    step; else 2. GradScaler's alone, GradScaler named as the cause; DDP's logger's never count.
+    The reason of any verdict names the syncs it did not count.
+
+    Healthy needs positive evidence: compute is the largest part of the device's time and
+    matrix math at least kernel_gemm_share of it. When no rule fires and that does not hold,
+    the largest part that is not compute names the rank (host-bound: the device idles on its
+    host; comm-exposed; copy-bound), or kernel-bound when compute leads with little matrix math."""
     gpu = ev["device"] == "gpu"
     by = ev.get("syncs_by_caller", {})
-    user = sum(v for k, v in by.items() if k not in NOT_USERS)
+    cost_by = ev.get("sync_cost_ms_by_caller", {})
+    own_ms = ev.get("own_step_ms") or 0.0
+    user_cost = ev.get("user_sync_cost_share", 0.0)
+    scaler_cost = cost_by.get(GRAD_SCALER, 0.0) / own_ms if own_ms else 0.0
     counted = None
+    compute, gemm = ev["compute_share"], ev["gemm_share"]
     if ev["data_share"] >= rules.data_share:
         kind, reason = "data-bound", (f"{ev['data_share']:.0%} of the step waits for the input pipeline "
                                       f"(>= {rules.data_share:.0%})")
-    elif gpu and user >= rules.sync_per_step and ev["idle_share"] >= rules.sync_idle_share:
-        kind, reason = "sync-bound", (f"{user:.1f} blocking syncs per step from the training code "
-                                      f"({_callers(by, lambda k: k not in NOT_USERS)}; "
-                                      f"all syncs {ev['sync_share']:.0%} "
-                                      f"of the step) and the device idle {ev['idle_share']:.0%} of the time")
-    elif gpu and by.get(GRAD_SCALER, 0) >= rules.sync_per_step and ev["idle_share"] >= rules.sync_idle_share:
+    elif gpu and user_cost >= rules.sync_cost_share:
+        kind, reason = "sync-bound", (f"blocking syncs from the training code leave the device idle "
+                                      f"{user_cost:.0%} of the step (>= {rules.sync_cost_share:.0%}): "
+                                      f"{_sync_callers(by, cost_by, lambda k: k not in NOT_USERS)}")
+    elif gpu and by.get(GRAD_SCALER, 0) >= rules.sync_per_step and scaler_cost >= rules.sync_cost_share:
         counted = GRAD_SCALER
         kind, reason = "sync-bound", (f"GradScaler syncs {by[GRAD_SCALER]:.1f} times per step (its .item() on "
-                                      "found_inf before the optimizer step: fp16 without a fused optimizer) and the "
-                                      f"device idle {ev['idle_share']:.0%} of the time")
+                                      "found_inf before the optimizer step: fp16 without a fused optimizer), leaving "
+                                      f"the device idle {scaler_cost:.0%} of the step")
     elif ev["us_per_op"] is not None and ev["host_ops_per_step"] >= rules.launch_ops_per_step \
             and ev["us_per_op"] < rules.launch_us_per_op:
         kind, reason = "launch-bound", (f"{ev['host_ops_per_step']:.0f} ops per step at {ev['us_per_op']:.1f} us of "
@@ -239,24 +292,55 @@ def classify(ev: dict[str, Any], rules: Rules = Rules()) -> tuple[str, str]:
         kind, reason = "comm-exposed", (f"collectives transfer for {ev['transfer_share']:.0%} of the step and "
                                         f"{ev['exposed_transfer_share']:.0%} of device time is exposed transfer "
                                         "(waiting for peers not counted)")
-    elif ev["compute_share"] >= rules.kernel_compute_share and ev["gemm_share"] < rules.kernel_gemm_share:
-        top = ", ".join(f"{k} {v:.0%}" for k, v in ev["top_compute"])
-        kind, reason = "kernel-bound", (f"compute is {ev['compute_share']:.0%} of device time, only "
-                                        f"{ev['gemm_share']:.0%} of it matrix math; top: {top}")
+    elif compute >= rules.kernel_compute_share and gemm < rules.kernel_gemm_share:
+        kind, reason = "kernel-bound", (f"compute is {compute:.0%} of device time, only {gemm:.0%} of it matrix "
+                                        f"math; top: {_top(ev)}")
     else:
-        kind, reason = "healthy", (f"no rule fired: data {ev['data_share']:.0%}, exposed transfer "
-                                   f"{ev['exposed_transfer_share']:.0%}, matrix math {ev['gemm_share']:.0%} of compute")
-    return kind, reason + _not_counted_note(ev, counted)
+        other, share = _largest_overhead(ev)
+        idle_gpu = gpu and ev["idle_share"] >= rules.launch_gpu_idle_share  # not healthy, whatever leads
+        if idle_gpu:
+            other, share = "host-bound", ev["idle_share"]
+        compute_leads = not idle_gpu and compute >= share
+        if compute_leads and gemm >= rules.kernel_gemm_share:
+            kind, reason = "healthy", (f"compute is the largest part of device time ({compute:.0%}; idle "
+                                       f"{ev['idle_share']:.0%}, exposed transfer {ev['exposed_transfer_share']:.0%}), "
+                                       f"{gemm:.0%} of it matrix math; data {ev['data_share']:.0%} of the step")
+        elif compute_leads:
+            kind, reason = "kernel-bound", (f"compute is the largest part of device time ({compute:.0%}), only "
+                                            f"{gemm:.0%} of it matrix math; top: {_top(ev)}")
+        else:
+            kind = other
+            reason = {"host-bound": f"the device is idle {share:.0%} of its time, waiting on its host (no input "
+                                    "pipeline, sync or launch cause above its bound: data "
+                                    f"{ev['data_share']:.0%}, syncs {ev.get('sync_cost_share', 0.0):.0%} of the step, "
+                                    f"{ev['launches_per_step']:.0f} launches)",
+                      "comm-exposed": f"exposed transfer is the largest part of device time ({share:.0%}; compute "
+                                      f"{compute:.0%}), though collectives transfer for only "
+                                      f"{ev['transfer_share']:.0%} of the step",
+                      "copy-bound": f"host-device copies are the largest part of device time ({share:.0%}; compute "
+                                    f"{compute:.0%})"}[other]
+    return kind, reason + _gpu_bound_note(ev, rules) + _not_counted_note(ev, counted)
+
+
+def _top(ev: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:.0%}" for k, v in ev["top_compute"])
+
+
+def _sync_callers(by: dict[str, float], cost_ms: dict[str, float], keep: Any) -> str:
+    """'item 6.0 per step (12.30 ms of device idle), copy to device 5.0 (8.10 ms)' for the callers
+    `keep(caller)` accepts, costliest first."""
+    callers = sorted((k for k in by if keep(k)), key=lambda k: -cost_ms.get(k, 0.0))
+    return ", ".join(f"{k} {by[k]:.1f} per step ({cost_ms.get(k, 0.0):.2f} ms of device idle)" for k in callers)
 
 
 def advice_for(kind: str, ev: dict[str, Any], rules: Rules = Rules()) -> str:
-    """ADVICE[kind], except for a sync-bound rank whose syncs are GradScaler's rather than the
-    training code's (classify's rule 2), and GradScaler's advice added where it also syncs."""
+    """ADVICE[kind], except for a sync-bound rank whose costly syncs are GradScaler's rather than
+    the training code's (classify's rule 2), and GradScaler's advice added where it syncs too."""
     by = ev.get("syncs_by_caller", {})
     scaler = by.get(GRAD_SCALER, 0) >= rules.sync_per_step
     if kind == "sync-bound" and scaler:
-        user = sum(v for k, v in by.items() if k not in NOT_USERS)
-        return GRAD_SCALER_ADVICE if user < rules.sync_per_step else f"{ADVICE[kind]}; {GRAD_SCALER_ADVICE}"
+        user = ev.get("user_sync_cost_share", 0.0) >= rules.sync_cost_share
+        return f"{ADVICE[kind]}; {GRAD_SCALER_ADVICE}" if user else GRAD_SCALER_ADVICE
     return ADVICE[kind]
 
 
@@ -294,8 +378,8 @@ def diagnose(a: Analysis, rules: Rules = Rules()) -> list[Diagnosis]:
             reason = (f"arrives {b.late_ms:.2f} ms per step after the punctual ranks (its share of the delay: "
                       f"{b.cost_ms:.2f} ms); late at "
                       f"{b.late_fraction:.0%} of its collectives, in {b.steps_late} of {b.steps} step(s) ({b.pattern})"
-                      + (f"; slow in {b.phase}" if b.phase else ""))
-            advice = ADVICE[kind]
+                      + (f"; slow in {b.phase}" if b.phase else "") + late_syncs_note(b.syncs))
+            advice = ADVICE[kind] + ("; its host-device syncs first: " + ADVICE["sync-bound"] if b.syncs else "")
         else:
             kind, reason = classify(ev, rules)
             advice = advice_for(kind, ev, rules)
@@ -307,6 +391,14 @@ def diagnose(a: Analysis, rules: Rules = Rules()) -> list[Diagnosis]:
         out.append(Diagnosis(rank=t.rank, host=t.host, bottleneck=kind, reason=reason, evidence=ev, advice=advice,
                              waits_for=b.waits_for))
     return out
+
+
+def late_syncs_note(syncs: dict[str, list[float]]) -> str:
+    """'; its syncs made it late: item 6.0 per step (12.30 ms of device idle), ...' (empty without)."""
+    if not syncs:
+        return ""
+    return "; its syncs made it late: " + ", ".join(f"{k} {c:.1f} per step ({ms:.2f} ms of device idle)"
+                                                     for k, (c, ms) in syncs.items())
 
 
 def as_rows(diagnoses: list[Diagnosis]) -> list[dict[str, Any]]:

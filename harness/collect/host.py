@@ -193,9 +193,13 @@ def _outside(ts: array, lo: int, hi: int, holes: list[tuple[float, float]]) -> l
     return [(a, b) for a, b in out if a < b]
 
 
-def attribute_syncs(doc: Trace, step_at: StepAt, by_number: dict[int, Step]) -> None:
+Sync = tuple[float, float, str, int]  # (start_us, end_us, caller, step number) of a blocking sync call
+
+
+def attribute_syncs(doc: Trace, step_at: StepAt, by_number: dict[int, Step]) -> list[Sync]:
     """Set each step's `syncs`/`sync_us` (the blocking sync calls starting in it and their time)
-    and the same by caller (`syncs_by_caller`, `sync_us_by_caller`).
+    and the same by caller (`syncs_by_caller`, `sync_us_by_caller`); return the syncs (what
+    `sync_costs` weighs).
 
     1. the syncs: host calls named by SYNC_CALL, on any thread, placed in the step they start in;
     2. per thread that synchronised, the cpu ops and annotations enclosing each sync
@@ -210,7 +214,7 @@ def attribute_syncs(doc: Trace, step_at: StepAt, by_number: dict[int, Step]) -> 
     kind = {n: (bool(SYNC_CALL.match(names[n])), bool(MEMCPY_CALL.match(names[n]))) for n in set(launches.name)}
     wanted = {n for n, (is_sync, is_memcpy) in kind.items() if is_sync or is_memcpy}
     if not any(is_sync for is_sync, _ in kind.values()):
-        return
+        return []
     syncs: dict[int, list[tuple[int, int]]] = defaultdict(list)  # thread -> [(launch position, step)]
     memcpy: dict[int, list[int]] = defaultdict(list)
     for i, n in enumerate(launches.name):
@@ -223,7 +227,8 @@ def attribute_syncs(doc: Trace, step_at: StepAt, by_number: dict[int, Step]) -> 
             if st is not None:
                 syncs[th].append((i, st))
     if not syncs:
-        return
+        return []
+    out: list[Sync] = []
     copy_names = {c: names[n] for c, n in zip(doc.copies.corr, doc.copies.name) if c >= 0}
     ops = doc.ops
     op_ts, op_dur, op_name, op_thread = (as_numpy(c) for c in (ops.ts, ops.dur, ops.name, ops.thread))
@@ -265,3 +270,62 @@ def attribute_syncs(doc: Trace, step_at: StepAt, by_number: dict[int, Step]) -> 
             step.sync_us += d
             step.syncs_by_caller[caller] = step.syncs_by_caller.get(caller, 0) + 1
             step.sync_us_by_caller[caller] = step.sync_us_by_caller.get(caller, 0.0) + d
+            out.append((t, t + d, caller, st))
+    return out
+
+
+def sync_costs(syncs: list[Sync], busy: list[tuple[float, float]], by_number: dict[int, Step]) -> None:
+    """Set each step's `sync_cost_us` and `sync_cost_us_by_caller`: what its blocking syncs cost
+    the device. A sync costs what the device spends idle because of it, not its count: the host
+    blocks until the queue it waits on drains, so afterwards the device has nothing queued until
+    the host launches again (a `cudaStreamSynchronize` on an empty queue costs microseconds).
+
+    1. per sync [s0, s1]: its window runs from s0 to the first device work that starts at or
+       after s1 (s1 itself when the device is still busy then; the end of the device's last
+       work when none follows);
+    2. its cost is the device's idle time in that window (`busy`: every kernel, copy, memset
+       and collective, merged, by start): idle while the host waits (a pageable copy stages on
+       the host) and after it returns, until the next launch reaches the device;
+    3. per step, the windows of its syncs are joined (two syncs in a row drain the queue once):
+       in all, and per caller."""
+    if not syncs or not busy:
+        return
+    starts = [a for a, _ in busy]
+    ends = [b for _, b in busy]
+    last_end = ends[-1]
+    windows: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
+    for s0, s1, caller, st in syncs:
+        i = bisect.bisect_right(starts, s1) - 1
+        if i >= 0 and ends[i] > s1:  # the device is still busy as the sync returns (it ends with what it waited on)
+            until = s1
+        else:
+            j = i + 1
+            until = starts[j] if j < len(starts) else max(last_end, s1)
+        windows[st].append((s0, max(until, s1), caller))
+
+    def idle_in(pieces: list[tuple[float, float]]) -> float:
+        total = 0.0
+        for a, b in _joined(pieces):
+            covered = 0.0
+            k = bisect.bisect_right(ends, a)  # the first busy piece ending after a
+            while k < len(starts) and starts[k] < b:
+                covered += max(min(ends[k], b) - max(starts[k], a), 0.0)
+                k += 1
+            total += (b - a) - covered
+        return total
+
+    for st, ws in windows.items():
+        step = by_number[st]
+        step.sync_cost_us = idle_in([(a, b) for a, b, _ in ws])
+        for caller in dict.fromkeys(c for _, _, c in ws):
+            step.sync_cost_us_by_caller[caller] = idle_in([(a, b) for a, b, c in ws if c == caller])
+
+
+def _joined(pieces: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(pieces):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out

@@ -71,6 +71,7 @@ def compact(trace: RankTrace, shared: Shared) -> RankTrace:
         st.phases_us = keyed(st.phases_us)
         st.syncs_by_caller = keyed(st.syncs_by_caller)  # type: ignore[arg-type]
         st.sync_us_by_caller = keyed(st.sync_us_by_caller)
+        st.sync_cost_us_by_caller = keyed(st.sync_cost_us_by_caller)
         st.compute_by_name_us = Named.of(st.compute_by_name_us, tuples, names)
         st.phase_spans = [(names.setdefault(p, p), a, b) for p, a, b in st.phase_spans]
         if st.cover is not None:
@@ -148,6 +149,9 @@ class Step:
     sync_us: float = 0.0
     syncs_by_caller: dict[str, int] = field(default_factory=dict)
     sync_us_by_caller: dict[str, float] = field(default_factory=dict)
+    # What the syncs cost the device (host.sync_costs: its idle time they caused), in all and by caller
+    sync_cost_us: float = 0.0
+    sync_cost_us_by_caller: dict[str, float] = field(default_factory=dict)
     compute_by_name_us: Mapping[str, float] = field(default_factory=dict)  # a Named once compacted
     # Events of the step's time in the trace file (cpu ops, launches, kernels, copies,
     # annotations that start in it): its share of the file's bytes, for the merged trace.

@@ -49,11 +49,11 @@ from harness.collect.decode import (
     number,
     read_bytes,
 )
-from harness.collect.host import attribute_syncs, count_host_ops, nest, nest_order
+from harness.collect.host import attribute_syncs, count_host_ops, nest, nest_order, sync_costs
 from harness.collect.model import CommOp, RankTrace, Step, number_by_group
 from harness.collect.overlap import cover_steps
 from harness.collect.phases import is_model, phase_name, top_level
-from harness.collect.runup import NO_STEP, Spans, merged_by_step, set_run_ups
+from harness.collect.runup import NO_STEP, Spans, merged_by_step, merged_pieces, set_run_ups
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_PATTERN, WORKER_RANK_PATTERN
 
 __all__ = ["TraceError", "load_json", "parse_trace"]
@@ -415,7 +415,7 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
             step.phase_spans.append((phase, a, b))
 
     count_launches(doc, index)
-    attribute_syncs(doc, index.at, by_number)
+    syncs = attribute_syncs(doc, index.at, by_number)
     count_host_ops(doc, main, by_number)
     aten = [name.startswith("aten::") for name in names]
 
@@ -457,6 +457,8 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
         is_aten = np.array(aten, dtype=bool)[name] if len(name) else np.zeros(0, dtype=bool)
         spans.extend(ts[is_aten], ts[is_aten] + dur[is_aten], index.at_each(ts[is_aten]), name[is_aten])
         _self_times(main_ops, names, index, by_number)
+    if syncs and len(kernels):
+        sync_costs(syncs, device_busy(spans, copies, device_comms), by_number)
     if world_size == 1 and comms:
         # One rank has no peer to exchange with: its c10d and gloo ops are bookkeeping on the
         # host, and NCCL's kernels local copies, which keep the device busy as copies do.
@@ -476,6 +478,17 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
     # the compute and copies, folded into the steps here: no rank's intervals outlive its parse
     cover_steps(trace, merged_by_step(spans), merged_by_step(copies), device_step_marks(doc))
     return trace
+
+
+def device_busy(compute: Spans, copies: Spans, comms: list[CommOp]) -> list[tuple[float, float]]:
+    """The device's busy time: every kernel, copy, memset and collective kernel, merged, by start."""
+    a1, b1, _, _ = compute.columns()
+    a2, b2, _, _ = copies.columns()
+    a = np.concatenate([a1, a2, np.array([c.start_us for c in comms], dtype=np.float64)])
+    b = np.concatenate([b1, b2, np.array([c.end_us for c in comms], dtype=np.float64)])
+    order = np.lexsort((b, a))
+    p, q = merged_pieces(a[order], b[order])
+    return list(zip(p.tolist(), q.tolist()))
 
 
 def device_step_marks(doc: Trace) -> dict[int, tuple[float, float]]:

@@ -64,6 +64,9 @@ class RankBlame:
     phase_excess_ms: float | None = None
     whatif_step_ms: float | None = None
     straggler: bool = False
+    # its blocking syncs, when they are what made it late (`late_syncs`): caller -> [syncs per
+    # step, ms of device idle they cause per step]
+    syncs: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def wait_per_step_ms(self) -> float:
@@ -392,6 +395,7 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
         if is_straggler:
             rb.pattern = "persistent" if steps_late >= math.ceil(PERSISTENT_SHARE * n_steps) else "intermittent"
             rb.phase, rb.phase_excess_ms = phases[r]
+            rb.syncs = late_syncs(r, by_rank, late_ms[r])
         result.append(rb)
     replay = Replay(traces, waits)
     replayed = replay.step_ms(set())
@@ -405,6 +409,42 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
         step_late={s: dict(v) for s, v in step_late.items()},
         step_last=step_last, threshold_ms=threshold, bounds_ms=bounds, waits=waits, replayed_step_ms=replayed,
         whatif_all_fixed_step_ms=replay.step_ms(set(flagged)) if flagged else None, notes=notes)
+
+
+# A straggler's syncs are named as its cause when the device idle they cause exceeds its peers'
+# by at least this share of its lateness: then they, not a phase's work, made it late.
+SYNC_CAUSE_SHARE = 0.5
+
+
+def sync_cost_ms(trace: RankTrace) -> tuple[float, dict[str, list[float]]]:
+    """A rank's syncs per step: the device idle they cause (ms, host.sync_costs), and by caller
+    [syncs, ms of device idle], means over its steps."""
+    n = max(len(trace.steps), 1)
+    by: dict[str, list[float]] = {}
+    for s in trace.steps:
+        for k, c in s.syncs_by_caller.items():
+            acc = by.setdefault(k, [0.0, 0.0])
+            acc[0] += c / n
+            acc[1] += s.sync_cost_us_by_caller.get(k, 0.0) / n / 1e3
+    return sum(s.sync_cost_us for s in trace.steps) / n / 1e3, by
+
+
+def late_syncs(rank: int, by_rank: dict[int, RankTrace], late_ms: float) -> dict[str, list[float]]:
+    """The straggler's syncs by caller (`sync_cost_ms`), costliest first, when their device
+    idle per step exceeds the median of the other ranks' by SYNC_CAUSE_SHARE of its lateness;
+    else {}."""
+    own, by = sync_cost_ms(by_rank[rank])
+    others = [sync_cost_ms(t) for r, t in by_rank.items() if r != rank]
+    excess = own - (statistics.median(o[0] for o in others) if others else 0.0)
+    if late_ms <= 0 or excess < SYNC_CAUSE_SHARE * late_ms:
+        return {}
+
+    def beyond(caller: str, ms: float) -> float:  # this caller's cost beyond the peers' median for it
+        return ms - (statistics.median(o[1].get(caller, [0.0, 0.0])[1] for o in others) if others else 0.0)
+
+    # the callers that make up the excess: each at least a tenth of it
+    return {k: [round(c, 2), round(ms, 3)] for k, (c, ms) in sorted(by.items(), key=lambda kv: -kv[1][1])
+            if beyond(k, ms) >= 0.1 * excess}
 
 
 def _overlap_by_name(spans: list[tuple[str, float, float]], lo: float, hi: float) -> dict[str, float]:

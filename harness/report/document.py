@@ -17,7 +17,9 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   how much later the collectives start, i.e. what fixing it buys when others are late too),
   blame_ms (the others' waiting it caused, total), wait_ms,
   late_fraction (of its collectives), steps_late, steps, pattern (persistent|intermittent),
-  last_fraction, whatif_step_ms (step time with its excess removed, by replay), mean_step_ms}],
+  last_fraction, whatif_step_ms (step time with its excess removed, by replay), mean_step_ms, syncs
+  ({caller: [syncs per step, ms of device idle they cause per step]} when its syncs made it late:
+  their device idle beyond its peers' is at least half its lateness; else {})}],
   latest first; empty unless the verdict is straggler.
 - `diagnosis`: [{rank, host, bottleneck, reason, evidence, advice, waits_for}], one per rank (see
   advisor.py): bottleneck is one of straggler, data-bound, sync-bound, launch-bound,
@@ -146,6 +148,7 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
         "late_ms": round(s.late_ms, 6), "cost_ms": round(s.cost_ms, 6), "blame_ms": s.blame_ms, "wait_ms": s.wait_ms,
         "late_fraction": round(s.late_fraction, 4), "steps_late": s.steps_late, "steps": s.steps, "pattern": s.pattern,
         "last_fraction": s.last_fraction, "whatif_step_ms": s.whatif_step_ms, "mean_step_ms": s.mean_step_ms,
+        "syncs": s.syncs,
     } for s in res.stragglers]
     hosts: dict[str, dict[str, Any]] = {}
     for r in res.ranks:
@@ -295,7 +298,11 @@ def _straggler_groups(stragglers: list[dict[str, Any]], key: Any) -> list[list[d
 def _straggler_advice(s: dict[str, Any]) -> str:
     """What to do about one straggler, whichever rank it is: its phase's advice, its pattern's."""
     phase = s["phase"] or ""
-    if phase in ADVICE or is_data(phase):
+    if s.get("syncs"):
+        callers = ", ".join(f"{k} {c:.1f} per step ({ms:.2f} ms of device idle)" for k, (c, ms) in s["syncs"].items())
+        text = (f"its host-device syncs made it late ({callers}): keep values on the device, log them every N "
+                "steps, copy with non_blocking=True from pinned memory.")
+    elif phase in ADVICE or is_data(phase):
         text = f"{ADVICE[phase if phase in ADVICE else 'data']}."
     elif phase == OUTSIDE_RANGES:
         text = ("it is slow in code outside its profiler ranges: wrap more of its step in record_function ranges "
