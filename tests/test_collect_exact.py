@@ -170,6 +170,16 @@ def test_a_stub_step_is_left_out_and_no_jitter_is_made_of_it(tmp_path: Path) -> 
     assert res.stragglers[0].late_ms == pytest.approx(33.0)
 
 
+def test_host_from_a_trace_handler_file_name(tmp_path: Path) -> None:
+    # tensorboard_trace_handler writes <host>_<pid>.<time>.pt.trace.json: where the trace names
+    # no host, the file does, when that pid is the trace's own (its main thread's process, 100)
+    doc = document([step(1, 0, 1000), x("aten::mm", "cpu_op", 0, 100)], 0)
+    assert parse_trace(write(tmp_path / "node7_100.1700000000123.pt.trace.json", doc)).host == "node7"
+    assert parse_trace(write(tmp_path / "worker0_step_12.1700000000123.pt.trace.json", doc)).host == "unknown"
+    doc["harness"] = {"host": "named", "rank": 0}
+    assert parse_trace(write(tmp_path / "a" / "node7_100.1700000000123.pt.trace.json", doc)).host == "named"
+
+
 def test_rank_from_file_name_when_distributed_info_is_missing(tmp_path: Path) -> None:
     doc = cpu_doc(0, 200.0)
     del doc["distributedInfo"]

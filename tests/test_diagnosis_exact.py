@@ -135,6 +135,24 @@ def test_ranks_on_one_host_share_its_clock(tmp_path: Path) -> None:
     assert doc["verdict"] == "balanced"
 
 
+def test_a_rank_whose_clock_disagrees_with_its_hosts_gets_its_own(tmp_path: Path) -> None:
+    # hosts h0 (ranks 0, 1) and h1 (ranks 2, 3, 4, clock 5 ms ahead); rank 4's clock is 23 ms
+    # ahead of its host-mates' (its own container): its all-reduces start after theirs end,
+    # impossible on one clock. Trusting the host name, rank 4 read 23 ms late (a straggler) and
+    # shifted h1's offset; checked, it is aligned on its own clock and the run is balanced.
+    docs = ring_docs(late_ranks({}), 5, 3, hosts=["h0", "h0", "h1", "h1", "h1"], clock_us=[0, 0, 5000, 5000, 28000])
+    a = run_analysis(tmp_path, docs)
+    assert {r: o.offset_us for r, o in a.offsets.items()} == {0: 0.0, 1: 0.0, 2: 5000.0, 3: 5000.0, 4: 28000.0}
+    assert a.warnings == ["rank 4 on h1: its collectives' times are impossible on its host-mates' clock (they end "
+                          "23.000 ms after theirs): aligned on a clock of its own"]
+    assert a.stragglers.verdict == "balanced"
+    # two ranks on a host that disagree: neither can be told right, each gets its own clock
+    docs = ring_docs(late_ranks({}), 2, 3, hosts=["h0", "h0"], clock_us=[0, 23000])
+    a = run_analysis(tmp_path / "two", docs)
+    assert {r: o.offset_us for r, o in a.offsets.items()} == {0: 0.0, 1: 23000.0}
+    assert len(a.warnings) == 2 and a.stragglers.verdict == "balanced"
+
+
 def test_collective_table_bus_bandwidth(tmp_path: Path) -> None:
     a = run_analysis(tmp_path, ring_docs(late_ranks({}), 8, 3))
     [row] = collective_stats(a.waits)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from harness.collect.clocks import ClockOffset, HostClock, estimate_offsets
+from harness.collect.clocks import ClockOffset, HostClock, disagreeing_clocks, estimate_offsets
 from harness.collect.compact import EMPTY
 from harness.collect.discover import RunSet
 from harness.collect.matching import Instance, match_collectives
@@ -93,7 +93,8 @@ def align_ranks(runset: RunSet, *, align: bool = True, steps: set[int] | None = 
     """1. put every rank on the earliest rank's time origin (baseTimeNanoseconds may differ);
     2. keep the requested steps (NoStepsError when none of them is in the traces); 3. match
     collectives across ranks; 4. estimate one clock offset per host (or zeros with
-    `align=False`) and shift every rank by its host's."""
+    `align=False`) and shift every rank by its host's; a rank whose collectives cannot have
+    happened on its host-mates' clock (clocks.disagreeing_clocks) gets its own, said in a warning."""
     warnings = list(runset.warnings)
     base = min(t.base_us for t in runset.ranks)
     traces = [t.shifted(base - t.base_us) if t.base_us != base else t for t in runset.ranks]
@@ -107,7 +108,13 @@ def align_ranks(runset: RunSet, *, align: bool = True, steps: set[int] | None = 
     instances, match_warnings = match_collectives(traces)
     warnings.extend(match_warnings)
     if align and instances:
-        offsets, clocks = estimate_offsets(instances, traces)
+        off = disagreeing_clocks(instances, traces)
+        for r, gap in off.items():
+            host = next(t.host for t in traces if t.rank == r)
+            warnings.append(f"rank {r} on {host}: its collectives' times are impossible on its host-mates' clock (they "
+                            f"end {abs(gap) / 1e3:.3f} ms {'after' if gap > 0 else 'before'} theirs): aligned on a "
+                            "clock of its own")
+        offsets, clocks = estimate_offsets(instances, traces, frozenset(off))
         for c in clocks[1:]:
             if c.samples == 0:
                 warnings.append(f"host {c.host} (rank(s) {', '.join(map(str, c.ranks))}) shares no collective with "

@@ -6,6 +6,7 @@ offset; between hosts the clocks differ by NTP/PTP error, which nothing in a tra
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -32,10 +33,72 @@ class HostClock:
     via: str | None = None  # the host it was aligned against (None for the reference)
 
 
-def clock_domain(trace: RankTrace) -> str:
+def clock_domain(trace: RankTrace, own_clock: frozenset[int] = frozenset()) -> str:
     """The clock a rank's timestamps come from: its host, or the rank alone when the trace does
-    not name its host (third-party traces): then nothing says two ranks share a clock."""
-    return trace.host if trace.host and trace.host != "unknown" else f"{trace.host} (rank {trace.rank})"
+    not name its host (third-party traces: then nothing says two ranks share a clock) or when
+    its collectives say it reads another clock than its host-mates (`own_clock`,
+    `disagreeing_clocks`)."""
+    if trace.host and trace.host != "unknown" and trace.rank not in own_clock:
+        return trace.host
+    return f"{trace.host} (rank {trace.rank})"
+
+
+# Timestamps of one host's processes come from one clock and agree to Kineto's microsecond: a
+# collective seen ending 10 us before another rank of the host arrived at it did not happen so.
+CAUSALITY_SLACK_US = 10.0
+# The share of a rank's collectives with its host-mates that must be impossible on one clock
+# before its host name is overruled: more than half, so the odd torn timestamp does not.
+DISAGREE_SHARE = 0.5
+
+
+def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace]) -> dict[int, float]:
+    """The ranks whose timestamps cannot share their host-mates' clock, and by how much their
+    collectives' ends differ from their host-mates' (median, us): a host name is a hint.
+
+    A blocking collective cannot end on one rank before every rank has arrived, so on one clock
+    the ops of two participants overlap (both run at the moment the last one arrives). At each
+    matched instance, for each pair of ranks of one host:
+    1. the pair is impossible on one clock when one's op starts after the other's ends, or ends
+       before the other's starts, by more than CAUSALITY_SLACK_US;
+    2. a rank is impossible at the instance when it is so with more than half of its host-mates
+       there (with one host-mate, with that one: then both ranks are);
+    3. a rank impossible at more than DISAGREE_SHARE of its instances with host-mates reads a
+       clock of its own (a container with its own clock, a mislabelled host, a rewritten trace),
+       and is aligned on its own; where a host's ranks split in two, each reads its own.
+    Per host and instance, two sorted lists and binary searches: O(k log k) for k ranks."""
+    host = {t.rank: t.host for t in traces if t.host and t.host != "unknown"}
+    impossible: dict[int, int] = defaultdict(int)
+    shared: dict[int, int] = defaultdict(int)
+    gaps: dict[int, list[float]] = defaultdict(list)
+    for inst in instances:
+        by_host: dict[str, list[int]] = defaultdict(list)
+        for r in inst.ops:
+            if r in host:
+                by_host[host[r]].append(r)
+        for ranks in by_host.values():
+            if len(ranks) < 2:
+                continue
+            ops = [inst.ops[r] for r in ranks]
+            starts = sorted(op.start_us for op in ops)
+            ends = sorted(op.end_us for op in ops)
+            for r, op in zip(ranks, ops):
+                # mates that ended before it started, and that started after it ended (itself
+                # is in neither: its own start is not after its own end)
+                before = bisect.bisect_left(ends, op.start_us - CAUSALITY_SLACK_US)
+                after = len(starts) - bisect.bisect_right(starts, op.end_us + CAUSALITY_SLACK_US)
+                shared[r] += 1
+                gaps[r].append(op.end_us - _median_of_others(ends, op.end_us))
+                if before + after > (len(ranks) - 1) / 2:
+                    impossible[r] += 1
+    return {r: statistics.median(gaps[r]) for r in sorted(impossible)
+            if impossible[r] > DISAGREE_SHARE * shared[r]}
+
+
+def _median_of_others(ordered: list[float], v: float) -> float:
+    """The median of sorted `ordered` with one occurrence of `v` left out (2+ values)."""
+    i = bisect.bisect_left(ordered, v)
+    rest = ordered[:i] + ordered[i + 1:]
+    return statistics.median(rest)
 
 
 def mad(xs: list[float]) -> float:
@@ -44,11 +107,12 @@ def mad(xs: list[float]) -> float:
     return statistics.median(abs(x - med) for x in xs)
 
 
-def estimate_offsets(instances: list[Instance],
-                     traces: list[RankTrace]) -> tuple[dict[int, ClockOffset], list[HostClock]]:
+def estimate_offsets(instances: list[Instance], traces: list[RankTrace],
+                     own_clock: frozenset[int] = frozenset()) -> tuple[dict[int, ClockOffset], list[HostClock]]:
     """Per-host clock offsets, and each rank's end-time scatter (the timing noise at collectives).
 
-    A blocking collective ends at nearly the same instant on every participant, so:
+    A blocking collective ends at nearly the same instant on every participant, so (a rank in
+    `own_clock` is a host of its own, `disagreeing_clocks`):
     1. reference host = the host of the lowest rank; its offset is 0;
     2. repeat until no host is added: for each host h not yet aligned, over every instance that
        has ranks of h and of an aligned host A: d = median(ends on h) - median(ends on A - offset_A);
@@ -58,7 +122,7 @@ def estimate_offsets(instances: list[Instance],
     4. every rank takes its host's offset; its own spread is the median absolute deviation of
        (its end - the lowest rank's end) over the instances they share, after offsets.
     """
-    domain = {t.rank: clock_domain(t) for t in traces}
+    domain = {t.rank: clock_domain(t, own_clock) for t in traces}
     ranks_of: dict[str, list[int]] = defaultdict(list)
     for r in sorted(domain):
         ranks_of[domain[r]].append(r)

@@ -105,6 +105,22 @@ def _rank_of(doc: Trace, path: Path, warnings: list[str]) -> tuple[int, int | No
     raise TraceError(f"{path}: no distributedInfo and no rank in the file name; rename it to rank<N>.pt.trace.json")
 
 
+# torch.profiler.tensorboard_trace_handler names a trace `<worker>.<time>.pt.trace.json(.gz)`, the
+# worker `<host name>_<pid>` by default (torch/profiler/profiler.py).
+HANDLER_WORKER = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)$")
+
+
+def host_from_file_name(name: str, pid: Any) -> str | None:
+    """The host in a `tensorboard_trace_handler` file name, for a trace that names none: the
+    worker part is `<host>_<pid>` and that pid is the trace's own (its main thread's process);
+    a worker named otherwise (`worker0_step_12`) says nothing of its host."""
+    m = TRACE_PATTERN.match(name)
+    w = HANDLER_WORKER.match(m["worker"]) if m else None
+    if w is None or str(pid) != w["pid"]:
+        return None
+    return w["host"]
+
+
 def _main_thread(doc: Trace) -> int | None:
     """The thread (index into doc.threads) the training loop ran on: the one with the first
     ProfilerStep annotation, else the one with the most cpu-op time."""
@@ -390,12 +406,14 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
         warnings.append(f"{path.name}: {doc.dropped} malformed event(s) left out")
     rank, world_size, rank_source = _rank_of(doc, path, warnings)
     meta = doc.meta
-    host = str(meta.get("host") or doc.host_name or "unknown")
+    host = str(meta.get("host") or doc.host_name or "")
     base_ns = number(doc.base_time_ns) or 0.0
     names = doc.names
     if not doc.count:
         warnings.append(f"{path.name}: no timed events (ph X with a time and a duration); nothing to analyse in it")
     main = _main_thread(doc)
+    if not host:
+        host = host_from_file_name(path.name, doc.threads[main][0] if main is not None else None) or "unknown"
     main_ops = _Ops(doc, main)
     main_marks = [m for m in doc.marks if m.thread == main]
     steps, steps_source = _steps(doc, main_marks, main_ops, main, warnings, path.name)
