@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from identities import check_report
 
 from harness.collect.advisor import Rules, classify
 from harness.collect.parse import parse_trace
@@ -88,6 +89,7 @@ def diagnosis_of(run_dir: Path) -> dict:
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((run_dir / "report" / "report.json").read_text())
+    check_report(doc)  # the accounting identities hold on every real run
     assert f"diagnosis: {doc['diagnosis_summary']}" in proc.stdout
     assert "## Diagnosis" in (run_dir / "report" / "report.md").read_text()
     return doc

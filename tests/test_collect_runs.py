@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from identities import check_report
 
 from harness.paths import list_traces
 
@@ -31,7 +32,9 @@ def collect(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def report_of(run_dir: Path) -> dict:
-    return json.loads((run_dir / "report" / "report.json").read_text())
+    doc = json.loads((run_dir / "report" / "report.json").read_text())
+    check_report(doc)  # the accounting identities hold on every real run
+    return doc
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from identities import check_report
 
 from conftest import REPO, run_harness
 
@@ -31,6 +32,7 @@ def collected(run_dir: Path) -> dict:
                           text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((run_dir / "report" / "report.json").read_text())
+    check_report(doc)  # the accounting identities hold on every real run
     doc["_stdout"] = proc.stdout
     return doc
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from identities import check_report
 
 from conftest import REPO, _env
 
@@ -31,6 +32,7 @@ def test_a_tutorial_style_loop_gets_its_straggler_and_phase(tmp_path: Path) -> N
                           capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((out / "report.json").read_text())
+    check_report(doc)
     assert doc["verdict"] == "straggler", doc["headline"]
     [s] = doc["stragglers"]
     assert (s["rank"], s["phase"]) == (1, "forward")

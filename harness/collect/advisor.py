@@ -200,6 +200,9 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
         "sync_cost_ms_by_caller": {k: round(cost / n / 1e3, 3) for k, (_, _, cost) in by_count},
         "user_sync_cost_share": _share(sum(cost for k, (_, _, cost) in by_count if k not in NOT_USERS) / n, own_us),
         "compute_share": _share(max(sum(r.compute_us for r in rows) - reducer_us, 0.0), window),
+        # CPU: DDP's reducer's time, taken out of compute (communication work): with the three
+        # shares below, the device's time less its exposed waiting, whole
+        "reducer_share": _share(min(reducer_us, sum(r.compute_us for r in rows)), window),
         "exposed_transfer_share": _share(sum(r.exposed_transfer_us for r in rows), window),
         "memcpy_share": _share(sum(r.memcpy_us for r in rows), window),
         "idle_share": _share(sum(r.idle_us for r in rows), window),
