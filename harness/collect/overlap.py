@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -195,16 +196,15 @@ def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy],
     for c in trace.comms:
         owned(c.start_us, c.end_us, c.step)
     spans = device_spans(trace, {k: (v[0], v[1]) for k, v in own.items()}, marks)
-    every_compute = merge([(a, b) for a, b, _ in compute])
-    every_copy = merge([(a, b) for a, b, _ in copies])
-    every_comm = merge([(c.start_us, c.end_us) for c in trace.comms])
+    every = [_Merged(merge([(a, b) for a, b, _ in compute])), _Merged(merge([(a, b) for a, b, _ in copies])),
+             _Merged(merge([(c.start_us, c.end_us) for c in trace.comms]))]
     for step in trace.steps:
         span = spans.get(step.number)
         if span is None:
             step.cover = None
             continue
         lo, hi = span
-        C, K, M = (_timed(clip(x, lo, hi)) for x in (every_compute, every_copy, every_comm))
+        C, K, M = (_timed(x.clipped(lo, hi)) for x in every)
         both = intersect(C, M)
         busy = merge(C + M + K)
         step.cover = StepCover(
@@ -214,11 +214,45 @@ def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy],
             work_end_us=work_end.get(step.number))
 
 
+class _Merged:
+    """Disjoint intervals by start (`merge`'s), clipped to a window by binary search: each step
+    reads only the pieces in its span, not the rank's every interval."""
+
+    def __init__(self, merged: list[Interval]) -> None:
+        self.merged = merged
+        self.ends = [b for _, b in merged]  # disjoint and by start: the ends are in order too
+
+    def clipped(self, lo: float, hi: float) -> list[Interval]:
+        out = []
+        for k in range(bisect.bisect_left(self.ends, lo), len(self.merged)):  # from the first ending at or after lo
+            a, b = self.merged[k]
+            if a >= hi:
+                break
+            if b > lo:
+                out.append((max(a, lo), min(b, hi)))
+        return out
+
+
 def comms_in(comms: list[CommOp], lo: float, hi: float) -> list[CommOp]:
     """The ops of `comms` that run inside [lo, hi), whatever step launched them (an op of no
     duration: that starts inside it)."""
     return [c for c in comms
             if (c.start_us < hi and c.end_us > lo) or (c.start_us == c.end_us and lo <= c.start_us < hi)]
+
+
+class _ByStart:
+    """A rank's collectives by start, and `comms_in` of a window by binary search: only those
+    starting from (lo - the longest one's duration) to hi are looked at."""
+
+    def __init__(self, comms: list[CommOp]) -> None:
+        self.comms = sorted(comms, key=lambda c: c.start_us)
+        self.starts = [c.start_us for c in self.comms]
+        self.longest = max((c.dur_us for c in self.comms), default=0.0)
+
+    def within(self, lo: float, hi: float) -> list[CommOp]:
+        a = bisect.bisect_left(self.starts, lo - self.longest)
+        b = bisect.bisect_left(self.starts, hi)
+        return comms_in(self.comms[a:b], lo, hi)
 
 
 def rank_overlap(trace: RankTrace, waits: OpWaits | None = None) -> tuple[list[StepOverlap], list[Gap]]:
@@ -240,13 +274,13 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None) -> tuple[list[S
     waits = waits or {}
     rows: list[StepOverlap] = []
     gaps: list[Gap] = []
-    every = sorted(trace.comms, key=lambda c: c.start_us)
+    every = _ByStart(trace.comms)
     for step in trace.steps:
         cover = step.cover
         if cover is None:
             continue
         lo, hi = cover.lo_us, cover.hi_us
-        comms = comms_in(every, lo, hi)
+        comms = every.within(lo, hi)
         C = list(cover.compute_in_comm)
         M, T = _split(comms, waits, trace.rank, lo, hi)
         window = cover.window_us
