@@ -6,6 +6,7 @@ Reads the matched collectives' waits (`waits.py`) on aligned clocks.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import statistics
 from collections import defaultdict
@@ -381,6 +382,7 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
                         owed[i][j] += w.waited_on_us(i, j) * scale.get(i, 1.0)
     result = []
     phases = _slow_phases(flagged, waits, lateness, late_floor_us, by_rank, n_steps)
+    sync_costs = SyncCosts(by_rank) if flagged else None
     for r in ranks:
         steps_late = sum(1 for c in step_late.values() if c.get(r, 0.0) / 1e3 > threshold)
         is_straggler = r in flagged
@@ -395,7 +397,7 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
         if is_straggler:
             rb.pattern = "persistent" if steps_late >= math.ceil(PERSISTENT_SHARE * n_steps) else "intermittent"
             rb.phase, rb.phase_excess_ms = phases[r]
-            rb.syncs = late_syncs(r, by_rank, late_ms[r])
+            rb.syncs = sync_costs.late_syncs(r, late_ms[r])
         result.append(rb)
     replay = Replay(traces, waits)
     replayed = replay.step_ms(set())
@@ -429,33 +431,53 @@ def sync_cost_ms(trace: RankTrace) -> tuple[float, dict[str, list[float]]]:
     return sum(s.sync_cost_us for s in trace.steps) / n / 1e3, by
 
 
-def late_syncs(rank: int, by_rank: dict[int, RankTrace], late_ms: float) -> dict[str, list[float]]:
-    """The straggler's syncs by caller (`sync_cost_ms`), costliest first, when their device
-    idle per step exceeds the median of the other ranks' by SYNC_CAUSE_SHARE of its lateness;
-    else {}."""
-    own, by = sync_cost_ms(by_rank[rank])
-    others = [sync_cost_ms(t) for r, t in by_rank.items() if r != rank]
-    excess = own - (statistics.median(o[0] for o in others) if others else 0.0)
-    if late_ms <= 0 or excess < SYNC_CAUSE_SHARE * late_ms:
-        return {}
+class SyncCosts:
+    """Every rank's `sync_cost_ms`, read once, and per caller the sorted costs over all ranks
+    (the peers' medians of `late_syncs` leave one rank out of them)."""
 
-    def beyond(caller: str, ms: float) -> float:  # this caller's cost beyond the peers' median for it
-        return ms - (statistics.median(o[1].get(caller, [0.0, 0.0])[1] for o in others) if others else 0.0)
+    def __init__(self, by_rank: dict[int, RankTrace]) -> None:
+        self.of = {r: sync_cost_ms(t) for r, t in by_rank.items()}
+        self.totals = sorted(total for total, _ in self.of.values())
+        callers = {k for _, by in self.of.values() for k in by}
+        self.by_caller = {k: sorted(by.get(k, [0.0, 0.0])[1] for _, by in self.of.values()) for k in callers}
 
-    # the callers that make up the excess: each at least a tenth of it
-    return {k: [round(c, 2), round(ms, 3)] for k, (c, ms) in sorted(by.items(), key=lambda kv: -kv[1][1])
-            if beyond(k, ms) >= 0.1 * excess}
+    def late_syncs(self, rank: int, late_ms: float) -> dict[str, list[float]]:
+        """The straggler's syncs by caller, costliest first, when their device idle per step
+        exceeds the median of the other ranks' by SYNC_CAUSE_SHARE of its lateness; of them, the
+        callers that make up at least a tenth of that excess (beyond the peers' median for each);
+        else {}."""
+        own, by = self.of[rank]
+        if late_ms <= 0 or len(self.of) < 2:
+            return {}
+        excess = own - _median_without(self.totals, own)
+        if excess < SYNC_CAUSE_SHARE * late_ms:
+            return {}
+        return {k: [round(c, 2), round(ms, 3)] for k, (c, ms) in sorted(by.items(), key=lambda kv: -kv[1][1])
+                if ms - _median_without(self.by_caller[k], ms) >= 0.1 * excess}
 
 
-def _overlap_by_name(spans: list[tuple[str, float, float]], lo: float, hi: float) -> dict[str, float]:
-    out: dict[str, float] = defaultdict(float)
-    for name, a, b in spans:
-        if b > lo and a < hi:
-            out[name] += min(b, hi) - max(a, lo)
-    return out
+class _PhaseSpans:
+    """A rank's phase spans (phase, start_us, end_us) by start; `overlap` reads only those from
+    the first that ends after lo (a rank's phases are top-level ranges: they do not overlap, so
+    their ends are in order too) to the first that starts at or after hi."""
+
+    def __init__(self, spans: list[tuple[str, float, float]]) -> None:
+        self.spans = sorted(spans, key=lambda sp: sp[1])
+        self.reach = list(itertools.accumulate((b for _, _, b in self.spans), max))
+
+    def overlap(self, lo: float, hi: float) -> dict[str, float]:
+        """The time each phase overlaps [lo, hi]."""
+        out: dict[str, float] = defaultdict(float)
+        for k in range(bisect.bisect_right(self.reach, lo), len(self.spans)):
+            name, a, b = self.spans[k]
+            if a >= hi:
+                break
+            if b > lo:
+                out[name] += min(b, hi) - max(a, lo)
+        return out
 
 
-def _run_ups_at(w: InstanceWaits, spans: dict[int, list[tuple[str, float, float]]] | None
+def _run_ups_at(w: InstanceWaits, spans: dict[int, _PhaseSpans] | None
                 ) -> tuple[dict[int, Mapping[str, float]], dict[str, list[float]]]:
     """Every rank's run-up time by name at one instance (by harness phase from `spans`, each
     rank's phase spans, else its run-up as parsed), and per name the sorted values over the
@@ -464,7 +486,7 @@ def _run_ups_at(w: InstanceWaits, spans: dict[int, list[tuple[str, float, float]
     for r, op in w.instance.ops.items():
         if spans is not None:
             lo = op.start_us if op.run_up_start_us is None else op.run_up_start_us
-            by_phase = _overlap_by_name(spans[r], lo, op.start_us)
+            by_phase = spans[r].overlap(lo, op.start_us)
             outside = (op.start_us - lo) - sum(by_phase.values())
             if outside > 0:  # its step's time in no range: a delay there is named, not pinned on a phase
                 by_phase[OUTSIDE_RANGES] = outside
@@ -515,7 +537,7 @@ def _slow_phases(slow: list[int], waits: list[InstanceWaits], lateness: list[dic
     One pass over the instances for all stragglers, each instance's run-ups gathered once and
     dropped (kept for every instance, 128 stragglers of 1024 ranks held them all at once)."""
     use_phases = {r: any(st.phase_spans for st in by_rank[r].steps) for r in slow}
-    spans = ({r: [sp for st in t.steps for sp in st.phase_spans] for r, t in by_rank.items()}
+    spans = ({r: _PhaseSpans([sp for st in t.steps for sp in st.phase_spans]) for r, t in by_rank.items()}
              if any(use_phases.values()) else None)
     # Collectives in flight together (DDP's buckets) share one run-up: of those a straggler is
     # late for, only the one it arrives at last is read (its run-up holds the others').
