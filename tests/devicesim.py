@@ -139,6 +139,7 @@ class DeviceOp:
     launch_us: float | None = None
     start_us: float | None = None
     end_us: float | None = None
+    stage_us: float = 0.0  # host work inside the launching call before the op can start (a pageable copy)
 
     def describe(self) -> str:
         what = repr(self.name) if self.instance is None else self.instance.describe()
@@ -432,13 +433,16 @@ class HostRank:
             assert call.op is not None
             self._block(self._sync_call(SYNC_CALL["stream"]), [call.op], "item")
 
-    def to_device(self, bytes_us: float, stream: int = COMPUTE_STREAM) -> None:
+    def to_device(self, bytes_us: float, stream: int = COMPUTE_STREAM, stage_us: float = 0.0) -> None:
         """`.to("cuda")` from pageable memory: one blocking cudaMemcpy whose HtoD copy (bytes_us)
-        runs after `stream`'s queued work."""
+        runs after `stream`'s queued work and after `stage_us` of the host copying the data into
+        a pinned staging buffer inside the call (the device idle meanwhile, unless queued work
+        keeps it busy)."""
         with (self._span("aten::to", "cpu_op"), self._span("aten::_to_copy", "cpu_op"),
               self._span("aten::copy_", "cpu_op")):
             call = self._queue(H2D, bytes_us, stream, "memcpy", None, None, "cudaMemcpy")
             assert call.op is not None
+            call.op.stage_us = stage_us
             self._block(call, [call.op], "to_device")
 
     # -- resolution ------------------------------------------------------------------------
@@ -486,7 +490,7 @@ class HostRank:
                 if op.start_us is None:
                     if op.launch_us is None or (op.after is not None and op.after.end_us is None):
                         break
-                    op.start_us = max(op.launch_us + latency,
+                    op.start_us = max(op.launch_us + op.stage_us + latency,
                                       op.prev.end_us if op.prev is not None else -math.inf,
                                       op.after.end_us if op.after is not None else -math.inf)
                     moved = True

@@ -163,29 +163,50 @@ def test_many_small_launches_are_launch_bound(tmp_path: Path) -> None:
     assert d[0].evidence["launches_per_step"] == 400.0 and d[0].evidence["idle_share"] == pytest.approx(0.88, abs=0.01)
 
 
-def test_a_straggler_blocked_in_item_is_named_by_its_syncs(tmp_path: Path) -> None:
-    # Rank 1 reads three values with .item() after short kernels and does 2000 us of host work
-    # after each, its queue drained: 3 x 2000 us of device idle a step that rank 0 does not have;
-    # it arrives ~6 ms late at the all-reduce
+def test_a_straggler_blocked_in_syncs_is_named_by_them(tmp_path: Path) -> None:
+    # Rank 1 copies five inputs to the device from pageable memory each step: each blocking
+    # cudaMemcpy stages 1000 us on the host (its device idle meanwhile: the queue is empty)
+    # before a 50 us copy; 5.3 ms a step late at the all-reduce. Rank 0 has no copies.
     sim = Sim(world_size=2)
     for r in range(2):
         h = sim.rank(r)
         for n in range(1, 5):
             with h.step(n):
                 if r == 1:
-                    for _ in range(3):
-                        h.launch(GEMM, 500.0)
-                        h.item()
-                        h.cpu(2000.0, "aten::_log_metrics")
-                else:
-                    for _ in range(3):
-                        h.launch(GEMM, 500.0)
+                    for _ in range(5):
+                        h.to_device(50.0, stage_us=1000.0)
                 k = h.launch(GEMM, 1000.0)
                 h.collective("allreduce", 100.0, after=k)
                 h.sync(kind="device")
     a, d = diagnosed(tmp_path, sim)
     [s] = a.stragglers.stragglers
     assert s.rank == 1 and d[1].bottleneck == "straggler"
-    assert list(s.syncs) == ["item"] and s.syncs["item"][0] == 3.0
-    assert s.syncs["item"][1] == pytest.approx(6.0, abs=0.1)  # ms of device idle a step
-    assert "its syncs made it late: item 3.0 per step" in d[1].reason
+    # the copies' 5 x 1006 us (1000 staging with nothing queued, 6 of lead lost after each),
+    # and the device sync that ends each step: it drains a queue the next step's staging would
+    # have hidden behind (1005 us in three of the four steps)
+    assert s.syncs == {"copy to device": [5.0, 5.03], "other": [1.0, 0.754]}
+    assert "its syncs made it late: copy to device 5.0 per step (5.03 ms of device idle)" in d[1].reason
+
+
+def test_a_straggler_slow_on_its_host_is_not_blamed_on_its_syncs(tmp_path: Path) -> None:
+    # Rank 1 reads a value with .item() after each of three short kernels, then does 2000 us of
+    # host work: ~6 ms late a step. Each sync blocked only while its 500 us kernel ran, so it
+    # cost at most that (the host would have lost no more lead without it): 1.5 ms of the 6. Its
+    # host's work made it late, not its syncs.
+    sim = Sim(world_size=2)
+    for r in range(2):
+        h = sim.rank(r)
+        for n in range(1, 5):
+            with h.step(n):
+                for _ in range(3):
+                    h.launch(GEMM, 500.0)
+                    if r == 1:
+                        h.item()
+                        h.cpu(2000.0, "aten::_log_metrics")
+                k = h.launch(GEMM, 1000.0)
+                h.collective("allreduce", 100.0, after=k)
+                h.sync(kind="device")
+    a, d = diagnosed(tmp_path, sim)
+    [s] = a.stragglers.stragglers
+    assert s.rank == 1 and s.syncs == {} and "its syncs made it late" not in d[1].reason
+    assert d[1].evidence["sync_cost_ms_by_caller"]["item"] == pytest.approx(1.5, abs=0.05)

@@ -179,3 +179,29 @@ def test_steps_not_in_the_traces_exit_2(tmp_path: Path) -> None:
     assert doc["verdict"] == "balanced"
     assert [line for line in proc.stdout.splitlines() if line.startswith("next: ")] == [
         f"next: {n['text']}" for n in doc["next_steps"]]
+
+
+def test_the_clock_check_reads_only_steady_symmetric_collectives() -> None:
+    from harness.collect.clocks import disagreeing_clocks
+    from harness.collect.matching import Instance
+    from harness.collect.model import CommOp, RankTrace
+
+    traces = [RankTrace(rank=r, world_size=3, host="h0", run_id=None, device="gpu", steps=[], comms=[])
+              for r in range(3)]
+
+    def inst(name: str, k: int, spans: dict[int, tuple[float, float]]) -> Instance:
+        ops = {r: CommOp(name=name, pg="0", start_us=a, end_us=b) for r, (a, b) in spans.items()}
+        return Instance(key=("0", k), name=name, pg="0", step=None, ops=ops)
+
+    # a broadcast root finishes before its peers arrive, on one clock: no clock is blamed
+    bcast = [inst("broadcast", k, {0: (1e4 * k, 1e4 * k + 10), 1: (1e4 * k + 500, 1e4 * k + 900),
+                                   2: (1e4 * k + 600, 1e4 * k + 900)}) for k in range(6)]
+    assert disagreeing_clocks(bcast, traces) == {}
+    # all-reduces whose rank 2 is 5 ms off every time: its own clock
+    steady = [inst("allreduce", k, {0: (1e4 * k, 1e4 * k + 300), 1: (1e4 * k + 50, 1e4 * k + 300),
+                                    2: (1e4 * k + 5100, 1e4 * k + 5300)}) for k in range(6)]
+    assert disagreeing_clocks(steady, traces) == {2: 5000.0}
+    # rank 2 off by 1 ms, then 5 ms, then 9 ms...: collectives matched wrongly, not a clock
+    drifting = [inst("allreduce", k, {0: (1e4 * k, 1e4 * k + 300), 1: (1e4 * k + 50, 1e4 * k + 300),
+                                      2: (1e4 * k + 1000 + 4000 * k, 1e4 * k + 1300 + 4000 * k)}) for k in range(6)]
+    assert disagreeing_clocks(drifting, traces) == {}

@@ -41,3 +41,14 @@ def test_a_plain_loops_ranges_are_its_phases(tmp_path: Path) -> None:
     [s] = t.steps
     assert s.phases_us == {"data": 100.0, "forward": 300.0, "loss": 50.0, "backward": 400.0, "optimizer": 100.0}
     assert [p for p, _, _ in s.phase_spans] == ["data", "forward", "loss", "backward", "optimizer"]
+
+
+def test_a_range_around_the_loop_is_no_phase(tmp_path: Path) -> None:
+    # record_function("train_epoch") around the whole loop holds both steps: the phases are
+    # still each step's own top-level ranges
+    ev = [x("train_epoch", "user_annotation", 0, 2000), step(1, 0, 1000), step(2, 1000, 1000)]
+    for t in (0, 1000):
+        ev += [x("data", "user_annotation", t, 100), x("forward", "user_annotation", t + 100, 400),
+               x("aten::mm", "cpu_op", t + 120, 300)]
+    trace = parse_trace(write(tmp_path / "rank0.pt.trace.json", document(ev, 0, base_ns=None)))
+    assert [s.phases_us for s in trace.steps] == [{"data": 100.0, "forward": 400.0}] * 2

@@ -244,7 +244,8 @@ def test_device_work_matches_the_loop(kernels: list, launch: list, phases: list)
     last = {corr: ts for corr, ts in launch if corr >= 0}  # the last launch of a reused id
     expected_rows, expected = _device_work_by_loop(kernels, last, steps, names)
     spans = Spans(names)
-    assert _device_work(doc, _StepIndex(steps), _LaunchTimes(launches), spans, None, [], "t") == []
+    assert _device_work(doc, _StepIndex(steps), _LaunchTimes(launches), spans, None, [], "t",
+                        np.zeros(len(names), dtype=bool)) == []
     assert list(zip(spans.start_us, spans.end_us, spans.step, spans.name)) == expected_rows
     assert [s.compute_by_name_us for s in steps] == expected
     assert [list(s.compute_by_name_us) for s in steps] == [list(e) for e in expected]

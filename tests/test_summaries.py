@@ -13,7 +13,6 @@ import pytest
 from harness.collect import summary
 from harness.collect.decode import open_trace
 from harness.collect.model import CommOp, RankTrace, Shared, Step, compact
-from harness.collect.overlap import cover_steps
 from harness.collect.parse import TraceError, parse_trace
 from harness.collect.summary import read_summary, summarize, write_summary
 from harness.paths import SUMMARY_SUFFIX, list_traces, summary_path
@@ -69,39 +68,11 @@ def test_damaged_or_foreign_summaries_are_refused_in_one_line(tmp_path: Path, mo
     readable = ", ".join(map(str, summary.READABLE))
     with pytest.raises(TraceError, match=rf"summary version 2, this collector reads versions {readable}; collect from"):
         read_summary(old)
-    stale["version"] = 4  # covers over windows of each step's own work, which overlapped: not unfoldable
-    old.write_text(json.dumps(stale))
-    with pytest.raises(TraceError, match=r"summary version 4, .*collect from its trace instead"):
-        read_summary(old)
-
-
-def test_a_version_3_summary_reads_as_the_parsed_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A summary written before covers (version 3: each step's compute and copies kept as
-    intervals, merged per step) reads as the trace parses now: its intervals folded into covers
-    on reading. A run condensed with --trace-summary only has no trace left to collect from."""
-    from harness.collect import parse
-
-    folded: dict[str, list] = {}
-
-    def keep(trace: RankTrace, compute: list, copies: list, marks: dict | None = None) -> None:
-        assert not marks  # these traces have no device step annotations, which version 3 did not keep
-        folded.update(compute=compute, copies=copies)
-        cover_steps(trace, compute, copies)
-
-    monkeypatch.setattr(parse, "cover_steps", keep)
-    built = [write(tmp_path / f"rank{r}.pt.trace.json", doc) for r, doc in enumerate(gpu_docs())]
-    for path in built + [p for p in [A100_DDP] if p.is_file()]:
-        parsed = parse_trace(path)
-        assert any(s.cover for s in parsed.steps) and folded["compute"]
-        doc = json.loads(write_summary(parsed, tmp_path / "s.summary.json").read_bytes())
-        for step in doc["rank_trace"]["steps"]:
-            del step["cover"]
-        doc["rank_trace"].update(compute=folded["compute"], copies=folded["copies"])
-        doc["version"] = 3
-        (v3 := tmp_path / f"v3-{path.name}{SUMMARY_SUFFIX}").write_text(json.dumps(doc))
-        back = read_summary(v3)
-        back.paths = parsed.paths
-        assert back == parsed, path.name
+    for version in (3, 4):  # intervals per step, covers over each step's own work: no device spans in them
+        stale["version"] = version
+        old.write_text(json.dumps(stale))
+        with pytest.raises(TraceError, match=rf"summary version {version}, .*collect from its trace instead"):
+            read_summary(old)
 
 
 def test_collector_prefers_summaries_and_falls_back_to_the_trace(tmp_path: Path) -> None:

@@ -40,9 +40,10 @@ def test_a_tutorial_style_loop_gets_its_straggler_and_phase(tmp_path: Path) -> N
     assert doc["run"]["steps"] == [2, 3, 4, 5]
     assert any("step 6 left out: cut short" in w for w in doc["warnings"]), doc["warnings"]
     # Its 30 ms delay once per step, not once per bucket (60 ms before): on 2 shared cores rank 1
-    # also trails by a few ms of compute (its peer's gloo threads poll while it works), so the
-    # bound is the delay with a quarter on top, and never more than the step.
-    assert s["cost_ms"] <= 1.25 * SLOW_MS and s["cost_ms"] <= s["mean_step_ms"]
-    assert s["late_ms"] <= 1.25 * SLOW_MS
-    assert abs(s["phase_excess_ms"] - SLOW_MS) <= 0.25 * SLOW_MS
-    assert s["whatif_step_ms"] < s["mean_step_ms"] - 0.75 * SLOW_MS
+    # also trails by a few ms of compute (its peer's gloo threads poll while it works; 33 ms on
+    # a quiet machine, up to 40 under load), so the bound is the delay with half on top, well
+    # short of twice it, and never more than the step. The exact count is test_collect_exact's.
+    assert s["cost_ms"] <= 1.5 * SLOW_MS and s["cost_ms"] <= s["mean_step_ms"]
+    assert s["late_ms"] <= 1.5 * SLOW_MS
+    assert abs(s["phase_excess_ms"] - SLOW_MS) <= 0.5 * SLOW_MS
+    assert s["whatif_step_ms"] < s["mean_step_ms"] - 0.5 * SLOW_MS

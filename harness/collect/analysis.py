@@ -9,7 +9,7 @@ from harness.collect.clocks import ClockOffset, HostClock, disagreeing_clocks, e
 from harness.collect.compact import EMPTY
 from harness.collect.discover import RunSet
 from harness.collect.matching import Instance, match_collectives
-from harness.collect.model import RankTrace
+from harness.collect.model import CommOp, RankTrace
 from harness.collect.overlap import Gap, LongestGaps, StepOverlap, rank_overlap
 from harness.collect.parse import NO_KERNELS, STUB_NOTE
 from harness.collect.stragglers import StragglerResult, Thresholds, analyze_stragglers
@@ -37,10 +37,17 @@ class Analysis:
 
 
 def select_steps(trace: RankTrace, keep: set[int]) -> RankTrace:
-    """Only the steps in `keep` (their compute folded into them), with the communication that
-    belongs to them."""
-    return replace(trace, steps=[s for s in trace.steps if s.number in keep],
-                   comms=[c for c in trace.comms if c.step in keep])
+    """Only the steps in `keep` (their compute folded into them), with the communication they
+    launched; a collective another step launched that runs inside a kept step's span stays
+    too, with no step (the span's busy time holds it: its parts add up only with it), so that it
+    is matched with nothing."""
+    spans = [(s.cover.lo_us, s.cover.hi_us) for s in trace.steps if s.number in keep and s.cover is not None]
+
+    def inside(c: CommOp) -> bool:
+        return any(c.start_us < hi and c.end_us > lo for lo, hi in spans)
+
+    comms = [c if c.step in keep else replace(c, step=None) for c in trace.comms if c.step in keep or inside(c)]
+    return replace(trace, steps=[s for s in trace.steps if s.number in keep], comms=comms)
 
 
 def trace_warnings(traces: list[RankTrace]) -> list[str]:

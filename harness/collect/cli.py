@@ -230,6 +230,10 @@ def collect(args: argparse.Namespace, pool: Executor | None, reporter: Progress)
             fail(PROG, str(exc), code=EXIT_INPUT)
         traces, errors = parse_all(files, pool, progress=not args.quiet and len(files) > 1, reporter=reporter,
                                    comm_kernel=args.comm_kernel)
+        from_summaries = sum(1 for f in files if is_summary(f))
+        if args.comm_kernel is not None and from_summaries:
+            errors.append(f"--comm-kernel: {from_summaries} rank(s) read from in-job summaries, which were parsed "
+                          "with the built-in communication kernels only; --from-traces to apply it to their traces")
         for e in errors:
             print(f"{PROG}: warning: skipped {e}", file=sys.stderr)
         if not traces:

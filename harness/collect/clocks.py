@@ -43,9 +43,16 @@ def clock_domain(trace: RankTrace, own_clock: frozenset[int] = frozenset()) -> s
     return f"{trace.host} (rank {trace.rank})"
 
 
-# Timestamps of one host's processes come from one clock and agree to Kineto's microsecond: a
-# collective seen ending 10 us before another rank of the host arrived at it did not happen so.
-CAUSALITY_SLACK_US = 10.0
+# Timestamps of one host's processes come from one clock: CPU events to the microsecond, GPU events
+# through each process's own conversion of CUPTI's device clock to the host's (microseconds to
+# tens of microseconds apart). 100 us is well above both and well below the milliseconds a
+# clock of another machine or container is off by.
+CAUSALITY_SLACK_US = 100.0
+# Collectives (by canonical name prefix) that no rank can finish before every rank has entered.
+SYMMETRIC = ("allreduce", "allgather", "reducescatter", "alltoall", "barrier")
+# A clock offset moves every collective by the same: gaps scattered by more than a quarter of
+# their median are wrong matches (a window's first ops cut differently per rank), not a clock.
+STEADY_SHARE = 0.25
 # The share of a rank's collectives with its host-mates that must be impossible on one clock
 # before its host name is overruled: more than half, so the odd torn timestamp does not.
 DISAGREE_SHARE = 0.5
@@ -65,12 +72,19 @@ def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace]) -> di
     3. a rank impossible at more than DISAGREE_SHARE of its instances with host-mates reads a
        clock of its own (a container with its own clock, a mislabelled host, a rewritten trace),
        and is aligned on its own; where a host's ranks split in two, each reads its own.
+    Only collectives every rank must enter before any can finish are read (`SYMMETRIC`): a
+    broadcast's root, a reduce's senders or a p2p send can finish before a peer arrives. A clock
+    off by an offset is off by the same at every collective: the rank's gaps to its host-mates'
+    ends must be steady (their MAD at most STEADY_SHARE of their median), or what looks
+    impossible is collectives matched wrongly, not a clock.
     Per host and instance, two sorted lists and binary searches: O(k log k) for k ranks."""
     host = {t.rank: t.host for t in traces if t.host and t.host != "unknown"}
     impossible: dict[int, int] = defaultdict(int)
     shared: dict[int, int] = defaultdict(int)
     gaps: dict[int, list[float]] = defaultdict(list)
     for inst in instances:
+        if not inst.name.startswith(SYMMETRIC):
+            continue
         by_host: dict[str, list[int]] = defaultdict(list)
         for r in inst.ops:
             if r in host:
@@ -90,8 +104,13 @@ def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace]) -> di
                 gaps[r].append(op.end_us - _median_of_others(ends, op.end_us))
                 if before + after > (len(ranks) - 1) / 2:
                     impossible[r] += 1
-    return {r: statistics.median(gaps[r]) for r in sorted(impossible)
-            if impossible[r] > DISAGREE_SHARE * shared[r]}
+    out = {}
+    for r in sorted(impossible):
+        if impossible[r] > DISAGREE_SHARE * shared[r]:
+            gap = statistics.median(gaps[r])
+            if mad(gaps[r]) <= STEADY_SHARE * abs(gap):
+                out[r] = gap
+    return out
 
 
 def _median_of_others(ordered: list[float], v: float) -> float:

@@ -5,9 +5,12 @@ Communication is not always NCCL-named. A kernel of any family below is a collec
 as CUPTI reports them (demangled, a template kernel's with a leading `void ` and its template and
 parameter lists), that prefix and `(anonymous namespace)::` dropped. Only NCCL/RCCL kernels
 launched by c10d carry the collective's args (`Collective name`, `Process Group Name`, ...); for
-every other family the name is all there is: the collective is named from it, and its process
-group is the family's own, so each family's calls are matched across ranks among themselves (by
-step and position, like NCCL's).
+every other family the name is all there is: the collective is named from it and its process
+group is the family's name. Which ranks such a kernel works with is not in the trace (a vLLM
+all-reduce among 2 of a node's 8 GPUs, DeepEP among an expert-parallel group), so these are not
+matched across ranks (`UNMATCHED`): their time is communication, exposed or hidden, and having no
+known wait, what is exposed counts as transfer; they take no part in the clocks' alignment or
+the straggler analysis, which NCCL's and gloo's collectives carry.
 
 The families (`FAMILIES`), with kernel names as they appear, and the collective each names:
 - NCCL, RCCL: `ncclKernel_AllReduce_RING_LL_Sum_float` (NCCL <= 2.18, RCCL on ROCm 5),
@@ -65,7 +68,7 @@ def _f(name: str, pattern: str, collective: str = "") -> Family:
 
 
 FAMILIES: tuple[Family, ...] = (
-    _f("NCCL", r"^(?:nccl|rccl)(?:Dev)?Kernel(?:Debug)?_(?P<coll>[A-Za-z]+)"),
+    Family("NCCL", re.compile(r"^(?:nccl|rccl)(?:Dev)?Kernel(?:Debug)?_(?P<coll>[A-Za-z]+)", re.IGNORECASE)),
     _f("NCCL", r"^ncclSymk?DevKernel_(?P<coll>[A-Za-z]+)"),
     _f("MSCCL", r"^mscclKernel_", "msccl"),
     _f("DeepEP", r"^(?:deep_ep|dpsk::ep|mscclpp::ep)::(?:intranode|internode|internode_ll|elastic)::"
@@ -86,6 +89,8 @@ FAMILIES: tuple[Family, ...] = (
 )
 # The user's own (--comm-kernel): a family of its own, named so in the process group.
 USER_FAMILY = "--comm-kernel"
+# The process groups of the families without group args: not matched across ranks.
+UNMATCHED = frozenset({f.name for f in FAMILIES if f.name != "NCCL"} | {USER_FAMILY})
 SHORT = {"rs": "reducescatter", "ag": "allgather", "rdxn": "reduce", "fcollect": "allgather"}
 # Names that say communication although no family above holds them: said in a warning, not
 # counted (a name is not proof; --comm-kernel makes it count).
@@ -113,7 +118,7 @@ def classify(kernel: str, user: re.Pattern[str] | None = None) -> Found | None:
     matched, names the collective, else "comm"."""
     name = plain(kernel)
     if user is not None:
-        m = user.search(kernel)
+        m = user.search(kernel) or user.search(name)
         if m:
             group = next((g for g in m.groups() if g), None) if m.groups() else None
             return Found(USER_FAMILY, _letters(group) or "comm" if group else "comm")

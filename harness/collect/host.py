@@ -276,31 +276,31 @@ def attribute_syncs(doc: Trace, step_at: StepAt, by_number: dict[int, Step]) -> 
 
 def sync_costs(syncs: list[Sync], busy: list[tuple[float, float]], by_number: dict[int, Step]) -> None:
     """Set each step's `sync_cost_us` and `sync_cost_us_by_caller`: what its blocking syncs cost
-    the device. A sync costs what the device spends idle because of it, not its count: the host
-    blocks until the queue it waits on drains, so afterwards the device has nothing queued until
-    the host launches again (a `cudaStreamSynchronize` on an empty queue costs microseconds).
+    the device. A sync costs what the device spends idle because of it, not its count (a
+    `cudaStreamSynchronize` on an empty queue costs microseconds):
 
-    1. per sync [s0, s1]: its window runs from s0 to the first device work that starts at or
-       after s1 (s1 itself when the device is still busy then; the end of the device's last
-       work when none follows);
-    2. its cost is the device's idle time in that window (`busy`: every kernel, copy, memset
-       and collective, merged, by start): idle while the host waits (a pageable copy stages on
-       the host) and after it returns, until the next launch reaches the device;
-    3. per step, the windows of its syncs are joined (two syncs in a row drain the queue once):
-       in all, and per caller."""
+    1. while the host is blocked in it [s0, s1], the device's idle time (the host waits on
+       something that is not device work: a pageable copy staging on the host, an event of an
+       idle stream);
+    2. after it returns, the host has lost its lead: without the sync it would have been as far
+       ahead of the device as the sync blocked it (s1 - s0: the queue it waited to drain). So
+       the device's idle from s1 to its next work counts, up to s1 - s0; beyond that the idle
+       is the host's own work, which a queue that full would not have hidden either;
+    3. per step, in all and per caller: the syncs' windows [s0, s1 + that share] joined (two
+       syncs in a row drain the queue once), their idle measured, at most the step.
+    `busy`: every kernel, copy, memset and collective of the rank, merged, by start."""
     if not syncs or not busy:
         return
     starts = [a for a, _ in busy]
     ends = [b for _, b in busy]
-    last_end = ends[-1]
     windows: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
     for s0, s1, caller, st in syncs:
         i = bisect.bisect_right(starts, s1) - 1
         if i >= 0 and ends[i] > s1:  # the device is still busy as the sync returns (it ends with what it waited on)
             until = s1
         else:
-            j = i + 1
-            until = starts[j] if j < len(starts) else max(last_end, s1)
+            nxt = starts[i + 1] if i + 1 < len(starts) else s1
+            until = min(nxt, s1 + (s1 - s0))
         windows[st].append((s0, max(until, s1), caller))
 
     def idle_in(pieces: list[tuple[float, float]]) -> float:
@@ -316,9 +316,9 @@ def sync_costs(syncs: list[Sync], busy: list[tuple[float, float]], by_number: di
 
     for st, ws in windows.items():
         step = by_number[st]
-        step.sync_cost_us = idle_in([(a, b) for a, b, _ in ws])
+        step.sync_cost_us = min(idle_in([(a, b) for a, b, _ in ws]), step.dur_us)
         for caller in dict.fromkeys(c for _, _, c in ws):
-            step.sync_cost_us_by_caller[caller] = idle_in([(a, b) for a, b, c in ws if c == caller])
+            step.sync_cost_us_by_caller[caller] = min(idle_in([(a, b) for a, b, c in ws if c == caller]), step.dur_us)
 
 
 def _joined(pieces: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from harness.collect.comm_kernels import UNMATCHED
 from harness.collect.model import CommOp, RankTrace
 
 
@@ -22,7 +23,8 @@ class Instance:
 def match_collectives(traces: list[RankTrace]) -> tuple[list[Instance], list[str]]:
     """Match each collective instance across ranks.
 
-    1. key every op by (process group, step, position among that group's ops in that step) when
+    1. key every op (but those of libraries whose kernels carry no group: comm_kernels.UNMATCHED)
+       by (process group, step, position among that group's ops in that step) when
        every trace has ProfilerStep markers, else by (process group, position in the trace):
        per-step keys survive profiler windows that start a few ops apart on different ranks;
     2. an instance is the ops sharing a key, on at least two ranks;
@@ -34,6 +36,8 @@ def match_collectives(traces: list[RankTrace]) -> tuple[list[Instance], list[str
     for t in traces:
         pos: dict[tuple, int] = defaultdict(int)
         for c in t.comms:
+            if c.pg in UNMATCHED:  # no group args: which ranks it works with is unknown
+                continue
             if per_step:
                 if c.step is None:
                     continue

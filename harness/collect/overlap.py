@@ -117,8 +117,8 @@ def _timed(merged: list[Interval]) -> list[Interval]:
     return [(a, b) for a, b in merged if b > a]
 
 
-def device_spans(trace: RankTrace, own: Mapping[int, Interval],
-                 marks: Mapping[int, Interval] | None = None) -> dict[int, Interval]:
+def device_spans(trace: RankTrace, own: Mapping[int, Interval], marks: Mapping[int, Interval] | None = None,
+                 starts: Mapping[int, float] | None = None) -> dict[int, Interval]:
     """The rank's step spans: consecutive, non-overlapping intervals of the timeline its device
     (on CPU: its main thread) works on, one per step that has one; what `cover_steps` partitions.
 
@@ -126,9 +126,11 @@ def device_spans(trace: RankTrace, own: Mapping[int, Interval],
     GPU: the device runs behind the host (a healthy job launches step N+1 while the device still
     runs step N), so a step's span is cut from the device's timeline, not the host's:
     1. the step's device start b_N = the start of its `gpu_user_annotation` ProfilerStep where
-       the trace has one (`marks`), else the earliest start of the device work it launched
-       (`own`: kernels, copies, memsets and collectives by launch), which is what Kineto builds
-       that annotation from; a stream runs its work in launch order, so b grows with N;
+       the trace has one (`marks`), else when its main stream starts its first kernel of the
+       step (`starts`: the stream of most of its compute, parse.main_stream_starts; a side
+       stream's prefetch runs ahead of the step), else the earliest start of the device work
+       it launched (`own`: kernels, copies, memsets and collectives by launch); a stream runs
+       its work in launch order, so b grows with N;
     2. over the steps in host order, b is made non-decreasing (a side stream's early start
        cannot move a step before the one launched ahead of it);
     3. span N = [b_N, b_M), M the next step with a device start; the last span ends at the
@@ -140,30 +142,32 @@ def device_spans(trace: RankTrace, own: Mapping[int, Interval],
     `own` maps a step to (first start, last end) of the device work it launched."""
     if trace.device != "gpu":
         return {s.number: (s.start_us, s.end_us) for s in trace.steps}
-    marks = marks or {}
-    starts: list[tuple[int, float]] = []
+    marks, starts = marks or {}, starts or {}
+    firsts: list[tuple[int, float]] = []
     last_end = -math.inf
     floor = -math.inf
     for s in sorted(trace.steps, key=lambda s: s.start_us):
         where = marks.get(s.number) or own.get(s.number)
         if where is None:
             continue
-        floor = max(floor, where[0])
-        starts.append((s.number, floor))
+        begin = where[0] if s.number in marks else starts.get(s.number, where[0])
+        floor = max(floor, begin)
+        firsts.append((s.number, floor))
         last_end = max(last_end, where[1], own.get(s.number, where)[1])
     spans: dict[int, Interval] = {}
-    for i, (number, lo) in enumerate(starts):
-        hi = starts[i + 1][1] if i + 1 < len(starts) else max(last_end, lo)
+    for i, (number, lo) in enumerate(firsts):
+        hi = firsts[i + 1][1] if i + 1 < len(firsts) else max(last_end, lo)
         spans[number] = (lo, hi)
     return spans
 
 
 def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy],
-                marks: Mapping[int, Interval] | None = None) -> None:
+                marks: Mapping[int, Interval] | None = None, starts: Mapping[int, float] | None = None) -> None:
     """Fold the rank's compute and copy intervals into its steps (`Step.cover`): what of them
     `rank_overlap` needs, so that the intervals themselves need not be kept. `compute` and
     `copies` are (start_us, end_us, step that launched it or None) on the trace's clock;
-    `marks` the device's ProfilerStep annotations by step, where the trace has them.
+    `marks` the device's ProfilerStep annotations by step, where the trace has them; `starts`
+    each step's main stream's first kernel.
 
     1. each step's span [lo, hi] (`device_spans`); a step without one gets no cover;
     2. C = union of ALL compute intervals, M = of all communication intervals, K = of all copies
@@ -195,7 +199,7 @@ def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy],
             work_end[st] = b
     for c in trace.comms:
         owned(c.start_us, c.end_us, c.step)
-    spans = device_spans(trace, {k: (v[0], v[1]) for k, v in own.items()}, marks)
+    spans = device_spans(trace, {k: (v[0], v[1]) for k, v in own.items()}, marks, starts)
     every = [_Merged(merge([(a, b) for a, b, _ in compute])), _Merged(merge([(a, b) for a, b, _ in copies])),
              _Merged(merge([(c.start_us, c.end_us) for c in trace.comms]))]
     for step in trace.steps:

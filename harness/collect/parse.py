@@ -337,15 +337,52 @@ def outside_phases(index: _StepIndex, ts: np.ndarray, pos: np.ndarray) -> np.nda
     return out
 
 
+def main_stream_starts(doc: Trace, launch_ts: _LaunchTimes, index: _StepIndex, is_comm_name: np.ndarray
+                       ) -> dict[int, float]:
+    """Per step, when its main stream (the stream of most of the step's compute kernels' time)
+    starts the first work of the step (a kernel, copy or memset it launched): where the device
+    starts the step. Side streams (a prefetch, an input copy for a later step) run ahead of it
+    in their own order. Only work whose launch is in the trace counts: kernels launched before
+    the profiler started belong to no step of it."""
+    parts = []
+    for cols, comm in ((doc.kernels, is_comm_name), (doc.copies, None)):
+        if not len(cols):
+            continue
+        ts, dur, corr = as_numpy(cols.ts), as_numpy(cols.dur), as_numpy(cols.corr)
+        step = index.numbers(index.positions(launch_ts.times(corr, np.full(len(ts), np.nan))))
+        compute = ~comm[as_numpy(cols.name)] if comm is not None else np.zeros(len(ts), dtype=bool)
+        parts.append((ts, dur, as_numpy(cols.thread), step, compute))
+    if not parts:
+        return {}
+    ts, dur, stream, step, compute = (np.concatenate(x) for x in zip(*parts))
+    keep = step != NO_STEP
+    ts, dur, stream, step, compute = ts[keep], dur[keep], stream[keep], step[keep], compute[keep]
+    if not compute.any():
+        return {}
+    width = int(stream.max()) + 1
+    keys, inverse = np.unique(step.astype(np.int64) * width + stream, return_inverse=True)
+    busy = np.bincount(inverse, weights=np.where(compute, dur, 0.0), minlength=len(keys))
+    first = np.full(len(keys), np.inf)
+    np.minimum.at(first, inverse, ts)
+    best: dict[int, tuple[float, float]] = {}  # step -> (its main stream's compute time, that stream's first start)
+    for k, t, f in zip(keys.tolist(), busy.tolist(), first.tolist()):
+        st = k // width
+        if t > 0 and (st not in best or t > best[st][0]):
+            best[st] = (t, f)
+    return {st: f for st, (_, f) in best.items()}
+
+
 def _device_work(doc: Trace, index: _StepIndex, launch_ts: _LaunchTimes, spans: Spans,
-                 user_comm: re.Pattern[str] | None, warnings: list[str], file_name: str) -> list[CommOp]:
+                 user_comm: re.Pattern[str] | None, warnings: list[str], file_name: str,
+                 is_comm_name: np.ndarray) -> list[CommOp]:
     """The GPU kernels: communication kernels (comm_kernels.py: NCCL/RCCL and the other
     libraries' families, and the user's `--comm-kernel`) become CommOps (returned, in kernel
     order), the others compute intervals in `spans`; each belongs to the step its launch started
     in (the kernel's own start when the launch is not in the trace). Each step's
     `compute_by_name_us`: the kernel time by name of the kernels launched in the model's own
-    work (`outside_phases`), summed in kernel order, names in order of first appearance. Kernels
-    whose names say communication but that no family holds are said in a warning."""
+    work (`outside_phases`), summed in kernel order, names in order of first appearance;
+    `is_comm_name[n]`: whether the name with id n is communication. Kernels whose names say
+    communication but that no family holds are said in a warning."""
     kernels, names = doc.kernels, doc.names
     ts, dur, name, corr = (as_numpy(c) for c in (kernels.ts, kernels.dur, kernels.name, kernels.corr))
     launched = launch_ts.times(corr, ts)
@@ -362,6 +399,7 @@ def _device_work(doc: Trace, index: _StepIndex, launch_ts: _LaunchTimes, spans: 
 
     model = compute & outside_phases(index, launched, pos)
     add_by_name(index, pos[model], name[model], dur[model], names, "compute_by_name_us")
+    is_comm_name[:] = is_comm
 
     comms: list[CommOp] = []
     param_comms = _ParamComms(doc) if comm.any() else None
@@ -422,12 +460,15 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
     index = _StepIndex(steps)
     by_number = {s.number: s for s in steps}
 
-    ranges = [(e.ts, e.ts + e.dur, e.name) for e in main_marks
-              if e.cat == "user_annotation" and not STEP_NAME.match(e.name)]
-    for a, b, name in top_level(ranges):  # the step's phases: phases.py
-        st = index.at(a)
-        if st is not None:
-            step = by_number[st]
+    in_step: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
+    for e in main_marks:
+        if e.cat == "user_annotation" and not STEP_NAME.match(e.name):
+            st = index.at(e.ts)
+            if st is not None and not (e.ts <= by_number[st].start_us and e.ts + e.dur >= by_number[st].end_us):
+                in_step[st].append((e.ts, e.ts + e.dur, e.name))  # (a range around the whole step is no phase)
+    for st, ranges in in_step.items():
+        step = by_number[st]
+        for a, b, name in top_level(ranges):  # the step's phases: phases.py
             phase = phase_name(name)
             step.phases_us[phase] = step.phases_us.get(phase, 0.0) + (b - a)
             step.phase_spans.append((phase, a, b))
@@ -439,11 +480,14 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
 
     comms: list[CommOp] = []
     device_comms: list[CommOp] = []
+    starts: dict[int, float] = {}  # each step's device start (main_stream_starts)
     spans, copies = Spans(names), Spans(names)
     kernels = doc.kernels
     launch_ts = _LaunchTimes(doc.launches) if len(kernels) or len(doc.copies) else None
     if len(kernels):
-        device_comms = _device_work(doc, index, launch_ts, spans, comm_kernel, warnings, path.name)
+        is_comm_name = np.zeros(len(names), dtype=bool)
+        device_comms = _device_work(doc, index, launch_ts, spans, comm_kernel, warnings, path.name, is_comm_name)
+        starts = main_stream_starts(doc, launch_ts, index, is_comm_name)
         comms.extend(device_comms)
     elif doc.gpus or _nccl_backend(doc):
         warnings.append(f"{path.name}: {NO_KERNELS}")
@@ -494,7 +538,7 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
                       rank_source=rank_source, base_us=base_ns / 1e3, json_bytes=doc.json_bytes,
                       events=count_step_events(doc, steps), blocks={str(path): doc.blocks} if doc.blocks else {})
     # the compute and copies, folded into the steps here: no rank's intervals outlive its parse
-    cover_steps(trace, merged_by_step(spans), merged_by_step(copies), device_step_marks(doc))
+    cover_steps(trace, merged_by_step(spans), merged_by_step(copies), device_step_marks(doc), starts)
     return trace
 
 

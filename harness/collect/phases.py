@@ -1,7 +1,9 @@
 """A step's phases: the ranges a training loop marks its work with, whoever wrote them.
 
 A phase is a top-level range on the main thread inside a ProfilerStep (a `user_annotation`:
-`record_function`, or NVTX through the profiler), not inside another range of that step. Its
+`record_function`, or NVTX through the profiler), not inside another range of that step; a range
+that starts in the step and holds all of it (`record_function("train_epoch")` around the loop) is
+not one. Its
 name is the user's own (`record_function("forward")` is the phase "forward"); the harness's
 `harness:<phase>` ranges lose their prefix; the ranges libraries open in a plain loop are named
 for the phase they stand for (`LIBRARY_PHASES`: DataLoader's `enumerate(DataLoader)#...`,

@@ -361,7 +361,8 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
     if reason is None and most < MIN_JITTER_STEPS:
         notes.append(f"step-to-step jitter not estimated: {most} full step(s) per rank, {MIN_JITTER_STEPS} needed; "
                      f"a straggler is late by more than {(th.rel_lag_cpu if cpu else th.rel_lag):.0%} of the median "
-                     "step and 3x the clocks' noise (profile more steps for a bound from the run's own jitter)")
+                     f"step and {th.noise_factor:g}x the clocks' noise (profile more steps for a bound from the run's "
+                     "own jitter)")
     noise_ms = max(bounds[k] for k in NOISE_BOUNDS)
     threshold = max(bounds.values())
     late_floor_us = th.noise_factor * noise_us
@@ -414,8 +415,11 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
 
 
 # A straggler's syncs are named as its cause when the device idle they cause exceeds its peers'
-# by at least this share of its lateness: then they, not a phase's work, made it late.
+# by at least this share of its lateness: then they are most of why it is late, not one part
+# beside a phase's work. Of them, the callers that make up at least SYNC_CALLER_SHARE of that
+# excess are named (the one or two that matter, not every sync the rank makes).
 SYNC_CAUSE_SHARE = 0.5
+SYNC_CALLER_SHARE = 0.1
 
 
 def sync_cost_ms(trace: RankTrace) -> tuple[float, dict[str, list[float]]]:
@@ -444,7 +448,8 @@ class SyncCosts:
     def late_syncs(self, rank: int, late_ms: float) -> dict[str, list[float]]:
         """The straggler's syncs by caller, costliest first, when their device idle per step
         exceeds the median of the other ranks' by SYNC_CAUSE_SHARE of its lateness; of them, the
-        callers that make up at least a tenth of that excess (beyond the peers' median for each);
+        callers that make up at least SYNC_CALLER_SHARE of that excess (beyond the peers' median
+        for each);
         else {}."""
         own, by = self.of[rank]
         if late_ms <= 0 or len(self.of) < 2:
@@ -453,7 +458,7 @@ class SyncCosts:
         if excess < SYNC_CAUSE_SHARE * late_ms:
             return {}
         return {k: [round(c, 2), round(ms, 3)] for k, (c, ms) in sorted(by.items(), key=lambda kv: -kv[1][1])
-                if ms - _median_without(self.by_caller[k], ms) >= 0.1 * excess}
+                if ms - _median_without(self.by_caller[k], ms) >= SYNC_CALLER_SHARE * excess}
 
 
 class _PhaseSpans:

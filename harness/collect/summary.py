@@ -22,7 +22,6 @@ from harness.atomic import write_bytes_atomic
 from harness.collect.compact import as_plain
 from harness.collect.decode import TraceError
 from harness.collect.model import RankTrace
-from harness.collect.overlap import cover_steps
 from harness.collect.parse import parse_trace
 from harness.oneline_argparse import OneLineArgumentParser, fail
 from harness.paths import summary_path, trace_of_summary
@@ -35,7 +34,8 @@ VERSION = 5  # 2: steps' syncs by caller, host ops of every model thread, copies
 # step, the trace's size and block index (the merged trace's window); 4: compute and copies folded into
 # each step's cover instead of kept as intervals, the main thread's top-level op times (read by nothing)
 # dropped; 5: covers over the device's step spans (overlap.device_spans), not over windows of each
-# step's own work (those overlapped: a version 4 cover cannot be unfolded, so it is refused)
+# step's own work (those overlapped), syncs' costs, any loop's phases, every communication kernel
+# family, stub steps left out: what older summaries lack cannot be made from them
 
 
 class _File(msgspec.Struct):
@@ -44,22 +44,8 @@ class _File(msgspec.Struct):
     rank_trace: RankTrace
 
 
-class _IntervalsV3(msgspec.Struct):
-    """What version 3 kept in place of the steps' covers: the compute and copies merged per
-    step, (start_us, end_us, step) by start; folded into covers when such a summary is read (a
-    run condensed with `--trace-summary only` has no trace left to collect from)."""
-
-    compute: list[tuple[float, float, int | None]] = []
-    copies: list[tuple[float, float, int | None]] = []
-
-
-class _FileV3(msgspec.Struct):
-    rank_trace: _IntervalsV3
-
-
 _DECODER = msgspec.json.Decoder(_File)
-_DECODER_V3 = msgspec.json.Decoder(_FileV3)
-READABLE = (3, VERSION)  # 3: its intervals (kept per step) folded into covers on reading
+READABLE = (VERSION,)
 _ENCODER = msgspec.json.Encoder(enc_hook=as_plain)  # a compacted rank's arrays as the JSON they stand for
 
 
@@ -95,9 +81,6 @@ def read_summary(path: Path) -> RankTrace:
     if doc.version not in READABLE:
         raise TraceError(f"{path}: summary version {doc.version}, this collector reads versions "
                          f"{', '.join(map(str, READABLE))}; collect from its trace instead (--from-traces)")
-    if doc.version == 3:
-        old = _DECODER_V3.decode(raw).rank_trace
-        cover_steps(doc.rank_trace, old.compute, old.copies)
     doc.rank_trace.paths = [str(trace_of_summary(path))]
     return doc.rank_trace
 
