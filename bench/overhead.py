@@ -5,8 +5,8 @@ every repetition (A B C D S W, B C D S W A, ...) and garbage collected before ea
 the leftovers of the previous variant hit every variant alike:
 
   A  minimal hand-written loop: next(batch) -> forward -> loss -> backward -> step -> zero_grad
-  B  the harness loop (Trainer.run) with --no-profile: ranges, timing, JSONL, psutil sampling,
-     TensorBoard scalars
+  B  the harness loop (Trainer.run on harness.Run) with --no-profile: ranges, timing, JSONL,
+     psutil sampling, TensorBoard scalars
   C  the harness loop with the profiler on but every timed step outside its window (wait)
   D  the harness loop with every timed step inside the profiler's active window
   S  B without TensorBoard scalars (--no-scalars)
@@ -44,16 +44,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.scalars import ScalarWriter
 from harness.train.cli import parse_config
 from harness.train.config import LaunchEnv, TrainConfig, resolve_environment
 from harness.train.parallel import build_optimizer, wrap_model
-from harness.train.profiling import TraceRecorder
-from harness.train.stats import StepLog
+from harness.train.run import Run
 from harness.train.trainer import Trainer, _endless, build_loader
 from harness.train.watch import Watch
 from harness.train.workloads import build_workload
-from harness.write_faults import FaultLog
 
 SIMULATED_RANKS = 8
 
@@ -95,7 +92,7 @@ def make_trainer(cfg: TrainConfig) -> Trainer:
     model = wrap_model(workload.model, cfg.parallel, cfg.speed, device)
     optimizer = build_optimizer(model, cfg.workload.optimizer, cfg.speed)
     return Trainer(cfg=cfg, model=model, optimizer=optimizer, workload=workload,
-                   loader=build_loader(workload, cfg, device), device=device, rank=0, host="bench")
+                   loader=build_loader(workload, cfg, device), device=device, rank=0)
 
 
 def time_minimal(trainer: Trainer, steps: int, warmup: int) -> tuple[float, float]:
@@ -131,13 +128,12 @@ def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out:
         prof = dataclasses.replace(prof, wait=total + 10, warmup=0, active=1, repeat=1)
     elif profiler == "record":
         prof = dataclasses.replace(prof, wait=0, warmup=max(warmup - 1, 1), active=total, repeat=1)
-    cfg = dataclasses.replace(base, profiler=prof,
-                              workload=dataclasses.replace(base.workload, steps=total, warmup_steps=warmup))
-    trainer = make_trainer(cfg)
     tag = f"{profiler}-{time.monotonic_ns()}"
-    log = StepLog(out / f"{tag}.jsonl")
-    if scalars:  # as in a real run (--scalars is the default)
-        trainer.scalars = ScalarWriter(out / "tb" / tag)
+    cfg = dataclasses.replace(base, profiler=prof,
+                              workload=dataclasses.replace(base.workload, steps=total, warmup_steps=warmup),
+                              output=dataclasses.replace(base.output, log_dir=str(out), run_name=tag,
+                                                         scalars=scalars))  # scalars on as in a real run
+    trainer = make_trainer(cfg)
     stamps: list[tuple[float, float]] = []
     original = trainer.train_step
 
@@ -146,21 +142,22 @@ def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out:
         return original(*args, **kwargs)
 
     trainer.train_step = timed_step  # type: ignore[method-assign]
-    with TraceRecorder(prof, run_dir=out, rank=0, host="bench", cuda=False, metadata={}) as rec:
-        watcher = SimulatedWatch(cfg, rank=0, world_size=SIMULATED_RANKS, host="bench", cpu=True, run_dir=out / tag,
-                                 recorder=rec, scalars=trainer.scalars, faults=FaultLog(rank=0)) if watch else None
-        trainer.run(rec, log, watcher)
+    run = Run(settings=cfg.run_settings(), device=torch.device("cpu"), record=cfg.to_dict(), quiet=True)
+    with run:
+        watcher = None
+        if watch:  # the run's own watch is off in a world of one: 8 simulated ranks instead
+            watcher = run.watch = SimulatedWatch(
+                cfg.watch, steps=total, warmup_steps=warmup, parallel="ddp", collective_timeout_s=600.0, rank=0,
+                world_size=SIMULATED_RANKS, host="bench", cpu=True, run_dir=out / tag, recorder=run.recorder,
+                scalars=run.scalars, faults=run.faults)
+        trainer.run(run)
         stamps.append((time.perf_counter(), time.process_time()))  # before the profiler's exit exports the trace
-    log.close()
     if watcher:
         if watcher.intervals == 0:
             sys.exit(f"overhead.py: error: the watch judged no interval in {total} steps; give --steps + --warmup "
                      f"at least --watch-every ({cfg.watch.every}), or a smaller --watch-every")
         # Both over the whole run, warm-up steps included: the watch's calls start at step 0 too.
         WATCH_SHARES.append(watcher.spent_s / (stamps[-1][0] - stamps[0][0]))
-        watcher.close()
-    if trainer.scalars:
-        trainer.scalars.close()
     (w0, c0), (w1, c1) = stamps[warmup], stamps[-1]
     return (w1 - w0) / steps * 1e3, (c1 - c0) / steps * 1e3
 

@@ -1,7 +1,36 @@
 """Distributed-training profiler harness for PyTorch.
 
-`harness.train` runs the lab workloads under torchrun and writes per-rank traces and step
-statistics; the file layout both the writer and any reader use lives in `harness.paths`.
+In any training loop (`harness.Run`: docs/own-job.md):
+
+    import harness
+    with harness.Run(run_name="mine", log_dir="profiler_logs") as run:
+        for batch in loader:
+            with run.step():
+                with run.phase("data"): ...
+
+`python -m harness.train` runs the lab workloads on the same class; `python -m harness.collect`
+reads what either wrote. Importing this package imports no torch: `Run` loads it when first used.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+__all__ = ["ConfigError", "Run", "enable_flight_recorder"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Run":
+        from harness.train.run import Run
+
+        return Run
+    if name == "ConfigError":
+        from harness.train.config import ConfigError
+
+        return ConfigError
+    if name == "enable_flight_recorder":
+        from harness.train.run import enable_flight_recorder
+
+        return enable_flight_recorder
+    raise AttributeError(f"module 'harness' has no attribute {name!r}")

@@ -215,8 +215,9 @@ class TwoRankWatch(Watch):
                              "parallel": {"parallel": "ddp"}}])
         self.recorder_cfg = cfg.profiler
         rec = TraceRecorder(cfg.profiler, run_dir=tmp_path, rank=0, host="a", cuda=False, metadata={})
-        super().__init__(cfg, rank=0, world_size=2, host="a", cpu=False, run_dir=tmp_path, recorder=rec, scalars=None,
-                         faults=FaultLog(rank=0))
+        super().__init__(cfg.watch, steps=cfg.workload.steps, warmup_steps=cfg.workload.warmup_steps, parallel="ddp",
+                         collective_timeout_s=600.0, rank=0, world_size=2, host="a", cpu=False, run_dir=tmp_path,
+                         recorder=rec, scalars=None, faults=FaultLog(rank=0))
         self.on, self.hosts, self.slow_ms = True, {0: "a", 1: "b"}, slow_ms
         self._log = AppendOnlyFile(watch_path(tmp_path), self.faults, "watch log")
 

@@ -400,29 +400,45 @@ class TrainConfig:
                               f"{self.hang.step} is past the last step; must be < steps ({self.workload.steps})")
 
     def check_windows_fit(self) -> None:
-        """Every profiler window the schedule asks for lies inside the run (checked on what a user
-        typed, `cli.parse_config`; a program may place a window past the run on purpose, as the
-        overhead benchmark's variant without recording does). torch's schedule
-        records steps wait+warmup .. wait+warmup+active-1 of each cycle (steps count from 0), and
-        saves a window when the step after its last one begins; a run that ends before (or
-        inside) a window writes no trace or one cut short, which reads as a run without traces
-        or with a stub step. `--repeat 0` (windows until the run ends) may cut its last one."""
-        prof, steps = self.profiler, self.workload.steps
-        if not prof.profile or prof.repeat == 0:
-            return
-        cycle = prof.wait + prof.warmup + prof.active
-        need = prof.repeat * cycle
-        if steps < need:
-            first = (prof.repeat - 1) * cycle + prof.wait + prof.warmup
-            which = "its window" if prof.repeat == 1 else f"window {prof.repeat} of {prof.repeat}"
-            raise ConfigError("profiler.active",
-                              f"the profiler records steps {first}-{first + prof.active - 1} in {which} (after "
-                              f"--wait {prof.wait} and --warmup {prof.warmup}; steps count from 0), but --steps "
-                              f"{steps} ends at step {steps - 1}: use --steps {need} or more, or a shorter --wait, "
-                              "--warmup, --active or --repeat")
+        """Every profiler window lies inside the run (`windows_fit`), checked on what a user typed
+        (`cli.parse_config`); a program may place a window past the run on purpose, as the
+        overhead benchmark's variant without recording does."""
+        windows_fit(self.profiler, self.workload.steps)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
+
+    def run_settings(self) -> Any:
+        """The settings of the `harness.Run` the lab's loop runs on (run_config.RunConfig):
+        its profiler, watch and output sections, and the job as this config describes it."""
+        from harness.train.run_config import JobConfig, RunConfig
+
+        wl, par = self.workload, self.parallel
+        job = JobConfig(steps=wl.steps, warmup_steps=wl.warmup_steps, samples_per_step=wl.batch_size,
+                        parallel=par.parallel if par.parallel in ("ddp", "fsdp") else "none",
+                        collective_timeout=par.collective_timeout, name=f"{wl.mode}-{par.parallel}")
+        return RunConfig(job=job, profiler=self.profiler, watch=self.watch, output=self.output)
+
+
+def windows_fit(prof: ProfilerConfig, steps: int) -> None:
+    """Raise ConfigError unless every profiler window the schedule asks for lies inside a run of
+    `steps` steps. torch's schedule records steps wait+warmup .. wait+warmup+active-1 of each
+    cycle (steps count from 0), and saves a window when the step after its last one begins; a
+    run that ends before (or inside) a window writes no trace or one cut short, which reads as a
+    run without traces or with a stub step. `repeat 0` (windows until the run ends) may cut its
+    last one."""
+    if not prof.profile or prof.repeat == 0:
+        return
+    cycle = prof.wait + prof.warmup + prof.active
+    need = prof.repeat * cycle
+    if steps < need:
+        first = (prof.repeat - 1) * cycle + prof.wait + prof.warmup
+        which = "its window" if prof.repeat == 1 else f"window {prof.repeat} of {prof.repeat}"
+        raise ConfigError("profiler.active",
+                          f"the profiler records steps {first}-{first + prof.active - 1} in {which} (after "
+                          f"--wait {prof.wait} and --warmup {prof.warmup}; steps count from 0), but --steps "
+                          f"{steps} ends at step {steps - 1}: use --steps {need} or more, or a shorter --wait, "
+                          "--warmup, --active or --repeat")
 
 
 def flag_of(section: str, f: dataclasses.Field) -> str:

@@ -133,16 +133,18 @@ class TraceRecorder:
         assert self._scheduled is not None, "made in __enter__, before the profiler asks"
         return self._scheduled(step)
 
-    def plan_capture(self, earliest: int, last_step: int, why: dict[str, Any]) -> Capture | None:
+    def plan_capture(self, earliest: int, last_step: int | None, why: dict[str, Any]) -> Capture | None:
         """Book a triggered window (--warmup steps, then --active recorded) at the first step from
         `earliest` where neither the schedule nor another triggered window traces, ending by
-        `last_step`; None when the profiler is off or no such room is left in the run."""
+        `last_step` (None: the run's length is not known; then within the next few windows'
+        worth of steps); None when the profiler is off or no such room is left."""
         if self._prof is None:
             return None
         span = self.cfg.warmup + self.cfg.active
         scheduled = self._scheduled
         assert scheduled is not None
-        for start in range(earliest, last_step - span + 2):
+        horizon = last_step if last_step is not None else earliest + 10 * (span + self.cfg.wait) + span
+        for start in range(earliest, horizon - span + 2):
             steps = range(start, start + span)
             if all(scheduled(s) == ProfilerAction.NONE and not any(c.action(s) for c in self.captures)
                    for s in steps):

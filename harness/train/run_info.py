@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from harness.atomic import write_text_atomic
 from harness.paths import ELASTIC_FILE, STEPS_DIR, TRACE_PATTERN, attempt_dir, run_file
-from harness.train.config import ConfigError, LaunchEnv, OutputConfig, TrainConfig
+from harness.train.config import ConfigError, LaunchEnv, OutputConfig
 
 MIN_FREE_BYTES = 64 * 2**20
 
@@ -86,18 +86,19 @@ def check_output(out: OutputConfig) -> None:
                           f"{root / out.run_name} already holds a run; pick another --run-name or remove it")
 
 
-def agree_identity(cfg: TrainConfig, env: LaunchEnv) -> RunIdentity:
-    """Rank 0 picks the run name and id; every other rank receives them."""
+def agree_identity(output: OutputConfig, job_name: str, env: LaunchEnv) -> RunIdentity:
+    """Rank 0 picks the run name (`output.run_name`, else `<job_name>-ws<N>-<time>`) and id;
+    every other rank receives them."""
     payload: list[Any] = [None]
     attempt, elastic_id = elastic_attempt()
     if env.rank == 0:
-        root = Path(cfg.output.log_dir)
+        root = Path(output.log_dir)
         started = time.strftime("%Y%m%d-%H%M%S")
-        name = cfg.output.run_name
+        name = output.run_name
         if name is None and attempt > 0:
             name = _restarted_run(root, elastic_id)
         if name is None:
-            base = f"{cfg.workload.mode}-{cfg.parallel.parallel}-ws{env.world_size}-{started}"
+            base = f"{job_name}-ws{env.world_size}-{started}"
             name, n = base, 1
             while (root / name).exists():
                 n += 1
@@ -106,7 +107,7 @@ def agree_identity(cfg: TrainConfig, env: LaunchEnv) -> RunIdentity:
     if dist.is_initialized():
         dist.broadcast_object_list(payload, src=0)
     name, run_id, started = payload[0]
-    run_dir = Path(cfg.output.log_dir) / name
+    run_dir = Path(output.log_dir) / name
     here = attempt_dir(run_dir, attempt)
     here.mkdir(parents=True, exist_ok=True)
     if env.rank == 0 and attempt == 0 and elastic_id is not None:
@@ -129,19 +130,21 @@ def device_description(device: torch.device) -> str:
     return "cpu"
 
 
-def write_run_json(ident: RunIdentity, cfg: TrainConfig, env: LaunchEnv, device: torch.device,
-                   ranks: list[dict[str, Any]], watch: dict[str, Any] | None = None) -> Path:
+def write_run_json(ident: RunIdentity, config: dict[str, Any], env: LaunchEnv, device: torch.device,
+                   ranks: list[dict[str, Any]], watch: dict[str, Any] | None = None, *, parallel: str) -> Path:
+    """`run.json`: the run's identity, its `config` (the lab's, or a harness.Run's), launch,
+    versions and every rank's row."""
     doc = {
         "run_name": ident.name,
         "run_id": ident.run_id,
         "attempt": ident.attempt,
         "started_at": ident.started_at,
         "finished_at": time.strftime("%Y%m%d-%H%M%S"),
-        "config": cfg.to_dict(),
+        "config": config,
         "world_size": env.world_size,
         "hosts": sorted({r["host"] for r in ranks}),
-        "backend": cfg.parallel.backend if dist.is_initialized() else None,
-        "parallel": cfg.parallel.parallel,
+        "backend": dist.get_backend() if dist.is_initialized() else None,
+        "parallel": parallel,
         "device": device_description(device),
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,

@@ -55,7 +55,8 @@ def step_statistics(records: list[dict[str, Any]]) -> dict[str, float | int | No
     steady = [r for r in records if not r.get("warmup")]
     times = [r["step_ms"] for r in steady]
     total_s = sum(times) / 1e3
-    samples = sum(r["samples"] for r in steady)
+    counted = [r["samples"] for r in steady if r.get("samples") is not None]  # a job may not say its batch
+    samples = sum(counted) if counted and len(counted) == len(steady) else None
     return {
         "steps": len(steady),
         "mean_step_ms": _mean(times),
@@ -65,7 +66,7 @@ def step_statistics(records: list[dict[str, Any]]) -> dict[str, float | int | No
         "max_step_ms": max(times) if times else None,
         "mean_data_ms": _mean([r["data_ms"] for r in steady]),
         "unprofiled_mean_step_ms": _mean([r["step_ms"] for r in steady if r.get("profiler", "off") in ("off", "wait")]),
-        "throughput_samples_s": samples / total_s if total_s > 0 else None,
+        "throughput_samples_s": samples / total_s if samples is not None and total_s > 0 else None,
         "peak_rss_bytes": _max([r.get("rss_bytes") for r in records]),
         "peak_gpu_allocated_bytes": _max([r.get("gpu_peak_allocated_bytes") for r in records]),
     }

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from harness.collect.stragglers import Thresholds
 from harness.paths import watch_path
 from harness.scalars import ScalarWriter
-from harness.train.config import TrainConfig
+from harness.train.config import WatchConfig
 from harness.train.profiling import TraceRecorder
 from harness.train.watch_rule import IntervalVerdict, judge_interval, own_work_phases, pack_rows, step_row
 from harness.write_faults import AppendOnlyFile, FaultLog
@@ -39,17 +39,20 @@ MAX_NAMED = 16
 class Watch:
     """Collects this rank's step timings and, every `every` steps, exchanges and judges them."""
 
-    def __init__(self, train: TrainConfig, *, rank: int, world_size: int, host: str, cpu: bool, run_dir: Path,
+    def __init__(self, cfg: WatchConfig, *, steps: int | None, warmup_steps: int, parallel: str,
+                 collective_timeout_s: float, rank: int, world_size: int, host: str, cpu: bool, run_dir: Path,
                  recorder: TraceRecorder, scalars: ScalarWriter | None, faults: FaultLog) -> None:
-        cfg = self.cfg = train.watch
-        self.on = (cfg.every > 0 and world_size > 1 and train.workload.steps >= cfg.every and dist.is_available()
+        """`steps`: the run's length (None: not known), `parallel` (ddp, fsdp, none): which
+        phases hold collectives."""
+        self.cfg = cfg
+        self.on = (cfg.every > 0 and world_size > 1 and (steps is None or steps >= cfg.every) and dist.is_available()
                    and dist.is_initialized())
         self.rank = rank
         self.world_size = world_size
-        self.own_phases = own_work_phases(train.parallel.parallel)
+        self.own_phases = own_work_phases(parallel)
         self.cpu = cpu
-        self.warmup_steps = train.workload.warmup_steps
-        self.last_step = train.workload.steps - 1
+        self.warmup_steps = warmup_steps
+        self.last_step = None if steps is None else steps - 1
         self.recorder = recorder
         self.scalars = scalars
         self.faults = faults
@@ -65,7 +68,7 @@ class Watch:
         self.hosts: dict[int, str] = {}
         if not self.on:
             return
-        self.hosts = self._connect(host, datetime.timedelta(seconds=train.parallel.collective_timeout))
+        self.hosts = self._connect(host, datetime.timedelta(seconds=collective_timeout_s))
         if rank == 0:
             self._log = AppendOnlyFile(watch_path(run_dir), faults, "watch log")
 

@@ -1,0 +1,386 @@
+"""`harness.Run`: every in-job feature of the harness for any training loop.
+
+    import harness
+    with harness.Run(run_name="mine", log_dir="profiler_logs", steps=1000) as run:
+        for batch in loader:
+            with run.step():
+                with run.phase("data"): ...
+                with run.phase("forward"): ...
+
+Used after the process group exists (rank and world size come from torch.distributed), or with
+none for one rank. What it gives the loop, as `python -m harness.train` gives the lab (which runs
+on it): per-rank traces on the profiler's schedule with the names torch-tb-profiler and the
+collector read, phase ranges as record_function and NVTX, step timing by CUDA events (no
+per-step sync), `steps/rank<R>.jsonl`, `status/`, TensorBoard scalars, the live straggler watch
+and its triggered captures, a Flight Recorder dump when a rank fails or hangs, memory and CPU
+samples per step, in-job trace summaries, `run.json` and the final table; a write that fails
+never stops training. Settings: `run_config.py` (keyword arguments, a TOML file, HARNESS_*
+variables).
+
+A loop that does not mark its steps (no `step()` / `begin_step()`) still gets its profiler
+traces of the whole run; one without phases gets whole steps; each said once at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.collect.watch_log import watch_line
+from harness.paths import RUN_FILE, run_file, scalars_dir, steps_path, watch_path
+from harness.scalars import ScalarWriter, step_scalars
+from harness.train import flight
+from harness.train.config import LaunchEnv
+from harness.train.profiling import TraceRecorder
+from harness.train.ranges import phase_range
+from harness.train.run_config import RunConfig, load_run_config
+from harness.train.run_info import RunIdentity, agree_identity, check_output, gather, host_name, write_run_json
+from harness.train.run_status import RankStatus, Terminated, sigterm_deferred
+from harness.train.stats import StepLog, SystemSampler, format_rank_table, step_statistics
+from harness.train.timing import StepClock
+from harness.train.watch import Watch
+from harness.write_faults import FaultLog
+
+PROG = "harness"
+
+
+def launch_env(device: torch.device) -> LaunchEnv:
+    """This process's place in the job: from torch.distributed when a process group exists,
+    else from the launcher's variables (one rank without them)."""
+    base = LaunchEnv.from_environ(cuda=device.type == "cuda")
+    if not (dist.is_available() and dist.is_initialized()):
+        return LaunchEnv(rank=0, local_rank=base.local_rank, world_size=1, distributed=False, cuda=base.cuda,
+                         accelerate_fsdp=False, local_world_size=1, device_count=base.device_count)
+    return LaunchEnv(rank=dist.get_rank(), local_rank=base.local_rank, world_size=dist.get_world_size(),
+                     distributed=True, cuda=base.cuda, accelerate_fsdp=base.accelerate_fsdp,
+                     local_world_size=base.local_world_size, device_count=base.device_count)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+class Run:
+    """One rank's part of a profiled run (module docstring). Settings as keyword arguments
+    (`run_config.py`: the names of `harness.train`'s flags), `config=` a TOML file, HARNESS_*
+    variables; `device`: the one the loop computes on (default: the current CUDA device, else
+    the CPU)."""
+
+    def __init__(self, *, config: str | Path | None = None, device: torch.device | str | None = None,
+                 settings: RunConfig | None = None, record: dict[str, Any] | None = None,
+                 flight_recorder: bool | None = None, prog: str = PROG, quiet: bool = False,
+                 **options: Any) -> None:
+        # settings/record/flight_recorder/prog: for `harness.train`, which runs on this class with
+        # its own validated config, its whole config in run.json and its own name in messages;
+        # quiet: no table at the end (the overhead benchmark's repeated runs)
+        self.cfg = settings if settings is not None else load_run_config(config, options)
+        self.device = torch.device(device) if device is not None else default_device()
+        self.record = record
+        self.prog = prog
+        self.quiet = quiet
+        self._flight = flight_recorder
+        self.step_number = -1  # the step open or last closed
+        self.progress = flight.Progress()  # where the loop is, for a Flight Recorder dump
+        self.extra_row: dict[str, Any] = {}
+        self.rows: list[dict[str, Any]] | None = None
+        self.run_json: Path | None = None
+        self._in_step = False
+        self._annotate = False
+        self._steps_marked = 0
+        self._phases_marked = 0
+        self._started = False
+        self._closed = False
+        self._sigterm_before: Any = None
+
+    # -- start and end -----------------------------------------------------------------------
+
+    def __enter__(self) -> Run:
+        self.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        self.close(exc)
+
+    def start(self) -> Run:
+        """Agree on the run folder with every rank, open the outputs and start the profiler."""
+        if self._started:
+            raise RuntimeError("harness.Run: start() was already called")
+        self._started = True
+        cfg = self.cfg
+        self.env = env = launch_env(self.device)
+        check_output(cfg.output)
+        self.ident = ident = agree_identity(cfg.output, cfg.job.name, env)
+        self.host = host = host_name()
+        backend = dist.get_backend() if env.distributed else None
+        self.flight_on = (self._flight if self._flight is not None
+                          else env.distributed and any(os.environ.get(v) not in (None, "", "0")
+                                                       for v in flight.BUFFER_VARS))
+        if self.flight_on and backend is not None:
+            flight.point_nccl_dumps(ident.dir, backend)
+        self.backend = backend
+        # Profiler-side outputs never stop training: their write failures are said once and recorded.
+        self.faults = faults = FaultLog(rank=env.rank)
+        self.scalars = (ScalarWriter(scalars_dir(ident.dir, env.rank), faults=faults) if cfg.output.scalars
+                        else None)
+        self.log = StepLog(steps_path(ident.dir, env.rank), faults)
+        self.status = RankStatus(ident.dir, rank=env.rank, host=host, attempt=ident.attempt, faults=faults)
+        self.clock = StepClock(cuda=self.device.type == "cuda")
+        self.sampler = SystemSampler(self.device)
+        self._nvtx = self.device.type == "cuda"
+        metadata = {"run_id": ident.run_id, "run_name": ident.name, "attempt": ident.attempt, "rank": env.rank,
+                    "local_rank": env.local_rank, "world_size": env.world_size, "host": host,
+                    "mode": (self.record or {}).get("workload", {}).get("mode", cfg.job.name),
+                    "parallel": cfg.job.parallel}
+        self.recorder = TraceRecorder(cfg.profiler, run_dir=ident.dir, rank=env.rank, host=host,
+                                      cuda=self.device.type == "cuda", metadata=metadata, faults=faults)
+        self.watch: Watch | None = None
+        self._catch_sigterm()
+        try:
+            # Connecting the watch's group talks to every peer and can fail like a collective.
+            self.watch = Watch(cfg.watch, steps=cfg.job.steps, warmup_steps=cfg.job.warmup_steps,
+                               parallel=cfg.job.parallel, collective_timeout_s=cfg.job.collective_timeout,
+                               rank=env.rank, world_size=env.world_size, host=host, cpu=self.device.type == "cpu",
+                               run_dir=ident.dir, recorder=self.recorder, scalars=self.scalars, faults=faults)
+            self.recorder.__enter__()
+        except BaseException as exc:
+            self.close(exc)
+            raise
+        return self
+
+    def note(self, **fields: Any) -> None:
+        """Fields added to this rank's row in run.json (e.g. the final loss)."""
+        self.extra_row.update(fields)
+
+    def close(self, exc: BaseException | None = None) -> None:
+        """End the run: the last step records, the profiler's last window, the watch, the files;
+        then, without `exc`, every rank's row to run.json and the table (rank 0). With `exc` (the
+        loop failed, hung or was stopped), the rank's status says how and where, and its Flight
+        Recorder is dumped where it is on."""
+        if self._closed or not self._started:
+            return
+        self._closed = True
+        try:
+            if exc is None:
+                self._finish()
+            else:
+                self._fail(exc)
+        finally:
+            self._restore_sigterm()
+
+    def _finish(self) -> None:
+        if self._in_step:
+            self.end_step()
+        for rec in self.clock.drain():
+            self._write(rec)
+        if self.cfg.profiler.cuda_profiler_api and self.device.type == "cuda" and self._steps_marked:
+            torch.cuda.profiler.stop()
+        self.recorder.__exit__(None, None, None)
+        watch = self.watch
+        assert watch is not None
+        watch.close()
+        self._close_outputs()
+        self.status.end("finished", self._last_step(), tracing=self._tracing())
+        notes = self._notes()
+        rec = self.recorder
+        row = {"rank": self.env.rank, "local_rank": self.env.local_rank, "host": self.host,
+               **step_statistics(self.log.records), "traces": [p.name for p in rec.written if p.exists()],
+               "trace_summaries": [p.name for p in rec.summaries], "trace_summary_s": round(rec.summary_s, 3),
+               "steps_file": str(self.log.path.relative_to(self.ident.dir)), "skipped_windows": rec.skipped,
+               "unwritten_step_records": self.log.unwritten, "write_failures": self._failures(),
+               **self.extra_row}
+        self.rows = rows = gather(row)
+        if self.env.rank == 0:
+            config = self.record if self.record is not None else self.cfg.to_dict()
+            try:
+                self.run_json = write_run_json(self.ident, config, self.env, self.device, rows, watch.summary(),
+                                               parallel=self.cfg.job.parallel)
+            except OSError as exc:
+                self.faults.report(RUN_FILE, exc, "the per-rank table below is the run's only summary",
+                                   run_file(self.ident.dir))
+            if not self.quiet:
+                report(self.prog, self.ident, rows, self.run_json, watch.summary(), notes)
+
+    def _fail(self, exc: BaseException) -> None:
+        with sigterm_deferred():  # torchrun's SIGTERM after a peer failed must not cut this short
+            try:
+                self.recorder.__exit__(type(exc), exc, None)
+            except Exception:  # noqa: BLE001 - the rank is failing already: its trace is best effort
+                pass
+            if self.watch is not None:
+                self.watch.close()
+            self._close_outputs()
+            state = "hung" if flight.is_timeout(exc) else "failed"
+            where = {"step": self.progress.step, "phase": self.progress.phase}
+            dump = None
+            if self.flight_on and self.backend is not None:
+                dump = flight.write_dump(self.ident.dir, rank=self.env.rank, world_size=self.env.world_size,
+                                         backend=self.backend, reason=dump_reason(state, exc),
+                                         progress=self.progress, host=self.host, faults=self.faults)
+            self.status.end(state, self._last_step(), exc, tracing=self._tracing(), where=where,
+                            flight=str(dump.relative_to(self.ident.dir)) if dump else None)
+
+    # -- steps and phases --------------------------------------------------------------------
+
+    @contextmanager
+    def step(self, **fields: Any) -> Iterator[Run]:
+        """One training step: `with run.step(): ...` (`fields` go into its step record)."""
+        self.begin_step()
+        yield self
+        self.end_step(**fields)
+
+    def begin_step(self) -> int:
+        """A step starts (for loops whose start and end are separate hooks); its number."""
+        if self._in_step:
+            raise RuntimeError("harness.Run: begin_step() while a step is open; end_step() first")
+        self._in_step = True
+        self.step_number += 1
+        self._steps_marked += 1
+        step = self.step_number
+        if self.cfg.profiler.cuda_profiler_api and self.device.type == "cuda" and step == self.cfg.job.warmup_steps:
+            torch.cuda.profiler.start()  # Nsight told to wait for it skips start-up and warm-up
+        self._profiler_state = self.recorder.state
+        self._annotate = self._profiler_state == "record"
+        self.progress.step, self.progress.phase = step, None
+        self.clock.start(step)
+        return step
+
+    def end_step(self, **fields: Any) -> None:
+        """The step ends: its record (timed once its device work is done: no sync), the
+        profiler's step, the watch's exchange when due."""
+        if not self._in_step:
+            raise RuntimeError("harness.Run: end_step() without begin_step()")
+        self._in_step = False
+        step = self.step_number
+        self.clock.finish(profiler=self._profiler_state, **fields, **self.sampler.sample())
+        self.recorder.step()
+        watch = self.watch
+        for rec in self.clock.poll():
+            self._write(rec)
+            if watch:
+                watch.add(rec)
+        if watch and watch.due(step):
+            self.progress.phase = "watch exchange"  # a hung peer leaves this rank waiting here
+            watch.after_step(step)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """A phase of the step (`data`, `forward`, ... or any name): a record_function range while
+        the profiler records (NVTX on CUDA), and the step record's time for it: from the end of
+        the phase before it (or the step's start) to its own end."""
+        self.progress.phase = name
+        self._phases_marked += 1
+        with phase_range(name, annotate=self._annotate, nvtx=self._nvtx):
+            yield
+        if self._in_step:
+            self.clock.mark(name)
+
+    # -- inside ------------------------------------------------------------------------------
+
+    def _write(self, rec: dict[str, Any]) -> None:
+        job = self.cfg.job
+        rec.update(rank=self.env.rank, host=self.host, samples=job.samples_per_step,
+                   warmup=rec["step"] < job.warmup_steps)
+        self.log.write(rec)
+        if self.scalars:
+            self.scalars.add(rec["step"], step_scalars(rec))
+
+    def _notes(self) -> list[str]:
+        """What the loop did not mark, said once (what the run has without it)."""
+        if not self._steps_marked:
+            return ["no step was marked (with run.step(): or begin_step()/end_step()): the profiler traced by its "
+                    "schedule's steps never advanced, and no step log, watch or table was made"]
+        if not self._phases_marked:
+            return ["no phase was marked (with run.phase(name):): steps are timed whole"]
+        return []
+
+    def _close_outputs(self) -> None:
+        """Write what waits in memory; say what could not be written at all."""
+        if not self.log.close():
+            self.faults.note(f"{self.log.unwritten} step record(s) could not be written to {self.log.path}; the "
+                             "run's summary (run.json, the table) still counts them")
+        if self.scalars and not self.scalars.close():
+            self.faults.note(f"TensorBoard scalars could not all be written to {self.scalars.path}")
+
+    def _failures(self) -> list[dict[str, Any]]:
+        """Each distinct write failure once: {what, reason, count}."""
+        counts: dict[tuple[str, str], int] = {}
+        for e in self.faults.events:
+            counts[(e["what"], e["reason"])] = counts.get((e["what"], e["reason"]), 0) + 1
+        return [{"what": w, "reason": r, "count": n} for (w, r), n in counts.items()]
+
+    def _tracing(self) -> dict[str, Any]:
+        return {**self.recorder.tracing, "write_failures": self._failures()}
+
+    def _last_step(self) -> int | None:
+        return self.log.records[-1].get("step") if self.log.records else None
+
+    def _catch_sigterm(self) -> None:
+        """SIGTERM (torchrun stopping the ranks after one failed) raises `Terminated` in the loop,
+        so the rank records why it stops; only where nobody else handles it, in the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            def handler(signum: int, frame: Any) -> None:
+                raise Terminated(signum)
+
+            self._sigterm_before = signal.signal(signal.SIGTERM, handler)
+
+    def _restore_sigterm(self) -> None:
+        if self._sigterm_before is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._sigterm_before)
+            self._sigterm_before = None
+
+
+def enable_flight_recorder(entries: int = 2000, backend: str | None = None) -> None:
+    """Turn torch's Flight Recorder on, before `init_process_group` (it reads its settings when
+    the first process group is made): a `harness.Run` then dumps it to `<run>/flight/` when the
+    rank fails, hangs in a collective or is stopped, and the collector reports who never
+    entered which collective. `backend`: "nccl" also has NCCL's watchdog dump on a timeout
+    (default: nccl where CUDA is present). A variable the user set is left as it is."""
+    flight.enable(entries, backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+
+
+def dump_reason(state: str, exc: BaseException) -> str:
+    """Why a rank dumps its Flight Recorder, in a few words: `hung` (a collective timed out),
+    `terminated` (a signal), or `failed: <exception type>`."""
+    if isinstance(exc, (Terminated, KeyboardInterrupt)):
+        return "terminated"
+    return state if state == "hung" else f"failed: {type(exc).__name__}"
+
+
+def report(prog: str, ident: RunIdentity, rows: list[dict], run_json: Path | None, watch: dict[str, Any] | None = None,
+           notes: list[str] | None = None) -> None:
+    """The run's end on rank 0: the per-rank table and where everything is."""
+    n_traces = sum(len(r["traces"]) for r in rows)
+    print(f"\n{prog}: run {ident.name} finished ({len(rows)} rank(s), steady state, warm-up excluded)")
+    print(format_rank_table(rows))
+    for note in notes or []:
+        print(f"note:    {note}")
+    print(f"traces:  {ident.dir}/ ({n_traces} file(s), one per rank per profiler window)")
+    n_summaries = sum(len(r.get("trace_summaries", [])) for r in rows)
+    if n_summaries:
+        worst_s = max(r.get("trace_summary_s", 0.0) for r in rows)
+        print(f"summaries: {n_summaries} in-job trace summaries (<trace>.summary.json; condensing took at most "
+              f"{worst_s:.2f} s on a rank); the collector reads them instead of the traces")
+    for r in rows:
+        for w in r.get("skipped_windows", []):
+            windows = f"window {w['first']}" if w["first"] == w["last"] else f"windows {w['first']}-{w['last']}"
+            print(f"skipped: rank {r['rank']} trace {windows}: {w['reason']}")
+        if r.get("unwritten_step_records"):
+            print(f"skipped: rank {r['rank']}: {r['unwritten_step_records']} step record(s) not on disk")
+    print(f"steps:   {ident.dir}/steps/rank<R>.jsonl")
+    if watch and watch["every"]:
+        print(f"watch:   {watch_line(watch)} ({watch_path(ident.dir)})")
+    print(f"run:     {run_json or 'not written (see the warnings above)'}")
+    if len(rows) > 1:
+        print(f"who waits for whom: python -m harness.collect {ident.dir}")
+    sys.stdout.flush()

@@ -1,0 +1,127 @@
+"""`harness.Run`, the harness in any training loop: its settings from keyword arguments, a TOML
+file and HARNESS_* variables; and real torchrun jobs of examples/plain_loop.py whose outputs are
+those of the lab (which runs on the same class: every lab test tests it too)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.paths import flight_path, run_file, scalars_dir, status_path, steps_path, watch_path
+from harness.train.config import ConfigError
+from harness.train.run_config import load_run_config
+
+from conftest import REPO, _env
+
+EXAMPLE = REPO / "examples" / "plain_loop.py"
+
+
+def test_settings_from_every_source_later_wins(tmp_path: Path) -> None:
+    toml = tmp_path / "h.toml"
+    toml.write_text("[profiler]\nwait = 1\nactive = 2\n[watch]\nevery = 7\n[job]\nsteps = 50\n")
+    cfg = load_run_config(toml, {"active": 4, "watch": {"min_lag_ms": 2.0}, "run_name": "x"},
+                          {"HARNESS_WATCH_EVERY": "10", "HARNESS_SCALARS": "off", "HARNESS_NATIVE_SCAN": "0"})
+    assert (cfg.profiler.wait, cfg.profiler.active, cfg.watch.every, cfg.watch.min_lag_ms) == (1, 4, 10, 2.0)
+    assert (cfg.output.run_name, cfg.output.scalars, cfg.job.steps) == ("x", False, 50)
+    # the TOML file named by a variable, as a launch script would
+    assert load_run_config(None, {}, {"HARNESS_CONFIG": str(toml)}).profiler.wait == 1
+
+
+@pytest.mark.parametrize(("options", "environ", "message"), [
+    ({"watch_evry": 3}, {}, "watch_evry: keyword argument: no such setting; use one of "),
+    ({}, {"HARNESS_ACTVE": "3"}, "HARNESS_ACTVE: no such setting; use one of HARNESS_ACTIVE, "),
+    ({}, {"HARNESS_WATCH_EVERY": "ten"}, "watch.every: 'ten' is not an int"),
+    ({}, {"HARNESS_SCALARS": "maybe"}, "output.scalars: 'maybe' is not a boolean"),
+    ({"active": 0}, {}, "profiler.active: 0 must be >= 1"),
+    ({"profiler": {"wiat": 1}}, {}, "profiler.wiat: keyword argument: no such setting"),
+    # a run that ends inside its profiler window is refused before it starts
+    ({"steps": 12}, {}, "profiler.active: the profiler records steps 11-13 in its window"),
+])
+def test_bad_settings_are_one_line_before_the_first_step(options: dict, environ: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_run_config(None, options, environ)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_importing_harness_imports_no_torch() -> None:
+    code = "import sys, harness; assert 'torch' not in sys.modules; print(harness.__all__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "Run" in out.stdout
+
+
+def test_a_loop_that_marks_nothing_is_told(tmp_path: Path) -> None:
+    code = ("import harness, torch\n"
+            f"with harness.Run(log_dir={str(tmp_path)!r}, run_name='bare', profile=False) as run:\n"
+            "    torch.ones(3).sum()\n"
+            f"with harness.Run(log_dir={str(tmp_path)!r}, run_name='steps', profile=False) as run:\n"
+            "    for _ in range(3):\n"
+            "        with run.step():\n"
+            "            torch.ones(3).sum()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "note:    no step was marked (with run.step(): or begin_step()/end_step())" in out.stdout
+    assert "note:    no phase was marked (with run.phase(name):): steps are timed whole" in out.stdout
+    assert len(steps_path(tmp_path / "steps", 0).read_text().splitlines()) == 3
+
+
+def torchrun(args: list[str], nproc: int = 2, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(EXAMPLE),
+           *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=REPO)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def collect(run_dir: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(run_dir), "-q", "--no-merged"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads((run_dir / "report" / "report.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_the_plain_loop_example_writes_what_the_lab_writes(parallel: str, tmp_path: Path) -> None:
+    args = ["--log-dir", str(tmp_path), "--run-name", "mine", "--steps", "30", "--slow-rank", "1", "--slow-ms", "30",
+            "--watch-every", "10", *(["--fsdp"] if parallel == "fsdp" else [])]
+    proc = torchrun(args)
+    run = tmp_path / "mine"
+    assert "harness: run mine finished (2 rank(s)" in proc.stdout
+    doc = json.loads(run_file(run).read_text())
+    assert doc["world_size"] == 2 and doc["parallel"] == parallel and doc["backend"] == "gloo"
+    assert set(doc["config"]) == {"job", "profiler", "watch", "output"} and doc["config"]["job"]["steps"] == 30
+    assert [r["steps"] for r in doc["ranks"]] == [30, 30] and all(r["traces"] for r in doc["ranks"])
+    for r in (0, 1):
+        records = [json.loads(line) for line in steps_path(run, r).read_text().splitlines()]
+        assert [rec["step"] for rec in records] == list(range(30))
+        assert set(records[5]["phases_ms"]) >= {"data", "forward", "backward", "optimizer"}
+        assert records[5]["samples"] == 16 and records[5]["rss_bytes"] > 0
+        assert json.loads(status_path(run, r).read_text())["state"] == "finished"
+        assert any(scalars_dir(run, r).iterdir())
+    # the live watch flags rank 1, slow in its data phase, as in the lab
+    lines = [json.loads(line) for line in watch_path(run).read_text().splitlines()]
+    assert [line["step"] for line in lines] == [9, 19, 29]
+    assert any(s["rank"] == 1 and s["phase"] == "data" for line in lines for s in line["stragglers"])
+    # and the collector names it, in its data phase
+    report = collect(run)
+    assert [(s["rank"], s["phase"]) for s in report["stragglers"]] == [(1, "data")]
+
+
+@pytest.mark.slow
+def test_a_hang_in_the_plain_loop_gets_the_flight_recorder_report(tmp_path: Path) -> None:
+    args = ["--log-dir", str(tmp_path), "--run-name", "hung", "--steps", "20", "--hang-rank", "1", "--hang-step", "8",
+            "--timeout", "15"]
+    proc = torchrun(args, timeout=300, check=False)
+    assert proc.returncode != 0
+    run = tmp_path / "hung"
+    assert json.loads(status_path(run, 0).read_text())["state"] == "hung"
+    assert json.loads(flight_path(run, 0).read_text())["harness"]["step"] == 8
+    report = collect(run)
+    assert report["verdict"] == "hang", report["headline"]
+    assert report["hang"]["missing_ranks"] == [1] and report["hang"]["step"] == 8
