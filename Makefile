@@ -20,6 +20,8 @@ demo: setup
 	$(BIN)/torchrun --standalone --nproc_per_node $(NPROC) -m harness.train $(DEMO_ARGS) --run-name $(DEMO_RUN)
 	$(BIN)/python -m harness.collect profiler_logs/$(DEMO_RUN)
 
+# The tests run the Hugging Face and Lightning callbacks too: their extras are installed.
+test: export EXTRAS := test,hf,lightning
 test: setup browser
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -76,7 +76,7 @@ class Rules:
 ADVICE = {
     "straggler": "the other ranks wait for this one: fix its slow phase first (see the straggler table); the "
                  "rest of the job cannot go faster than it",
-    "data-bound": "the input pipeline starves the step: more DataLoader workers (--num-workers), "
+    "data-bound": "the input pipeline starves the step: more DataLoader workers (num_workers; the lab: --num-workers), "
                   "persistent workers, pinned memory, prefetching; move decoding/augmentation offline or to the GPU",
     "sync-bound": "host-device syncs stall the device every step (.item(), .cpu(), printing tensors, "
                   "synchronous copies): keep values on the device, log them every N steps, copy with non_blocking=True "
@@ -132,14 +132,27 @@ def _is_gemm(name: str) -> bool:
     return GEMM.search(name) is not None
 
 
-def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_step: float) -> dict[str, Any]:
+def waiting_in_data(trace: RankTrace, waits: list[tuple[float, float]]) -> float:
+    """The time the rank waited for later peers inside its data phases (`waits`: each of its
+    collectives' [arrival, arrival + wait], aligned clock): a loop that runs a collective while
+    it loads (Hugging Face's Trainer counts tokens across ranks there) waits for a slow rank in
+    its data phase, which is the slow rank's input pipeline, not its own."""
+    spans = [(a, b) for s in trace.steps for p, a, b in s.phase_spans if is_data(p)]
+    if not spans or not waits:
+        return 0.0
+    return sum(max(min(b, w1) - max(a, w0), 0.0) for a, b in spans for w0, w1 in waits)
+
+
+def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_step: float,
+                  waits: list[tuple[float, float]] | None = None) -> dict[str, Any]:
     """The per-rank numbers the rules read, means over the rank's analysed steps, judged on the
     rank's own work: the time it spent exposed waiting for later peers (overlap.rank_overlap,
     step 4) is taken out of the step and of the device window first, so a victim is diagnosed
     as it would run without the straggler:
 
     1. step_ms (measured); waiting_share = exposed waiting / step; own_step_ms = step - exposed
-       waiting; data_share = data phase / own step;
+       waiting; data_share = (data phase - its waiting for later peers, `waiting_in_data`) / own
+       step;
     2. host_ops_per_step (the aten ops of every model thread outside the data phase,
        host.count_host_ops) and us_per_op = (own step - data phase) / host ops: the step time
        each dispatched op accounts for;
@@ -164,7 +177,8 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
     step_us = sum(s.dur_us for s in steps) / n
     wait_us = sum(r.exposed_wait_us for r in rows) / n
     own_us = max(step_us - wait_us, 0.0)
-    data_us = sum(v for s in steps for k, v in s.phases_us.items() if is_data(k)) / n
+    data_us = max(sum(v for s in steps for k, v in s.phases_us.items() if is_data(k))
+                  - waiting_in_data(trace, waits or []), 0.0) / n
     ops = sum(s.host_ops for s in steps) / n
     by_name: dict[str, float] = {}
     for s in steps:
@@ -369,9 +383,14 @@ def diagnose(a: Analysis, rules: Rules = Rules()) -> list[Diagnosis]:
     later peers taken out), and says whom it waited for."""
     transfer = _transfer_ms_per_step(a)
     by = {r.rank: r for r in a.stragglers.ranks}
+    own_waits: dict[int, list[tuple[float, float]]] = {}
+    for w in a.waits:
+        for r, arrival in w.arrival_us.items():
+            if w.wait_us[r] > 0:
+                own_waits.setdefault(r, []).append((arrival, arrival + w.wait_us[r]))
     out = []
     for t in sorted(a.traces, key=lambda t: t.rank):
-        ev = rank_evidence(t, [r for r in a.overlap if r.rank == t.rank], transfer)
+        ev = rank_evidence(t, [r for r in a.overlap if r.rank == t.rank], transfer, own_waits.get(t.rank))
         b = by[t.rank]
         ev["waits_for"] = b.waits_for
         if b.straggler:

@@ -88,8 +88,8 @@ from harness.collect.stragglers import OUTSIDE_RANGES
 
 SCHEMA_VERSION = 1
 ADVICE = {
-    "data": "its input pipeline is slow: more DataLoader workers (--num-workers), persistent workers, "
-            "pinned memory, or move preprocessing offline; check its disk/network for input files",
+    "data": "its input pipeline is slow: more DataLoader workers (num_workers; the lab: --num-workers), "
+            "persistent workers, pinned memory, or move preprocessing offline; check its disk/network for input files",
     "h2d": "its host-to-device copies are slow: pin memory and copy with non_blocking=True; "
            "check the PCIe/NUMA placement of that GPU",
     "forward": "its forward pass is slow: compare its hardware (clocks, thermals, other tenants), "

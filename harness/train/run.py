@@ -28,7 +28,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,7 @@ class Run:
         self.rows: list[dict[str, Any]] | None = None
         self.run_json: Path | None = None
         self._in_step = False
+        self._phase: tuple[str, ExitStack] | None = None
         self._annotate = False
         self._steps_marked = 0
         self._phases_marked = 0
@@ -258,6 +259,7 @@ class Run:
         profiler's step, the watch's exchange when due."""
         if not self._in_step:
             raise RuntimeError("harness.Run: end_step() without begin_step()")
+        self.end_phase()
         self._in_step = False
         step = self.step_number
         self.clock.finish(profiler=self._profiler_state, **fields, **self.sampler.sample())
@@ -276,12 +278,44 @@ class Run:
         """A phase of the step (`data`, `forward`, ... or any name): a record_function range while
         the profiler records (NVTX on CUDA), and the step record's time for it: from the end of
         the phase before it (or the step's start) to its own end."""
+        self.begin_phase(name)
+        try:
+            yield
+        finally:
+            self.end_phase()
+
+    def begin_phase(self, name: str) -> None:
+        """A phase starts (for loops whose phases begin and end in separate hooks); a phase still
+        open ends first."""
+        if self._phase is not None:
+            self.end_phase()
         self.progress.phase = name
         self._phases_marked += 1
-        with phase_range(name, annotate=self._annotate, nvtx=self._nvtx):
-            yield
+        stack = ExitStack()
+        stack.enter_context(phase_range(name, annotate=self._annotate, nvtx=self._nvtx))
+        self._phase = (name, stack)
+
+    def end_phase(self) -> None:
+        """The open phase ends (nothing without one)."""
+        if self._phase is None:
+            return
+        name, stack = self._phase
+        self._phase = None
+        stack.close()
         if self._in_step:
             self.clock.mark(name)
+
+    def discard_step(self) -> None:
+        """Drop the open step without a record (a framework's loop that ended between a step's
+        hooks: its last step never ran); the profiler's step is not advanced."""
+        if self._phase is not None:
+            _, stack = self._phase
+            self._phase = None
+            stack.close()
+        if self._in_step:
+            self._in_step = False
+            self.clock.discard()
+            self._steps_marked -= 1
 
     # -- inside ------------------------------------------------------------------------------
 

@@ -68,6 +68,10 @@ class StepClock:
         self._pending.append(cur)
         self._current = None
 
+    def discard(self) -> None:
+        """Drop the open step (started, never finished): no record of it."""
+        self._current = None
+
     def poll(self) -> list[dict[str, Any]]:
         """Finished steps whose device work is complete (all of them on CPU)."""
         done = []

@@ -1,0 +1,58 @@
+"""`HarnessCallback` for Hugging Face's `transformers.Trainer`: every in-job feature of
+`harness.Run` for a Trainer job (docs/own-job.md).
+
+    trainer = Trainer(model=..., args=..., train_dataset=..., callbacks=[HarnessCallback(run_name="mine")])
+
+What its hooks map to (the Trainer's loop, transformers/trainer.py):
+1. on_train_begin: the run starts (the process group exists by then: accelerate made it), its
+   length `max_steps`, its samples per step the per-device batch times the accumulation steps;
+   the first step opens;
+2. a step runs from the end of the one before (the Trainer's `on_step_end`) to its own end: its
+   `data` phase until `on_step_begin` (fetching the batches, with the logging, evaluation and
+   saving of the step before), `forward_backward` until `on_pre_optimizer_step` (every
+   micro-batch's training_step, and gradient clipping), `optimizer` until `on_step_end`;
+3. on_train_end: the step opened after the last one (it never ran) is dropped and the run ends:
+   run.json and the table on rank 0.
+Keyword arguments are `harness.Run`'s settings (names of harness.train's flags).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import TrainerCallback
+
+from harness.train.run import Run
+
+
+class HarnessCallback(TrainerCallback):
+    def __init__(self, **settings: Any) -> None:
+        self.settings = settings
+        self.run: Run | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        settings = {"steps": state.max_steps if state.max_steps and state.max_steps > 0 else None,
+                    "samples_per_step": args.per_device_train_batch_size * args.gradient_accumulation_steps,
+                    "job_name": "hf-trainer", **self.settings}
+        self.run = Run(device=args.device, **settings).start()
+        self.run.begin_step()
+        self.run.begin_phase("data")
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.run is not None:
+            self.run.begin_phase("forward_backward")
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.run is not None:
+            self.run.begin_phase("optimizer")
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.run is not None:
+            self.run.end_step()
+            self.run.begin_step()
+            self.run.begin_phase("data")
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.run is not None:
+            self.run.discard_step()
+            self.run.close()

@@ -1,0 +1,54 @@
+"""The callbacks for Hugging Face's Trainer and Lightning (harness/integrations/), through their
+examples under torchrun (2 ranks, gloo): a slow input pipeline on rank 1 is named, in its data
+phase, by the collector (and by the live watch, every 10 steps); the outputs are harness.Run's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from identities import check_report
+
+from harness.paths import run_file, status_path, steps_path, watch_path
+
+from conftest import REPO, _env
+
+EXAMPLES = {"hf": REPO / "examples" / "hf_trainer.py", "lightning": REPO / "examples" / "lightning_module.py"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", sorted(EXAMPLES))
+def test_a_framework_jobs_slow_rank_is_named(framework: str, tmp_path: Path) -> None:
+    pytest.importorskip("transformers" if framework == "hf" else "lightning")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(EXAMPLES[framework]), "--log-dir", str(tmp_path), "--run-name", "job", "--steps", "30",
+           "--slow-rank", "1", "--slow-ms", "30",
+           "--watch-every", "10"]
+    job = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=_env(), cwd=REPO)
+    assert job.returncode == 0, job.stderr[-4000:]
+    run = tmp_path / "job"
+    doc = json.loads(run_file(run).read_text())
+    assert [r["steps"] for r in doc["ranks"]] == [30, 30] and all(r["traces"] for r in doc["ranks"])
+    for r in (0, 1):
+        records = [json.loads(line) for line in steps_path(run, r).read_text().splitlines()]
+        assert [rec["step"] for rec in records] == list(range(30))  # the step opened after the last is dropped
+        assert json.loads(status_path(run, r).read_text())["state"] == "finished"
+    lines = [json.loads(line) for line in watch_path(run).read_text().splitlines()]
+    assert [line["step"] for line in lines] == [9, 19, 29]
+    if framework == "lightning":
+        assert any(s["rank"] == 1 and s["phase"] == "data" for line in lines for s in line["stragglers"])
+    # (HF's Trainer all-reduces its token count while it loads: rank 0 waits for rank 1 inside
+    # its own data phase, both data phases are as long, and the watch, which compares phase
+    # times, sees no straggler there; the collector, which sees that all-reduce, does)
+    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(run), "-q", "--no-merged"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((run / "report" / "report.json").read_text())
+    check_report(report)
+    assert [(s["rank"], s["phase"]) for s in report["stragglers"]] == [(1, "data")]
+    # the victim waits for it, in its own data phase too (HF counts tokens across ranks there):
+    # that waiting is not its own input pipeline
+    assert report["diagnosis"][0]["bottleneck"] != "data-bound", report["diagnosis"][0]["reason"]
