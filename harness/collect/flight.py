@@ -191,6 +191,8 @@ def _looks_like_dump(path: Path) -> bool:
             head = fh.read(1 << 16)
     except OSError:
         return False
+    if b'"schemaVersion"' in head or b'"traceEvents"' in head:  # a profiler trace (its distributedInfo has a pg_config)
+        return False
     return b'"pg_config"' in head or b'"entries"' in head[:64] or (head[:1] == b"\x80" and b"entries" in head)
 
 

@@ -61,7 +61,10 @@ __all__ = ["TraceError", "load_json", "parse_trace"]
 GLOO_RANGE = re.compile(r"^gloo:(?P<coll>\w+)")
 C10D_OP = re.compile(r"^c10d::_?(?P<coll>[a-z_]+?)(?:_base)?_$")  # c10d::allreduce_, c10d::_allgather_base_
 STEP_NAME = re.compile(r"^ProfilerStep#(?P<n>\d+)$")
-FILE_RANK = re.compile(r"(?:rank|worker)[-_]?(?P<rank>\d+)", re.IGNORECASE)
+# A rank in a file name, for traces without distributedInfo: ours and composer's `rank<R>...`,
+# `worker<R>`, accelerate's ProfileKwargs `profile_<process index>.json`, torchtune's
+# `r<rank>-<date>.<time>.pt.trace.json`. (Lightning's names hold the local rank only.)
+FILE_RANK = re.compile(r"(?:rank|worker)[-_]?(?P<rank>\d+)|^profile_(?P<index>\d+)$|^r(?P<short>\d+)-", re.IGNORECASE)
 LAUNCH_CALL = re.compile(r"^(?:cuda|cu|hip)(?:LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|"
                          r"ModuleLaunchKernel|GraphLaunch)")
 PARAM_COMMS = "record_param_comms"
@@ -97,11 +100,12 @@ def _rank_of(doc: Trace, path: Path, warnings: list[str]) -> tuple[int, int | No
     if isinstance(meta.get("rank"), int):
         return meta["rank"], meta.get("world_size"), "harness metadata"
     m = TRACE_PATTERN.match(path.name)
-    worker = m["worker"] if m else path.name
+    worker = m["worker"] if m else path.name.removesuffix(".gz").removesuffix(".json")
     wm = WORKER_RANK_PATTERN.match(worker) or FILE_RANK.search(worker)
     if wm:
-        warnings.append(f"{path.name}: no distributedInfo; rank {int(wm['rank'])} taken from the file name")
-        return int(wm["rank"]), None, "file name"
+        rank = int(next(v for k, v in wm.groupdict().items() if v is not None and k != "host"))
+        warnings.append(f"{path.name}: no distributedInfo; rank {rank} taken from the file name")
+        return rank, None, "file name"
     raise TraceError(f"{path}: no distributedInfo and no rank in the file name; rename it to rank<N>.pt.trace.json")
 
 
