@@ -445,8 +445,10 @@ def flag_of(section: str, f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
-def load_toml(path: Path) -> dict[str, dict[str, Any]]:
-    """Read a TOML preset; unknown tables or keys are errors, not silently ignored."""
+def load_toml(path: Path, sections: dict[str, type] | None = None) -> dict[str, dict[str, Any]]:
+    """Read a TOML preset of the `sections` (default: the lab's); unknown tables or keys are
+    errors, not silently ignored."""
+    sections = SECTIONS if sections is None else sections
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
@@ -454,11 +456,11 @@ def load_toml(path: Path) -> dict[str, dict[str, Any]]:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError("config", f"{path} is not valid TOML ({exc})") from None
     for section, values in raw.items():
-        if section not in SECTIONS:
-            raise ConfigError(section, f"unknown table in {path}; use one of {', '.join(SECTIONS)}")
+        if section not in sections:
+            raise ConfigError(section, f"unknown table in {path}; use one of {', '.join(sections)}")
         if not isinstance(values, dict):
             raise ConfigError(section, f"must be a table in {path}")
-        known = {f.name for f in dataclasses.fields(SECTIONS[section])}
+        known = {f.name for f in dataclasses.fields(sections[section])}
         for key in values:
             if key not in known:
                 raise ConfigError(f"{section}.{key}", f"unknown key in {path}; use one of {', '.join(sorted(known))}")

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 from harness.train.config import (
     ConfigError,
     OutputConfig,
@@ -30,6 +28,7 @@ from harness.train.config import (
     _check_types,
     flag_of,
     knob,
+    load_toml,
     windows_fit,
 )
 
@@ -145,16 +144,7 @@ def _layer_of(options: Mapping[str, Any], origin: str) -> dict[str, dict[str, An
 
 
 def _toml_layer(path: Path) -> dict[str, dict[str, Any]]:
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError("config", f"file {path} does not exist") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError("config", f"{path} is not valid TOML ({exc})") from None
-    for section, values in raw.items():
-        if section not in RUN_SECTIONS or not isinstance(values, dict):
-            raise ConfigError(section, f"unknown table in {path}; use [{'], ['.join(RUN_SECTIONS)}]")
-    return _layer_of(raw, str(path))
+    return load_toml(path, RUN_SECTIONS)
 
 
 def env_layer(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
