@@ -27,7 +27,8 @@ HEALTHY = {"device": "cpu", "data_share": 0.02, "host_ops_per_step": 400, "us_pe
     ({}, "healthy"),
     ({"data_share": 0.30}, "data-bound"),
     ({"data_share": 0.5, "host_ops_per_step": 5000, "us_per_op": 1.0}, "data-bound"),  # input pipeline first
-    ({"host_ops_per_step": 1000, "us_per_op": 9.9}, "launch-bound"),
+    ({"host_ops_per_step": 1000, "us_per_op": 19.9}, "launch-bound"),
+    ({"host_ops_per_step": 1400, "us_per_op": 37.0}, "healthy"),  # the kernel lab's ops: long, not overhead
     ({"host_ops_per_step": 999, "us_per_op": 1.0}, "healthy"),
     ({"transfer_share": 0.50, "exposed_transfer_share": 0.15}, "comm-exposed"),
     ({"transfer_share": 0.49, "exposed_transfer_share": 0.4}, "healthy"),  # little communication

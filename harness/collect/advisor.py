@@ -49,7 +49,11 @@ class Rules:
     sync_cost_share: float = 0.10
     sync_per_step: float = 1.0  # (GradScaler's advice: it syncs at least once a step)
     launch_ops_per_step: int = 1000  # host ops per step ...
-    launch_us_per_op: float = 10.0  # ... each taking less than this much step time (CPU and GPU)
+    # ... each taking less than this much step time (CPU and GPU): an eager op's dispatch alone
+    # costs 5-20 us of host time (fast CPUs to shared VMs), so ops this short are mostly that
+    # overhead. Measured on the lab's 2-rank CPU runs: torch mode (tiny tensors) 7-12 us an op,
+    # kernel mode (large elementwise) 37-40, baseline 40 (and under 1000 ops).
+    launch_us_per_op: float = 20.0
     launch_gpu_launches: int = 300  # GPU: kernel launches per step ...
     launch_gpu_idle_share: float = 0.30  # ... with the device idle this much
     # Communication itself (transfer, not waiting, DDP's reducer included) ... On CPU the
