@@ -7,7 +7,7 @@ DEMO_RUN := demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_ARGS ?= --mode torch --parallel ddp --steps 20 --warmup-steps 5 --active 6 \
 	--straggler-rank 1 --straggler-ms 30 --straggler-phase data
 
-.PHONY: setup browser demo test tensorboard clean-logs
+.PHONY: setup browser demo test test-quick tensorboard clean-logs
 
 setup:
 	VENV=$(VENV) bash launch/setup.sh
@@ -25,6 +25,12 @@ test: export EXTRAS := test,hf,lightning
 test: setup browser
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The edit loop: every test that starts no torchrun job (the `slow` marker).
+test-quick: export EXTRAS := test,hf,lightning
+test-quick: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 tensorboard: setup
 	$(BIN)/tensorboard --logdir profiler_logs --host 127.0.0.1

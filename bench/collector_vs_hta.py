@@ -9,7 +9,7 @@
     python bench/collector_vs_hta.py --no-compare --summary-ranks 1024 # ours only: a 1024-rank job's summaries
     python bench/collector_vs_hta.py --no-compare --summary-ranks 1024 --summary-steps 10  # ... of 10 steps
 
-Shapes (`--shape`, repeatable): `dlrm` replicates the real DLRM traces in ../shared/traces (GPU
+Shapes (`--shape`, repeatable): `dlrm` replicates the real DLRM traces in tests/data/traces (GPU
 kernels, NCCL, short args); `long-args` replicates a harness run made with `--record-shapes
 --with-stack` (every cpu_op carries shapes, strides and concrete inputs: about half the bytes
 are args), made once under --work; `--source DIR` adds any other folder of per-rank traces.
@@ -49,7 +49,7 @@ from typing import Any
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCE = REPO.parent / "shared" / "traces" / "dlrm_8rank_v100"
+SOURCE = REPO / "tests" / "data" / "traces" / "dlrm_8rank_v100"
 SHIFTED_ARGS = ("correlation", "External id", "Ev Idx")
 
 HTA_SCRIPT = """

@@ -10,6 +10,12 @@ VENV=${VENV:-.venv}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 EXTRAS=${EXTRAS:-test}
 
+# pyproject's requires-python, said in one line before a venv is made from the wrong Python.
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "setup: the harness needs Python 3.11 or newer; $PYTHON is $("$PYTHON" -V 2>&1); run with PYTHON=python3.11 (or newer)" >&2
+    exit 2
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
     if "$PYTHON" -c "import torch" 2>/dev/null; then
         echo "setup: reusing the torch of $PYTHON ($("$PYTHON" -c 'import torch; print(torch.__version__)'))"

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from identities import check_report
 
 from harness.collect.advisor import Rules, classify
 from harness.collect.parse import parse_trace
 
-from conftest import REPO, run_harness
+from identities import check_report
+from jobs import REPO, run_harness
 from tracebuild import GpuRank, document, step, write, x
 
 HEALTHY = {"device": "cpu", "data_share": 0.02, "host_ops_per_step": 400, "us_per_op": 40.0, "launches_per_step": 0,

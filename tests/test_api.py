@@ -15,7 +15,7 @@ from harness.paths import flight_path, run_file, scalars_dir, status_path, steps
 from harness.train.config import ConfigError
 from harness.train.run_config import load_run_config
 
-from conftest import REPO, _env
+from jobs import REPO, job_env
 
 EXAMPLE = REPO / "examples" / "plain_loop.py"
 
@@ -72,7 +72,7 @@ def test_a_loop_that_marks_nothing_is_told(tmp_path: Path) -> None:
 def torchrun(args: list[str], nproc: int = 2, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(EXAMPLE),
            *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env(), cwd=REPO)
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
     return proc

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO
+from jobs import REPO
 from tracebuild import document, gpu_docs, write, x
 
 Doc = dict[str, Any]

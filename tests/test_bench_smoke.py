@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from jobs import REPO
 from tracebuild import ring_docs, write
 
 BENCH = REPO / "bench"
@@ -63,7 +63,7 @@ def test_every_bench_script_has_a_smoke_run() -> None:
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-rank, 4-step GPU-shaped trace set (hand-built), standing in for ../shared/traces."""
+    """A 2-rank, 4-step GPU-shaped trace set (hand-built), standing in for tests/data/traces."""
     folder = tmp_path_factory.mktemp("bench") / "src"
     for rank, doc in enumerate(ring_docs(lambda r, s: 300.0 + 100.0 * r, n_ranks=2, n_steps=4)):
         write(folder / f"rank{rank}.pt.trace.json.gz", doc)

@@ -13,7 +13,7 @@ from harness.collect.parse import parse_trace
 from harness.collect.runup import IDLE
 from harness.report.document import build_report
 
-from conftest import REPO
+from jobs import REAL_TRACES, REPO
 from tracebuild import GLOO, GpuRank, document, gpu_docs, run_analysis, shift_doc, step, write, x
 
 
@@ -210,7 +210,6 @@ def test_traces_of_two_runs_are_refused(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from conftest import REPO
 
     for rank, run_id in ((0, "aaa"), (1, "bbb")):
         write(tmp_path / f"rank{rank}.pt.trace.json",
@@ -247,7 +246,7 @@ def test_collector_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, harness.collect.cli, harness.collect.merged; sys.exit('torch' in sys.modules)"
+    code = "import sys, harness.report.command, harness.collect.merged; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
@@ -297,7 +296,7 @@ def _real_and_built_traces(tmp_path: Path) -> list[Path]:
              write(tmp_path / "empty.pt.trace.json", document([], 0))]
     indented = tmp_path / "indented.pt.trace.json"
     indented.write_text(json.dumps(document(events, 0, harness={"host": "h"}), indent=2))
-    real = sorted(Path(REPO.parent / "shared" / "traces").glob("*/*.json.gz"))
+    real = sorted(REAL_TRACES.glob("*/*.json.gz"))
     return built + [indented] + real
 
 

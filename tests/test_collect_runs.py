@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from identities import check_report
 
 from harness.paths import list_traces
 
-from conftest import QUICK, REPO, SHARED_TRACES, run_harness
+from identities import check_report
+from jobs import QUICK, REAL_TRACES, REPO, run_harness
 from tracebuild import shift_doc
 
 pytestmark = pytest.mark.slow
@@ -163,11 +163,10 @@ THIRD_PARTY = ["dlrm_8rank_v100", "hta_trace_filter_2of128", "hta_single_rank/nc
                "hta_single_rank/torchrec_a100_rank0of16.json.gz"]
 
 
-@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is not present")
 @pytest.mark.parametrize("folder", THIRD_PARTY)
 def test_third_party_gpu_traces(folder: str, tmp_path: Path) -> None:
     out = tmp_path / "report"
-    collect(str(SHARED_TRACES / folder), "-o", str(out), "-q")
+    collect(str(REAL_TRACES / folder), "-o", str(out), "-q")
     doc = json.loads((out / "report.json").read_text())
     assert doc["run"]["device"] == "gpu"
     for r in doc["ranks"]:
@@ -192,9 +191,8 @@ def test_third_party_gpu_traces(folder: str, tmp_path: Path) -> None:
         assert doc["verdict_reason"].startswith("one rank only")
 
 
-@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is not present")
 def test_unrelated_single_rank_traces_are_refused_together() -> None:
-    proc = collect(str(SHARED_TRACES / "hta_single_rank"), "-o", "/dev/null/x", check=False)
+    proc = collect(str(REAL_TRACES / "hta_single_rank"), "-o", "/dev/null/x", check=False)
     assert proc.returncode == 2
     assert "different runs are mixed: world size 2" in proc.stderr and "world size 16" in proc.stderr
 

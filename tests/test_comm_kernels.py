@@ -14,7 +14,7 @@ import pytest
 
 from harness.collect.comm_kernels import classify, looks_like_comm
 
-from conftest import REPO
+from jobs import REPO
 from tracebuild import GpuRank, document, run_analysis, step, write
 
 NAMES = [

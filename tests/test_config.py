@@ -11,7 +11,7 @@ import pytest
 from harness.train.cli import parse_config
 from harness.train.config import ConfigError, LaunchEnv, resolve_environment
 
-from conftest import REPO
+from jobs import REPO
 
 CONFIGS = sorted((REPO / "configs").glob("*.toml"))
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from devicesim import Sim, write_all
 
 from harness.collect.analysis import Analysis, analyze
 from harness.collect.discover import group_ranks
 from harness.collect.parse import parse_trace
+
+from devicesim import Sim, write_all
 
 GEMM = "ampere_sgemm_128x64_nn"
 

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from devicesim import D2H, H2D, DeadlockError, Sim, collective_names, write_all
 
 from harness.collect.parse import parse_trace
+
+from devicesim import D2H, H2D, DeadlockError, Sim, collective_names, write_all
 
 GEMM = "ampere_sgemm_128x64_nn"
 EW = "vectorized_elementwise_kernel"

@@ -14,7 +14,7 @@ from harness.collect.collective_stats import bus_factor, collective_stats, messa
 from harness.collect.waits import attribute
 from harness.report.document import build_report
 
-from conftest import REPO
+from jobs import REPO
 from tracebuild import ring_docs, run_analysis, write
 
 

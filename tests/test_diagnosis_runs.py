@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from identities import check_report
 
-from conftest import REPO, run_harness
+from identities import check_report
+from jobs import REPO, run_harness
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import pytest
 from harness.collect.parse import parse_trace
 from harness.paths import PARTIAL_SUFFIX, list_traces, status_path, steps_path
 
-from conftest import REPO, _env
+from jobs import REPO, job_env
 
 # Rank 0 sleeps 15 ms a step so the job lasts long enough to be killed mid-run; the profiler
 # window (steps 3-5) is written early, so both ranks have a trace before the kill.
@@ -29,7 +29,7 @@ LONG = ["--mode", "baseline", "--steps", "150", "--warmup-steps", "2", "--wait",
 def start(log_dir: Path, *torchrun: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *torchrun,
            "-m", "harness.train", "--log-dir", str(log_dir), "--run-name", "run", *LONG]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO,
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env(), cwd=REPO,
                             start_new_session=True)
 
 

@@ -15,7 +15,7 @@ from harness.collect.flight import FlightError, analyse, headline, read_dump, re
 from harness.paths import flight_path, status_path
 from harness.train.config import ConfigError, build_config
 
-from conftest import QUICK, REPO, _env, run_harness
+from jobs import QUICK, REPO, job_env, run_harness
 
 
 def collect(*args: str) -> subprocess.CompletedProcess:
@@ -83,7 +83,7 @@ def test_clean_run_is_not_a_hang(tmp_path: Path) -> None:
 def test_size_mismatch_from_a_real_job_is_reported(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(REPO / "tests" / "flight_mismatch_job.py"), str(tmp_path)]
-    env = {**_env(), "PYTHONPATH": str(REPO)}
+    env = {**job_env(), "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = collect(str(tmp_path), "-q")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, _env
+from jobs import REPO, job_env
 from tracebuild import GLOO, document, step, write, x
 
 
@@ -60,7 +60,7 @@ def test_traces_written_by_the_frameworks_own_profilers(job: str, tmp_path: Path
     out = tmp_path / "traces"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(REPO / "tests" / job), str(out)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=job_env(), cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
     doc = collect(out)
     assert doc["run"]["ranks_present"] == [0, 1] and len(doc["run"]["steps"]) >= 3

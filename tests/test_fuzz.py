@@ -22,16 +22,14 @@ from harness.collect.discover import InputError, group_ranks
 from harness.collect.parse import TraceError, parse_trace
 from harness.report.document import build_report
 
-from conftest import REPO
+from jobs import REAL_TRACES
 
-TRACES = REPO.parent / "shared" / "traces"
-SOURCES = [TRACES / "dlrm_8rank_v100" / "worker0_step_12.1694128201545.pt.trace.json.gz",
-           TRACES / "hta_trace_filter_2of128" / "sampled_rank-0.json.gz"]
+SOURCES = [REAL_TRACES / "dlrm_8rank_v100" / "worker0_step_12.1694128201545.pt.trace.json.gz",
+           REAL_TRACES / "hta_trace_filter_2of128" / "sampled_rank-0.json.gz"]
 FIELDS = ("ph", "name", "cat", "ts", "dur", "pid", "tid", "args")
 ODD_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63), st.floats(allow_nan=False),
                        st.text(max_size=20), st.just([]), st.just({}), st.just({"correlation": "x"}))
 
-pytestmark = pytest.mark.skipif(not all(p.exists() for p in SOURCES), reason="../shared/traces not present")
 
 _loaded: dict[Path, dict[str, Any]] = {}
 

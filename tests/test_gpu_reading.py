@@ -1,7 +1,7 @@
 """Reading GPU traces right (issue: a GPU-correctness read): who called each blocking sync, the
 host ops of every model thread, a GPU run whose trace holds no kernels, Triton matmul
 templates, `ncclDevKernel_Generic` named from its host op, and copies apart from idle time.
-Hand-built traces with exact answers, then the real traces in ../shared/traces."""
+Hand-built traces with exact answers, then the real traces in tests/data/traces."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from harness.collect.discover import group_ranks
 from harness.collect.host import caller_of, enclosing
 from harness.collect.parse import NO_KERNELS, parse_trace
 
-from conftest import SHARED_TRACES
+from jobs import REAL_TRACES
 from tracebuild import MAIN, STREAM, GpuRank, document, run_analysis, step, write, x
 
 AUTOGRAD = (100, 102)  # autograd's device thread
@@ -283,11 +283,9 @@ def test_a_world_of_one_rank_has_no_communication(tmp_path: Path) -> None:
 
 # -- the real traces ----------------------------------------------------------------------------
 
-real = pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is not present")
-A100_DDP = SHARED_TRACES / "hta_single_rank" / "nccl_data_a100_rank0of2.json.gz"
+A100_DDP = REAL_TRACES / "hta_single_rank" / "nccl_data_a100_rank0of2.json.gz"
 
 
-@real
 def test_real_traces_syncs_by_caller() -> None:
     """Who syncs in the real traces: the A100 DDP CNN only through DDP's logger (its window is
     iterations 4-6); DLRM and TorchRec through synchronous copies (8 and 9 to the device,
@@ -296,21 +294,19 @@ def test_real_traces_syncs_by_caller() -> None:
     assert [s.syncs_by_caller for s in a100.steps] == [{"DDP logger": 8}] * 3
     [d] = diagnose(analyze(group_ranks([a100])))
     assert d.bottleneck != "sync-bound" and "DDP's runtime logger 8.0 per step" in d.reason
-    dlrm = parse_trace(next((SHARED_TRACES / "dlrm_8rank_v100").glob("worker0_*")))
+    dlrm = parse_trace(next((REAL_TRACES / "dlrm_8rank_v100").glob("worker0_*")))
     assert dlrm.steps[0].syncs_by_caller == {"copy to device": 8, "copy to host": 2}
-    rec = parse_trace(SHARED_TRACES / "hta_single_rank" / "torchrec_a100_rank0of16.json.gz")
+    rec = parse_trace(REAL_TRACES / "hta_single_rank" / "torchrec_a100_rank0of16.json.gz")
     assert [s.syncs_by_caller for s in rec.steps] == [{"copy to device": 9, "copy to host": 6}] * 5
 
 
-@real
 def test_real_traces_count_backward_on_autograds_thread() -> None:
     # per step: main thread + autograd's thread (any-depth aten ops)
     assert [s.host_ops for s in parse_trace(A100_DDP).steps] == [2381 + 1218] * 3
-    dlrm = parse_trace(next((SHARED_TRACES / "dlrm_8rank_v100").glob("worker0_*")))
+    dlrm = parse_trace(next((REAL_TRACES / "dlrm_8rank_v100").glob("worker0_*")))
     assert dlrm.steps[0].host_ops == 921 + 549
 
 
-@real
 def test_real_traces_copies_leave_idle() -> None:
     t = parse_trace(A100_DDP)
     assert any(s.cover is not None and s.cover.memcpy_us > 0 for s in t.steps)

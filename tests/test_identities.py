@@ -1,5 +1,5 @@
 """The accounting identities (tests/identities.py) over every trace at hand: the real
-third-party GPU traces in ../shared/traces, the device-queue simulator's jobs, and hand-built
+third-party GPU traces in tests/data/traces, the device-queue simulator's jobs, and hand-built
 traces. (The real-run tests check them on their own runs' reports.)"""
 
 from __future__ import annotations
@@ -7,8 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from devicesim import Sim, write_all
-from identities import check_report, check_spans
 from test_device_timeline import gpu_bound, sync_loop
 
 from harness.collect.analysis import Analysis, analyze
@@ -16,7 +14,9 @@ from harness.collect.discover import group_ranks
 from harness.collect.parse import parse_trace
 from harness.report.document import build_report
 
-from conftest import SHARED_TRACES
+from devicesim import Sim, write_all
+from identities import check_report, check_spans
+from jobs import REAL_TRACES
 from tracebuild import gpu_docs, ring_docs, write
 
 
@@ -39,23 +39,21 @@ SETS = {
 }
 
 
-@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is not present")
 @pytest.mark.parametrize("name", sorted(SETS))
 def test_identities_on_real_gpu_traces(name: str) -> None:
-    where = SHARED_TRACES / SETS[name][0]
+    where = REAL_TRACES / SETS[name][0]
     paths = sorted(where.glob("*.gz")) if where.is_dir() else [where]
     check(paths)
 
 
 def test_the_torchrec_trace_reads_without_double_counting() -> None:
-    """The shared TorchRec rank: its main stream runs a step behind the host (155-162 ms) while
-    side streams prefetch for later steps. Windows of each step's own work overlapped: step 550
-    read compute 67.0 + idle 237.7 + exposed 55.8 + copies 11.8 ms in a 209.7 ms step. Its spans
-    now follow the main stream: 216.29, 215.57, 216.52, 216.21, 212.51 ms, each adding up, step
-    550's busy 75.09 ms (the union of every kernel, copy and memset in it) and idle 141.20."""
-    path = SHARED_TRACES / "hta_single_rank" / "torchrec_a100_rank0of16.json.gz"
-    if not path.is_file():
-        pytest.skip("../shared/traces is not present")
+    """The real TorchRec rank: its main stream runs a step behind the host (155-162 ms) while
+    side streams prefetch for later steps. Windows of each step's own work would overlap and
+    count the other step's kernels as idle (step 550: compute 67.0 + idle 237.7 + exposed 55.8 +
+    copies 11.8 ms in a 209.7 ms step). Its spans follow the main stream: 216.29, 215.57, 216.52,
+    216.21, 212.51 ms, each adding up, step 550's busy 75.09 ms (the union of every kernel, copy
+    and memset in it) and idle 141.20."""
+    path = REAL_TRACES / "hta_single_rank" / "torchrec_a100_rank0of16.json.gz"
     a = check([path])
     rows = sorted(a.overlap, key=lambda o: o.step)
     assert [o.window_us / 1e3 for o in rows] == pytest.approx([216.289, 215.568, 216.517, 216.211, 212.515], abs=1e-3)

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from identities import check_report
 
 from harness.paths import run_file, status_path, steps_path, watch_path
 
-from conftest import REPO, _env
+from identities import check_report
+from jobs import REPO, job_env
 
 EXAMPLES = {"hf": REPO / "examples" / "hf_trainer.py", "lightning": REPO / "examples" / "lightning_module.py"}
 
@@ -27,7 +27,7 @@ def test_a_framework_jobs_slow_rank_is_named(framework: str, tmp_path: Path) -> 
            str(EXAMPLES[framework]), "--log-dir", str(tmp_path), "--run-name", "job", "--steps", "20",
            "--slow-rank", "1", "--slow-ms", "30",
            "--watch-every", "10"]
-    job = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=_env(), cwd=REPO)
+    job = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=job_env(), cwd=REPO)
     run = tmp_path / "job"
     if job.returncode != 0:
         # A process of a finished job sometimes aborts in a C++ destructor at interpreter exit (gloo,

@@ -18,7 +18,7 @@ from harness.lab.results import FAILED, OK, SKIPPED, RowResult, csv_text, derive
 from harness.lab.sweeps import SWEEPS, Host, Row
 from harness.paths import LAB_DIR, LAB_SUMMARY, LAB_TIMINGS, run_file, steps_path
 
-from conftest import REPO, _env
+from jobs import REPO, job_env
 
 CPU2 = Host(cores=2, gpus=0)
 
@@ -149,7 +149,7 @@ def test_ladder_names_regressions() -> None:
 
 def lab(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "harness.lab", *args], capture_output=True, text=True,
-                          timeout=timeout, env=_env(), cwd=REPO)
+                          timeout=timeout, env=job_env(), cwd=REPO)
 
 
 @pytest.mark.parametrize(("args", "needle"), [

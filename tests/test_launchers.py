@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUICK, REPO, free_port
+from jobs import QUICK, REPO, free_port
 
 # A fake executable: writes its arguments, one per line, to $FAKE_LOG/<its name>.args.
 RECORD = '#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$FAKE_LOG/$(basename "$0").args"\n'

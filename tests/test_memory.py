@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from harness.collect import cli as collect_cli
 from harness.collect.memory import GiB, MiB, analyze_memory, memory_from_dirs, read_step_logs, t_quantile
 from harness.paths import MEMORY_TIMELINE_PATTERN, PARTIAL_SUFFIX, steps_path
+from harness.report import command as collect_cli
 from harness.report.console import console_table
 from harness.report.document import build_report
 from harness.report.markdown import render_markdown
 from harness.report.page import render_page
 from harness.train.config import ConfigError, LaunchEnv, build_config, resolve_environment
 
-from conftest import REPO, run_harness
+from jobs import REPO, run_harness
 from tracebuild import ring_docs, run_analysis
 
 WARMUP = 5

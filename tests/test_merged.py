@@ -20,7 +20,7 @@ from harness.collect.model import RankTrace, Step
 from harness.collect.parse import parse_trace
 from harness.paths import MERGED_TRACE
 
-from conftest import REPO, SHARED_TRACES
+from jobs import REAL_TRACES, REPO
 from tracebuild import ring_docs, write
 
 
@@ -206,7 +206,7 @@ def test_block_index_covers_every_event_exactly(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(decode, "BLOCK_BYTES", 3000)
     files = [write(tmp_path / "a.pt.trace.json", ring_docs(lambda r, s: 10.0 * r, 2, 30)[0]),
              write(tmp_path / "b.pt.trace.json.gz", ring_docs(lambda r, s: 10.0 * r, 2, 30)[1])]
-    files += sorted(SHARED_TRACES.glob("*/*.json*"))[:3]
+    files += sorted(REAL_TRACES.glob("*/*.json*"))[:3]
     for f in files:
         t = decode.decode_trace(f)
         assert t.blocks, f

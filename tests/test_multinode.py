@@ -18,7 +18,7 @@ import pytest
 
 from harness.paths import TRACE_METADATA_KEY, status_path
 
-from conftest import QUICK, REPO, Run, free_port, load_trace
+from jobs import QUICK, REPO, Run, free_port, load_trace
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """The native merged-trace rewriter (harness/collect/_rewrite.c) against the Python loop it
 accelerates (merged._Mover.events): every block gives the same events (compared as parsed JSON:
 numbers may be spelled differently, never valued differently), the same new thread numbers and
-the same count, on the real traces in ../shared/traces and on generated events of every odd
+the same count, on the real traces in tests/data/traces and on generated events of every odd
 shape; what it declines leaves no trace of having been tried; the collector's merged trace is
 the same with it and without it."""
 
@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from test_native_scan import NUMBER, ODD, REAL, TEXT
 
 from harness.collect import decode, merged
-from harness.collect.cli import main as collect_main
 from harness.collect.decode import NATIVE_ENV, decode_trace, open_trace
+from harness.report.command import main as collect_main
 
-from conftest import SHARED_TRACES
+from jobs import REAL_TRACES
 
 built = pytest.mark.skipif(decode._scan is None, reason="the native code is not built (no C compiler)")
 
@@ -83,7 +83,6 @@ def _window(path: Path) -> list[tuple[float, float]]:
 
 
 @built
-@pytest.mark.skipif(not REAL, reason="../shared/traces is not present")
 @pytest.mark.parametrize("path", REAL, ids=lambda p: p.name[:40])
 def test_real_traces_rewrite_the_same(path: Path):
     blocks = _blocks(path)
@@ -239,7 +238,6 @@ def test_rewriter_survives_garbage(data: bytes):
 
 
 @built
-@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is not present")
 @pytest.mark.parametrize("choice", ["all", "auto"])
 def test_collector_writes_the_same_merged_trace(choice: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The user's command, with the native code and without it (HARNESS_NATIVE_SCAN=0)."""
@@ -247,7 +245,7 @@ def test_collector_writes_the_same_merged_trace(choice: str, tmp_path: Path, mon
     for flag in ("1", "0"):
         monkeypatch.setenv(NATIVE_ENV, flag)
         out = tmp_path / flag
-        args = [str(SHARED_TRACES / "dlrm_8rank_v100"), "-o", str(out), "-q", "-j", "1"]
+        args = [str(REAL_TRACES / "dlrm_8rank_v100"), "-o", str(out), "-q", "-j", "1"]
         collect_main(args + ([] if choice == "auto" else ["--merged", choice]))
         docs.append(json.loads(gzip.decompress((out / merged.MERGED_TRACE).read_bytes())))
     assert docs[0] == docs[1]

@@ -1,6 +1,6 @@
 """The native event tabler (harness/collect/_scan.c) against the Python decode it accelerates:
 every trace decodes to the same `Trace` with it and without it (HARNESS_NATIVE_SCAN=0), on the
-real traces in ../shared/traces, on generated events of every odd shape (escapes, raw UTF-8,
+real traces in tests/data/traces, on generated events of every odd shape (escapes, raw UTF-8,
 string times, string pids, duplicate keys, collective args), and on corrupted files, where both
 give the same error. Garbage handed to the scanner itself never crashes it."""
 
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from harness.collect import decode
 from harness.collect.decode import NATIVE_ENV, TraceError, decode_trace
 
-from conftest import SHARED_TRACES
+from jobs import REAL_TRACES
 
 built = pytest.mark.skipif(decode._scan is None, reason="the native tabler is not built (no C compiler)")
 
@@ -70,11 +70,10 @@ def _native_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return answers
 
 
-REAL = sorted(p for p in SHARED_TRACES.rglob("*.json*")) if SHARED_TRACES.is_dir() else []
+REAL = sorted(p for p in REAL_TRACES.rglob("*.json*"))
 
 
 @built
-@pytest.mark.skipif(not REAL, reason="../shared/traces is not present")
 @pytest.mark.parametrize("path", REAL, ids=lambda p: p.name[:40])
 def test_real_traces_decode_the_same(path: Path, monkeypatch: pytest.MonkeyPatch):
     python, native = both(path, monkeypatch)

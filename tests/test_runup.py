@@ -1,5 +1,5 @@
 """Run-ups and per-step merged compute over numpy columns (runup.py), and CPU self times
-(parse._self_times), against the plain loops they replaced, kept here as the oracle: the same
+(parse._self_times), against plain loops over every interval, kept here as the oracle: the same
 numbers to the last bit, the same key order, on generated intervals (nested, overlapping,
 touching, outside every step, zero-length)."""
 

@@ -17,10 +17,10 @@ from harness.collect.parse import TraceError, parse_trace
 from harness.collect.summary import read_summary, summarize, write_summary
 from harness.paths import SUMMARY_SUFFIX, list_traces, summary_path
 
-from conftest import REPO, SHARED_TRACES, run_harness
+from jobs import REAL_TRACES, REPO, run_harness
 from tracebuild import gpu_docs, write
 
-A100_DDP = SHARED_TRACES / "hta_single_rank" / "nccl_data_a100_rank0of2.json.gz"  # has copies
+A100_DDP = REAL_TRACES / "hta_single_rank" / "nccl_data_a100_rank0of2.json.gz"  # has copies
 
 STEPS = ["--steps", "12", "--warmup-steps", "2", "--wait", "3", "--warmup", "1", "--active", "6", "--batch-size", "16"]
 
@@ -32,7 +32,7 @@ def collect(*args: str) -> subprocess.CompletedProcess:
 
 def _traces(tmp_path: Path) -> list[Path]:
     built = [write(tmp_path / f"rank{r}.pt.trace.json", doc) for r, doc in enumerate(gpu_docs())]
-    return built + sorted(SHARED_TRACES.glob("*/*.json.gz"))
+    return built + sorted(REAL_TRACES.glob("*/*.json.gz"))
 
 
 def test_a_summary_reads_back_as_the_parsed_trace(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from harness.report.page import render_page
 from harness.view.cache import BodyCache
 from harness.view.tb_plugin import DistributedViewPlugin
 
-from conftest import REPO, free_port
+from jobs import REPO, free_port
 from tracebuild import ring_docs, write
 
 PLUGIN = "/data/plugin/harness_distributed"
@@ -209,7 +209,7 @@ def test_fifty_requests_at_once_get_every_byte_with_bounded_memory(server: Serve
     sizes = sum((report_dir / f).stat().st_size for f in ("report.json", "timeline.json"))
     assert sizes > (REPORT_MB + TIMELINE_MB) * 0.9e6
     # First contact: the page is made from both files parsed (~10x their size, for a moment),
-    # once; the old code parsed and re-encoded them for every request in flight (~17 per route).
+    # once, not once for every request in flight (~17 per route).
     cold = burst(server, want)
     assert cold < 20 * sizes, f"first burst: server RSS grew {cold / 1e6:.0f} MB (bound {20 * sizes / 1e6:.0f} MB)"
     # Then every request is served from the cache: nothing is parsed again.

@@ -11,7 +11,7 @@ import pytest
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_METADATA_KEY, TRACE_PATTERN, WORKER_RANK_PATTERN
 from harness.train.stats import step_statistics
 
-from conftest import QUICK, Run, load_trace, run_harness
+from jobs import QUICK, Run, load_trace, run_harness
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from identities import check_report
 
-from conftest import REPO, _env
+from identities import check_report
+from jobs import REPO, job_env
 
 SLOW_MS = 30.0
 
@@ -23,13 +23,13 @@ def test_a_tutorial_style_loop_gets_its_straggler_and_phase(tmp_path: Path) -> N
     traces = tmp_path / "traces"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(REPO / "tests" / "user_loop.py"), str(traces), "1", str(SLOW_MS)]
-    job = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO)
+    job = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=job_env(), cwd=REPO)
     assert job.returncode == 0, job.stderr[-4000:]
     names = sorted(p.name for p in traces.iterdir())
     assert len(names) == 2 and all(".pt.trace.json" in n and "_" in n for n in names)  # <host>_<pid>.<ts>...
     out = tmp_path / "report"
     proc = subprocess.run([sys.executable, "-m", "harness.collect", str(traces), "-o", str(out), "-q"],
-                          capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO)
+                          capture_output=True, text=True, timeout=300, env=job_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((out / "report.json").read_text())
     check_report(doc)

@@ -24,7 +24,7 @@ from harness.train.watch_rule import jitter_ms, median, own_work_phases, pack_ro
 from harness.train.watch_rule import judge_interval as judge_tables
 from harness.write_faults import AppendOnlyFile, FaultLog
 
-from conftest import REPO, run_harness
+from jobs import REPO, run_harness
 
 DDP_OWN = own_work_phases("ddp")
 

@@ -22,7 +22,7 @@ from harness.train.run_info import host_name
 from harness.train.stats import StepLog
 from harness.write_faults import AppendOnlyFile, FaultLog, describe
 
-from conftest import REPO, run_harness
+from jobs import REPO, run_harness
 
 # -- unit: the append-only file -----------------------------------------------------------------
 

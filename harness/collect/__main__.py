@@ -1,3 +1,3 @@
-from harness.collect.cli import main
+from harness.report.command import main
 
 main()

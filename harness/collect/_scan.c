@@ -9,7 +9,7 @@
  * as strict as msgspec about JSON (it also rejects invalid UTF-8 anywhere).
  *
  * Rules, identical to _Tables.add (tests/test_native_scan.py compares the two on every trace in
- * ../shared/traces and on generated events):
+ * tests/data/traces and on generated events):
  *   1. only objects; `ph` "M" anywhere sets the block's metadata flag; only `ph` "X" is kept;
  *   2. a kept event has numeric `ts` and `dur` (missing: skipped) and dur >= 0; it counts, and
  *      widens the block's time extent;

@@ -1,6 +1,6 @@
 """Read one rank's Kineto/Chrome trace into a `RankTrace`.
 
-What is taken from where (the format facts are in ../shared/design.md):
+What is taken from where (the format facts: docs/collector.md):
 1. rank: `distributedInfo.rank`, else the harness metadata, else the file name (with a warning);
 2. steps: `ProfilerStep#N` on the main thread, else the harness phase ranges, else one window;
 3. communication: on GPU the kernels of communication libraries (comm_kernels.py: NCCL/RCCL,

@@ -8,21 +8,25 @@ from typing import Any
 from harness import text_table
 from harness.report.document import bytes_to_mb
 
-# Table columns as (key, title, format), shared by report.md and the HTML view.
+# Table columns as (key, title, format), shared by report.md and the HTML view. Every figure's title
+# says what it is over: "(mean)" or "/step" per step, "(total)" summed over the window's steps.
 Column = tuple[str, str, str]
 STRAGGLER_COLUMNS: list[Column] = [
     ("rank", "rank", "{}"), ("host", "host", "{}"), ("phase", "late in", "{}"),
     ("late_ms", "late ms/step", "{:.2f}"), ("cost_ms", "costs ms/step", "{:.2f}"),
     ("phase_excess_ms", "excess ms/step", "{:.2f}"),
     ("pattern", "pattern", "{}"), ("steps_late_text", "late in steps", "{}"),
-    ("late_fraction", "late at collectives", "{:.0%}"), ("blame_ms", "others waited ms", "{:.2f}"),
-    ("mean_step_ms", "step ms", "{:.2f}"), ("whatif_step_ms", "step ms if fixed", "{:.2f}")]
+    ("late_fraction", "late at collectives", "{:.0%}"), ("blame_ms", "others waited ms (total)", "{:.2f}"),
+    ("mean_step_ms", "step ms (mean)", "{:.2f}"), ("whatif_step_ms", "step ms if fixed (mean)", "{:.2f}")]
 RANK_COLUMNS: list[Column] = [
-    ("rank", "rank", "{}"), ("host", "host", "{}"), ("steps", "steps", "{}"), ("mean_step_ms", "step ms", "{:.2f}"),
-    ("compute_ms", "compute ms", "{:.2f}"), ("comm_ms", "comm ms", "{:.2f}"),
-    ("overlapped_comm_ms", "overlapped ms", "{:.2f}"), ("exposed_wait_ms", "exposed waiting ms", "{:.2f}"),
-    ("exposed_transfer_ms", "exposed transfer ms", "{:.2f}"),
-    ("idle_ms", "idle ms", "{:.2f}"), ("wait_ms", "waited ms", "{:.2f}"), ("blame_ms", "blamed ms", "{:.2f}"),
+    ("rank", "rank", "{}"), ("host", "host", "{}"), ("steps", "steps", "{}"),
+    ("mean_step_ms", "step ms (mean)", "{:.2f}"),
+    ("compute_ms", "compute ms (total)", "{:.2f}"), ("comm_ms", "comm ms (total)", "{:.2f}"),
+    ("overlapped_comm_ms", "overlapped ms (total)", "{:.2f}"),
+    ("exposed_wait_ms", "exposed waiting ms (total)", "{:.2f}"),
+    ("exposed_transfer_ms", "exposed transfer ms (total)", "{:.2f}"),
+    ("idle_ms", "idle ms (total)", "{:.2f}"), ("wait_ms", "waited ms (total)", "{:.2f}"),
+    ("blame_ms", "blamed ms (total)", "{:.2f}"),
     ("late_ms", "late ms/step", "{:.2f}"), ("cost_ms", "costs ms/step", "{:.2f}")]
 GAP_COLUMNS: list[Column] = [
     ("rank", "rank", "{}"), ("step", "step", "{}"), ("kind", "kind", "{}"), ("dur_ms", "ms", "{:.3f}"),
@@ -31,20 +35,22 @@ DIAGNOSIS_COLUMNS: list[Column] = [
     ("rank", "rank", "{}"), ("host", "host", "{}"), ("bottleneck", "bottleneck", "{}"), ("reason", "evidence", "{}"),
     ("advice", "next step", "{}")]
 HOST_COLUMNS: list[Column] = [
-    ("host", "host", "{}"), ("ranks", "ranks", "{}"), ("blame_ms", "others waited ms", "{:.2f}"),
-    ("wait_ms", "waited ms", "{:.2f}"), ("stragglers", "stragglers", "{}")]
+    ("host", "host", "{}"), ("ranks", "ranks", "{}"), ("blame_ms", "others waited ms (total)", "{:.2f}"),
+    ("wait_ms", "waited ms (total)", "{:.2f}"), ("stragglers", "stragglers", "{}")]
 CLOCK_COLUMNS: list[Column] = [
     ("host", "host", "{}"), ("ranks_text", "ranks", "{}"), ("offset_ms", "offset ms", "{:.3f}"),
     ("spread_ms", "spread ms", "{:.3f}"), ("samples", "collectives", "{}"), ("via", "aligned against", "{}")]
 PG_COLUMNS: list[Column] = [
     ("pg", "process group", "{}"), ("ranks_text", "ranks", "{}"), ("collectives", "collectives", "{}"),
-    ("comm_ms", "comm ms", "{:.2f}"), ("exposed_wait_ms", "exposed waiting ms", "{:.2f}"),
-    ("exposed_transfer_ms", "exposed transfer ms", "{:.2f}"), ("wait_ms", "waited ms", "{:.2f}"),
-    ("transfer_ms", "transfer ms", "{:.2f}")]
+    ("comm_ms", "comm ms (total)", "{:.2f}"), ("exposed_wait_ms", "exposed waiting ms (total)", "{:.2f}"),
+    ("exposed_transfer_ms", "exposed transfer ms (total)", "{:.2f}"), ("wait_ms", "waited ms (total)", "{:.2f}"),
+    ("transfer_ms", "transfer ms (total)", "{:.2f}")]
 COLLECTIVE_STAT_COLUMNS: list[Column] = [
     ("name", "collective", "{}"), ("pg", "group", "{}"), ("ranks", "ranks", "{}"), ("bytes", "bytes", "{:,}"),
-    ("count", "count", "{}"), ("transfer_ms", "transfer ms", "{:.3f}"), ("mean_transfer_ms", "mean ms", "{:.4f}"),
-    ("wait_ms", "waited ms", "{:.3f}"), ("algbw_gbps", "algbw GB/s", "{:.2f}"), ("busbw_gbps", "busbw GB/s", "{:.2f}")]
+    ("count", "count", "{}"), ("transfer_ms", "transfer ms (total)", "{:.3f}"),
+    ("mean_transfer_ms", "transfer ms (mean)", "{:.4f}"),
+    ("wait_ms", "waited ms (total)", "{:.3f}"), ("algbw_gbps", "algbw GB/s", "{:.2f}"),
+    ("busbw_gbps", "busbw GB/s", "{:.2f}")]
 
 
 def cell(row: dict[str, Any], key: str, fmt: str) -> str:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from harness.paths import DEFAULT_LOG_DIR
 

@@ -1,0 +1,91 @@
+"""What the tests share: run real harness jobs (torchrun or single process) on CPU, and where the
+real third-party traces are (tests/data/traces, with their provenance and licence)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.paths import list_traces, run_file, steps_path
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_TRACES = REPO / "tests" / "data" / "traces"
+# Small and quick on 2 cores; tests that need other sizes pass their own flags after these.
+QUICK = ["--steps", "8", "--warmup-steps", "2", "--wait", "2", "--warmup", "1", "--active", "2", "--batch-size", "16"]
+
+
+@dataclass
+class Run:
+    proc: subprocess.CompletedProcess
+    dir: Path
+
+    @property
+    def run_json(self) -> dict[str, Any]:
+        return json.loads(run_file(self.dir).read_text())
+
+    def traces(self) -> list[Path]:
+        return list_traces(self.dir)
+
+    def steps(self, rank: int) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in steps_path(self.dir, rank).read_text().splitlines()]
+
+
+def job_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def run_harness(args: list[str], log_dir: Path, *, nproc: int | None = 2, run_name: str = "run",
+                timeout: float = 300, check: bool = True, extra_torchrun: list[str] | None = None) -> Run:
+    """Run harness.train: under torchrun with `nproc` ranks, or as one process if nproc is None."""
+    harness_args = ["--log-dir", str(log_dir), "--run-name", run_name, *args]
+    if nproc is None:
+        cmd = [sys.executable, "-m", "harness.train", *harness_args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               *(extra_torchrun or []), "-m", "harness.train", *harness_args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env(), cwd=REPO)
+    if check and proc.returncode != 0 and native_crash(proc.stderr):
+        # torch.profiler's native side (Kineto) crashes now and then in a short CPU job (seen
+        # once in ~300 runs here: "malloc(): unsorted double linked list corrupted" as a window
+        # was exported; upstream reports the same class of intermittent crash). That is not
+        # what these tests test: such a job gets one fresh run, and says so.
+        print(f"run_harness: a rank died in native code ({native_crash(proc.stderr)}); running the job once more")
+        shutil.rmtree(log_dir / run_name, ignore_errors=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env(), cwd=REPO)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}"
+                             f"\nstderr:\n{proc.stderr[-6000:]}")
+    return Run(proc=proc, dir=log_dir / run_name)
+
+
+NATIVE_CRASH = ("malloc(): ", "free(): ", "double free or corruption", "corrupted size vs. prev_size",
+                "Segmentation fault", "Fatal Python error: Segmentation")
+
+
+def native_crash(stderr: str) -> str | None:
+    """The heap-corruption or segfault line a rank printed as it died, if any."""
+    return next((line.strip() for line in stderr.splitlines() if any(m in line for m in NATIVE_CRASH)), None)
+
+
+def free_port() -> int:
+    """A loopback TCP port free right now (for rendezvous endpoints)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:
+        return json.load(fh)
