@@ -1,12 +1,12 @@
 """What a parsed rank keeps, held compactly: times by name, and a step's cover's intervals.
 
 A rank's per-name aggregates (each collective's run-up by kernel, each step's compute by
-kernel or op) were dicts of float objects, and its steps' covers lists of tuples of floats:
-about 75 bytes a time with the containers, times tens of names or pieces, times every
-collective and step of every rank: most of what a parsed rank held (a 512-rank job of 10 steps:
-110 of 130 MB). `Named` keeps the names as one tuple, shared by every mapping that holds the
-same names in the same order (the ranks of one job run the same kernels in the same order), and
-the values as one array of doubles; `Pieces` keeps intervals as one array: 8 bytes a time.
+kernel or op) and its steps' covers are most of what a parsed rank holds: tens of names or
+pieces, times every collective and step of every rank. As dicts of floats and lists of tuples
+they would cost about 75 bytes a time with the containers. `Named` keeps the names as one
+tuple, shared by every mapping that holds the same names in the same order (the ranks of one job
+run the same kernels in the same order), and the values as one array of doubles; `Pieces` keeps
+intervals as one array: 8 bytes a time.
 """
 
 from __future__ import annotations

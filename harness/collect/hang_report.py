@@ -8,7 +8,7 @@ report.json (added to the schema in report.py):
 - `mismatches`: [{seq, process_group, ranks {rank: {collective, input_sizes, input_dtypes}}}];
 - `flight`: {world_size, ranks [{rank, file, reason, step, phase, entries, last_entered,
   last_completed [{seq, collective, process_group}]}], no_dump_ranks} or null (no dumps);
-- `verdict` becomes `hang` (or `mismatch`) and `headline` says it; the trace verdict it replaced
+- `verdict` becomes `hang` (or `mismatch`) and `headline` says it; the trace verdict it overrides
   is kept in `trace_verdict`.
 """
 
