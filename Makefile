@@ -24,12 +24,14 @@ demo: setup
 test: export EXTRAS := test,hf,lightning
 test: setup browser
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The edit loop: every test that starts no torchrun job (the `slow` marker).
 test-quick: export EXTRAS := test,hf,lightning
 test-quick: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 tensorboard: setup

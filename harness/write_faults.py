@@ -125,7 +125,9 @@ class AppendOnlyFile:
             elif os.fstat(self._fd).st_nlink == 0:
                 self._reopen()
             chunk = b"".join(self.pending)
-            written = os.write(self._fd, chunk)
+            fd = self._fd
+            assert fd is not None  # _open and _reopen leave one open or raise OSError
+            written = os.write(fd, chunk)
             if written != len(chunk):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
         except OSError as exc:
@@ -142,7 +144,8 @@ class AppendOnlyFile:
         return True
 
     def _reopen(self) -> None:
-        os.close(self._fd)
+        if self._fd is not None:
+            os.close(self._fd)
         self._fd = None
         self._open()
         head = self.restore(len(self.pending)) if self.restore is not None and self._good == 0 else b""

@@ -254,7 +254,7 @@ def _largest_overhead(ev: dict[str, Any]) -> tuple[str, float]:
     """The largest part of the device's time that is not compute: idle, exposed transfer or copies."""
     parts = {"host-bound": ev["idle_share"], "comm-exposed": ev["exposed_transfer_share"],
              "copy-bound": ev.get("memcpy_share", 0.0)}
-    kind = max(parts, key=parts.get)
+    kind = max(parts, key=parts.__getitem__)
     return kind, parts[kind]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, Sequence, ValuesView
+from typing import Any
 
 
 class _ArrayMapping(Mapping):
@@ -110,8 +111,8 @@ class RankValues(_ArrayMapping, Mapping[int, float]):
 
 class _Items(ItemsView):
     def __iter__(self) -> Iterator[tuple]:
-        m = self._mapping
-        return zip(m, m.values_)  # type: ignore[attr-defined]
+        m: Any = self._mapping  # type: ignore[attr-defined]  # ItemsView's own field, not in its stub
+        return zip(m, m.values_)
 
 
 class _Values(ValuesView):
@@ -135,7 +136,7 @@ class Pieces(Sequence[tuple[float, float]]):
     def __len__(self) -> int:
         return len(self.flat) // 2
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return list(self)[i]
         if i < 0:

@@ -34,7 +34,7 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple, cast
 
 import msgspec
 import numpy as np
@@ -43,7 +43,7 @@ from harness.collect.model import Block
 from harness.paths import TRACE_METADATA_KEY
 
 try:  # built by the install when a C compiler is there (setup.py); else everything decodes in Python
-    from harness.collect import _scan
+    from harness.collect import _scan  # type: ignore[attr-defined]  # a C extension: no stub
 except ImportError:
     _scan = None
 NATIVE_ENV = "HARNESS_NATIVE_SCAN"  # 0: decode in Python even where the native tabler is built
@@ -302,7 +302,8 @@ class _Tables:
             for k, raw in zip(Columns.__slots__, group):
                 getattr(c, k).frombytes(raw)
         self.marks.extend(map(Mark._make, marks))
-        self.args.extend(_ONE_EVENT.decode(buf[a:b]).args for a, b in arg_spans)
+        # the tabler hands over the spans of kept args only: none is None
+        self.args.extend(cast(Args, _ONE_EVENT.decode(buf[a:b]).args) for a, b in arg_spans)
         self.count += count
         self.first_ts, self.last_end = min(self.first_ts, first), max(self.last_end, last)
         self._batch = (first, last, meta)
@@ -400,11 +401,14 @@ _EVENT_LIST = msgspec.json.Decoder(list[Event])
 _ONE_EVENT = msgspec.json.Decoder(Event)
 
 
+TraceStream = BinaryIO | gzip.GzipFile  # a trace file as read: plain, or gunzipped on the fly
+
+
 class NotStreamable(Exception):
     """The file does not have the layout the streaming decoder relies on: decode it whole."""
 
 
-def open_trace(path: Path) -> BinaryIO:
+def open_trace(path: Path) -> TraceStream:
     """The file as a binary stream, gunzipped when it starts with gzip's magic bytes."""
     fh = path.open("rb")
     if fh.read(2) == b"\x1f\x8b":
@@ -463,7 +467,7 @@ def _last_event(rest: bytes, one: msgspec.json.Decoder) -> tuple[Any, int]:
     raise NotStreamable  # no `]` after it, or not an event
 
 
-def stream_events(fh: BinaryIO, block_bytes: int, sink: Callable[[list[Any]], None],
+def stream_events(fh: TraceStream, block_bytes: int, sink: Callable[[list[Any]], None],
                   items: msgspec.json.Decoder = _EVENT_LIST, one: msgspec.json.Decoder = _ONE_EVENT,
                   on_block: Callable[[int, int], None] | None = None,
                   native: Callable[[bytes, int, int], bool] | None = None) -> tuple[bytes, int]:
@@ -543,7 +547,7 @@ if _scan is not None:
                     STEP_PREFIX.encode())
 
 
-def _stream(fh: BinaryIO, block_bytes: int) -> tuple[_Doc, _Tables]:
+def _stream(fh: TraceStream, block_bytes: int) -> tuple[_Doc, _Tables]:
     """The trace's events into `_Tables`, block by block, and its other fields."""
     tables = _Tables()
     rest, tables.json_bytes = stream_events(fh, block_bytes, tables.add, on_block=tables.block,

@@ -169,7 +169,8 @@ def read_dump(path: Path, *, unpickle: bool = False) -> RankDump:
     entries = [e for e in parsed if e is not None]
     skipped = sum(1 for e, raw in zip(parsed, doc["entries"])
                   if e is None and not (isinstance(raw, dict) and raw.get("is_p2p")))
-    harness = doc.get("harness") if isinstance(doc.get("harness"), dict) else {}
+    raw_harness = doc.get("harness")
+    harness: dict[str, Any] = raw_harness if isinstance(raw_harness, dict) else {}
     dumped = harness.get("dumped_ns")
     if not isinstance(dumped, int):
         dumped = path.stat().st_mtime_ns  # other jobs' dumps: written when they dumped
@@ -367,8 +368,8 @@ def _hang(pg: str, desc: str, top: int, entered: list[int], missing: list[int], 
     phase = _agreed([by_rank[r].harness.get("phase") for r in entered])
     if phase is None:
         phase = _agreed([(_status(run_dir, r).get("where") or {}).get("phase") for r in entered])
-    waits = [(by_rank[r].dumped_ns - seqs[r][top].created_ns) / 1e9 for r in entered
-             if by_rank[r].dumped_ns and seqs[r][top].created_ns]
+    waits = [(dumped - created) / 1e9 for r in entered
+             if (dumped := by_rank[r].dumped_ns) and (created := seqs[r][top].created_ns)]
     missing_at = {}
     for r in missing:
         where = {k: by_rank[r].harness.get(k) for k in ("step", "phase")}

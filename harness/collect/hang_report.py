@@ -31,7 +31,7 @@ def attach(doc: dict[str, Any], result: dict[str, Any] | None) -> dict[str, Any]
     doc["mismatches"] = result["mismatches"] if result else []
     doc["flight"] = result["flight"] if result else None
     line = flight.headline(result) if result else None
-    if line:
+    if result and line:
         doc["trace_verdict"] = doc["verdict"]
         doc["verdict"] = "hang" if doc["hang"] else "mismatch"
         doc["headline"] = line

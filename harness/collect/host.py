@@ -177,8 +177,8 @@ def count_host_ops(doc: Trace, main: int | None, by_number: dict[int, Step]) -> 
             pinning.update(thread[i:j][pin[i:j]].tolist())
     gloo = {m.thread for m in doc.marks if m.cat == "user_annotation" and m.name.startswith("gloo:")}
     model = {th for c in counts.values() for th in c if th == main or (th not in gloo and th not in pinning)}
-    for number, c in counts.items():
-        by_number[number].host_ops += sum(v for th, v in c.items() if th in model)
+    for number, per_thread in counts.items():
+        by_number[number].host_ops += sum(v for th, v in per_thread.items() if th in model)
     return model
 
 

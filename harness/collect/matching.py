@@ -38,6 +38,7 @@ def match_collectives(traces: list[RankTrace]) -> tuple[list[Instance], list[str
         for c in t.comms:
             if c.pg in UNMATCHED:  # no group args: which ranks it works with is unknown
                 continue
+            key: tuple
             if per_step:
                 if c.step is None:
                     continue

@@ -26,7 +26,7 @@ from array import array
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
@@ -279,7 +279,7 @@ class _Mover:
 
     def events(self, events: list[_Copy]) -> bytes:
         rank, shift, tids = self.rank, self.shift, self.tids
-        starts, ends = self.starts, self.ends
+        starts, ends = self.starts, cast(array, self.ends)  # both set, or both None
         n_spans = len(starts) if starts is not None else 0
         keep: list[_Copy] = []
         for e in events:

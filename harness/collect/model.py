@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from harness.collect.compact import Named, Pieces
 
@@ -45,6 +45,9 @@ class Shared:
     tuples: dict[tuple, tuple] = field(default_factory=dict)
 
 
+V = TypeVar("V")
+
+
 def compact(trace: RankTrace, shared: Shared) -> RankTrace:
     """Make `trace` hold what it shares with the ranks already read (`shared`) once, and its
     per-name times and covers' intervals as arrays (`compact.py`). Every rank parsed apart (in
@@ -60,7 +63,7 @@ def compact(trace: RankTrace, shared: Shared) -> RankTrace:
     as arrays (bench/RESULTS.md)."""
     names, tuples = shared.names, shared.tuples
 
-    def keyed(d: Mapping[str, float]) -> dict[str, float]:
+    def keyed(d: Mapping[str, V]) -> dict[str, V]:
         return {names.setdefault(k, k): v for k, v in d.items()}
 
     for c in trace.comms:
@@ -69,7 +72,7 @@ def compact(trace: RankTrace, shared: Shared) -> RankTrace:
         c.run_up_us = Named.of(c.run_up_us, tuples, names)
     for st in trace.steps:
         st.phases_us = keyed(st.phases_us)
-        st.syncs_by_caller = keyed(st.syncs_by_caller)  # type: ignore[arg-type]
+        st.syncs_by_caller = keyed(st.syncs_by_caller)
         st.sync_us_by_caller = keyed(st.sync_us_by_caller)
         st.sync_cost_us_by_caller = keyed(st.sync_cost_us_by_caller)
         st.compute_by_name_us = Named.of(st.compute_by_name_us, tuples, names)

@@ -29,7 +29,7 @@ from array import array
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -134,7 +134,7 @@ def _main_thread(doc: Trace) -> int | None:
     busy: dict[int, float] = defaultdict(float)
     for th, d in zip(doc.ops.thread, doc.ops.dur):
         busy[th] += d
-    return max(busy, key=busy.get) if busy else None
+    return max(busy, key=busy.__getitem__) if busy else None
 
 
 class _Ops:
@@ -227,8 +227,9 @@ class _LaunchTimes:
             self.corr, self.ts, self.thread = launches.corr, launches.ts, launches.thread
         else:
             keep = [i for i, c in enumerate(launches.corr) if c >= 0]
-            self.corr, self.ts, self.thread = (array(col.typecode, [col[i] for i in keep])
-                                               for col in (launches.corr, launches.ts, launches.thread))
+            self.corr, self.thread = (array(col.typecode, [col[i] for i in keep])
+                                      for col in (launches.corr, launches.thread))
+            self.ts = array(launches.ts.typecode, [launches.ts[i] for i in keep])
         corr = self.corr
         if not is_sorted(corr):
             order = sorted(range(len(corr)), key=corr.__getitem__)
@@ -410,6 +411,7 @@ def _device_work(doc: Trace, index: _StepIndex, launch_ts: _LaunchTimes, spans: 
     for i in np.flatnonzero(comm).tolist():
         t, d, n, extra = ts[i], dur[i], int(name[i]), kernels.extra[i]
         kind = found[n]
+        assert kind is not None  # comm is set only where a family was found
         if kind.family == "NCCL":
             args = doc.args[extra] if extra >= 0 else _launching_comms(param_comms, launch_ts, kernels.corr[i])
             coll = args.collective or kind.collective
@@ -489,6 +491,7 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
     kernels = doc.kernels
     launch_ts = _LaunchTimes(doc.launches) if len(kernels) or len(doc.copies) else None
     if len(kernels):
+        assert launch_ts is not None  # made whenever there are kernels
         is_comm_name = np.zeros(len(names), dtype=bool)
         device_comms = _device_work(doc, index, launch_ts, spans, comm_kernel, warnings, path.name, is_comm_name)
         starts = main_stream_starts(doc, launch_ts, index, is_comm_name)
@@ -496,6 +499,7 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
     elif doc.gpus or _nccl_backend(doc):
         warnings.append(f"{path.name}: {NO_KERNELS}")
     if len(doc.copies):
+        assert launch_ts is not None  # made whenever there are copies
         ts, dur = as_numpy(doc.copies.ts), as_numpy(doc.copies.dur)
         copies.extend(ts, ts + dur, index.at_each(launch_ts.times(as_numpy(doc.copies.corr), ts)),
                       as_numpy(doc.copies.name))
@@ -519,9 +523,9 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
         if comms:
             warnings.append(f"{path.name}: no gloo:* or NCCL communication ranges; using the main thread's c10d ops")
     if not len(kernels):
-        ts, dur, name = (as_numpy(c) for c in (main_ops.ts, main_ops.dur, main_ops.name))
-        is_aten = np.array(aten, dtype=bool)[name] if len(name) else np.zeros(0, dtype=bool)
-        spans.extend(ts[is_aten], ts[is_aten] + dur[is_aten], index.at_each(ts[is_aten]), name[is_aten])
+        ts, dur, op_name = (as_numpy(c) for c in (main_ops.ts, main_ops.dur, main_ops.name))
+        is_aten = np.array(aten, dtype=bool)[op_name] if len(op_name) else np.zeros(0, dtype=bool)
+        spans.extend(ts[is_aten], ts[is_aten] + dur[is_aten], index.at_each(ts[is_aten]), op_name[is_aten])
         _self_times(main_ops, names, index, by_number)
     if syncs and len(kernels):
         sync_costs(syncs, device_busy(spans, copies, device_comms), by_number)
@@ -673,7 +677,7 @@ def _self_times(main_ops: _Ops, names: list[str], index: _StepIndex, by_number: 
     totals = np.bincount(inverse, weights=amounts)  # summed in walk order, as the loop did
     for u in np.argsort(first, kind="stable").tolist():  # keys in order of first touch
         step, booked = divmod(int(unique[u]), width)
-        by_name = index.steps[step].compute_by_name_us
+        by_name = cast(dict[str, float], index.steps[step].compute_by_name_us)  # a dict until compact()
         label = DDP_REDUCER if booked == len(names) else names[booked]
         by_name[label] = by_name.get(label, 0.0) + float(totals[u])
 

@@ -141,7 +141,7 @@ def straggler_bounds(late_ms: dict[int, float], *, median_step_ms: float, clock_
     return bounds
 
 
-def punctual_arrival(arrival_us: dict[int, float]) -> float:
+def punctual_arrival(arrival_us: Mapping[int, float]) -> float:
     """When the punctual ranks arrived at one collective: the lower-quartile arrival (the
     earliest of 2-4 ranks, the 2nd of 5-8, ...). Up to three quarters of the ranks can be late
     and still be measured against the punctual ones, and one early outlier does not set the
@@ -343,7 +343,7 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
         for r, v in step_blame[s].items():
             blame_total[r] += v
     n_steps = len(step_cost)
-    step_last = {s: max(sorted(c), key=c.get) for s, c in step_cost.items() if c and max(c.values()) > 0}
+    step_last = {s: max(sorted(c), key=c.__getitem__) for s, c in step_cost.items() if c and max(c.values()) > 0}
     mean_step_ms = {r: statistics.mean([s.dur_us for s in by_rank[r].steps]) / 1e3 if by_rank[r].steps else None
                     for r in ranks}
     timed = [m for m in mean_step_ms.values() if m is not None]
@@ -398,6 +398,7 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
         if is_straggler:
             rb.pattern = "persistent" if steps_late >= math.ceil(PERSISTENT_SHARE * n_steps) else "intermittent"
             rb.phase, rb.phase_excess_ms = phases[r]
+            assert sync_costs is not None  # made whenever a rank is flagged
             rb.syncs = sync_costs.late_syncs(r, late_ms[r])
         result.append(rb)
     replay = Replay(traces, waits)
@@ -570,7 +571,7 @@ def _slow_phases(slow: list[int], waits: list[InstanceWaits], lateness: list[dic
                         excess[r][name] += own - _median_without(vals, own)
     out: dict[int, tuple[str | None, float | None]] = {}
     for r in slow:
-        name = max(sorted(excess[r]), key=excess[r].get) if excess[r] else None
-        worst = excess[r][name] if name is not None else 0.0
-        out[r] = (name, worst / max(n_steps, 1) / 1e3) if name is not None and worst > 0 else (None, None)
+        slowest = max(sorted(excess[r]), key=excess[r].__getitem__) if excess[r] else None
+        worst = excess[r][slowest] if slowest is not None else 0.0
+        out[r] = (slowest, worst / max(n_steps, 1) / 1e3) if slowest is not None and worst > 0 else (None, None)
     return out

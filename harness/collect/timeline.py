@@ -30,7 +30,8 @@ def _kept_steps(a: Analysis) -> tuple[set[int], int]:
         for c in t.comms:
             if c.step is not None:
                 items[c.step] += 1
-    kept, total = set(), 0
+    kept: set[int] = set()
+    total = 0
     for step in sorted(items):
         total += items[step]
         if total > MAX_ITEMS and kept:

@@ -99,7 +99,7 @@ def instance_waits(instances: list[Instance]) -> list[InstanceWaits]:
         index = indexes.setdefault(ranks, {r: i for i, r in enumerate(ranks)})
         arrival = {r: op.start_us for r, op in inst.ops.items()}
         end = {r: op.end_us for r, op in inst.ops.items()}
-        last_rank = max(sorted(arrival), key=arrival.get)
+        last_rank = max(sorted(arrival), key=arrival.__getitem__)
         waits = {r: arrival[last_rank] - a for r, a in arrival.items()}
         transfer = max(min(end[r] - arrival[r] - waits[r] for r in arrival), 0.0)
         delay, blame = attribute(arrival)

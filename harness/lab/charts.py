@@ -57,7 +57,7 @@ def step_ms(sweep: Sweep, done: list[RowResult]) -> plt.Figure:
     w = 0.38
     ax.bar([x - w / 2 for x in xs], mean, w, label="mean", color="#4c78a8")
     ax.bar([x + w / 2 for x in xs], p50, w, label="p50", color="#72b7b2")
-    ax.errorbar([x + w / 2 for x in xs], p50, yerr=[[0] * len(done), [max(a - b, 0) for a, b in zip(p99, p50)]],
+    ax.errorbar([x + w / 2 for x in xs], p50, yerr=[[0.0] * len(done), [max(a - b, 0.0) for a, b in zip(p99, p50)]],
                 fmt="none", ecolor="#333", capsize=3, label="p99")
     ax.set_xticks(list(xs), _labels(done), fontsize=8)
     ax.set_ylabel("step time (ms)")
@@ -96,7 +96,7 @@ def scaling(sweep: Sweep, done: list[RowResult]) -> plt.Figure:
                       key=lambda r: r.figures["world_size"])
         sizes = [r.figures["world_size"] for r in rows]
         top = max(top, *sizes)
-        ax.plot(sizes, [r.efficiency for r in rows], marker="o", label=g.upper())
+        ax.plot(sizes, [r.efficiency or 0.0 for r in rows], marker="o", label=g.upper())  # None filtered above
     ax.axhline(1.0, color="#999", linestyle="--", linewidth=1, label="ideal")
     ax.set_xticks(range(1, top + 1))
     ax.set_xlabel("ranks")

@@ -155,10 +155,10 @@ def main(argv: list[str] | None = None) -> None:
     charts = write_outputs(sweep, results, out, context, charts=True)
     counts = {s: sum(r.status == s for r in results) for s in (OK, SKIPPED, FAILED)}
     print(f"{PROG}: {sweep.name}: {counts[OK]} measured, {counts[SKIPPED]} skipped, {counts[FAILED]} failed")
-    for r in results:
-        mean, thr = r.figures.get("mean_step_ms"), r.figures.get("throughput_samples_s")
-        fig = f"{mean:.2f} ms/step, {thr:.1f} samples/s" if mean is not None and thr is not None else r.note
-        print(f"  {r.row.label:48s} {r.status:8s} {fig}")
+    for res in results:
+        mean, thr = res.figures.get("mean_step_ms"), res.figures.get("throughput_samples_s")
+        fig = f"{mean:.2f} ms/step, {thr:.1f} samples/s" if mean is not None and thr is not None else res.note
+        print(f"  {res.row.label:48s} {res.status:8s} {fig}")
     print(f"timings: {out / LAB_TIMINGS}\nsummary: {out / LAB_SUMMARY}\ncharts:  {', '.join(charts) or 'none'}")
     if counts[FAILED]:
         print(f"{PROG}: {counts[FAILED]} row(s) failed; their logs are in {runs}", file=sys.stderr)

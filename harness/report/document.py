@@ -128,7 +128,7 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
                   "exposed_transfer_us", "memcpy_us", "idle_us"):
             agg[row.rank][k] += getattr(row, k)
     blames = {r.rank: r for r in res.ranks}
-    ranks = []
+    ranks: list[dict[str, Any]] = []
     for t in a.traces:
         o, b, g = a.offsets[t.rank], blames[t.rank], agg[t.rank]
         ranks.append({

@@ -65,7 +65,7 @@ def view_title(run_name: str) -> str:
     return f"Distributed view: {run_name}"
 
 
-def write_view(doc: dict[str, Any], timeline: dict[str, Any], out: Path) -> Path:
+def write_view(doc: dict[str, Any], timeline: dict[str, Any] | None, out: Path) -> Path:
     """Write timeline.json and report.html (Plotly and the view's script inlined) into `out`."""
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / TIMELINE_JSON, json.dumps(timeline, separators=(",", ":"), allow_nan=False) + "\n")

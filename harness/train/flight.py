@@ -84,7 +84,7 @@ def recorder_json(backend: str) -> dict[str, Any]:
     from torch._C import _distributed_c10d as c10d
 
     dump = getattr(c10d, "_dump_nccl_trace_json", None) if backend == "nccl" else None
-    raw = (dump or c10d._dump_fr_trace_json)()
+    raw = (dump or c10d._dump_fr_trace_json)()  # type: ignore[attr-defined]  # private, not in the stub
     return json.loads(raw)
 
 

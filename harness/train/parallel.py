@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,7 @@ def pick_device(env: LaunchEnv) -> torch.device:
 def init_process_group(par: ParallelConfig, env: LaunchEnv, device: torch.device) -> None:
     if par.parallel == "none" and not env.distributed:
         return
-    kwargs = {"backend": par.backend, "timeout": datetime.timedelta(seconds=par.collective_timeout)}
+    kwargs: dict[str, Any] = {"backend": par.backend, "timeout": datetime.timedelta(seconds=par.collective_timeout)}
     if device.type == "cuda":
         kwargs["device_id"] = device  # binds NCCL to this GPU eagerly
     attempt, _ = elastic_attempt()
@@ -49,7 +49,7 @@ def wrap_model(model: nn.Module, par: ParallelConfig, speed: SpeedConfig, device
     """Move to the device and wrap for the chosen parallelism; compile last, over the wrapper."""
     model = model.to(device)
     if speed.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # taken; not in the stub
     if par.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -65,12 +65,13 @@ def wrap_model(model: nn.Module, par: ParallelConfig, speed: SpeedConfig, device
 
         dtype = AMP_DTYPES.get(speed.amp)
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
-        for block in model.blocks:
+        for block in cast(nn.ModuleList, model.blocks):
             if any(True for _ in block.parameters()):
                 fully_shard(block, reshard_after_forward=par.reshard_after_forward, mp_policy=mp)
         fully_shard(model, reshard_after_forward=par.reshard_after_forward, mp_policy=mp)
     if speed.compile:
-        model = torch.compile(model, mode=None if speed.compile_mode == "default" else speed.compile_mode)
+        mode = None if speed.compile_mode == "default" else speed.compile_mode
+        model = cast(nn.Module, torch.compile(model, mode=mode))
     return model
 
 

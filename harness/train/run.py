@@ -191,11 +191,12 @@ class Run:
         self._close_outputs()
         self.status.end("finished", self._last_step(), tracing=self._tracing())
         notes = self._notes()
-        rec = self.recorder
+        recorder = self.recorder
         row = {"rank": self.env.rank, "local_rank": self.env.local_rank, "host": self.host,
-               **step_statistics(self.log.records), "traces": [p.name for p in rec.written if p.exists()],
-               "trace_summaries": [p.name for p in rec.summaries], "trace_summary_s": round(rec.summary_s, 3),
-               "steps_file": str(self.log.path.relative_to(self.ident.dir)), "skipped_windows": rec.skipped,
+               **step_statistics(self.log.records), "traces": [p.name for p in recorder.written if p.exists()],
+               "trace_summaries": [p.name for p in recorder.summaries],
+               "trace_summary_s": round(recorder.summary_s, 3),
+               "steps_file": str(self.log.path.relative_to(self.ident.dir)), "skipped_windows": recorder.skipped,
                "unwritten_step_records": self.log.unwritten, "write_failures": self._failures(),
                **self.extra_row}
         self.rows = rows = gather(row)
