@@ -22,7 +22,7 @@ TRACE_TEMPLATE = "{worker}.{window:04d}.pt.trace.json.gz"
 WINDOW_MAX_DIGITS = 6
 # Written first, renamed to the final name when complete: never matches TRACE_PATTERN.
 PARTIAL_SUFFIX = ".partial"
-# A trace's condensed summary (harness/collect/summary.py) sits next to it: the trace's own name
+# A trace's condensed summary (harness/collect/read/summary.py) sits next to it: the trace's own name
 # plus this suffix, so any trace name maps to one summary and back, and no trace pattern
 # (ours or torch-tb-profiler's) matches it.
 SUMMARY_SUFFIX = ".summary.json"
@@ -49,7 +49,7 @@ WATCH_FILE = "watch.jsonl"
 STATUS_DIR = "status"
 STATUS_TEMPLATE = "rank{rank}.json"
 STATUS_PATTERN = re.compile(r"^rank(?P<rank>\d+)\.json$")
-# Flight Recorder dumps (harness/train/flight.py writes, harness/collect/flight.py reads): one JSON file
+# Flight Recorder dumps (harness/train/flight.py writes, harness/collect/analyse/flight.py reads): one JSON file
 # per rank, written when a collective times out or fails, on SIGTERM/SIGINT, or when the rank
 # ends with an error; NCCL's own watchdog dumps (a pickle) land in the same folder under
 # NCCL_DUMP_PREFIX + rank.

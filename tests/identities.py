@@ -63,7 +63,7 @@ def check_spans(a: Analysis) -> None:
             assert sum(o.window_us for o in rows) == pytest.approx(spans[-1][1] - spans[0][0], rel=1e-9, abs=1e-3)
     res = a.stragglers
     step_us = {(t.rank, s.number): s.dur_us for t in a.traces for s in t.steps}
-    for table in (res.step_late, res.step_cost, res.per_step):
+    for table in (res.step_late, res.step_cost, res.step_wait):
         for step, per_rank in table.items():
             for rank, v in per_rank.items():
                 cap = step_us.get((rank, step))

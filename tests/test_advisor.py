@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.advisor import Rules, classify
-from harness.collect.parse import parse_trace
+from harness.collect.analyse.advisor import Rules, classify
+from harness.collect.read.parse import parse_trace
 
 from identities import check_report
 from jobs import REPO, run_harness
@@ -134,8 +134,8 @@ def test_ddp_reducer_work_is_booked_as_communication(tmp_path: Path) -> None:
               x("aten::copy_", "cpu_op", 650, 40)]
     t = parse_trace(write(tmp_path / "rank0.pt.trace.json", document(events, 0, base_ns=None)))
     assert t.steps[0].compute_by_name_us == {"aten::addmm": 100.0, "ddp reducer": 400.0}
-    from harness.collect.advisor import rank_evidence
-    from harness.collect.overlap import StepOverlap
+    from harness.collect.analyse.advisor import rank_evidence
+    from harness.collect.analyse.overlap import StepOverlap
 
     row = StepOverlap(rank=0, step=1, window_us=1000.0, compute_us=540.0, comm_us=0.0, overlapped_comm_us=0.0,
                       exposed_comm_us=0.0, exposed_wait_us=0.0, exposed_transfer_us=0.0, idle_us=460.0)

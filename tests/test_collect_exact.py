@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.discover import group_ranks
-from harness.collect.overlap import intersect, merge, subtract
-from harness.collect.parse import parse_trace
-from harness.collect.runup import IDLE
+from harness.collect.analyse.overlap import intersect, subtract, union
+from harness.collect.read.discover import group_ranks
+from harness.collect.read.parse import parse_trace
+from harness.collect.read.runup import IDLE
 from harness.report.document import build_report
 
 from jobs import REAL_TRACES, REPO
@@ -18,7 +18,7 @@ from tracebuild import GLOO, GpuRank, document, gpu_docs, run_analysis, shift_do
 
 
 def test_interval_algebra() -> None:
-    assert merge([(5, 6), (0, 2), (1, 3)]) == [(0, 3), (5, 6)]
+    assert union([(5, 6), (0, 2), (1, 3)]) == [(0, 3), (5, 6)]
     assert intersect([(0, 3), (5, 6)], [(2, 5.5)]) == [(2, 3), (5, 5.5)]
     assert subtract([(0, 10)], [(2, 3), (5, 6)]) == [(0, 2), (3, 5), (6, 10)]
     assert subtract([(0, 3)], [(0, 3)]) == []
@@ -57,7 +57,7 @@ def test_gpu_waits_blame_and_offsets_exact(tmp_path: Path) -> None:
     assert (by[0].wait_ms, by[0].blame_ms) == (0.4, 0.0)
     assert (by[1].wait_ms, by[1].blame_ms, by[1].last_fraction) == (0.0, 0.4, 1.0)
     assert res.step_last == {1: 1, 2: 1}
-    assert res.per_step == {1: {0: 200.0, 1: 0.0}, 2: {0: 200.0, 1: 0.0}}
+    assert res.step_wait == {1: {0: 200.0, 1: 0.0}, 2: {0: 200.0, 1: 0.0}}
     assert [w.transfer_us for w in a.waits] == [200.0, 200.0]
     assert {r: b.cost_ms for r, b in by.items()} == {0: 0.0, 1: 0.2}
     # 0.2 ms late in 1 ms steps is 20% of the step: there is no absolute floor to hide it
@@ -140,7 +140,7 @@ def test_collectives_in_flight_together_count_a_late_rank_once(tmp_path: Path) -
     by = {r.rank: r for r in a.stragglers.ranks}
     assert by[1].late_ms == pytest.approx(30.01) and by[1].cost_ms == pytest.approx(30.01)
     assert a.stragglers.step_late[1][1] == pytest.approx(30_010.0)
-    assert a.stragglers.per_step[1][0] == pytest.approx(30_010.0)  # rank 0's wait, once
+    assert a.stragglers.step_wait[1][0] == pytest.approx(30_010.0)  # rank 0's wait, once
     assert by[0].waits_for == [[1, 30.01]]
     assert by[1].late_ms <= by[1].mean_step_ms and a.stragglers.verdict == "straggler"
 
@@ -246,7 +246,7 @@ def test_collector_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, harness.report.command, harness.collect.merged; sys.exit('torch' in sys.modules)"
+    code = "import sys, harness.report.command, harness.report.merged; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
@@ -265,7 +265,7 @@ def test_identical_kernel_intervals_inside_and_outside_a_step(tmp_path: Path) ->
     assert trace.comms[0].run_up_start_us == 0.0
     assert trace.comms[0].run_up_us == {"op:k_in_step": 50.0, "op:k_before_steps": 50.0, IDLE: 250.0}
     windows = [write(tmp_path / f"w{i}" / f"rank0.{i}.pt.trace.json", doc) for i in (1, 2)]
-    from harness.collect.discover import _merge_windows
+    from harness.collect.read.discover import _merge_windows
 
     merged = _merge_windows([parse_trace(p) for p in windows])
     assert [s.cover.compute_us for s in merged.steps] == [50.0, 50.0]  # each window's step keeps its own
@@ -304,7 +304,7 @@ def _real_and_built_traces(tmp_path: Path) -> list[Path]:
 def test_streamed_decode_equals_whole_decode(tmp_path: Path, block_bytes: int) -> None:
     """Blocks cut at every size, between events and inside strings and nested arrays: the
     streamed events and top-level fields are exactly the whole-file decode's."""
-    from harness.collect.decode import _decode_whole, _stream, decode_trace, open_trace
+    from harness.collect.read.decode import _decode_whole, _stream, decode_trace, open_trace
 
     for path in _real_and_built_traces(tmp_path):
         if block_bytes < 1024 and path.stat().st_size > 1 << 20:

@@ -10,8 +10,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.collect.model import Busy, CommOp, RankTrace, Step
-from harness.collect.overlap import (
+from harness.collect.analyse.overlap import (
     MIN_GAP_US,
     Gap,
     LongestGaps,
@@ -21,11 +20,12 @@ from harness.collect.overlap import (
     cover_steps,
     intersect,
     length,
-    merge,
     rank_overlap,
     step_gaps,
     subtract,
+    union,
 )
+from harness.collect.model import Busy, CommOp, RankTrace, Step
 
 # Whole and half microseconds, offsets in whole ones: every sum and difference is exact, so the
 # shifted results must match to the bit as well.
@@ -66,9 +66,9 @@ def _overlap_from_intervals(trace: RankTrace, compute: list[Busy], copies: list[
         comms = [c for c in sorted(trace.comms, key=lambda c: c.start_us)
                  if (c.start_us < hi and c.end_us > lo) or (c.start_us == c.end_us and lo <= c.start_us < hi)]
         # zero-length pieces dropped: they split exposed and idle gaps in two before covers
-        C, K = ([(a, b) for a, b in clip(merge([(a, b) for a, b, _ in x]), lo, hi) if b > a] for x in (compute, copies))
+        C, K = ([(a, b) for a, b in clip(union([(a, b) for a, b, _ in x]), lo, hi) if b > a] for x in (compute, copies))
         M, T = _split(comms, waits, trace.rank, lo, hi)
-        busy = merge(C + [(a, b) for a, b in M if b > a] + K)
+        busy = union(C + [(a, b) for a, b in M if b > a] + K)
         exposed, moving = subtract(M, C), subtract(T, C)
         by_pg = {}
         for pg in sorted({c.pg for c in comms}):
@@ -79,7 +79,7 @@ def _overlap_from_intervals(trace: RankTrace, compute: list[Busy], copies: list[
                                 comm_us=length(M), overlapped_comm_us=length(intersect(C, M)),
                                 exposed_comm_us=length(exposed), exposed_wait_us=length(exposed) - length(moving),
                                 exposed_transfer_us=length(moving), idle_us=hi - lo - length(busy), by_pg=by_pg,
-                                memcpy_us=length(subtract(K, merge(C + M)))))
+                                memcpy_us=length(subtract(K, union(C + M)))))
         # naming the gaps is shared (overlap.step_gaps); the pieces are the oracle's own
         idle = [(a, b) for a, b in subtract([(lo, hi)], busy) if b - a >= MIN_GAP_US]
         gaps.extend(step_gaps(trace.rank, step.number, comms, moving, subtract(exposed, moving), idle))

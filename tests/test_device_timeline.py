@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from harness.collect.analysis import Analysis, analyze
-from harness.collect.discover import group_ranks
-from harness.collect.parse import parse_trace
+from harness.collect.read.discover import group_ranks
+from harness.collect.read.parse import parse_trace
 
 from devicesim import Sim, write_all
 
@@ -95,7 +95,7 @@ def test_a_comm_stream_hides_behind_compute(tmp_path: Path) -> None:
 
 
 def diagnosed(tmp_path: Path, sim: Sim) -> tuple[Analysis, dict[int, object]]:
-    from harness.collect.advisor import diagnose
+    from harness.collect.analyse.advisor import diagnose
 
     a = analysed(tmp_path, sim)
     return a, {d.rank: d for d in diagnose(a)}

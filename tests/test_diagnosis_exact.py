@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.collective_stats import bus_factor, collective_stats, message_bytes
-from harness.collect.waits import attribute
+from harness.collect.align.waits import attribute
+from harness.collect.analyse.collective_stats import bus_factor, collective_stats, message_bytes
 from harness.report.document import build_report
 
 from jobs import REPO
@@ -182,8 +182,8 @@ def test_steps_not_in_the_traces_exit_2(tmp_path: Path) -> None:
 
 
 def test_the_clock_check_reads_only_steady_symmetric_collectives() -> None:
-    from harness.collect.clocks import disagreeing_clocks
-    from harness.collect.matching import Instance
+    from harness.collect.align.clocks import disagreeing_clocks
+    from harness.collect.align.matching import Instance
     from harness.collect.model import CommOp, RankTrace
 
     traces = [RankTrace(rank=r, world_size=3, host="h0", run_id=None, device="gpu", steps=[], comms=[])

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from harness.collect import decode
 from harness.collect.analysis import analyze
-from harness.collect.discover import InputError, group_ranks
-from harness.collect.parse import TraceError, parse_trace
+from harness.collect.read import decode
+from harness.collect.read.discover import InputError, group_ranks
+from harness.collect.read.parse import TraceError, parse_trace
 from harness.report.document import build_report
 
 from jobs import REAL_TRACES

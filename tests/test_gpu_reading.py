@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.collect.advisor import GEMM, GRAD_SCALER_ADVICE, Rules, advice_for, classify, diagnose
+from harness.collect.analyse.advisor import GEMM, GRAD_SCALER_ADVICE, Rules, advice_for, classify, diagnose
 from harness.collect.analysis import analyze
-from harness.collect.discover import group_ranks
-from harness.collect.host import caller_of, enclosing
-from harness.collect.parse import NO_KERNELS, parse_trace
+from harness.collect.read.discover import group_ranks
+from harness.collect.read.host_ops import caller_of, enclosing
+from harness.collect.read.parse import NO_KERNELS, parse_trace
 
 from jobs import REAL_TRACES
 from tracebuild import MAIN, STREAM, GpuRank, document, run_analysis, step, write, x

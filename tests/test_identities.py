@@ -10,8 +10,8 @@ import pytest
 from test_device_timeline import gpu_bound, sync_loop
 
 from harness.collect.analysis import Analysis, analyze
-from harness.collect.discover import group_ranks
-from harness.collect.parse import parse_trace
+from harness.collect.read.discover import group_ranks
+from harness.collect.read.parse import parse_trace
 from harness.report.document import build_report
 
 from devicesim import Sim, write_all

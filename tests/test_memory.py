@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from harness.collect.memory import GiB, MiB, analyze_memory, memory_from_dirs, read_step_logs, t_quantile
+from harness.collect.analyse.memory import GiB, MiB, analyze_memory, memory_from_dirs, read_step_logs, t_quantile
 from harness.paths import MEMORY_TIMELINE_PATTERN, PARTIAL_SUFFIX, steps_path
 from harness.report import command as collect_cli
 from harness.report.console import console_table

@@ -1,4 +1,4 @@
-"""The native merged-trace rewriter (harness/collect/_rewrite.c) against the Python loop it
+"""The native merged-trace rewriter (harness/collect/native/_rewrite.c) against the Python loop it
 accelerates (merged._Mover.events): every block gives the same events (compared as parsed JSON:
 numbers may be spelled differently, never valued differently), the same new thread numbers and
 the same count, on the real traces in tests/data/traces and on generated events of every odd
@@ -19,13 +19,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_native_scan import NUMBER, ODD, REAL, TEXT
 
-from harness.collect import decode, merged
-from harness.collect.decode import NATIVE_ENV, decode_trace, open_trace
+from harness.collect.analyse.overlap import union
+from harness.collect.native import ALL_ENV, extension
+from harness.collect.read.decode import decode_trace, open_trace
+from harness.report import merged
 from harness.report.command import main as collect_main
 
 from jobs import REAL_TRACES
 
-built = pytest.mark.skipif(decode._scan is None, reason="the native code is not built (no C compiler)")
+built = pytest.mark.skipif(extension is None, reason="the native code is not built (no C compiler)")
 
 
 def _movers(spans: list[tuple[float, float]] | None, shift: float, rank: int = 3) -> tuple[merged._Mover, ...]:
@@ -42,7 +44,7 @@ def _events(out: bytes) -> list[Any]:
 
 def _rewrite(mover: merged._Mover, block: bytes) -> Any:
     """The native rewriter's own answer for a block (None: declined), on the mover's state."""
-    return decode._scan.rewrite(block, 0, len(block), mover.rank, mover.shift, mover.starts, mover.ends, mover.tids,
+    return extension.rewrite(block, 0, len(block), mover.rank, mover.shift, mover.starts, mover.ends, mover.tids,
                                 lambda key: merged._ENCODE(mover._new_thread(key)))
 
 
@@ -138,7 +140,7 @@ def _block(events: list[Any], style: int) -> bytes:
        spans=st.one_of(st.none(), st.lists(st.tuples(st.floats(0, 2000), st.floats(0, 300)), max_size=4)),
        shift=st.one_of(st.floats(-1e6, 1e6), st.sampled_from([0.0, 0.125, -3.0])))
 def test_generated_blocks_rewrite_the_same(chunks: list[list[Any]], style: int, spans: Any, shift: float):
-    window = merged.merge([(a, a + d) for a, d in spans]) if spans is not None else None
+    window = union([(a, a + d) for a, d in spans]) if spans is not None else None
     window = [(a, b) for a, b in window if b > a] if window is not None else None
     _same([_block(c, style) for c in chunks if c], window, shift, ({1: "proc"}, {(1, 2): "thread"}))
 
@@ -232,9 +234,9 @@ def test_rewriter_survives_garbage(data: bytes):
     got = _rewrite(native, data)
     assert got is None or (isinstance(got[0], bytes) and got[1] >= 0)
     with pytest.raises(ValueError):
-        decode._scan.rewrite(data, 0, len(data) + 1, 0, 0.0, None, None, {}, lambda key: b"")
+        extension.rewrite(data, 0, len(data) + 1, 0, 0.0, None, None, {}, lambda key: b"")
     with pytest.raises(ValueError):
-        decode._scan.rewrite(data, 0, 0, 0, 0.0, native.starts, array("d"), {}, lambda key: b"")
+        extension.rewrite(data, 0, 0, 0, 0.0, native.starts, array("d"), {}, lambda key: b"")
 
 
 @built
@@ -243,7 +245,7 @@ def test_collector_writes_the_same_merged_trace(choice: str, tmp_path: Path, mon
     """The user's command, with the native code and without it (HARNESS_NATIVE_SCAN=0)."""
     docs = []
     for flag in ("1", "0"):
-        monkeypatch.setenv(NATIVE_ENV, flag)
+        monkeypatch.setenv(ALL_ENV, flag)
         out = tmp_path / flag
         args = [str(REAL_TRACES / "dlrm_8rank_v100"), "-o", str(out), "-q", "-j", "1"]
         collect_main(args + ([] if choice == "auto" else ["--merged", choice]))

@@ -1,4 +1,4 @@
-"""The native event tabler (harness/collect/_scan.c) against the Python decode it accelerates:
+"""The native event tabler (harness/collect/native/_scan.c) against the Python decode it accelerates:
 every trace decodes to the same `Trace` with it and without it (HARNESS_NATIVE_SCAN=0), on the
 real traces in tests/data/traces, on generated events of every odd shape (escapes, raw UTF-8,
 string times, string pids, duplicate keys, collective args), and on corrupted files, where both
@@ -19,12 +19,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.collect import decode
-from harness.collect.decode import NATIVE_ENV, TraceError, decode_trace
+from harness.collect.native import ALL_ENV, extension
+from harness.collect.read import decode
+from harness.collect.read.decode import TraceError, decode_trace
 
 from jobs import REAL_TRACES
 
-built = pytest.mark.skipif(decode._scan is None, reason="the native tabler is not built (no C compiler)")
+built = pytest.mark.skipif(extension is None, reason="the native tabler is not built (no C compiler)")
 
 
 def _compiler() -> str | None:
@@ -34,7 +35,7 @@ def _compiler() -> str | None:
 
 @pytest.mark.skipif(_compiler() is None, reason="no C compiler: the collector decodes in Python")
 def test_native_tabler_is_built_where_a_compiler_is():
-    assert decode._scan is not None, "harness/collect/_scan.c was not compiled: run `make setup` (pip install -e .)"
+    assert extension is not None, "harness/collect/native/_scan.c was not compiled: run `make setup` (pip install -e .)"
 
 
 def both(path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int | None = None) -> tuple[Any, Any]:
@@ -42,7 +43,7 @@ def both(path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int | None = 
     the error text."""
     out: list[Any] = []
     for flag in ("0", "1"):
-        monkeypatch.setenv(NATIVE_ENV, flag)
+        monkeypatch.setenv(ALL_ENV, flag)
         try:
             trace = decode_trace(path, block_bytes)
             out.append((trace, trace.blocks))
@@ -261,7 +262,7 @@ def test_scanner_declines_what_it_cannot_vouch_for(case: str):
     """At least as strict as msgspec: malformed JSON (and nesting past its depth) is declined,
     never read, so such a block always takes the msgspec path and its errors."""
     block = MALFORMED[case]
-    assert decode._scan.scan(block, 0, len(block), {}, {}, 0) is None
+    assert extension.scan(block, 0, len(block), {}, {}, 0) is None
     # stricter than msgspec: it skips bad UTF-8 inside args values, and walks deeper
     if case not in ("invalid UTF-8", "overlong UTF-8", "nesting deeper than the scanner walks"):
         with pytest.raises((msgspec.DecodeError, UnicodeDecodeError)):
@@ -277,7 +278,7 @@ def test_times_parse_to_the_same_double_as_python(text: str):
     """The scanner's number parsing (a fast exact path, else CPython's) against float()."""
     block = ('{"ph": "X", "cat": "cpu_op", "name": "n", "pid": 1, "tid": 1, "ts": ' + text + ', "dur": 0}').encode()
     expected = float(text)
-    got = decode._scan.scan(block, 0, len(block), {}, {}, 0)
+    got = extension.scan(block, 0, len(block), {}, {}, 0)
     if not math.isfinite(expected):
         assert got is None  # out of range: msgspec rejects it too, the block takes another path
         return
@@ -290,10 +291,31 @@ def test_times_parse_to_the_same_double_as_python(text: str):
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(data=st.binary(max_size=200))
 def test_scanner_survives_garbage(data: bytes):
-    got = decode._scan.scan(data, 0, len(data), {}, {}, 0)
+    got = extension.scan(data, 0, len(data), {}, {}, 0)
     assert got is None or len(got) == 7
     for bad in ((-1, 0), (0, len(data) + 1), (1, 0)):
         if bad[0] <= bad[1] <= len(data) and bad[0] >= 0:
             continue
         with pytest.raises(ValueError):
-            decode._scan.scan(data, bad[0], bad[1], {}, {}, 0)
+            extension.scan(data, bad[0], bad[1], {}, {}, 0)
+
+
+@built
+def test_each_native_function_switches_off_on_its_own(monkeypatch: pytest.MonkeyPatch):
+    """native.function reads the switches at each call: HARNESS_NATIVE_OFF names the ones off,
+    HARNESS_NATIVE_SCAN=0 turns every one off."""
+    from harness.collect import native
+
+    monkeypatch.delenv(native.ALL_ENV, raising=False)
+    monkeypatch.delenv(native.OFF_ENV, raising=False)
+    assert all(native.function(n) is not None for n in native.FUNCTIONS)
+    monkeypatch.setenv(native.OFF_ENV, "rewrite, nest")
+    assert [native.function(n) is not None for n in native.FUNCTIONS] == [True, False, False]
+    assert decode.native_scan()
+    monkeypatch.setenv(native.OFF_ENV, "scan")
+    assert not decode.native_scan()
+    monkeypatch.delenv(native.OFF_ENV)
+    monkeypatch.setenv(native.ALL_ENV, "0")
+    assert all(native.function(n) is None for n in native.FUNCTIONS)
+    with pytest.raises(ValueError, match="no native function 'tabler'"):
+        native.function("tabler")

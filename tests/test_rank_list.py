@@ -4,7 +4,7 @@ per host of eight."""
 
 from __future__ import annotations
 
-from harness.collect.rank_list import rank_runs, ranks_phrase
+from harness.collect.analyse.rank_list import rank_runs, ranks_phrase
 from harness.report.document import headline, next_steps
 
 

@@ -12,10 +12,10 @@ import statistics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.collect.matching import Instance
+from harness.collect.align.matching import Instance
+from harness.collect.align.waits import InstanceWaits, instance_waits
+from harness.collect.analyse.replay import Replay, steps_to_replay
 from harness.collect.model import CommOp, RankTrace, Step
-from harness.collect.replay import Replay, steps_to_replay
-from harness.collect.waits import InstanceWaits, instance_waits
 
 
 def _median_or(values: list[float], default: float) -> float:

@@ -18,11 +18,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from harness.collect.analyse.overlap import length, union
 from harness.collect.model import CommOp, Step
-from harness.collect.overlap import length, merge
-from harness.collect.parse import COMM_OP, DDP_REDUCER, REDUCER_PREFIX, _self_times, _StepIndex
-from harness.collect.phases import is_model
-from harness.collect.runup import IDLE, OP_PREFIX, Spans, merged_by_step, merged_pieces, set_run_ups
+from harness.collect.read.parse import COMM_OP, DDP_REDUCER, REDUCER_PREFIX, _self_times, _StepIndex
+from harness.collect.read.phases import is_model
+from harness.collect.read.runup import IDLE, OP_PREFIX, Spans, merged_by_step, merged_pieces, set_run_ups
 from harness.paths import STEP_PHASES
 
 NAMES = ["aten::mm", "aten::add", "k1", "k2"]
@@ -56,7 +56,7 @@ def _run_ups_by_loop(comms: list[tuple[float, float]], rows: list, first: float 
                 x, y = max(a, lo), min(b, hi)
                 by_name[OP_PREFIX + name] += y - x
                 pieces.append((x, y))
-        by_name[IDLE] = (hi - lo) - length(merge(pieces))
+        by_name[IDLE] = (hi - lo) - length(union(pieces))
         out.append((lo, dict(by_name)))
     return out
 
@@ -79,7 +79,7 @@ def test_merged_by_step_matches_the_loop(rows: list):
     by_step: dict[int | None, list[tuple[float, float]]] = defaultdict(list)
     for a, d, step, _ in rows:  # those of no step too: they keep the device busy in whatever span they fall
         by_step[step].append((a, a + d))
-    expected = sorted(((a, b, st) for st, iv in by_step.items() for a, b in merge(iv)), key=lambda x: (x[0], x[1]))
+    expected = sorted(((a, b, st) for st, iv in by_step.items() for a, b in union(iv)), key=lambda x: (x[0], x[1]))
     assert merged_by_step(_spans(rows)) == expected
 
 
@@ -89,7 +89,7 @@ def test_merged_pieces_is_the_union(intervals: list):
     ordered = sorted((a, a + d) for a, d in intervals)
     x, y = np.array([a for a, _ in ordered]), np.array([b for _, b in ordered])
     starts, ends = merged_pieces(x, y)
-    assert list(zip(starts.tolist(), ends.tolist())) == merge(ordered)
+    assert list(zip(starts.tolist(), ends.tolist())) == union(ordered)
 
 
 def _self_times_by_loop(ts: list[float], dur: list[float], name: list[int], names: list[str],
@@ -147,17 +147,17 @@ def test_self_times_match_the_loop(ops: list, phases: list):
 def _native_env(value: str) -> Iterator[None]:
     """HARNESS_NATIVE_SCAN set to `value` for a block, then as it was (hypothesis runs many
     examples per test, so pytest's per-test monkeypatch does not fit)."""
-    from harness.collect import decode
+    from harness.collect.native import ALL_ENV
 
-    before = os.environ.get(decode.NATIVE_ENV)
-    os.environ[decode.NATIVE_ENV] = value
+    before = os.environ.get(ALL_ENV)
+    os.environ[ALL_ENV] = value
     try:
         yield
     finally:
         if before is None:
-            del os.environ[decode.NATIVE_ENV]
+            del os.environ[ALL_ENV]
         else:
-            os.environ[decode.NATIVE_ENV] = before
+            os.environ[ALL_ENV] = before
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
@@ -165,12 +165,12 @@ def _native_env(value: str) -> Iterator[None]:
                                st.one_of(st.integers(0, 20).map(float), st.just(float("nan"))), st.booleans()),
                      max_size=40))
 def test_native_nest_matches_the_python_walk(rows: list):
-    """host.nest natively (_nest.c) and in Python: same parents and flags, NaN ends included."""
+    """host_ops.nest natively (_nest.c) and in Python: same parents and flags, NaN ends included."""
 
-    from harness.collect import decode
-    from harness.collect.host import nest
+    from harness.collect import native
+    from harness.collect.read.host_ops import nest
 
-    if not decode.native_scan():
+    if native.function("nest") is None:
         pytest.skip("the native extension is not built: nothing to compare")
     starts = np.array([r[0] for r in rows], dtype=np.float64)
     ends = starts + np.array([r[1] for r in rows], dtype=np.float64)
@@ -187,7 +187,7 @@ def test_native_nest_matches_the_python_walk(rows: list):
 def test_step_positions_give_at_s_answers(times: list, nan_step: int):
     """_StepIndex.at_each (numpy search) and at (bisection) agree, also when a step's start is
     NaN (a ProfilerStep with "ts": "nan"), where bisection and searchsorted part ways."""
-    from harness.collect.runup import NO_STEP
+    from harness.collect.read.runup import NO_STEP
 
     steps = [Step(number=1, start_us=0.0, end_us=100.0), Step(number=2, start_us=150.0, end_us=250.0),
              Step(number=3, start_us=260.0, end_us=400.0)]
@@ -223,8 +223,8 @@ def _device_work_by_loop(kernels: list, launches: dict[int, float], steps: list[
 def test_device_work_matches_the_loop(kernels: list, launch: list, phases: list):
     """Kernels launched in, between and outside two steps, by ids found, missing, negative and
     reused (the last launch of an id counts), with data/optimizer/forward phases."""
-    from harness.collect.decode import Columns
-    from harness.collect.parse import _device_work, _LaunchTimes
+    from harness.collect.read.decode import Columns
+    from harness.collect.read.parse import _device_work, _LaunchTimes
 
     names = ["k0", "k1", "k2"]
     kernels.sort(key=lambda k: k[0])

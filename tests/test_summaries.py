@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect import summary
-from harness.collect.decode import open_trace
 from harness.collect.model import CommOp, RankTrace, Shared, Step, compact
-from harness.collect.parse import TraceError, parse_trace
-from harness.collect.summary import read_summary, summarize, write_summary
+from harness.collect.read import summary
+from harness.collect.read.decode import open_trace
+from harness.collect.read.parse import TraceError, parse_trace
+from harness.collect.read.summary import read_summary, summarize, write_summary
 from harness.paths import SUMMARY_SUFFIX, list_traces, summary_path
 
 from jobs import REAL_TRACES, REPO, run_harness

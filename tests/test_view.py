@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from harness.collect.tb_scalars import write_scalars
-from harness.collect.timeline import build_timeline
 from harness.report.document import build_report
 from harness.report.files import view_title, write_view
 from harness.report.page import plotly_js_path, render_page
+from harness.report.tb_scalars import write_scalars
+from harness.report.timeline import build_timeline
 from harness.scalars import ScalarWriter, step_scalars
 from harness.view.runs import find_runs, load_view_data
 
@@ -64,7 +64,7 @@ def test_timeline_exact(tmp_path: Path) -> None:
 
 
 def test_timeline_is_cut_to_the_drawing_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import harness.collect.timeline as timeline
+    import harness.report.timeline as timeline
 
     monkeypatch.setattr(timeline, "MAX_ITEMS", 5)  # one step = 2 ranks x (1 step + 1 collective) = 4 items
     tl = timeline.build_timeline(run_analysis(tmp_path, gpu_docs()))

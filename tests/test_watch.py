@@ -12,10 +12,10 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from harness.collect.discover import InputError
-from harness.collect.stragglers import Thresholds, run_jitter_ms, straggler_bounds
-from harness.collect.watch_log import run_watch, watch_line
-from harness.collect.windows import pick_window, trace_window
+from harness.collect.analyse.stragglers import Thresholds, run_jitter_ms, straggler_bounds
+from harness.collect.read.discover import InputError
+from harness.collect.read.watch_log import read_watch, watch_line
+from harness.collect.read.windows import pick_window, trace_window
 from harness.paths import STEP_PHASES, watch_path
 from harness.train.config import ProfilerConfig, build_config
 from harness.train.profiling import TraceRecorder
@@ -290,15 +290,15 @@ def test_the_watch_jitter_is_the_collectors_jitter() -> None:
 
 
 def test_the_collector_reads_the_watch_record_from_run_json_and_skips_what_is_malformed(tmp_path: Path) -> None:
-    assert run_watch([tmp_path]) is None  # no run.json
+    assert read_watch([tmp_path]) is None  # no run.json
     (tmp_path / "run.json").write_text(json.dumps({"watch": {
         "every": 10, "intervals": 4,
         "flags": [{"step": 49, "rank": 2, "host": "a", "phase": "data"}, {"step": "x"}, 7],
         "captures": [{"first": 53, "last": 55, "watch_step": 49, "ranks": [2]}, {"first": 1}]}}))
-    watch = run_watch([tmp_path])
+    watch = read_watch([tmp_path])
     assert watch == {"every": 10, "intervals": 4, "flags": [{"step": 49, "rank": 2, "host": "a", "phase": "data"}],
                      "captures": [{"first": 53, "last": 55, "watch_step": 49, "ranks": [2]}]}
     assert watch_line(watch) == ("every 10 steps, 4 interval(s) judged; straggler(s): rank 2 at step 49 (data); "
                                  "traced steps 53-55")
     (tmp_path / "run.json").write_text(json.dumps({"watch": {"every": 0, "intervals": 0, "flags": [], "captures": []}}))
-    assert run_watch([tmp_path]) is None  # the watch was off
+    assert read_watch([tmp_path]) is None  # the watch was off

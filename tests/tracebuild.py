@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.collect.analysis import Analysis, analyze
-from harness.collect.discover import group_ranks
-from harness.collect.parse import parse_trace
+from harness.collect.read.discover import group_ranks
+from harness.collect.read.parse import parse_trace
 
 MAIN = (100, 100)  # pid, tid of the host main thread
 GLOO = (100, 101)  # a gloo worker thread

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from harness.collect.clocks import ClockOffset, HostClock, disagreeing_clocks, estimate_offsets
-from harness.collect.compact import EMPTY
-from harness.collect.discover import RunSet
-from harness.collect.matching import Instance, match_collectives
+from harness.collect.align.clocks import ClockOffset, HostClock, disagreeing_clocks, estimate_offsets
+from harness.collect.align.matching import Instance, match_collectives
+from harness.collect.align.waits import InstanceWaits, instance_waits, instances_by_rank, op_waits
+from harness.collect.analyse.overlap import Gap, LongestGaps, StepOverlap, rank_overlap
+from harness.collect.analyse.stragglers import StragglerResult, Thresholds, analyze_stragglers
 from harness.collect.model import CommOp, RankTrace
-from harness.collect.overlap import Gap, LongestGaps, StepOverlap, rank_overlap
-from harness.collect.parse import NO_KERNELS, STUB_NOTE
-from harness.collect.stragglers import StragglerResult, Thresholds, analyze_stragglers
-from harness.collect.waits import InstanceWaits, instance_waits, instances_by_rank, op_waits
+from harness.collect.read.compact import EMPTY
+from harness.collect.read.discover import RunSet
+from harness.collect.read.parse import NO_KERNELS, STUB_NOTE
 
 
 class NoStepsError(ValueError):

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
-from harness.collect.compact import Named, Pieces
+from harness.collect.read.compact import Named, Pieces
 
 Interval = tuple[float, float]  # (start_us, end_us)
 Busy = tuple[float, float, "int | None"]  # (start_us, end_us, step that launched it or None): merged per step
@@ -142,7 +142,7 @@ class Step:
     end_us: float
     phases_us: dict[str, float] = field(default_factory=dict)  # harness:<phase> durations
     phase_spans: list[tuple[str, float, float]] = field(default_factory=list)  # (phase, start_us, end_us)
-    # What the advisor reads (see parse.py, host.py): host ops outside the data phase (every
+    # What the advisor reads (see parse.py, host_ops.py): host ops outside the data phase (every
     # model thread's), kernel launches, blocking host-device syncs and their time (in all and by
     # caller: host.caller_of), and the model's compute time (forward/loss/backward, the
     # whole step without harness ranges) by kernel (GPU) or op self time (CPU) by name.
@@ -152,7 +152,7 @@ class Step:
     sync_us: float = 0.0
     syncs_by_caller: dict[str, int] = field(default_factory=dict)
     sync_us_by_caller: dict[str, float] = field(default_factory=dict)
-    # What the syncs cost the device (host.sync_costs: its idle time they caused), in all and by caller
+    # What the syncs cost the device (host_ops.sync_costs: its idle time they caused), in all and by caller
     sync_cost_us: float = 0.0
     sync_cost_us_by_caller: dict[str, float] = field(default_factory=dict)
     compute_by_name_us: Mapping[str, float] = field(default_factory=dict)  # a Named once compacted

@@ -14,13 +14,13 @@ import re
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from harness.collect.merged import MERGED_BUDGET_BYTES, MergedChoice
+from harness.collect.analyse.stragglers import Thresholds
 from harness.collect.progress import Progress
-from harness.collect.stragglers import Thresholds
-from harness.collect.windows import window_line
+from harness.collect.read.windows import window_line
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser, fail
 from harness.paths import COLLECTIVES_CSV, MERGED_TRACE, REPORT_HTML, REPORT_JSON, REPORT_MD, STEPS_CSV, TIMELINE_JSON
 from harness.report.console import console_table
+from harness.report.merged import MERGED_BUDGET_BYTES, MergedChoice
 from harness.report.pipeline import Collected, CollectError, CollectOptions, collect
 
 PROG = "harness.collect"

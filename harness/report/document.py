@@ -78,13 +78,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from harness.collect.advisor import advice_for, as_rows, diagnose, diagnosis_line
+from harness.collect.analyse.advisor import advice_for, as_rows, diagnose, diagnosis_line
+from harness.collect.analyse.collective_stats import collective_stats, process_groups
+from harness.collect.analyse.memory import MemoryResult, finding_text
+from harness.collect.analyse.rank_list import ranks_listed, ranks_phrase
+from harness.collect.analyse.stragglers import OUTSIDE_RANGES
 from harness.collect.analysis import Analysis
-from harness.collect.collective_stats import collective_stats, process_groups
-from harness.collect.memory import MemoryResult, finding_text
-from harness.collect.phases import is_data
-from harness.collect.rank_list import ranks_listed, ranks_phrase
-from harness.collect.stragglers import OUTSIDE_RANGES
+from harness.collect.read.phases import is_data
 
 SCHEMA_VERSION = 1
 ADVICE = {
@@ -165,7 +165,7 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
         step_rows.append({
             "rank": row.rank, "step": row.step, "step_ms": _ms(row.window_us),
             "host_step_ms": _ms(step_dur.get((row.rank, row.step), row.window_us)),
-            "wait_ms": _ms(res.per_step.get(row.step, {}).get(row.rank, 0.0)),
+            "wait_ms": _ms(res.step_wait.get(row.step, {}).get(row.rank, 0.0)),
             "lag_ms": _ms(res.step_blame.get(row.step, {}).get(row.rank, 0.0)),
             "exposed_comm_ms": _ms(row.exposed_comm_us), "exposed_wait_ms": _ms(row.exposed_wait_us),
             "exposed_transfer_ms": _ms(row.exposed_transfer_us), "compute_ms": _ms(row.compute_us),

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from harness import text_table
-from harness.collect.hang_report import hang_lines
-from harness.collect.watch_log import watch_line
-from harness.collect.windows import window_line
+from harness.collect.read.watch_log import watch_line
+from harness.collect.read.windows import window_line
+from harness.report.hang_report import hang_lines
 from harness.report.tables import (
     CLOCK_COLUMNS,
     COLLECTIVE_STAT_COLUMNS,

@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from harness.collect.hang_report import hang_html
+from harness.report.hang_report import hang_html
 from harness.report.tables import (
     CLOCK_COLUMNS,
     COLLECTIVE_STAT_COLUMNS,

@@ -23,26 +23,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.collect.analyse.flight import analyze, find_dumps, read_dumps
+from harness.collect.analyse.memory import find_memory_timelines, finding_text, memory_from_dirs
+from harness.collect.analyse.stragglers import Thresholds
 from harness.collect.analysis import Alignment, NoStepsError, align_ranks, analyze_aligned
-from harness.collect.discover import InputError, RunSet, find_trace_files, group_ranks
-from harness.collect.flight import analyse, find_dumps, read_dumps
-from harness.collect.hang_report import attach, flight_only
-from harness.collect.memory import find_memory_timelines, finding_text, memory_from_dirs
-from harness.collect.merged import MergedChoice, MergedResult, MergedWriting, finish_merged, merged_entry, start_merged
-from harness.collect.merged import window_for as merged_window_for
 from harness.collect.model import RankTrace, Shared, compact
-from harness.collect.parse import TraceError, parse_trace
 from harness.collect.progress import Progress
-from harness.collect.run_state import choose_attempt, ending_notes, skipped_note, skipped_windows
-from harness.collect.stragglers import Thresholds
-from harness.collect.summary import read_summary
-from harness.collect.tb_scalars import write_scalars
-from harness.collect.timeline import build_timeline
-from harness.collect.watch_log import run_watch
-from harness.collect.windows import WindowPick, pick_window, window_entry
+from harness.collect.read.discover import InputError, RunSet, find_trace_files, group_ranks
+from harness.collect.read.parse import TraceError, parse_trace
+from harness.collect.read.run_state import choose_attempt, ending_notes, skipped_note, skipped_windows
+from harness.collect.read.summary import read_summary
+from harness.collect.read.watch_log import read_watch
+from harness.collect.read.windows import WindowPick, pick_window, window_entry
 from harness.paths import FLIGHT_DIR, is_summary, trace_of_summary
 from harness.report.document import build_report, collective_rows
 from harness.report.files import write_report, write_view
+from harness.report.hang_report import attach, flight_only
+from harness.report.merged import MergedChoice, MergedResult, MergedWriting, finish_merged, merged_entry, start_merged
+from harness.report.merged import window_for as merged_window_for
+from harness.report.tb_scalars import write_scalars
+from harness.report.timeline import build_timeline
 
 
 class CollectError(InputError):
@@ -209,7 +209,7 @@ def collect(options: CollectOptions, pool: Executor | None = None, reporter: Pro
         merged = finish_merged(writing, analysis.waits, out)
     reporter.stage("writing the report")
     doc["merged"] = merged_entry(merged) if merged else None
-    watch = run_watch(dirs)
+    watch = read_watch(dirs)
     doc["window"] = window_entry(window, runset, watch)
     doc["watch"] = watch
     write_report(doc, out, collective_rows(analysis))
@@ -243,7 +243,7 @@ def _memory_only_lines(inputs: list[str]) -> list[str]:
 
 
 def read_flight(inputs: list[str], unpickle: bool, warnings: list[str]) -> dict | None:
-    """The Flight Recorder dumps among the inputs analysed (flight.analyse), None when there are
+    """The Flight Recorder dumps among the inputs analysed (flight.analyze), None when there are
     none; files that cannot be read become `warnings`."""
     paths = find_dumps(inputs)
     if not paths:
@@ -255,7 +255,7 @@ def read_flight(inputs: list[str], unpickle: bool, warnings: list[str]) -> dict 
     run_dir = next((Path(d) for d in inputs if Path(d).is_dir()), None)
     if run_dir is not None and run_dir.name == FLIGHT_DIR:
         run_dir = run_dir.parent
-    return analyse(dumps, run_dir=run_dir)
+    return analyze(dumps, run_dir=run_dir)
 
 
 def _flight_only(options: CollectOptions, inputs: list[str], notes: list[str], no_traces: str) -> Collected | None:

@@ -239,7 +239,7 @@ class TraceRecorder:
         if self.cfg.trace_summary != "off":
             # Condensed here, on the rank's own node, while the profiler has handed the window
             # over (training waits for it, as it already waits for the export above).
-            from harness.collect.summary import summarize
+            from harness.collect.read.summary import summarize
 
             started = time.perf_counter()
             try:

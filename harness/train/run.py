@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.collect.watch_log import watch_line
+from harness.collect.read.watch_log import watch_line
 from harness.paths import RUN_FILE, run_file, scalars_dir, steps_path, watch_path
 from harness.scalars import ScalarWriter, step_scalars
 from harness.train import flight

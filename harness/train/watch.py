@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.collect.stragglers import Thresholds
+from harness.collect.analyse.stragglers import Thresholds
 from harness.paths import watch_path
 from harness.scalars import ScalarWriter
 from harness.train.config import WatchConfig

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.collect.stragglers import MIN_JITTER_STEPS, Thresholds, punctual_index, straggler_bounds
+from harness.collect.analyse.stragglers import MIN_JITTER_STEPS, Thresholds, punctual_index, straggler_bounds
 from harness.paths import STEP_PHASES
 
 # The table one rank sends: a row per step, [step, step_ms, one column per STEP_PHASES]; NaN pads

@@ -27,7 +27,6 @@ fit is dropped and counted, never fatal.
 from __future__ import annotations
 
 import gzip
-import os
 import re
 import zlib
 from array import array
@@ -39,14 +38,9 @@ from typing import Any, BinaryIO, NamedTuple, cast
 import msgspec
 import numpy as np
 
+from harness.collect import native
 from harness.collect.model import Block
 from harness.paths import TRACE_METADATA_KEY
-
-try:  # built by the install when a C compiler is there (setup.py); else everything decodes in Python
-    from harness.collect import _scan  # type: ignore[attr-defined]  # a C extension: no stub
-except ImportError:
-    _scan = None
-NATIVE_ENV = "HARNESS_NATIVE_SCAN"  # 0: decode in Python even where the native tabler is built
 
 
 class TraceError(ValueError):
@@ -294,7 +288,7 @@ class _Tables:
         """`add` for the events in buf[start:end] without decoding them into objects: the native
         tabler (`_scan.c`, the same rules) does it; False when it declines the block (anything
         outside the shape it reads), and the caller decodes the block for `add` instead."""
-        got = _scan.scan(buf, start, end, self.names, self.threads, len(self.args))
+        got = native.extension.scan(buf, start, end, self.names, self.threads, len(self.args))
         if got is None:
             return False
         count, first, last, meta, groups, marks, arg_spans = got
@@ -538,12 +532,12 @@ def stream_events(fh: TraceStream, block_bytes: int, sink: Callable[[list[Any]],
 
 
 def native_scan() -> bool:
-    """Whether blocks go through the native tabler: built, and not switched off by NATIVE_ENV."""
-    return _scan is not None and os.environ.get(NATIVE_ENV, "1") != "0"
+    """Whether blocks go through the native tabler: built, and not switched off (native.py)."""
+    return native.function("scan") is not None
 
 
-if _scan is not None:
-    _scan.configure(tuple((cat.encode(), g) for cat, g in GROUP_OF.items()), OPS, KERNELS, MARK_CAT.encode(),
+if native.extension is not None:
+    native.extension.configure(tuple((cat.encode(), g) for cat, g in GROUP_OF.items()), OPS, KERNELS, MARK_CAT.encode(),
                     STEP_PREFIX.encode())
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.collect.overlap import StepOverlap
-from harness.collect.waits import InstanceWaits
+from harness.collect.align.waits import InstanceWaits
+from harness.collect.analyse.overlap import StepOverlap
 
 # Element sizes of the dtype names Kineto writes in the collectives' args ("Float", "c10::BFloat16", ...)
 DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,

@@ -10,7 +10,7 @@ from typing import Any
 from harness.paths import run_file
 
 
-def run_watch(dirs: list[Path]) -> dict[str, Any] | None:
+def read_watch(dirs: list[Path]) -> dict[str, Any] | None:
     """run.json's `watch` ({every, intervals, flags, captures}) from the first input folder that has
     one (rank 0's node writes run.json), or None: no run.json (third-party traces, a run that did
     not finish) or the watch was off."""

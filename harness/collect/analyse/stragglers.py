@@ -13,10 +13,10 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from harness.collect.clocks import ClockOffset, mad
+from harness.collect.align.clocks import ClockOffset, mad
+from harness.collect.align.waits import InstanceWaits
+from harness.collect.analyse.replay import Replay
 from harness.collect.model import RankTrace
-from harness.collect.replay import Replay
-from harness.collect.waits import InstanceWaits
 
 # A straggler is "persistent" when it is over the bound in at least this share of the analysed
 # steps (two in three: a majority that survives one noisy step in three), else "intermittent".
@@ -79,7 +79,7 @@ class StragglerResult:
     verdict: str  # "straggler", "balanced" or "inconclusive"
     ranks: list[RankBlame]
     reason: str | None = None  # why inconclusive
-    per_step: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> own wait_us
+    step_wait: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> own wait_us
     step_blame: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> others' wait on it, us
     step_cost: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> delay share, us
     step_late: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> lateness, us
@@ -334,11 +334,11 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
             taken_part[r] += 1
     tallies = tally_once(waits, lateness, marks, step_keys,
                          {(t.rank, s.number): s.dur_us for t in traces for s in t.steps})
-    step_late, per_step, step_cost, step_blame = tallies.late, tallies.wait, tallies.cost, tallies.blame
+    step_late, step_wait, step_cost, step_blame = tallies.late, tallies.wait, tallies.cost, tallies.blame
     wait_total: dict[int, float] = defaultdict(float)
     blame_total: dict[int, float] = defaultdict(float)
-    for s in per_step:
-        for r, v in per_step[s].items():
+    for s in step_wait:
+        for r, v in step_wait[s].items():
             wait_total[r] += v
         for r, v in step_blame[s].items():
             blame_total[r] += v
@@ -408,7 +408,7 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
             rb.whatif_step_ms = replay.step_ms({rb.rank})
     verdict = "inconclusive" if reason else ("straggler" if flagged else "balanced")
     return StragglerResult(
-        verdict=verdict, reason=reason, ranks=result, per_step={s: dict(v) for s, v in per_step.items()},
+        verdict=verdict, reason=reason, ranks=result, step_wait={s: dict(v) for s, v in step_wait.items()},
         step_blame={s: dict(v) for s, v in step_blame.items()}, step_cost={s: dict(v) for s, v in step_cost.items()},
         step_late={s: dict(v) for s, v in step_late.items()},
         step_last=step_last, threshold_ms=threshold, bounds_ms=bounds, waits=waits, replayed_step_ms=replayed,
@@ -424,7 +424,7 @@ SYNC_CALLER_SHARE = 0.1
 
 
 def sync_cost_ms(trace: RankTrace) -> tuple[float, dict[str, list[float]]]:
-    """A rank's syncs per step: the device idle they cause (ms, host.sync_costs), and by caller
+    """A rank's syncs per step: the device idle they cause (ms, host_ops.sync_costs), and by caller
     [syncs, ms of device idle], means over its steps."""
     n = max(len(trace.steps), 1)
     by: dict[str, list[float]] = {}

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.collect.run_state import last_logged_step
+from harness.collect.read.run_state import last_logged_step
 from harness.paths import (
     FLIGHT_DIR,
     NCCL_DUMP_PREFIX,
@@ -272,7 +272,7 @@ def _signature(e: Entry) -> tuple[str, str, str]:
     return e.name, json.dumps(e.input_sizes), json.dumps(e.input_dtypes)
 
 
-def analyse(dumps: list[RankDump], *, run_dir: Path | None = None, world_size: int | None = None) -> dict[str, Any]:
+def analyze(dumps: list[RankDump], *, run_dir: Path | None = None, world_size: int | None = None) -> dict[str, Any]:
     """Hang, mismatches and each rank's last collectives, as report.json's `hang`, `mismatches`
     and `flight` sections.
 

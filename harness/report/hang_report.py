@@ -18,7 +18,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from harness.collect import flight
+from harness.collect.analyse import flight
 
 SCHEMA_VERSION = 1
 

@@ -11,7 +11,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-from harness.collect.matching import Instance
+from harness.collect.align.matching import Instance
 from harness.collect.model import RankTrace
 
 

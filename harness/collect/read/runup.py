@@ -50,7 +50,7 @@ class Spans:
 def merged_pieces(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The union of intervals [x, y) given by non-decreasing x, as disjoint (start, end) columns:
     an interval starting at or before the furthest end so far joins the current piece (as
-    overlap.merge does, touching intervals included)."""
+    overlap.union does, touching intervals included)."""
     if not len(x):
         return x, y
     reach = np.maximum.accumulate(y)

@@ -1,4 +1,4 @@
-/* Native nesting of intervals: host.nest's stack walk (the CPU self times' parents), without a
+/* Native nesting of intervals: host_ops.nest's stack walk (the CPU self times' parents), without a
  * Python object per op.
  *
  * nest(starts, ends, own, parent, flag): starts and ends are arrays of doubles, the intervals in

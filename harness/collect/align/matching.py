@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from harness.collect.comm_kernels import UNMATCHED
 from harness.collect.model import CommOp, RankTrace
+from harness.collect.read.comm_kernels import UNMATCHED
 
 
 @dataclass(kw_only=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.collect.discover import InputError, RunSet
+from harness.collect.read.discover import InputError, RunSet
 from harness.paths import (
     TRACE_PATTERN,
     WINDOW_MAX_DIGITS,
@@ -87,7 +87,7 @@ def pick_window(files: list[Path], choice: str) -> tuple[list[Path], WindowPick]
 def window_entry(pick: WindowPick, runset: RunSet, watch: dict[str, Any] | None) -> dict[str, Any] | None:
     """report.json `window`: {window, windows, steps: [first, last] analysed, captured: the live
     watch's capture that recorded those steps ({first, last, watch_step, ranks}, from `watch`:
-    run.json's record, `watch_log.run_watch`) or null}; None when the traces carry no window
+    run.json's record, `watch_log.read_watch`) or null}; None when the traces carry no window
     numbers."""
     if not pick.windows:
         return None

@@ -7,7 +7,7 @@ collective with its run-up) as JSON, written next to the trace as
 collector then reads summaries instead of traces (a few hundred kB instead of hundreds of MB)
 and its report is the same as from the traces.
 
-`python -m harness.collect.summary TRACE|FOLDER ...` condenses traces already on disk (e.g. on
+`python -m harness.collect.read.summary TRACE|FOLDER ...` condenses traces already on disk (e.g. on
 the cluster, before copying only the summaries to a laptop).
 """
 
@@ -19,10 +19,10 @@ from pathlib import Path
 import msgspec
 
 from harness.atomic import write_bytes_atomic
-from harness.collect.compact import as_plain
-from harness.collect.decode import TraceError
 from harness.collect.model import RankTrace
-from harness.collect.parse import parse_trace
+from harness.collect.read.compact import as_plain
+from harness.collect.read.decode import TraceError
+from harness.collect.read.parse import parse_trace
 from harness.oneline_argparse import OneLineArgumentParser, fail
 from harness.paths import summary_path, trace_of_summary
 
@@ -86,12 +86,12 @@ def read_summary(path: Path) -> RankTrace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = OneLineArgumentParser(prog="harness.collect.summary",
+    p = OneLineArgumentParser(prog="harness.collect.read.summary",
                               description="Condense profiler traces into summaries the collector reads instead.")
     p.add_argument("inputs", nargs="+", help="trace files or folders (searched like the collector's inputs)")
     p.add_argument("--drop-traces", action="store_true", help="delete each trace once its summary is written")
     args = p.parse_args(argv)
-    from harness.collect.discover import InputError, find_trace_files
+    from harness.collect.read.discover import InputError, find_trace_files
 
     try:
         files = [f for f in find_trace_files(args.inputs, summaries=False)]

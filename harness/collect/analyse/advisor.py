@@ -16,13 +16,13 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from harness.collect.analyse.overlap import StepOverlap
+from harness.collect.analyse.rank_list import ranks_phrase
 from harness.collect.analysis import Analysis
-from harness.collect.host import DDP_LOGGER, GRAD_SCALER, NOT_USERS
 from harness.collect.model import RankTrace
-from harness.collect.overlap import StepOverlap
-from harness.collect.parse import DDP_REDUCER
-from harness.collect.phases import is_data
-from harness.collect.rank_list import ranks_phrase
+from harness.collect.read.host_ops import DDP_LOGGER, GRAD_SCALER, NOT_USERS
+from harness.collect.read.parse import DDP_REDUCER
+from harness.collect.read.phases import is_data
 
 # Dense matrix math: the work a model is made of. On GPU by kernel name, on CPU by aten op.
 # `triton_tem_*`: Inductor's template kernels (max-autotune), every one a matmul, convolution
@@ -41,7 +41,7 @@ class Rules:
     """Thresholds of the decision tree (shares are of the rank's mean step time)."""
 
     data_share: float = 0.30  # data phase (waiting for the input pipeline)
-    # GPU: the device's idle time that the training code's blocking syncs cause (host.sync_costs;
+    # GPU: the device's idle time that the training code's blocking syncs cause (host_ops.sync_costs;
     # GradScaler's alone also count, named as the cause; DDP's logger's never do), as a share of
     # the step. 10%: the share the straggler rule takes as material on GPU (Thresholds.rel_lag):
     # below it, removing every sync buys less than real GPU steps vary from one to the next. A
@@ -162,8 +162,8 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
        each dispatched op accounts for;
     3. launches_per_step, syncs_per_step, sync_share (blocking sync calls' time / own step);
        syncs_by_caller and sync_ms_by_caller (per step, by host.caller_of's callers);
-       user_syncs_per_step: the syncs of callers not in host.NOT_USERS (GradScaler, DDP's logger);
-       sync_cost_share (the device idle the syncs cause, host.sync_costs / own step),
+       user_syncs_per_step: the syncs of callers not in host_ops.NOT_USERS (GradScaler, DDP's logger);
+       sync_cost_share (the device idle the syncs cause, host_ops.sync_costs / own step),
        sync_cost_ms_by_caller, user_sync_cost_share (callers not in NOT_USERS);
     4. compute, exposed transfer, copy and idle shares of the device spans less the exposed
        waiting (device time: GPU kernels, or the CPU main thread's ops on CPU-only traces);
@@ -274,7 +274,7 @@ def classify(ev: dict[str, Any], rules: Rules = Rules()) -> tuple[str, str]:
     bottleneck, with the figures that fired it. Returns (bottleneck, reason).
 
     Syncs (GPU), by what they cost the device, not by their count: 1. the device idle the
-    training code's own syncs cause (callers not in host.NOT_USERS) >= sync_cost_share of the
+    training code's own syncs cause (callers not in host_ops.NOT_USERS) >= sync_cost_share of the
     step; else 2. GradScaler's alone, GradScaler named as the cause; DDP's logger's never count.
     The reason of any verdict names the syncs it did not count.
 

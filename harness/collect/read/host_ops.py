@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from harness.collect import decode
-from harness.collect.decode import Trace, as_numpy
+from harness.collect import native
 from harness.collect.model import Step
-from harness.collect.phases import is_data
+from harness.collect.read.decode import Trace, as_numpy
+from harness.collect.read.phases import is_data
 
 StepAt = Callable[[float], "int | None"]  # the step a host timestamp falls in
 Event = tuple[float, float, str, bool]  # (start_us, end_us, name, is a cpu op (not an annotation))
@@ -105,10 +105,10 @@ def nest(starts: np.ndarray, ends: np.ndarray, own: np.ndarray) -> tuple[np.ndar
     Natively (`_nest.c`) when the extension is built and not switched off, else in Python."""
     n = len(starts)
     parent, flag = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
-    if decode.native_scan():
-        decode._scan.nest(np.ascontiguousarray(starts, dtype=np.float64),
-                          np.ascontiguousarray(ends, dtype=np.float64), np.ascontiguousarray(own, dtype=bool),
-                          parent, flag)
+    nest = native.function("nest")
+    if nest is not None:
+        nest(np.ascontiguousarray(starts, dtype=np.float64), np.ascontiguousarray(ends, dtype=np.float64),
+             np.ascontiguousarray(own, dtype=bool), parent, flag)
         return parent, flag
     up, inherited, mine = [-1] * n, [False] * n, own.tolist()
     stack: list[int] = []

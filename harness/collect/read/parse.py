@@ -33,10 +33,12 @@ from typing import Any, cast
 
 import numpy as np
 
-from harness.collect.comm_kernels import classify as classify_kernel
-from harness.collect.comm_kernels import looks_like_comm
-from harness.collect.comm_kernels import plain as plain_kernel
-from harness.collect.decode import (
+from harness.collect.analyse.overlap import cover_steps
+from harness.collect.model import CommOp, RankTrace, Step, number_by_group
+from harness.collect.read.comm_kernels import classify as classify_kernel
+from harness.collect.read.comm_kernels import looks_like_comm
+from harness.collect.read.comm_kernels import plain as plain_kernel
+from harness.collect.read.decode import (
     NO_ARGS,
     Args,
     Columns,
@@ -49,11 +51,9 @@ from harness.collect.decode import (
     number,
     read_bytes,
 )
-from harness.collect.host import attribute_syncs, count_host_ops, nest, nest_order, sync_costs
-from harness.collect.model import CommOp, RankTrace, Step, number_by_group
-from harness.collect.overlap import cover_steps
-from harness.collect.phases import is_model, phase_name, top_level
-from harness.collect.runup import NO_STEP, Spans, merged_by_step, merged_pieces, set_run_ups
+from harness.collect.read.host_ops import attribute_syncs, count_host_ops, nest, nest_order, sync_costs
+from harness.collect.read.phases import is_model, phase_name, top_level
+from harness.collect.read.runup import NO_STEP, Spans, merged_by_step, merged_pieces, set_run_ups
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_PATTERN, WORKER_RANK_PATTERN
 
 __all__ = ["TraceError", "load_json", "parse_trace"]

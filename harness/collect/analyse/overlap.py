@@ -13,7 +13,7 @@ MIN_GAP_US = 50.0  # gaps shorter than this are not listed (they are still count
 LONGEST_GAPS = 200  # the gaps an analysis keeps (and the report lists): the longest, over all ranks
 
 
-def merge(intervals: list[Interval]) -> list[Interval]:
+def union(intervals: list[Interval]) -> list[Interval]:
     """Union of intervals as sorted, disjoint intervals."""
     out: list[Interval] = []
     for a, b in sorted(intervals):
@@ -110,7 +110,7 @@ def _split(comms: list[CommOp], waits: OpWaits, rank: int, lo: float,
         spans.append((c.start_us, c.end_us))
         if c.start_us + w < c.end_us:
             moving.append((c.start_us + w, c.end_us))
-    return clip(merge(spans), lo, hi), clip(merge(moving), lo, hi)
+    return clip(union(spans), lo, hi), clip(union(moving), lo, hi)
 
 
 def _timed(merged: list[Interval]) -> list[Interval]:
@@ -200,8 +200,8 @@ def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy],
     for c in trace.comms:
         owned(c.start_us, c.end_us, c.step)
     spans = device_spans(trace, {k: (v[0], v[1]) for k, v in own.items()}, marks, starts)
-    every = [_Merged(merge([(a, b) for a, b, _ in compute])), _Merged(merge([(a, b) for a, b, _ in copies])),
-             _Merged(merge([(c.start_us, c.end_us) for c in trace.comms]))]
+    every = [_Merged(union([(a, b) for a, b, _ in compute])), _Merged(union([(a, b) for a, b, _ in copies])),
+             _Merged(union([(c.start_us, c.end_us) for c in trace.comms]))]
     for step in trace.steps:
         span = spans.get(step.number)
         if span is None:
@@ -210,16 +210,16 @@ def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy],
         lo, hi = span
         C, K, M = (_timed(x.clipped(lo, hi)) for x in every)
         both = intersect(C, M)
-        busy = merge(C + M + K)
+        busy = union(C + M + K)
         step.cover = StepCover(
             lo_us=lo, hi_us=hi, window_us=hi - lo, compute_us=length(C),
-            memcpy_us=length(subtract(K, merge(C + M))), overlapped_us=length(both), busy_us=length(busy),
+            memcpy_us=length(subtract(K, union(C + M))), overlapped_us=length(both), busy_us=length(busy),
             compute_in_comm=both, idle=[(a, b) for a, b in subtract([(lo, hi)], busy) if b - a >= MIN_GAP_US],
             work_end_us=work_end.get(step.number))
 
 
 class _Merged:
-    """Disjoint intervals by start (`merge`'s), clipped to a window by binary search: each step
+    """Disjoint intervals by start (`union`'s), clipped to a window by binary search: each step
     reads only the pieces in its span, not the rank's every interval."""
 
     def __init__(self, merged: list[Interval]) -> None:

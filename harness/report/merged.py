@@ -32,16 +32,16 @@ import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from harness.atomic import atomic_file
-from harness.collect import decode
+from harness.collect import native
+from harness.collect.align.clocks import ClockOffset
+from harness.collect.align.waits import InstanceWaits
+from harness.collect.analyse.overlap import union
 from harness.collect.analysis import step_ranges
-from harness.collect.clocks import ClockOffset
-from harness.collect.decode import open_trace, thread_key
-from harness.collect.gzip_pieces import Piece, PieceWriter, write_gzip
 from harness.collect.model import Block, RankTrace
-from harness.collect.overlap import merge
-from harness.collect.parse import load_json
-from harness.collect.waits import InstanceWaits
+from harness.collect.read.decode import open_trace, thread_key
+from harness.collect.read.parse import load_json
 from harness.paths import MERGED_TRACE
+from harness.report.gzip_pieces import Piece, PieceWriter, write_gzip
 
 # Perfetto UI holds about 2 GB in the browser, at 2-4x the JSON's size once parsed: a JSON of
 # ~250 MB is the largest that opens reliably (chrome://tracing gives up earlier, ~300 MB).
@@ -260,7 +260,7 @@ class _Mover:
         self.procs: dict[Any, str] = {}  # labels of the file being read
         self.threads: dict[tuple[Any, Any], str] = {}
         self.kept = 0
-        self.native = decode.native_scan()
+        self.rewrite = native.function("rewrite")
 
     def _new_thread(self, key: tuple[Any, Any]) -> _Copy:
         """Number a (pid, tid) key not seen yet; its thread-name event."""
@@ -269,9 +269,9 @@ class _Mover:
         return _Copy(ph="M", name=Raw(b'"thread_name"'), pid=self.rank, tid=tid, args=Raw(_ENCODE({"name": label})))
 
     def block(self, data: bytes) -> bytes:
-        if self.native:
-            got = decode._scan.rewrite(data, 0, len(data), self.rank, self.shift, self.starts, self.ends, self.tids,
-                                       lambda key: _ENCODE(self._new_thread(key)))
+        if self.rewrite is not None:
+            got = self.rewrite(data, 0, len(data), self.rank, self.shift, self.starts, self.ends, self.tids,
+                               lambda key: _ENCODE(self._new_thread(key)))
             if got is not None:
                 self.kept += got[1]
                 return got[0]
@@ -392,7 +392,7 @@ def _waits(waits: list[InstanceWaits], window: Window, tids: dict[int, dict[tupl
 def step_spans(trace: RankTrace, keep: set[int]) -> list[tuple[float, float]]:
     """The time of the steps in `keep` on the trace's own clock, as disjoint intervals by start:
     each step from its start to its end or the end of the device work it launched, whichever is
-    later (GPU work runs behind the host); overlapping or touching intervals joined (`merge`)."""
+    later (GPU work runs behind the host); overlapping or touching intervals joined (`union`)."""
     end_of = {s.number: s.end_us for s in trace.steps if s.number in keep}
     for s in trace.steps:
         b = s.cover.work_end_us if s.cover is not None else None
@@ -401,7 +401,7 @@ def step_spans(trace: RankTrace, keep: set[int]) -> list[tuple[float, float]]:
     for c in trace.comms:
         if c.step in end_of and c.end_us > end_of[c.step]:
             end_of[c.step] = c.end_us
-    return merge([(s.start_us, end_of[s.number]) for s in trace.steps if s.number in keep])
+    return union([(s.start_us, end_of[s.number]) for s in trace.steps if s.number in keep])
 
 
 def rank_jobs(ranks: list[RankTrace], offsets: dict[int, ClockOffset], window: Window) -> list[_RankJob]:

@@ -1,0 +1,1 @@
+"""The analyses over aligned ranks: overlap, stragglers and their what-if, the diagnosis, memory, hangs."""

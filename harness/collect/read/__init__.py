@@ -1,0 +1,1 @@
+"""Reading: the trace files of a run and each rank's trace into a `RankTrace` (see ARCHITECTURE.md)."""
