@@ -7,20 +7,9 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
 - `verdict`: "straggler", "balanced" or "inconclusive" (nothing could be analysed: one rank,
   no matched collective, ...); `verdict_reason`: why inconclusive, else null; `headline`: the
   verdict in one sentence.
-- `run`: {run_id, world_size, ranks_present, ranks_missing, complete, ending (how a job that did
-  not finish ended, rank by rank: run_state.py), skipped_windows ([{rank, first, last, reason}]:
-  trace windows a rank could not write, e.g. on a full disk), hosts, device, steps_source, steps,
-  median_step_ms, replayed_step_ms (the what-if replay with nothing changed: how well the
-  replay model reproduces the run), whatif_all_fixed_step_ms (every straggler fixed)}.
-- `stragglers`: [{rank, host, phase, phase_excess_ms, late_ms (per step: how much later than
-  the punctual ranks it arrives at collectives; what flags it), cost_ms (per step: its share of
-  how much later the collectives start, i.e. what fixing it buys when others are late too),
-  blame_ms (the others' waiting it caused, total), wait_ms,
-  late_fraction (of its collectives), steps_late, steps, pattern (persistent|intermittent),
-  last_fraction, whatif_step_ms (step time with its excess removed, by replay), mean_step_ms, syncs
-  ({caller: [syncs per step, ms of device idle they cause per step]} when its syncs made it late:
-  their device idle beyond its peers' is at least half its lateness; else {})}],
-  latest first; empty unless the verdict is straggler.
+- `run`: a `RunRecord` (records.py: every row's fields and their meaning, also in
+  docs/report-schema.md).
+- `stragglers`: [`StragglerRecord`], latest first; empty unless the verdict is straggler.
 - `diagnosis`: [{rank, host, bottleneck, reason, evidence, advice, waits_for}], one per rank (see
   advisor.py): bottleneck is one of straggler, data-bound, sync-bound, launch-bound,
   comm-exposed, kernel-bound, healthy, judged on the rank's own work (its waiting for later
@@ -28,19 +17,8 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   evidence holds the numbers the rules read. `diagnosis_summary`: e.g. "launch-bound (ranks 0, 1)".
 - `next_steps`: [{about, ranks, text}], what to do, most important first (about: "straggler",
   a bottleneck class or "inconclusive"): the list report.md, the view and the console show.
-- `ranks`: [{rank, host, steps, mean_step_ms, compute_ms, comm_ms, overlapped_comm_ms,
-  exposed_comm_ms, exposed_wait_ms, exposed_transfer_ms, memcpy_ms (host<->device copies and memsets
-  on the device: neither compute nor idle), idle_ms, wait_ms, blame_ms, late_ms, cost_ms,
-  late_fraction, last_fraction, waits_for, clock_offset_ms, clock_spread_ms, clock_samples}];
-  compute..idle are summed over the analysed steps; exposed_comm = exposed_wait (exposed and
-  only waiting for a later peer) + exposed_transfer.
-- `hosts`: [{host, ranks, blame_ms, wait_ms, stragglers}].
-- `steps`: [{rank, step, step_ms, host_step_ms, wait_ms, lag_ms, exposed_comm_ms, exposed_wait_ms,
-  exposed_transfer_ms, compute_ms, comm_ms, memcpy_ms, idle_ms, last_arriver}]; step_ms: the step's span
-  on the timeline the device works on (overlap.device_spans: on GPU cut from the device's own timeline,
-  which runs behind the host; on CPU the ProfilerStep), which compute_ms + exposed_comm_ms + memcpy_ms +
-  idle_ms add up to; host_step_ms: its ProfilerStep on the host; wait_ms: this rank waited
-  for others; lag_ms: the others' waiting it caused; last_arriver: it cost the most that step.
+- `ranks`: [`RankRecord`]; `hosts`: [`HostRecord`]; `steps`: [`StepRecord`] (their parts add up
+  to step_ms).
 - `gaps`: [{rank, step, start_us, dur_us, kind (exposed_wait|exposed_transfer|idle),
   collective}], longest first (at most `overlap.LONGEST_GAPS`; `gaps_total` counts all). start_us is on the
   aligned clock of merged.pt.trace.json.gz.
@@ -52,13 +30,10 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   from the step logs (memory.py, warm-up left out); `memory_steps`: [{rank, step, rss_mb,
   gpu_allocated_mb}] every logged steady step (every k-th beyond 1000 steps), for the memory
   heatmap; `memory_timelines`: [{rank, window, path}] torch memory timelines (--profile-memory).
-  `ranks[]` also carry peak_rss_bytes, rss_growth_bytes_per_step, peak_gpu_allocated_bytes,
-  peak_gpu_reserved_bytes, gpu_growth_bytes_per_step (steady steps; growth: least-squares bytes
-  per step, null under 3 steps) and `steps[]` rss_mb, gpu_allocated_mb.
 - `collectives`: {matched, by_name: {name: count}}; `clock`: {aligned, reference_rank,
-  reference_host, hosts: [{host, ranks, offset_ms, spread_ms, samples, via}]} (one offset per
-  host); `threshold_ms`: the straggler bound applied to each rank's cost per step, `bounds_ms`
-  the bounds it is the largest of; `warnings`: what was missing or doubtful.
+  reference_host, hosts: [`ClockHostRecord`]} (one offset per host); `threshold_ms`: the
+  straggler bound applied to each rank's lateness per step, `bounds_ms` the bounds it is the
+  largest of; `warnings`: what was missing or doubtful.
 - `window`: {window, windows, steps, captured}: the profiler window analysed (`--window`,
   windows.py; null for traces without harness window numbers); `merged`: what
   merged.pt.trace.json.gz holds (merged.py `merged_entry`), null without one; `watch`: the live
@@ -85,6 +60,7 @@ from harness.collect.analyse.rank_list import ranks_listed, ranks_phrase
 from harness.collect.analyse.stragglers import OUTSIDE_RANGES
 from harness.collect.analysis import Analysis
 from harness.collect.read.phases import is_data
+from harness.report.records import ClockHostRecord, HostRecord, RankRecord, RunRecord, StepRecord, StragglerRecord
 
 SCHEMA_VERSION = 1
 ADVICE = {
@@ -131,49 +107,46 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
     ranks: list[dict[str, Any]] = []
     for t in a.traces:
         o, b, g = a.offsets[t.rank], blames[t.rank], agg[t.rank]
-        ranks.append({
-            "rank": t.rank, "host": t.host, "steps": len(t.steps), "mean_step_ms": b.mean_step_ms,
-            "compute_ms": _ms(g["compute_us"]), "comm_ms": _ms(g["comm_us"]),
-            "overlapped_comm_ms": _ms(g["overlapped_comm_us"]), "exposed_comm_ms": _ms(g["exposed_comm_us"]),
-            "exposed_wait_ms": _ms(g["exposed_wait_us"]), "exposed_transfer_ms": _ms(g["exposed_transfer_us"]),
-            "memcpy_ms": _ms(g["memcpy_us"]), "idle_ms": _ms(g["idle_us"]), "wait_ms": b.wait_ms,
-            "blame_ms": b.blame_ms,
-            "late_ms": round(b.late_ms, 6), "cost_ms": round(b.cost_ms, 6),
-            "late_fraction": b.late_fraction, "last_fraction": b.last_fraction, "waits_for": b.waits_for,
-            "clock_offset_ms": _ms(o.offset_us), "clock_spread_ms": _ms(o.spread_us), "clock_samples": o.samples,
-            **{k: mem_ranks.get(t.rank, {}).get(k) for k in MEMORY_RANK_KEYS},
-        })
-    stragglers = [{
-        "rank": s.rank, "host": s.host, "phase": s.phase, "phase_excess_ms": s.phase_excess_ms,
-        "late_ms": round(s.late_ms, 6), "cost_ms": round(s.cost_ms, 6), "blame_ms": s.blame_ms, "wait_ms": s.wait_ms,
-        "late_fraction": round(s.late_fraction, 4), "steps_late": s.steps_late, "steps": s.steps, "pattern": s.pattern,
-        "last_fraction": s.last_fraction, "whatif_step_ms": s.whatif_step_ms, "mean_step_ms": s.mean_step_ms,
-        "syncs": s.syncs,
-    } for s in res.stragglers]
-    hosts: dict[str, dict[str, Any]] = {}
+        mem = mem_ranks.get(t.rank, {})
+        ranks.append(asdict(RankRecord(
+            rank=t.rank, host=t.host, steps=len(t.steps), mean_step_ms=b.mean_step_ms,
+            compute_ms=_ms(g["compute_us"]), comm_ms=_ms(g["comm_us"]),
+            overlapped_comm_ms=_ms(g["overlapped_comm_us"]), exposed_comm_ms=_ms(g["exposed_comm_us"]),
+            exposed_wait_ms=_ms(g["exposed_wait_us"]), exposed_transfer_ms=_ms(g["exposed_transfer_us"]),
+            memcpy_ms=_ms(g["memcpy_us"]), idle_ms=_ms(g["idle_us"]), wait_ms=b.wait_ms, blame_ms=b.blame_ms,
+            late_ms=round(b.late_ms, 6), cost_ms=round(b.cost_ms, 6),
+            late_fraction=b.late_fraction, last_fraction=b.last_fraction, waits_for=b.waits_for,
+            clock_offset_ms=_ms(o.offset_us), clock_spread_ms=_ms(o.spread_us), clock_samples=o.samples,
+            **{k: mem.get(k) for k in MEMORY_RANK_KEYS})))
+    stragglers = [asdict(StragglerRecord(
+        rank=s.rank, host=s.host, phase=s.phase, phase_excess_ms=s.phase_excess_ms,
+        late_ms=round(s.late_ms, 6), cost_ms=round(s.cost_ms, 6), blame_ms=s.blame_ms, wait_ms=s.wait_ms,
+        late_fraction=round(s.late_fraction, 4), steps_late=s.steps_late, steps=s.steps, pattern=s.pattern,
+        last_fraction=s.last_fraction, whatif_step_ms=s.whatif_step_ms, mean_step_ms=s.mean_step_ms,
+        syncs=s.syncs)) for s in res.stragglers]
+    hosts: dict[str, HostRecord] = {}
     for r in res.ranks:
-        h = hosts.setdefault(r.host, {"host": r.host, "ranks": [], "blame_ms": 0.0, "wait_ms": 0.0, "stragglers": []})
-        h["ranks"].append(r.rank)
-        h["blame_ms"] += r.blame_ms
-        h["wait_ms"] += r.wait_ms
+        h = hosts.setdefault(r.host, HostRecord(host=r.host, ranks=[], blame_ms=0.0, wait_ms=0.0, stragglers=[]))
+        h.ranks.append(r.rank)
+        h.blame_ms += r.blame_ms
+        h.wait_ms += r.wait_ms
         if r.straggler:
-            h["stragglers"].append(r.rank)
+            h.stragglers.append(r.rank)
     step_rows = []
     step_dur = {(t.rank, s.number): s.dur_us for t in a.traces for s in t.steps}
     for row in sorted(a.overlap, key=lambda r: (r.rank, r.step)):
         logged = mem_logs[row.rank].steps.get(row.step, {}) if row.rank in mem_logs else {}
-        step_rows.append({
-            "rank": row.rank, "step": row.step, "step_ms": _ms(row.window_us),
-            "host_step_ms": _ms(step_dur.get((row.rank, row.step), row.window_us)),
-            "wait_ms": _ms(res.step_wait.get(row.step, {}).get(row.rank, 0.0)),
-            "lag_ms": _ms(res.step_blame.get(row.step, {}).get(row.rank, 0.0)),
-            "exposed_comm_ms": _ms(row.exposed_comm_us), "exposed_wait_ms": _ms(row.exposed_wait_us),
-            "exposed_transfer_ms": _ms(row.exposed_transfer_us), "compute_ms": _ms(row.compute_us),
-            "comm_ms": _ms(row.comm_us), "memcpy_ms": _ms(row.memcpy_us), "idle_ms": _ms(row.idle_us),
-            "last_arriver": res.step_last.get(row.step) == row.rank,
-            "rss_mb": bytes_to_mb(logged.get("rss_bytes")),
-            "gpu_allocated_mb": bytes_to_mb(logged.get("gpu_peak_allocated_bytes")),
-        })
+        step_rows.append(asdict(StepRecord(
+            rank=row.rank, step=row.step, step_ms=_ms(row.window_us),
+            host_step_ms=_ms(step_dur.get((row.rank, row.step), row.window_us)),
+            wait_ms=_ms(res.step_wait.get(row.step, {}).get(row.rank, 0.0)),
+            lag_ms=_ms(res.step_blame.get(row.step, {}).get(row.rank, 0.0)),
+            exposed_comm_ms=_ms(row.exposed_comm_us), exposed_wait_ms=_ms(row.exposed_wait_us),
+            exposed_transfer_ms=_ms(row.exposed_transfer_us), compute_ms=_ms(row.compute_us),
+            comm_ms=_ms(row.comm_us), memcpy_ms=_ms(row.memcpy_us), idle_ms=_ms(row.idle_us),
+            last_arriver=res.step_last.get(row.step) == row.rank,
+            rss_mb=bytes_to_mb(logged.get("rss_bytes")),
+            gpu_allocated_mb=bytes_to_mb(logged.get("gpu_peak_allocated_bytes")))))
     present = sorted(by_rank)
     diagnoses = diagnose(a)
     all_steps = sorted({s.number for t in a.traces for s in t.steps})
@@ -185,20 +158,19 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
         "verdict": res.verdict,
         "verdict_reason": res.reason,
         "headline": headline(res.verdict, stragglers, a.runset.missing, a.runset.ending, res.reason),
-        "run": {
-            "run_id": a.runset.run_id, "world_size": a.runset.world_size, "ranks_present": present,
-            "ranks_missing": a.runset.missing, "complete": not a.runset.missing and not a.runset.ending,
-            "ending": a.runset.ending, "skipped_windows": a.runset.skipped_windows,
-            "hosts": sorted(hosts), "device": "gpu" if any(t.device == "gpu" for t in a.traces) else "cpu",
-            "steps_source": sorted({t.steps_source for t in a.traces}), "steps": all_steps,
-            "median_step_ms": statistics.median(timed) if timed else None,
-            "replayed_step_ms": res.replayed_step_ms, "whatif_all_fixed_step_ms": res.whatif_all_fixed_step_ms,
-        },
+        "run": asdict(RunRecord(
+            run_id=a.runset.run_id, world_size=a.runset.world_size, ranks_present=present,
+            ranks_missing=a.runset.missing, complete=not a.runset.missing and not a.runset.ending,
+            ending=a.runset.ending, skipped_windows=a.runset.skipped_windows,
+            hosts=sorted(hosts), device="gpu" if any(t.device == "gpu" for t in a.traces) else "cpu",
+            steps_source=sorted({t.steps_source for t in a.traces}), steps=all_steps,
+            median_step_ms=statistics.median(timed) if timed else None,
+            replayed_step_ms=res.replayed_step_ms, whatif_all_fixed_step_ms=res.whatif_all_fixed_step_ms)),
         "stragglers": stragglers,
         "diagnosis": as_rows(diagnoses),
         "diagnosis_summary": diagnosis_line(diagnoses),
         "ranks": ranks,
-        "hosts": list(hosts.values()),
+        "hosts": [asdict(h) for h in hosts.values()],
         "steps": step_rows,
         "gaps": [asdict(g) for g in a.gaps],
         "gaps_total": a.gaps_total,
@@ -207,8 +179,8 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
         "collectives": {"matched": len(a.instances), "by_name": dict(Counter(i.name for i in a.instances))},
         "clock": {"aligned": a.aligned, "reference_rank": min(present) if present else None,
                   "reference_host": a.host_clocks[0].host if a.host_clocks else None,
-                  "hosts": [{"host": c.host, "ranks": c.ranks, "offset_ms": _ms(c.offset_us),
-                             "spread_ms": _ms(c.spread_us), "samples": c.samples, "via": c.via}
+                  "hosts": [asdict(ClockHostRecord(host=c.host, ranks=c.ranks, offset_ms=_ms(c.offset_us),
+                                                   spread_ms=_ms(c.spread_us), samples=c.samples, via=c.via))
                             for c in a.host_clocks]},
         "memory_findings": memory.findings if memory else [],
         "memory_steps": memory.steps if memory else [],

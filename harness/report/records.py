@@ -1,0 +1,263 @@
+"""report.json's rows as typed records: one dataclass per kind of row, a docstring per field.
+
+`build_report` (document.py) makes each row as one of these and writes it with `asdict`, so the
+fields' order here is the keys' order in report.json. docs/report-schema.md is generated from
+this module (`python -m harness.report.records > docs/report-schema.md`) and a test keeps it
+current. Every duration is in ms unless its name says `_us`; "per step" figures are means over
+the analysed steps, "total" ones sums over them.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(kw_only=True)
+class RunRecord:
+    """`run`: the job the traces came from."""
+
+    run_id: str | None
+    """the run's id (from the harness metadata; null for other jobs' traces)"""
+    world_size: int | None
+    """ranks in the job (null where no trace says)"""
+    ranks_present: list[int]
+    """ranks whose traces were read"""
+    ranks_missing: list[int]
+    """ranks of the world with no trace"""
+    complete: bool
+    """every rank present and the job finished"""
+    ending: list[str]
+    """how a job that did not finish ended, rank by rank (read/run_state.py)"""
+    skipped_windows: list[dict[str, Any]]
+    """trace windows a rank could not write: [{rank, first, last, reason}] (e.g. a full disk)"""
+    hosts: list[str]
+    """the machines, sorted"""
+    device: str
+    """"gpu" when any rank's trace has device activity, else "cpu\""""
+    steps_source: list[str]
+    """where step boundaries came from (ProfilerStep, or a fallback)"""
+    steps: list[int]
+    """every step number analysed"""
+    median_step_ms: float | None
+    """the median over ranks of their mean step (per step)"""
+    replayed_step_ms: float | None
+    """the what-if replay with nothing changed: how well the replay reproduces the run (per step)"""
+    whatif_all_fixed_step_ms: float | None
+    """the replayed step with every straggler fixed (per step)"""
+
+
+@dataclass(kw_only=True)
+class StragglerRecord:
+    """`stragglers[]`: each rank that keeps the others waiting, latest first; empty unless the
+    verdict is straggler."""
+
+    rank: int
+    """the rank"""
+    host: str
+    """its machine"""
+    phase: str | None
+    """where it is slow: a phase (data, forward, ...), "op:<name>", "idle ..." or "outside its ranges\""""
+    phase_excess_ms: float | None
+    """how much longer that phase takes than on its peers (per step)"""
+    late_ms: float
+    """how much later than the punctual ranks it arrives at collectives (per step): what flags it"""
+    cost_ms: float
+    """its share of how much later the collectives start (per step): what fixing it buys when others are late too"""
+    blame_ms: float
+    """the others' waiting it caused (total)"""
+    wait_ms: float
+    """its own waiting for others (total)"""
+    late_fraction: float
+    """share of its collectives at which it was late beyond the clocks' noise"""
+    steps_late: int
+    """steps in which its lateness exceeded the bound"""
+    steps: int
+    """steps with matched collectives"""
+    pattern: str | None
+    """persistent (late in at least 2/3 of the steps) or intermittent"""
+    last_fraction: float
+    """share of steps in which it cost the most"""
+    whatif_step_ms: float | None
+    """the replayed step with its excess removed (per step)"""
+    mean_step_ms: float | None
+    """its mean step (per step)"""
+    syncs: dict[str, list[float]]
+    """{caller: [syncs per step, ms of device idle they cause per step]} when its syncs made it late, else {}"""
+
+
+@dataclass(kw_only=True)
+class RankRecord:
+    """`ranks[]`: one per rank; compute..idle are totals over the analysed steps, and
+    exposed_comm = exposed_wait + exposed_transfer."""
+
+    rank: int
+    """the rank"""
+    host: str
+    """its machine"""
+    steps: int
+    """its analysed steps"""
+    mean_step_ms: float | None
+    """its mean step (per step)"""
+    compute_ms: float
+    """device time in compute kernels (on CPU: ops), total"""
+    comm_ms: float
+    """communication, total"""
+    overlapped_comm_ms: float
+    """communication hidden behind compute, total"""
+    exposed_comm_ms: float
+    """communication not hidden behind compute, total"""
+    exposed_wait_ms: float
+    """exposed communication only waiting for a later peer, total"""
+    exposed_transfer_ms: float
+    """exposed communication moving data, total"""
+    memcpy_ms: float
+    """host<->device copies and memsets on the device (neither compute nor idle), total"""
+    idle_ms: float
+    """the device idle inside the steps, total"""
+    wait_ms: float
+    """its waiting for later peers at collectives, total"""
+    blame_ms: float
+    """the others' waiting it caused, total"""
+    late_ms: float
+    """its lateness at collectives (per step)"""
+    cost_ms: float
+    """its share of the collectives' delay (per step)"""
+    late_fraction: float
+    """share of its collectives at which it was late beyond the noise"""
+    last_fraction: float
+    """share of steps in which it cost the most"""
+    waits_for: list[list[Any]]
+    """[[rank, ms per step]] the stragglers it waited on beyond the noise, most first"""
+    clock_offset_ms: float
+    """its host clock's offset from the reference host"""
+    clock_spread_ms: float
+    """the scatter of its collectives' ends after alignment (the clocks' noise)"""
+    clock_samples: int
+    """collectives its offset was measured from"""
+    peak_rss_bytes: float | None
+    """peak host memory in the steady steps (step logs; null without them)"""
+    rss_growth_bytes_per_step: float | None
+    """least-squares host memory growth per step (null under 3 steps)"""
+    peak_gpu_allocated_bytes: float | None
+    """peak GPU memory allocated (null on CPU)"""
+    peak_gpu_reserved_bytes: float | None
+    """peak GPU memory reserved by the caching allocator (null on CPU)"""
+    gpu_growth_bytes_per_step: float | None
+    """least-squares GPU memory growth per step (null under 3 steps or on CPU)"""
+
+
+@dataclass(kw_only=True)
+class HostRecord:
+    """`hosts[]`: one per machine."""
+
+    host: str
+    """the machine"""
+    ranks: list[int]
+    """its ranks"""
+    blame_ms: float
+    """the others' waiting its ranks caused, total"""
+    wait_ms: float
+    """its ranks' waiting for others, total"""
+    stragglers: list[int]
+    """its ranks that are stragglers"""
+
+
+@dataclass(kw_only=True)
+class StepRecord:
+    """`steps[]`: one per rank and step; compute_ms + exposed_comm_ms + memcpy_ms + idle_ms add up
+    to step_ms."""
+
+    rank: int
+    """the rank"""
+    step: int
+    """the step number"""
+    step_ms: float
+    """the step's span on the timeline the device works on (on GPU cut from the device's own timeline,
+    which runs behind the host; on CPU the ProfilerStep)"""
+    host_step_ms: float
+    """its ProfilerStep on the host"""
+    wait_ms: float
+    """this rank's waiting for others in the step"""
+    lag_ms: float
+    """the others' waiting it caused in the step"""
+    exposed_comm_ms: float
+    """communication not hidden behind compute"""
+    exposed_wait_ms: float
+    """exposed communication only waiting for a later peer"""
+    exposed_transfer_ms: float
+    """exposed communication moving data"""
+    compute_ms: float
+    """compute on the device (on CPU: ops)"""
+    comm_ms: float
+    """communication"""
+    memcpy_ms: float
+    """host<->device copies and memsets"""
+    idle_ms: float
+    """the device idle"""
+    last_arriver: bool
+    """it cost the most that step"""
+    rss_mb: float | None
+    """host memory at the step (step logs; null without them)"""
+    gpu_allocated_mb: float | None
+    """peak GPU memory allocated in the step (null on CPU)"""
+
+
+@dataclass(kw_only=True)
+class ClockHostRecord:
+    """`clock.hosts[]`: one clock offset per machine."""
+
+    host: str
+    """the machine"""
+    ranks: list[int]
+    """its ranks"""
+    offset_ms: float
+    """its clock's offset from the reference host's"""
+    spread_ms: float
+    """the scatter of the collectives' ends it was measured from"""
+    samples: int
+    """collectives measured"""
+    via: str | None
+    """the host it was aligned against (null for the reference)"""
+
+
+RECORDS = (RunRecord, StragglerRecord, RankRecord, HostRecord, StepRecord, ClockHostRecord)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring (the string literal right after it in the class body)."""
+    body = ast.parse(inspect.getsource(cls)).body[0]
+    assert isinstance(body, ast.ClassDef)
+    docs: dict[str, str] = {}
+    items = body.body
+    for node, after in zip(items, items[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def schema_markdown() -> str:
+    """docs/report-schema.md: a table per record, in field order."""
+    lines = ["# report.json's rows", "",
+             "Generated from `harness/report/records.py` (`python -m harness.report.records`); the other",
+             "keys of report.json are described in `harness/report/document.py`. Durations are ms unless a",
+             "name says `_us`; \"per step\" figures are means over the analysed steps, \"total\" ones sums.", ""]
+    for cls in RECORDS:
+        lines += [f"## {cls.__name__}", "", " ".join((cls.__doc__ or "").split()), "", "| field | type | meaning |",
+                  "|---|---|---|"]
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            kind = str(f.type).replace("|", "\\|")  # a pipe would end the table cell
+            lines.append(f"| `{f.name}` | `{kind}` | {docs.get(f.name, '')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(schema_markdown())
