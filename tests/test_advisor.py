@@ -30,6 +30,9 @@ HEALTHY = {"device": "cpu", "data_share": 0.02, "host_ops_per_step": 400, "us_pe
     ({"host_ops_per_step": 1000, "us_per_op": 19.9}, "launch-bound"),
     ({"host_ops_per_step": 1400, "us_per_op": 37.0}, "healthy"),  # the kernel lab's ops: long, not overhead
     ({"host_ops_per_step": 999, "us_per_op": 1.0}, "healthy"),
+    # in bare ops where the trace measured one: the machine's speed cancels out
+    ({"host_ops_per_step": 2153, "us_per_op": 30.0, "op_cost_ratio": 59.9}, "launch-bound"),  # a slow machine
+    ({"host_ops_per_step": 1393, "us_per_op": 17.1, "op_cost_ratio": 60.0}, "healthy"),  # a fast one's big ops
     ({"transfer_share": 0.50, "exposed_transfer_share": 0.15}, "comm-exposed"),
     ({"transfer_share": 0.49, "exposed_transfer_share": 0.4}, "healthy"),  # little communication
     ({"transfer_share": 0.50, "exposed_transfer_share": 0.14}, "healthy"),  # communication hidden
@@ -143,3 +146,18 @@ def test_ddp_reducer_work_is_booked_as_communication(tmp_path: Path) -> None:
     assert ev["transfer_share"] == 0.5  # (100 us of collectives + 400 us of reducer) / 1000 us
     assert ev["compute_share"] == 0.14  # (540 - 400) / 1000
     assert ev["gemm_share"] == 1.0  # the reducer's mul is not the model's compute
+
+
+def _floor_trace(tmp_path: Path, durs: list[float], name: str) -> float | None:
+    """A CPU rank whose main thread calls aten::as_strided with `durs` inside one step."""
+    events = [step(1, 0, 10_000)]
+    events += [x("aten::as_strided", "cpu_op", 10 + 20 * i, d) for i, d in enumerate(durs)]
+    return parse_trace(write(tmp_path / f"{name}.pt.trace.json", document(events, 0))).op_floor_us
+
+
+def test_a_bare_ops_cost_is_measured_where_the_clock_can(tmp_path: Path) -> None:
+    """op_floor_us: the median of as_strided's durations on the model's threads; none from fewer
+    than 20 calls, nor from whole-microsecond durations (older Kineto's clock)."""
+    assert _floor_trace(tmp_path, [0.2] * 10 + [0.3] * 11 + [5.0], "fine") == 0.3
+    assert _floor_trace(tmp_path, [0.2] * 19, "few") is None
+    assert _floor_trace(tmp_path, [0.0] * 10 + [1.0] * 15, "coarse") is None

@@ -189,6 +189,9 @@ class RankTrace:
     json_bytes: int = 0
     events: int = 0
     blocks: dict[str, list[Block]] = field(default_factory=dict)
+    # what one bare op costs on this machine under the profiler (host_ops.op_floor_us), us; None:
+    # not measurable here
+    op_floor_us: float | None = None
 
     def without_intervals(self) -> RankTrace:
         """A copy without its collectives and its steps' covers (what only the analysis on

@@ -51,7 +51,14 @@ from harness.collect.read.decode import (
     number,
     read_bytes,
 )
-from harness.collect.read.host_ops import attribute_syncs, count_host_ops, nest, nest_order, sync_costs
+from harness.collect.read.host_ops import (
+    attribute_syncs,
+    count_host_ops,
+    nest,
+    nest_order,
+    op_floor_us,
+    sync_costs,
+)
 from harness.collect.read.phases import is_model, phase_name, top_level
 from harness.collect.read.runup import NO_STEP, Spans, merged_by_step, merged_pieces, set_run_ups
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_PATTERN, WORKER_RANK_PATTERN
@@ -481,7 +488,7 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
 
     count_launches(doc, index)
     syncs = attribute_syncs(doc, index.at, by_number)
-    count_host_ops(doc, main, by_number)
+    floor_us = op_floor_us(doc, count_host_ops(doc, main, by_number))
     aten = [name.startswith("aten::") for name in names]
 
     comms: list[CommOp] = []
@@ -544,7 +551,8 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
                       paths=[str(path)], run_id=meta.get("run_id"), device="gpu" if len(kernels) else "cpu",
                       steps=steps, comms=comms, warnings=warnings, steps_source=steps_source,
                       rank_source=rank_source, base_us=base_ns / 1e3, json_bytes=doc.json_bytes,
-                      events=count_step_events(doc, steps), blocks={str(path): doc.blocks} if doc.blocks else {})
+                      events=count_step_events(doc, steps), blocks={str(path): doc.blocks} if doc.blocks else {},
+                      op_floor_us=floor_us)
     # the compute and copies, folded into the steps here: no rank's intervals outlive its parse
     cover_steps(trace, merged_by_step(spans), merged_by_step(copies), device_step_marks(doc), starts)
     return trace
