@@ -24,6 +24,7 @@ demo: setup
 test: export EXTRAS := test,hf,lightning
 test: setup browser
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
@@ -31,6 +32,7 @@ test: setup browser
 test-quick: export EXTRAS := test,hf,lightning
 test-quick: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 

@@ -4,8 +4,14 @@ compiler is found the install goes on and the collector does all three in Python
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("harness.collect.native._scan",
-                             ["harness/collect/native/_scan.c", "harness/collect/native/_rewrite.c",
-                              "harness/collect/native/_nest.c"],
-                             depends=["harness/collect/native/_json.h"], optional=True,
-                             extra_compile_args=["-O2"])])
+setup(
+    ext_modules=[
+        Extension(
+            "harness.collect.native._scan",
+            ["harness/collect/native/_scan.c", "harness/collect/native/_rewrite.c", "harness/collect/native/_nest.c"],
+            depends=["harness/collect/native/_json.h"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        )
+    ]
+)

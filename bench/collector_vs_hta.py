@@ -77,8 +77,10 @@ def replicate(doc: dict[str, Any], copies: int, rank: int, world_size: int) -> d
     meta = [e for e in events if isinstance(e, dict) and e.get("ph") == "M"]
     t0 = min(e["ts"] for e in timed)
     span = max(e["ts"] + e.get("dur", 0) for e in timed) - t0 + 1000.0
-    top_id = 1 + max((e.get("args", {}).get(k, 0) for e in timed for k in SHIFTED_ARGS
-                      if isinstance(e.get("args", {}).get(k), int)), default=0)
+    top_id = 1 + max(
+        (e.get("args", {}).get(k, 0) for e in timed for k in SHIFTED_ARGS if isinstance(e.get("args", {}).get(k), int)),
+        default=0,
+    )
     top_flow = 1 + max((e["id"] for e in timed if isinstance(e.get("id"), int)), default=0)
     numbers = [int(e["name"].split("#")[1]) for e in timed if str(e.get("name", "")).startswith("ProfilerStep#")]
     step_span = (max(numbers) - min(numbers) + 1) if numbers else 1  # copies get step numbers of their own
@@ -91,8 +93,9 @@ def replicate(doc: dict[str, Any], copies: int, rank: int, world_size: int) -> d
             if isinstance(name, str) and name.startswith("ProfilerStep#"):
                 c["name"] = f"ProfilerStep#{int(name.split('#')[1]) + k * step_span}"
             if isinstance(c.get("args"), dict) and k:
-                c["args"] = {a: (v + k * top_id if a in SHIFTED_ARGS and isinstance(v, int) else v)
-                             for a, v in c["args"].items()}
+                c["args"] = {
+                    a: (v + k * top_id if a in SHIFTED_ARGS and isinstance(v, int) else v) for a, v in c["args"].items()
+                }
             if isinstance(c.get("id"), int) and k:
                 c["id"] = c["id"] + k * top_flow
             out.append(c)
@@ -184,7 +187,7 @@ def compare(folder: Path, reps: int, anchors: dict[str, str]) -> dict[str, Any]:
     tools = ["ours", *anchors]
     runs: dict[str, list[tuple[float, int]]] = {t: [] for t in tools}
     for rep in range(reps):
-        for tool in tools[rep % len(tools):] + tools[:rep % len(tools)]:
+        for tool in tools[rep % len(tools) :] + tools[: rep % len(tools)]:
             if tool == "ours":
                 runs[tool].append(measured(default_cmd(folder, tmp / "report")))
             else:
@@ -207,22 +210,30 @@ def print_comparison(rows: list[dict[str, Any]], anchors: dict[str, str], decode
     for r in rows:
         for tool, (wall, peak) in r["med"].items():
             diff = r["overlap_diff_pp"].get(tool)
-            print(f"{r['set']:28} {r['mb']:>6.0f} {tool:>13} {wall:>8.2f} {peak / 1e6:>8.0f} "
-                  f"{'-' if diff is None else f'{diff:.2f}':>16}  {' '.join(f'{w:.2f}' for w in r['walls'][tool])}")
-    print(f"\n{'set':28} {'faster anchor':>13} {'speed x':>8} {'memory x':>9} {'ours MB/s':>10} "
-          f"{'of decoder limit':>17} {'merged MB (JSON)':>17}")
+            print(
+                f"{r['set']:28} {r['mb']:>6.0f} {tool:>13} {wall:>8.2f} {peak / 1e6:>8.0f} "
+                f"{'-' if diff is None else f'{diff:.2f}':>16}  {' '.join(f'{w:.2f}' for w in r['walls'][tool])}"
+            )
+    print(
+        f"\n{'set':28} {'faster anchor':>13} {'speed x':>8} {'memory x':>9} {'ours MB/s':>10} "
+        f"{'of decoder limit':>17} {'merged MB (JSON)':>17}"
+    )
     for r in rows:
         fastest = min(anchors, key=lambda t: r["med"][t][0])
         wall, peak = r["med"]["ours"]
         speed, memory = r["med"][fastest][0] / wall, r["med"][fastest][1] / peak
         ok = "meets" if speed >= TARGET_SPEED and memory >= 1 / TARGET_MEMORY else "short of"
         merged = r["merged"]
-        print(f"{r['set']:28} {fastest:>13} {speed:>8.1f} {memory:>9.1f} {r['mb'] / wall:>10.0f} "
-              f"{r['mb'] / wall / decode_mb_s:>16.0%} "
-              f"{(merged.get('gz_bytes', 0) / 1e6):>6.1f} ({merged.get('json_bytes', 0) / 1e6:.0f})   {ok} the target")
-    print(f"targets: >= {TARGET_SPEED:g}x faster and >= {1 / TARGET_MEMORY:g}x less peak memory "
-          "than the faster anchor; "
-          f"decoder limit: msgspec alone, {decode_mb_s:.0f} MB/s on {psutil.cpu_count()} cores")
+        print(
+            f"{r['set']:28} {fastest:>13} {speed:>8.1f} {memory:>9.1f} {r['mb'] / wall:>10.0f} "
+            f"{r['mb'] / wall / decode_mb_s:>16.0%} "
+            f"{(merged.get('gz_bytes', 0) / 1e6):>6.1f} ({merged.get('json_bytes', 0) / 1e6:.0f})   {ok} the target"
+        )
+    print(
+        f"targets: >= {TARGET_SPEED:g}x faster and >= {1 / TARGET_MEMORY:g}x less peak memory "
+        "than the faster anchor; "
+        f"decoder limit: msgspec alone, {decode_mb_s:.0f} MB/s on {psutil.cpu_count()} cores"
+    )
 
 
 def decoder_limit(folder: Path) -> float:
@@ -269,8 +280,10 @@ def one_big_trace(work: Path, rank_mb: float, source: Path = SOURCE) -> None:
     folder = make_set(work, 1, rank_mb, source)
     size = sum(p.stat().st_size for p in folder.glob("*.json")) / 1e6
     wall, peak = measured(ours_cmd(folder, Path(tempfile.mkdtemp(prefix="cvh-big-")) / "report"))
-    print(f"\none trace of {size:.0f} MB (uncompressed): ours {wall:.1f} s, peak RSS {peak / 1e6:.0f} MB "
-          f"(target < 1000 MB)")
+    print(
+        f"\none trace of {size:.0f} MB (uncompressed): ours {wall:.1f} s, peak RSS {peak / 1e6:.0f} MB "
+        f"(target < 1000 MB)"
+    )
 
 
 def summaries(work: Path, ranks: int, sizes_mb: list[float], reps: int, source: Path = SOURCE) -> None:
@@ -279,37 +292,51 @@ def summaries(work: Path, ranks: int, sizes_mb: list[float], reps: int, source: 
     the collector over the traces. The summaries go into a folder of links to the cached traces,
     so the cached sets stay trace-only."""
     print(f"\nin-job summaries: ours only, {ranks} ranks, median of {reps}, {psutil.cpu_count()} cores")
-    print(f"{'MB/rank':>8} {'condense s/rank':>16} {'summary MB/rank':>16} {'from traces s':>14} "
-          f"{'from summaries s':>17} {'peak MB':>8}")
+    print(
+        f"{'MB/rank':>8} {'condense s/rank':>16} {'summary MB/rank':>16} {'from traces s':>14} "
+        f"{'from summaries s':>17} {'peak MB':>8}"
+    )
     for mb in sizes_mb:
         made = make_set(work, ranks, mb, source)
         folder = Path(tempfile.mkdtemp(prefix="cvh-summ-"))
         for f in sorted(made.glob("*.json")):
             (folder / f.name).symlink_to(f)
-        condense = [measured([sys.executable, "-m", "harness.collect.read.summary", str(f)])[0]
-                    for f in sorted(folder.glob("*.pt.trace.json"))]
+        condense = [
+            measured([sys.executable, "-m", "harness.collect.read.summary", str(f)])[0]
+            for f in sorted(folder.glob("*.pt.trace.json"))
+        ]
         summary_mb = statistics.mean(f.stat().st_size for f in folder.glob("*.summary.json")) / 1e6
         tmp = folder / "out"
         full = [measured(ours_cmd(folder, tmp / "full") + ["--from-traces"]) for _ in range(reps)]
         cond = [measured(ours_cmd(folder, tmp / "summ")) for _ in range(reps)]
-        same = (json.loads((tmp / "full" / "report.json").read_text())
-                == json.loads((tmp / "summ" / "report.json").read_text()))
-        print(f"{mb:>8g} {statistics.median(condense):>16.2f} {summary_mb:>16.2f} "
-              f"{statistics.median(w for w, _ in full):>14.2f} {statistics.median(w for w, _ in cond):>17.2f} "
-              f"{statistics.median(m for _, m in cond) / 1e6:>8.0f}   report identical: {same}")
+        same = json.loads((tmp / "full" / "report.json").read_text()) == json.loads(
+            (tmp / "summ" / "report.json").read_text()
+        )
+        print(
+            f"{mb:>8g} {statistics.median(condense):>16.2f} {summary_mb:>16.2f} "
+            f"{statistics.median(w for w, _ in full):>14.2f} {statistics.median(w for w, _ in cond):>17.2f} "
+            f"{statistics.median(m for _, m in cond) / 1e6:>8.0f}   report identical: {same}"
+        )
 
 
 def step_period_us(rank_traces: list[dict]) -> float:
     """How far apart `repeated_steps` puts the copies of every rank's steps (one period for all ranks,
     or they drift apart): the longest span of a rank's steps, collectives, run-ups and covers,
     rounded up to whole ms, plus 1 ms."""
-    def starts(t: dict) -> list[float]:
-        return ([s["start_us"] for s in t["steps"]] + [op["start_us"] for op in t["comms"]]
-                + [op["run_up_start_us"] for op in t["comms"] if op["run_up_start_us"] is not None]
-                + [s["cover"]["lo_us"] for s in t["steps"] if s["cover"]])
 
-    spans = [max([s["end_us"] for s in t["steps"]] + [op["end_us"] for op in t["comms"]])
-             - min(starts(t)) for t in rank_traces if t["steps"]]
+    def starts(t: dict) -> list[float]:
+        return (
+            [s["start_us"] for s in t["steps"]]
+            + [op["start_us"] for op in t["comms"]]
+            + [op["run_up_start_us"] for op in t["comms"] if op["run_up_start_us"] is not None]
+            + [s["cover"]["lo_us"] for s in t["steps"] if s["cover"]]
+        )
+
+    spans = [
+        max([s["end_us"] for s in t["steps"]] + [op["end_us"] for op in t["comms"]]) - min(starts(t))
+        for t in rank_traces
+        if t["steps"]
+    ]
     return math.ceil(max(spans, default=0.0) / 1000) * 1000 + 1000
 
 
@@ -330,19 +357,30 @@ def repeated_steps(rank_trace: dict, times: int, period_us: float) -> None:
         by = i * period_us
         for s in steps:
             s = json.loads(json.dumps(s))
-            s.update(number=s["number"] + i * numbers, start_us=s["start_us"] + by, end_us=s["end_us"] + by,
-                     phase_spans=[[p, a + by, b + by] for p, a, b in s["phase_spans"]])
+            s.update(
+                number=s["number"] + i * numbers,
+                start_us=s["start_us"] + by,
+                end_us=s["end_us"] + by,
+                phase_spans=[[p, a + by, b + by] for p, a, b in s["phase_spans"]],
+            )
             if s["cover"]:
                 c = s["cover"]
-                c.update(lo_us=c["lo_us"] + by, hi_us=c["hi_us"] + by, work_end_us=moved(c["work_end_us"], by),
-                         compute_in_comm=[[a + by, b + by] for a, b in c["compute_in_comm"]],
-                         idle=[[a + by, b + by] for a, b in c["idle"]])
+                c.update(
+                    lo_us=c["lo_us"] + by,
+                    hi_us=c["hi_us"] + by,
+                    work_end_us=moved(c["work_end_us"], by),
+                    compute_in_comm=[[a + by, b + by] for a, b in c["compute_in_comm"]],
+                    idle=[[a + by, b + by] for a, b in c["idle"]],
+                )
             out_steps.append(s)
         for op in comms:
             op = json.loads(json.dumps(op))
-            op.update(start_us=op["start_us"] + by, end_us=op["end_us"] + by,
-                      step=None if op["step"] is None else op["step"] + i * numbers,
-                      run_up_start_us=moved(op["run_up_start_us"], by))
+            op.update(
+                start_us=op["start_us"] + by,
+                end_us=op["end_us"] + by,
+                step=None if op["step"] is None else op["step"] + i * numbers,
+                run_up_start_us=moved(op["run_up_start_us"], by),
+            )
             out_comms.append(op)
     seq: dict[str, int] = {}
     for op in out_comms:
@@ -379,8 +417,10 @@ def summary_scale(work: Path, ranks: int, source: Path = SOURCE, per_host: int =
     size = sum(p.stat().st_size for p in folder.glob("*.summary.json")) / 1e6
     wall, peak = measured(ours_cmd(folder, Path(tempfile.mkdtemp(prefix="cvh-sumscale-")) / "report"))
     held = f"{steps} x the source's steps" if steps > 1 else "the source's steps"
-    print(f"\n{ranks} ranks of in-job summaries ({size:.0f} MB, {ranks // per_host} hosts, {held}): ours {wall:.1f} s, "
-          f"peak RSS {peak / 1e6:.0f} MB (target < 30 s)")
+    print(
+        f"\n{ranks} ranks of in-job summaries ({size:.0f} MB, {ranks // per_host} hosts, {held}): ours {wall:.1f} s, "
+        f"peak RSS {peak / 1e6:.0f} MB (target < 30 s)"
+    )
 
 
 def long_args_source(work: Path) -> Path:
@@ -390,9 +430,25 @@ def long_args_source(work: Path) -> Path:
     if (folder / ".complete").exists():
         return folder
     runs = work / "runs"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "harness.train",
-                    *LONG_ARGS_RUN, "--log-dir", str(runs), "--run-name", "long-args"], check=True, cwd=REPO,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "harness.train",
+            *LONG_ARGS_RUN,
+            "--log-dir",
+            str(runs),
+            "--run-name",
+            "long-args",
+        ],
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+    )
     folder.mkdir(parents=True, exist_ok=True)
     for f in sorted((runs / "long-args").glob("*.pt.trace.json.gz")):
         (folder / f.name).write_bytes(f.read_bytes())
@@ -408,20 +464,37 @@ def check_anchors(anchors: dict[str, str]) -> None:
         else:
             ok = subprocess.run([python, "-c", "import hta.trace_analysis"], capture_output=True).returncode == 0
         if not ok:
-            raise SystemExit(f"{name}: {python} cannot import hta: pip install HolisticTraceAnalysis (or traceinsight) "
-                             "in that interpreter's venv and pass --anchor NAME=PYTHON, "
-                             "or pass --no-compare (ours only)")
+            raise SystemExit(
+                f"{name}: {python} cannot import hta: pip install HolisticTraceAnalysis (or traceinsight) "
+                "in that interpreter's venv and pass --anchor NAME=PYTHON, "
+                "or pass --no-compare (ours only)"
+            )
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--shape", action="append", choices=["dlrm", "long-args"], default=[],
-                   help="trace shape to replicate and compare (repeatable; default: dlrm)")
-    p.add_argument("--source", type=Path, action="append", default=[],
-                   help="another folder of per-rank traces to replicate and compare (repeatable)")
-    p.add_argument("--anchor", action="append", default=[], metavar="NAME=PYTHON",
-                   help="a tool to compare with: a name and the interpreter whose `hta` package it runs (repeatable; "
-                        "default: hta=this interpreter)")
+    p.add_argument(
+        "--shape",
+        action="append",
+        choices=["dlrm", "long-args"],
+        default=[],
+        help="trace shape to replicate and compare (repeatable; default: dlrm)",
+    )
+    p.add_argument(
+        "--source",
+        type=Path,
+        action="append",
+        default=[],
+        help="another folder of per-rank traces to replicate and compare (repeatable)",
+    )
+    p.add_argument(
+        "--anchor",
+        action="append",
+        default=[],
+        metavar="NAME=PYTHON",
+        help="a tool to compare with: a name and the interpreter whose `hta` package it runs (repeatable; "
+        "default: hta=this interpreter)",
+    )
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--rank-mb", type=float, default=90.0, help="size of each replicated rank trace (uncompressed)")
     p.add_argument("--reps", type=int, default=3)
@@ -432,10 +505,15 @@ def main() -> None:
     p.add_argument("--stream-mb", type=float, default=0.0, help="also time one trace of this size (ours only)")
     p.add_argument("--no-compare", action="store_true", help="skip the comparison with the anchors")
     p.add_argument("--summaries", default="", help="comma-separated MB per rank: in-job summaries against full traces")
-    p.add_argument("--summary-ranks", type=int, default=0,
-                   help="collect this many ranks of in-job summaries (ours only)")
-    p.add_argument("--summary-steps", type=int, default=1,
-                   help="with --summary-ranks: each rank's profiled steps this many times over (a longer profile)")
+    p.add_argument(
+        "--summary-ranks", type=int, default=0, help="collect this many ranks of in-job summaries (ours only)"
+    )
+    p.add_argument(
+        "--summary-steps",
+        type=int,
+        default=1,
+        help="with --summary-ranks: each rank's profiled steps this many times over (a longer profile)",
+    )
     args = p.parse_args()
     anchors = dict(a.split("=", 1) for a in args.anchor) or {"hta": sys.executable}
     if not args.no_compare:
@@ -444,8 +522,10 @@ def main() -> None:
     sources = [SOURCE if s == "dlrm" else long_args_source(args.work) for s in shapes] + args.source
     sets = [make_set(args.work, args.ranks, args.rank_mb, src) for src in sources]
     if not args.no_compare:
-        print(f"collector vs HTA and its successor ({', '.join(anchors)}): median of {args.reps} rotated runs, "
-              f"{psutil.cpu_count()} cores, python {sys.version.split()[0]}; ours = the default command")
+        print(
+            f"collector vs HTA and its successor ({', '.join(anchors)}): median of {args.reps} rotated runs, "
+            f"{psutil.cpu_count()} cores, python {sys.version.split()[0]}; ours = the default command"
+        )
         rows = [compare(folder, args.reps, anchors) for folder in sets]
         print_comparison(rows, anchors, decoder_limit(sets[0]))
     if args.profile:

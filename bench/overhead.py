@@ -91,8 +91,15 @@ def make_trainer(cfg: TrainConfig) -> Trainer:
     device = torch.device("cpu")
     model = wrap_model(workload.model, cfg.parallel, cfg.speed, device)
     optimizer = build_optimizer(model, cfg.workload.optimizer, cfg.speed)
-    return Trainer(cfg=cfg, model=model, optimizer=optimizer, workload=workload,
-                   loader=build_loader(workload, cfg, device), device=device, rank=0)
+    return Trainer(
+        cfg=cfg,
+        model=model,
+        optimizer=optimizer,
+        workload=workload,
+        loader=build_loader(workload, cfg, device),
+        device=device,
+        rank=0,
+    )
 
 
 def time_minimal(trainer: Trainer, steps: int, warmup: int) -> tuple[float, float]:
@@ -115,8 +122,9 @@ def time_minimal(trainer: Trainer, steps: int, warmup: int) -> tuple[float, floa
     return elapsed / steps * 1e3, cpu / steps * 1e3
 
 
-def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out: Path,
-                 scalars: bool = True, watch: bool = False) -> tuple[float, float]:
+def time_harness(
+    base: TrainConfig, steps: int, warmup: int, profiler: str, out: Path, scalars: bool = True, watch: bool = False
+) -> tuple[float, float]:
     """Variants B-D: Trainer.run for warmup + steps, timing only the last `steps` steps.
 
     profiler: "off" (B), "wait" (C: window placed after the run) or "record" (D: the timed steps
@@ -129,10 +137,12 @@ def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out:
     elif profiler == "record":
         prof = dataclasses.replace(prof, wait=0, warmup=max(warmup - 1, 1), active=total, repeat=1)
     tag = f"{profiler}-{time.monotonic_ns()}"
-    cfg = dataclasses.replace(base, profiler=prof,
-                              workload=dataclasses.replace(base.workload, steps=total, warmup_steps=warmup),
-                              output=dataclasses.replace(base.output, log_dir=str(out), run_name=tag,
-                                                         scalars=scalars))  # scalars on as in a real run
+    cfg = dataclasses.replace(
+        base,
+        profiler=prof,
+        workload=dataclasses.replace(base.workload, steps=total, warmup_steps=warmup),
+        output=dataclasses.replace(base.output, log_dir=str(out), run_name=tag, scalars=scalars),
+    )  # scalars on as in a real run
     trainer = make_trainer(cfg)
     stamps: list[tuple[float, float]] = []
     original = trainer.train_step
@@ -147,15 +157,28 @@ def time_harness(base: TrainConfig, steps: int, warmup: int, profiler: str, out:
         watcher = None
         if watch:  # the run's own watch is off in a world of one: 8 simulated ranks instead
             watcher = run.watch = SimulatedWatch(
-                cfg.watch, steps=total, warmup_steps=warmup, parallel="ddp", collective_timeout_s=600.0, rank=0,
-                world_size=SIMULATED_RANKS, host="bench", cpu=True, run_dir=out / tag, recorder=run.recorder,
-                scalars=run.scalars, faults=run.faults)
+                cfg.watch,
+                steps=total,
+                warmup_steps=warmup,
+                parallel="ddp",
+                collective_timeout_s=600.0,
+                rank=0,
+                world_size=SIMULATED_RANKS,
+                host="bench",
+                cpu=True,
+                run_dir=out / tag,
+                recorder=run.recorder,
+                scalars=run.scalars,
+                faults=run.faults,
+            )
         trainer.run(run)
         stamps.append((time.perf_counter(), time.process_time()))  # before the profiler's exit exports the trace
     if watcher:
         if watcher.intervals == 0:
-            sys.exit(f"overhead.py: error: the watch judged no interval in {total} steps; give --steps + --warmup "
-                     f"at least --watch-every ({cfg.watch.every}), or a smaller --watch-every")
+            sys.exit(
+                f"overhead.py: error: the watch judged no interval in {total} steps; give --steps + --warmup "
+                f"at least --watch-every ({cfg.watch.every}), or a smaller --watch-every"
+            )
         # Both over the whole run, warm-up steps included: the watch's calls start at step 0 too.
         WATCH_SHARES.append(watcher.spent_s / (stamps[-1][0] - stamps[0][0]))
     (w0, c0), (w1, c1) = stamps[warmup], stamps[-1]
@@ -168,8 +191,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--record-steps", type=int, default=40,
-                    help="timed steps of variant D (recording holds every event in memory)")
+    ap.add_argument(
+        "--record-steps", type=int, default=40, help="timed steps of variant D (recording holds every event in memory)"
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 = least noise)")
     args, extra = ap.parse_known_args()
     torch.set_num_threads(args.threads)
@@ -188,32 +212,42 @@ def main() -> None:
             names[5]: lambda: time_harness(base, args.steps, args.warmup, "off", out, watch=True),
         }
         for rep in range(args.reps):
-            for name in names[rep % len(names):] + names[:rep % len(names)]:
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:
                 gc.collect()
                 results[name].append(runs[name]())
-            print(f"rep {rep + 1}/{args.reps} wall/cpu ms: " + ", ".join(
-                f"{k.split()[0]}={v[-1][0]:.3f}/{v[-1][1]:.3f}" for k, v in results.items()), flush=True)
-    print(f"\nmode={args.mode} steps={args.steps} (D: {args.record_steps}) reps={args.reps} threads={args.threads} "
-          f"torch={torch.__version__}")
+            print(
+                f"rep {rep + 1}/{args.reps} wall/cpu ms: "
+                + ", ".join(f"{k.split()[0]}={v[-1][0]:.3f}/{v[-1][1]:.3f}" for k, v in results.items()),
+                flush=True,
+            )
+    print(
+        f"\nmode={args.mode} steps={args.steps} (D: {args.record_steps}) reps={args.reps} threads={args.threads} "
+        f"torch={torch.__version__}"
+    )
     print(f"{'variant':<20}{'wall ms/step':>14}{'min':>9}{'max':>9}{'cpu ms/step':>14}{'min':>9}{'max':>9}")
     for k, v in results.items():
         wall, cpu = [x[0] for x in v], [x[1] for x in v]
-        print(f"{k:<20}{statistics.median(wall):>14.3f}{min(wall):>9.3f}{max(wall):>9.3f}"
-              f"{statistics.median(cpu):>14.3f}{min(cpu):>9.3f}{max(cpu):>9.3f}")
+        print(
+            f"{k:<20}{statistics.median(wall):>14.3f}{min(wall):>9.3f}{max(wall):>9.3f}"
+            f"{statistics.median(cpu):>14.3f}{min(cpu):>9.3f}{max(cpu):>9.3f}"
+        )
 
     def paired(num: str, den: str, clock: int) -> float:
         return statistics.median(n[clock] / d[clock] for n, d in zip(results[num], results[den]))
 
     print("\nmedian of per-repetition ratios        wall     cpu")
-    for label, num, den, target in (("(a) harness off / minimal loop", names[1], names[0], "target <= 1.02"),
-                                    ("(b) outside window / profiling off", names[2], names[1], "target <= 1.02"),
-                                    ("(c) inside window / profiling off", names[3], names[1], "the profiler's cost"),
-                                    ("(d) harness off / same, no scalars", names[1], names[4],
-                                     "TensorBoard scalars' cost"),
-                                    ("(e) watch on / harness off", names[5], names[1], "target <= 1.005")):
+    for label, num, den, target in (
+        ("(a) harness off / minimal loop", names[1], names[0], "target <= 1.02"),
+        ("(b) outside window / profiling off", names[2], names[1], "target <= 1.02"),
+        ("(c) inside window / profiling off", names[3], names[1], "the profiler's cost"),
+        ("(d) harness off / same, no scalars", names[1], names[4], "TensorBoard scalars' cost"),
+        ("(e) watch on / harness off", names[5], names[1], "target <= 1.005"),
+    ):
         print(f"{label:<38}{paired(num, den, 0):>7.4f}{paired(num, den, 1):>8.4f}  ({target})")
-    print(f"(f) the watch's own time / the loop's: median {statistics.median(WATCH_SHARES) * 100:.3f}%, max "
-          f"{max(WATCH_SHARES) * 100:.3f}% (timed inside its calls: exact where (e) is within the noise)")
+    print(
+        f"(f) the watch's own time / the loop's: median {statistics.median(WATCH_SHARES) * 100:.3f}%, max "
+        f"{max(WATCH_SHARES) * 100:.3f}% (timed inside its calls: exact where (e) is within the noise)"
+    )
 
 
 def _free_port() -> int:

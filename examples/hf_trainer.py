@@ -56,12 +56,24 @@ def main() -> None:
     data = RandomTokens(args.batch_size * args.steps * 2, 32, 256)
     options = {"watch_every": args.watch_every} if args.watch_every is not None else {}
     with tempfile.TemporaryDirectory() as out:
-        training = TrainingArguments(output_dir=out, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
-                                     report_to=[], save_strategy="no", logging_strategy="no",
-                                     dataloader_num_workers=0, use_cpu=not torch.cuda.is_available(),
-                                     ddp_backend="nccl" if torch.cuda.is_available() else "gloo")
-        trainer = Trainer(model=model, args=training, train_dataset=data, data_collator=collate,
-                          callbacks=[HarnessCallback(run_name=args.run_name, log_dir=args.log_dir, **options)])
+        training = TrainingArguments(
+            output_dir=out,
+            max_steps=args.steps,
+            per_device_train_batch_size=args.batch_size,
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            dataloader_num_workers=0,
+            use_cpu=not torch.cuda.is_available(),
+            ddp_backend="nccl" if torch.cuda.is_available() else "gloo",
+        )
+        trainer = Trainer(
+            model=model,
+            args=training,
+            train_dataset=data,
+            data_collator=collate,
+            callbacks=[HarnessCallback(run_name=args.run_name, log_dir=args.log_dir, **options)],
+        )
         trainer.train()
 
 

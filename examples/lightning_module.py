@@ -59,13 +59,20 @@ def main() -> None:
     loader = DataLoader(data, batch_size=args.batch_size, collate_fn=collate)
     options = {"watch_every": args.watch_every} if args.watch_every is not None else {}
     cuda = torch.cuda.is_available()
-    trainer = pl.Trainer(max_steps=args.steps, accelerator="gpu" if cuda else "cpu",
-                         devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-                         num_nodes=int(os.environ.get("WORLD_SIZE", 1)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-                         strategy="ddp", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False,
-                         callbacks=[HarnessCallback(run_name=args.run_name, log_dir=args.log_dir,
-                                                    samples_per_step=args.batch_size, **options)])
+    trainer = pl.Trainer(
+        max_steps=args.steps,
+        accelerator="gpu" if cuda else "cpu",
+        devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+        num_nodes=int(os.environ.get("WORLD_SIZE", 1)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+        strategy="ddp",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[
+            HarnessCallback(run_name=args.run_name, log_dir=args.log_dir, samples_per_step=args.batch_size, **options)
+        ],
+    )
     trainer.fit(Model(), loader)
 
 

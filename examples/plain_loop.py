@@ -80,9 +80,15 @@ def main() -> None:
     loader = DataLoader(RandomTokens(args.batch_size * args.steps, 128, delay), batch_size=args.batch_size)
 
     options = {"watch_every": args.watch_every} if args.watch_every is not None else {}
-    with harness.Run(run_name=args.run_name, log_dir=args.log_dir, steps=args.steps,  # harness
-                     samples_per_step=args.batch_size, parallel="fsdp" if args.fsdp else "ddp",
-                     job_name="plain-fsdp" if args.fsdp else "plain-ddp", **options) as run:
+    with harness.Run(
+        run_name=args.run_name,
+        log_dir=args.log_dir,
+        steps=args.steps,  # harness
+        samples_per_step=args.batch_size,
+        parallel="fsdp" if args.fsdp else "ddp",
+        job_name="plain-fsdp" if args.fsdp else "plain-ddp",
+        **options,
+    ) as run:
         batches = iter(loader)
         for step in range(args.steps):
             with run.step():  # harness

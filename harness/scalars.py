@@ -68,8 +68,7 @@ _crc32c = _load_crc32c()
 def _record(payload: bytes) -> bytes:
     """One TFRecord: length, masked CRC of the length, payload, masked CRC of the payload."""
     header = struct.pack("<Q", len(payload))
-    return (header + struct.pack("<I", _masked_crc32c(header)) + payload
-            + struct.pack("<I", _masked_crc32c(payload)))
+    return header + struct.pack("<I", _masked_crc32c(header)) + payload + struct.pack("<I", _masked_crc32c(payload))
 
 
 class ScalarWriter:
@@ -94,8 +93,9 @@ class ScalarWriter:
         self._header = _record(Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
         # A disk that refuses the events does not stop training (write_faults.AppendOnlyFile); a
         # file re-created after its folder was removed starts with the header again.
-        self._file = AppendOnlyFile(self.path, faults or FaultLog(), "TensorBoard scalars",
-                                    restore=lambda queued: self._header)
+        self._file = AppendOnlyFile(
+            self.path, faults or FaultLog(), "TensorBoard scalars", restore=lambda queued: self._header
+        )
         self._file.append(self._header)
         self._pending: list[tuple[int, float, dict[str, float]]] = []
         self._last_flush = time.monotonic()

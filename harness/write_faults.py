@@ -59,8 +59,7 @@ class FaultLog:
         who = f"rank {self.rank}: " if self.rank is not None else ""
         print(f"{self.prog}: warning: {who}{message}", file=sys.stderr, flush=True)
 
-    def report(self, what: str, exc: BaseException, action: str, path: Path | str | None = None,
-               **fields: Any) -> str:
+    def report(self, what: str, exc: BaseException, action: str, path: Path | str | None = None, **fields: Any) -> str:
         """Record one failure of `what` and say it once: '<what> failed (<why>): <action>'."""
         reason = describe(exc, path)
         self.events.append({"what": what, "reason": reason, "action": action, **fields})
@@ -133,8 +132,12 @@ class AppendOnlyFile:
         except OSError as exc:
             self._cut_back()
             self._retry_at = time.monotonic() + RETRY_S
-            self.faults.report(self.what, exc, f"{len(self.pending)} record(s) kept in memory and written when "
-                               "the disk takes them again", self.path)
+            self.faults.report(
+                self.what,
+                exc,
+                f"{len(self.pending)} record(s) kept in memory and written when the disk takes them again",
+                self.path,
+            )
             return False
         self._good += written
         if self._retry_at:
@@ -151,8 +154,9 @@ class AppendOnlyFile:
         head = self.restore(len(self.pending)) if self.restore is not None and self._good == 0 else b""
         if head:
             self.pending.appendleft(head)
-        self.faults.note(f"{self.what}: {self.path} was removed; created again"
-                         + (" with what was written before" if head else ""))
+        self.faults.note(
+            f"{self.what}: {self.path} was removed; created again" + (" with what was written before" if head else "")
+        )
 
     def _cut_back(self) -> None:
         if self._fd is None:

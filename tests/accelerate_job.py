@@ -17,8 +17,10 @@ from torch.profiler import record_function
 
 def main() -> None:
     schedule = {"wait": 1, "warmup": 1, "active": 3, "repeat": 1}
-    acc = Accelerator(kwargs_handlers=[ProfileKwargs(activities=["cpu"], output_trace_dir=sys.argv[1],
-                                                     schedule_option=schedule)], cpu=True)
+    acc = Accelerator(
+        kwargs_handlers=[ProfileKwargs(activities=["cpu"], output_trace_dir=sys.argv[1], schedule_option=schedule)],
+        cpu=True,
+    )
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     model, opt = acc.prepare(model, opt)

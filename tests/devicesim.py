@@ -77,15 +77,34 @@ H2D = "Memcpy HtoD (Pageable -> Device)"
 ITEM_COPY_US = 2.0  # the DtoH copy of one scalar
 PARAM_COMMS = "record_param_comms"
 NCCL_SIGNATURE = "(ncclDevComm*, unsigned long, ncclWork*)"
-H100 = {"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 84929347584, "computeMajor": 9,
-        "computeMinor": 0, "maxThreadsPerBlock": 1024, "maxThreadsPerMultiprocessor": 2048, "regsPerBlock": 65536,
-        "warpSize": 32, "sharedMemPerBlock": 49152, "numSms": 132, "sharedMemPerMultiprocessor": 233472}
+H100 = {
+    "id": 0,
+    "name": "NVIDIA H100 80GB HBM3",
+    "totalGlobalMem": 84929347584,
+    "computeMajor": 9,
+    "computeMinor": 0,
+    "maxThreadsPerBlock": 1024,
+    "maxThreadsPerMultiprocessor": 2048,
+    "regsPerBlock": 65536,
+    "warpSize": 32,
+    "sharedMemPerBlock": 49152,
+    "numSms": 132,
+    "sharedMemPerMultiprocessor": 233472,
+}
 
 CATEGORY = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
 LAUNCH_CALL = {"kernel": "cudaLaunchKernel", "memcpy": "cudaMemcpyAsync", "memset": "cudaMemsetAsync"}
 SYNC_CALL = {"stream": "cudaStreamSynchronize", "device": "cudaDeviceSynchronize", "event": "cudaEventSynchronize"}
-DTYPE_SUFFIX = {"Float": "f32", "Half": "f16", "BFloat16": "bf16", "Double": "f64", "Int": "i32", "Long": "i64",
-                "Byte": "u8", "Char": "i8"}
+DTYPE_SUFFIX = {
+    "Float": "f32",
+    "Half": "f16",
+    "BFloat16": "bf16",
+    "Double": "f64",
+    "Int": "i32",
+    "Long": "i64",
+    "Byte": "u8",
+    "Char": "i8",
+}
 # canonical collective -> (NCCL kernel core, "{t}": the dtype's suffix; the c10d op)
 COLLECTIVES = {
     "allreduce": ("AllReduce_Sum_{t}", "c10d::allreduce_"),
@@ -347,8 +366,16 @@ class HostRank:
         self._corr += 1
         return self._corr
 
-    def _queue(self, name: str, dur_us: float | None, stream: int, kind: str, after: DeviceOp | None,
-               args: dict[str, Any] | None, call: str) -> _Call:
+    def _queue(
+        self,
+        name: str,
+        dur_us: float | None,
+        stream: int,
+        kind: str,
+        after: DeviceOp | None,
+        args: dict[str, Any] | None,
+        call: str,
+    ) -> _Call:
         """Record a device op on `stream` and the host call that launches it (not yet in the program)."""
         self._check_open()
         if kind not in CATEGORY:
@@ -365,17 +392,33 @@ class HostRank:
         self.calls.append(c)
         return c
 
-    def launch(self, name: str, dur_us: float, stream: int = COMPUTE_STREAM, kind: str = "kernel",
-               after: DeviceOp | None = None, args: dict[str, Any] | None = None) -> DeviceOp:
+    def launch(
+        self,
+        name: str,
+        dur_us: float,
+        stream: int = COMPUTE_STREAM,
+        kind: str = "kernel",
+        after: DeviceOp | None = None,
+        args: dict[str, Any] | None = None,
+    ) -> DeviceOp:
         """Launch a device op asynchronously (module docstring, 2); returns its handle."""
         call = self._queue(name, dur_us, stream, kind, after, args, LAUNCH_CALL.get(kind, ""))
         self.program.append(_Launch(call))
         assert call.op is not None
         return call.op
 
-    def collective(self, coll: str, transfer_us: float, nelems: int = 1000, dtype: str = "Float", pg: str = "0",
-                   stream: int = COMM_STREAM, after: DeviceOp | None = None, name: str | None = None,
-                   ranks: Sequence[int] | None = None) -> DeviceOp:
+    def collective(
+        self,
+        coll: str,
+        transfer_us: float,
+        nelems: int = 1000,
+        dtype: str = "Float",
+        pg: str = "0",
+        stream: int = COMM_STREAM,
+        after: DeviceOp | None = None,
+        name: str | None = None,
+        ranks: Sequence[int] | None = None,
+    ) -> DeviceOp:
         """Launch an NCCL collective (module docstring, 3). `ranks`: the process group's ranks
         (default all); `name`: the kernel's name (default `collective_names`)."""
         self._check_open()
@@ -386,9 +429,15 @@ class HostRank:
         self._pg_calls[pg] = seq + 1
         instance = self.sim._instance(self.rank, pg, seq, coll, members, transfer_us)
         kernel, c10d = collective_names(coll, dtype)
-        comm_args = {"Collective name": coll, "Process Group Name": pg, "In msg nelems": nelems,
-                     "Out msg nelems": nelems, "dtype": dtype, "Group size": len(members),
-                     "Process Group Ranks": str(list(members))}
+        comm_args = {
+            "Collective name": coll,
+            "Process Group Name": pg,
+            "In msg nelems": nelems,
+            "Out msg nelems": nelems,
+            "dtype": dtype,
+            "Group size": len(members),
+            "Process Group Ranks": str(list(members)),
+        }
         with self._span(c10d, "cpu_op"), self._span(PARAM_COMMS, "cpu_op", comm_args):
             call = self._queue(name or kernel, None, stream, "kernel", after, comm_args, LAUNCH_CALL["kernel"])
             assert call.op is not None
@@ -438,8 +487,11 @@ class HostRank:
         runs after `stream`'s queued work and after `stage_us` of the host copying the data into
         a pinned staging buffer inside the call (the device idle meanwhile, unless queued work
         keeps it busy)."""
-        with (self._span("aten::to", "cpu_op"), self._span("aten::_to_copy", "cpu_op"),
-              self._span("aten::copy_", "cpu_op")):
+        with (
+            self._span("aten::to", "cpu_op"),
+            self._span("aten::_to_copy", "cpu_op"),
+            self._span("aten::copy_", "cpu_op"),
+        ):
             call = self._queue(H2D, bytes_us, stream, "memcpy", None, None, "cudaMemcpy")
             assert call.op is not None
             call.op.stage_us = stage_us
@@ -490,9 +542,11 @@ class HostRank:
                 if op.start_us is None:
                     if op.launch_us is None or (op.after is not None and op.after.end_us is None):
                         break
-                    op.start_us = max(op.launch_us + op.stage_us + latency,
-                                      op.prev.end_us if op.prev is not None else -math.inf,
-                                      op.after.end_us if op.after is not None else -math.inf)
+                    op.start_us = max(
+                        op.launch_us + op.stage_us + latency,
+                        op.prev.end_us if op.prev is not None else -math.inf,
+                        op.after.end_us if op.after is not None else -math.inf,
+                    )
                     moved = True
                     if op.instance is None:
                         op.end_us = op.start_us + op.dur_us
@@ -510,13 +564,24 @@ class HostRank:
     # -- output ----------------------------------------------------------------------------
 
     def truth(self) -> RankTruth:
-        ops = [OpTruth(op.name, op.kind, op.stream, op.step, op.corr, op.launch_us, op.start_us,
-                       op.end_us, None if op.instance is None else op.instance.coll,
-                       None if op.instance is None else op.instance.pg,
-                       None if op.instance is None else op.instance.seq) for op in self.ops]
+        ops = [
+            OpTruth(
+                op.name,
+                op.kind,
+                op.stream,
+                op.step,
+                op.corr,
+                op.launch_us,
+                op.start_us,
+                op.end_us,
+                None if op.instance is None else op.instance.coll,
+                None if op.instance is None else op.instance.pg,
+                None if op.instance is None else op.instance.seq,
+            )
+            for op in self.ops
+        ]
         steps = [StepTruth(n, s.start_us, s.end_us) for n, s in self.steps]
-        syncs = [SyncTruth(b.call.name, b.reason, b.call.step, b.call.start_us, b.call.end_us)
-                 for b in self.blocks]
+        syncs = [SyncTruth(b.call.name, b.reason, b.call.step, b.call.start_us, b.call.end_us) for b in self.blocks]
         return RankTruth(self.rank, ops, steps, syncs, self.t)
 
     def document(self) -> dict[str, Any]:
@@ -527,38 +592,58 @@ class HostRank:
         for s in self.spans:
             timed.append(_x(s.name, s.cat, s.start_us, s.end_us - s.start_us, pid, tid, s.args))
         for c in self.calls:
-            timed.append(_x(c.name, "cuda_runtime", c.start_us, c.end_us - c.start_us, pid, tid,
-                            {"correlation": c.corr}))
+            timed.append(
+                _x(c.name, "cuda_runtime", c.start_us, c.end_us - c.start_us, pid, tid, {"correlation": c.corr})
+            )
             if c.op is not None:
-                timed.append({"ph": "s", "id": c.corr, "pid": pid, "tid": tid, "ts": c.start_us, "cat": "ac2g",
-                              "name": "ac2g"})
+                timed.append(
+                    {"ph": "s", "id": c.corr, "pid": pid, "tid": tid, "ts": c.start_us, "cat": "ac2g", "name": "ac2g"}
+                )
         for op in self.ops:
             args = {"correlation": op.corr, "device": DEVICE, "stream": op.stream, **op.args}
-            timed.append(_x(op.name, CATEGORY[op.kind], op.start_us, op.end_us - op.start_us,
-                            DEVICE, op.stream, args))
-            timed.append({"ph": "f", "id": op.corr, "pid": DEVICE, "tid": op.stream, "ts": op.start_us, "cat": "ac2g",
-                          "name": "ac2g", "bp": "e"})
+            timed.append(_x(op.name, CATEGORY[op.kind], op.start_us, op.end_us - op.start_us, DEVICE, op.stream, args))
+            timed.append(
+                {
+                    "ph": "f",
+                    "id": op.corr,
+                    "pid": DEVICE,
+                    "tid": op.stream,
+                    "ts": op.start_us,
+                    "cat": "ac2g",
+                    "name": "ac2g",
+                    "bp": "e",
+                }
+            )
         if sim.gpu_step_annotations:
             for n, _ in self.steps:
                 mine = [op for op in self.ops if op.step == n]
                 if mine:
                     start = min(op.start_us for op in mine)
                     end = max(op.end_us for op in mine)
-                    timed.append(_x(f"ProfilerStep#{n}", "gpu_user_annotation", start, end - start, DEVICE,
-                                    mine[0].stream, {}))
+                    timed.append(
+                        _x(f"ProfilerStep#{n}", "gpu_user_annotation", start, end - start, DEVICE, mine[0].stream, {})
+                    )
         order = sorted(range(len(timed)), key=lambda i: (timed[i]["ts"], -timed[i].get("dur", 0.0), i))
         events = [timed[i] for i in order]
         t0 = events[0]["ts"] if events else self.start_us
-        meta = [_meta("process_name", pid, 0, t0, name="python3"), _meta("process_labels", pid, 0, t0, labels="CPU"),
-                _meta("thread_name", pid, tid, t0, name=f"thread {tid} (python3)")]
+        meta = [
+            _meta("process_name", pid, 0, t0, name="python3"),
+            _meta("process_labels", pid, 0, t0, labels="CPU"),
+            _meta("thread_name", pid, tid, t0, name=f"thread {tid} (python3)"),
+        ]
         if self.streams:
-            meta += [_meta("process_name", DEVICE, 0, t0, name="python3"),
-                     _meta("process_labels", DEVICE, 0, t0, labels=f"GPU {DEVICE}")]
+            meta += [
+                _meta("process_name", DEVICE, 0, t0, name="python3"),
+                _meta("process_labels", DEVICE, 0, t0, labels=f"GPU {DEVICE}"),
+            ]
             meta += [_meta("thread_name", DEVICE, s, t0, name=f"stream {s}") for s in sorted(self.streams)]
-        doc: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": [dict(H100, name=sim.device_name)],
-                               "distributedInfo": {"backend": "nccl", "rank": self.rank,
-                                                   "world_size": sim.world_size},
-                               "baseTimeNanoseconds": sim.base_ns, "traceEvents": meta + events}
+        doc: dict[str, Any] = {
+            "schemaVersion": 1,
+            "deviceProperties": [dict(H100, name=sim.device_name)],
+            "distributedInfo": {"backend": "nccl", "rank": self.rank, "world_size": sim.world_size},
+            "baseTimeNanoseconds": sim.base_ns,
+            "traceEvents": meta + events,
+        }
         if sim.host_name is not None:
             doc["host_name"] = sim.host_name
         return doc
@@ -570,8 +655,9 @@ class HostRank:
         ins = self.program[self.pc]
         assert isinstance(ins, _Block)
         waiting = next(w for w in ins.waits if w.end_us is None)
-        return (f"rank {self.rank}'s host is blocked in {ins.call.name} from {self.t} us waiting for "
-                f"{_why(waiting, set())}")
+        return (
+            f"rank {self.rank}'s host is blocked in {ins.call.name} from {self.t} us waiting for {_why(waiting, set())}"
+        )
 
 
 def _why(op: DeviceOp, seen: set[int]) -> str:
@@ -605,9 +691,17 @@ def _meta(kind: str, pid: int, tid: int, ts: float, **args: Any) -> dict[str, An
 class Sim:
     """The ranks' host programs (`rank`), resolved into trace documents by `run` (module docstring)."""
 
-    def __init__(self, world_size: int = 2, launch_latency_us: float = 5.0, launch_cost_us: float = 5.0,
-                 gpu_step_annotations: bool = False, base_ns: int = DEFAULT_BASE_NS, host_name: str | None = None,
-                 sync_cost_us: float = 2.0, device_name: str = H100["name"]) -> None:
+    def __init__(
+        self,
+        world_size: int = 2,
+        launch_latency_us: float = 5.0,
+        launch_cost_us: float = 5.0,
+        gpu_step_annotations: bool = False,
+        base_ns: int = DEFAULT_BASE_NS,
+        host_name: str | None = None,
+        sync_cost_us: float = 2.0,
+        device_name: str = H100["name"],
+    ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size {world_size}: at least 1")
         self.world_size = world_size
@@ -631,8 +725,9 @@ class Sim:
             raise ValueError(f"rank {r} was made with start_us={h.start_us}, not {start_us}")
         return h
 
-    def _instance(self, rank: int, pg: str, seq: int, coll: str, ranks: tuple[int, ...],
-                  transfer_us: float) -> _Instance:
+    def _instance(
+        self, rank: int, pg: str, seq: int, coll: str, ranks: tuple[int, ...], transfer_us: float
+    ) -> _Instance:
         """The k-th collective of `pg`, made by the first rank to call it; the others must agree."""
         known = self.pg_ranks.setdefault(pg, ranks)
         if known != ranks:
@@ -643,11 +738,14 @@ class Sim:
             return inst
         first = min(inst.members)
         if inst.coll != coll:
-            raise ValueError(f"collective #{seq} of process group {pg!r}: rank {first} calls {inst.coll}, "
-                             f"rank {rank} calls {coll} (every rank must call the same sequence)")
+            raise ValueError(
+                f"collective #{seq} of process group {pg!r}: rank {first} calls {inst.coll}, "
+                f"rank {rank} calls {coll} (every rank must call the same sequence)"
+            )
         if inst.transfer_us != transfer_us:
-            raise ValueError(f"{inst.describe()}: rank {first} gives transfer_us={inst.transfer_us}, "
-                             f"rank {rank} {transfer_us}")
+            raise ValueError(
+                f"{inst.describe()}: rank {first} gives transfer_us={inst.transfer_us}, rank {rank} {transfer_us}"
+            )
         return inst
 
     def run(self) -> list[dict[str, Any]]:

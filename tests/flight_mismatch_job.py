@@ -35,8 +35,16 @@ def main() -> None:
         dist.all_reduce(torch.ones(10))
     except RuntimeError as exc:
         reason = "hung" if flight.is_timeout(exc) else f"failed: {type(exc).__name__}"
-    path = flight.write_dump(run_dir, rank=rank, world_size=world, backend="gloo", reason=reason, progress=progress,
-                             host="test", faults=FaultLog(rank=rank))
+    path = flight.write_dump(
+        run_dir,
+        rank=rank,
+        world_size=world,
+        backend="gloo",
+        reason=reason,
+        progress=progress,
+        host="test",
+        faults=FaultLog(rank=rank),
+    )
     print(f"rank {rank}: {reason}: {path}", flush=True)
     os._exit(0)  # a gloo group left after a failed collective can block in its destructor
 

@@ -30,8 +30,9 @@ def check_report(doc: dict[str, Any]) -> None:
         parts = (row["compute_ms"], row["exposed_comm_ms"], row["memcpy_ms"], row["idle_ms"])
         assert all(p >= -ROUNDING_MS for p in parts), row
         assert sum(parts) == pytest.approx(row["step_ms"], abs=4 * ROUNDING_MS), row
-        assert row["exposed_wait_ms"] + row["exposed_transfer_ms"] == pytest.approx(row["exposed_comm_ms"],
-                                                                                  abs=2 * ROUNDING_MS), row
+        assert row["exposed_wait_ms"] + row["exposed_transfer_ms"] == pytest.approx(
+            row["exposed_comm_ms"], abs=2 * ROUNDING_MS
+        ), row
     steps = {(r["rank"], r["step"]): r["host_step_ms"] for r in doc["steps"]}
     for r in doc["ranks"]:
         if r["mean_step_ms"]:
@@ -54,8 +55,9 @@ def check_report(doc: dict[str, Any]) -> None:
 def check_spans(a: Analysis) -> None:
     """Identity 2, and 3 per step, on an analysis (its ranks' step covers, before release)."""
     for t in a.traces:
-        spans = [(s.cover.lo_us, s.cover.hi_us) for s in sorted(t.steps, key=lambda s: s.start_us)
-                 if s.cover is not None]
+        spans = [
+            (s.cover.lo_us, s.cover.hi_us) for s in sorted(t.steps, key=lambda s: s.start_us) if s.cover is not None
+        ]
         assert all(lo <= hi for lo, hi in spans)
         assert all(x[1] <= y[0] for x, y in zip(spans, spans[1:])), (t.rank, spans)
         if t.device == "gpu" and spans:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -45,15 +46,32 @@ def job_env() -> dict[str, str]:
     return env
 
 
-def run_harness(args: list[str], log_dir: Path, *, nproc: int | None = 2, run_name: str = "run",
-                timeout: float = 300, check: bool = True, extra_torchrun: list[str] | None = None) -> Run:
+def run_harness(
+    args: list[str],
+    log_dir: Path,
+    *,
+    nproc: int | None = 2,
+    run_name: str = "run",
+    timeout: float = 300,
+    check: bool = True,
+    extra_torchrun: list[str] | None = None,
+) -> Run:
     """Run harness.train: under torchrun with `nproc` ranks, or as one process if nproc is None."""
     harness_args = ["--log-dir", str(log_dir), "--run-name", run_name, *args]
     if nproc is None:
         cmd = [sys.executable, "-m", "harness.train", *harness_args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               *(extra_torchrun or []), "-m", "harness.train", *harness_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            *(extra_torchrun or []),
+            "-m",
+            "harness.train",
+            *harness_args,
+        ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env(), cwd=REPO)
     if check and proc.returncode != 0 and native_crash(proc.stderr):
         # torch.profiler's native side (Kineto) crashes now and then in a short CPU job (seen
@@ -64,13 +82,31 @@ def run_harness(args: list[str], log_dir: Path, *, nproc: int | None = 2, run_na
         shutil.rmtree(log_dir / run_name, ignore_errors=True)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env(), cwd=REPO)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{cmd} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}"
-                             f"\nstderr:\n{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"{cmd} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}"
+            f"{first_failure(proc.stderr)}"
+        )
     return Run(proc=proc, dir=log_dir / run_name)
 
 
-NATIVE_CRASH = ("malloc(): ", "free(): ", "double free or corruption", "corrupted size vs. prev_size",
-                "Segmentation fault", "Fatal Python error: Segmentation")
+def first_failure(stderr: str) -> str:
+    """The lines of the rank torchrun names as the first to fail ("Root Cause"), which the
+    stderr's tail often cuts off: its peers' "connection closed" errors come after."""
+    m = re.search(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", stderr, re.S)
+    if not m:
+        return ""
+    mine = [line for line in stderr.splitlines() if line.startswith(f"[rank{m[1]}]:")]
+    return f"\nfirst failure, rank {m[1]}:\n" + "\n".join(mine[-60:]) if mine else ""
+
+
+NATIVE_CRASH = (
+    "malloc(): ",
+    "free(): ",
+    "double free or corruption",
+    "corrupted size vs. prev_size",
+    "Segmentation fault",
+    "Fatal Python error: Segmentation",
+)
 
 
 def native_crash(stderr: str) -> str | None:

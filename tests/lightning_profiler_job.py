@@ -41,13 +41,23 @@ def collate(items: list) -> list:
 
 def main() -> None:
     n = 16 * 40
-    loader = DataLoader(TensorDataset(torch.randn(n, 64), torch.randint(0, 10, (n,))), batch_size=16,
-                        collate_fn=collate)
-    profiler = PyTorchProfiler(dirpath=sys.argv[1], filename="perf",
-                               schedule=torch.profiler.schedule(wait=1, warmup=1, active=4, repeat=1))
-    trainer = pl.Trainer(max_steps=12, accelerator="cpu", devices=2, strategy="ddp", logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         profiler=profiler)
+    loader = DataLoader(
+        TensorDataset(torch.randn(n, 64), torch.randint(0, 10, (n,))), batch_size=16, collate_fn=collate
+    )
+    profiler = PyTorchProfiler(
+        dirpath=sys.argv[1], filename="perf", schedule=torch.profiler.schedule(wait=1, warmup=1, active=4, repeat=1)
+    )
+    trainer = pl.Trainer(
+        max_steps=12,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        profiler=profiler,
+    )
     trainer.fit(Model(), loader)
 
 

@@ -17,37 +17,52 @@ from identities import check_report
 from jobs import REPO, run_harness
 from tracebuild import GpuRank, document, step, write, x
 
-HEALTHY = {"device": "cpu", "data_share": 0.02, "host_ops_per_step": 400, "us_per_op": 40.0, "launches_per_step": 0,
-           "syncs_per_step": 0, "syncs_by_caller": {}, "sync_share": 0.0, "compute_share": 0.5,
-           "exposed_transfer_share": 0.2, "idle_share": 0.1,
-           "transfer_share": 0.1, "gemm_share": 0.7, "top_compute": [["aten::mm", 0.5]]}
+HEALTHY = {
+    "device": "cpu",
+    "data_share": 0.02,
+    "host_ops_per_step": 400,
+    "us_per_op": 40.0,
+    "launches_per_step": 0,
+    "syncs_per_step": 0,
+    "syncs_by_caller": {},
+    "sync_share": 0.0,
+    "compute_share": 0.5,
+    "exposed_transfer_share": 0.2,
+    "idle_share": 0.1,
+    "transfer_share": 0.1,
+    "gemm_share": 0.7,
+    "top_compute": [["aten::mm", 0.5]],
+}
 
 
-@pytest.mark.parametrize(("change", "expected"), [
-    ({}, "healthy"),
-    ({"data_share": 0.30}, "data-bound"),
-    ({"data_share": 0.5, "host_ops_per_step": 5000, "us_per_op": 1.0}, "data-bound"),  # input pipeline first
-    ({"host_ops_per_step": 1000, "us_per_op": 19.9}, "launch-bound"),
-    ({"host_ops_per_step": 1400, "us_per_op": 37.0}, "healthy"),  # the kernel lab's ops: long, not overhead
-    ({"host_ops_per_step": 999, "us_per_op": 1.0}, "healthy"),
-    # in bare ops where the trace measured one: the machine's speed cancels out
-    ({"host_ops_per_step": 2153, "us_per_op": 30.0, "op_cost_ratio": 59.9}, "launch-bound"),  # a slow machine
-    ({"host_ops_per_step": 1393, "us_per_op": 17.1, "op_cost_ratio": 60.0}, "healthy"),  # a fast one's big ops
-    ({"transfer_share": 0.50, "exposed_transfer_share": 0.15}, "comm-exposed"),
-    ({"transfer_share": 0.49, "exposed_transfer_share": 0.4}, "healthy"),  # little communication
-    ({"transfer_share": 0.50, "exposed_transfer_share": 0.14}, "healthy"),  # communication hidden
-    ({"gemm_share": 0.49}, "kernel-bound"),
-    ({"gemm_share": 0.49, "compute_share": 0.39}, "kernel-bound"),  # compute still leads, of small kernels
-    # weighed by the device idle they cause, not counted
-    ({"device": "gpu", "syncs_by_caller": {"item": 1.0}, "user_sync_cost_share": 0.10}, "sync-bound"),
-    ({"device": "gpu", "syncs_by_caller": {"item": 4.0}, "user_sync_cost_share": 0.09}, "healthy"),
-    ({"syncs_by_caller": {"item": 1.0}, "user_sync_cost_share": 0.5}, "healthy"),  # no device to stall on CPU
-    ({"device": "gpu", "launches_per_step": 300, "idle_share": 0.30}, "launch-bound"),
-    # healthy needs evidence: when compute is not the largest part, the largest part names the rank
-    ({"compute_share": 0.1, "exposed_transfer_share": 0.85, "idle_share": 0.05, "gemm_share": 0.0}, "comm-exposed"),
-    ({"compute_share": 0.3, "idle_share": 0.6}, "host-bound"),
-    ({"compute_share": 0.3, "idle_share": 0.1, "exposed_transfer_share": 0.1, "memcpy_share": 0.5}, "copy-bound"),
-])
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({}, "healthy"),
+        ({"data_share": 0.30}, "data-bound"),
+        ({"data_share": 0.5, "host_ops_per_step": 5000, "us_per_op": 1.0}, "data-bound"),  # input pipeline first
+        ({"host_ops_per_step": 1000, "us_per_op": 19.9}, "launch-bound"),
+        ({"host_ops_per_step": 1400, "us_per_op": 37.0}, "healthy"),  # the kernel lab's ops: long, not overhead
+        ({"host_ops_per_step": 999, "us_per_op": 1.0}, "healthy"),
+        # in bare ops where the trace measured one: the machine's speed cancels out
+        ({"host_ops_per_step": 2153, "us_per_op": 30.0, "op_cost_ratio": 59.9}, "launch-bound"),  # a slow machine
+        ({"host_ops_per_step": 1393, "us_per_op": 17.1, "op_cost_ratio": 60.0}, "healthy"),  # a fast one's big ops
+        ({"transfer_share": 0.50, "exposed_transfer_share": 0.15}, "comm-exposed"),
+        ({"transfer_share": 0.49, "exposed_transfer_share": 0.4}, "healthy"),  # little communication
+        ({"transfer_share": 0.50, "exposed_transfer_share": 0.14}, "healthy"),  # communication hidden
+        ({"gemm_share": 0.49}, "kernel-bound"),
+        ({"gemm_share": 0.49, "compute_share": 0.39}, "kernel-bound"),  # compute still leads, of small kernels
+        # weighed by the device idle they cause, not counted
+        ({"device": "gpu", "syncs_by_caller": {"item": 1.0}, "user_sync_cost_share": 0.10}, "sync-bound"),
+        ({"device": "gpu", "syncs_by_caller": {"item": 4.0}, "user_sync_cost_share": 0.09}, "healthy"),
+        ({"syncs_by_caller": {"item": 1.0}, "user_sync_cost_share": 0.5}, "healthy"),  # no device to stall on CPU
+        ({"device": "gpu", "launches_per_step": 300, "idle_share": 0.30}, "launch-bound"),
+        # healthy needs evidence: when compute is not the largest part, the largest part names the rank
+        ({"compute_share": 0.1, "exposed_transfer_share": 0.85, "idle_share": 0.05, "gemm_share": 0.0}, "comm-exposed"),
+        ({"compute_share": 0.3, "idle_share": 0.6}, "host-bound"),
+        ({"compute_share": 0.3, "idle_share": 0.1, "exposed_transfer_share": 0.1, "memcpy_share": 0.5}, "copy-bound"),
+    ],
+)
 def test_decision_tree(change: dict, expected: str) -> None:
     kind, reason = classify({**HEALTHY, **change}, Rules())
     assert kind == expected, reason
@@ -60,8 +75,11 @@ def test_gpu_launches_syncs_and_kernel_time_by_name(tmp_path: Path) -> None:
         g.kernel("ampere_sgemm_128x64_nn", 10 + i, 100 + 100 * i, 80)
     g.kernel("vectorized_elementwise_kernel", 20, 500, 30)
     g.allreduce(30, 600, 100)  # communication: not compute
-    events += [x("cudaStreamSynchronize", "cuda_runtime", 700, 50), x("cudaMemcpy", "cuda_runtime", 800, 20),
-               x("cudaMemcpyAsync", "cuda_runtime", 850, 5)]
+    events += [
+        x("cudaStreamSynchronize", "cuda_runtime", 700, 50),
+        x("cudaMemcpy", "cuda_runtime", 800, 20),
+        x("cudaMemcpyAsync", "cuda_runtime", 850, 5),
+    ]
     t = parse_trace(write(tmp_path / "rank0.pt.trace.json", document(events + g.events, 0)))
     s = t.steps[0]
     assert (s.launches, s.syncs, s.sync_us) == (5, 2, 70.0)
@@ -72,10 +90,17 @@ def test_cpu_self_time_and_host_ops(tmp_path: Path) -> None:
     # step [0, 1000]: data phase [0, 100] holds one aten op; linear [200, 500] holds addmm
     # [210, 450] which holds copy_ [220, 260]; allreduce [600, 700] is communication;
     # optimizer phase [800, 900] holds aten::add_
-    events = [step(1, 0, 1000), x("harness:data", "user_annotation", 0, 100), x("aten::randn", "cpu_op", 10, 50),
-              x("aten::linear", "cpu_op", 200, 300), x("aten::addmm", "cpu_op", 210, 240),
-              x("aten::copy_", "cpu_op", 220, 40), x("c10d::allreduce_", "cpu_op", 600, 100),
-              x("harness:optimizer", "user_annotation", 800, 100), x("aten::add_", "cpu_op", 810, 20)]
+    events = [
+        step(1, 0, 1000),
+        x("harness:data", "user_annotation", 0, 100),
+        x("aten::randn", "cpu_op", 10, 50),
+        x("aten::linear", "cpu_op", 200, 300),
+        x("aten::addmm", "cpu_op", 210, 240),
+        x("aten::copy_", "cpu_op", 220, 40),
+        x("c10d::allreduce_", "cpu_op", 600, 100),
+        x("harness:optimizer", "user_annotation", 800, 100),
+        x("aten::add_", "cpu_op", 810, 20),
+    ]
     t = parse_trace(write(tmp_path / "rank0.pt.trace.json", document(events, 0, base_ns=None)))
     s = t.steps[0]
     assert s.host_ops == 4  # linear, addmm, copy_, add_; not the data phase's randn
@@ -89,8 +114,13 @@ RUN = ["--steps", "12", "--warmup-steps", "2", "--wait", "2", "--warmup", "1", "
 
 
 def diagnosis_of(run_dir: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(run_dir), "-q", "--no-merged"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(run_dir), "-q", "--no-merged"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((run_dir / "report" / "report.json").read_text())
     check_report(doc)  # the accounting identities hold on every real run
@@ -100,15 +130,21 @@ def diagnosis_of(run_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("args", "expected"), [
-    (["--mode", "baseline"], ["healthy", "healthy"]),
-    (["--mode", "data"], ["data-bound", "data-bound"]),
-    (["--mode", "torch"], ["launch-bound", "launch-bound"]),
-    (["--mode", "kernel"], ["kernel-bound", "kernel-bound"]),
-    (["--mode", "comm"], ["comm-exposed", "comm-exposed"]),
-    (["--mode", "baseline", "--straggler-rank", "1", "--straggler-ms", "30", "--straggler-phase", "forward"],
-     ["healthy", "straggler"]),
-], ids=["baseline", "data", "torch", "kernel", "comm", "straggler"])
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--mode", "baseline"], ["healthy", "healthy"]),
+        (["--mode", "data"], ["data-bound", "data-bound"]),
+        (["--mode", "torch"], ["launch-bound", "launch-bound"]),
+        (["--mode", "kernel"], ["kernel-bound", "kernel-bound"]),
+        (["--mode", "comm"], ["comm-exposed", "comm-exposed"]),
+        (
+            ["--mode", "baseline", "--straggler-rank", "1", "--straggler-ms", "30", "--straggler-phase", "forward"],
+            ["healthy", "straggler"],
+        ),
+    ],
+    ids=["baseline", "data", "torch", "kernel", "comm", "straggler"],
+)
 def test_lab_workloads_are_classified(args: list[str], expected: list[str], log_dir: Path) -> None:
     """Shares of a 6-step window on two shared cores move with the VM's load (the comm workload's
     step measured 72-149 ms across CI runs; 62-75 ms in 8 quiet runs here, while two runs back to
@@ -131,17 +167,31 @@ def test_lab_workloads_are_classified(args: list[str], expected: list[str], log_
 def test_ddp_reducer_work_is_booked_as_communication(tmp_path: Path) -> None:
     # backward [100, 900]: addmm [150, 250]; DDP's reducer [300, 700] holding mul [320, 620]
     # and its own copy_ [650, 40]
-    events = [step(1, 0, 1000), x("harness:backward", "user_annotation", 100, 800),
-              x("aten::addmm", "cpu_op", 150, 100),
-              x("torch::distributed::reducer::mul_out", "cpu_op", 300, 400), x("aten::mul", "cpu_op", 320, 300),
-              x("aten::copy_", "cpu_op", 650, 40)]
+    events = [
+        step(1, 0, 1000),
+        x("harness:backward", "user_annotation", 100, 800),
+        x("aten::addmm", "cpu_op", 150, 100),
+        x("torch::distributed::reducer::mul_out", "cpu_op", 300, 400),
+        x("aten::mul", "cpu_op", 320, 300),
+        x("aten::copy_", "cpu_op", 650, 40),
+    ]
     t = parse_trace(write(tmp_path / "rank0.pt.trace.json", document(events, 0, base_ns=None)))
     assert t.steps[0].compute_by_name_us == {"aten::addmm": 100.0, "ddp reducer": 400.0}
     from harness.collect.analyse.advisor import rank_evidence
     from harness.collect.analyse.overlap import StepOverlap
 
-    row = StepOverlap(rank=0, step=1, window_us=1000.0, compute_us=540.0, comm_us=0.0, overlapped_comm_us=0.0,
-                      exposed_comm_us=0.0, exposed_wait_us=0.0, exposed_transfer_us=0.0, idle_us=460.0)
+    row = StepOverlap(
+        rank=0,
+        step=1,
+        window_us=1000.0,
+        compute_us=540.0,
+        comm_us=0.0,
+        overlapped_comm_us=0.0,
+        exposed_comm_us=0.0,
+        exposed_wait_us=0.0,
+        exposed_transfer_us=0.0,
+        idle_us=460.0,
+    )
     ev = rank_evidence(t, [row], transfer_ms_per_step=0.1)
     assert ev["transfer_share"] == 0.5  # (100 us of collectives + 400 us of reducer) / 1000 us
     assert ev["compute_share"] == 0.14  # (540 - 400) / 1000

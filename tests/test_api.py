@@ -23,24 +23,30 @@ EXAMPLE = REPO / "examples" / "plain_loop.py"
 def test_settings_from_every_source_later_wins(tmp_path: Path) -> None:
     toml = tmp_path / "h.toml"
     toml.write_text("[profiler]\nwait = 1\nactive = 2\n[watch]\nevery = 7\n[job]\nsteps = 50\n")
-    cfg = load_run_config(toml, {"active": 4, "watch": {"min_lag_ms": 2.0}, "run_name": "x"},
-                          {"HARNESS_WATCH_EVERY": "10", "HARNESS_SCALARS": "off", "HARNESS_NATIVE_SCAN": "0"})
+    cfg = load_run_config(
+        toml,
+        {"active": 4, "watch": {"min_lag_ms": 2.0}, "run_name": "x"},
+        {"HARNESS_WATCH_EVERY": "10", "HARNESS_SCALARS": "off", "HARNESS_NATIVE_SCAN": "0"},
+    )
     assert (cfg.profiler.wait, cfg.profiler.active, cfg.watch.every, cfg.watch.min_lag_ms) == (1, 4, 10, 2.0)
     assert (cfg.output.run_name, cfg.output.scalars, cfg.job.steps) == ("x", False, 50)
     # the TOML file named by a variable, as a launch script would
     assert load_run_config(None, {}, {"HARNESS_CONFIG": str(toml)}).profiler.wait == 1
 
 
-@pytest.mark.parametrize(("options", "environ", "message"), [
-    ({"watch_evry": 3}, {}, "watch_evry: keyword argument: no such setting; use one of "),
-    ({}, {"HARNESS_ACTVE": "3"}, "HARNESS_ACTVE: no such setting; use one of HARNESS_ACTIVE, "),
-    ({}, {"HARNESS_WATCH_EVERY": "ten"}, "watch.every: 'ten' is not an int"),
-    ({}, {"HARNESS_SCALARS": "maybe"}, "output.scalars: 'maybe' is not a boolean"),
-    ({"active": 0}, {}, "profiler.active: 0 must be >= 1"),
-    ({"profiler": {"wiat": 1}}, {}, "profiler.wiat: keyword argument: no such setting"),
-    # a run that ends inside its profiler window is refused before it starts
-    ({"steps": 12}, {}, "profiler.active: the profiler records steps 11-13 in its window"),
-])
+@pytest.mark.parametrize(
+    ("options", "environ", "message"),
+    [
+        ({"watch_evry": 3}, {}, "watch_evry: keyword argument: no such setting; use one of "),
+        ({}, {"HARNESS_ACTVE": "3"}, "HARNESS_ACTVE: no such setting; use one of HARNESS_ACTIVE, "),
+        ({}, {"HARNESS_WATCH_EVERY": "ten"}, "watch.every: 'ten' is not an int"),
+        ({}, {"HARNESS_SCALARS": "maybe"}, "output.scalars: 'maybe' is not a boolean"),
+        ({"active": 0}, {}, "profiler.active: 0 must be >= 1"),
+        ({"profiler": {"wiat": 1}}, {}, "profiler.wiat: keyword argument: no such setting"),
+        # a run that ends inside its profiler window is refused before it starts
+        ({"steps": 12}, {}, "profiler.active: the profiler records steps 11-13 in its window"),
+    ],
+)
 def test_bad_settings_are_one_line_before_the_first_step(options: dict, environ: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_run_config(None, options, environ)
@@ -55,13 +61,15 @@ def test_importing_harness_imports_no_torch() -> None:
 
 
 def test_a_loop_that_marks_nothing_is_told(tmp_path: Path) -> None:
-    code = ("import harness, torch\n"
-            f"with harness.Run(log_dir={str(tmp_path)!r}, run_name='bare', profile=False) as run:\n"
-            "    torch.ones(3).sum()\n"
-            f"with harness.Run(log_dir={str(tmp_path)!r}, run_name='steps', profile=False) as run:\n"
-            "    for _ in range(3):\n"
-            "        with run.step():\n"
-            "            torch.ones(3).sum()\n")
+    code = (
+        "import harness, torch\n"
+        f"with harness.Run(log_dir={str(tmp_path)!r}, run_name='bare', profile=False) as run:\n"
+        "    torch.ones(3).sum()\n"
+        f"with harness.Run(log_dir={str(tmp_path)!r}, run_name='steps', profile=False) as run:\n"
+        "    for _ in range(3):\n"
+        "        with run.step():\n"
+        "            torch.ones(3).sum()\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "note:    no step was marked (with run.step(): or begin_step()/end_step())" in out.stdout
@@ -70,8 +78,15 @@ def test_a_loop_that_marks_nothing_is_told(tmp_path: Path) -> None:
 
 
 def torchrun(args: list[str], nproc: int = 2, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(EXAMPLE),
-           *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(EXAMPLE),
+        *args,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env(), cwd=REPO)
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
@@ -79,8 +94,13 @@ def torchrun(args: list[str], nproc: int = 2, timeout: float = 300, check: bool 
 
 
 def collect(run_dir: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(run_dir), "-q", "--no-merged"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(run_dir), "-q", "--no-merged"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads((run_dir / "report" / "report.json").read_text())
 
@@ -88,8 +108,21 @@ def collect(run_dir: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_the_plain_loop_example_writes_what_the_lab_writes(parallel: str, tmp_path: Path) -> None:
-    args = ["--log-dir", str(tmp_path), "--run-name", "mine", "--steps", "20", "--slow-rank", "1", "--slow-ms", "30",
-            "--watch-every", "10", *(["--fsdp"] if parallel == "fsdp" else [])]
+    args = [
+        "--log-dir",
+        str(tmp_path),
+        "--run-name",
+        "mine",
+        "--steps",
+        "20",
+        "--slow-rank",
+        "1",
+        "--slow-ms",
+        "30",
+        "--watch-every",
+        "10",
+        *(["--fsdp"] if parallel == "fsdp" else []),
+    ]
     proc = torchrun(args)
     run = tmp_path / "mine"
     assert "harness: run mine finished (2 rank(s)" in proc.stdout
@@ -115,8 +148,20 @@ def test_the_plain_loop_example_writes_what_the_lab_writes(parallel: str, tmp_pa
 
 @pytest.mark.slow
 def test_a_hang_in_the_plain_loop_gets_the_flight_recorder_report(tmp_path: Path) -> None:
-    args = ["--log-dir", str(tmp_path), "--run-name", "hung", "--steps", "20", "--hang-rank", "1", "--hang-step", "8",
-            "--timeout", "15"]
+    args = [
+        "--log-dir",
+        str(tmp_path),
+        "--run-name",
+        "hung",
+        "--steps",
+        "20",
+        "--hang-rank",
+        "1",
+        "--hang-step",
+        "8",
+        "--timeout",
+        "15",
+    ]
     proc = torchrun(args, timeout=300, check=False)
     assert proc.returncode != 0
     run = tmp_path / "hung"

@@ -47,39 +47,84 @@ LATE = "straggler: rank 1"
 CASES: list[tuple[str, Callable[[Path], Path], int, str]] = [
     ("no such path", lambda d: d / "nope", 2, "no such file or folder"),
     ("empty folder", lambda d: (d.mkdir(), d)[1], 2, "no trace files"),
-    ("non-trace JSON", lambda d: (d.mkdir(), (d / "rank0.pt.trace.json").write_text('{"a": 1}'), d)[2], 2,
-     "not a PyTorch profiler trace"),
-    ("number out of range", lambda d: (d.mkdir(), (d / "rank0.pt.trace.json").write_text(
-        '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", '
-        '"pid": 1, "tid": 1, "ts": 1e400, "dur": 5}]}'),
-        d)[2], 2, "number out of range at `$.traceEvents[0]`; not readable as a trace"),
+    (
+        "non-trace JSON",
+        lambda d: (d.mkdir(), (d / "rank0.pt.trace.json").write_text('{"a": 1}'), d)[2],
+        2,
+        "not a PyTorch profiler trace",
+    ),
+    (
+        "number out of range",
+        lambda d: (
+            d.mkdir(),
+            (d / "rank0.pt.trace.json").write_text(
+                '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", '
+                '"pid": 1, "tid": 1, "ts": 1e400, "dur": 5}]}'
+            ),
+            d,
+        )[2],
+        2,
+        "number out of range at `$.traceEvents[0]`; not readable as a trace",
+    ),
     ("truncated JSON", lambda d: (two_ranks(d), truncate(d), d)[2], 0, "not valid JSON: the file ends early"),
     ("corrupt gzip", lambda d: (two_ranks(d), corrupt_gzip(d), d)[2], 0, "corrupt or truncated gzip"),
     ("empty file", lambda d: (two_ranks(d), (d / "rank1.pt.trace.json").write_bytes(b""), d)[2], 0, "empty file"),
-    ("duplicate ranks",
-     lambda d: (two_ranks(d), shutil.copy(d / "rank1.pt.trace.json", d / "rank1b.pt.trace.json"), d)[2],
-     0, "duplicates"),
+    (
+        "duplicate ranks",
+        lambda d: (two_ranks(d), shutil.copy(d / "rank1.pt.trace.json", d / "rank1b.pt.trace.json"), d)[2],
+        0,
+        "duplicates",
+    ),
     ("missing rank", lambda d: (two_ranks(d), (d / "rank1.pt.trace.json").unlink(), d)[2], 0, "rank(s) 1 missing"),
-    ("two runs mixed", lambda d: two_ranks(d, lambda doc, r: {**doc, "harness": {"run_id": f"run{r}", "rank": r}}), 2,
-     "2 different runs are mixed"),
-    ("no ProfilerStep", lambda d: two_ranks(d, events(lambda ev: [e for e in ev if "ProfilerStep" not in e["name"]])),
-     0, "no ProfilerStep#N markers"),
-    ("no distributedInfo",
-     lambda d: two_ranks(d, lambda doc, r: {k: v for k, v in doc.items() if k != "distributedInfo"}),
-     0, "taken from the file name"),
-    ("string stream ids", lambda d: two_ranks(d, events(lambda ev: [dict(e, tid=f"stream {e['tid']}") for e in ev])), 0,
-     LATE),
-    ("nanosecond float timestamps",
-     lambda d: two_ranks(d, events(lambda ev: [dict(e, ts=e["ts"] + 0.123) for e in ev])),
-     0, LATE),
-    ("zero and negative durations", lambda d: two_ranks(d, events(lambda ev: ev + [x("aten::z", "cpu_op", 50, 0),
-                                                                               x("aten::n", "cpu_op", 60, -5)])), 0,
-     LATE),
+    (
+        "two runs mixed",
+        lambda d: two_ranks(d, lambda doc, r: {**doc, "harness": {"run_id": f"run{r}", "rank": r}}),
+        2,
+        "2 different runs are mixed",
+    ),
+    (
+        "no ProfilerStep",
+        lambda d: two_ranks(d, events(lambda ev: [e for e in ev if "ProfilerStep" not in e["name"]])),
+        0,
+        "no ProfilerStep#N markers",
+    ),
+    (
+        "no distributedInfo",
+        lambda d: two_ranks(d, lambda doc, r: {k: v for k, v in doc.items() if k != "distributedInfo"}),
+        0,
+        "taken from the file name",
+    ),
+    (
+        "string stream ids",
+        lambda d: two_ranks(d, events(lambda ev: [dict(e, tid=f"stream {e['tid']}") for e in ev])),
+        0,
+        LATE,
+    ),
+    (
+        "nanosecond float timestamps",
+        lambda d: two_ranks(d, events(lambda ev: [dict(e, ts=e["ts"] + 0.123) for e in ev])),
+        0,
+        LATE,
+    ),
+    (
+        "zero and negative durations",
+        lambda d: two_ranks(d, events(lambda ev: ev + [x("aten::z", "cpu_op", 50, 0), x("aten::n", "cpu_op", 60, -5)])),
+        0,
+        LATE,
+    ),
     ("events out of order", lambda d: two_ranks(d, events(lambda ev: ev[::-1])), 0, LATE),
-    ("unicode and very long names", lambda d: two_ranks(d, events(lambda ev: ev + [
-        x("aten::ünïcødé_✓" + "x" * 100_000, "cpu_op", 70, 5)])), 0, LATE),
-    ("0-event trace", lambda d: (d.mkdir(), write(d / "rank0.pt.trace.json", document([], 0, world_size=1)), d)[2], 0,
-     "no timed events"),
+    (
+        "unicode and very long names",
+        lambda d: two_ranks(d, events(lambda ev: ev + [x("aten::ünïcødé_✓" + "x" * 100_000, "cpu_op", 70, 5)])),
+        0,
+        LATE,
+    ),
+    (
+        "0-event trace",
+        lambda d: (d.mkdir(), write(d / "rank0.pt.trace.json", document([], 0, world_size=1)), d)[2],
+        0,
+        "no timed events",
+    ),
 ]
 
 
@@ -87,8 +132,13 @@ CASES: list[tuple[str, Callable[[Path], Path], int, str]] = [
 def test_bad_input(build: Callable[[Path], Path], code: int, expected: str, tmp_path: Path) -> None:
     target = build(tmp_path / "in")
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(target), "-q", "--no-merged", "-o", str(out)],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(target), "-q", "--no-merged", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == code, proc.stderr
     assert "Traceback" not in proc.stderr
     if code == 2:

@@ -17,14 +17,14 @@ from tracebuild import ring_docs, write
 
 BENCH = REPO / "bench"
 # A stand-in for HolisticTraceAnalysis (not a harness dependency): the same call, fixed answers.
-HTA_STUB = '''
+HTA_STUB = """
 class TraceAnalysis:
     def __init__(self, trace_dir):
         self.trace_dir = trace_dir
 
     def get_comm_comp_overlap(self, visualize=False):
         return {"rank": [0, 1], "comp_comm_overlap_pctg": [0.0, 0.0]}
-'''
+"""
 TINY_COLLECTOR = ["--ranks", "2", "--reps", "1", "--rank-mb", "0.05"]
 
 
@@ -41,19 +41,73 @@ class Smoke:
 
 
 SMOKE = [
-    Smoke("overhead.py", ["--mode", "torch", "--steps", "3", "--warmup", "2", "--reps", "1", "--record-steps", "2",
-                          "--watch-every", "2"],
-          ["A minimal", "B harness off", "C outside window", "D inside window", "S no scalars", "W watch on",
-           "(a) harness off / minimal loop", "(d) harness off / same, no scalars", "(e) watch on / harness off",
-           "(f) the watch's own time"]),
-    Smoke("collector_vs_hta.py", TINY_COLLECTOR + ["--no-compare", "--stream-mb", "0.05", "--summaries", "0.05",
-                                                   "--scale", "2", "--scale-mb", "0.05", "--summary-ranks", "16",
-                                                   "--summary-steps", "2", "--profile"],
-          ["one trace of", "in-job summaries", "report identical: True", "scale: ours only",
-           "16 ranks of in-job summaries", "2 x the source's steps", "profile of src-2r-0.05mb", "parsing traces",
-           "writing the merged trace", "start-up, finding traces"]),
-    Smoke("collector_vs_hta.py", TINY_COLLECTOR, ["collector vs HTA", "src-2r-0.05mb", "faster anchor", "targets:"],
-          hta_stub=True),
+    Smoke(
+        "overhead.py",
+        [
+            "--mode",
+            "torch",
+            "--steps",
+            "3",
+            "--warmup",
+            "2",
+            "--reps",
+            "1",
+            "--record-steps",
+            "2",
+            "--watch-every",
+            "2",
+        ],
+        [
+            "A minimal",
+            "B harness off",
+            "C outside window",
+            "D inside window",
+            "S no scalars",
+            "W watch on",
+            "(a) harness off / minimal loop",
+            "(d) harness off / same, no scalars",
+            "(e) watch on / harness off",
+            "(f) the watch's own time",
+        ],
+    ),
+    Smoke(
+        "collector_vs_hta.py",
+        TINY_COLLECTOR
+        + [
+            "--no-compare",
+            "--stream-mb",
+            "0.05",
+            "--summaries",
+            "0.05",
+            "--scale",
+            "2",
+            "--scale-mb",
+            "0.05",
+            "--summary-ranks",
+            "16",
+            "--summary-steps",
+            "2",
+            "--profile",
+        ],
+        [
+            "one trace of",
+            "in-job summaries",
+            "report identical: True",
+            "scale: ours only",
+            "16 ranks of in-job summaries",
+            "2 x the source's steps",
+            "profile of src-2r-0.05mb",
+            "parsing traces",
+            "writing the merged trace",
+            "start-up, finding traces",
+        ],
+    ),
+    Smoke(
+        "collector_vs_hta.py",
+        TINY_COLLECTOR,
+        ["collector vs HTA", "src-2r-0.05mb", "faster anchor", "targets:"],
+        hta_stub=True,
+    ),
 ]
 
 
@@ -85,10 +139,17 @@ def run_bench(smoke: Smoke, tmp_path: Path, source: Path) -> str:
     args = list(smoke.args)
     if smoke.script == "collector_vs_hta.py":
         args += ["--source", str(source), "--work", str(tmp_path / "work")]
-    proc = subprocess.run([sys.executable, str(BENCH / smoke.script), *args], capture_output=True, text=True,
-                          timeout=180, cwd=REPO, env=env)
-    assert proc.returncode == 0, (f"{smoke.script} {args} exited {proc.returncode}\n"
-                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / smoke.script), *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+        env=env,
+    )
+    assert proc.returncode == 0, (
+        f"{smoke.script} {args} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc.stdout
 
 
@@ -100,9 +161,22 @@ def test_bench_script_runs_at_toy_size(smoke: Smoke, tmp_path: Path, source: Pat
 
 
 def test_hta_comparison_without_hta_says_how(tmp_path: Path, source: Path) -> None:
-    proc = subprocess.run([sys.executable, str(BENCH / "collector_vs_hta.py"), *TINY_COLLECTOR, "--source", str(source),
-                           "--work", str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=REPO,
-                          env=dict(os.environ, PYTHONPATH=""))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "collector_vs_hta.py"),
+            *TINY_COLLECTOR,
+            "--source",
+            str(source),
+            "--work",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=""),
+    )
     if proc.returncode == 0:
         pytest.skip("HolisticTraceAnalysis is installed here")
     assert proc.returncode == 1 and "cannot import hta: pip install HolisticTraceAnalysis" in proc.stderr

@@ -33,7 +33,13 @@ def test_gpu_overlap_and_gaps_exact(tmp_path: Path) -> None:
     # in step 1 also [900, 1100]: between the steps' work, the device's time, counted once
     for o, (window, idle) in zip(r0, [(1000, 300), (800, 100)]):
         assert (o.window_us, o.compute_us, o.comm_us, o.overlapped_comm_us, o.exposed_comm_us, o.idle_us) == (
-            window, 400, 400, 100, 300, idle)
+            window,
+            400,
+            400,
+            100,
+            300,
+            idle,
+        )
         assert o.compute_us + o.exposed_comm_us + o.memcpy_us + o.idle_us == o.window_us
     r1 = [o for o in a.overlap if o.rank == 1][0]
     # M = [500, 700] does not touch C: all 200 exposed; idle = [400, 500] + [700, 800] + [900, 1100]
@@ -43,8 +49,12 @@ def test_gpu_overlap_and_gaps_exact(tmp_path: Path) -> None:
     assert (r0[0].exposed_wait_us, r0[0].exposed_transfer_us) == (100, 200)
     assert (r1.exposed_wait_us, r1.exposed_transfer_us) == (0, 200)
     g0 = sorted((g.kind, g.start_us % 1000, g.dur_us, g.collective) for g in a.gaps if g.rank == 0 and g.step == 1)
-    assert g0 == [("exposed_transfer", 500, 200, "allreduce"), ("exposed_wait", 400, 100, "allreduce"),
-                  ("idle", 700, 100, "allreduce"), ("idle", 900, 200, "allreduce")]
+    assert g0 == [
+        ("exposed_transfer", 500, 200, "allreduce"),
+        ("exposed_wait", 400, 100, "allreduce"),
+        ("idle", 700, 100, "allreduce"),
+        ("idle", 900, 200, "allreduce"),
+    ]
 
 
 def test_gpu_waits_blame_and_offsets_exact(tmp_path: Path) -> None:
@@ -100,8 +110,12 @@ def test_skewed_clock_is_recovered_and_verdict_unchanged(tmp_path: Path) -> None
 def cpu_doc(rank: int, gloo_start: float) -> dict:
     """One step [0, 1000] on the main thread: aten::mm [0, 300], aten::add [600, 650];
     gloo:all_reduce on a worker thread from gloo_start to 500."""
-    events = [step(0, 0, 1000), x("aten::mm", "cpu_op", 0, 300), x("aten::add", "cpu_op", 600, 50),
-              x("gloo:all_reduce", "user_annotation", gloo_start, 500 - gloo_start, GLOO)]
+    events = [
+        step(0, 0, 1000),
+        x("aten::mm", "cpu_op", 0, 300),
+        x("aten::add", "cpu_op", 600, 50),
+        x("gloo:all_reduce", "user_annotation", gloo_start, 500 - gloo_start, GLOO),
+    ]
     return document(events, rank, base_ns=None)
 
 
@@ -109,8 +123,14 @@ def test_cpu_gloo_overlap_exact(tmp_path: Path) -> None:
     a = run_analysis(tmp_path, [cpu_doc(0, 200.0), cpu_doc(1, 400.0)])
     o = {r.rank: r for r in a.overlap}
     # rank 0: C = [0,300]+[600,650] = 350; M = [200,500] = 300; overlap 100; exposed 200; idle 450
-    assert (o[0].window_us, o[0].compute_us, o[0].comm_us, o[0].overlapped_comm_us, o[0].exposed_comm_us,
-            o[0].idle_us) == (1000, 350, 300, 100, 200, 450)
+    assert (
+        o[0].window_us,
+        o[0].compute_us,
+        o[0].comm_us,
+        o[0].overlapped_comm_us,
+        o[0].exposed_comm_us,
+        o[0].idle_us,
+    ) == (1000, 350, 300, 100, 200, 450)
     # rank 1: M = [400,500], no overlap; idle = [300,400] + [500,600] + [650,1000]
     assert (o[1].comm_us, o[1].exposed_comm_us, o[1].idle_us) == (100, 100, 550)
     idle0 = sorted((g.start_us, g.dur_us, g.collective) for g in a.gaps if g.rank == 0 and g.kind == "idle")
@@ -132,9 +152,12 @@ def test_collectives_in_flight_together_count_a_late_rank_once(tmp_path: Path) -
         for n in (1, 2, 3):
             t = (n - 1) * 40_000.0
             end = t + 30_110.0 + 500.0
-            ev += [step(n, t, 40_000.0), x("aten::mm", "cpu_op", t, 100.0 + late),
-                   x("gloo:all_reduce", "user_annotation", t + 100.0 + late, end - (t + 100.0 + late), GLOO),
-                   x("gloo:all_reduce", "user_annotation", t + 110.0 + late, end + 10 - (t + 110.0 + late), gloo2)]
+            ev += [
+                step(n, t, 40_000.0),
+                x("aten::mm", "cpu_op", t, 100.0 + late),
+                x("gloo:all_reduce", "user_annotation", t + 100.0 + late, end - (t + 100.0 + late), GLOO),
+                x("gloo:all_reduce", "user_annotation", t + 110.0 + late, end + 10 - (t + 110.0 + late), gloo2),
+            ]
         docs.append(document(ev, rank, base_ns=None))
     a = run_analysis(tmp_path, docs)
     by = {r.rank: r for r in a.stragglers.ranks}
@@ -153,17 +176,23 @@ def test_a_stub_step_is_left_out_and_no_jitter_is_made_of_it(tmp_path: Path) -> 
     and 33 ms is above 35% of the 45 ms step (CPU)."""
     docs = []
     for rank, arrive in ((0, 5_000.0), (1, 38_000.0)):
-        ev = [step(11, 0.0, 45_000.0), *(x("aten::mm", "cpu_op", 100.0 + 200.0 * i, 150.0) for i in range(20)),
-              x("aten::add", "cpu_op", arrive - 100.0, 90.0),
-              x("gloo:all_reduce", "user_annotation", arrive, 38_500.0 - arrive, GLOO),
-              step(12, 45_000.0, 150.0), x("aten::zeros", "cpu_op", 45_010.0, 20.0)]
+        ev = [
+            step(11, 0.0, 45_000.0),
+            *(x("aten::mm", "cpu_op", 100.0 + 200.0 * i, 150.0) for i in range(20)),
+            x("aten::add", "cpu_op", arrive - 100.0, 90.0),
+            x("gloo:all_reduce", "user_annotation", arrive, 38_500.0 - arrive, GLOO),
+            step(12, 45_000.0, 150.0),
+            x("aten::zeros", "cpu_op", 45_010.0, 20.0),
+        ]
         docs.append(document(ev, rank, base_ns=None))
     a = run_analysis(tmp_path, docs)
     assert [[s.number for s in t.steps] for t in a.traces] == [[11], [11]]
-    assert any(w.startswith("rank(s) 0-1: step 12 left out: cut short by the end of its profiler window") for w in
-               a.warnings), a.warnings
-    assert any(w.startswith("step-to-step jitter not estimated: 1 full step(s) per rank, 3 needed") for w in
-               a.warnings), a.warnings
+    assert any(
+        w.startswith("rank(s) 0-1: step 12 left out: cut short by the end of its profiler window") for w in a.warnings
+    ), a.warnings
+    assert any(
+        w.startswith("step-to-step jitter not estimated: 1 full step(s) per rank, 3 needed") for w in a.warnings
+    ), a.warnings
     res = a.stragglers
     assert res.bounds_ms["jitter"] == 0.0 and res.bounds_ms["relative"] == pytest.approx(0.35 * 45.0)
     assert res.verdict == "straggler" and [r.rank for r in res.stragglers] == [1]
@@ -210,12 +239,13 @@ def test_traces_of_two_runs_are_refused(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-
     for rank, run_id in ((0, "aaa"), (1, "bbb")):
-        write(tmp_path / f"rank{rank}.pt.trace.json",
-              cpu_doc(rank, 200.0) | {"harness": {"run_id": run_id, "rank": rank}})
-    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(tmp_path)], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+        write(
+            tmp_path / f"rank{rank}.pt.trace.json", cpu_doc(rank, 200.0) | {"harness": {"run_id": run_id, "rank": rank}}
+        )
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert proc.returncode == 2
     assert "2 different runs are mixed" in proc.stderr and "collect one run at a time" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -224,8 +254,11 @@ def test_traces_of_two_runs_are_refused(tmp_path: Path) -> None:
 def test_c10d_ops_stand_in_when_there_are_no_gloo_ranges(tmp_path: Path) -> None:
     docs = []
     for rank, start in ((0, 200.0), (1, 400.0)):
-        events = [step(0, 0, 1000), x("aten::mm", "cpu_op", 0, 300),
-                  x("c10d::allreduce_", "cpu_op", start, 500 - start)]
+        events = [
+            step(0, 0, 1000),
+            x("aten::mm", "cpu_op", 0, 300),
+            x("c10d::allreduce_", "cpu_op", start, 500 - start),
+        ]
         docs.append(document(events, rank, base_ns=None))
     a = run_analysis(tmp_path, docs)
     assert [i.name for i in a.instances] == ["allreduce"]
@@ -238,7 +271,11 @@ def test_collectives_csv_rows(tmp_path: Path) -> None:
 
     rows = list(collective_rows(run_analysis(tmp_path, gpu_docs())))
     assert [(r["instance"], r["rank"], r["wait_us"], r["transfer_us"], r["last_rank"]) for r in rows] == [
-        (0, 0, 200.0, 200.0, 1), (0, 1, 0.0, 200.0, 1), (1, 0, 200.0, 200.0, 1), (1, 1, 0.0, 200.0, 1)]
+        (0, 0, 200.0, 200.0, 1),
+        (0, 1, 0.0, 200.0, 1),
+        (1, 0, 200.0, 200.0, 1),
+        (1, 1, 0.0, 200.0, 1),
+    ]
     assert rows[0]["arrival_us"] == 300.0 and rows[1]["arrival_us"] == 500.0
 
 
@@ -274,12 +311,17 @@ def test_identical_kernel_intervals_inside_and_outside_a_step(tmp_path: Path) ->
 def test_odd_events_decode_or_are_left_out_with_a_warning(tmp_path: Path) -> None:
     """Producers that stray from the format: string timestamps, numeric names, args that are
     not objects, events that are not objects. What can be placed in time is kept."""
-    events = [step(1, 0, 1000), x("aten::mm", "cpu_op", 100, 200),
-              {**x("aten::sub", "cpu_op", 0, 0), "name": 7, "ts": "300.5", "dur": "10"},
-              {**x("aten::add", "cpu_op", 400, 5), "args": "odd"},
-              42, "not an event",
-              x("aten::neg", "cpu_op", 500, -1), {**x("aten::abs", "cpu_op", 0, 1), "ts": True},
-              {**x("aten::exp", "cpu_op", 0, 1), "dur": [1]}]
+    events = [
+        step(1, 0, 1000),
+        x("aten::mm", "cpu_op", 100, 200),
+        {**x("aten::sub", "cpu_op", 0, 0), "name": 7, "ts": "300.5", "dur": "10"},
+        {**x("aten::add", "cpu_op", 400, 5), "args": "odd"},
+        42,
+        "not an event",
+        x("aten::neg", "cpu_op", 500, -1),
+        {**x("aten::abs", "cpu_op", 0, 1), "ts": True},
+        {**x("aten::exp", "cpu_op", 0, 1), "dur": [1]},
+    ]
     t = parse_trace(write(tmp_path / "rank0.pt.trace.json", document(events, 0)))
     cover = t.steps[0].cover  # compute: mm and add, in the step [0, 1000]
     assert (cover.compute_us, cover.idle) == (205.0, [(0.0, 100.0), (300.0, 400.0), (405.0, 1000.0)])
@@ -288,12 +330,18 @@ def test_odd_events_decode_or_are_left_out_with_a_warning(tmp_path: Path) -> Non
 
 
 def _real_and_built_traces(tmp_path: Path) -> list[Path]:
-    events = [step(1, 0, 1000), x("aten::mm", "cpu_op", 100, 200, shapes=[{"a": 1}, {"b": 2}]),
-              x('odd }, { name "quoted"', "cpu_op", 300, 10),
-              {"ph": "i", "name": "instant", "ts": 5, "pid": 1, "tid": 1}, x("aten::add", "cpu_op", 400, 5)]
-    built = [write(tmp_path / "compact.pt.trace.json", document(events, 0)),
-             write(tmp_path / "compact.pt.trace.json.gz", document(events, 1)),
-             write(tmp_path / "empty.pt.trace.json", document([], 0))]
+    events = [
+        step(1, 0, 1000),
+        x("aten::mm", "cpu_op", 100, 200, shapes=[{"a": 1}, {"b": 2}]),
+        x('odd }, { name "quoted"', "cpu_op", 300, 10),
+        {"ph": "i", "name": "instant", "ts": 5, "pid": 1, "tid": 1},
+        x("aten::add", "cpu_op", 400, 5),
+    ]
+    built = [
+        write(tmp_path / "compact.pt.trace.json", document(events, 0)),
+        write(tmp_path / "compact.pt.trace.json.gz", document(events, 1)),
+        write(tmp_path / "empty.pt.trace.json", document([], 0)),
+    ]
     indented = tmp_path / "indented.pt.trace.json"
     indented.write_text(json.dumps(document(events, 0, harness={"host": "h"}), indent=2))
     real = sorted(REAL_TRACES.glob("*/*.json.gz"))
@@ -323,8 +371,9 @@ def test_releasing_what_the_analysis_read_changes_no_result(tmp_path: Path) -> N
 
     from tracebuild import ring_docs
 
-    docs = ring_docs(lambda r, s: 400.0 if r == 2 else 100.0, 4, 4, hosts=["a", "a", "b", "b"],
-                     clock_us=[0.0, 0.0, 300.0, 300.0])
+    docs = ring_docs(
+        lambda r, s: 400.0 if r == 2 else 100.0, 4, 4, hosts=["a", "a", "b", "b"], clock_us=[0.0, 0.0, 300.0, 300.0]
+    )
     paths = [write(tmp_path / f"rank{r}.pt.trace.json", d) for r, d in enumerate(docs)]
     results = []
     for release in (False, True):

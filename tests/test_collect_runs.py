@@ -24,8 +24,9 @@ STEPS = ["--steps", "12", "--warmup-steps", "2", "--wait", "3", "--warmup", "1",
 
 
 def collect(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "harness.collect", *args], capture_output=True, text=True,
-                          timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", *args], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"collect {args} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -49,11 +50,30 @@ def report_of(run_dir: Path) -> dict:
         ("ddp", 4, 2, "forward", "baseline"),
     ],
 )
-def test_injected_straggler_is_named_with_its_phase(parallel: str, nproc: int, rank: int, phase: str, mode: str,
-                                                     log_dir: Path) -> None:
-    run = run_harness(["--mode", mode, "--parallel", parallel, *STEPS, "--hidden", "128", "--micro-ops", "10",
-                       "--straggler-rank", str(rank), "--straggler-ms", "60", "--straggler-phase", phase],
-                      log_dir, nproc=nproc)
+def test_injected_straggler_is_named_with_its_phase(
+    parallel: str, nproc: int, rank: int, phase: str, mode: str, log_dir: Path
+) -> None:
+    run = run_harness(
+        [
+            "--mode",
+            mode,
+            "--parallel",
+            parallel,
+            *STEPS,
+            "--hidden",
+            "128",
+            "--micro-ops",
+            "10",
+            "--straggler-rank",
+            str(rank),
+            "--straggler-ms",
+            "60",
+            "--straggler-phase",
+            phase,
+        ],
+        log_dir,
+        nproc=nproc,
+    )
     proc = collect(str(run.dir))
     doc = report_of(run.dir)
     assert doc["verdict"] == "straggler", proc.stdout
@@ -94,8 +114,9 @@ def test_clean_runs_are_balanced(parallel: str, log_dir: Path, caplog: pytest.Lo
     from torch_tb_profiler.profiler.data import RunProfileData
     from torch_tb_profiler.profiler.run_generator import RunGenerator
 
-    data = RunProfileData.parse(worker="merged", span=None, path=str(out / "merged.pt.trace.json.gz"),
-                                cache_dir=str(log_dir / "tbcache"))
+    data = RunProfileData.parse(
+        worker="merged", span=None, path=str(out / "merged.pt.trace.json.gz"), cache_dir=str(log_dir / "tbcache")
+    )
     data.process()
     data.analyze()
     views = [v.display_name for v in RunGenerator("merged", None, data).generate_run_profile().views]
@@ -104,8 +125,22 @@ def test_clean_runs_are_balanced(parallel: str, log_dir: Path, caplog: pytest.Lo
 
 
 def test_skew_injected_into_one_rank_is_recovered(log_dir: Path, tmp_path: Path) -> None:
-    run = run_harness(["--mode", "baseline", *STEPS, "--hidden", "128", "--straggler-rank", "1",
-                       "--straggler-ms", "60", "--straggler-phase", "data"], log_dir)
+    run = run_harness(
+        [
+            "--mode",
+            "baseline",
+            *STEPS,
+            "--hidden",
+            "128",
+            "--straggler-rank",
+            "1",
+            "--straggler-ms",
+            "60",
+            "--straggler-phase",
+            "data",
+        ],
+        log_dir,
+    )
     collect(str(run.dir), "-q")
     before = report_of(run.dir)
     skewed = tmp_path / "skewed"
@@ -121,11 +156,14 @@ def test_skew_injected_into_one_rank_is_recovered(log_dir: Path, tmp_path: Path)
     # where the two ranks' collectives end apart (gloo on two shared cores: about a ms).
     assert before["ranks"][1]["clock_offset_ms"] == 0.0
     assert after["ranks"][1]["clock_offset_ms"] == pytest.approx(250.0, abs=5.0)
-    assert [(h["host"], h["ranks"]) for h in after["clock"]["hosts"]] == [(before["ranks"][0]["host"], [0]),
-                                                                          ("other-node", [1])]
+    assert [(h["host"], h["ranks"]) for h in after["clock"]["hosts"]] == [
+        (before["ranks"][0]["host"], [0]),
+        ("other-node", [1]),
+    ]
     assert after["verdict"] == before["verdict"] == "straggler"
-    assert ([(s["rank"], s["phase"]) for s in after["stragglers"]]
-            == [(s["rank"], s["phase"]) for s in before["stragglers"]])
+    assert [(s["rank"], s["phase"]) for s in after["stragglers"]] == [
+        (s["rank"], s["phase"]) for s in before["stragglers"]
+    ]
     collect(str(skewed), "-q", "--no-align", "-o", str(tmp_path / "unaligned"))
     unaligned = json.loads((tmp_path / "unaligned" / "report.json").read_text())
     assert unaligned["ranks"][1]["clock_offset_ms"] == 0.0
@@ -158,9 +196,13 @@ def test_missing_rank_gives_a_partial_report(log_dir: Path, tmp_path: Path) -> N
     assert "Incomplete run" in (part / "report" / "report.md").read_text()
 
 
-THIRD_PARTY = ["dlrm_8rank_v100", "hta_trace_filter_2of128", "hta_single_rank/nccl_data_a100_rank0of2.json.gz",
-               "hta_single_rank/df_index_resolver_v100_rank1of2.json.gz",
-               "hta_single_rank/torchrec_a100_rank0of16.json.gz"]
+THIRD_PARTY = [
+    "dlrm_8rank_v100",
+    "hta_trace_filter_2of128",
+    "hta_single_rank/nccl_data_a100_rank0of2.json.gz",
+    "hta_single_rank/df_index_resolver_v100_rank1of2.json.gz",
+    "hta_single_rank/torchrec_a100_rank0of16.json.gz",
+]
 
 
 @pytest.mark.parametrize("folder", THIRD_PARTY)

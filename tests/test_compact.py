@@ -50,13 +50,38 @@ def test_pieces_read_as_the_list_of_intervals() -> None:
 
 def _rank(r: int) -> RankTrace:
     kernel = "".join(["void gemm<float, 128>", "(int)"])  # built at run time: a new string each call
-    cover = StepCover(lo_us=0.0, hi_us=10.0, window_us=10.0, compute_us=4.0, memcpy_us=0.0, overlapped_us=1.0,
-                      busy_us=8.0, compute_in_comm=[(5.0, 6.0)], idle=[(8.0, 10.0)], work_end_us=6.0)
-    return RankTrace(rank=r, world_size=2, host="node0", run_id=None, device="gpu",
-                     steps=[Step(number=1, start_us=0.0, end_us=10.0, compute_by_name_us={kernel: 4.0, "x": 0.5},
-                                 cover=cover)],
-                     comms=[CommOp(name="allreduce", pg="0", start_us=5.0, end_us=9.0, thread=(1, 7), step=1,
-                                   run_up_start_us=0.0, run_up_us={"op:" + kernel: 4.0, "idle": 1.0})])
+    cover = StepCover(
+        lo_us=0.0,
+        hi_us=10.0,
+        window_us=10.0,
+        compute_us=4.0,
+        memcpy_us=0.0,
+        overlapped_us=1.0,
+        busy_us=8.0,
+        compute_in_comm=[(5.0, 6.0)],
+        idle=[(8.0, 10.0)],
+        work_end_us=6.0,
+    )
+    return RankTrace(
+        rank=r,
+        world_size=2,
+        host="node0",
+        run_id=None,
+        device="gpu",
+        steps=[Step(number=1, start_us=0.0, end_us=10.0, compute_by_name_us={kernel: 4.0, "x": 0.5}, cover=cover)],
+        comms=[
+            CommOp(
+                name="allreduce",
+                pg="0",
+                start_us=5.0,
+                end_us=9.0,
+                thread=(1, 7),
+                step=1,
+                run_up_start_us=0.0,
+                run_up_us={"op:" + kernel: 4.0, "idle": 1.0},
+            )
+        ],
+    )
 
 
 def test_a_compacted_rank_is_written_read_and_shifted_as_before(tmp_path: Path) -> None:

@@ -17,8 +17,9 @@ CONFIGS = sorted((REPO / "configs").glob("*.toml"))
 
 
 def env(world_size: int = 1, distributed: bool = False, cuda: bool = False, **more: int) -> LaunchEnv:
-    return LaunchEnv(rank=0, local_rank=0, world_size=world_size, distributed=distributed, cuda=cuda,
-                     accelerate_fsdp=False, **more)
+    return LaunchEnv(
+        rank=0, local_rank=0, world_size=world_size, distributed=distributed, cuda=cuda, accelerate_fsdp=False, **more
+    )
 
 
 def test_defaults_resolve_to_none_single_process_and_ddp_under_torchrun() -> None:
@@ -68,8 +69,10 @@ def test_optimizer_defaults_per_mode_and_builds() -> None:
         (["--straggler-rank", "0,-1"], "straggler.rank"),
         (["--straggler-rank", "1,2,1"], "straggler.rank"),
         (["--straggler-from", "-1"], "straggler.from_step"),
-        (["--straggler-rank", "0", "--straggler-ms", "5", "--steps", "10", "--straggler-from", "10"],
-         "straggler.from_step"),
+        (
+            ["--straggler-rank", "0", "--straggler-ms", "5", "--steps", "10", "--straggler-from", "10"],
+            "straggler.from_step",
+        ),
     ],
 )
 def test_invalid_values_name_the_field(argv: list[str], field: str) -> None:
@@ -85,12 +88,21 @@ def test_invalid_values_name_the_field(argv: list[str], field: str) -> None:
         (["--straggler-rank", "2", "--straggler-ms", "5"], env(world_size=2, distributed=True), "straggler.rank"),
         (["--backend", "nccl"], env(world_size=2, distributed=True), "parallel.backend"),
         (["--straggler-rank", "0,2", "--straggler-ms", "5"], env(world_size=2, distributed=True), "straggler.rank"),
-        (["--parallel", "fsdp", "--optimizer", "sgd", "--fused-optimizer"], env(world_size=2, distributed=True),
-         "speed.fused_optimizer"),
-        (["--mode", "comm", "--parallel", "fsdp", "--fused-optimizer"], env(world_size=2, distributed=True),
-         "speed.fused_optimizer"),  # comm mode's default optimizer is SGD
-        ([], env(world_size=4, distributed=True, cuda=True, local_world_size=4, device_count=2),
-         "launch.nproc_per_node"),
+        (
+            ["--parallel", "fsdp", "--optimizer", "sgd", "--fused-optimizer"],
+            env(world_size=2, distributed=True),
+            "speed.fused_optimizer",
+        ),
+        (
+            ["--mode", "comm", "--parallel", "fsdp", "--fused-optimizer"],
+            env(world_size=2, distributed=True),
+            "speed.fused_optimizer",
+        ),  # comm mode's default optimizer is SGD
+        (
+            [],
+            env(world_size=4, distributed=True, cuda=True, local_world_size=4, device_count=2),
+            "launch.nproc_per_node",
+        ),
         ([], env(cuda=True, local_world_size=1, device_count=0), "launch.nproc_per_node"),
     ],
 )
@@ -135,8 +147,9 @@ def test_one_gpu_per_local_rank() -> None:
     cfg = parse_config([])
     resolve_environment(cfg, env(world_size=2, distributed=True, cuda=True, local_world_size=2, device_count=2))
     resolve_environment(cfg, env(cuda=True))  # GPU count unknown: nothing to check
-    launched = LaunchEnv.from_environ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"},
-                                      cuda=True, device_count=1)
+    launched = LaunchEnv.from_environ(
+        {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, cuda=True, device_count=1
+    )
     assert (launched.local_world_size, launched.device_count) == (2, 1)
     with pytest.raises(ConfigError, match=r"launch\.nproc_per_node: 2 processes on this node but 1 GPU\(s\) visible"):
         resolve_environment(cfg, launched)
@@ -183,15 +196,25 @@ def test_every_mode_has_a_preset() -> None:
         (["--config", "/no/such.toml"], "config: file /no/such.toml does not exist"),
         (["--straggler-rank", "0,x"], "straggler.rank: '0,x' is not a comma-separated list of integers"),
         # a run that ends inside the profiler window (or before it) is refused before it starts
-        (["--steps", "12"], "profiler.active: the profiler records steps 11-13 in its window (after --wait 9 and "
-                            "--warmup 2; steps count from 0), but --steps 12 ends at step 11: use --steps 14 or more"),
-        (["--steps", "10", "--wait", "1", "--warmup", "1", "--active", "2", "--repeat", "3"],
-         "records steps 10-11 in window 3 of 3"),
+        (
+            ["--steps", "12"],
+            "profiler.active: the profiler records steps 11-13 in its window (after --wait 9 and "
+            "--warmup 2; steps count from 0), but --steps 12 ends at step 11: use --steps 14 or more",
+        ),
+        (
+            ["--steps", "10", "--wait", "1", "--warmup", "1", "--active", "2", "--repeat", "3"],
+            "records steps 10-11 in window 3 of 3",
+        ),
     ],
 )
 def test_command_line_errors_exit_2_with_one_line(argv: list[str], needle: str, tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "harness.train", "--log-dir", str(tmp_path), *argv],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.train", "--log-dir", str(tmp_path), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -202,7 +225,12 @@ def test_command_line_errors_exit_2_with_one_line(argv: list[str], needle: str, 
 def test_unwritable_log_dir_fails_before_training(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    proc = subprocess.run([sys.executable, "-m", "harness.train", "--log-dir", str(blocker / "logs")],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.train", "--log-dir", str(blocker / "logs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 2
     assert "output.log_dir: cannot write to" in proc.stderr

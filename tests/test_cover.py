@@ -32,8 +32,13 @@ from harness.collect.model import Busy, CommOp, RankTrace, Step
 TIME = st.integers(0, 800).map(lambda t: t / 2)
 STEP_OF = st.one_of(st.none(), st.integers(1, 3))
 INTERVAL = st.tuples(TIME, st.integers(0, 300).map(lambda d: d / 2), STEP_OF)
-COMM = st.tuples(TIME, st.integers(0, 300).map(lambda d: d / 2), STEP_OF, st.sampled_from(["0", "1"]),
-                 st.integers(0, 200).map(lambda w: w / 2))
+COMM = st.tuples(
+    TIME,
+    st.integers(0, 300).map(lambda d: d / 2),
+    STEP_OF,
+    st.sampled_from(["0", "1"]),
+    st.integers(0, 200).map(lambda w: w / 2),
+)
 
 
 def _spans(trace: RankTrace, compute: list[Busy], copies: list[Busy]) -> dict[int, tuple[float, float]]:
@@ -52,8 +57,9 @@ def _spans(trace: RankTrace, compute: list[Busy], copies: list[Busy]) -> dict[in
     return {n: (lo, firsts[i + 1][1] if i + 1 < len(firsts) else max(last, lo)) for i, (n, lo) in enumerate(firsts)}
 
 
-def _overlap_from_intervals(trace: RankTrace, compute: list[Busy], copies: list[Busy],
-                            waits: dict) -> tuple[list[StepOverlap], list[Gap]]:
+def _overlap_from_intervals(
+    trace: RankTrace, compute: list[Busy], copies: list[Busy], waits: dict
+) -> tuple[list[StepOverlap], list[Gap]]:
     """The overlap computed straight from the rank's compute and copy intervals over each span:
     every interval, whatever step launched it, clipped to the span."""
     rows: list[StepOverlap] = []
@@ -63,8 +69,11 @@ def _overlap_from_intervals(trace: RankTrace, compute: list[Busy], copies: list[
         if step.number not in spans:
             continue
         lo, hi = spans[step.number]
-        comms = [c for c in sorted(trace.comms, key=lambda c: c.start_us)
-                 if (c.start_us < hi and c.end_us > lo) or (c.start_us == c.end_us and lo <= c.start_us < hi)]
+        comms = [
+            c
+            for c in sorted(trace.comms, key=lambda c: c.start_us)
+            if (c.start_us < hi and c.end_us > lo) or (c.start_us == c.end_us and lo <= c.start_us < hi)
+        ]
         # zero-length pieces dropped: they split exposed and idle gaps in two before covers
         C, K = ([(a, b) for a, b in clip(union([(a, b) for a, b, _ in x]), lo, hi) if b > a] for x in (compute, copies))
         M, T = _split(comms, waits, trace.rank, lo, hi)
@@ -75,11 +84,22 @@ def _overlap_from_intervals(trace: RankTrace, compute: list[Busy], copies: list[
             Mp, Tp = _split([c for c in comms if c.pg == pg], waits, trace.rank, lo, hi)
             exp_p, mov_p = length(subtract(Mp, C)), length(subtract(Tp, C))
             by_pg[pg] = {"comm_us": length(Mp), "exposed_wait_us": exp_p - mov_p, "exposed_transfer_us": mov_p}
-        rows.append(StepOverlap(rank=trace.rank, step=step.number, window_us=hi - lo, compute_us=length(C),
-                                comm_us=length(M), overlapped_comm_us=length(intersect(C, M)),
-                                exposed_comm_us=length(exposed), exposed_wait_us=length(exposed) - length(moving),
-                                exposed_transfer_us=length(moving), idle_us=hi - lo - length(busy), by_pg=by_pg,
-                                memcpy_us=length(subtract(K, union(C + M)))))
+        rows.append(
+            StepOverlap(
+                rank=trace.rank,
+                step=step.number,
+                window_us=hi - lo,
+                compute_us=length(C),
+                comm_us=length(M),
+                overlapped_comm_us=length(intersect(C, M)),
+                exposed_comm_us=length(exposed),
+                exposed_wait_us=length(exposed) - length(moving),
+                exposed_transfer_us=length(moving),
+                idle_us=hi - lo - length(busy),
+                by_pg=by_pg,
+                memcpy_us=length(subtract(K, union(C + M))),
+            )
+        )
         # naming the gaps is shared (overlap.step_gaps); the pieces are the oracle's own
         idle = [(a, b) for a, b in subtract([(lo, hi)], busy) if b - a >= MIN_GAP_US]
         gaps.extend(step_gaps(trace.rank, step.number, comms, moving, subtract(exposed, moving), idle))
@@ -91,8 +111,18 @@ def _trace(device: str, steps: list[tuple[float, float]], comms: list) -> tuple[
     for i, (start, d, step, pg, wait) in enumerate(sorted(comms, key=lambda c: c[:2])):
         ops.append(CommOp(name=f"allreduce{i % 3}", pg=pg, start_us=start, end_us=start + d, step=step, seq=i))
         waits[(0, pg, i)] = wait
-    return (RankTrace(rank=0, world_size=2, host="h", run_id=None, device=device, comms=ops,
-                      steps=[Step(number=n + 1, start_us=a, end_us=a + d) for n, (a, d) in enumerate(steps)]), waits)
+    return (
+        RankTrace(
+            rank=0,
+            world_size=2,
+            host="h",
+            run_id=None,
+            device=device,
+            comms=ops,
+            steps=[Step(number=n + 1, start_us=a, end_us=a + d) for n, (a, d) in enumerate(steps)],
+        ),
+        waits,
+    )
 
 
 def _shift(rows: list[Busy], off: float) -> list[Busy]:
@@ -100,12 +130,17 @@ def _shift(rows: list[Busy], off: float) -> list[Busy]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(device=st.sampled_from(["cpu", "gpu"]),
-       steps=st.lists(st.tuples(TIME.map(lambda t: t / 8), TIME), min_size=1, max_size=3),
-       compute=st.lists(INTERVAL, max_size=14), copies=st.lists(INTERVAL, max_size=4),
-       comms=st.lists(COMM, max_size=6), offset=st.integers(-500, 500).map(float))
-def test_covers_give_the_overlap_the_intervals_gave(device: str, steps: list, compute: list, copies: list,
-                                                    comms: list, offset: float) -> None:
+@given(
+    device=st.sampled_from(["cpu", "gpu"]),
+    steps=st.lists(st.tuples(TIME.map(lambda t: t / 8), TIME), min_size=1, max_size=3),
+    compute=st.lists(INTERVAL, max_size=14),
+    copies=st.lists(INTERVAL, max_size=4),
+    comms=st.lists(COMM, max_size=6),
+    offset=st.integers(-500, 500).map(float),
+)
+def test_covers_give_the_overlap_the_intervals_gave(
+    device: str, steps: list, compute: list, copies: list, comms: list, offset: float
+) -> None:
     compute = sorted(((a, a + d, s) for a, d, s in compute), key=lambda b: b[:2])  # as parse gives them
     copies = sorted(((a, a + d, s) for a, d, s in copies), key=lambda b: b[:2])
     at, consecutive = 0.0, []
@@ -127,8 +162,9 @@ def test_covers_give_the_overlap_the_intervals_gave(device: str, steps: list, co
     # folded on the rank's own clock, then shifted with the rank: the same as shifting the
     # intervals first
     moved = trace.shifted(offset)
-    assert rank_overlap(moved, waits) == _overlap_from_intervals(moved, _shift(compute, offset),
-                                                                 _shift(copies, offset), waits)
+    assert rank_overlap(moved, waits) == _overlap_from_intervals(
+        moved, _shift(compute, offset), _shift(copies, offset), waits
+    )
 
 
 def test_a_cover_keeps_only_what_the_overlap_reads() -> None:
@@ -161,14 +197,24 @@ def test_a_device_running_a_step_behind_is_busy_not_idle() -> None:
     cover_steps(trace, [(10.0, 200.0, 1), (200.0, 390.0, 2), (390.0, 580.0, 3)], [(380.0, 400.0, 2)])
     rows, gaps = rank_overlap(trace)
     assert [(r.step, r.window_us, r.compute_us, r.memcpy_us, r.idle_us) for r in rows] == [
-        (1, 190.0, 190.0, 0.0, 0.0), (2, 190.0, 190.0, 0.0, 0.0), (3, 190.0, 190.0, 0.0, 0.0)]
+        (1, 190.0, 190.0, 0.0, 0.0),
+        (2, 190.0, 190.0, 0.0, 0.0),
+        (3, 190.0, 190.0, 0.0, 0.0),
+    ]
     assert gaps == []
     # with the device's own ProfilerStep annotations, those mark the spans' starts
-    cover_steps(trace, [(10.0, 200.0, 1), (200.0, 390.0, 2), (390.0, 580.0, 3)], [(380.0, 400.0, 2)],
-                {1: (5.0, 200.0), 2: (200.0, 400.0), 3: (390.0, 580.0)})
+    cover_steps(
+        trace,
+        [(10.0, 200.0, 1), (200.0, 390.0, 2), (390.0, 580.0, 3)],
+        [(380.0, 400.0, 2)],
+        {1: (5.0, 200.0), 2: (200.0, 400.0), 3: (390.0, 580.0)},
+    )
     rows, gaps = rank_overlap(trace)
     assert [(r.step, r.window_us, r.compute_us, r.idle_us) for r in rows] == [
-        (1, 195.0, 190.0, 5.0), (2, 190.0, 190.0, 0.0), (3, 190.0, 190.0, 0.0)]
+        (1, 195.0, 190.0, 5.0),
+        (2, 190.0, 190.0, 0.0),
+        (3, 190.0, 190.0, 0.0),
+    ]
 
 
 def test_step_windows_of_their_own_work_would_overlap() -> None:
@@ -181,7 +227,9 @@ def test_step_windows_of_their_own_work_would_overlap() -> None:
     cover_steps(trace, [(0.0, 50.0, 1), (100.0, 150.0, 2)], [(150.0, 160.0, 1), (240.0, 250.0, 2)])
     rows, _ = rank_overlap(trace)
     assert [(r.step, r.window_us, r.compute_us, r.memcpy_us, r.idle_us) for r in rows] == [
-        (1, 100.0, 50.0, 0.0, 50.0), (2, 150.0, 50.0, 20.0, 80.0)]
+        (1, 100.0, 50.0, 0.0, 50.0),
+        (2, 150.0, 50.0, 20.0, 80.0),
+    ]
 
 
 @settings(max_examples=200, deadline=None)
@@ -190,8 +238,10 @@ def test_the_longest_gaps_are_those_of_sorting_them_all(ranks: list, keep: int) 
     # few distinct durations: ties everywhere, which must keep the order the gaps came in
     everything, longest = [], LongestGaps(keep)
     for r, durations in enumerate(ranks):
-        gaps = [Gap(rank=r, step=1, start_us=float(i), dur_us=float(d), kind="idle", collective=None)
-                for i, d in enumerate(durations)]
+        gaps = [
+            Gap(rank=r, step=1, start_us=float(i), dur_us=float(d), kind="idle", collective=None)
+            for i, d in enumerate(durations)
+        ]
         everything.extend(gaps)
         longest.add(gaps)
     assert longest.gaps == sorted(everything, key=lambda g: -g.dur_us)[:keep]

@@ -53,9 +53,17 @@ def test_a_device_running_behind_its_host_is_busy(tmp_path: Path, annotations: b
         # all-reduce's end (4200 us); the device never idles; each all-reduce runs under the
         # next step's GEMMs, but the last one's 200 us, which nothing covers
         assert [(o.step, o.window_us, o.compute_us, o.idle_us) for o in rows] == [
-            (1, 4000.0, 4000.0, 0.0), (2, 4000.0, 4000.0, 0.0), (3, 4000.0, 4000.0, 0.0), (4, 4200.0, 4000.0, 0.0)]
+            (1, 4000.0, 4000.0, 0.0),
+            (2, 4000.0, 4000.0, 0.0),
+            (3, 4000.0, 4000.0, 0.0),
+            (4, 4200.0, 4000.0, 0.0),
+        ]
         assert [(o.comm_us, o.overlapped_comm_us, o.exposed_comm_us) for o in rows] == [
-            (0.0, 0.0, 0.0), (200.0, 200.0, 0.0), (200.0, 200.0, 0.0), (400.0, 200.0, 200.0)]
+            (0.0, 0.0, 0.0),
+            (200.0, 200.0, 0.0),
+            (200.0, 200.0, 0.0),
+            (400.0, 200.0, 200.0),
+        ]
         for o in rows:
             assert o.compute_us + o.exposed_comm_us + o.memcpy_us + o.idle_us == o.window_us
         # the host's steps are 25 us: the device's spans, not the host's, hold the device's time
@@ -87,9 +95,17 @@ def test_a_comm_stream_hides_behind_compute(tmp_path: Path) -> None:
         # (latency), so step 1's span is [5, 4510], 5 us of it idle
         first = rows[0]
         assert (first.window_us, first.compute_us, first.comm_us, first.overlapped_comm_us) == (
-            4505.0, 4000.0, 2000.0, 1500.0)
+            4505.0,
+            4000.0,
+            2000.0,
+            1500.0,
+        )
         assert (first.exposed_comm_us, first.exposed_transfer_us, first.exposed_wait_us, first.idle_us) == (
-            500.0, 500.0, 0.0, 5.0)
+            500.0,
+            500.0,
+            0.0,
+            5.0,
+        )
         for o in rows:
             assert o.compute_us + o.exposed_comm_us + o.memcpy_us + o.idle_us == o.window_us
 
@@ -137,8 +153,10 @@ def test_a_sync_is_weighed_by_the_idle_it_causes(tmp_path: Path) -> None:
     ev = d[0].evidence
     assert ev["sync_cost_ms_by_caller"] == {"item": 2.254} and ev["user_sync_cost_share"] == 0.2252
     assert d[0].bottleneck == "sync-bound"
-    assert d[0].reason.startswith("blocking syncs from the training code leave the device idle 23% of the step "
-                                  "(>= 10%): item 1.0 per step (2.25 ms of device idle)")
+    assert d[0].reason.startswith(
+        "blocking syncs from the training code leave the device idle 23% of the step "
+        "(>= 10%): item 1.0 per step (2.25 ms of device idle)"
+    )
     # 1%: 5000 us of host work between two 2000 us GEMMs idles the device 3005 us a step, but
     # the sync after the second GEMM drains a queue the host refills at once: 5 us a step. A
     # count of one sync per step with a 43% idle device was sync-bound; weighed, it is host-bound

@@ -19,8 +19,11 @@ ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long
 
 def spans(doc: dict[str, Any], **match: Any) -> list[tuple[str, float, float]]:
     """(name, start, end) of the ph X events whose fields equal `match`, in document order."""
-    return [(e["name"], e["ts"], e["ts"] + e["dur"]) for e in doc["traceEvents"]
-            if e["ph"] == "X" and all(e.get(k) == v for k, v in match.items())]
+    return [
+        (e["name"], e["ts"], e["ts"] + e["dur"])
+        for e in doc["traceEvents"]
+        if e["ph"] == "X" and all(e.get(k) == v for k, v in match.items())
+    ]
 
 
 def times(truth_ops: list[Any]) -> list[tuple[str, float, float]]:
@@ -35,17 +38,31 @@ def test_one_stream_runs_in_launch_order() -> None:
     h.sleep(200.0)  # host at 210, the stream idle since 155
     c = h.launch("c", 10.0)
     doc = sim.run()[0]
-    assert [(a.start_us, a.end_us), (b.start_us, b.end_us), (c.start_us, c.end_us)] == \
-        [(5.0, 105.0), (105.0, 155.0), (215.0, 225.0)]
+    assert [(a.start_us, a.end_us), (b.start_us, b.end_us), (c.start_us, c.end_us)] == [
+        (5.0, 105.0),
+        (105.0, 155.0),
+        (215.0, 225.0),
+    ]
     assert spans(doc, cat="kernel") == [("a", 5.0, 105.0), ("b", 105.0, 155.0), ("c", 215.0, 225.0)]
-    assert spans(doc, cat="cuda_runtime") == [("cudaLaunchKernel", 0.0, 5.0), ("cudaLaunchKernel", 5.0, 10.0),
-                                              ("cudaLaunchKernel", 210.0, 215.0)]
+    assert spans(doc, cat="cuda_runtime") == [
+        ("cudaLaunchKernel", 0.0, 5.0),
+        ("cudaLaunchKernel", 5.0, 10.0),
+        ("cudaLaunchKernel", 210.0, 215.0),
+    ]
     kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
     assert [k["args"] for k in kernels] == [{"correlation": i, "device": 0, "stream": 7} for i in (1, 2, 3)]
     assert (kernels[0]["pid"], kernels[0]["tid"]) == (0, 7)
     flows = [(e["ph"], e["id"], e["pid"], e["tid"], e["ts"]) for e in doc["traceEvents"] if e.get("cat") == "ac2g"]
-    assert sorted(flows) == sorted([("s", 1, 1000, 1000, 0.0), ("f", 1, 0, 7, 5.0), ("s", 2, 1000, 1000, 5.0),
-                                    ("f", 2, 0, 7, 105.0), ("s", 3, 1000, 1000, 210.0), ("f", 3, 0, 7, 215.0)])
+    assert sorted(flows) == sorted(
+        [
+            ("s", 1, 1000, 1000, 0.0),
+            ("f", 1, 0, 7, 5.0),
+            ("s", 2, 1000, 1000, 5.0),
+            ("f", 2, 0, 7, 105.0),
+            ("s", 3, 1000, 1000, 210.0),
+            ("f", 3, 0, 7, 215.0),
+        ]
+    )
     timed = [e["ts"] for e in doc["traceEvents"] if e["ph"] != "M"]
     assert timed == sorted(timed)
     assert all(e["ph"] == "M" for e in doc["traceEvents"][:5])
@@ -65,17 +82,29 @@ def test_host_runs_ahead_of_the_device() -> None:
     doc = sim.run()[0]
     (t,) = sim.truth()
     assert [(s.number, s.start_us, s.end_us) for s in t.steps] == [(1, 0.0, 20.0), (2, 20.0, 40.0), (3, 40.0, 60.0)]
-    assert times(t.ops) == [(GEMM, 15.0, 315.0), (EW, 315.0, 365.0), (GEMM, 365.0, 665.0), (EW, 665.0, 715.0),
-                            (GEMM, 715.0, 1015.0), (EW, 1015.0, 1065.0), (D2H, 1065.0, 1067.0)]
+    assert times(t.ops) == [
+        (GEMM, 15.0, 315.0),
+        (EW, 315.0, 365.0),
+        (GEMM, 365.0, 665.0),
+        (EW, 665.0, 715.0),
+        (GEMM, 715.0, 1015.0),
+        (EW, 1015.0, 1065.0),
+        (D2H, 1065.0, 1067.0),
+    ]
     assert [o.step for o in t.ops] == [1, 1, 2, 2, 3, 3, None]
     assert [o.launch_us for o in t.ops] == [10.0, 15.0, 30.0, 35.0, 50.0, 55.0, 60.0]
     step1_device_end = max(o.end_us for o in t.ops if o.step == 1)
     assert min(o.start_us for o in t.ops if o.step == 2) == step1_device_end == 365.0
     assert [(s.call, s.start_us, s.end_us) for s in t.syncs] == [("cudaStreamSynchronize", 65.0, 1067.0)]
     assert t.host_end_us == 1067.0
-    assert spans(doc, cat="user_annotation") == [("ProfilerStep#1", 0.0, 20.0), ("forward", 0.0, 20.0),
-                                                 ("ProfilerStep#2", 20.0, 40.0), ("forward", 20.0, 40.0),
-                                                 ("ProfilerStep#3", 40.0, 60.0), ("forward", 40.0, 60.0)]
+    assert spans(doc, cat="user_annotation") == [
+        ("ProfilerStep#1", 0.0, 20.0),
+        ("forward", 0.0, 20.0),
+        ("ProfilerStep#2", 20.0, 40.0),
+        ("forward", 20.0, 40.0),
+        ("ProfilerStep#3", 40.0, 60.0),
+        ("forward", 40.0, 60.0),
+    ]
 
 
 def test_sync_blocks_until_the_queue_drains() -> None:
@@ -93,8 +122,11 @@ def test_sync_blocks_until_the_queue_drains() -> None:
     doc = sim.run()[0]
     (t,) = sim.truth()
     assert [(s.call, s.start_us, s.end_us) for s in t.syncs] == [
-        ("cudaStreamSynchronize", 15.0, 105.0), ("cudaStreamSynchronize", 115.0, 117.0),
-        ("cudaStreamSynchronize", 127.0, 172.0), ("cudaDeviceSynchronize", 172.0, 327.0)]
+        ("cudaStreamSynchronize", 15.0, 105.0),
+        ("cudaStreamSynchronize", 115.0, 117.0),
+        ("cudaStreamSynchronize", 127.0, 172.0),
+        ("cudaDeviceSynchronize", 172.0, 327.0),
+    ]
     assert spans(doc, cat="cpu_op") == [("aten::add", 5.0, 15.0), ("aten::mul", 105.0, 115.0)]
     assert times(t.ops)[1:] == [("x", 122.0, 172.0), ("y", 127.0, 327.0)]
     assert t.host_end_us == 327.0
@@ -115,14 +147,24 @@ def test_collective_ends_together_on_every_rank() -> None:
     assert spans(docs[1], cat="cpu_op") == [("c10d::allreduce_", 30.0, 35.0), ("record_param_comms", 30.0, 35.0)]
     kernel = next(e for e in docs[0]["traceEvents"] if e.get("cat") == "kernel")
     assert (kernel["pid"], kernel["tid"]) == (0, 20)
-    assert kernel["args"] == {"correlation": 1, "device": 0, "stream": 20, "Collective name": "allreduce",
-                              "Process Group Name": "0", "In msg nelems": 1000, "Out msg nelems": 1000,
-                              "dtype": "Float", "Group size": 2, "Process Group Ranks": "[0, 1]"}
+    assert kernel["args"] == {
+        "correlation": 1,
+        "device": 0,
+        "stream": 20,
+        "Collective name": "allreduce",
+        "Process Group Name": "0",
+        "In msg nelems": 1000,
+        "Out msg nelems": 1000,
+        "dtype": "Float",
+        "Group size": 2,
+        "Process Group Ranks": "[0, 1]",
+    }
     rpc = next(e for e in docs[0]["traceEvents"] if e["name"] == "record_param_comms")
     assert rpc["args"] == {k: v for k, v in kernel["args"].items() if k not in ("correlation", "device", "stream")}
     assert collective_names("reduce_scatter", "BFloat16") == (
         "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
-        "c10d::reduce_scatter_")
+        "c10d::reduce_scatter_",
+    )
 
 
 def test_after_makes_the_comm_stream_wait() -> None:
@@ -134,8 +176,12 @@ def test_after_makes_the_comm_stream_wait() -> None:
         h.launch(EW, 50.0)  # launched at 10: behind the gemm on stream 7, beside the all-reduce
         h.collective("allreduce", 100.0)  # launched at 15: behind the first all-reduce on stream 20
     for t in sim.truth():
-        assert times(t.ops) == [(GEMM, 5.0, 305.0), (ALLREDUCE, 305.0, 405.0), (EW, 305.0, 355.0),
-                                (ALLREDUCE, 405.0, 505.0)]
+        assert times(t.ops) == [
+            (GEMM, 5.0, 305.0),
+            (ALLREDUCE, 305.0, 405.0),
+            (EW, 305.0, 355.0),
+            (ALLREDUCE, 405.0, 505.0),
+        ]
         assert [(o.coll, o.pg, o.seq) for o in t.ops if o.coll] == [("allreduce", "0", 0), ("allreduce", "0", 1)]
 
 
@@ -150,14 +196,24 @@ def test_item_and_to_device(tmp_path: Path) -> None:
     doc = sim.run()[0]
     (t,) = sim.truth()
     assert [(s.call, s.reason, s.start_us, s.end_us) for s in t.syncs] == [
-        ("cudaStreamSynchronize", "item", 10.0, 107.0), ("cudaMemcpy", "to_device", 112.0, 232.0)]
+        ("cudaStreamSynchronize", "item", 10.0, 107.0),
+        ("cudaMemcpy", "to_device", 112.0, 232.0),
+    ]
     assert times(t.ops) == [(GEMM, 5.0, 105.0), (D2H, 105.0, 107.0), (GEMM, 112.0, 212.0), (H2D, 212.0, 232.0)]
-    assert spans(doc, cat="cpu_op") == [("aten::item", 5.0, 107.0), ("aten::_local_scalar_dense", 5.0, 107.0),
-                                        ("aten::to", 112.0, 232.0), ("aten::_to_copy", 112.0, 232.0),
-                                        ("aten::copy_", 112.0, 232.0)]
-    assert spans(doc, cat="cuda_runtime") == [("cudaLaunchKernel", 0.0, 5.0), ("cudaMemcpyAsync", 5.0, 10.0),
-                                              ("cudaStreamSynchronize", 10.0, 107.0),
-                                              ("cudaLaunchKernel", 107.0, 112.0), ("cudaMemcpy", 112.0, 232.0)]
+    assert spans(doc, cat="cpu_op") == [
+        ("aten::item", 5.0, 107.0),
+        ("aten::_local_scalar_dense", 5.0, 107.0),
+        ("aten::to", 112.0, 232.0),
+        ("aten::_to_copy", 112.0, 232.0),
+        ("aten::copy_", 112.0, 232.0),
+    ]
+    assert spans(doc, cat="cuda_runtime") == [
+        ("cudaLaunchKernel", 0.0, 5.0),
+        ("cudaMemcpyAsync", 5.0, 10.0),
+        ("cudaStreamSynchronize", 10.0, 107.0),
+        ("cudaLaunchKernel", 107.0, 112.0),
+        ("cudaMemcpy", 112.0, 232.0),
+    ]
     assert spans(doc, cat="gpu_memcpy") == [(D2H, 105.0, 107.0), (H2D, 212.0, 232.0)]
     (path,) = write_all([doc], tmp_path)
     (step,) = parse_trace(path).steps
@@ -201,14 +257,20 @@ def test_deadlock_and_mismatch_are_named() -> None:
     sim.rank(0).collective("allreduce", 100.0)
     sim.rank(0).sync(stream=20)
     sim.rank(1).cpu(10.0, "aten::add")
-    with pytest.raises(DeadlockError, match=r"rank 0's host is blocked in cudaStreamSynchronize .*"
-                                            r"allreduce #0 of process group '0'.*rank\(s\) \[1\] never call"):
+    with pytest.raises(
+        DeadlockError,
+        match=r"rank 0's host is blocked in cudaStreamSynchronize .*"
+        r"allreduce #0 of process group '0'.*rank\(s\) \[1\] never call",
+    ):
         sim.run()
 
     sim = Sim(world_size=2)
     sim.rank(0).collective("allreduce", 100.0)
-    with pytest.raises(ValueError, match=r"collective #0 of process group '0': rank 0 calls allreduce, "
-                                         r"rank 1 calls broadcast"):
+    with pytest.raises(
+        ValueError,
+        match=r"collective #0 of process group '0': rank 0 calls allreduce, "
+        r"rank 1 calls broadcast",
+    ):
         sim.rank(1).collective("broadcast", 100.0)
 
     # the two groups' kernels queued in opposite orders on one stream: each waits for the other
@@ -245,13 +307,15 @@ def test_documents_parse(tmp_path: Path) -> None:
     for rank, (path, truth) in enumerate(zip(paths, sim.truth())):
         trace = parse_trace(path)
         assert (trace.rank, trace.device, trace.host) == (rank, "gpu", "node7")
-        assert [(s.number, s.start_us, s.end_us) for s in trace.steps] == \
-            [(s.number, s.start_us, s.end_us) for s in truth.steps]
+        assert [(s.number, s.start_us, s.end_us) for s in trace.steps] == [
+            (s.number, s.start_us, s.end_us) for s in truth.steps
+        ]
         assert len(trace.comms) == 3
         want = [(o.start_us, o.end_us, o.step) for o in truth.ops if o.coll]
         assert [(c.start_us, c.end_us, c.step) for c in trace.comms] == want
-        assert [(c.name, c.pg, c.seq, c.nelems, c.dtype) for c in trace.comms] == \
-            [("allreduce", "0", i, 1000, "Float") for i in range(3)]
+        assert [(c.name, c.pg, c.seq, c.nelems, c.dtype) for c in trace.comms] == [
+            ("allreduce", "0", i, 1000, "Float") for i in range(3)
+        ]
         assert [s.syncs_by_caller for s in trace.steps] == [{"item": 1}] * 3
     ends = [[c.end_us for c in parse_trace(p).comms] for p in paths]
     assert ends[0] == ends[1]

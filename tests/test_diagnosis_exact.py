@@ -40,7 +40,8 @@ def test_two_stragglers_on_eight_ranks(tmp_path: Path) -> None:
     # each arrives 0.4 ms after the punctual ranks, and half of the 0.4 ms delay is owed to each
     assert [(s.rank, s.late_ms, s.cost_ms, s.pattern, s.steps_late, s.late_fraction) for s in res.stragglers] == [
         (1, pytest.approx(0.4), pytest.approx(0.2), "persistent", 3, 1.0),
-        (3, pytest.approx(0.4), pytest.approx(0.2), "persistent", 3, 1.0)]
+        (3, pytest.approx(0.4), pytest.approx(0.2), "persistent", 3, 1.0),
+    ]
     by = {r.rank: r for r in res.ranks}
     # each victim waits 400 us a step, half of it on each straggler
     for victim in (0, 2, 4, 5, 6, 7):
@@ -99,9 +100,18 @@ def test_victim_waiting_is_not_exposed_transfer(tmp_path: Path) -> None:
     assert d0["bottleneck"] != "comm-exposed" and d0["waits_for"] == [[1, 0.9]]
     assert d0["evidence"]["waiting_share"] == 0.75 and d0["evidence"]["exposed_transfer_share"] == 0.4
     assert "75% of its step is waiting on rank 1" in d0["reason"] and "rank(s) 1" in d0["advice"]
-    assert doc["process_groups"] == [{"pg": "0", "ranks": [0, 1], "collectives": 2, "comm_ms": 2.2,
-                                      "exposed_wait_ms": 1.8, "exposed_transfer_ms": 0.4, "wait_ms": 1.8,
-                                      "transfer_ms": 0.2}]
+    assert doc["process_groups"] == [
+        {
+            "pg": "0",
+            "ranks": [0, 1],
+            "collectives": 2,
+            "comm_ms": 2.2,
+            "exposed_wait_ms": 1.8,
+            "exposed_transfer_ms": 0.4,
+            "wait_ms": 1.8,
+            "transfer_ms": 0.2,
+        }
+    ]
 
 
 def test_no_matched_collective_is_inconclusive(tmp_path: Path) -> None:
@@ -117,19 +127,24 @@ def test_no_matched_collective_is_inconclusive(tmp_path: Path) -> None:
 
 def test_one_rank_is_inconclusive(tmp_path: Path) -> None:
     a = run_analysis(tmp_path, ring_docs(late_ranks({}), 2, 2)[:1])
-    assert (a.stragglers.verdict, a.stragglers.reason) == ("inconclusive",
-                                                           "one rank only: there is no peer to compare it with")
+    assert (a.stragglers.verdict, a.stragglers.reason) == (
+        "inconclusive",
+        "one rank only: there is no peer to compare it with",
+    )
 
 
 def test_ranks_on_one_host_share_its_clock(tmp_path: Path) -> None:
     # hosts h0 (ranks 0, 1) and h1 (ranks 2, 3, clock 5 ms ahead); ranks 1 and 3 complete each
     # collective 30 us after their host peer: per rank that would read as a 30 us clock offset
-    docs = ring_docs(late_ranks({}), 4, 3, hosts=["h0", "h0", "h1", "h1"], clock_us=[0, 0, 5000, 5000],
-                     end_scatter_us=[0, 30, 0, 30])
+    docs = ring_docs(
+        late_ranks({}), 4, 3, hosts=["h0", "h0", "h1", "h1"], clock_us=[0, 0, 5000, 5000], end_scatter_us=[0, 30, 0, 30]
+    )
     a = run_analysis(tmp_path, docs)
     assert {r: o.offset_us for r, o in a.offsets.items()} == {0: 0.0, 1: 0.0, 2: 5000.0, 3: 5000.0}
-    assert [(c.host, c.ranks, c.offset_us, c.samples) for c in a.host_clocks] == [("h0", [0, 1], 0.0, 0),
-                                                                                ("h1", [2, 3], 5000.0, 3)]
+    assert [(c.host, c.ranks, c.offset_us, c.samples) for c in a.host_clocks] == [
+        ("h0", [0, 1], 0.0, 0),
+        ("h1", [2, 3], 5000.0, 3),
+    ]
     doc = build_report(a, ["x"])
     assert [(h["host"], h["offset_ms"]) for h in doc["clock"]["hosts"]] == [("h0", 0.0), ("h1", 5.0)]
     assert doc["verdict"] == "balanced"
@@ -143,8 +158,10 @@ def test_a_rank_whose_clock_disagrees_with_its_hosts_gets_its_own(tmp_path: Path
     docs = ring_docs(late_ranks({}), 5, 3, hosts=["h0", "h0", "h1", "h1", "h1"], clock_us=[0, 0, 5000, 5000, 28000])
     a = run_analysis(tmp_path, docs)
     assert {r: o.offset_us for r, o in a.offsets.items()} == {0: 0.0, 1: 0.0, 2: 5000.0, 3: 5000.0, 4: 28000.0}
-    assert a.warnings == ["rank 4 on h1: its collectives' times are impossible on its host-mates' clock (they end "
-                          "23.000 ms after theirs): aligned on a clock of its own"]
+    assert a.warnings == [
+        "rank 4 on h1: its collectives' times are impossible on its host-mates' clock (they end "
+        "23.000 ms after theirs): aligned on a clock of its own"
+    ]
     assert a.stragglers.verdict == "balanced"
     # two ranks on a host that disagree: neither can be told right, each gets its own clock
     docs = ring_docs(late_ranks({}), 2, 3, hosts=["h0", "h0"], clock_us=[0, 23000])
@@ -167,18 +184,31 @@ def test_collective_table_bus_bandwidth(tmp_path: Path) -> None:
 def test_steps_not_in_the_traces_exit_2(tmp_path: Path) -> None:
     for r, d in enumerate(ring_docs(late_ranks({}), 2, 3)):
         write(tmp_path / f"rank{r}.pt.trace.json", d)
-    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(tmp_path), "--steps", "40-45", "-q"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(tmp_path), "--steps", "40-45", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("harness.collect: error: none of the requested steps (40-45) is in the traces, "
-                                   "which hold steps 1-3: pick steps from those")
-    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(tmp_path), "-q", "--no-merged"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.stderr.strip() == (
+        "harness.collect: error: none of the requested steps (40-45) is in the traces, "
+        "which hold steps 1-3: pick steps from those"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(tmp_path), "-q", "--no-merged"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "report" / "report.json").read_text())
     assert doc["verdict"] == "balanced"
     assert [line for line in proc.stdout.splitlines() if line.startswith("next: ")] == [
-        f"next: {n['text']}" for n in doc["next_steps"]]
+        f"next: {n['text']}" for n in doc["next_steps"]
+    ]
 
 
 def test_the_clock_check_reads_only_steady_symmetric_collectives() -> None:
@@ -186,22 +216,45 @@ def test_the_clock_check_reads_only_steady_symmetric_collectives() -> None:
     from harness.collect.align.matching import Instance
     from harness.collect.model import CommOp, RankTrace
 
-    traces = [RankTrace(rank=r, world_size=3, host="h0", run_id=None, device="gpu", steps=[], comms=[])
-              for r in range(3)]
+    traces = [
+        RankTrace(rank=r, world_size=3, host="h0", run_id=None, device="gpu", steps=[], comms=[]) for r in range(3)
+    ]
 
     def inst(name: str, k: int, spans: dict[int, tuple[float, float]]) -> Instance:
         ops = {r: CommOp(name=name, pg="0", start_us=a, end_us=b) for r, (a, b) in spans.items()}
         return Instance(key=("0", k), name=name, pg="0", step=None, ops=ops)
 
     # a broadcast root finishes before its peers arrive, on one clock: no clock is blamed
-    bcast = [inst("broadcast", k, {0: (1e4 * k, 1e4 * k + 10), 1: (1e4 * k + 500, 1e4 * k + 900),
-                                   2: (1e4 * k + 600, 1e4 * k + 900)}) for k in range(6)]
+    bcast = [
+        inst(
+            "broadcast",
+            k,
+            {0: (1e4 * k, 1e4 * k + 10), 1: (1e4 * k + 500, 1e4 * k + 900), 2: (1e4 * k + 600, 1e4 * k + 900)},
+        )
+        for k in range(6)
+    ]
     assert disagreeing_clocks(bcast, traces) == {}
     # all-reduces whose rank 2 is 5 ms off every time: its own clock
-    steady = [inst("allreduce", k, {0: (1e4 * k, 1e4 * k + 300), 1: (1e4 * k + 50, 1e4 * k + 300),
-                                    2: (1e4 * k + 5100, 1e4 * k + 5300)}) for k in range(6)]
+    steady = [
+        inst(
+            "allreduce",
+            k,
+            {0: (1e4 * k, 1e4 * k + 300), 1: (1e4 * k + 50, 1e4 * k + 300), 2: (1e4 * k + 5100, 1e4 * k + 5300)},
+        )
+        for k in range(6)
+    ]
     assert disagreeing_clocks(steady, traces) == {2: 5000.0}
     # rank 2 off by 1 ms, then 5 ms, then 9 ms...: collectives matched wrongly, not a clock
-    drifting = [inst("allreduce", k, {0: (1e4 * k, 1e4 * k + 300), 1: (1e4 * k + 50, 1e4 * k + 300),
-                                      2: (1e4 * k + 1000 + 4000 * k, 1e4 * k + 1300 + 4000 * k)}) for k in range(6)]
+    drifting = [
+        inst(
+            "allreduce",
+            k,
+            {
+                0: (1e4 * k, 1e4 * k + 300),
+                1: (1e4 * k + 50, 1e4 * k + 300),
+                2: (1e4 * k + 1000 + 4000 * k, 1e4 * k + 1300 + 4000 * k),
+            },
+        )
+        for k in range(6)
+    ]
     assert disagreeing_clocks(drifting, traces) == {}

@@ -25,8 +25,22 @@ STEPS = ["--steps", "12", "--warmup-steps", "2", "--wait", "3", "--warmup", "1",
 # Not much more: on this VM a process that sleeps for tens of ms computes ~15-20% slower for a
 # while after (measured: forward 5.4 vs 4.0 ms on the victim), which no replay of the measured
 # work can know, and the projection is held to 25%.
-DEMO = ["--mode", "torch", "--parallel", "ddp", "--steps", "16", "--warmup-steps", "2", "--wait", "3", "--warmup", "1",
-        "--active", "10"]
+DEMO = [
+    "--mode",
+    "torch",
+    "--parallel",
+    "ddp",
+    "--steps",
+    "16",
+    "--warmup-steps",
+    "2",
+    "--wait",
+    "3",
+    "--warmup",
+    "1",
+    "--active",
+    "10",
+]
 STRAGGLER_SHARE = 1.25
 
 
@@ -36,8 +50,13 @@ def demo_straggler(clean_step_ms: float) -> list[str]:
 
 
 def collected(run_dir: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(run_dir), "--no-merged"], capture_output=True,
-                          text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(run_dir), "--no-merged"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((run_dir / "report" / "report.json").read_text())
     check_report(doc)  # the accounting identities hold on every real run
@@ -46,12 +65,31 @@ def collected(run_dir: Path) -> dict:
 
 
 def test_two_stragglers_on_four_ranks_are_both_named(log_dir: Path) -> None:
-    run = run_harness(["--mode", "baseline", "--hidden", "128", "--batch-size", "16", *STEPS, "--straggler-rank", "1,3",
-                       "--straggler-ms", "60", "--straggler-phase", "data"], log_dir, nproc=4)
+    run = run_harness(
+        [
+            "--mode",
+            "baseline",
+            "--hidden",
+            "128",
+            "--batch-size",
+            "16",
+            *STEPS,
+            "--straggler-rank",
+            "1,3",
+            "--straggler-ms",
+            "60",
+            "--straggler-phase",
+            "data",
+        ],
+        log_dir,
+        nproc=4,
+    )
     doc = collected(run.dir)
     assert doc["verdict"] == "straggler", doc["_stdout"]
     assert sorted((s["rank"], s["phase"], s["pattern"]) for s in doc["stragglers"]) == [
-        (1, "data", "persistent"), (3, "data", "persistent")], doc["_stdout"]
+        (1, "data", "persistent"),
+        (3, "data", "persistent"),
+    ], doc["_stdout"]
     # both are ~60 ms late each step; the delay they cause together is shared between them
     for s in doc["stragglers"]:
         assert s["late_ms"] > 30 and 0 < s["cost_ms"] < s["late_ms"], s
@@ -71,11 +109,18 @@ def test_demo_victim_is_diagnosed_as_the_clean_run_and_the_whatif_matches_it(log
         straggler = demo_straggler(clean["run"]["median_step_ms"])
         slow = collected(run_harness([*DEMO, *straggler], log_dir, run_name=f"slow{attempt}").dir)
         victim, clean0 = slow["diagnosis"][0], clean["diagnosis"][0]
-        whatif, measured = (slow["stragglers"][0]["whatif_step_ms"] if slow["stragglers"] else None,
-                            clean["run"]["median_step_ms"])
-        ok = (slow["verdict"] == "straggler" and [s["rank"] for s in slow["stragglers"]] == [1]
-              and victim["bottleneck"] == clean0["bottleneck"] and [r for r, _ in victim["waits_for"]] == [1]
-              and whatif is not None and abs(whatif - measured) <= 0.25 * measured)
+        whatif, measured = (
+            slow["stragglers"][0]["whatif_step_ms"] if slow["stragglers"] else None,
+            clean["run"]["median_step_ms"],
+        )
+        ok = (
+            slow["verdict"] == "straggler"
+            and [s["rank"] for s in slow["stragglers"]] == [1]
+            and victim["bottleneck"] == clean0["bottleneck"]
+            and [r for r, _ in victim["waits_for"]] == [1]
+            and whatif is not None
+            and abs(whatif - measured) <= 0.25 * measured
+        )
         if ok:
             break
     stragglers = [s["rank"] for s in slow["stragglers"]]

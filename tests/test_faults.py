@@ -21,16 +21,49 @@ from jobs import REPO, job_env
 
 # Rank 0 sleeps 15 ms a step so the job lasts long enough to be killed mid-run; the profiler
 # window (steps 3-5) is written early, so both ranks have a trace before the kill.
-LONG = ["--mode", "baseline", "--steps", "150", "--warmup-steps", "2", "--wait", "1", "--warmup", "1",
-        "--active", "3", "--batch-size", "16", "--straggler-rank", "0", "--straggler-ms", "15",
-        "--straggler-phase", "forward"]
+LONG = [
+    "--mode",
+    "baseline",
+    "--steps",
+    "150",
+    "--warmup-steps",
+    "2",
+    "--wait",
+    "1",
+    "--warmup",
+    "1",
+    "--active",
+    "3",
+    "--batch-size",
+    "16",
+    "--straggler-rank",
+    "0",
+    "--straggler-ms",
+    "15",
+    "--straggler-phase",
+    "forward",
+]
 
 
 def start(log_dir: Path, *torchrun: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *torchrun,
-           "-m", "harness.train", "--log-dir", str(log_dir), "--run-name", "run", *LONG]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env(), cwd=REPO,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        *torchrun,
+        "-m",
+        "harness.train",
+        "--log-dir",
+        str(log_dir),
+        "--run-name",
+        "run",
+        *LONG,
+    ]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env(), cwd=REPO, start_new_session=True
+    )
 
 
 def finish(proc: subprocess.Popen, timeout_s: float) -> tuple[str, str]:
@@ -60,8 +93,9 @@ def kill_rank_mid_run(run_dir: Path, proc: subprocess.Popen, rank: int, after_st
 
 
 def collect(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.collect", *args], capture_output=True, text=True,
-                          timeout=300, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "harness.collect", *args], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
 
 
 def whole_lines(path: Path) -> list[dict]:
@@ -104,8 +138,9 @@ def test_compute_straggler_spends_the_time_in_matmuls(monkeypatch: pytest.Monkey
     from harness.train.faults import StragglerInjector
 
     monkeypatch.setattr("harness.train.faults.time.sleep", lambda s: pytest.fail("compute kind must not sleep"))
-    injector = StragglerInjector(StragglerConfig(rank=(0,), ms=30.0, phase="forward", kind="compute"), 0,
-                                 torch.device("cpu"))
+    injector = StragglerInjector(
+        StragglerConfig(rank=(0,), ms=30.0, phase="forward", kind="compute"), 0, torch.device("cpu")
+    )
     calls = 0
     real_mm = torch.mm
 
@@ -162,7 +197,8 @@ def test_ending_notes_put_the_cause_first(tmp_path: Path) -> None:
         "rank 1 failed after step 1: RuntimeError: boom",
         "rank 0 was stopped by signal 15 (SIGTERM) after step 1 (the launcher ending the job)",
         f"1 file(s) were being written when their rank stopped and are ignored (rank00002-h.0002.pt.trace.json"
-        f"{PARTIAL_SUFFIX}.gz)"]
+        f"{PARTIAL_SUFFIX}.gz)",
+    ]
     (tmp_path / "run.json").write_text("{}")  # finished after all: only the odd states are told
     assert ending_notes(tmp_path)[:1] == ["rank 1 failed after step 1: RuntimeError: boom"]
 
@@ -239,13 +275,15 @@ def test_elastic_restarts_keep_every_attempt_apart(tmp_path: Path) -> None:
     proc = collect(str(run_dir))
     assert proc.returncode == 0, proc.stderr
     latest = json.loads((retry / "report" / "report.json").read_text())
-    assert latest["run"]["complete"] and any("restarted by torchrun (1 restart(s)); analysing attempt 1" in w
-                                             for w in latest["warnings"])
+    assert latest["run"]["complete"] and any(
+        "restarted by torchrun (1 restart(s)); analysing attempt 1" in w for w in latest["warnings"]
+    )
     proc = collect(str(run_dir), "--attempt", "0")
     assert proc.returncode == 0, proc.stderr
     first = json.loads((run_dir / "report" / "report.json").read_text())
-    assert not first["run"]["complete"] and any("rank 1 " in n and "without a word" in n
-                                                for n in first["run"]["ending"])
+    assert not first["run"]["complete"] and any(
+        "rank 1 " in n and "without a word" in n for n in first["run"]["ending"]
+    )
     proc = collect(str(run_dir), "--attempt", "3")
     assert proc.returncode == 2 and "has no attempt 3 (attempts: 0, 1)" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

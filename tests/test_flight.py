@@ -19,21 +19,45 @@ from jobs import QUICK, REPO, job_env, run_harness
 
 
 def collect(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.collect", *args], capture_output=True, text=True,
-                          timeout=300, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "harness.collect", *args], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
 
 
-def entry(seq: int, name: str = "all_reduce", sizes: list | None = None, pg: tuple[str, str] = ("0", "default_pg"),
-          created_s: float = 100.0) -> dict:
-    return {"collective_seq_id": seq, "profiling_name": f"gloo:{name}", "process_group": list(pg),
-            "input_sizes": sizes or [[8]], "input_dtypes": ["Float"], "state": "scheduled", "is_p2p": False,
-            "p2p_seq_id": 0, "time_created_ns": int((created_s + seq) * 1e9)}
+def entry(
+    seq: int,
+    name: str = "all_reduce",
+    sizes: list | None = None,
+    pg: tuple[str, str] = ("0", "default_pg"),
+    created_s: float = 100.0,
+) -> dict:
+    return {
+        "collective_seq_id": seq,
+        "profiling_name": f"gloo:{name}",
+        "process_group": list(pg),
+        "input_sizes": sizes or [[8]],
+        "input_dtypes": ["Float"],
+        "state": "scheduled",
+        "is_p2p": False,
+        "p2p_seq_id": 0,
+        "time_created_ns": int((created_s + seq) * 1e9),
+    }
 
 
-def dump(folder: Path, rank: int, entries: list[dict], *, harness: dict | None = None, pg_config: dict | None = None,
-         name: str | None = None) -> Path:
-    doc = {"version": "2.10", "pg_config": pg_config or {"": {"name": "", "desc": "", "ranks": "[0, 1, 2]"}},
-           "entries": entries}
+def dump(
+    folder: Path,
+    rank: int,
+    entries: list[dict],
+    *,
+    harness: dict | None = None,
+    pg_config: dict | None = None,
+    name: str | None = None,
+) -> Path:
+    doc = {
+        "version": "2.10",
+        "pg_config": pg_config or {"": {"name": "", "desc": "", "ranks": "[0, 1, 2]"}},
+        "entries": entries,
+    }
     if harness is not None:
         doc["harness"] = {"rank": rank, **harness}
     path = folder / (name or f"rank{rank}.json")
@@ -44,9 +68,29 @@ def dump(folder: Path, rank: int, entries: list[dict], *, harness: dict | None =
 
 # --- real jobs -------------------------------------------------------------------------------
 
+
 def test_hang_ends_by_timeout_and_names_the_missing_rank(tmp_path: Path) -> None:
-    run = run_harness(["--mode", "baseline", "--hidden", "64", *QUICK, "--steps", "12", "--hang-rank", "1",
-                       "--hang-step", "8", "--collective-timeout", "20"], tmp_path, nproc=3, check=False, timeout=300)
+    run = run_harness(
+        [
+            "--mode",
+            "baseline",
+            "--hidden",
+            "64",
+            *QUICK,
+            "--steps",
+            "12",
+            "--hang-rank",
+            "1",
+            "--hang-step",
+            "8",
+            "--collective-timeout",
+            "20",
+        ],
+        tmp_path,
+        nproc=3,
+        check=False,
+        timeout=300,
+    )
     assert run.proc.returncode != 0
     states = {r: json.loads(status_path(run.dir, r).read_text()) for r in range(3)}
     assert [states[r]["state"] for r in range(3)] == ["hung", "terminated", "hung"]
@@ -81,16 +125,25 @@ def test_clean_run_is_not_a_hang(tmp_path: Path) -> None:
 
 
 def test_size_mismatch_from_a_real_job_is_reported(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "tests" / "flight_mismatch_job.py"), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(REPO / "tests" / "flight_mismatch_job.py"),
+        str(tmp_path),
+    ]
     env = {**job_env(), "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = collect(str(tmp_path), "-q")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[0] == ("mismatch: at collective #3 of process group 0 (default_pg), rank 0 issued "
-                                          "all_reduce of sizes [[12]] (Float); rank 1 issued all_reduce of sizes "
-                                          "[[3, 4]] (Float)")
+    assert out.stdout.splitlines()[0] == (
+        "mismatch: at collective #3 of process group 0 (default_pg), rank 0 issued "
+        "all_reduce of sizes [[12]] (Float); rank 1 issued all_reduce of sizes "
+        "[[3, 4]] (Float)"
+    )
     doc = json.loads((tmp_path / "report" / "report.json").read_text())
     assert doc["verdict"] == "mismatch" and doc["hang"] is None
     assert [m["seq"] for m in doc["mismatches"]] == [3]
@@ -98,14 +151,23 @@ def test_size_mismatch_from_a_real_job_is_reported(tmp_path: Path) -> None:
 
 # --- hand-built dumps -------------------------------------------------------------------------
 
+
 def test_hand_built_hang_exact(tmp_path: Path) -> None:
     flight = tmp_path / "flight"
     for r in (0, 2, 3):
-        dump(flight, r, [entry(s) for s in range(1, 6)], harness={"world_size": 4, "step": 2, "phase": "backward",
-                                                                   "reason": "hung", "dumped_ns": int(135.5e9)},
-             pg_config={"0": {"name": "0", "desc": "default_pg", "ranks": [0, 1, 2, 3]}})
-    dump(flight, 1, [entry(s) for s in range(1, 5)], harness={"world_size": 4, "step": 2, "phase": "data",
-                                                               "reason": "terminated"})
+        dump(
+            flight,
+            r,
+            [entry(s) for s in range(1, 6)],
+            harness={"world_size": 4, "step": 2, "phase": "backward", "reason": "hung", "dumped_ns": int(135.5e9)},
+            pg_config={"0": {"name": "0", "desc": "default_pg", "ranks": [0, 1, 2, 3]}},
+        )
+    dump(
+        flight,
+        1,
+        [entry(s) for s in range(1, 5)],
+        harness={"world_size": 4, "step": 2, "phase": "data", "reason": "terminated"},
+    )
     dumps, warnings = read_dumps(sorted(flight.iterdir()))
     assert warnings == []
     result = analyze(dumps)
@@ -114,15 +176,19 @@ def test_hand_built_hang_exact(tmp_path: Path) -> None:
     assert (h["entered_ranks"], h["missing_ranks"], h["waited_s"]) == ([0, 2, 3], [1], 30.5)
     assert h["missing_at"]["1"] == {"last_seq": 4, "step": 2, "phase": "data", "state": "terminated"}
     assert [r["last_completed"][0]["seq"] for r in result["flight"]["ranks"]] == [4, 4, 4, 4]
-    assert headline(result) == ("hang: rank 1 never entered the all_reduce of step 2 (collective #5 of process group "
-                                "0 (default_pg), backward phase) that ranks 0, 2 and 3 waited in for 30.5 s")
+    assert headline(result) == (
+        "hang: rank 1 never entered the all_reduce of step 2 (collective #5 of process group "
+        "0 (default_pg), backward phase) that ranks 0, 2 and 3 waited in for 30.5 s"
+    )
 
 
 def test_foreign_dumps_step_from_step_logs_and_subgroup(tmp_path: Path) -> None:
     """No harness key (another job's dumps): the rank from the file name, the step from the step
     logs (last logged + 1); a hang in a subgroup of ranks 0 and 1 only."""
-    pg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"},
-          "1": {"name": "1", "desc": "tp", "ranks": "[0, 1]"}}
+    pg = {
+        "0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"},
+        "1": {"name": "1", "desc": "tp", "ranks": "[0, 1]"},
+    }
     world = [entry(s) for s in range(1, 4)]
     sub = lambda n: [entry(s, "all_gather", pg=("1", "tp")) for s in range(1, n + 1)]  # noqa: E731
     folder = tmp_path / "dumps"
@@ -152,26 +218,32 @@ def test_a_rank_without_a_dump_is_not_guessed_at(tmp_path: Path) -> None:
     assert result["hang"] is None and result["flight"]["no_dump_ranks"] == [1]
 
 
-@pytest.mark.parametrize("content, reason", [
-    (b"", "empty file"),
-    (b'{"version": "2.10", "entries": [{"collective_seq_id": 1', "truncated JSON"),
-    (b'{"version": "2.10", "entries": [}]} trailing', "damaged JSON"),
-    (b"\x80\x04\x95\x10\x00\x00\x00", "a pickle (NCCL's watchdog dump format)"),
-    (b'{"version": "2.10"}', "not a Flight Recorder dump"),
-    (b"\xff\xfe\x00garbage", "damaged: neither JSON text nor a pickle"),
-])
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (b"", "empty file"),
+        (b'{"version": "2.10", "entries": [{"collective_seq_id": 1', "truncated JSON"),
+        (b'{"version": "2.10", "entries": [}]} trailing', "damaged JSON"),
+        (b"\x80\x04\x95\x10\x00\x00\x00", "a pickle (NCCL's watchdog dump format)"),
+        (b'{"version": "2.10"}', "not a Flight Recorder dump"),
+        (b"\xff\xfe\x00garbage", "damaged: neither JSON text nor a pickle"),
+    ],
+)
 def test_unreadable_dump_one_line_reason(tmp_path: Path, content: bytes, reason: str) -> None:
     path = tmp_path / "flight" / "rank0.json"
     path.parent.mkdir()
     path.write_bytes(content)
-    with pytest.raises(FlightError,
-                       match="^" + str(path).replace(".", r"\.") + ": "
-                             + reason.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        FlightError, match="^" + str(path).replace(".", r"\.") + ": " + reason.replace("(", r"\(").replace(")", r"\)")
+    ):
         read_dump(path)
     out = collect(str(tmp_path))
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1].startswith("harness.collect: error: no readable trace and no readable "
-                                                          "Flight Recorder dump"), out.stderr
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .startswith("harness.collect: error: no readable trace and no readable Flight Recorder dump")
+    ), out.stderr
     assert reason in out.stderr
 
 
@@ -209,14 +281,18 @@ def test_no_trace_and_no_dump_still_exits_2(tmp_path: Path) -> None:
 
 # --- config ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("layer, field", [
-    ({"hang": {"rank": 1}}, "hang.step"),
-    ({"hang": {"step": 3}}, "hang.rank"),
-    ({"hang": {"rank": 1, "step": 99}}, "hang.step"),
-    ({"hang": {"rank": 1, "step": 2, "phase": "loss"}}, "hang.phase"),
-    ({"parallel": {"collective_timeout": 0}}, "parallel.collective_timeout"),
-    ({"parallel": {"flight_recorder": -1}}, "parallel.flight_recorder"),
-])
+
+@pytest.mark.parametrize(
+    "layer, field",
+    [
+        ({"hang": {"rank": 1}}, "hang.step"),
+        ({"hang": {"step": 3}}, "hang.rank"),
+        ({"hang": {"rank": 1, "step": 99}}, "hang.step"),
+        ({"hang": {"rank": 1, "step": 2, "phase": "loss"}}, "hang.phase"),
+        ({"parallel": {"collective_timeout": 0}}, "parallel.collective_timeout"),
+        ({"parallel": {"flight_recorder": -1}}, "parallel.flight_recorder"),
+    ],
+)
 def test_bad_hang_and_timeout_knobs(layer: dict, field: str) -> None:
     with pytest.raises(ConfigError) as exc:
         build_config([layer])

@@ -18,8 +18,13 @@ from tracebuild import GLOO, document, step, write, x
 
 
 def collect(folder: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(folder), "-q", "--no-merged"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(folder), "-q", "--no-merged"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads((folder / "report" / "report.json").read_text())
 
@@ -30,21 +35,32 @@ def cpu_rank(rank: int, late_us: float, distributed: bool) -> dict:
     ev = []
     for n in (1, 2, 3):
         t = n * 10_000.0
-        ev += [step(n, t, 10_000.0), x("data", "user_annotation", t, 1000 + late_us),
-               x("forward", "user_annotation", t + 1000 + late_us, 2000),
-               x("aten::mm", "cpu_op", t + 1100 + late_us, 1500),
-               x("gloo:all_reduce", "user_annotation", t + 3000 + late_us, 6000 - late_us, GLOO),
-               x("Optimizer.step#SGD.step", "user_annotation", t + 9100, 500)]
+        ev += [
+            step(n, t, 10_000.0),
+            x("data", "user_annotation", t, 1000 + late_us),
+            x("forward", "user_annotation", t + 1000 + late_us, 2000),
+            x("aten::mm", "cpu_op", t + 1100 + late_us, 1500),
+            x("gloo:all_reduce", "user_annotation", t + 3000 + late_us, 6000 - late_us, GLOO),
+            x("Optimizer.step#SGD.step", "user_annotation", t + 9100, 500),
+        ]
     return document(ev, rank if distributed else None, base_ns=None)
 
 
-@pytest.mark.parametrize(("names", "distributed"), [
-    (["profile_0.json", "profile_1.json"], False),  # accelerate, even without distributedInfo
-    (["profile_0.json", "profile_1.json"], True),
-    (["iteration_5/r0-2026-11-24-10-00.1732442400000.pt.trace.json",
-      "iteration_5/r1-2026-11-24-10-00.1732442400000.pt.trace.json"], False),  # torchtune
-    (["rank0.12.pt.trace.json", "rank1.12.pt.trace.json"], False),  # composer
-])
+@pytest.mark.parametrize(
+    ("names", "distributed"),
+    [
+        (["profile_0.json", "profile_1.json"], False),  # accelerate, even without distributedInfo
+        (["profile_0.json", "profile_1.json"], True),
+        (
+            [
+                "iteration_5/r0-2026-11-24-10-00.1732442400000.pt.trace.json",
+                "iteration_5/r1-2026-11-24-10-00.1732442400000.pt.trace.json",
+            ],
+            False,
+        ),  # torchtune
+        (["rank0.12.pt.trace.json", "rank1.12.pt.trace.json"], False),  # composer
+    ],
+)
 def test_framework_file_names_give_the_ranks(names: list[str], distributed: bool, tmp_path: Path) -> None:
     for r, name in enumerate(names):
         write(tmp_path / name, cpu_rank(r, 5000.0 if r == 1 else 0.0, distributed))
@@ -58,8 +74,15 @@ def test_framework_file_names_give_the_ranks(names: list[str], distributed: bool
 def test_traces_written_by_the_frameworks_own_profilers(job: str, tmp_path: Path) -> None:
     pytest.importorskip("accelerate" if job.startswith("accelerate") else "lightning")
     out = tmp_path / "traces"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "tests" / job), str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(REPO / "tests" / job),
+        str(out),
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=job_env(), cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
     doc = collect(out)

@@ -24,11 +24,21 @@ from harness.report.document import build_report
 
 from jobs import REAL_TRACES
 
-SOURCES = [REAL_TRACES / "dlrm_8rank_v100" / "worker0_step_12.1694128201545.pt.trace.json.gz",
-           REAL_TRACES / "hta_trace_filter_2of128" / "sampled_rank-0.json.gz"]
+SOURCES = [
+    REAL_TRACES / "dlrm_8rank_v100" / "worker0_step_12.1694128201545.pt.trace.json.gz",
+    REAL_TRACES / "hta_trace_filter_2of128" / "sampled_rank-0.json.gz",
+]
 FIELDS = ("ph", "name", "cat", "ts", "dur", "pid", "tid", "args")
-ODD_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63), st.floats(allow_nan=False),
-                       st.text(max_size=20), st.just([]), st.just({}), st.just({"correlation": "x"}))
+ODD_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63),
+    st.floats(allow_nan=False),
+    st.text(max_size=20),
+    st.just([]),
+    st.just({}),
+    st.just({"correlation": "x"}),
+)
 
 
 _loaded: dict[Path, dict[str, Any]] = {}
@@ -77,15 +87,28 @@ def mutate(doc: dict[str, Any], m: tuple) -> None:
         e.pop(m[2], None)
 
 
-@settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", "60")), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-          derandomize=__import__("os").environ.get("FUZZ_RANDOM") is None)
+@settings(
+    max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    derandomize=__import__("os").environ.get("FUZZ_RANDOM") is None,
+)
 @example(which=0, mutations=[("retype", 0.0, "pid", [])], truncate=None, gz=False, block=1 << 20)  # found by it
-@given(which=st.integers(0, len(SOURCES) - 1), mutations=st.lists(mutation, min_size=1, max_size=5),
-       truncate=st.one_of(st.none(), st.floats(0, 1)), gz=st.booleans(), block=st.sampled_from([256, 4096, 1 << 20]))
-def test_mutated_traces_parse_or_fail_cleanly(tmp_path_factory: pytest.TempPathFactory, which: int,
-                                              mutations: list[tuple], truncate: float | None, gz: bool,
-                                              block: int) -> None:
+@given(
+    which=st.integers(0, len(SOURCES) - 1),
+    mutations=st.lists(mutation, min_size=1, max_size=5),
+    truncate=st.one_of(st.none(), st.floats(0, 1)),
+    gz=st.booleans(),
+    block=st.sampled_from([256, 4096, 1 << 20]),
+)
+def test_mutated_traces_parse_or_fail_cleanly(
+    tmp_path_factory: pytest.TempPathFactory,
+    which: int,
+    mutations: list[tuple],
+    truncate: float | None,
+    gz: bool,
+    block: int,
+) -> None:
     doc = source(which)
     for m in mutations:
         mutate(doc, m)
@@ -93,7 +116,7 @@ def test_mutated_traces_parse_or_fail_cleanly(tmp_path_factory: pytest.TempPathF
     if gz:
         data = gzip.compress(data)
     if truncate is not None:
-        data = data[:int(truncate * len(data))]
+        data = data[: int(truncate * len(data))]
     path = tmp_path_factory.mktemp("fuzz") / ("rank0.pt.trace.json" + (".gz" if gz else ""))
     path.write_bytes(data)
     saved, decode.BLOCK_BYTES = decode.BLOCK_BYTES, block  # streamed in blocks of every size

@@ -30,8 +30,17 @@ def sync(ts: float, dur: float, name: str = "cudaStreamSynchronize", where: tupl
     return x(name, "cuda_runtime", ts, dur, where)
 
 
-def memcpy(g: GpuRank, launch_ts: float, ts: float, dur: float, direction: str = "DtoH (Device -> Pageable)",
-           call: str = "cudaMemcpyAsync", where: tuple = MAIN, cat: str = "gpu_memcpy", call_us: float = 5) -> None:
+def memcpy(
+    g: GpuRank,
+    launch_ts: float,
+    ts: float,
+    dur: float,
+    direction: str = "DtoH (Device -> Pageable)",
+    call: str = "cudaMemcpyAsync",
+    where: tuple = MAIN,
+    cat: str = "gpu_memcpy",
+    call_us: float = 5,
+) -> None:
     """A host call at launch_ts (on `where`) and the device copy it started, linked by correlation."""
     g.corr += 1
     g.events.append(x(call, "cuda_runtime", launch_ts, call_us, where, correlation=g.corr))
@@ -41,8 +50,11 @@ def memcpy(g: GpuRank, launch_ts: float, ts: float, dur: float, direction: str =
 
 def copy_ops(ts: float, where: tuple = MAIN) -> list[dict[str, Any]]:
     """aten::to > aten::_to_copy > aten::copy_ from ts, 100 us (copy_ from ts + 10 for 80 us)."""
-    return [x("aten::to", "cpu_op", ts, 100, where), x("aten::_to_copy", "cpu_op", ts + 5, 90, where),
-            x("aten::copy_", "cpu_op", ts + 10, 80, where)]
+    return [
+        x("aten::to", "cpu_op", ts, 100, where),
+        x("aten::_to_copy", "cpu_op", ts + 5, 90, where),
+        x("aten::copy_", "cpu_op", ts + 10, 80, where),
+    ]
 
 
 def item_ops(ts: float) -> list[dict[str, Any]]:
@@ -51,30 +63,44 @@ def item_ops(ts: float) -> list[dict[str, Any]]:
 
 # -- 2. who called each blocking sync -------------------------------------------------------------
 
+
 def test_each_sync_is_given_to_its_caller(tmp_path: Path) -> None:
     g = GpuRank()
     g.kernel("ampere_sgemm_128x64_nn", 50, 100, 50)
-    ev = [step(1, 0, 10000),
-          # DDP's forward: its logger syncs twice outside any aten op; a nonzero inside an op the
-          # user called, and a synchronous copy to the device, are not the logger's
-          x("DistributedDataParallel.forward", "user_annotation", 100, 1900),
-          sync(110, 20, "cudaEventSynchronize"), sync(140, 20, "cudaEventSynchronize"),
-          x("aten::index", "cpu_op", 300, 200), x("aten::nonzero", "cpu_op", 310, 100), sync(350, 30),
-          *copy_ops(600), sync(625, 40),
-          *item_ops(2500), sync(2520, 50),  # the user's .item()
-          *copy_ops(3000), sync(3020, 60),  # .cpu()
-          # GradScaler.step: unscale, then .item() on found_inf; a later .item() is the user's
-          x("aten::_amp_foreach_non_finite_check_and_unscale_", "cpu_op", 4000, 50),
-          *item_ops(4100), sync(4120, 70),
-          *item_ops(5000), sync(5020, 10),
-          x("aten::copy_", "cpu_op", 5500, 100),  # a synchronous cudaMemcpy is itself the sync
-          x("my_timer", "user_annotation", 6000, 200), sync(6050, 100, "cudaDeviceSynchronize"),
-          x("aten::copy_", "cpu_op", 7000, 100), sync(7020, 25),  # no device copy recorded: direction unknown
-          # backward on autograd's thread: index_put_ copies its indices to the device
-          x("autograd::engine::evaluate_function: IndexBackward0", "cpu_op", 8000, 500, AUTOGRAD),
-          x("aten::_index_put_impl_", "cpu_op", 8005, 400, AUTOGRAD), *copy_ops(8020, AUTOGRAD),
-          sync(8050, 20, where=AUTOGRAD),
-          sync(20000, 500, "cudaDeviceSynchronize")]  # after the last step: not counted
+    ev = [
+        step(1, 0, 10000),
+        # DDP's forward: its logger syncs twice outside any aten op; a nonzero inside an op the
+        # user called, and a synchronous copy to the device, are not the logger's
+        x("DistributedDataParallel.forward", "user_annotation", 100, 1900),
+        sync(110, 20, "cudaEventSynchronize"),
+        sync(140, 20, "cudaEventSynchronize"),
+        x("aten::index", "cpu_op", 300, 200),
+        x("aten::nonzero", "cpu_op", 310, 100),
+        sync(350, 30),
+        *copy_ops(600),
+        sync(625, 40),
+        *item_ops(2500),
+        sync(2520, 50),  # the user's .item()
+        *copy_ops(3000),
+        sync(3020, 60),  # .cpu()
+        # GradScaler.step: unscale, then .item() on found_inf; a later .item() is the user's
+        x("aten::_amp_foreach_non_finite_check_and_unscale_", "cpu_op", 4000, 50),
+        *item_ops(4100),
+        sync(4120, 70),
+        *item_ops(5000),
+        sync(5020, 10),
+        x("aten::copy_", "cpu_op", 5500, 100),  # a synchronous cudaMemcpy is itself the sync
+        x("my_timer", "user_annotation", 6000, 200),
+        sync(6050, 100, "cudaDeviceSynchronize"),
+        x("aten::copy_", "cpu_op", 7000, 100),
+        sync(7020, 25),  # no device copy recorded: direction unknown
+        # backward on autograd's thread: index_put_ copies its indices to the device
+        x("autograd::engine::evaluate_function: IndexBackward0", "cpu_op", 8000, 500, AUTOGRAD),
+        x("aten::_index_put_impl_", "cpu_op", 8005, 400, AUTOGRAD),
+        *copy_ops(8020, AUTOGRAD),
+        sync(8050, 20, where=AUTOGRAD),
+        sync(20000, 500, "cudaDeviceSynchronize"),
+    ]  # after the last step: not counted
     memcpy(g, 615, 700, 5, "HtoD (Pageable -> Device)")
     memcpy(g, 2510, 2530, 2)
     memcpy(g, 3015, 3030, 2)
@@ -82,11 +108,26 @@ def test_each_sync_is_given_to_its_caller(tmp_path: Path) -> None:
     memcpy(g, 5510, 5520, 60, call="cudaMemcpy", call_us=80)
     memcpy(g, 8040, 8060, 2, "HtoD (Pageable -> Device)", where=AUTOGRAD)
     s = parse_trace(write(tmp_path / "rank0.pt.trace.json", document(ev + g.events, 0))).steps[0]
-    assert s.syncs_by_caller == {"DDP logger": 2, "other: aten::nonzero": 1, "copy to device": 2, "item": 2,
-                                 "copy to host": 2, "GradScaler": 1, "other: my_timer": 1, "copy": 1}
-    assert s.sync_us_by_caller == {"DDP logger": 40.0, "other: aten::nonzero": 30.0, "copy to device": 60.0,
-                                   "item": 60.0, "copy to host": 140.0, "GradScaler": 70.0, "other: my_timer": 100.0,
-                                   "copy": 25.0}
+    assert s.syncs_by_caller == {
+        "DDP logger": 2,
+        "other: aten::nonzero": 1,
+        "copy to device": 2,
+        "item": 2,
+        "copy to host": 2,
+        "GradScaler": 1,
+        "other: my_timer": 1,
+        "copy": 1,
+    }
+    assert s.sync_us_by_caller == {
+        "DDP logger": 40.0,
+        "other: aten::nonzero": 30.0,
+        "copy to device": 60.0,
+        "item": 60.0,
+        "copy to host": 140.0,
+        "GradScaler": 70.0,
+        "other: my_timer": 100.0,
+        "copy": 25.0,
+    }
     assert (s.syncs, s.sync_us) == (12, 525.0)
 
 
@@ -106,7 +147,12 @@ def test_caller_walk_and_enclosing_ops() -> None:
     # events by start, the longer first among equal starts; [0, 100] holds [0, 50] holds [10, 20]
     starts, ends, names = np.array([0.0, 0.0, 10.0, 60.0]), np.array([100.0, 50.0, 20.0, 70.0]), "abcd"
     assert [[names[k] for k in c] for c in enclosing(starts, ends, [5.0, 15.0, 20.0, 65.0, 100.0])] == [
-        ["a", "b"], ["a", "b", "c"], ["a", "b"], ["a", "d"], []]
+        ["a", "b"],
+        ["a", "b", "c"],
+        ["a", "b"],
+        ["a", "d"],
+        [],
+    ]
 
 
 def idle_gpu_docs(host_events: Callable[[float], list[dict]], steps: int = 2) -> list[dict]:
@@ -128,13 +174,18 @@ def idle_gpu_docs(host_events: Callable[[float], list[dict]], steps: int = 2) ->
 
 
 def ddp_logger(t: float) -> list[dict]:
-    return [x("DistributedDataParallel.forward", "user_annotation", t + 30, 300),
-            *(sync(t + 40 + 30 * i, 10, "cudaEventSynchronize") for i in range(8))]
+    return [
+        x("DistributedDataParallel.forward", "user_annotation", t + 30, 300),
+        *(sync(t + 40 + 30 * i, 10, "cudaEventSynchronize") for i in range(8)),
+    ]
 
 
 def grad_scaler(t: float) -> list[dict]:
-    return [x("aten::_amp_foreach_non_finite_check_and_unscale_", "cpu_op", t + 400, 20),
-            *item_ops(t + 450), sync(t + 460, 70)]
+    return [
+        x("aten::_amp_foreach_non_finite_check_and_unscale_", "cpu_op", t + 400, 20),
+        *item_ops(t + 450),
+        sync(t + 460, 70),
+    ]
 
 
 def test_ddp_logger_syncs_do_not_make_a_rank_sync_bound(tmp_path: Path) -> None:
@@ -145,8 +196,10 @@ def test_ddp_logger_syncs_do_not_make_a_rank_sync_bound(tmp_path: Path) -> None:
         assert d.evidence["user_sync_cost_share"] == 0.0
         # the device idles most of its time, and not on the training code's syncs: host-bound
         assert d.bottleneck == "host-bound"
-        assert d.reason.endswith("; syncs not the model's: DDP's runtime logger 8.0 per step (it times DDP's first 10 "
-                                 "iterations and every 100th: profile later steps)")
+        assert d.reason.endswith(
+            "; syncs not the model's: DDP's runtime logger 8.0 per step (it times DDP's first 10 "
+            "iterations and every 100th: profile later steps)"
+        )
 
 
 def test_grad_scaler_is_named_as_the_cause(tmp_path: Path) -> None:
@@ -163,8 +216,9 @@ def test_grad_scaler_is_named_as_the_cause(tmp_path: Path) -> None:
         assert d.advice == GRAD_SCALER_ADVICE
     # and the user's own .item() [705, 710]: 5 us blocked, 5 us of lost lead: 1% of the step;
     # weighed, not counted, it is below the bound; GradScaler's is the cause
-    a = run_analysis(tmp_path / "both",
-                     idle_gpu_docs(lambda t: grad_scaler(t) + item_ops(t + 700) + [sync(t + 705, 5)]))
+    a = run_analysis(
+        tmp_path / "both", idle_gpu_docs(lambda t: grad_scaler(t) + item_ops(t + 700) + [sync(t + 705, 5)])
+    )
     for d in diagnose(a):
         assert d.evidence["syncs_by_caller"] == {"GradScaler": 1.0, "item": 1.0}
         assert d.evidence["user_sync_cost_share"] == 0.01
@@ -172,22 +226,39 @@ def test_grad_scaler_is_named_as_the_cause(tmp_path: Path) -> None:
         assert d.advice == GRAD_SCALER_ADVICE
 
 
-@pytest.mark.parametrize(("cost_ms", "expected"), [
-    ({"item": 0.10}, "sync-bound"),
-    ({"item": 0.09}, "host-bound"),  # a sync that costs little is not the bottleneck, however many
-    ({"copy to host": 0.05, "other: aten::nonzero": 0.05}, "sync-bound"),  # every user caller counts
-    ({"DDP logger": 0.5}, "host-bound"),
-    ({"GradScaler": 0.10}, "sync-bound"),
-    ({"GradScaler": 0.05, "DDP logger": 0.5, "item": 0.05}, "host-bound"),
-])
+@pytest.mark.parametrize(
+    ("cost_ms", "expected"),
+    [
+        ({"item": 0.10}, "sync-bound"),
+        ({"item": 0.09}, "host-bound"),  # a sync that costs little is not the bottleneck, however many
+        ({"copy to host": 0.05, "other: aten::nonzero": 0.05}, "sync-bound"),  # every user caller counts
+        ({"DDP logger": 0.5}, "host-bound"),
+        ({"GradScaler": 0.10}, "sync-bound"),
+        ({"GradScaler": 0.05, "DDP logger": 0.5, "item": 0.05}, "host-bound"),
+    ],
+)
 def test_sync_rule_weighs_only_the_training_codes_syncs(cost_ms: dict, expected: str) -> None:
     by_caller = {k: 1.0 for k in cost_ms}
     user = sum(v for k, v in cost_ms.items() if k not in ("GradScaler", "DDP logger"))
-    ev = {"device": "gpu", "data_share": 0.0, "host_ops_per_step": 0, "us_per_op": None, "launches_per_step": 2,
-          "syncs_per_step": sum(by_caller.values()), "syncs_by_caller": by_caller, "sync_share": 0.01,
-          "sync_cost_ms_by_caller": cost_ms, "user_sync_cost_share": round(user / 1.0, 4), "own_step_ms": 1.0,
-          "compute_share": 0.2, "exposed_transfer_share": 0.0, "idle_share": 0.5, "transfer_share": 0.0,
-          "gemm_share": 1.0, "top_compute": []}
+    ev = {
+        "device": "gpu",
+        "data_share": 0.0,
+        "host_ops_per_step": 0,
+        "us_per_op": None,
+        "launches_per_step": 2,
+        "syncs_per_step": sum(by_caller.values()),
+        "syncs_by_caller": by_caller,
+        "sync_share": 0.01,
+        "sync_cost_ms_by_caller": cost_ms,
+        "user_sync_cost_share": round(user / 1.0, 4),
+        "own_step_ms": 1.0,
+        "compute_share": 0.2,
+        "exposed_transfer_share": 0.0,
+        "idle_share": 0.5,
+        "transfer_share": 0.0,
+        "gemm_share": 1.0,
+        "top_compute": [],
+    }
     kind, reason = classify(ev, Rules())
     assert kind == expected, reason
     scaler_only = cost_ms == {"GradScaler": 0.10}
@@ -196,23 +267,34 @@ def test_sync_rule_weighs_only_the_training_codes_syncs(cost_ms: dict, expected:
 
 # -- 3. host ops of every model thread -----------------------------------------------------------
 
+
 def test_host_ops_of_every_model_thread(tmp_path: Path) -> None:
     # main: data phase [0, 100] with randn (not counted), linear > addmm; autograd's thread: mm,
     # mm, sum under the engine's function; gloo's worker and the pin-memory thread: not counted
-    ev = [step(1, 0, 1000), x("harness:data", "user_annotation", 0, 100), x("aten::randn", "cpu_op", 10, 50),
-          x("aten::linear", "cpu_op", 200, 100), x("aten::addmm", "cpu_op", 210, 80),
-          x("autograd::engine::evaluate_function: AddmmBackward0", "cpu_op", 400, 200, AUTOGRAD),
-          x("aten::mm", "cpu_op", 410, 50, AUTOGRAD), x("aten::mm", "cpu_op", 470, 50, AUTOGRAD),
-          x("aten::sum", "cpu_op", 530, 30, AUTOGRAD),
-          x("gloo:all_reduce", "user_annotation", 600, 100, GLOO), x("aten::copy_", "cpu_op", 610, 20, GLOO),
-          x("aten::pin_memory", "cpu_op", 50, 300, PIN), x("aten::_pin_memory", "cpu_op", 60, 200, PIN),
-          x("aten::copy_", "cpu_op", 70, 100, PIN),
-          step(2, 1000, 1000), x("aten::add", "cpu_op", 1000, 10, AUTOGRAD)]  # at the boundary: step 2's
+    ev = [
+        step(1, 0, 1000),
+        x("harness:data", "user_annotation", 0, 100),
+        x("aten::randn", "cpu_op", 10, 50),
+        x("aten::linear", "cpu_op", 200, 100),
+        x("aten::addmm", "cpu_op", 210, 80),
+        x("autograd::engine::evaluate_function: AddmmBackward0", "cpu_op", 400, 200, AUTOGRAD),
+        x("aten::mm", "cpu_op", 410, 50, AUTOGRAD),
+        x("aten::mm", "cpu_op", 470, 50, AUTOGRAD),
+        x("aten::sum", "cpu_op", 530, 30, AUTOGRAD),
+        x("gloo:all_reduce", "user_annotation", 600, 100, GLOO),
+        x("aten::copy_", "cpu_op", 610, 20, GLOO),
+        x("aten::pin_memory", "cpu_op", 50, 300, PIN),
+        x("aten::_pin_memory", "cpu_op", 60, 200, PIN),
+        x("aten::copy_", "cpu_op", 70, 100, PIN),
+        step(2, 1000, 1000),
+        x("aten::add", "cpu_op", 1000, 10, AUTOGRAD),
+    ]  # at the boundary: step 2's
     t = parse_trace(write(tmp_path / "rank0.pt.trace.json", document(ev, 0, base_ns=None)))
     assert [s.host_ops for s in t.steps] == [5, 1]
 
 
 # -- 5. a GPU run whose trace holds no kernels -----------------------------------------------------
+
 
 def test_gpu_run_without_kernels_is_said_in_one_line(tmp_path: Path) -> None:
     ev = [step(1, 0, 1000), x("aten::mm", "cpu_op", 100, 200)]
@@ -221,8 +303,9 @@ def test_gpu_run_without_kernels_is_said_in_one_line(tmp_path: Path) -> None:
     assert with_gpus.warnings == [f"rank0.pt.trace.json: {NO_KERNELS}"] and with_gpus.device == "cpu"
     nccl = document(ev, 0)
     nccl["distributedInfo"]["backend"] = "nccl"
-    assert (parse_trace(write(tmp_path / "b" / "rank0.pt.trace.json", nccl)).warnings
-            == [f"rank0.pt.trace.json: {NO_KERNELS}"])
+    assert parse_trace(write(tmp_path / "b" / "rank0.pt.trace.json", nccl)).warnings == [
+        f"rank0.pt.trace.json: {NO_KERNELS}"
+    ]
     assert parse_trace(write(tmp_path / "c" / "rank0.pt.trace.json", document(ev, 0))).warnings == []  # gloo, CPU
     a = run_analysis(tmp_path / "run", [document(ev, r, deviceProperties=gpus) for r in (0, 1)])
     assert [w for w in a.warnings if "no GPU kernels" in w] == [f"rank(s) 0-1: {NO_KERNELS}"]
@@ -230,25 +313,41 @@ def test_gpu_run_without_kernels_is_said_in_one_line(tmp_path: Path) -> None:
 
 # -- 8. Triton matmul templates, NCCL's Generic kernel, copies -------------------------------------
 
-@pytest.mark.parametrize(("name", "gemm"), [
-    ("triton_tem_fused_mm_0", True), ("triton_tem_fused_addmm_relu_1", True), ("triton_tem_fused_bmm_2", True),
-    ("triton_tem_fused__to_copy_addmm_gelu_t_view_9", True), ("triton_poi_fused_add_relu_0", False),
-    ("triton_red_fused_sum_1", False), ("ampere_sgemm_128x64_nn", True),
-])
+
+@pytest.mark.parametrize(
+    ("name", "gemm"),
+    [
+        ("triton_tem_fused_mm_0", True),
+        ("triton_tem_fused_addmm_relu_1", True),
+        ("triton_tem_fused_bmm_2", True),
+        ("triton_tem_fused__to_copy_addmm_gelu_t_view_9", True),
+        ("triton_poi_fused_add_relu_0", False),
+        ("triton_red_fused_sum_1", False),
+        ("ampere_sgemm_128x64_nn", True),
+    ],
+)
 def test_triton_matmul_templates_are_matrix_math(name: str, gemm: bool) -> None:
     assert bool(GEMM.search(name)) == gemm
 
 
 def test_generic_nccl_kernel_takes_its_host_ops_args(tmp_path: Path) -> None:
     g = GpuRank()
-    args = {"Collective name": "_allgather_base", "In msg nelems": 4096, "Out msg nelems": 8192, "dtype": "BFloat16",
-            "Process Group Name": "3", "Group size": 2}
+    args = {
+        "Collective name": "_allgather_base",
+        "In msg nelems": 4096,
+        "Out msg nelems": 8192,
+        "dtype": "BFloat16",
+        "Process Group Name": "3",
+        "Group size": 2,
+    }
     ev = [step(1, 0, 1000), x("record_param_comms", "cpu_op", 100, 50, **args)]
     g.kernel("ncclDevKernel_Generic", 120, 300, 100)  # launched inside record_param_comms
     g.kernel("ncclDevKernel_Generic", 500, 600, 100)  # launched outside any: only the name is known
     t = parse_trace(write(tmp_path / "rank0.pt.trace.json", document(ev + g.events, 0)))
-    assert [(c.name, c.pg, c.nelems, c.dtype) for c in t.comms] == [("allgatherbase", "3", 4096, "BFloat16"),
-                                                                     ("generic", "default", None, None)]
+    assert [(c.name, c.pg, c.nelems, c.dtype) for c in t.comms] == [
+        ("allgatherbase", "3", 4096, "BFloat16"),
+        ("generic", "default", None, None),
+    ]
 
 
 def test_copies_are_their_own_category_not_idle(tmp_path: Path) -> None:
@@ -277,7 +376,13 @@ def test_a_world_of_one_rank_has_no_communication(tmp_path: Path) -> None:
     a = run_analysis(tmp_path, [document([step(1, 0, 1000)] + g.events, 0, world_size=1)])
     [o] = a.overlap
     assert (o.window_us, o.compute_us, o.memcpy_us, o.comm_us, o.exposed_comm_us, o.idle_us) == (
-        650.0, 200.0, 150.0, 0.0, 0.0, 300.0)
+        650.0,
+        200.0,
+        150.0,
+        0.0,
+        0.0,
+        300.0,
+    )
     assert a.traces[0].comms == [] and any("a world of one rank" in w for w in a.warnings)
 
 

@@ -34,8 +34,14 @@ def check(paths: list[Path]) -> Analysis:
 SETS = {
     "dlrm_8rank_v100": ["dlrm_8rank_v100"],
     "hta_trace_filter_2of128": ["hta_trace_filter_2of128"],
-    **{p: [f"hta_single_rank/{p}"] for p in ("torchrec_a100_rank0of16.json.gz", "nccl_data_a100_rank0of2.json.gz",
-                                             "df_index_resolver_v100_rank1of2.json.gz")},
+    **{
+        p: [f"hta_single_rank/{p}"]
+        for p in (
+            "torchrec_a100_rank0of16.json.gz",
+            "nccl_data_a100_rank0of2.json.gz",
+            "df_index_resolver_v100_rank1of2.json.gz",
+        )
+    },
 }
 
 
@@ -77,9 +83,13 @@ def simulated() -> dict[str, Sim]:
                 h.collective("allreduce", 400.0, after=ks[0])
                 h.collective("allreduce", 300.0, after=ks[2])
                 h.launch("Memcpy HtoD (Pinned -> Device)", 50.0, kind="memcpy")
-    return {"gpu-bound": gpu_bound(), "gpu-bound annotated": gpu_bound(annotations=True),
-            "sync 30%": sync_loop(3000.0), "sync 1%": sync_loop(0.0, before_us=5000.0),
-            "intermittent straggler, two buckets": straggling}
+    return {
+        "gpu-bound": gpu_bound(),
+        "gpu-bound annotated": gpu_bound(annotations=True),
+        "sync 30%": sync_loop(3000.0),
+        "sync 1%": sync_loop(0.0, before_us=5000.0),
+        "intermittent straggler, two buckets": straggling,
+    }
 
 
 @pytest.mark.parametrize("name", sorted(simulated()))
@@ -87,9 +97,15 @@ def test_identities_on_simulated_jobs(name: str, tmp_path: Path) -> None:
     check(write_all(simulated()[name].run(), tmp_path))
 
 
-@pytest.mark.parametrize("docs", [gpu_docs(), gpu_docs(arrive1_us=2000.0, end_us=2200.0, period_us=3000.0),
-                                  ring_docs(lambda r, s: 100.0 if r == 0 else 1000.0, 2, 2, period_us=1200.0),
-                                  ring_docs(lambda r, s: 300.0 + 400.0 * (r == 3) * (s % 2), 8, 4)],
-                         ids=["gpu", "gpu straggler", "ring victim", "ring intermittent"])
+@pytest.mark.parametrize(
+    "docs",
+    [
+        gpu_docs(),
+        gpu_docs(arrive1_us=2000.0, end_us=2200.0, period_us=3000.0),
+        ring_docs(lambda r, s: 100.0 if r == 0 else 1000.0, 2, 2, period_us=1200.0),
+        ring_docs(lambda r, s: 300.0 + 400.0 * (r == 3) * (s % 2), 8, 4),
+    ],
+    ids=["gpu", "gpu straggler", "ring victim", "ring intermittent"],
+)
 def test_identities_on_hand_built_traces(docs: list[dict], tmp_path: Path) -> None:
     check([write(tmp_path / f"rank{r}.pt.trace.json", d) for r, d in enumerate(docs)])

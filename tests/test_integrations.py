@@ -23,17 +23,38 @@ EXAMPLES = {"hf": REPO / "examples" / "hf_trainer.py", "lightning": REPO / "exam
 @pytest.mark.parametrize("framework", sorted(EXAMPLES))
 def test_a_framework_jobs_slow_rank_is_named(framework: str, tmp_path: Path) -> None:
     pytest.importorskip("transformers" if framework == "hf" else "lightning")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(EXAMPLES[framework]), "--log-dir", str(tmp_path), "--run-name", "job", "--steps", "20",
-           "--slow-rank", "1", "--slow-ms", "30",
-           "--watch-every", "10"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(EXAMPLES[framework]),
+        "--log-dir",
+        str(tmp_path),
+        "--run-name",
+        "job",
+        "--steps",
+        "20",
+        "--slow-rank",
+        "1",
+        "--slow-ms",
+        "30",
+        "--watch-every",
+        "10",
+    ]
     job = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=job_env(), cwd=REPO)
     run = tmp_path / "job"
     if job.returncode != 0:
         # A process of a finished job sometimes aborts in a C++ destructor at interpreter exit (gloo,
         # Kineto: the lab's main leaves with os._exit for that); what is tested is what the run wrote.
-        finished = all(status_path(run, r).is_file() and json.loads(status_path(run, r).read_text())["state"]
-                       == "finished" for r in (0, 1)) and run_file(run).is_file()
+        finished = (
+            all(
+                status_path(run, r).is_file() and json.loads(status_path(run, r).read_text())["state"] == "finished"
+                for r in (0, 1)
+            )
+            and run_file(run).is_file()
+        )
         assert finished, job.stderr[-4000:]
         print(f"the job exited {job.returncode} after it finished: {job.stderr[-1500:]}")
     doc = json.loads(run_file(run).read_text())
@@ -49,8 +70,13 @@ def test_a_framework_jobs_slow_rank_is_named(framework: str, tmp_path: Path) -> 
     # (HF's Trainer all-reduces its token count while it loads: rank 0 waits for rank 1 inside
     # its own data phase, both data phases are as long, and the watch, which compares phase
     # times, sees no straggler there; the collector, which sees that all-reduce, does)
-    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(run), "-q", "--no-merged"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(run), "-q", "--no-merged"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads((run / "report" / "report.json").read_text())
     check_report(report)

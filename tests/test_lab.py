@@ -29,6 +29,7 @@ def rows(sweep: str, host: Host = CPU2, nproc: int = 2) -> dict[str, Row]:
 
 # -- rows per machine ----------------------------------------------------------------------------
 
+
 def test_data_workers_are_capped_by_the_cores() -> None:
     got = rows("data")
     assert [got[k].skip is None for k in ("workers-0", "workers-2", "workers-4")] == [True, True, False]
@@ -62,19 +63,34 @@ def test_scaling_world_sizes_follow_the_devices() -> None:
 
 # -- figures from hand-built run folders --------------------------------------------------------
 
-def fake_run(path: Path, step_ms: list[list[float]], throughput: list[float], rss: list[int],
-             gpu: list[int] | None = None, warmup: int = 1) -> Path:
+
+def fake_run(
+    path: Path,
+    step_ms: list[list[float]],
+    throughput: list[float],
+    rss: list[int],
+    gpu: list[int] | None = None,
+    warmup: int = 1,
+) -> Path:
     """A run folder with `len(step_ms)` ranks; the first `warmup` steps of each are warm-up."""
     ranks = []
     for rank, times in enumerate(step_ms):
         p = steps_path(path, rank)
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text("".join(json.dumps({"step": i, "step_ms": t, "warmup": i < warmup}) + "\n"
-                             for i, t in enumerate(times)))
-        ranks.append({"rank": rank, "throughput_samples_s": throughput[rank], "peak_rss_bytes": rss[rank],
-                      "peak_gpu_allocated_bytes": gpu[rank] if gpu else None})
-    run_file(path).write_text(json.dumps({"world_size": len(step_ms), "parallel": "ddp", "device": "cpu",
-                                          "ranks": ranks}))
+        p.write_text(
+            "".join(json.dumps({"step": i, "step_ms": t, "warmup": i < warmup}) + "\n" for i, t in enumerate(times))
+        )
+        ranks.append(
+            {
+                "rank": rank,
+                "throughput_samples_s": throughput[rank],
+                "peak_rss_bytes": rss[rank],
+                "peak_gpu_allocated_bytes": gpu[rank] if gpu else None,
+            }
+        )
+    run_file(path).write_text(
+        json.dumps({"world_size": len(step_ms), "parallel": "ddp", "device": "cpu", "ranks": ranks})
+    )
     return path
 
 
@@ -94,16 +110,33 @@ def test_measure_takes_the_slowest_rank_per_step(tmp_path: Path) -> None:
 
 
 def result(row: Row, thr: float, ws: int = 2, mean: float = 10.0, mem: int = 100) -> RowResult:
-    return RowResult(row, OK, figures={"world_size": ws, "mean_step_ms": mean, "p50_step_ms": mean, "p99_step_ms": mean,
-                                       "std_step_ms": 0.0, "throughput_samples_s": thr, "peak_mem_bytes": mem,
-                                       "peak_mem_kind": "host_rss", "parallel": "ddp", "device": "cpu", "steps": 5})
+    return RowResult(
+        row,
+        OK,
+        figures={
+            "world_size": ws,
+            "mean_step_ms": mean,
+            "p50_step_ms": mean,
+            "p99_step_ms": mean,
+            "std_step_ms": 0.0,
+            "throughput_samples_s": thr,
+            "peak_mem_bytes": mem,
+            "peak_mem_kind": "host_rss",
+            "parallel": "ddp",
+            "device": "cpu",
+            "steps": 5,
+        },
+    )
 
 
 def test_ratios_speedups_and_scaling_efficiency() -> None:
     r = rows("scaling")
-    results = [result(r["ddp-ws1"], 100.0, ws=1), result(r["ddp-ws2"], 150.0),
-               RowResult(r["ddp-ws4"], SKIPPED, note=r["ddp-ws4"].skip),
-               result(r["ddp-ws2-bucket1mb"], 120.0)]
+    results = [
+        result(r["ddp-ws1"], 100.0, ws=1),
+        result(r["ddp-ws2"], 150.0),
+        RowResult(r["ddp-ws4"], SKIPPED, note=r["ddp-ws4"].skip),
+        result(r["ddp-ws2-bucket1mb"], 120.0),
+    ]
     derive(results)
     assert [x.speedup for x in results] == [1.0, 1.5, None, 1.2]
     assert results[1].vs_previous == 1.5 and results[3].vs_previous == 0.8
@@ -124,8 +157,11 @@ def test_reading_rules_of_torch_and_three_run() -> None:
     assert lines[0] == "batch 1024 vs 256: step time x3.00, throughput x1.30"
     assert "opposite directions" in lines[1]
     three = rows("three-run")
-    res = [result(three["fp32"], 100.0, mem=200), result(three["bf16"], 105.0, mem=150),
-           result(three["bf16-compile"], 210.0)]
+    res = [
+        result(three["fp32"], 100.0, mem=200),
+        result(three["bf16"], 105.0, mem=150),
+        result(three["bf16-compile"], 210.0),
+    ]
     derive(res)
     lines = ratio_lines(SWEEPS["three-run"], res)
     assert lines[0] == "fp32 -> bf16: throughput x1.05, peak memory x0.75"
@@ -147,21 +183,34 @@ def test_ladder_names_regressions() -> None:
 
 # -- the command --------------------------------------------------------------------------------
 
+
 def lab(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harness.lab", *args], capture_output=True, text=True,
-                          timeout=timeout, env=job_env(), cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "harness.lab", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=job_env(),
+        cwd=REPO,
+    )
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["nosuch"], "invalid choice"),
-    (["torch", "--only", "batch-7"], "rows: batch-256, batch-1024"),
-    (["torch", "--nproc", "0"], "--nproc 0 must be >= 1"),
-    (["torch", "--", "--steps", "-1"], "workload.steps"),
-    (["torch", "--", "--no-such-flag"], "unrecognized arguments"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["nosuch"], "invalid choice"),
+        (["torch", "--only", "batch-7"], "rows: batch-256, batch-1024"),
+        (["torch", "--nproc", "0"], "--nproc 0 must be >= 1"),
+        (["torch", "--", "--steps", "-1"], "workload.steps"),
+        (["torch", "--", "--no-such-flag"], "unrecognized arguments"),
+    ],
+)
 def test_bad_input_is_one_line_and_runs_nothing(args: list[str], needle: str, tmp_path: Path) -> None:
-    proc = lab([*args, "--log-dir", str(tmp_path)] if "--" not in args else
-               [*args[:args.index("--")], "--log-dir", str(tmp_path), *args[args.index("--"):]])
+    proc = lab(
+        [*args, "--log-dir", str(tmp_path)]
+        if "--" not in args
+        else [*args[: args.index("--")], "--log-dir", str(tmp_path), *args[args.index("--") :]]
+    )
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -179,8 +228,22 @@ def timings(log_dir: Path, name: str) -> list[dict[str, str]]:
 
 @pytest.mark.slow
 def test_a_failing_row_is_reported_and_the_exit_code_says_so(tmp_path: Path) -> None:
-    proc = lab(["torch", "--only", "batch-256", "--log-dir", str(tmp_path), "--", "--backend", "nccl", "--steps", "4",
-                "--warmup-steps", "1"])
+    proc = lab(
+        [
+            "torch",
+            "--only",
+            "batch-256",
+            "--log-dir",
+            str(tmp_path),
+            "--",
+            "--backend",
+            "nccl",
+            "--steps",
+            "4",
+            "--warmup-steps",
+            "1",
+        ]
+    )
     assert proc.returncode == 1, proc.stderr
     (row,) = timings(tmp_path, "torch")
     assert row["status"] == FAILED and "nccl needs CUDA" in row["note"]
@@ -199,8 +262,10 @@ def test_torch_sweep_end_to_end(tmp_path: Path) -> None:
     proc = lab(["torch", "--log-dir", str(tmp_path), "--", "--steps", "8", "--warmup-steps", "2", "--micro-ops", "20"])
     assert proc.returncode == 0, proc.stderr
     table = timings(tmp_path, "torch")
-    assert [(r["key"], r["status"], r["world_size"]) for r in table] == [("batch-256", OK, "2"),
-                                                                         ("batch-1024", OK, "2")]
+    assert [(r["key"], r["status"], r["world_size"]) for r in table] == [
+        ("batch-256", OK, "2"),
+        ("batch-1024", OK, "2"),
+    ]
     for r in table:
         assert float(r["mean_step_ms"]) > 0 and float(r["throughput_samples_s"]) > 0 and int(r["peak_mem_bytes"]) > 0
         assert r["steps"] == "6" and "--micro-ops 20" in r["args"]
@@ -218,8 +283,11 @@ def test_data_sweep_charts_jitter(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     status = {r["key"]: r["status"] for r in timings(tmp_path, "data")}
     cores = len(os.sched_getaffinity(0))
-    assert status == {"workers-0": OK, "workers-2": OK if cores >= 2 else SKIPPED,
-                      "workers-4": OK if cores >= 4 else SKIPPED}
+    assert status == {
+        "workers-0": OK,
+        "workers-2": OK if cores >= 2 else SKIPPED,
+        "workers-4": OK if cores >= 4 else SKIPPED,
+    }
     folder = sweep_dir(tmp_path, "data")
     check_charts(folder, ("throughput", "step_ms", "jitter"))
     assert "mean / p50 = " in (folder / LAB_SUMMARY).read_text()
@@ -227,8 +295,20 @@ def test_data_sweep_charts_jitter(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_scaling_sweep_efficiency(tmp_path: Path) -> None:
-    proc = lab(["scaling", "--only", "ddp-ws1,ddp-ws2", "--log-dir", str(tmp_path), "--", "--steps", "8",
-                "--warmup-steps", "2"])
+    proc = lab(
+        [
+            "scaling",
+            "--only",
+            "ddp-ws1,ddp-ws2",
+            "--log-dir",
+            str(tmp_path),
+            "--",
+            "--steps",
+            "8",
+            "--warmup-steps",
+            "2",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr
     table = {r["key"]: r for r in timings(tmp_path, "scaling")}
     assert table["ddp-ws1"]["world_size"] == "1" and float(table["ddp-ws1"]["efficiency"]) == 1.0
@@ -239,8 +319,10 @@ def test_scaling_sweep_efficiency(tmp_path: Path) -> None:
 def test_failure_line_prefers_the_harness_error_then_the_rank_exception() -> None:
     from harness.lab.runner import failure_line
 
-    wrapped = "[rank1]: Traceback (most recent call last):\n[rank1]: RuntimeError: boom\n" \
-              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+    wrapped = (
+        "[rank1]: Traceback (most recent call last):\n[rank1]: RuntimeError: boom\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+    )
     assert failure_line(wrapped, 1) == "RuntimeError: boom"
     assert failure_line("harness.train: invalid config: x\n" + wrapped, 2) == "harness.train: invalid config: x"
     assert failure_line("harness.train: run r finished (2 rank(s))\n", 3) == "exit code 3"
@@ -257,4 +339,5 @@ def test_within_noise_is_two_standard_errors_of_the_ratio() -> None:
     res = [a, b]
     derive(res)
     assert ratio_lines(SWEEPS["ladder"], res) == [
-        "no per-step sync: x1.28 over the previous rung, x1.28 over baseline (within step-time noise)"]
+        "no per-step sync: x1.28 over the previous rung, x1.28 over baseline (within step-time noise)"
+    ]

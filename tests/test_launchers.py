@@ -18,8 +18,9 @@ from jobs import QUICK, REPO, free_port
 # A fake executable: writes its arguments, one per line, to $FAKE_LOG/<its name>.args.
 RECORD = '#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$FAKE_LOG/$(basename "$0").args"\n'
 # A fake torchrun: records, then runs what follows --no-python as rank $FAKE_RANK would.
-TORCHRUN = RECORD + ('while [ $# -gt 0 ] && [ "$1" != --no-python ]; do shift; done\n'
-                     'shift\nRANK=${FAKE_RANK:-0} exec "$@"\n')
+TORCHRUN = RECORD + (
+    'while [ $# -gt 0 ] && [ "$1" != --no-python ]; do shift; done\nshift\nRANK=${FAKE_RANK:-0} exec "$@"\n'
+)
 
 
 @pytest.fixture
@@ -27,25 +28,37 @@ def fakes(tmp_path: Path) -> Path:
     """A folder of fake executables; the launchers run with it first on PATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    scripts = {"nsys": RECORD, "ncu": RECORD, "python": RECORD, "torchrun": TORCHRUN,
-               "nvidia-smi": '#!/usr/bin/env bash\n'
-                             'for i in 0 1 2 3; do echo "GPU $i: NVIDIA H100 (UUID: GPU-$i)"; done\n'}
+    scripts = {
+        "nsys": RECORD,
+        "ncu": RECORD,
+        "python": RECORD,
+        "torchrun": TORCHRUN,
+        "nvidia-smi": '#!/usr/bin/env bash\nfor i in 0 1 2 3; do echo "GPU $i: NVIDIA H100 (UUID: GPU-$i)"; done\n',
+    }
     for name, text in scripts.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     return bin_dir
 
 
-def launch(script: str, args: list[str], fakes: Path,
-           **env: str) -> tuple[subprocess.CompletedProcess, dict[str, list[str]]]:
+def launch(
+    script: str, args: list[str], fakes: Path, **env: str
+) -> tuple[subprocess.CompletedProcess, dict[str, list[str]]]:
     """Run launch/<script> with the fakes; returns the process and each fake's recorded arguments."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("NCU_", "NSYS_", "CUDA_VISIBLE", "NPROC_PER"))}
-    full_env = {**base, "PATH": f"{fakes}{os.pathsep}{os.environ['PATH']}", "FAKE_LOG": str(fakes),
-                "NCU_OUT": str(fakes / "ncu-out"), "NSYS_OUT": str(fakes / "nsys-out"), **env}
+    full_env = {
+        **base,
+        "PATH": f"{fakes}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_LOG": str(fakes),
+        "NCU_OUT": str(fakes / "ncu-out"),
+        "NSYS_OUT": str(fakes / "nsys-out"),
+        **env,
+    }
     for old in fakes.glob("*.args"):
         old.unlink()
-    proc = subprocess.run(["bash", f"launch/{script}", *args], cwd=REPO, env=full_env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", f"launch/{script}", *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=60
+    )
     recorded = {p.stem: p.read_text().splitlines() for p in fakes.glob("*.args")}
     return proc, recorded
 
@@ -61,7 +74,7 @@ def test_nsys_traces_without_nccl_and_turns_torch_profiler_off(fakes: Path) -> N
     nsys = got["nsys"]
     assert nsys[0] == "profile" and value_of(nsys, "--trace") == "cuda,nvtx,osrt"
     assert value_of(nsys, "--output") == f"{fakes}/nsys-out/rank%q{{RANK}}"
-    assert nsys[nsys.index("python"):] == ["python", "-m", "harness.train", "--no-profile", "--mode", "comm"]
+    assert nsys[nsys.index("python") :] == ["python", "-m", "harness.train", "--no-profile", "--mode", "comm"]
     proc, got = launch("nsys.sh", ["--", "--mode", "comm", "--no-profile"], fakes)
     assert proc.returncode == 0, proc.stderr
     assert got["nsys"].count("--no-profile") == 1
@@ -69,8 +82,14 @@ def test_nsys_traces_without_nccl_and_turns_torch_profiler_off(fakes: Path) -> N
 
 def test_ncu_skips_nccl_and_warm_up_with_a_quoted_filter(fakes: Path) -> None:
     user = "gemm|elementwise kernel"
-    proc, got = launch("ncu.sh", ["--nproc_per_node", "2", "--", "--mode", "kernel"], fakes,
-                       NCU_KERNELS=user, NCU_SKIP="7", NCU_COUNT="5")
+    proc, got = launch(
+        "ncu.sh",
+        ["--nproc_per_node", "2", "--", "--mode", "kernel"],
+        fakes,
+        NCU_KERNELS=user,
+        NCU_SKIP="7",
+        NCU_COUNT="5",
+    )
     assert proc.returncode == 0, proc.stderr
     ncu = got["ncu"]
     assert value_of(ncu, "--profile-from-start") == "off"
@@ -84,8 +103,15 @@ def test_ncu_skips_nccl_and_warm_up_with_a_quoted_filter(fakes: Path) -> None:
     for name in ("ampere_sgemm_128x64_nn", "elementwise kernel"):
         assert regex.search(name), name
     assert not regex.search("vectorized_elementwise_kernel")
-    assert ncu[ncu.index("python"):] == ["python", "-m", "harness.train", "--no-profile", "--cuda-profiler-api",
-                                         "--mode", "kernel"]
+    assert ncu[ncu.index("python") :] == [
+        "python",
+        "-m",
+        "harness.train",
+        "--no-profile",
+        "--cuda-profiler-api",
+        "--mode",
+        "kernel",
+    ]
     assert "python" not in got  # rank 0 runs under ncu only
 
 
@@ -93,8 +119,9 @@ def test_ncu_defaults_and_the_other_ranks(fakes: Path) -> None:
     proc, got = launch("ncu.sh", ["--", "--no-profile"], fakes)
     assert proc.returncode == 0, proc.stderr
     regex = re.compile(value_of(got["ncu"], "--kernel-name").removeprefix("regex:"))
-    assert (regex.search("void at::native::vectorized_elementwise_kernel<4>")
-            and not regex.search("ncclDevKernel_Generic"))
+    assert regex.search("void at::native::vectorized_elementwise_kernel<4>") and not regex.search(
+        "ncclDevKernel_Generic"
+    )
     assert value_of(got["ncu"], "--launch-skip") == "0" and got["ncu"].count("--no-profile") == 1
     proc, got = launch("ncu.sh", ["--", "--mode", "kernel"], fakes, FAKE_RANK="1")
     assert proc.returncode == 0, proc.stderr
@@ -107,16 +134,20 @@ def test_ncu_defaults_and_the_other_ranks(fakes: Path) -> None:
     assert not got
 
 
-@pytest.mark.parametrize(("env", "nproc"), [
-    ({}, "4"),  # every GPU nvidia-smi lists
-    ({"CUDA_VISIBLE_DEVICES": "1,3"}, "2"),
-    ({"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb,GPU-cc"}, "3"),
-    ({"CUDA_VISIBLE_DEVICES": ""}, "1"),  # CUDA sees no GPU
-    ({"CUDA_VISIBLE_DEVICES": "0,1", "NPROC_PER_NODE": "3"}, "3"),
-])
+@pytest.mark.parametrize(
+    ("env", "nproc"),
+    [
+        ({}, "4"),  # every GPU nvidia-smi lists
+        ({"CUDA_VISIBLE_DEVICES": "1,3"}, "2"),
+        ({"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb,GPU-cc"}, "3"),
+        ({"CUDA_VISIBLE_DEVICES": ""}, "1"),  # CUDA sees no GPU
+        ({"CUDA_VISIBLE_DEVICES": "0,1", "NPROC_PER_NODE": "3"}, "3"),
+    ],
+)
 def test_multinode_counts_the_gpus_cuda_sees(fakes: Path, env: dict[str, str], nproc: str) -> None:
-    proc, got = launch("multinode.sh", ["--mode", "comm"], fakes, TORCHRUN=str(fakes / "torchrun"), FAKE_RANK="0",
-                       **env)
+    proc, got = launch(
+        "multinode.sh", ["--mode", "comm"], fakes, TORCHRUN=str(fakes / "torchrun"), FAKE_RANK="0", **env
+    )
     assert value_of(got["torchrun"], "--nproc-per-node") == nproc, proc.stderr
 
 
@@ -124,11 +155,28 @@ def test_multinode_counts_the_gpus_cuda_sees(fakes: Path, env: dict[str, str], n
 @pytest.mark.parametrize("config", ["ddp", "fsdp"])
 def test_accelerate_configs(config: str, log_dir: Path) -> None:
     accelerate = str(Path(sys.executable).with_name("accelerate"))
-    cmd = [accelerate, "launch", "--config_file", f"configs/accelerate/{config}.yaml", "--main_process_port",
-           str(free_port()), "-m", "harness.train", "--mode", "baseline", "--hidden", "64", *QUICK,
-           "--log-dir", str(log_dir), "--run-name", config]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    cmd = [
+        accelerate,
+        "launch",
+        "--config_file",
+        f"configs/accelerate/{config}.yaml",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "harness.train",
+        "--mode",
+        "baseline",
+        "--hidden",
+        "64",
+        *QUICK,
+        "--log-dir",
+        str(log_dir),
+        "--run-name",
+        config,
+    ]
+    proc = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1")
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     info = json.loads((log_dir / config / "run.json").read_text())
     assert (info["parallel"], info["world_size"], info["backend"]) == (config, 2, "gloo")

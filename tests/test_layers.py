@@ -12,8 +12,10 @@ import pytest
 from jobs import REPO
 
 HARNESS = REPO / "harness"
-FORBIDDEN = {"collect": ("harness.report", "harness.view", "harness.train", "harness.lab"),
-             "report": ("harness.view", "harness.train", "harness.lab")}
+FORBIDDEN = {
+    "collect": ("harness.report", "harness.view", "harness.train", "harness.lab"),
+    "report": ("harness.view", "harness.train", "harness.lab"),
+}
 
 
 def imported(path: Path) -> set[str]:

@@ -27,8 +27,14 @@ WARMUP = 5
 STEADY = range(WARMUP, WARMUP + 20)  # 20 steady steps: 5..24
 
 
-def rec(step: int, rss: float | None = None, alloc: float | None = None, reserved: float | None = None,
-        host: str = "h", **extra: Any) -> dict[str, Any]:
+def rec(
+    step: int,
+    rss: float | None = None,
+    alloc: float | None = None,
+    reserved: float | None = None,
+    host: str = "h",
+    **extra: Any,
+) -> dict[str, Any]:
     r: dict[str, Any] = {"step": step, "rank": 0, "host": host, "step_ms": 1.0, "warmup": step < WARMUP, **extra}
     for key, v in (("rss_bytes", rss), ("gpu_peak_allocated_bytes", alloc), ("gpu_peak_reserved_bytes", reserved)):
         if v is not None:
@@ -59,8 +65,14 @@ def test_host_growth_exact_slope_and_projection(tmp_path: Path) -> None:
     limit = 4_000_000_000
     flat_host(tmp_path, 0, host_mem_total_bytes=limit)
     # rank 1: 500 MB + 3 MiB per step, exactly; warm-up steps at 9 GB are left out
-    write_log(tmp_path, 1, [rec(s, rss=(500e6 + 3 * MiB * s) if s >= WARMUP else 9e9, host_mem_total_bytes=limit)
-                            for s in range(WARMUP + 20)])
+    write_log(
+        tmp_path,
+        1,
+        [
+            rec(s, rss=(500e6 + 3 * MiB * s) if s >= WARMUP else 9e9, host_mem_total_bytes=limit)
+            for s in range(WARMUP + 20)
+        ],
+    )
     mem = memory_from_dirs([tmp_path])
     assert kinds(mem.findings) == [(1, "growth")]
     ev = mem.findings[0]["evidence"]
@@ -79,8 +91,16 @@ def test_host_growth_exact_slope_and_projection(tmp_path: Path) -> None:
 
 def test_gpu_growth_projects_to_the_device_and_no_limit_says_why(tmp_path: Path) -> None:
     total = 80 * GiB
-    write_log(tmp_path, 0, [rec(s, rss=400e6, alloc=10 * GiB + 64 * MiB * s, reserved=12 * GiB + 64 * MiB * s,
-                                gpu_mem_total_bytes=total) for s in range(WARMUP + 20)])
+    write_log(
+        tmp_path,
+        0,
+        [
+            rec(
+                s, rss=400e6, alloc=10 * GiB + 64 * MiB * s, reserved=12 * GiB + 64 * MiB * s, gpu_mem_total_bytes=total
+            )
+            for s in range(WARMUP + 20)
+        ],
+    )
     [f] = memory_from_dirs([tmp_path]).findings
     assert (f["kind"], f["evidence"]["memory"]) == ("growth", "gpu")
     assert f["evidence"]["bytes_per_step"] == pytest.approx(64 * MiB)
@@ -102,14 +122,17 @@ def test_two_growing_ranks_share_their_host(tmp_path: Path) -> None:
     assert [f["evidence"]["steps_to_limit"] for f in mem.findings] == [int(free // (8 * MiB))] * 2
 
 
-@pytest.mark.parametrize("series,why", [
-    # RSS churning +-4 MiB around a flat line: no trend
-    ([400e6 + (4 * MiB if s % 2 else -4 * MiB) for s in STEADY], "noise"),
-    # one jump of 100 MB mid-window, flat on both sides: the second half does not rise
-    ([400e6 + (100e6 if s >= 15 else 0) for s in STEADY], "one-off jump"),
-    # a perfect line, but 0.5 MiB x 19 steps = 9.5 MiB: below 16 MiB, not material
-    ([400e6 + 0.5 * MiB * s for s in STEADY], "too small"),
-])
+@pytest.mark.parametrize(
+    "series,why",
+    [
+        # RSS churning +-4 MiB around a flat line: no trend
+        ([400e6 + (4 * MiB if s % 2 else -4 * MiB) for s in STEADY], "noise"),
+        # one jump of 100 MB mid-window, flat on both sides: the second half does not rise
+        ([400e6 + (100e6 if s >= 15 else 0) for s in STEADY], "one-off jump"),
+        # a perfect line, but 0.5 MiB x 19 steps = 9.5 MiB: below 16 MiB, not material
+        ([400e6 + 0.5 * MiB * s for s in STEADY], "too small"),
+    ],
+)
 def test_no_growth_finding(tmp_path: Path, series: list[float], why: str) -> None:
     write_log(tmp_path, 0, [rec(s, rss=v) for s, v in zip(STEADY, series)])
     mem = memory_from_dirs([tmp_path])
@@ -189,15 +212,37 @@ def test_headroom_gpu_and_host(tmp_path: Path) -> None:
 
 def test_flat_ranks_have_no_finding(tmp_path: Path) -> None:
     for r in range(3):
-        write_log(tmp_path, r, [rec(s, rss=400e6, alloc=5 * GiB, reserved=6 * GiB, gpu_mem_total_bytes=80 * GiB,
-                                    host_mem_total_bytes=64e9) for s in range(WARMUP + 20)])
+        write_log(
+            tmp_path,
+            r,
+            [
+                rec(
+                    s,
+                    rss=400e6,
+                    alloc=5 * GiB,
+                    reserved=6 * GiB,
+                    gpu_mem_total_bytes=80 * GiB,
+                    host_mem_total_bytes=64e9,
+                )
+                for s in range(WARMUP + 20)
+            ],
+        )
     mem = memory_from_dirs([tmp_path])
     assert mem.findings == [] and mem.warnings == []
-    assert mem.ranks[2] == {"memory_steps": 20, "peak_rss_bytes": 400e6, "rss_growth_bytes_per_step": 0.0,
-                            "peak_gpu_allocated_bytes": 5 * GiB, "peak_gpu_reserved_bytes": 6 * GiB,
-                            "gpu_growth_bytes_per_step": 0.0}
-    assert len(mem.steps) == 60 and mem.steps[0] == {"rank": 0, "step": 5, "rss_mb": 400.0,
-                                                     "gpu_allocated_mb": round(5 * GiB / 1e6, 3)}
+    assert mem.ranks[2] == {
+        "memory_steps": 20,
+        "peak_rss_bytes": 400e6,
+        "rss_growth_bytes_per_step": 0.0,
+        "peak_gpu_allocated_bytes": 5 * GiB,
+        "peak_gpu_reserved_bytes": 6 * GiB,
+        "gpu_growth_bytes_per_step": 0.0,
+    }
+    assert len(mem.steps) == 60 and mem.steps[0] == {
+        "rank": 0,
+        "step": 5,
+        "rss_mb": 400.0,
+        "gpu_allocated_mb": round(5 * GiB / 1e6, 3),
+    }
 
 
 # --- damaged, partial, missing step logs --------------------------------------------------------
@@ -223,8 +268,10 @@ def test_damaged_and_partial_lines_are_skipped_with_a_warning(tmp_path: Path) ->
     mem = analyze_memory(logs)
     # 15 good points of the exact line remain: the slope is still exact
     assert kinds(mem.findings) == [(1, "growth")]
-    assert (mem.findings[0]["evidence"]["bytes_per_step"] == pytest.approx(3 * MiB)
-            and mem.findings[0]["evidence"]["steps"] == 15)
+    assert (
+        mem.findings[0]["evidence"]["bytes_per_step"] == pytest.approx(3 * MiB)
+        and mem.findings[0]["evidence"]["steps"] == 15
+    )
     assert mem.warnings == logs.warnings
 
 
@@ -255,8 +302,9 @@ def test_report_markdown_view_and_console(tmp_path: Path) -> None:
     by = {r["rank"]: r for r in doc["ranks"]}
     assert by[1]["rss_growth_bytes_per_step"] == pytest.approx(3 * MiB) and by[0]["peak_gpu_allocated_bytes"] is None
     # traced steps 1..3 are warm-up in the step log: no memory there
-    assert ({(r["rank"], r["step"], r["rss_mb"]) for r in doc["steps"]}
-            == {(r, s, None) for r in (0, 1) for s in (1, 2, 3)})
+    assert {(r["rank"], r["step"], r["rss_mb"]) for r in doc["steps"]} == {
+        (r, s, None) for r in (0, 1) for s in (1, 2, 3)
+    }
     # (each rank's GPU computes 300 us of a 1 ms step and idles 600: host-bound, not healthy)
     assert [n["about"] for n in doc["next_steps"]] == ["memory", "host-bound"]
     assert doc["next_steps"][0]["ranks"] == [1] and doc["next_steps"][0]["text"].startswith("Rank 1 memory growth")
@@ -283,8 +331,9 @@ def test_collector_without_traces_still_prints_memory_findings(tmp_path: Path, c
     assert exc.value.code == 2
     out = capsys.readouterr()
     assert "error:" in out.err
-    assert ("memory: rank 1 growth: host RSS rises 3.15 MB per step" in out.out
-            and "next: Rank 1 memory growth" in out.out)
+    assert (
+        "memory: rank 1 growth: host RSS rises 3.15 MB per step" in out.out and "next: Rank 1 memory growth" in out.out
+    )
 
 
 # --- injection config ---------------------------------------------------------------------------
@@ -321,13 +370,34 @@ def test_leak_injector_keeps_what_it_allocates() -> None:
 
 # 40 steps, 5 of warm-up; the profiler window (steps 2-3, with --profile-memory) ends inside the
 # warm-up, so its buffers do not move the steady steps' RSS.
-REAL = ["--mode", "baseline", "--hidden", "64", "--steps", "40", "--warmup-steps", "5", "--batch-size", "16",
-        "--wait", "1", "--warmup", "1", "--active", "2"]
+REAL = [
+    "--mode",
+    "baseline",
+    "--hidden",
+    "64",
+    "--steps",
+    "40",
+    "--warmup-steps",
+    "5",
+    "--batch-size",
+    "16",
+    "--wait",
+    "1",
+    "--warmup",
+    "1",
+    "--active",
+    "2",
+]
 
 
 def collect(run: Path) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(run), "-q", "--no-merged"], capture_output=True,
-                          text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(run), "-q", "--no-merged"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads((run / "report" / "report.json").read_text())
 
@@ -373,7 +443,12 @@ def test_profiler_buffers_are_not_a_host_leak(tmp_path: Path) -> None:
     result = analyze_memory(read_step_logs([tmp_path]))
     assert kinds(result.findings) == [(1, "growth")]
     # a long stretch after the window is judged on its own: a leak there is found
-    write_log(tmp_path, 0, [rec(s, rss=400e6 + (3 * MiB * s if s > 8 else 0),
-                                profiler="record" if s in (6, 7, 8) else "wait")
-                            for s in range(WARMUP + 30)])
+    write_log(
+        tmp_path,
+        0,
+        [
+            rec(s, rss=400e6 + (3 * MiB * s if s > 8 else 0), profiler="record" if s in (6, 7, 8) else "wait")
+            for s in range(WARMUP + 30)
+        ],
+    )
     assert (0, "growth") in kinds(analyze_memory(read_step_logs([tmp_path])).findings)

@@ -34,13 +34,15 @@ def test_crc32_combine_matches_zlib_on_random_splits() -> None:
 
 def test_pieces_make_one_gzip_member_every_reader_takes(tmp_path: Path) -> None:
     rng = random.Random(3)
-    parts = [b"".join(rng.choice([b'{"ph":"X"}', b",\n", rng.randbytes(50)]) for _ in range(rng.randrange(0, 4000)))
-             for _ in range(6)]
+    parts = [
+        b"".join(rng.choice([b'{"ph":"X"}', b",\n", rng.randbytes(50)]) for _ in range(rng.randrange(0, 4000)))
+        for _ in range(6)
+    ]
     pieces = []
     for part in parts:
         w = PieceWriter(level=3)
         for k in range(0, len(part), 997):
-            w.write(part[k:k + 997])
+            w.write(part[k : k + 997])
         pieces.append(w.finish())
     path = tmp_path / "x.gz"
     with path.open("wb") as fh:
@@ -59,8 +61,18 @@ def _rank(rank: int, step_events: dict[int, int], json_bytes: int, dur_us: dict[
         d = (dur_us or {}).get(n, 100.0)
         steps.append(Step(number=n, start_us=t, end_us=t + d, events=ev))
         t += d
-    return RankTrace(rank=rank, world_size=2, host="h", paths=["p"], run_id=None, device="cpu", steps=steps, comms=[],
-                     json_bytes=json_bytes, events=sum(step_events.values()))
+    return RankTrace(
+        rank=rank,
+        world_size=2,
+        host="h",
+        paths=["p"],
+        run_id=None,
+        device="cpu",
+        steps=steps,
+        comms=[],
+        json_bytes=json_bytes,
+        events=sum(step_events.values()),
+    )
 
 
 def test_step_bytes_shares_each_trace_by_its_counted_events() -> None:
@@ -102,8 +114,9 @@ def test_window_for_each_choice() -> None:
 
 
 def collect(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.collect", *args], capture_output=True, text=True, timeout=120,
-                          cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "harness.collect", *args], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
 
 
 def _ring(tmp_path: Path, n_steps: int = 10) -> Path:
@@ -178,8 +191,9 @@ def test_merged_trace_written_beside_the_analysis_is_the_same(tmp_path: Path) ->
     while the analysis goes on; with -j 1 they run after it, in the collector's process. Two
     hosts, rank 1's clock 250 us ahead: both files are the same to the byte, with rank 1 moved
     back onto rank 0's clock."""
-    docs = ring_docs(lambda r, s: 300.0 if r == 0 else 500.0, n_ranks=2, n_steps=6, hosts=["a", "b"],
-                     clock_us=[0.0, 250.0])
+    docs = ring_docs(
+        lambda r, s: 300.0 if r == 0 else 500.0, n_ranks=2, n_steps=6, hosts=["a", "b"], clock_us=[0.0, 250.0]
+    )
     for r, d in enumerate(docs):
         write(tmp_path / "run" / f"rank{r}.pt.trace.json", d)
     for jobs in ("1", "2"):
@@ -204,8 +218,10 @@ def test_block_index_covers_every_event_exactly(tmp_path: Path, monkeypatch: pyt
     """Each recorded block's bytes decode to whole events, and the blocks together hold every
     event of the file once (gzip or not, small and real traces)."""
     monkeypatch.setattr(decode, "BLOCK_BYTES", 3000)
-    files = [write(tmp_path / "a.pt.trace.json", ring_docs(lambda r, s: 10.0 * r, 2, 30)[0]),
-             write(tmp_path / "b.pt.trace.json.gz", ring_docs(lambda r, s: 10.0 * r, 2, 30)[1])]
+    files = [
+        write(tmp_path / "a.pt.trace.json", ring_docs(lambda r, s: 10.0 * r, 2, 30)[0]),
+        write(tmp_path / "b.pt.trace.json.gz", ring_docs(lambda r, s: 10.0 * r, 2, 30)[1]),
+    ]
     files += sorted(REAL_TRACES.glob("*/*.json*"))[:3]
     for f in files:
         t = decode.decode_trace(f)
@@ -215,7 +231,7 @@ def test_block_index_covers_every_event_exactly(tmp_path: Path, monkeypatch: pyt
             data = fh.read()
         got = []
         for b in t.blocks:
-            got.extend(json.loads(b"[" + data[b.start:b.end] + b"]"))
+            got.extend(json.loads(b"[" + data[b.start : b.end] + b"]"))
         assert got == events, f
         assert t.json_bytes == len(data)
         timed = [e for e in events if e.get("ph") == "X"]

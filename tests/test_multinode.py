@@ -32,26 +32,51 @@ def launch_two_nodes(log_dir: Path, hosts: list[str], run_name: str) -> tuple[bo
     port = free_port()
     procs = []
     for node_rank, host in enumerate(hosts):
-        env = dict(os.environ, NNODES="2", NODE_RANK=str(node_rank), NPROC_PER_NODE="1", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), LOCAL_ADDR="127.0.0.1", RDZV_ID=f"test-{port}",
-                   TORCHRUN=str(Path(sys.executable).with_name("torchrun")), OMP_NUM_THREADS="1")
-        cmd = ["bash", "launch/multinode.sh", "--mode", "comm", "--table-rows", "4000", *QUICK,
-               "--log-dir", str(log_dir), "--run-name", run_name]
+        env = dict(
+            os.environ,
+            NNODES="2",
+            NODE_RANK=str(node_rank),
+            NPROC_PER_NODE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            LOCAL_ADDR="127.0.0.1",
+            RDZV_ID=f"test-{port}",
+            TORCHRUN=str(Path(sys.executable).with_name("torchrun")),
+            OMP_NUM_THREADS="1",
+        )
+        cmd = [
+            "bash",
+            "launch/multinode.sh",
+            "--mode",
+            "comm",
+            "--table-rows",
+            "4000",
+            *QUICK,
+            "--log-dir",
+            str(log_dir),
+            "--run-name",
+            run_name,
+        ]
         if hosts[0] != hosts[1]:
             cmd = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', host, *cmd]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+        procs.append(
+            subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     statuses = [status_path(log_dir / run_name, r) for r in (0, 1)]
-    told = "\n".join(f"--- node {i} (exit {p.returncode}) ---\n{out[-4000:]}"
-                     for i, (p, out) in enumerate(zip(procs, outputs)))
+    told = "\n".join(
+        f"--- node {i} (exit {p.returncode}) ---\n{out[-4000:]}" for i, (p, out) in enumerate(zip(procs, outputs))
+    )
     told += "\n" + "\n".join(f"{s}: {s.read_text() if s.exists() else 'missing'}" for s in statuses)
     ok = all(p.returncode == 0 for p in procs)
     # torchrun's c10d rendezvous store lives in one of the two agents; once, in a CI run, an agent
     # still polling it after the other had gone failed with RendezvousConnectionError. That is
     # the launcher's teardown, not the job: accepted for a retry only if every rank finished.
-    teardown_only = not ok and "RendezvousConnectionError" in told and all(
-        s.exists() and json.loads(s.read_text())["state"] == "finished" for s in statuses)
+    teardown_only = (
+        not ok
+        and "RendezvousConnectionError" in told
+        and all(s.exists() and json.loads(s.read_text())["state"] == "finished" for s in statuses)
+    )
     if teardown_only:
         print(f"torchrun teardown race, retrying once:\n{told}", file=sys.stderr)
     assert ok or teardown_only, told

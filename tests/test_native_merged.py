@@ -44,12 +44,22 @@ def _events(out: bytes) -> list[Any]:
 
 def _rewrite(mover: merged._Mover, block: bytes) -> Any:
     """The native rewriter's own answer for a block (None: declined), on the mover's state."""
-    return extension.rewrite(block, 0, len(block), mover.rank, mover.shift, mover.starts, mover.ends, mover.tids,
-                                lambda key: merged._ENCODE(mover._new_thread(key)))
+    return extension.rewrite(
+        block,
+        0,
+        len(block),
+        mover.rank,
+        mover.shift,
+        mover.starts,
+        mover.ends,
+        mover.tids,
+        lambda key: merged._ENCODE(mover._new_thread(key)),
+    )
 
 
-def _same(blocks: list[bytes], spans: list[tuple[float, float]] | None, shift: float,
-          labels: tuple[dict, dict] = ({}, {})) -> list[bool]:
+def _same(
+    blocks: list[bytes], spans: list[tuple[float, float]] | None, shift: float, labels: tuple[dict, dict] = ({}, {})
+) -> list[bool]:
     """Both ways over the blocks in order; asserts the same output, threads and count; returns
     which blocks the native rewriter accepted."""
     python, native = _movers(spans, shift)
@@ -95,29 +105,39 @@ def test_real_traces_rewrite_the_same(path: Path):
 
 PHASES = ["X", "X", "X", "i", "I", "C", "s", "t", "f", "b", "e", "n", "M", "B", "E", "P"]
 CLEAN = {
-    "ph": st.sampled_from(PHASES), "cat": st.sampled_from(["cpu_op", "kernel", "ac2g"]),
+    "ph": st.sampled_from(PHASES),
+    "cat": st.sampled_from(["cpu_op", "kernel", "ac2g"]),
     "name": st.sampled_from(["aten::mm", "ProfilerStep#3", "ncclKernel_AllReduce"]),
-    "ts": st.one_of(st.integers(0, 2000), st.floats(0, 2000),
-                    st.integers(1_690_000_000_000_000, 1_700_000_000_000_000)),
+    "ts": st.one_of(
+        st.integers(0, 2000), st.floats(0, 2000), st.integers(1_690_000_000_000_000, 1_700_000_000_000_000)
+    ),
     "dur": st.one_of(st.integers(0, 500), st.floats(0, 500)),
     "pid": st.one_of(st.integers(-3, 3), st.just("Spans")),
     "tid": st.one_of(st.integers(0, 2**40), st.just("stream 7")),
-    "id": st.one_of(st.integers(-5, 10**6), st.just("0x1f")), "args": st.dictionaries(st.just("External id"),
-                                                                                        st.integers(0, 9)),
-    "bp": st.just("e"), "tts": st.integers(0, 9), "s": st.just("t"), "cname": st.just("good"),
+    "id": st.one_of(st.integers(-5, 10**6), st.just("0x1f")),
+    "args": st.dictionaries(st.just("External id"), st.integers(0, 9)),
+    "bp": st.just("e"),
+    "tts": st.integers(0, 9),
+    "s": st.just("t"),
+    "cname": st.just("good"),
     "unknown": st.one_of(st.integers(), TEXT),
 }
 ODD_FIELD = {
     "ph": st.one_of(ODD, st.sampled_from(["X\u00e9", "XX", "bc", "x", ""])),
     "ts": st.one_of(ODD, NUMBER, st.just("12.5")),
-    "dur": st.one_of(ODD, NUMBER), "pid": st.one_of(st.integers(0, 2**70), ODD, st.just(1.0)),
-    "tid": st.one_of(ODD, st.just(2.5)), "id": st.one_of(ODD, st.just(1.5), st.integers(2**64, 2**70)),
+    "dur": st.one_of(ODD, NUMBER),
+    "pid": st.one_of(st.integers(0, 2**70), ODD, st.just(1.0)),
+    "tid": st.one_of(ODD, st.just(2.5)),
+    "id": st.one_of(ODD, st.just(1.5), st.integers(2**64, 2**70)),
 }
 FIELD = {k: st.one_of(*[v] * 7, ODD_FIELD.get(k, v)) for k, v in CLEAN.items()}
 REQUIRED = ("ph", "pid", "tid")  # (a missing pid or tid is declined: no real event lacks them)
-EVENT = st.one_of(st.fixed_dictionaries({k: FIELD[k] for k in REQUIRED},
-                                        optional={k: v for k, v in FIELD.items() if k not in REQUIRED}),
-                  st.fixed_dictionaries({}, optional=FIELD))
+EVENT = st.one_of(
+    st.fixed_dictionaries(
+        {k: FIELD[k] for k in REQUIRED}, optional={k: v for k, v in FIELD.items() if k not in REQUIRED}
+    ),
+    st.fixed_dictionaries({}, optional=FIELD),
+)
 
 
 def _block(events: list[Any], style: int) -> bytes:
@@ -136,9 +156,12 @@ def _block(events: list[Any], style: int) -> bytes:
 
 @built
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(chunks=st.lists(st.lists(EVENT, max_size=8), min_size=1, max_size=6), style=st.integers(0, 3),
-       spans=st.one_of(st.none(), st.lists(st.tuples(st.floats(0, 2000), st.floats(0, 300)), max_size=4)),
-       shift=st.one_of(st.floats(-1e6, 1e6), st.sampled_from([0.0, 0.125, -3.0])))
+@given(
+    chunks=st.lists(st.lists(EVENT, max_size=8), min_size=1, max_size=6),
+    style=st.integers(0, 3),
+    spans=st.one_of(st.none(), st.lists(st.tuples(st.floats(0, 2000), st.floats(0, 300)), max_size=4)),
+    shift=st.one_of(st.floats(-1e6, 1e6), st.sampled_from([0.0, 0.125, -3.0])),
+)
 def test_generated_blocks_rewrite_the_same(chunks: list[list[Any]], style: int, spans: Any, shift: float):
     window = union([(a, a + d) for a, d in spans]) if spans is not None else None
     window = [(a, b) for a, b in window if b > a] if window is not None else None
@@ -153,16 +176,16 @@ def _x(**fields: Any) -> dict[str, Any]:
 def test_rules_exactly():
     """One block through the native rewriter, every rule of its docstring checked by value."""
     events = [
-        _x(ts=10, args={"a": [1, {"b": None}]}, extra="dropped"),       # inside the first span: kept
-        _x(ts=2, dur=3),                                                # before every span, ends before it: dropped
-        _x(ts=2, dur=30),                                               # before, reaching into the first span: kept
-        {"ph": "i", "name": "mark", "pid": 1, "tid": 2, "ts": 55},      # between spans: dropped (an instant)
+        _x(ts=10, args={"a": [1, {"b": None}]}, extra="dropped"),  # inside the first span: kept
+        _x(ts=2, dur=3),  # before every span, ends before it: dropped
+        _x(ts=2, dur=30),  # before, reaching into the first span: kept
+        {"ph": "i", "name": "mark", "pid": 1, "tid": 2, "ts": 55},  # between spans: dropped (an instant)
         {"ph": "s", "id": 7, "pid": "Spans", "tid": 9, "ts": 101, "cat": "ac2g", "name": "flow", "bp": "e"},
         {"ph": "f", "id": "0x2", "pid": 1, "tid": 2, "ts": 102.5},
         {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "x"}},  # not copied
-        {"ph": "X", "pid": 1, "tid": 2, "ts": "15", "dur": 1},           # a string time: no window can hold it
-        {"ph": 5, "pid": 1, "tid": 2, "ts": 12},                         # a numeric ph: not copied
-        {"ph": "XX", "pid": 1, "tid": 2, "ts": 12},                      # nor a phase of two letters
+        {"ph": "X", "pid": 1, "tid": 2, "ts": "15", "dur": 1},  # a string time: no window can hold it
+        {"ph": 5, "pid": 1, "tid": 2, "ts": 12},  # a numeric ph: not copied
+        {"ph": "XX", "pid": 1, "tid": 2, "ts": 12},  # nor a phase of two letters
     ]
     _, native = _movers([(5.0, 40.0), (100.0, 200.0)], shift=0.5, rank=3)
     native.procs, native.threads = {1: "python"}, {(1, 2): "main"}
@@ -170,8 +193,16 @@ def test_rules_exactly():
     t1, t2 = 3 * merged.TIDS_PER_RANK + 1, 3 * merged.TIDS_PER_RANK + 2
     assert _events(out) == [
         {"ph": "M", "name": "thread_name", "pid": 3, "tid": t1, "args": {"name": "python / main"}},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 3, "tid": t1, "ts": 10.5, "dur": 5,
-         "args": {"a": [1, {"b": None}]}},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "pid": 3,
+            "tid": t1,
+            "ts": 10.5,
+            "dur": 5,
+            "args": {"a": [1, {"b": None}]},
+        },
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 3, "tid": t1, "ts": 2.5, "dur": 30},
         {"ph": "M", "name": "thread_name", "pid": 3, "tid": t2, "args": {"name": "pid Spans / tid 9"}},
         {"ph": "s", "cat": "ac2g", "name": "flow", "pid": 3, "tid": t2, "ts": 101.5, "id": "r3-7", "bp": "e"},
@@ -194,7 +225,7 @@ DECLINED = {
     "time beyond an exact double": b'{"ph": "X", "ts": 9007199254740993, "pid": 1, "tid": 1}',
     "trailing comma": b'{"ph": "X", "ts": 1, "pid": 1, "tid": 1},',
     "missing comma": b'{"ph": "X", "ts": 1, "pid": 1, "tid": 1} {"ph": "X"}',
-    "not an object": b'[1, 2]',
+    "not an object": b"[1, 2]",
     "malformed value": b'{"ph": "X", "ts": 1, "pid": 1, "tid": 1, "args": {"a": tru}}',
 }
 
@@ -214,9 +245,14 @@ def test_declined_blocks_leave_no_new_threads(case: str):
 
 @built
 @settings(max_examples=400, deadline=None, derandomize=True)
-@given(ts=st.one_of(st.floats(-1e15, 1e16, allow_nan=False), st.integers(-2**53, 2**53),
-                    st.integers(1_600_000_000_000_000, 1_800_000_000_000_000).map(lambda n: n / 4)),
-       shift=st.one_of(st.floats(-1e9, 1e9), st.just(0.0), st.integers(-10**6, 10**6).map(lambda n: n / 8)))
+@given(
+    ts=st.one_of(
+        st.floats(-1e15, 1e16, allow_nan=False),
+        st.integers(-(2**53), 2**53),
+        st.integers(1_600_000_000_000_000, 1_800_000_000_000_000).map(lambda n: n / 4),
+    ),
+    shift=st.one_of(st.floats(-1e9, 1e9), st.just(0.0), st.integers(-(10**6), 10**6).map(lambda n: n / 8)),
+)
 def test_times_read_back_as_the_shifted_double(ts: float, shift: float):
     """The written time is ts + shift exactly (its exact decimal, or Python's repr)."""
     block = json.dumps({"ph": "i", "pid": 1, "tid": 1, "ts": ts}).encode()

@@ -85,8 +85,19 @@ def test_real_traces_decode_the_same(path: Path, monkeypatch: pytest.MonkeyPatch
 def test_native_path_is_taken_on_clean_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Not a vacuous comparison: a clean trace goes through the scanner, block after block, and a
     block it declines (an escaped name) is decoded by msgspec with the same result."""
-    events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i % 7}", "pid": 1, "tid": 2, "ts": 10.0 * i, "dur": 5,
-               "args": {"External id": i}} for i in range(200)]
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": f"aten::op{i % 7}",
+            "pid": 1,
+            "tid": 2,
+            "ts": 10.0 * i,
+            "dur": 5,
+            "args": {"External id": i},
+        }
+        for i in range(200)
+    ]
     events[150]["name"] = 'say "hi"'
     path = _write(tmp_path, events)
     answers = _native_calls(monkeypatch)
@@ -103,25 +114,49 @@ def _x(**fields: Any) -> dict[str, Any]:
 RULES = {
     "negative dur is dropped": ([_x(dur=-1), _x()], True, {"count": 1}),
     "step prefix makes a mark in any category": (
-        [_x(cat="gpu_user_annotation", name="ProfilerStep#5"), _x(cat="Trace", name="ProfilerStep#6")], True,
-        {"marks": 2, "ops": 0}),
-    "annotation is a mark, not a column": ([_x(cat="user_annotation", name="harness/forward")], True,
-                                           {"marks": 1, "ops": 0, "names": 0}),
+        [_x(cat="gpu_user_annotation", name="ProfilerStep#5"), _x(cat="Trace", name="ProfilerStep#6")],
+        True,
+        {"marks": 2, "ops": 0},
+    ),
+    "annotation is a mark, not a column": (
+        [_x(cat="user_annotation", name="harness/forward")],
+        True,
+        {"marks": 1, "ops": 0, "names": 0},
+    ),
     "null collective fields keep no args": (
-        [_x(cat="kernel", args={"Collective name": None, "dtype": None, "correlation": 4})], True,
-        {"args": 0, "corr": [4]}),
-    "kernel collective fields keep args": ([_x(cat="kernel", args={"dtype": "Float"}), _x(cat="kernel")], True,
-                                           {"args": 1}),
+        [_x(cat="kernel", args={"Collective name": None, "dtype": None, "correlation": 4})],
+        True,
+        {"args": 0, "corr": [4]},
+    ),
+    "kernel collective fields keep args": (
+        [_x(cat="kernel", args={"dtype": "Float"}), _x(cat="kernel")],
+        True,
+        {"args": 1},
+    ),
     "cpu op keeps args only for a collective name": (
-        [_x(args={"dtype": "Float", "In msg nelems": 3}), _x(args={"Collective name": "allreduce"})], True,
-        {"args": 1}),
+        [_x(args={"dtype": "Float", "In msg nelems": 3}), _x(args={"Collective name": "allreduce"})],
+        True,
+        {"args": 1},
+    ),
     "correlation null, negative, large": (
-        [_x(cat="kernel", args={"correlation": None}), _x(cat="kernel", args={"correlation": -3}),
-         _x(cat="kernel", args={"correlation": 2**59})], True, {"corr": [-1, -3, 2**59]}),
-    "metadata event flags the block": ([{"ph": "M", "name": "thread_name", "pid": "Spans", "tid": "x"}, _x()], True,
-                                       {"meta": True}),
-    "string pid on an event nobody reads": ([_x(cat="Trace", pid="Spans", tid="PyTorch Profiler"), _x()], True,
-                                            {"threads": 1, "count": 2}),
+        [
+            _x(cat="kernel", args={"correlation": None}),
+            _x(cat="kernel", args={"correlation": -3}),
+            _x(cat="kernel", args={"correlation": 2**59}),
+        ],
+        True,
+        {"corr": [-1, -3, 2**59]},
+    ),
+    "metadata event flags the block": (
+        [{"ph": "M", "name": "thread_name", "pid": "Spans", "tid": "x"}, _x()],
+        True,
+        {"meta": True},
+    ),
+    "string pid on an event nobody reads": (
+        [_x(cat="Trace", pid="Spans", tid="PyTorch Profiler"), _x()],
+        True,
+        {"threads": 1, "count": 2},
+    ),
     "numeric ph is neither X nor M": ([{**_x(), "ph": 5}, _x()], True, {"count": 1}),
     "missing ts is not counted": ([{k: v for k, v in _x().items() if k != "ts"}, _x()], True, {"count": 1}),
     "string pid on a cpu op": ([_x(pid="main"), _x()], False, {"threads": 2}),
@@ -144,36 +179,83 @@ def test_each_rule_exactly(rule: str, tmp_path: Path, monkeypatch: pytest.Monkey
     assert native == python
     assert answers == [accepted]
     trace = native[0]
-    got = {"count": trace.count, "marks": len(trace.marks), "ops": len(trace.ops), "names": len(trace.names),
-           "args": len(trace.args), "threads": len(trace.threads),
-           "meta": trace.blocks[0].meta if trace.blocks else None,
-           "corr": list(trace.kernels.corr) or list(trace.ops.corr)}
+    got = {
+        "count": trace.count,
+        "marks": len(trace.marks),
+        "ops": len(trace.ops),
+        "names": len(trace.names),
+        "args": len(trace.args),
+        "threads": len(trace.threads),
+        "meta": trace.blocks[0].meta if trace.blocks else None,
+        "corr": list(trace.kernels.corr) or list(trace.ops.corr),
+    }
     assert {k: got[k] for k in facts} == facts
 
 
 KEYS = ("ph", "cat", "name", "ts", "dur", "pid", "tid", "args")
-TEXT = st.text(alphabet=st.sampled_from(list("abc #:\"\\/\n\t\u00e9\u4e2d\U0001f600\x01")), max_size=8)
-NUMBER = st.one_of(st.integers(-10, 10**6), st.floats(-1e3, 1e16, allow_nan=False, allow_infinity=False),
-                   st.integers(-2**70, 2**70))
+TEXT = st.text(alphabet=st.sampled_from(list('abc #:"\\/\n\t\u00e9\u4e2d\U0001f600\x01')), max_size=8)
+NUMBER = st.one_of(
+    st.integers(-10, 10**6), st.floats(-1e3, 1e16, allow_nan=False, allow_infinity=False), st.integers(-(2**70), 2**70)
+)
 ODD = st.one_of(st.none(), st.booleans(), TEXT, st.just([1, {"a": [None]}]), st.just({}))
 CATS = st.sampled_from(sorted(decode.GROUP_OF) + [decode.MARK_CAT, "Trace", "ac2g", "gpu_user_annotation"])
-NAMES = st.one_of(st.sampled_from(["aten::mm", "ProfilerStep#3", "ncclKernel_AllReduce", "record_param_comms",
-                                   "cudaLaunchKernel", "harness/forward"]), TEXT)
+NAMES = st.one_of(
+    st.sampled_from(
+        [
+            "aten::mm",
+            "ProfilerStep#3",
+            "ncclKernel_AllReduce",
+            "record_param_comms",
+            "cudaLaunchKernel",
+            "harness/forward",
+        ]
+    ),
+    TEXT,
+)
 ARG_VALUES = st.one_of(st.none(), st.integers(-5, 10**5), TEXT, st.just("allreduce"), st.floats(0, 10))
 ARGS = st.one_of(
-    st.none(), ODD,
-    st.dictionaries(st.sampled_from(["correlation", "Collective name", "Process Group Name", "In msg nelems",
-                                     "dtype", "External id", "grid", "c\u00f6rrelation"]),
-                    st.one_of(ARG_VALUES, st.integers(-2**70, 2**70), st.just([1, 2, [3]])), max_size=4))
+    st.none(),
+    ODD,
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "correlation",
+                "Collective name",
+                "Process Group Name",
+                "In msg nelems",
+                "dtype",
+                "External id",
+                "grid",
+                "c\u00f6rrelation",
+            ]
+        ),
+        st.one_of(ARG_VALUES, st.integers(-(2**70), 2**70), st.just([1, 2, [3]])),
+        max_size=4,
+    ),
+)
 CLEAN = {
-    "ph": st.sampled_from(["X", "X", "X", "X", "M", "i", "s", "f"]), "cat": CATS, "name": NAMES,
-    "ts": NUMBER, "dur": NUMBER, "pid": st.integers(-3, 3), "tid": st.one_of(st.integers(-3, 3), st.integers(0, 2**40)),
-    "args": st.one_of(st.none(), st.dictionaries(st.sampled_from(["correlation", "External id", "Collective name"]),
-                                                 st.integers(-5, 10**5), max_size=2)),
+    "ph": st.sampled_from(["X", "X", "X", "X", "M", "i", "s", "f"]),
+    "cat": CATS,
+    "name": NAMES,
+    "ts": NUMBER,
+    "dur": NUMBER,
+    "pid": st.integers(-3, 3),
+    "tid": st.one_of(st.integers(-3, 3), st.integers(0, 2**40)),
+    "args": st.one_of(
+        st.none(),
+        st.dictionaries(
+            st.sampled_from(["correlation", "External id", "Collective name"]), st.integers(-5, 10**5), max_size=2
+        ),
+    ),
 }
 ODD_FIELD = {  # each field's odd values: what msgspec and the Python loop handle, the scanner declines or skips
-    "ph": ODD, "cat": ODD, "name": ODD, "ts": st.one_of(ODD, st.just("12.5")), "dur": ODD,
-    "pid": st.one_of(st.integers(0, 2**70), ODD, st.just(1.0)), "tid": st.one_of(st.integers(0, 2**70), ODD),
+    "ph": ODD,
+    "cat": ODD,
+    "name": ODD,
+    "ts": st.one_of(ODD, st.just("12.5")),
+    "dur": ODD,
+    "pid": st.one_of(st.integers(0, 2**70), ODD, st.just(1.0)),
+    "tid": st.one_of(st.integers(0, 2**70), ODD),
     "args": st.one_of(ODD, ARGS),
 }
 # Mostly clean, complete events (so most blocks take the native path), each field odd one time in
@@ -192,18 +274,33 @@ def _text(doc: Any, style: int) -> str:
     if style == 2:
         return json.dumps(doc, ensure_ascii=False, indent=1)
     events = ",\n".join(
-        (json.dumps(e, ensure_ascii=False)[:-1] + ', "ph": "X", "ts": 1.0}' if isinstance(e, dict) and e else
-         json.dumps(e, ensure_ascii=False)) for e in doc["traceEvents"])
+        (
+            json.dumps(e, ensure_ascii=False)[:-1] + ', "ph": "X", "ts": 1.0}'
+            if isinstance(e, dict) and e
+            else json.dumps(e, ensure_ascii=False)
+        )
+        for e in doc["traceEvents"]
+    )
     return '{"schemaVersion": 1, "traceEvents": [' + events + "]}"
 
 
 @built
-@settings(max_examples=150, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(items=st.lists(EVENT, max_size=40), junk=st.sampled_from([None] * 9 + [[], 3]), at=st.floats(0, 1),
-       style=st.integers(0, 3), block=st.sampled_from([64, 300, 4096]))
-def test_generated_events_decode_the_same(items: list[Any], junk: Any, at: float, style: int, block: int,
-                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    items=st.lists(EVENT, max_size=40),
+    junk=st.sampled_from([None] * 9 + [[], 3]),
+    at=st.floats(0, 1),
+    style=st.integers(0, 3),
+    block=st.sampled_from([64, 300, 4096]),
+)
+def test_generated_events_decode_the_same(
+    items: list[Any], junk: Any, at: float, style: int, block: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     if junk is not None:  # an element that is not an event: the whole-file path, both ways
         items.insert(int(at * len(items)), junk)
     path = tmp_path / "gen.json"
@@ -213,20 +310,36 @@ def test_generated_events_decode_the_same(items: list[Any], junk: Any, at: float
 
 
 @built
-@settings(max_examples=60, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.floats(0, 1), flip=st.floats(0, 1), byte=st.integers(0, 255), truncate=st.booleans())
-def test_corrupted_files_give_the_same_outcome(cut: float, flip: float, byte: int, truncate: bool, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch):
-    events = [{"ph": "X", "cat": c, "name": n, "pid": 1, "tid": t, "ts": 100.0 * i, "dur": 50,
-               "args": {"correlation": i, "Collective name": "allreduce"} if c == "kernel" else {"External id": i}}
-              for i, (c, n, t) in enumerate([("cpu_op", "aten::mm", 1), ("cuda_runtime", "cudaLaunchKernel", 1),
-                                             ("kernel", "ncclKernel_AllReduce", 7), ("user_annotation",
-                                                                                     "ProfilerStep#1", 1)] * 8)]
+def test_corrupted_files_give_the_same_outcome(
+    cut: float, flip: float, byte: int, truncate: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    events = [
+        {
+            "ph": "X",
+            "cat": c,
+            "name": n,
+            "pid": 1,
+            "tid": t,
+            "ts": 100.0 * i,
+            "dur": 50,
+            "args": {"correlation": i, "Collective name": "allreduce"} if c == "kernel" else {"External id": i},
+        }
+        for i, (c, n, t) in enumerate(
+            [
+                ("cpu_op", "aten::mm", 1),
+                ("cuda_runtime", "cudaLaunchKernel", 1),
+                ("kernel", "ncclKernel_AllReduce", 7),
+                ("user_annotation", "ProfilerStep#1", 1),
+            ]
+            * 8
+        )
+    ]
     raw = bytearray(json.dumps({"traceEvents": events}, indent=1).encode())
     at = int(flip * (len(raw) - 1))
     if truncate:
-        raw = raw[:int(cut * len(raw))]
+        raw = raw[: int(cut * len(raw))]
     elif at < len(raw):
         raw[at] = byte
     path = tmp_path / "bad.json"
@@ -271,9 +384,13 @@ def test_scanner_declines_what_it_cannot_vouch_for(case: str):
 
 @built
 @settings(max_examples=400, deadline=None, derandomize=True)
-@given(text=st.one_of(st.floats(allow_nan=False, allow_infinity=False).map(repr),
-                      st.decimals(allow_nan=False, allow_infinity=False, places=3).map(str),
-                      st.from_regex(r"-?(0|[1-9][0-9]{0,19})(\.[0-9]{1,24})?([eE][+-]?[0-9]{1,3})?", fullmatch=True)))
+@given(
+    text=st.one_of(
+        st.floats(allow_nan=False, allow_infinity=False).map(repr),
+        st.decimals(allow_nan=False, allow_infinity=False, places=3).map(str),
+        st.from_regex(r"-?(0|[1-9][0-9]{0,19})(\.[0-9]{1,24})?([eE][+-]?[0-9]{1,3})?", fullmatch=True),
+    )
+)
 def test_times_parse_to_the_same_double_as_python(text: str):
     """The scanner's number parsing (a fast exact path, else CPython's) against float()."""
     block = ('{"ph": "X", "cat": "cpu_op", "name": "n", "pid": 1, "tid": 1, "ts": ' + text + ', "dur": 0}').encode()

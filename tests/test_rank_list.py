@@ -22,13 +22,22 @@ def test_few_ranks_are_listed_in_the_order_given_and_many_as_runs() -> None:
     squares = [i * i for i in range(20)]
     assert ranks_phrase(squares) == "20 ranks [0, 1, 4, 9, 16, 25, 36, 49 and 12 more]"
     assert ranks_phrase(list(range(0, 40, 2)) + list(range(100, 133, 3)) + [211, 312, 413]) == (
-        "34 ranks [0-38 every 2nd, 100-130 every 3rd, 211-413 every 101st]")
+        "34 ranks [0-38 every 2nd, 100-130 every 3rd, 211-413 every 101st]"
+    )
     assert ranks_phrase(range(0, 260, 13)) == "20 ranks [0-247 every 13th]"
 
 
 def _straggler(rank: int, late_ms: float, phase: str | None, whatif_ms: float) -> dict:
-    return {"rank": rank, "host": f"node{rank // 8:04d}", "late_ms": late_ms, "phase": phase, "pattern": "persistent",
-            "steps_late": 10, "steps": 10, "whatif_step_ms": whatif_ms}
+    return {
+        "rank": rank,
+        "host": f"node{rank // 8:04d}",
+        "late_ms": late_ms,
+        "phase": phase,
+        "pattern": "persistent",
+        "steps_late": 10,
+        "steps": 10,
+        "whatif_step_ms": whatif_ms,
+    }
 
 
 def test_stragglers_alike_are_named_together_beyond_four() -> None:
@@ -38,10 +47,20 @@ def test_stragglers_alike_are_named_together_beyond_four() -> None:
     assert headline("straggler", stragglers, []) == (
         "straggler: rank 1000 on node0125 is late (spends longer in gemm), 9.50 ms per step; "
         "128 ranks [7-1023 every 8th] on 128 hosts are late (their devices sit idle waiting on their hosts), "
-        "8.00-8.02 ms per step")
-    doc = {"verdict": "straggler", "stragglers": stragglers, "memory_findings": [], "diagnosis": [],
-           "run": {"replayed_step_ms": 14.0, "median_step_ms": 16.0, "whatif_all_fixed_step_ms": 12.5,
-                   "ranks_present": list(range(1024))}}
+        "8.00-8.02 ms per step"
+    )
+    doc = {
+        "verdict": "straggler",
+        "stragglers": stragglers,
+        "memory_findings": [],
+        "diagnosis": [],
+        "run": {
+            "replayed_step_ms": 14.0,
+            "median_step_ms": 16.0,
+            "whatif_all_fixed_step_ms": 12.5,
+            "ranks_present": list(range(1024)),
+        },
+    }
     texts = [n["text"] for n in next_steps(doc)]
     assert texts == [
         "Rank 1000: it spends longer in `gemm` than its peers: check its inputs (uneven shapes/load) and its hardware. "
@@ -50,13 +69,17 @@ def test_stragglers_alike_are_named_together_beyond_four() -> None:
         "rank's host side (input pipeline, Python overhead, CPU contention, syncs). Fixing one of them alone leaves "
         "the step at ~14.00 ms (replayed; measured 16.00 ms).",
         "Fixing 129 ranks [7-999 every 8th, 1000, 1007-1023 every 8th] together would bring the step from ~14.00 ms to "
-        "~12.50 ms (replayed)."]
+        "~12.50 ms (replayed).",
+    ]
     assert sorted(next_steps(doc)[1]["ranks"]) == list(range(7, 1024, 8))  # all of them in report.json
     assert headline("balanced", [], list(range(100, 140))) == (
-        "balanced: no rank keeps the others waiting beyond the noise (incomplete: 40 ranks [100-139] missing)")
+        "balanced: no rank keeps the others waiting beyond the noise (incomplete: 40 ranks [100-139] missing)"
+    )
     some = [{**s, "whatif_step_ms": 13.9 if s["rank"] == 15 else 14.0} for s in stragglers]
-    assert "Fixed one at a time, the step would take ~13.90-14.00 ms instead of ~14.00 ms" in next_steps(
-        {**doc, "stragglers": some})[1]["text"]
+    assert (
+        "Fixed one at a time, the step would take ~13.90-14.00 ms instead of ~14.00 ms"
+        in next_steps({**doc, "stragglers": some})[1]["text"]
+    )
     four = stragglers[:4]
     assert headline("straggler", four, []).count("; ") == 3  # four or fewer: one by one, as before
     assert len(next_steps({**doc, "stragglers": four})) == 5

@@ -83,24 +83,47 @@ def _replay_loop(traces: list[RankTrace], waits: list[InstanceWaits], fixed: set
 
 TIME = st.integers(0, 2000).map(lambda t: t / 4)
 # per collective: its step, its participants (a bit mask over the ranks), per rank (start, duration)
-COLLECTIVE = st.tuples(st.integers(1, 3), st.integers(1, 127),
-                       st.lists(st.tuples(TIME, st.integers(0, 400).map(lambda d: d / 4)), min_size=7, max_size=7))
+COLLECTIVE = st.tuples(
+    st.integers(1, 3),
+    st.integers(1, 127),
+    st.lists(st.tuples(TIME, st.integers(0, 400).map(lambda d: d / 4)), min_size=7, max_size=7),
+)
 
 
 @st.composite
 def runs(draw: st.DrawFn) -> tuple[list[RankTrace], list[InstanceWaits], list[set[int]]]:
     n = draw(st.integers(2, 7))
     steps_of = [draw(st.lists(st.integers(1, 3), max_size=3, unique=True)) for _ in range(n)]
-    traces = [RankTrace(rank=r, world_size=n, host="h", run_id=None, device="gpu", comms=[],
-                        steps=[Step(number=s, start_us=s * 1000.0 + draw(TIME), end_us=s * 1000.0 + 600 + draw(TIME))
-                               for s in steps_of[r]]) for r in range(n)]
+    traces = [
+        RankTrace(
+            rank=r,
+            world_size=n,
+            host="h",
+            run_id=None,
+            device="gpu",
+            comms=[],
+            steps=[
+                Step(number=s, start_us=s * 1000.0 + draw(TIME), end_us=s * 1000.0 + 600 + draw(TIME))
+                for s in steps_of[r]
+            ],
+        )
+        for r in range(n)
+    ]
     instances = []
     for k, (step, mask, times) in enumerate(draw(st.lists(COLLECTIVE, max_size=12))):
         ranks = [r for r in range(n) if mask >> r & 1]
         if len(ranks) < 2:
             continue
-        ops = {r: CommOp(name="allreduce", pg="0", start_us=step * 1000.0 + times[r][0],
-                         end_us=step * 1000.0 + times[r][0] + times[r][1], step=step) for r in ranks}
+        ops = {
+            r: CommOp(
+                name="allreduce",
+                pg="0",
+                start_us=step * 1000.0 + times[r][0],
+                end_us=step * 1000.0 + times[r][0] + times[r][1],
+                step=step,
+            )
+            for r in ranks
+        }
         instances.append(Instance(key=(k,), name="allreduce", pg="0", step=step, ops=ops))
     fixed = [set(draw(st.lists(st.integers(0, n - 1), max_size=n))) for _ in range(3)] + [set(), set(range(n))]
     return traces, instance_waits(instances), fixed
@@ -118,15 +141,28 @@ def test_the_replay_over_arrays_equals_the_loop_over_ranks(run: tuple) -> None:
 def test_a_fixed_straggler_arrives_with_its_peers() -> None:
     """Two collectives, three ranks; rank 2 arrives 300 us late at the first. Fixed, its run-up
     becomes the median of ranks 0 and 1 (100 and 120: 110), everything else unchanged: exact."""
+
     def op(start: float, end: float) -> CommOp:
         return CommOp(name="allreduce", pg="0", start_us=start, end_us=end, step=1)
 
-    traces = [RankTrace(rank=r, world_size=3, host="h", run_id=None, device="gpu", comms=[],
-                        steps=[Step(number=1, start_us=0.0, end_us=1000.0)]) for r in range(3)]
-    first = Instance(key=(0,), name="allreduce", pg="0", step=1,
-                     ops={0: op(100.0, 450.0), 1: op(120.0, 450.0), 2: op(400.0, 450.0)})
-    second = Instance(key=(1,), name="allreduce", pg="0", step=1,
-                      ops={0: op(600.0, 700.0), 1: op(600.0, 700.0), 2: op(600.0, 700.0)})
+    traces = [
+        RankTrace(
+            rank=r,
+            world_size=3,
+            host="h",
+            run_id=None,
+            device="gpu",
+            comms=[],
+            steps=[Step(number=1, start_us=0.0, end_us=1000.0)],
+        )
+        for r in range(3)
+    ]
+    first = Instance(
+        key=(0,), name="allreduce", pg="0", step=1, ops={0: op(100.0, 450.0), 1: op(120.0, 450.0), 2: op(400.0, 450.0)}
+    )
+    second = Instance(
+        key=(1,), name="allreduce", pg="0", step=1, ops={0: op(600.0, 700.0), 1: op(600.0, 700.0), 2: op(600.0, 700.0)}
+    )
     replay = Replay(traces, instance_waits([first, second]))
     # as measured: arrivals 100/120/400, start 400, ends 450; run-ups 150, start 600, end 700; tail 300
     assert replay.step_ms(set()) == 1.0

@@ -27,8 +27,9 @@ from harness.paths import STEP_PHASES
 
 NAMES = ["aten::mm", "aten::add", "k1", "k2"]
 TIME = st.one_of(st.integers(0, 400).map(float), st.floats(0, 400, allow_nan=False))
-SPAN = st.tuples(TIME, st.one_of(st.just(0.0), TIME), st.one_of(st.none(), st.integers(0, 3)),
-                 st.integers(0, len(NAMES) - 1))
+SPAN = st.tuples(
+    TIME, st.one_of(st.just(0.0), TIME), st.one_of(st.none(), st.integers(0, 3)), st.integers(0, len(NAMES) - 1)
+)
 
 
 def _spans(rows: list[tuple[float, float, int | None, int]]) -> Spans:
@@ -62,8 +63,11 @@ def _run_ups_by_loop(comms: list[tuple[float, float]], rows: list, first: float 
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(rows=st.lists(SPAN, max_size=40), comms=st.lists(st.tuples(TIME, TIME), max_size=6),
-       first=st.one_of(st.none(), TIME))
+@given(
+    rows=st.lists(SPAN, max_size=40),
+    comms=st.lists(st.tuples(TIME, TIME), max_size=6),
+    first=st.one_of(st.none(), TIME),
+)
 @example(rows=[(0.0, 10.0, 0, 0)], comms=[(5.0, 5.0), (20.0, 1.0)], first=None)  # a span ending where a window opens
 def test_run_ups_match_the_loop(rows: list, comms: list, first: float | None):
     ops = [CommOp(name="allreduce", pg="0", start_us=a, end_us=a + d) for a, d in comms]
@@ -92,8 +96,9 @@ def test_merged_pieces_is_the_union(intervals: list):
     assert list(zip(starts.tolist(), ends.tolist())) == union(ordered)
 
 
-def _self_times_by_loop(ts: list[float], dur: list[float], name: list[int], names: list[str],
-                        steps: list[Step]) -> list[dict[str, float]]:
+def _self_times_by_loop(
+    ts: list[float], dur: list[float], name: list[int], names: list[str], steps: list[Step]
+) -> list[dict[str, float]]:
     """The stack walk parse._self_times replaced, kept as the oracle."""
     comm = [bool(COMM_OP.match(n)) for n in names]
     reducer = [n.startswith(REDUCER_PREFIX) for n in names]
@@ -124,19 +129,32 @@ OP_NAMES = ["aten::mm", "aten::add", "c10d::allreduce_", REDUCER_PREFIX + "copy_
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(ops=st.lists(st.tuples(st.integers(0, 60).map(float), st.integers(0, 30).map(float),
-                              st.integers(0, len(OP_NAMES) - 1)), max_size=40),
-       phases=st.lists(st.tuples(st.sampled_from(["data", "optimizer", "forward"]), st.integers(0, 1),
-                                 st.integers(0, 25).map(float), st.integers(0, 10).map(float)), max_size=4))
+@given(
+    ops=st.lists(
+        st.tuples(st.integers(0, 60).map(float), st.integers(0, 30).map(float), st.integers(0, len(OP_NAMES) - 1)),
+        max_size=40,
+    ),
+    phases=st.lists(
+        st.tuples(
+            st.sampled_from(["data", "optimizer", "forward"]),
+            st.integers(0, 1),
+            st.integers(0, 25).map(float),
+            st.integers(0, 10).map(float),
+        ),
+        max_size=4,
+    ),
+)
 def test_self_times_match_the_loop(ops: list, phases: list):
     """Nested, overlapping and equal ops; two steps with data/optimizer/forward phases."""
     ops.sort(key=lambda o: o[0])  # the main thread's columns come by start
     steps = [Step(number=7, start_us=0.0, end_us=30.0), Step(number=9, start_us=30.0, end_us=55.0)]
     for p, j, a, d in phases:
-        steps[j].phase_spans.append((STEP_PHASES[0] if p == "data" else p, steps[j].start_us + a,
-                                     steps[j].start_us + a + d))
-    main = SimpleNamespace(ts=array("d", [o[0] for o in ops]), dur=array("d", [o[1] for o in ops]),
-                           name=array("i", [o[2] for o in ops]))
+        steps[j].phase_spans.append(
+            (STEP_PHASES[0] if p == "data" else p, steps[j].start_us + a, steps[j].start_us + a + d)
+        )
+    main = SimpleNamespace(
+        ts=array("d", [o[0] for o in ops]), dur=array("d", [o[1] for o in ops]), name=array("i", [o[2] for o in ops])
+    )
     expected = _self_times_by_loop(list(main.ts), list(main.dur), list(main.name), OP_NAMES, steps)
     _self_times(main, OP_NAMES, _StepIndex(steps), {s.number: s for s in steps})
     assert [s.compute_by_name_us for s in steps] == expected
@@ -161,9 +179,16 @@ def _native_env(value: str) -> Iterator[None]:
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
-@given(rows=st.lists(st.tuples(st.one_of(st.integers(0, 40).map(float), st.just(float("nan"))),
-                               st.one_of(st.integers(0, 20).map(float), st.just(float("nan"))), st.booleans()),
-                     max_size=40))
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.one_of(st.integers(0, 40).map(float), st.just(float("nan"))),
+            st.one_of(st.integers(0, 20).map(float), st.just(float("nan"))),
+            st.booleans(),
+        ),
+        max_size=40,
+    )
+)
 def test_native_nest_matches_the_python_walk(rows: list):
     """host_ops.nest natively (_nest.c) and in Python: same parents and flags, NaN ends included."""
 
@@ -189,8 +214,11 @@ def test_step_positions_give_at_s_answers(times: list, nan_step: int):
     NaN (a ProfilerStep with "ts": "nan"), where bisection and searchsorted part ways."""
     from harness.collect.read.runup import NO_STEP
 
-    steps = [Step(number=1, start_us=0.0, end_us=100.0), Step(number=2, start_us=150.0, end_us=250.0),
-             Step(number=3, start_us=260.0, end_us=400.0)]
+    steps = [
+        Step(number=1, start_us=0.0, end_us=100.0),
+        Step(number=2, start_us=150.0, end_us=250.0),
+        Step(number=3, start_us=260.0, end_us=400.0),
+    ]
     for nan in (False, True):
         if nan:
             steps[nan_step] = Step(number=steps[nan_step].number, start_us=float("nan"), end_us=float("nan"))
@@ -208,18 +236,28 @@ def _device_work_by_loop(kernels: list, launches: dict[int, float], steps: list[
         launched = launches.get(corr, t) if corr >= 0 else t
         step = index.at(launched)
         rows.append((t, t + d, -1 if step is None else step, n))
-        if step is not None and not any(a <= launched <= b for p, a, b in by_number[step].phase_spans
-                                        if not is_model(p)):
+        if step is not None and not any(
+            a <= launched <= b for p, a, b in by_number[step].phase_spans if not is_model(p)
+        ):
             by_name = by_step[steps.index(by_number[step])]
             by_name[names[n]] = by_name.get(names[n], 0.0) + d
     return rows, by_step
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(kernels=st.lists(st.tuples(TIME, TIME, st.integers(0, 2), st.integers(-1, 12)), max_size=40),
-       launch=st.lists(st.tuples(st.integers(-1, 12), TIME), max_size=12),
-       phases=st.lists(st.tuples(st.sampled_from(["data", "optimizer", "forward"]), st.integers(0, 1),
-                                 st.integers(0, 25).map(float), st.integers(0, 10).map(float)), max_size=4))
+@given(
+    kernels=st.lists(st.tuples(TIME, TIME, st.integers(0, 2), st.integers(-1, 12)), max_size=40),
+    launch=st.lists(st.tuples(st.integers(-1, 12), TIME), max_size=12),
+    phases=st.lists(
+        st.tuples(
+            st.sampled_from(["data", "optimizer", "forward"]),
+            st.integers(0, 1),
+            st.integers(0, 25).map(float),
+            st.integers(0, 10).map(float),
+        ),
+        max_size=4,
+    ),
+)
 def test_device_work_matches_the_loop(kernels: list, launch: list, phases: list):
     """Kernels launched in, between and outside two steps, by ids found, missing, negative and
     reused (the last launch of an id counts), with data/optimizer/forward phases."""
@@ -230,22 +268,36 @@ def test_device_work_matches_the_loop(kernels: list, launch: list, phases: list)
     kernels.sort(key=lambda k: k[0])
     steps = [Step(number=4, start_us=0.0, end_us=30.0), Step(number=5, start_us=30.0, end_us=55.0)]
     for p, j, a, d in phases:
-        steps[j].phase_spans.append((STEP_PHASES[0] if p == "data" else p, steps[j].start_us + a,
-                                     steps[j].start_us + a + d))
+        steps[j].phase_spans.append(
+            (STEP_PHASES[0] if p == "data" else p, steps[j].start_us + a, steps[j].start_us + a + d)
+        )
     launches = Columns()
     for corr, ts in launch:
         launches.corr.append(corr), launches.ts.append(ts), launches.dur.append(1.0)
         launches.name.append(0), launches.thread.append(0), launches.extra.append(-1)
     doc = SimpleNamespace(kernels=Columns(), names=names, args=[], threads=[(1, 1)])
     for t, d, n, corr in kernels:
-        for col, v in zip((doc.kernels.ts, doc.kernels.dur, doc.kernels.name, doc.kernels.corr,
-                           doc.kernels.thread, doc.kernels.extra), (t, d, n, corr, 0, -1)):
+        for col, v in zip(
+            (
+                doc.kernels.ts,
+                doc.kernels.dur,
+                doc.kernels.name,
+                doc.kernels.corr,
+                doc.kernels.thread,
+                doc.kernels.extra,
+            ),
+            (t, d, n, corr, 0, -1),
+        ):
             col.append(v)
     last = {corr: ts for corr, ts in launch if corr >= 0}  # the last launch of a reused id
     expected_rows, expected = _device_work_by_loop(kernels, last, steps, names)
     spans = Spans(names)
-    assert _device_work(doc, _StepIndex(steps), _LaunchTimes(launches), spans, None, [], "t",
-                        np.zeros(len(names), dtype=bool)) == []
+    assert (
+        _device_work(
+            doc, _StepIndex(steps), _LaunchTimes(launches), spans, None, [], "t", np.zeros(len(names), dtype=bool)
+        )
+        == []
+    )
     assert list(zip(spans.start_us, spans.end_us, spans.step, spans.name)) == expected_rows
     assert [s.compute_by_name_us for s in steps] == expected
     assert [list(s.compute_by_name_us) for s in steps] == [list(e) for e in expected]

@@ -20,12 +20,33 @@ def test_percentile_interpolates_linearly() -> None:
 
 def test_summary_skips_warmup_and_counts_throughput() -> None:
     records = [
-        {"step": 0, "step_ms": 100.0, "data_ms": 50.0, "samples": 8, "warmup": True, "profiler": "wait",
-         "rss_bytes": 900},
-        {"step": 1, "step_ms": 10.0, "data_ms": 1.0, "samples": 8, "warmup": False, "profiler": "wait",
-         "rss_bytes": 700},
-        {"step": 2, "step_ms": 30.0, "data_ms": 3.0, "samples": 8, "warmup": False, "profiler": "record",
-         "rss_bytes": 800},
+        {
+            "step": 0,
+            "step_ms": 100.0,
+            "data_ms": 50.0,
+            "samples": 8,
+            "warmup": True,
+            "profiler": "wait",
+            "rss_bytes": 900,
+        },
+        {
+            "step": 1,
+            "step_ms": 10.0,
+            "data_ms": 1.0,
+            "samples": 8,
+            "warmup": False,
+            "profiler": "wait",
+            "rss_bytes": 700,
+        },
+        {
+            "step": 2,
+            "step_ms": 30.0,
+            "data_ms": 3.0,
+            "samples": 8,
+            "warmup": False,
+            "profiler": "record",
+            "rss_bytes": 800,
+        },
     ]
     s = step_statistics(records)
     assert s["steps"] == 2

@@ -26,8 +26,9 @@ STEPS = ["--steps", "12", "--warmup-steps", "2", "--wait", "3", "--warmup", "1",
 
 
 def collect(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.collect", *args], capture_output=True, text=True,
-                          timeout=300, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "harness.collect", *args], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
 
 
 def _traces(tmp_path: Path) -> list[Path]:
@@ -91,8 +92,9 @@ def test_collector_prefers_summaries_and_falls_back_to_the_trace(tmp_path: Path)
     proc = collect(str(run), "-o", str(tmp_path / "fallback"), "-q", "--no-merged")
     doc = json.loads((tmp_path / "fallback" / "report.json").read_text())
     assert proc.returncode == 0 and doc["ranks"] == full["ranks"]
-    assert any("damaged or not a harness summary" in w and "parsed rank1.pt.trace.json instead" in w
-               for w in doc["warnings"])
+    assert any(
+        "damaged or not a harness summary" in w and "parsed rank1.pt.trace.json instead" in w for w in doc["warnings"]
+    )
     # Summaries without their traces: the report from the summaries alone, and no merged trace.
     summarize(traces[1])
     for t in traces:
@@ -106,8 +108,22 @@ def test_collector_prefers_summaries_and_falls_back_to_the_trace(tmp_path: Path)
 
 @pytest.mark.slow
 def test_in_job_summaries_give_the_report_of_the_full_traces(log_dir: Path, tmp_path: Path) -> None:
-    run = run_harness(["--mode", "baseline", *STEPS, "--trace-summary", "alongside", "--straggler-rank", "1",
-                       "--straggler-ms", "40", "--straggler-phase", "forward"], log_dir)
+    run = run_harness(
+        [
+            "--mode",
+            "baseline",
+            *STEPS,
+            "--trace-summary",
+            "alongside",
+            "--straggler-rank",
+            "1",
+            "--straggler-ms",
+            "40",
+            "--straggler-phase",
+            "forward",
+        ],
+        log_dir,
+    )
     traces = run.traces()
     assert len(traces) == 2 and all(summary_path(t).is_file() for t in traces)
     assert [r["trace_summaries"] for r in run.run_json["ranks"]] == [[summary_path(t).name] for t in traces]
@@ -119,8 +135,11 @@ def test_in_job_summaries_give_the_report_of_the_full_traces(log_dir: Path, tmp_
         outs[how] = {name: json.loads((tmp_path / how / name).read_text()) for name in ("report.json", "timeline.json")}
     assert outs["summaries"] == outs["traces"]
     report = outs["summaries"]["report.json"]
-    assert ((report["verdict"], report["stragglers"][0]["rank"], report["stragglers"][0]["phase"])
-            == ("straggler", 1, "forward"))
+    assert (report["verdict"], report["stragglers"][0]["rank"], report["stragglers"][0]["phase"]) == (
+        "straggler",
+        1,
+        "forward",
+    )
 
 
 @pytest.mark.slow
@@ -139,11 +158,23 @@ def test_summary_only_runs_keep_no_traces_and_still_collect(log_dir: Path) -> No
 def test_ranks_read_apart_share_one_copy_of_each_name() -> None:
     def rank(r: int) -> RankTrace:
         kernel = "".join(["void gemm<float, 128>", "(int)"])  # built at run time: a new string each call
-        return RankTrace(rank=r, world_size=2, host="".join(["node", "0"]), run_id=None, device="gpu",
-                         steps=[Step(number=1, start_us=0.0, end_us=10.0, compute_by_name_us={kernel: 4.0},
-                                     phase_spans=[("".join(["for", "ward"]), 0.0, 5.0)])],
-                         comms=[CommOp(name="allreduce", pg="0", start_us=5.0, end_us=9.0,
-                                       run_up_us={"op:" + kernel: 4.0})])
+        return RankTrace(
+            rank=r,
+            world_size=2,
+            host="".join(["node", "0"]),
+            run_id=None,
+            device="gpu",
+            steps=[
+                Step(
+                    number=1,
+                    start_us=0.0,
+                    end_us=10.0,
+                    compute_by_name_us={kernel: 4.0},
+                    phase_spans=[("".join(["for", "ward"]), 0.0, 5.0)],
+                )
+            ],
+            comms=[CommOp(name="allreduce", pg="0", start_us=5.0, end_us=9.0, run_up_us={"op:" + kernel: 4.0})],
+        )
 
     shared = Shared()
     a, b = compact(rank(0), shared), compact(rank(1), shared)

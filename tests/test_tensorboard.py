@@ -26,17 +26,57 @@ pytestmark = pytest.mark.slow
 PLUGIN = "/data/plugin/harness_distributed"
 PROFILER = "/data/plugin/pytorch_profiler"
 # Rank 1 sleeps 30 ms in its data phase every step: rank 0 waits for it at every allreduce.
-STRAGGLER = ["--mode", "torch", "--parallel", "ddp", "--steps", "12", "--warmup-steps", "2", "--wait", "2",
-             "--warmup", "1", "--active", "6", "--straggler-rank", "1", "--straggler-ms", "30",
-             "--straggler-phase", "data"]
-FSDP = ["--mode", "baseline", "--parallel", "fsdp", "--steps", "8", "--warmup-steps", "2", "--wait", "2",
-        "--warmup", "1", "--active", "3", "--batch-size", "16"]
+STRAGGLER = [
+    "--mode",
+    "torch",
+    "--parallel",
+    "ddp",
+    "--steps",
+    "12",
+    "--warmup-steps",
+    "2",
+    "--wait",
+    "2",
+    "--warmup",
+    "1",
+    "--active",
+    "6",
+    "--straggler-rank",
+    "1",
+    "--straggler-ms",
+    "30",
+    "--straggler-phase",
+    "data",
+]
+FSDP = [
+    "--mode",
+    "baseline",
+    "--parallel",
+    "fsdp",
+    "--steps",
+    "8",
+    "--warmup-steps",
+    "2",
+    "--wait",
+    "2",
+    "--warmup",
+    "1",
+    "--active",
+    "3",
+    "--batch-size",
+    "16",
+]
 ARTIFACTS = Path(os.environ.get("HARNESS_TEST_ARTIFACTS", REPO / "tests" / "artifacts"))
 
 
 def collect(run_dir: Path) -> None:
-    subprocess.run([sys.executable, "-m", "harness.collect", str(run_dir), "-q"], check=True, cwd=REPO,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(run_dir), "-q"],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +109,12 @@ def server(logdir: Path) -> Iterator[str]:
     port = free_port()
     exe = Path(sys.executable).with_name("tensorboard")
     log = (logdir.parent / "tensorboard.log").open("w")
-    proc = subprocess.Popen([str(exe), "--logdir", str(logdir), "--port", str(port)], stdout=log,
-                            stderr=subprocess.STDOUT, cwd=logdir.parent)
+    proc = subprocess.Popen(
+        [str(exe), "--logdir", str(logdir), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=logdir.parent,
+    )
     base = f"http://localhost:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -81,8 +125,9 @@ def server(logdir: Path) -> Iterator[str]:
             except (urllib.error.URLError, ConnectionError):
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("tensorboard did not start: "
-                                     + (logdir.parent / "tensorboard.log").read_text()[-3000:])
+                raise AssertionError(
+                    "tensorboard did not start: " + (logdir.parent / "tensorboard.log").read_text()[-3000:]
+                )
             time.sleep(0.5)
         yield base
     finally:
@@ -112,6 +157,7 @@ def q(run: str) -> str:
 
 # -- our plugin ------------------------------------------------------------------------------
 
+
 def test_plugin_lists_runs_and_serves_the_view(server: str, logdir: Path) -> None:
     runs = {r["run"]: r for r in get_json(server, f"{PLUGIN}/runs")}
     assert {"ddp", "fsdp", "pending"} <= set(runs)
@@ -130,18 +176,37 @@ def test_plugin_lists_runs_and_serves_the_view(server: str, logdir: Path) -> Non
     assert status == 200 and b"no collector report yet" in page and b"python -m harness.collect" in page
 
 
-@pytest.mark.parametrize("path", [
-    "/view?run=nope", "/view?run=", "/view", "/view?run=..", "/view?run=ddp%2F..%2F..",
-    "/view?run=%2Fetc%2Fpasswd", "/view?run=..%2F..%2F..%2Fetc%2Fpasswd", "/report.json?run=fsdp",
-    "/report.json?run=..%2Fddp", "/timeline.json?run=ddp%2Freport", "/nope.js", "/static/view.js",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/view?run=nope",
+        "/view?run=",
+        "/view",
+        "/view?run=..",
+        "/view?run=ddp%2F..%2F..",
+        "/view?run=%2Fetc%2Fpasswd",
+        "/view?run=..%2F..%2F..%2Fetc%2Fpasswd",
+        "/report.json?run=fsdp",
+        "/report.json?run=..%2Fddp",
+        "/timeline.json?run=ddp%2Freport",
+        "/nope.js",
+        "/static/view.js",
+    ],
+)
 def test_plugin_refuses_unknown_runs_and_paths(server: str, path: str) -> None:
     status, body = get(server, PLUGIN + path)
     assert status == 404, (path, status, body[:300])
 
 
-@pytest.mark.parametrize("raw", ["/../../../../etc/passwd", "/..%2F..%2F..%2Fetc%2Fpasswd",
-                                 "/view.js/../../../setup.py", "/%2e%2e/%2e%2e/pyproject.toml"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "/../../../../etc/passwd",
+        "/..%2F..%2F..%2Fetc%2Fpasswd",
+        "/view.js/../../../setup.py",
+        "/%2e%2e/%2e%2e/pyproject.toml",
+    ],
+)
 def test_plugin_traversal_in_the_raw_path(server: str, raw: str) -> None:
     # http.client sends the path as written (urllib would not normalise it either, but be explicit)
     host, port = urllib.parse.urlsplit(server).netloc.split(":")
@@ -192,7 +257,7 @@ def test_plugin_collects_a_run_without_report(server: str, logdir: Path) -> None
 
 
 def test_tensorboard_serves_other_runs_while_the_collector_runs(server: str) -> None:
-    """"Analyse now" returns at once; while the job runs (its status says so before and after),
+    """ "Analyse now" returns at once; while the job runs (its status says so before and after),
     another run's view and the run list are served, and a second job is refused, not queued."""
     for _ in range(5):  # a collection shorter than one round of requests proves nothing: again
         status, _ = get(server, f"{PLUGIN}/collect?run=pending", method="POST")
@@ -221,6 +286,7 @@ def test_tensorboard_serves_other_runs_while_the_collector_runs(server: str) -> 
 
 # -- scalars ---------------------------------------------------------------------------------
 
+
 def scalar_values(server: str, run: str, tag: str) -> dict[int, float]:
     rows = get_json(server, f"/data/plugin/scalars/scalars?run={q(run)}&tag={q(tag)}")
     return {step: value for _, step, value in rows}
@@ -232,15 +298,20 @@ def test_scalars_per_rank_from_training_and_collector(server: str) -> None:
     deadline = time.monotonic() + 90
     while True:
         tags = get_json(server, "/data/plugin/scalars/tags")
-        if all(len(tags.get(run, {})) >= 5 for run in runs) and len(
-                scalar_values(server, runs[1], "step/data_wait_ms")) == 12 or time.monotonic() > deadline:
+        if (
+            all(len(tags.get(run, {})) >= 5 for run in runs)
+            and len(scalar_values(server, runs[1], "step/data_wait_ms")) == 12
+            or time.monotonic() > deadline
+        ):
             break
         time.sleep(1)
     for r in (0, 1):
         assert {"step/time_ms", "step/data_wait_ms", "step/throughput_samples_per_s", "memory/host_rss_bytes"} <= set(
-            tags[f"ddp/tb/rank0000{r}"])
+            tags[f"ddp/tb/rank0000{r}"]
+        )
         assert {"collector/wait_for_others_ms", "collector/straggler_lag_ms", "collector/exposed_comm_ms"} <= set(
-            tags[f"ddp/report/tb/rank0000{r}"])
+            tags[f"ddp/report/tb/rank0000{r}"]
+        )
     data1 = scalar_values(server, "ddp/tb/rank00001", "step/data_wait_ms")
     data0 = scalar_values(server, "ddp/tb/rank00000", "step/data_wait_ms")
     assert sorted(data1) == list(range(12)) and min(data1.values()) >= 30 > max(data0.values())
@@ -251,6 +322,7 @@ def test_scalars_per_rank_from_training_and_collector(server: str) -> None:
 
 
 # -- torch-tb-profiler -----------------------------------------------------------------------
+
 
 def profiler_runs(server: str) -> list[str]:
     deadline = time.monotonic() + 120
@@ -294,13 +366,23 @@ def browser() -> Iterator[Any]:
     chrome = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
     driver_exe = shutil.which("chromedriver")
     if not (chrome and driver_exe):
-        pytest.skip("no Chromium and ChromeDriver on PATH: `make browser` installs them on Debian; elsewhere install "
-                    "both to run the browser test")
+        pytest.skip(
+            "no Chromium and ChromeDriver on PATH: `make browser` installs them on Debian; elsewhere install "
+            "both to run the browser test"
+        )
     opts = webdriver.ChromeOptions()
     opts.binary_location = chrome
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-                 "--window-size=1400,2200"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,2200",
+    ):
         opts.add_argument(flag)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     driver = webdriver.Chrome(options=opts, service=Service(executable_path=driver_exe))
@@ -349,16 +431,22 @@ return {charts: v.charts, memY: d('heatmap-memory')[0].y, memZ: d('heatmap-memor
 
 def check_view(state: dict[str, Any], report: dict[str, Any]) -> None:
     # the memory heatmap beside the step-time ones: the run's step logs are next to its traces
-    assert (state["charts"] == ["heatmap-step", "heatmap-wait", "heatmap-memory", "bars", "timeline"]
-            and state["svgs"] >= 5)
+    assert (
+        state["charts"] == ["heatmap-step", "heatmap-wait", "heatmap-memory", "bars", "timeline"] and state["svgs"] >= 5
+    )
     assert state["memY"] == ["rank 0", "rank 1"] and all(z > 0 for row in state["memZ"] for z in row), state["memZ"]
     assert state["verdict"] == report["headline"] and "rank 1" in state["verdict"]
     assert state["stepY"] == state["waitY"] == ["rank 0", "rank 1"]
     # rank 0 waits ~30 ms for rank 1 in every step; rank 1 waits for nobody
     assert all(z > 15 for z in state["waitZ"][0]) and all(z < 5 for z in state["waitZ"][1]), state["waitZ"]
     bars = {name: dict(zip(y, x)) for name, y, x in state["bars"]}
-    assert set(bars) == {"compute only", "overlapped communication", "exposed transfer", "exposed waiting for peers",
-                         "idle"}
+    assert set(bars) == {
+        "compute only",
+        "overlapped communication",
+        "exposed transfer",
+        "exposed waiting for peers",
+        "idle",
+    }
     by_rank = {r["rank"]: r for r in report["ranks"]}
     assert bars["exposed transfer"]["rank 0"] == pytest.approx(by_rank[0]["exposed_transfer_ms"])
     assert bars["exposed waiting for peers"]["rank 0"] == pytest.approx(by_rank[0]["exposed_wait_ms"])
@@ -401,6 +489,7 @@ def test_report_html_opens_from_disk_offline(browser: Any, logdir: Path) -> None
     check_view(state, json.loads((logdir / "ddp" / "report" / "report.json").read_text()))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(ARTIFACTS / "report_html.png"))
-    assert [u for u in requested_urls(browser)
-            if not u.startswith("file://") and not u.startswith(("data:", "blob:"))] == []
+    assert [
+        u for u in requested_urls(browser) if not u.startswith("file://") and not u.startswith(("data:", "blob:"))
+    ] == []
     assert console_errors(browser) == []

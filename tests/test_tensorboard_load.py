@@ -45,8 +45,13 @@ def collected_report(folder: Path) -> Path:
     """A real 2-rank collector report (hand-built traces with known answers) in `folder`/report."""
     for rank, doc in enumerate(ring_docs(lambda r, s: 300.0 + 100.0 * r, n_ranks=2, n_steps=4)):
         write(folder / f"rank{rank}.pt.trace.json.gz", doc)
-    subprocess.run([sys.executable, "-m", "harness.collect", str(folder), "-q", "--no-merged"], check=True, cwd=REPO,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(folder), "-q", "--no-merged"],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+        timeout=120,
+    )
     return folder / "report"
 
 
@@ -102,8 +107,12 @@ def server(logdir: Path) -> Iterator[Server]:
     """`tensorboard --logdir <logdir>` as a user starts it (bound to localhost)."""
     port = free_port()
     log = (logdir.parent / "tensorboard.log").open("w")
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("tensorboard")), "--logdir", str(logdir),
-                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, cwd=logdir.parent)
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("tensorboard")), "--logdir", str(logdir), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=logdir.parent,
+    )
     base = f"http://localhost:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -183,8 +192,10 @@ def expected_digests(logdir: Path) -> dict[str, str]:
     report_dir = logdir / "big" / "report"
     report, timeline = (report_dir / "report.json").read_bytes(), (report_dir / "timeline.json").read_bytes()
     page = render_page(json.loads(report), json.loads(timeline), title=view_title("big"), assets="linked").encode()
-    return {route: hashlib.sha256(body).hexdigest()
-            for route, body in (("view", page), ("report.json", report), ("timeline.json", timeline))}
+    return {
+        route: hashlib.sha256(body).hexdigest()
+        for route, body in (("view", page), ("report.json", report), ("timeline.json", timeline))
+    }
 
 
 def burst(server: Server, want: dict[str, str]) -> int:
@@ -227,12 +238,17 @@ def test_the_cache_keeps_the_security_checks(server: Server) -> None:
     assert status == 500 and b"not valid JSON" in body
     status, page = fetch(server.base + url("view", "z-broken"))
     assert status == 500 and b"cannot be shown: report.json is not valid JSON" in page
-    for path in (url("view", "nope"), url("report.json", "..%2Fbig"), url("timeline.json", "big%2Freport"),
-                 url("timeline.json", "..%2F..%2Fsecret.json")):
+    for path in (
+        url("view", "nope"),
+        url("report.json", "..%2Fbig"),
+        url("timeline.json", "big%2Freport"),
+        url("timeline.json", "..%2F..%2Fsecret.json"),
+    ):
         assert fetch(server.base + path)[0] == 404, path
 
 
 # -- in-process: what the cache did ------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def small_logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:

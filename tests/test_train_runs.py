@@ -69,8 +69,12 @@ def check_run(run: Run, world_size: int, windows: int = 1) -> list[dict]:
         assert row["traces"] == [p.name for p in traces if f"rank{row['rank']:05d}-" in p.name]
         # The steps the profiler recorded are exactly the ProfilerStep#N of that rank's traces.
         recorded = {r["step"] for r in records if r["profiler"] == "record"}
-        traced = {int(e["name"].split("#")[1]) for d in loaded[row["rank"] * windows:(row["rank"] + 1) * windows]
-                  for e in d["traceEvents"] if e.get("name", "").startswith("ProfilerStep#") and e.get("ph") == "X"}
+        traced = {
+            int(e["name"].split("#")[1])
+            for d in loaded[row["rank"] * windows : (row["rank"] + 1) * windows]
+            for e in d["traceEvents"]
+            if e.get("name", "").startswith("ProfilerStep#") and e.get("ph") == "X"
+        }
         assert recorded == traced
     return loaded
 
@@ -87,8 +91,21 @@ def test_every_mode_and_parallel_at_world_size_2(mode: str, parallel: str, log_d
 
 
 def test_straggler_in_data_phase_shows_in_its_data_ms(log_dir: Path) -> None:
-    run = run_harness(["--mode", "baseline", *QUICK, *SMALL["baseline"],
-                       "--straggler-rank", "1", "--straggler-ms", "40", "--straggler-phase", "data"], log_dir)
+    run = run_harness(
+        [
+            "--mode",
+            "baseline",
+            *QUICK,
+            *SMALL["baseline"],
+            "--straggler-rank",
+            "1",
+            "--straggler-ms",
+            "40",
+            "--straggler-phase",
+            "data",
+        ],
+        log_dir,
+    )
     rows = {r["rank"]: r for r in run.run_json["ranks"]}
     assert rows[1]["mean_data_ms"] > rows[0]["mean_data_ms"] + 30
     # The others wait for it inside their collectives, so every rank's step slows down.
@@ -96,16 +113,51 @@ def test_straggler_in_data_phase_shows_in_its_data_ms(log_dir: Path) -> None:
 
 
 def test_straggler_every_other_step_in_backward(log_dir: Path) -> None:
-    run = run_harness(["--mode", "baseline", *QUICK, *SMALL["baseline"], "--straggler-rank", "0",
-                       "--straggler-ms", "40", "--straggler-phase", "backward", "--straggler-every", "2"], log_dir)
+    run = run_harness(
+        [
+            "--mode",
+            "baseline",
+            *QUICK,
+            *SMALL["baseline"],
+            "--straggler-rank",
+            "0",
+            "--straggler-ms",
+            "40",
+            "--straggler-phase",
+            "backward",
+            "--straggler-every",
+            "2",
+        ],
+        log_dir,
+    )
     backward = {r["step"]: r["phases_ms"]["backward"] for r in run.steps(0)}
     slow = [s for s, ms in backward.items() if ms > 35]
     assert slow == [s for s in backward if s % 2 == 0]
 
 
 def test_several_windows_give_one_trace_per_rank_per_window(log_dir: Path) -> None:
-    run = run_harness(["--mode", "torch", *SMALL["torch"], "--steps", "10", "--warmup-steps", "1",
-                       "--wait", "1", "--warmup", "1", "--active", "2", "--repeat", "2", "--batch-size", "16"], log_dir)
+    run = run_harness(
+        [
+            "--mode",
+            "torch",
+            *SMALL["torch"],
+            "--steps",
+            "10",
+            "--warmup-steps",
+            "1",
+            "--wait",
+            "1",
+            "--warmup",
+            "1",
+            "--active",
+            "2",
+            "--repeat",
+            "2",
+            "--batch-size",
+            "16",
+        ],
+        log_dir,
+    )
     check_run(run, world_size=2, windows=2)
 
 
@@ -124,8 +176,9 @@ def test_no_profile_writes_no_trace(log_dir: Path) -> None:
 
 
 def test_four_ranks_fsdp_with_bf16(log_dir: Path) -> None:
-    run = run_harness(["--mode", "kernel", "--parallel", "fsdp", "--amp", "bf16", *QUICK, *SMALL["kernel"]],
-                      log_dir, nproc=4)
+    run = run_harness(
+        ["--mode", "kernel", "--parallel", "fsdp", "--amp", "bf16", *QUICK, *SMALL["kernel"]], log_dir, nproc=4
+    )
     check_run(run, world_size=4)
 
 
@@ -137,17 +190,51 @@ def test_existing_run_name_is_refused_not_overwritten(log_dir: Path) -> None:
 
 
 def test_speed_knobs_run_and_sync_loss_logs_every_loss(log_dir: Path) -> None:
-    run = run_harness(["--mode", "baseline", "--arch", "cnn", "--channels-last", "--amp", "bf16", "--fused-optimizer",
-                       "--sync-loss", "--non-blocking", "--cudnn-benchmark", "--static-graph",
-                       "--gradient-as-bucket-view", "--bucket-cap-mb", "1", *QUICK], log_dir)
+    run = run_harness(
+        [
+            "--mode",
+            "baseline",
+            "--arch",
+            "cnn",
+            "--channels-last",
+            "--amp",
+            "bf16",
+            "--fused-optimizer",
+            "--sync-loss",
+            "--non-blocking",
+            "--cudnn-benchmark",
+            "--static-graph",
+            "--gradient-as-bucket-view",
+            "--bucket-cap-mb",
+            "1",
+            *QUICK,
+        ],
+        log_dir,
+    )
     check_run(run, world_size=2)
     assert all(isinstance(r["loss"], float) for r in run.steps(0))
     assert run.run_json["config"]["speed"]["amp"] == "bf16"
 
 
 def test_fp16_grad_scaler_and_data_workers(log_dir: Path) -> None:
-    run = run_harness(["--mode", "data", "--amp", "fp16", "--num-workers", "2", "--persistent-workers",
-                       "--prefetch-factor", "2", "--pin-memory", *QUICK, *SMALL["data"]], log_dir, nproc=None)
+    run = run_harness(
+        [
+            "--mode",
+            "data",
+            "--amp",
+            "fp16",
+            "--num-workers",
+            "2",
+            "--persistent-workers",
+            "--prefetch-factor",
+            "2",
+            "--pin-memory",
+            *QUICK,
+            *SMALL["data"],
+        ],
+        log_dir,
+        nproc=None,
+    )
     check_run(run, world_size=1)
     assert run.run_json["ranks"][0]["final_loss"] > 0
 

@@ -21,15 +21,30 @@ SLOW_MS = 30.0
 @pytest.mark.slow
 def test_a_tutorial_style_loop_gets_its_straggler_and_phase(tmp_path: Path) -> None:
     traces = tmp_path / "traces"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "tests" / "user_loop.py"), str(traces), "1", str(SLOW_MS)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(REPO / "tests" / "user_loop.py"),
+        str(traces),
+        "1",
+        str(SLOW_MS),
+    ]
     job = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=job_env(), cwd=REPO)
     assert job.returncode == 0, job.stderr[-4000:]
     names = sorted(p.name for p in traces.iterdir())
     assert len(names) == 2 and all(".pt.trace.json" in n and "_" in n for n in names)  # <host>_<pid>.<ts>...
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(traces), "-o", str(out), "-q"],
-                          capture_output=True, text=True, timeout=300, env=job_env(), cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(traces), "-o", str(out), "-q"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=job_env(),
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((out / "report.json").read_text())
     check_report(doc)

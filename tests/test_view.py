@@ -29,11 +29,24 @@ def scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_step_scalars_have_units_and_throughput() -> None:
-    rec = {"step": 3, "step_ms": 50.0, "data_ms": 10.0, "outside_step_ms": 0.5, "samples": 16, "rss_bytes": 1000,
-           "host_cpu_util_pct": None, "phases_ms": {"data": 10.0, "forward": 20.0}}
-    assert step_scalars(rec) == {"step/time_ms": 50.0, "step/data_wait_ms": 10.0, "step/outside_step_ms": 0.5,
-                                 "memory/host_rss_bytes": 1000.0, "phase/forward_ms": 20.0,
-                                 "step/throughput_samples_per_s": 320.0}
+    rec = {
+        "step": 3,
+        "step_ms": 50.0,
+        "data_ms": 10.0,
+        "outside_step_ms": 0.5,
+        "samples": 16,
+        "rss_bytes": 1000,
+        "host_cpu_util_pct": None,
+        "phases_ms": {"data": 10.0, "forward": 20.0},
+    }
+    assert step_scalars(rec) == {
+        "step/time_ms": 50.0,
+        "step/data_wait_ms": 10.0,
+        "step/outside_step_ms": 0.5,
+        "memory/host_rss_bytes": 1000.0,
+        "phase/forward_ms": 20.0,
+        "step/throughput_samples_per_s": 320.0,
+    }
 
 
 def test_scalar_writer_round_trip(tmp_path: Path) -> None:
@@ -167,9 +180,9 @@ def test_find_runs(tmp_path: Path) -> None:
 
 def test_load_view_data_refuses_foreign_or_broken_reports(tmp_path: Path) -> None:
     (tmp_path / "a" / "report").mkdir(parents=True)
-    (tmp_path / "a" / "report" / "report.json").write_text("{\"verdict\": ")
+    (tmp_path / "a" / "report" / "report.json").write_text('{"verdict": ')
     (tmp_path / "b" / "report").mkdir(parents=True)
-    (tmp_path / "b" / "report" / "report.json").write_text("{\"other\": 1}")
+    (tmp_path / "b" / "report" / "report.json").write_text('{"other": 1}')
     runs = find_runs(tmp_path)
     with pytest.raises(ValueError, match="not valid JSON"):
         load_view_data(runs["a"])
@@ -177,17 +190,28 @@ def test_load_view_data_refuses_foreign_or_broken_reports(tmp_path: Path) -> Non
         load_view_data(runs["b"])
 
 
-_JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
-                          st.floats(allow_nan=False, allow_infinity=False),
-                          st.text(alphabet=st.sampled_from("ab<>&/\"\\é\n\u2028"), max_size=6))
-_JSON = st.recursive(_JSON_SCALARS, lambda inner: st.one_of(
-    st.lists(inner, max_size=12), st.dictionaries(st.text(alphabet="k<&é", max_size=3), inner, max_size=5)),
-    max_leaves=60)
+_JSON_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(alphabet=st.sampled_from('ab<>&/"\\é\n\u2028'), max_size=6),
+)
+_JSON = st.recursive(
+    _JSON_SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=12), st.dictionaries(st.text(alphabet="k<&é", max_size=3), inner, max_size=5)
+    ),
+    max_leaves=60,
+)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(data=st.one_of(_JSON, st.dictionaries(st.text(alphabet="ab<", max_size=3), _JSON, max_size=6)),
-       batch=st.integers(1, 4), part=st.integers(1, 40))
+@given(
+    data=st.one_of(_JSON, st.dictionaries(st.text(alphabet="ab<", max_size=3), _JSON, max_size=6)),
+    batch=st.integers(1, 4),
+    part=st.integers(1, 40),
+)
 def test_json_written_in_parts_is_the_same_text(data, batch: int, part: int, tmp_path_factory) -> None:
     """report.json (write_json_in_parts) and the page's JSON (_json_parts), written a part at a
     time, are the bytes json.dumps gives for the whole, with long lists split between parts
@@ -205,10 +229,13 @@ def test_json_written_in_parts_is_the_same_text(data, batch: int, part: int, tmp
 
 
 @settings(max_examples=300, deadline=None)
-@given(pieces=st.lists(st.sampled_from([b"</script", b"</scr", b"ipt", b"IPT", b"<", b"/", b"x", b"</SCRIPT",
-                                        b"</ScRi", b"\xc3\xa9"]),
-                       max_size=30),
-       chunk=st.integers(1, 12))
+@given(
+    pieces=st.lists(
+        st.sampled_from([b"</script", b"</scr", b"ipt", b"IPT", b"<", b"/", b"x", b"</SCRIPT", b"</ScRi", b"\xc3\xa9"]),
+        max_size=30,
+    ),
+    chunk=st.integers(1, 12),
+)
 def test_a_script_file_inlined_in_chunks_is_escaped_as_a_whole(pieces: list, chunk: int, tmp_path_factory) -> None:
     """Plotly is inlined from its file a chunk at a time: the same bytes as escaping the whole,
     however a "</script" or a two-byte character falls across the chunks (chunk sizes made
@@ -226,6 +253,6 @@ def test_a_script_file_inlined_in_chunks_is_escaped_as_a_whole(pieces: list, chu
                 p.decode("utf-8")  # raises on a character cut in two
         chunked = b"".join(p.encode() if isinstance(p, str) else p for p in parts)
     whole = b"".join(p.encode() if isinstance(p, str) else p for p in page._inline_script(js))
-    inner = whole[len(b"<script>"):-len(b"</script>")]
+    inner = whole[len(b"<script>") : -len(b"</script>")]
     assert chunked == whole and b"</script" not in inner.lower()  # no end tag in any case
     assert inner.replace(b"<\\/", b"</") == js  # the same letters otherwise

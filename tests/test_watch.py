@@ -29,8 +29,14 @@ from jobs import REPO, run_harness
 DDP_OWN = own_work_phases("ddp")
 
 
-def steps(rank_phases: dict[str, float], *, first: int = 10, n: int = 4, step_ms: float = 100.0,
-          bump: dict[int, dict[str, float]] | None = None) -> list[dict]:
+def steps(
+    rank_phases: dict[str, float],
+    *,
+    first: int = 10,
+    n: int = 4,
+    step_ms: float = 100.0,
+    bump: dict[int, dict[str, float]] | None = None,
+) -> list[dict]:
     """`n` step records with the same phase times, plus per-step extra time (`bump`: step -> phase -> ms)."""
     out = []
     for s in range(first, first + n):
@@ -44,8 +50,9 @@ def steps(rank_phases: dict[str, float], *, first: int = 10, n: int = 4, step_ms
 def judge_interval(times: dict[int, list[dict]], hosts: dict[int, str], own: tuple[str, ...], **kwargs):
     """judge_interval over the tables each rank would send with these step records."""
     rows = max(len(t) for t in times.values())
-    return judge_tables(torch.stack([pack_rows([step_row(rec) for rec in times[r]], rows) for r in sorted(times)]),
-                        hosts, own, **kwargs)
+    return judge_tables(
+        torch.stack([pack_rows([step_row(rec) for rec in times[r]], rows) for r in sorted(times)]), hosts, own, **kwargs
+    )
 
 
 BASE = {"data": 1.0, "h2d": 0.0, "forward": 20.0, "loss": 1.0, "backward": 60.0, "optimizer": 10.0}
@@ -62,8 +69,12 @@ def test_a_slow_data_phase_is_flagged_and_its_victims_waiting_in_backward_are_no
     # (DDP's all-reduce), so their backward is 50 ms longer and rank 2's is not.
     slow = {**BASE, "data": 51.0}
     victim = {**BASE, "backward": 110.0}
-    times = {0: steps(victim, step_ms=150.0), 1: steps(victim, step_ms=150.0), 2: steps(slow, step_ms=150.0),
-             3: steps(victim, step_ms=150.0)}
+    times = {
+        0: steps(victim, step_ms=150.0),
+        1: steps(victim, step_ms=150.0),
+        2: steps(slow, step_ms=150.0),
+        3: steps(victim, step_ms=150.0),
+    }
     v = judge_interval(times, {0: "a", 1: "a", 2: "b", 3: "b"}, DDP_OWN, cpu=False, th=Thresholds())
     assert v.steps == [10, 11, 12, 13]
     # own work: 32 ms on ranks 0, 1, 3 and 82 ms on rank 2; punctual (lower quartile) = 32 ms
@@ -81,8 +92,9 @@ def test_the_bound_is_the_collectors_rule() -> None:
     times[1] = steps({**BASE, "optimizer": 30.0}, step_ms=100.0)
     th = Thresholds(min_lag_ms=25.0)
     v = judge_interval(times, {}, DDP_OWN, cpu=True, th=th)
-    assert v.bounds_ms == straggler_bounds({0: 0.0, 1: 20.0, 2: 0.0}, median_step_ms=100.0, clock_noise_ms=0.0,
-                                           jitter_ms=0.0, cpu=True, th=th)
+    assert v.bounds_ms == straggler_bounds(
+        {0: 0.0, 1: 20.0, 2: 0.0}, median_step_ms=100.0, clock_noise_ms=0.0, jitter_ms=0.0, cpu=True, th=th
+    )
     assert v.threshold_ms == 35.0  # 0.35 x 100 ms on CPU, over the 25 ms floor
     assert v.stragglers == []  # 20 ms late is under both
     assert (v.ranks[1].late_ms, v.ranks[1].phase) == (20.0, None)  # a phase is named for stragglers only
@@ -122,10 +134,13 @@ def test_trace_window_numbers_come_from_harness_names_only() -> None:
         pick_window(files, "3")
     # rank 1 could not write window 2 (a full disk): the latest window every rank holds is 1
     kept, pick = pick_window(files[:3], "latest")
-    assert (pick.window, [f.name for f in kept]) == (1, ["rank00000-vm.0001.pt.trace.json.gz",
-                                                         "rank00001-vm.0001.pt.trace.json.gz"])
-    assert pick.note == ("window 2 lacks rank(s) 1; analysing window 1, the latest every rank wrote "
-                         "(--window 2 for that one)")
+    assert (pick.window, [f.name for f in kept]) == (
+        1,
+        ["rank00000-vm.0001.pt.trace.json.gz", "rank00001-vm.0001.pt.trace.json.gz"],
+    )
+    assert pick.note == (
+        "window 2 lacks rank(s) 1; analysing window 1, the latest every rank wrote (--window 2 for that one)"
+    )
     assert trace_window(Path("rank00001-vm.1700000000123.pt.trace.json")) is None  # a timestamp, not a window
     other = [Path("worker0.1700000000123.pt.trace.json")]
     assert pick_window(other, "latest")[0] == other
@@ -134,11 +149,17 @@ def test_trace_window_numbers_come_from_harness_names_only() -> None:
 
 
 def test_capture_options_are_checked(log_dir: Path) -> None:
-    for args, message in ((["--capture-on-straggler", "--watch-every", "0"], "needs the watch"),
-                          (["--capture-on-straggler", "--no-profile"], "drop --no-profile"),
-                          (["--max-captures", "0"], "must be >= 1")):
-        proc = subprocess.run([sys.executable, "-m", "harness.train", "--log-dir", str(log_dir), *args],
-                              capture_output=True, text=True, cwd=REPO)
+    for args, message in (
+        (["--capture-on-straggler", "--watch-every", "0"], "needs the watch"),
+        (["--capture-on-straggler", "--no-profile"], "drop --no-profile"),
+        (["--max-captures", "0"], "must be >= 1"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "harness.train", "--log-dir", str(log_dir), *args],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
         assert proc.returncode == 2, proc.stderr
         assert message in proc.stderr and "Traceback" not in proc.stderr
 
@@ -149,14 +170,32 @@ def watch_lines(run_dir: Path) -> list[dict]:
 
 # 4 ranks share 2 cores here: a descheduled rank runs late by a time slice or more, so both real
 # runs set a 25 ms floor (--watch-min-lag-ms); the injected straggler is 150 ms a step, 6x over it.
-REAL = ["--mode", "baseline", "--hidden", "128", "--batch-size", "16", "--steps", "70", "--warmup-steps", "5",
-        "--watch-every", "10", "--watch-min-lag-ms", "25"]
+REAL = [
+    "--mode",
+    "baseline",
+    "--hidden",
+    "128",
+    "--batch-size",
+    "16",
+    "--steps",
+    "70",
+    "--warmup-steps",
+    "5",
+    "--watch-every",
+    "10",
+    "--watch-min-lag-ms",
+    "25",
+]
 
 
 @pytest.mark.slow
 def test_a_straggler_from_step_40_is_flagged_traced_and_named_by_the_collector(log_dir: Path) -> None:
-    run = run_harness([*REAL, "--straggler-rank", "2", "--straggler-ms", "150", "--straggler-from", "40",
-                       "--capture-on-straggler"], log_dir, nproc=4, timeout=600)
+    run = run_harness(
+        [*REAL, "--straggler-rank", "2", "--straggler-ms", "150", "--straggler-from", "40", "--capture-on-straggler"],
+        log_dir,
+        nproc=4,
+        timeout=600,
+    )
     lines = watch_lines(run.dir)
     assert [line["step"] for line in lines] == [9, 19, 29, 39, 49, 59, 69]
     assert all(line["stragglers"] == [] for line in lines if line["step"] < 40)
@@ -173,15 +212,22 @@ def test_a_straggler_from_step_40_is_flagged_traced_and_named_by_the_collector(l
     # The scheduled window and the captured one on every rank.
     for rank in range(4):
         assert sorted(p.name.split(".")[1] for p in run.dir.glob(f"rank0000{rank}-*.pt.trace.json.gz")) == [
-            "0001", "0002"]
+            "0001",
+            "0002",
+        ]
     tags = EventAccumulator(str(run.dir / "tb" / "rank00002"))
     tags.Reload()
     assert {"watch/late_ms", "watch/straggler", "watch/threshold_ms"} <= set(tags.Tags()["scalars"])
     assert [e.value for e in tags.Scalars("watch/straggler")][:4] == [0.0] * 4
 
     out = log_dir / "report"
-    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(run.dir), "-o", str(out), "--no-merged"],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(run.dir), "-o", str(out), "--no-merged"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((out / "report.json").read_text())
     assert doc["window"] == {"window": 2, "windows": [1, 2], "steps": [first, last], "captured": flagged["capture"]}
@@ -189,10 +235,13 @@ def test_a_straggler_from_step_40_is_flagged_traced_and_named_by_the_collector(l
     assert line in proc.stdout
     assert doc["verdict"] == "straggler"
     assert [(s["rank"], s["phase"]) for s in doc["stragglers"]] == [(2, "data")]
-    assert doc["watch"]["flags"] == [{"step": flagged["step"], "rank": 2, "host": flagged["stragglers"][0]["host"],
-                                      "phase": "data"}]
-    assert "Live straggler watch during the run: every 10 steps, 7 interval(s) judged; straggler(s): rank 2 at step" \
+    assert doc["watch"]["flags"] == [
+        {"step": flagged["step"], "rank": 2, "host": flagged["stragglers"][0]["host"], "phase": "data"}
+    ]
+    assert (
+        "Live straggler watch during the run: every 10 steps, 7 interval(s) judged; straggler(s): rank 2 at step"
         in (out / "report.md").read_text()
+    )
 
 
 @pytest.mark.slow
@@ -211,13 +260,32 @@ class TwoRankWatch(Watch):
     rank's table and a copy whose data phase is `slow_ms` longer (rank 1's)."""
 
     def __init__(self, tmp_path: Path, *, slow_ms: float, capture: bool = False) -> None:
-        cfg = build_config([{"watch": {"every": 4, "capture_on_straggler": capture}, "workload": {"steps": 40},
-                             "parallel": {"parallel": "ddp"}}])
+        cfg = build_config(
+            [
+                {
+                    "watch": {"every": 4, "capture_on_straggler": capture},
+                    "workload": {"steps": 40},
+                    "parallel": {"parallel": "ddp"},
+                }
+            ]
+        )
         self.recorder_cfg = cfg.profiler
         rec = TraceRecorder(cfg.profiler, run_dir=tmp_path, rank=0, host="a", cuda=False, metadata={})
-        super().__init__(cfg.watch, steps=cfg.workload.steps, warmup_steps=cfg.workload.warmup_steps, parallel="ddp",
-                         collective_timeout_s=600.0, rank=0, world_size=2, host="a", cpu=False, run_dir=tmp_path,
-                         recorder=rec, scalars=None, faults=FaultLog(rank=0))
+        super().__init__(
+            cfg.watch,
+            steps=cfg.workload.steps,
+            warmup_steps=cfg.workload.warmup_steps,
+            parallel="ddp",
+            collective_timeout_s=600.0,
+            rank=0,
+            world_size=2,
+            host="a",
+            cpu=False,
+            run_dir=tmp_path,
+            recorder=rec,
+            scalars=None,
+            faults=FaultLog(rank=0),
+        )
         self.on, self.hosts, self.slow_ms = True, {0: "a", 1: "b"}, slow_ms
         self._log = AppendOnlyFile(watch_path(tmp_path), self.faults, "watch log")
 
@@ -244,16 +312,23 @@ def test_the_watch_flags_a_rank_says_when_it_recovers_and_logs_each_interval(tmp
     assert capsys.readouterr().out.splitlines() == [
         "watch: step 7: rank 1 (b) is a straggler: data +50.0 ms/step over the other ranks' median, 50.0 ms/step "
         "late (bound 10.0 ms), late in 3/3 steps 5-7",
-        "watch: step 15: rank 1 (b) is no longer a straggler (steps 12-15)"]
-    flagged = [{"rank": 1, "host": "b", "phase": "data", "excess_ms": 50.0, "late_ms": 50.0, "steps_late": n}
-               for n in (3, 4)]
+        "watch: step 15: rank 1 (b) is no longer a straggler (steps 12-15)",
+    ]
+    flagged = [
+        {"rank": 1, "host": "b", "phase": "data", "excess_ms": 50.0, "late_ms": 50.0, "steps_late": n} for n in (3, 4)
+    ]
     bounds = {"min_lag": 0.0, "clock_noise": 0.0, "jitter": 0.0, "relative": 10.0}  # 2 ranks: no outlier bound
     assert watch_lines(tmp_path) == [
         {"step": 7, "steps": [5, 7], "threshold_ms": 10.0, "bounds_ms": bounds, "stragglers": [flagged[0]]},
         {"step": 11, "steps": [8, 11], "threshold_ms": 10.0, "bounds_ms": bounds, "stragglers": [flagged[1]]},
-        {"step": 15, "steps": [12, 15], "threshold_ms": 10.0, "bounds_ms": bounds, "stragglers": []}]
-    assert w.summary() == {"every": 4, "intervals": 3, "captures": [],
-                           "flags": [{"step": 7, "rank": 1, "host": "b", "phase": "data"}]}
+        {"step": 15, "steps": [12, 15], "threshold_ms": 10.0, "bounds_ms": bounds, "stragglers": []},
+    ]
+    assert w.summary() == {
+        "every": 4,
+        "intervals": 3,
+        "captures": [],
+        "flags": [{"step": 7, "rank": 1, "host": "b", "phase": "data"}],
+    }
 
 
 def test_a_new_straggler_books_one_window_after_the_scheduled_one(tmp_path: Path, capsys) -> None:
@@ -277,8 +352,17 @@ def test_a_capture_is_booked_where_the_schedule_leaves_room(tmp_path: Path) -> N
         assert (second.start, second.first, second.last) == (14, 16, 18)  # after the scheduled window
         assert rec.plan_capture(37, 40, {}) is None  # 5 steps do not fit in 37-40
         assert [rec._action(s).name for s in (2, 3, 5, 7, 8, 9, 11, 13, 14, 18)] == [
-            "NONE", "WARMUP", "RECORD", "RECORD_AND_SAVE", "NONE", "WARMUP", "RECORD", "RECORD_AND_SAVE", "WARMUP",
-            "RECORD_AND_SAVE"]
+            "NONE",
+            "WARMUP",
+            "RECORD",
+            "RECORD_AND_SAVE",
+            "NONE",
+            "WARMUP",
+            "RECORD",
+            "RECORD_AND_SAVE",
+            "WARMUP",
+            "RECORD_AND_SAVE",
+        ]
 
 
 def test_the_watch_jitter_is_the_collectors_jitter() -> None:
@@ -291,14 +375,27 @@ def test_the_watch_jitter_is_the_collectors_jitter() -> None:
 
 def test_the_collector_reads_the_watch_record_from_run_json_and_skips_what_is_malformed(tmp_path: Path) -> None:
     assert read_watch([tmp_path]) is None  # no run.json
-    (tmp_path / "run.json").write_text(json.dumps({"watch": {
-        "every": 10, "intervals": 4,
-        "flags": [{"step": 49, "rank": 2, "host": "a", "phase": "data"}, {"step": "x"}, 7],
-        "captures": [{"first": 53, "last": 55, "watch_step": 49, "ranks": [2]}, {"first": 1}]}}))
+    (tmp_path / "run.json").write_text(
+        json.dumps(
+            {
+                "watch": {
+                    "every": 10,
+                    "intervals": 4,
+                    "flags": [{"step": 49, "rank": 2, "host": "a", "phase": "data"}, {"step": "x"}, 7],
+                    "captures": [{"first": 53, "last": 55, "watch_step": 49, "ranks": [2]}, {"first": 1}],
+                }
+            }
+        )
+    )
     watch = read_watch([tmp_path])
-    assert watch == {"every": 10, "intervals": 4, "flags": [{"step": 49, "rank": 2, "host": "a", "phase": "data"}],
-                     "captures": [{"first": 53, "last": 55, "watch_step": 49, "ranks": [2]}]}
-    assert watch_line(watch) == ("every 10 steps, 4 interval(s) judged; straggler(s): rank 2 at step 49 (data); "
-                                 "traced steps 53-55")
+    assert watch == {
+        "every": 10,
+        "intervals": 4,
+        "flags": [{"step": 49, "rank": 2, "host": "a", "phase": "data"}],
+        "captures": [{"first": 53, "last": 55, "watch_step": 49, "ranks": [2]}],
+    }
+    assert watch_line(watch) == (
+        "every 10 steps, 4 interval(s) judged; straggler(s): rank 2 at step 49 (data); traced steps 53-55"
+    )
     (tmp_path / "run.json").write_text(json.dumps({"watch": {"every": 0, "intervals": 0, "flags": [], "captures": []}}))
     assert read_watch([tmp_path]) is None  # the watch was off

@@ -26,8 +26,10 @@ from jobs import REPO, run_harness
 
 # -- unit: the append-only file -----------------------------------------------------------------
 
-def test_refused_chunk_is_cut_back_and_written_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture) -> None:
+
+def test_refused_chunk_is_cut_back_and_written_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     path = tmp_path / "log.jsonl"
     f = AppendOnlyFile(path, FaultLog(rank=3), "step log")
     f.append(b'{"step": 0}\n')
@@ -42,8 +44,10 @@ def test_refused_chunk_is_cut_back_and_written_later(tmp_path: Path, monkeypatch
     f.append(b'{"step": 2}\n')  # within RETRY_S: queued, not tried
     assert path.read_bytes() == b'{"step": 0}\n' and len(f.pending) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"harness.train: warning: rank 3: step log failed (no space left on {tmp_path}): "
-                   "1 record(s) kept in memory and written when the disk takes them again"]
+    assert err == [
+        f"harness.train: warning: rank 3: step log failed (no space left on {tmp_path}): "
+        "1 record(s) kept in memory and written when the disk takes them again"
+    ]
     monkeypatch.setattr(os, "write", real_write)
     assert f.close()
     assert path.read_bytes() == b'{"step": 0}\n{"step": 1}\n{"step": 2}\n'
@@ -67,10 +71,15 @@ def test_describe_names_the_cause() -> None:
 
 # -- real runs on a tmpfs ------------------------------------------------------------------------
 
+
 def _mount_tmpfs(where: Path, size_mb: int) -> bool:
     where.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(where)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(where)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 @pytest.fixture
@@ -85,8 +94,26 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 # Many short windows (--repeat 0) so that some fall inside the fault and some after it.
-LONG = ["--mode", "torch", "--micro-ops", "10", "--steps", "600", "--warmup-steps", "2", "--wait", "1", "--warmup", "1",
-        "--active", "2", "--repeat", "0", "--batch-size", "16"]
+LONG = [
+    "--mode",
+    "torch",
+    "--micro-ops",
+    "10",
+    "--steps",
+    "600",
+    "--warmup-steps",
+    "2",
+    "--wait",
+    "1",
+    "--warmup",
+    "1",
+    "--active",
+    "2",
+    "--repeat",
+    "0",
+    "--batch-size",
+    "16",
+]
 
 
 def _first_trace(run_dir: Path, timeout_s: float = 120.0) -> None:
@@ -97,9 +124,11 @@ def _first_trace(run_dir: Path, timeout_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def _during(run_dir: Path, start: Callable[[], None], stop: Callable[[], None],
-            hold_s: float = 2.0) -> threading.Thread:
+def _during(
+    run_dir: Path, start: Callable[[], None], stop: Callable[[], None], hold_s: float = 2.0
+) -> threading.Thread:
     """Once the run has written its first trace: start the fault, hold it, then end it."""
+
     def body() -> None:
         _first_trace(run_dir)
         start()
@@ -148,8 +177,13 @@ def test_disk_full_mid_run_skips_windows_and_training_goes_on(small_disk: Path) 
     assert all(r["traces"] for r in info["ranks"])
     status = json.loads((run.dir / "status" / "rank0.json").read_text())
     assert status["tracing"]["state"] == "degraded"
-    proc = subprocess.run([sys.executable, "-m", "harness.collect", str(run.dir), "-q", "--no-merged"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(run.dir), "-q", "--no-merged"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((run.dir / "report" / "report.json").read_text())
     assert doc["run"]["skipped_windows"] and any("did not write trace window" in w for w in doc["warnings"])
@@ -164,8 +198,12 @@ def test_log_folder_read_only_mid_run(tmp_path: Path) -> None:
     run_dir = log_dir / "run"
 
     def read_only() -> None:
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(run_dir)],
-                          capture_output=True).returncode != 0:
+        if (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(run_dir)], capture_output=True
+            ).returncode
+            != 0
+        ):
             raise RuntimeError("mount failed")
 
     fault = _during(run_dir, read_only, lambda: subprocess.run(["umount", "-l", str(run_dir)], check=True))
@@ -183,6 +221,7 @@ def test_log_folder_read_only_mid_run(tmp_path: Path) -> None:
 def test_log_folder_removed_mid_run(tmp_path: Path) -> None:
     log_dir = tmp_path / "logs"
     run_dir = log_dir / "run"
+
     def remove() -> None:
         gone = tmp_path / "gone"
         run_dir.rename(gone)  # the folder disappears at once for the ranks, then its files
@@ -192,8 +231,9 @@ def test_log_folder_removed_mid_run(tmp_path: Path) -> None:
     run = run_harness(LONG, log_dir, timeout=600)
     fault.join(timeout=60)
     _check_survived(run)  # step logs re-created whole, statuses and run.json written again
-    assert ("step log: " in run.proc.stderr
-            and "was removed; created again with what was written before" in run.proc.stderr)
+    assert (
+        "step log: " in run.proc.stderr and "was removed; created again with what was written before" in run.proc.stderr
+    )
 
 
 @pytest.mark.slow
@@ -207,7 +247,7 @@ def test_export_error_inside_the_profiler_and_a_scalar_writer_that_cannot_write(
     taken.mkdir()
     (run_dir / "tb").mkdir()
     (run_dir / "tb" / "rank00001").write_text("not a folder")
-    short = [*LONG[:LONG.index("--steps")], "--steps", "40", *LONG[LONG.index("--warmup-steps"):]]
+    short = [*LONG[: LONG.index("--steps")], "--steps", "40", *LONG[LONG.index("--warmup-steps") :]]
     run = run_harness(short, log_dir, timeout=300)
     assert run.proc.returncode == 0 and "Traceback" not in run.proc.stderr, run.proc.stderr[-3000:]
     info = json.loads((run.dir / "run.json").read_text())

@@ -37,14 +37,29 @@ class GpuRank:
         self.events.append(x(name, "kernel", ts, dur, STREAM, correlation=self.corr, device=0, stream=7, **args))
 
     def allreduce(self, launch_ts: float, ts: float, dur: float, nelems: int = 1000) -> None:
-        self.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
-                    launch_ts, ts, dur,
-                    **{"Collective name": "allreduce", "Process Group Name": "0", "In msg nelems": nelems,
-                       "Out msg nelems": nelems, "dtype": "Float", "Group size": 2})
+        self.kernel(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+            launch_ts,
+            ts,
+            dur,
+            **{
+                "Collective name": "allreduce",
+                "Process Group Name": "0",
+                "In msg nelems": nelems,
+                "Out msg nelems": nelems,
+                "dtype": "Float",
+                "Group size": 2,
+            },
+        )
 
 
-def document(events: list[dict[str, Any]], rank: int | None, world_size: int = 2,
-             base_ns: int | None = 1_700_000_000_000_000_000, **extra: Any) -> dict[str, Any]:
+def document(
+    events: list[dict[str, Any]],
+    rank: int | None,
+    world_size: int = 2,
+    base_ns: int | None = 1_700_000_000_000_000_000,
+    **extra: Any,
+) -> dict[str, Any]:
     doc: dict[str, Any] = {"schemaVersion": 1, "traceEvents": events, **extra}
     if rank is not None:
         gpu = any(isinstance(e, dict) and e.get("cat") == "kernel" for e in events)
@@ -89,9 +104,17 @@ def run_analysis(tmp_path: Path, docs: list[dict], **kw: Any) -> Analysis:
     return analyze(group_ranks([parse_trace(p) for p in paths]), **kw)
 
 
-def ring_docs(arrive_us: Any, n_ranks: int, n_steps: int, period_us: float = 1000.0, transfer_us: float = 100.0,
-              hosts: list[str] | None = None, clock_us: list[float] | None = None,
-              end_scatter_us: list[float] | None = None, nelems: list[int] | None = None) -> list[dict]:
+def ring_docs(
+    arrive_us: Any,
+    n_ranks: int,
+    n_steps: int,
+    period_us: float = 1000.0,
+    transfer_us: float = 100.0,
+    hosts: list[str] | None = None,
+    clock_us: list[float] | None = None,
+    end_scatter_us: list[float] | None = None,
+    nelems: list[int] | None = None,
+) -> list[dict]:
     """n_ranks GPU ranks, steps 1..n_steps of `period_us` each (step s starts at t = (s-1) x
     period). In each step, rank r computes ("ampere_sgemm_128x64_nn") from t to t + a, where
     a = arrive_us(r, s), then enters one all-reduce at t + a, which ends on every rank at

@@ -30,8 +30,11 @@ def main() -> None:
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
     x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
-    prof = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=6),
-                   on_trace_ready=tensorboard_trace_handler(out))
+    prof = profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=1, warmup=1, active=6),
+        on_trace_ready=tensorboard_trace_handler(out),
+    )
     prof.start()
     for step in range(100):
         if step == 6:  # the loop ends inside the profiler's window: the open step is cut short

@@ -70,8 +70,11 @@ def trace_warnings(traces: list[RankTrace]) -> list[str]:
     elif ranks:
         out.insert(0, next(w for t in traces for w in t.warnings if w.endswith(NO_KERNELS)))
     for number, held in sorted(stubs.items()):
-        out.append(f"rank {held[0][0]}: {held[0][1]}" if len(held) == 1 else
-                   f"rank(s) {step_ranges([r for r, _ in held])}: step {number} {STUB_NOTE}")
+        out.append(
+            f"rank {held[0][0]}: {held[0][1]}"
+            if len(held) == 1
+            else f"rank(s) {step_ranges([r for r, _ in held])}: step {number} {STUB_NOTE}"
+        )
     return out
 
 
@@ -89,6 +92,7 @@ def step_ranges(numbers: list[int]) -> str:
 @dataclass
 class Alignment:
     """The first half of `analyze`: the ranks on one clock, before anything is measured on it."""
+
     traces: list[RankTrace]  # on aligned clocks, the requested steps only
     offsets: dict[int, ClockOffset]  # what each rank was shifted by after the common epoch
     host_clocks: list[HostClock]
@@ -108,8 +112,10 @@ def align_ranks(runset: RunSet, *, align: bool = True, steps: set[int] | None = 
     if steps is not None:
         held = sorted({s.number for t in traces for s in t.steps})
         if not set(held) & steps:
-            raise NoStepsError(f"none of the requested steps ({step_ranges(list(steps))}) is in the traces, which hold "
-                               f"steps {step_ranges(held) or 'none'}: pick steps from those")
+            raise NoStepsError(
+                f"none of the requested steps ({step_ranges(list(steps))}) is in the traces, which hold "
+                f"steps {step_ranges(held) or 'none'}: pick steps from those"
+            )
         traces = [select_steps(t, steps) for t in traces]
     warnings.extend(trace_warnings(traces))
     instances, match_warnings = match_collectives(traces)
@@ -118,24 +124,30 @@ def align_ranks(runset: RunSet, *, align: bool = True, steps: set[int] | None = 
         off = disagreeing_clocks(instances, traces)
         for r, gap in off.items():
             host = next(t.host for t in traces if t.rank == r)
-            warnings.append(f"rank {r} on {host}: its collectives' times are impossible on its host-mates' clock (they "
-                            f"end {abs(gap) / 1e3:.3f} ms {'after' if gap > 0 else 'before'} theirs): aligned on a "
-                            "clock of its own")
+            warnings.append(
+                f"rank {r} on {host}: its collectives' times are impossible on its host-mates' clock (they "
+                f"end {abs(gap) / 1e3:.3f} ms {'after' if gap > 0 else 'before'} theirs): aligned on a "
+                "clock of its own"
+            )
         offsets, clocks = estimate_offsets(instances, traces, frozenset(off))
         for c in clocks[1:]:
             if c.samples == 0:
-                warnings.append(f"host {c.host} (rank(s) {', '.join(map(str, c.ranks))}) shares no collective with "
-                                f"the reference host {clocks[0].host}: its clock is not aligned")
+                warnings.append(
+                    f"host {c.host} (rank(s) {', '.join(map(str, c.ranks))}) shares no collective with "
+                    f"the reference host {clocks[0].host}: its clock is not aligned"
+                )
     else:
         _, clocks = estimate_offsets([], traces)
         offsets = {t.rank: ClockOffset(rank=t.rank, offset_us=0.0, spread_us=0.0, samples=0) for t in traces}
     aligned = [t.shifted(offsets[t.rank].offset_us) if offsets[t.rank].offset_us else t for t in traces]
-    return Alignment(traces=aligned, offsets=offsets, host_clocks=clocks, aligned=align and bool(instances),
-                     warnings=warnings)
+    return Alignment(
+        traces=aligned, offsets=offsets, host_clocks=clocks, aligned=align and bool(instances), warnings=warnings
+    )
 
 
-def analyze_aligned(runset: RunSet, alignment: Alignment, thresholds: Thresholds | None = None, *,
-                    release: bool = False) -> Analysis:
+def analyze_aligned(
+    runset: RunSet, alignment: Alignment, thresholds: Thresholds | None = None, *, release: bool = False
+) -> Analysis:
     """The second half of `analyze`, on `align_ranks`' traces: 5. match collectives again on the
     aligned clocks (matching keys hold no time, so the instances are the same as in step 3, their
     ops now on aligned clocks) and each one's waits; 6. overlap per rank/step, exposed
@@ -166,13 +178,25 @@ def analyze_aligned(runset: RunSet, alignment: Alignment, thresholds: Thresholds
         for t in aligned:
             for c in t.comms:
                 c.run_up_us = EMPTY
-    return Analysis(runset=runset, traces=aligned, offsets=offsets, host_clocks=alignment.host_clocks,
-                    aligned=alignment.aligned, instances=instances, waits=waits, stragglers=result,
-                    overlap=rows, gaps=gaps.gaps, gaps_total=gaps.total, warnings=warnings)
+    return Analysis(
+        runset=runset,
+        traces=aligned,
+        offsets=offsets,
+        host_clocks=alignment.host_clocks,
+        aligned=alignment.aligned,
+        instances=instances,
+        waits=waits,
+        stragglers=result,
+        overlap=rows,
+        gaps=gaps.gaps,
+        gaps_total=gaps.total,
+        warnings=warnings,
+    )
 
 
-def analyze(runset: RunSet, *, align: bool = True, thresholds: Thresholds | None = None,
-            steps: set[int] | None = None) -> Analysis:
+def analyze(
+    runset: RunSet, *, align: bool = True, thresholds: Thresholds | None = None, steps: set[int] | None = None
+) -> Analysis:
     """`align_ranks` (steps 1-4: common epoch, requested steps, matching, clock offsets) then
     `analyze_aligned` (steps 5-7: waits, overlap, stragglers); the collector's command runs the
     two apart: the merged trace is started between them and written while the second runs."""

@@ -129,10 +129,14 @@ class StepCover:
     def shifted(self, offset_us: float) -> StepCover:
         from dataclasses import replace
 
-        return replace(self, lo_us=self.lo_us - offset_us, hi_us=self.hi_us - offset_us,
-                       compute_in_comm=Pieces.of((a - offset_us, b - offset_us) for a, b in self.compute_in_comm),
-                       idle=Pieces.of((a - offset_us, b - offset_us) for a, b in self.idle),
-                       work_end_us=None if self.work_end_us is None else self.work_end_us - offset_us)
+        return replace(
+            self,
+            lo_us=self.lo_us - offset_us,
+            hi_us=self.hi_us - offset_us,
+            compute_in_comm=Pieces.of((a - offset_us, b - offset_us) for a, b in self.compute_in_comm),
+            idle=Pieces.of((a - offset_us, b - offset_us) for a, b in self.idle),
+            work_end_us=None if self.work_end_us is None else self.work_end_us - offset_us,
+        )
 
 
 @dataclass(kw_only=True, slots=True)  # slots: ranks x steps of them
@@ -206,11 +210,23 @@ class RankTrace:
 
         return replace(
             self,
-            steps=[replace(s, start_us=s.start_us - offset_us, end_us=s.end_us - offset_us,
-                           phase_spans=[(p, a - offset_us, b - offset_us) for p, a, b in s.phase_spans],
-                           cover=None if s.cover is None else s.cover.shifted(offset_us))
-                   for s in self.steps],
-            comms=[replace(c, start_us=c.start_us - offset_us, end_us=c.end_us - offset_us,
-                           run_up_start_us=None if c.run_up_start_us is None else c.run_up_start_us - offset_us)
-                   for c in self.comms],
+            steps=[
+                replace(
+                    s,
+                    start_us=s.start_us - offset_us,
+                    end_us=s.end_us - offset_us,
+                    phase_spans=[(p, a - offset_us, b - offset_us) for p, a, b in s.phase_spans],
+                    cover=None if s.cover is None else s.cover.shifted(offset_us),
+                )
+                for s in self.steps
+            ],
+            comms=[
+                replace(
+                    c,
+                    start_us=c.start_us - offset_us,
+                    end_us=c.end_us - offset_us,
+                    run_up_start_us=None if c.run_up_start_us is None else c.run_up_start_us - offset_us,
+                )
+                for c in self.comms
+            ],
         )

@@ -28,8 +28,14 @@ class Progress:
     def _write(self, state: str, done: int, message: str = "") -> None:
         if self.path is None:
             return
-        doc = {"state": state, "stage": self.stage_name, "done": done, "total": self.total, "message": message,
-               "stages_s": self.stages_s}
+        doc = {
+            "state": state,
+            "stage": self.stage_name,
+            "done": done,
+            "total": self.total,
+            "message": message,
+            "stages_s": self.stages_s,
+        }
         try:
             write_text_atomic(self.path, json.dumps(doc))
         except OSError:

@@ -31,9 +31,12 @@ class HarnessCallback(TrainerCallback):
         self.run: Run | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        settings = {"steps": state.max_steps if state.max_steps and state.max_steps > 0 else None,
-                    "samples_per_step": args.per_device_train_batch_size * args.gradient_accumulation_steps,
-                    "job_name": "hf-trainer", **self.settings}
+        settings = {
+            "steps": state.max_steps if state.max_steps and state.max_steps > 0 else None,
+            "samples_per_step": args.per_device_train_batch_size * args.gradient_accumulation_steps,
+            "job_name": "hf-trainer",
+            **self.settings,
+        }
         self.run = Run(device=args.device, **settings).start()
         self.run.begin_step()
         self.run.begin_phase("data")

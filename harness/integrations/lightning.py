@@ -35,8 +35,9 @@ class HarnessCallback(pl.Callback):
         self.run.begin_step()
         self.run.begin_phase("data")
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if self.run is not None:
             self.run.begin_phase("forward")
 
@@ -48,8 +49,9 @@ class HarnessCallback(pl.Callback):
         if self.run is not None:
             self.run.begin_phase("optimizer")
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self.run is not None:
             self.run.end_step()
             self.run.begin_step()

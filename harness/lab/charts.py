@@ -39,8 +39,13 @@ def throughput(sweep: Sweep, done: list[RowResult]) -> plt.Figure:
     bars = ax.bar(range(len(done)), values, color="#4c78a8")
     for bar, r in zip(bars, done):
         if r.speedup is not None:
-            ax.annotate(f"{r.speedup:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=8)
+            ax.annotate(
+                f"{r.speedup:.2f}x",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
     ax.set_xticks(range(len(done)), _labels(done), fontsize=8)
     ax.set_ylabel("samples/s (all ranks)")
     ax.set_title(f"{sweep.name}: throughput")
@@ -57,8 +62,15 @@ def step_ms(sweep: Sweep, done: list[RowResult]) -> plt.Figure:
     w = 0.38
     ax.bar([x - w / 2 for x in xs], mean, w, label="mean", color="#4c78a8")
     ax.bar([x + w / 2 for x in xs], p50, w, label="p50", color="#72b7b2")
-    ax.errorbar([x + w / 2 for x in xs], p50, yerr=[[0.0] * len(done), [max(a - b, 0.0) for a, b in zip(p99, p50)]],
-                fmt="none", ecolor="#333", capsize=3, label="p99")
+    ax.errorbar(
+        [x + w / 2 for x in xs],
+        p50,
+        yerr=[[0.0] * len(done), [max(a - b, 0.0) for a, b in zip(p99, p50)]],
+        fmt="none",
+        ecolor="#333",
+        capsize=3,
+        label="p99",
+    )
     ax.set_xticks(list(xs), _labels(done), fontsize=8)
     ax.set_ylabel("step time (ms)")
     ax.set_title(f"{sweep.name}: step time, mean vs p50 (whisker to p99)")
@@ -92,8 +104,9 @@ def scaling(sweep: Sweep, done: list[RowResult]) -> plt.Figure:
     groups = sorted({r.row.group for r in done if r.efficiency is not None})
     top = 1
     for g in groups:
-        rows = sorted((r for r in done if r.row.group == g and r.efficiency is not None),
-                      key=lambda r: r.figures["world_size"])
+        rows = sorted(
+            (r for r in done if r.row.group == g and r.efficiency is not None), key=lambda r: r.figures["world_size"]
+        )
         sizes = [r.figures["world_size"] for r in rows]
         top = max(top, *sizes)
         ax.plot(sizes, [r.efficiency or 0.0 for r in rows], marker="o", label=g.upper())  # None filtered above

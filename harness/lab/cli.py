@@ -31,26 +31,41 @@ EXIT_INTERRUPTED = 130
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineArgumentParser(prog=PROG, description="Run a classic experiment matrix, one torchrun job per row; "
-                              "flags after -- go to every row's harness.train (and win over the sweep's own).")
+    p = OneLineArgumentParser(
+        prog=PROG,
+        description="Run a classic experiment matrix, one torchrun job per row; "
+        "flags after -- go to every row's harness.train (and win over the sweep's own).",
+    )
     p.add_argument("sweep", choices=sorted(SWEEPS), help="; ".join(f"{s.name}: {s.title}" for s in SWEEPS.values()))
-    p.add_argument("--nproc", type=int, default=None,
-                   help="ranks per row (default: 2, or 1 on a machine with one core/GPU; scaling sets its own)")
-    p.add_argument("--log-dir", type=Path, default=Path(DEFAULT_LOG_DIR),
-                   help=f"root of the output (default: {DEFAULT_LOG_DIR}; the sweep goes to <log-dir>/{LAB_DIR}/)")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="ranks per row (default: 2, or 1 on a machine with one core/GPU; scaling sets its own)",
+    )
+    p.add_argument(
+        "--log-dir",
+        type=Path,
+        default=Path(DEFAULT_LOG_DIR),
+        help=f"root of the output (default: {DEFAULT_LOG_DIR}; the sweep goes to <log-dir>/{LAB_DIR}/)",
+    )
     p.add_argument("--only", default=None, help="comma-separated row keys to run (see --list)")
     p.add_argument("--list", action="store_true", help="print the sweep's rows on this machine and exit")
-    p.add_argument("--profile", action="store_true",
-                   help="record torch.profiler traces in every row (default off: timings without profiler overhead)")
-    p.add_argument("--row-timeout-s", type=float, default=1800.0,
-                   help="kill a row's job after this long (default 1800)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="record torch.profiler traces in every row (default off: timings without profiler overhead)",
+    )
+    p.add_argument(
+        "--row-timeout-s", type=float, default=1800.0, help="kill a row's job after this long (default 1800)"
+    )
     return p
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
         i = argv.index("--")
-        return argv[:i], argv[i + 1:]
+        return argv[:i], argv[i + 1 :]
     return argv, []
 
 
@@ -62,8 +77,9 @@ def select_rows(sweep: Sweep, host: Host, nproc: int, only: str | None) -> list[
     keys = [r.key for r in rows]
     unknown = [k for k in wanted if k not in keys]
     if unknown or not wanted:
-        raise ValueError(f"--only: no row {', '.join(unknown) or '(empty)'} in sweep {sweep.name}; "
-                         f"rows: {', '.join(keys)}")
+        raise ValueError(
+            f"--only: no row {', '.join(unknown) or '(empty)'} in sweep {sweep.name}; rows: {', '.join(keys)}"
+        )
     return [r for r in rows if r.key in wanted]
 
 
@@ -85,8 +101,9 @@ def new_sweep_dir(log_dir: Path, sweep: str) -> Path:
     return path
 
 
-def write_outputs(sweep: Sweep, results: list[RowResult], out: Path, context: dict[str, str],
-                  charts: bool) -> list[str]:
+def write_outputs(
+    sweep: Sweep, results: list[RowResult], out: Path, context: dict[str, str], charts: bool
+) -> list[str]:
     derive(results)
     write_text_atomic(out / LAB_TIMINGS, csv_text(sweep, results))
     names: list[str] = []
@@ -133,11 +150,16 @@ def main(argv: list[str] | None = None) -> None:
     runs.mkdir()
     import torch
 
-    context = {"command": " ".join(["python -m harness.lab", *(sys.argv[1:] if argv is None else argv)]),
-               "machine": f"{host.cores} CPU cores, {host.gpus} CUDA device(s), torch {torch.__version__}",
-               "profiler": ("on (traces in each run folder)" if args.profile
-                            else "off (timings without its overhead; --profile to record traces)"),
-               "runs": f"{LAB_RUNS_DIR}/<NN-row>/ (harness run folders) and {LAB_RUNS_DIR}/<NN-row>.log"}
+    context = {
+        "command": " ".join(["python -m harness.lab", *(sys.argv[1:] if argv is None else argv)]),
+        "machine": f"{host.cores} CPU cores, {host.gpus} CUDA device(s), torch {torch.__version__}",
+        "profiler": (
+            "on (traces in each run folder)"
+            if args.profile
+            else "off (timings without its overhead; --profile to record traces)"
+        ),
+        "runs": f"{LAB_RUNS_DIR}/<NN-row>/ (harness run folders) and {LAB_RUNS_DIR}/<NN-row>.log",
+    }
     results: list[RowResult] = []
     bar = tqdm(rows, desc=sweep.name, unit="row", file=sys.stderr, dynamic_ncols=True)
     try:
@@ -148,8 +170,10 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         bar.close()
         write_outputs(sweep, results, out, context, charts=True)
-        print(f"{PROG}: interrupted after {len(results)} of {len(rows)} rows; written: {out / LAB_SUMMARY}",
-              file=sys.stderr)
+        print(
+            f"{PROG}: interrupted after {len(results)} of {len(rows)} rows; written: {out / LAB_SUMMARY}",
+            file=sys.stderr,
+        )
         raise SystemExit(EXIT_INTERRUPTED) from None
     bar.close()
     charts = write_outputs(sweep, results, out, context, charts=True)

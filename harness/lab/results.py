@@ -17,9 +17,29 @@ from harness.paths import run_file, steps_path
 from harness.train.stats import percentile
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
-CSV_COLUMNS = ["sweep", "key", "label", "status", "note", "world_size", "parallel", "device", "steps", "mean_step_ms",
-               "p50_step_ms", "p99_step_ms", "std_step_ms", "throughput_samples_s", "peak_mem_bytes", "peak_mem_kind",
-               "speedup", "vs_previous", "efficiency", "run_dir", "args"]
+CSV_COLUMNS = [
+    "sweep",
+    "key",
+    "label",
+    "status",
+    "note",
+    "world_size",
+    "parallel",
+    "device",
+    "steps",
+    "mean_step_ms",
+    "p50_step_ms",
+    "p99_step_ms",
+    "std_step_ms",
+    "throughput_samples_s",
+    "peak_mem_bytes",
+    "peak_mem_kind",
+    "speedup",
+    "vs_previous",
+    "efficiency",
+    "run_dir",
+    "args",
+]
 
 
 @dataclass
@@ -99,11 +119,14 @@ def derive(results: list[RowResult]) -> None:
         r.speedup = _ratio(thr, done[0].figures.get("throughput_samples_s"))
         r.vs_previous = _ratio(thr, done[i - 1].figures.get("throughput_samples_s")) if i else None
     for r in done:
-        one = next((o for o in done if o.row.group and o.row.group == r.row.group and o.figures["world_size"] == 1),
-                   None)
+        one = next(
+            (o for o in done if o.row.group and o.row.group == r.row.group and o.figures["world_size"] == 1), None
+        )
         if one is not None:
-            r.efficiency = _ratio(r.figures.get("throughput_samples_s"),
-                                  r.figures["world_size"] * (one.figures.get("throughput_samples_s") or 0))
+            r.efficiency = _ratio(
+                r.figures.get("throughput_samples_s"),
+                r.figures["world_size"] * (one.figures.get("throughput_samples_s") or 0),
+            )
 
 
 def _round(value: Any, digits: int) -> Any:
@@ -116,13 +139,36 @@ def csv_text(sweep: Sweep, results: list[RowResult]) -> str:
     w = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     w.writeheader()
     for r in results:
-        w.writerow({"sweep": sweep.name, "key": r.row.key, "label": r.row.label, "status": r.status, "note": r.note,
-                    "world_size": r.figures.get("world_size", r.row.nproc), **{k: _round(r.figures.get(k), 3) for k in (
-                        "parallel", "device", "steps", "mean_step_ms", "p50_step_ms", "p99_step_ms", "std_step_ms",
-                        "throughput_samples_s", "peak_mem_bytes", "peak_mem_kind")},
-                    "speedup": _round(r.speedup, 4), "vs_previous": _round(r.vs_previous, 4),
-                    "efficiency": _round(r.efficiency, 4), "run_dir": str(r.run_dir) if r.run_dir else "",
-                    "args": " ".join(r.args or r.row.args)})
+        w.writerow(
+            {
+                "sweep": sweep.name,
+                "key": r.row.key,
+                "label": r.row.label,
+                "status": r.status,
+                "note": r.note,
+                "world_size": r.figures.get("world_size", r.row.nproc),
+                **{
+                    k: _round(r.figures.get(k), 3)
+                    for k in (
+                        "parallel",
+                        "device",
+                        "steps",
+                        "mean_step_ms",
+                        "p50_step_ms",
+                        "p99_step_ms",
+                        "std_step_ms",
+                        "throughput_samples_s",
+                        "peak_mem_bytes",
+                        "peak_mem_kind",
+                    )
+                },
+                "speedup": _round(r.speedup, 4),
+                "vs_previous": _round(r.vs_previous, 4),
+                "efficiency": _round(r.efficiency, 4),
+                "run_dir": str(r.run_dir) if r.run_dir else "",
+                "args": " ".join(r.args or r.row.args),
+            }
+        )
     return out.getvalue()
 
 
@@ -131,11 +177,22 @@ def _table_rows(results: list[RowResult]) -> list[dict[str, Any]]:
     for r in results:
         f = r.figures
         mem = f.get("peak_mem_bytes")
-        rows.append({"label": r.row.label, "status": r.status, "ranks": f.get("world_size", r.row.nproc),
-                     "device": f.get("device"), "mean": f.get("mean_step_ms"), "p50": f.get("p50_step_ms"),
-                     "p99": f.get("p99_step_ms"), "thr": f.get("throughput_samples_s"),
-                     "mem": mem / 2**20 if mem is not None else None, "speedup": r.speedup,
-                     "vs_previous": r.vs_previous, "efficiency": r.efficiency})
+        rows.append(
+            {
+                "label": r.row.label,
+                "status": r.status,
+                "ranks": f.get("world_size", r.row.nproc),
+                "device": f.get("device"),
+                "mean": f.get("mean_step_ms"),
+                "p50": f.get("p50_step_ms"),
+                "p99": f.get("p99_step_ms"),
+                "thr": f.get("throughput_samples_s"),
+                "mem": mem / 2**20 if mem is not None else None,
+                "speedup": r.speedup,
+                "vs_previous": r.vs_previous,
+                "efficiency": r.efficiency,
+            }
+        )
     return rows
 
 
@@ -143,10 +200,17 @@ def _cols(sweep: Sweep, results: list[RowResult]) -> list[text_table.Column]:
     kind = next((r.figures.get("peak_mem_kind") for r in results if r.figures.get("peak_mem_kind")), None)
     mem_title = "peak GPU MiB" if kind == "gpu_allocated" else "peak RSS MiB"
     cols: list[text_table.Column] = [
-        ("label", "configuration", "{}"), ("status", "status", "{}"), ("ranks", "ranks", "{}"),
+        ("label", "configuration", "{}"),
+        ("status", "status", "{}"),
+        ("ranks", "ranks", "{}"),
         ("device", "device", "{}"),
-        ("mean", "mean ms", "{:.2f}"), ("p50", "p50 ms", "{:.2f}"), ("p99", "p99 ms", "{:.2f}"),
-        ("thr", "samples/s", "{:.1f}"), ("mem", mem_title, "{:.0f}"), ("speedup", "speed-up", "{:.2f}x")]
+        ("mean", "mean ms", "{:.2f}"),
+        ("p50", "p50 ms", "{:.2f}"),
+        ("p99", "p99 ms", "{:.2f}"),
+        ("thr", "samples/s", "{:.1f}"),
+        ("mem", mem_title, "{:.0f}"),
+        ("speedup", "speed-up", "{:.2f}x"),
+    ]
     if sweep.name == "ladder":
         cols.append(("vs_previous", "vs previous rung", "{:.2f}x"))
     if sweep.name == "scaling":
@@ -189,38 +253,58 @@ def ratio_lines(sweep: Sweep, results: list[RowResult]) -> list[str]:
             f = r.figures
             if f["mean_step_ms"] is None:
                 continue
-            lines.append(f"{r.row.label}: mean / p50 = {_ratio(f['mean_step_ms'], f['p50_step_ms']) or 0:.2f}, "
-                         f"p99 / p50 = {_ratio(f['p99_step_ms'], f['p50_step_ms']) or 0:.2f}, "
-                         f"step-time std {f['std_step_ms']:.2f} ms")
+            lines.append(
+                f"{r.row.label}: mean / p50 = {_ratio(f['mean_step_ms'], f['p50_step_ms']) or 0:.2f}, "
+                f"p99 / p50 = {_ratio(f['p99_step_ms'], f['p50_step_ms']) or 0:.2f}, "
+                f"step-time std {f['std_step_ms']:.2f} ms"
+            )
     elif sweep.name == "torch" and {"batch-256", "batch-1024"} <= done.keys():
         small, big = done["batch-256"], done["batch-1024"]
         step = _ratio(big.figures["mean_step_ms"], small.figures["mean_step_ms"]) or 0
         thr = _ratio(_thr(big), _thr(small)) or 0
         lines.append(f"batch 1024 vs 256: step time x{step:.2f}, throughput x{thr:.2f}")
         if step > 1 and thr > 1:
-            lines.append("Step time and throughput point in opposite directions: each step is slower, each sample "
-                         "cheaper. Compare configurations by samples/s.")
+            lines.append(
+                "Step time and throughput point in opposite directions: each step is slower, each sample "
+                "cheaper. Compare configurations by samples/s."
+            )
     elif sweep.name in ("kernel", "three-run") and {"fp32", "bf16"} <= done.keys():
         gain = _ratio(_thr(done["bf16"]), _thr(done["fp32"])) or 0
         mem = _ratio(done["bf16"].figures["peak_mem_bytes"], done["fp32"].figures["peak_mem_bytes"])
-        lines.append(f"fp32 -> bf16: throughput x{gain:.2f}{_noise_note(done['bf16'], done['fp32'])}"
-                     + (f", peak memory x{mem:.2f}" if mem else ""))
-        lines.append("Reading: " + ("a small gain, so the bottleneck is not precision." if gain < 1.10 else
-                                    "precision matters here: bytes moved or math throughput bound the step."))
+        lines.append(
+            f"fp32 -> bf16: throughput x{gain:.2f}{_noise_note(done['bf16'], done['fp32'])}"
+            + (f", peak memory x{mem:.2f}" if mem else "")
+        )
+        lines.append(
+            "Reading: "
+            + (
+                "a small gain, so the bottleneck is not precision."
+                if gain < 1.10
+                else "precision matters here: bytes moved or math throughput bound the step."
+            )
+        )
         if "bf16-compile" in done:
             comp = _ratio(_thr(done["bf16-compile"]), _thr(done["bf16"])) or 0
-            lines.append(f"bf16 -> bf16 + torch.compile: throughput x{comp:.2f}"
-                         + _noise_note(done["bf16-compile"], done["bf16"]) +
-                         (" (fusion pays: kernel count and memory traffic were the cost)" if comp >= 1.10 else
-                          " (compile does not pay here)" if comp >= 0.95 else
-                          " (a regression: compiled code is slower here)"))
+            lines.append(
+                f"bf16 -> bf16 + torch.compile: throughput x{comp:.2f}"
+                + _noise_note(done["bf16-compile"], done["bf16"])
+                + (
+                    " (fusion pays: kernel count and memory traffic were the cost)"
+                    if comp >= 1.10
+                    else " (compile does not pay here)"
+                    if comp >= 0.95
+                    else " (a regression: compiled code is slower here)"
+                )
+            )
     elif sweep.name == "ladder":
         ran = list(done.values())
         worse = []
         for prev, r in zip(ran, ran[1:]):
             noise = within_noise(r, prev)
-            lines.append(f"{r.row.label}: x{r.vs_previous:.2f} over the previous rung, x{r.speedup:.2f} over baseline"
-                         + (" (within step-time noise)" if noise else ""))
+            lines.append(
+                f"{r.row.label}: x{r.vs_previous:.2f} over the previous rung, x{r.speedup:.2f} over baseline"
+                + (" (within step-time noise)" if noise else "")
+            )
             if (r.vs_previous or 0) < 1 and not noise:
                 worse.append(r.row.label)
         if worse:
@@ -232,8 +316,10 @@ def ratio_lines(sweep: Sweep, results: list[RowResult]) -> list[str]:
         for r in (r for r in done.values() if r.row.group == "bucket"):
             default = done.get(f"ddp-ws{r.figures['world_size']}")
             if default is not None:
-                lines.append(f"{r.row.label}: throughput x{_ratio(_thr(r), _thr(default)) or 0:.2f} of the default "
-                             f"25 MB bucket at the same world size")
+                lines.append(
+                    f"{r.row.label}: throughput x{_ratio(_thr(r), _thr(default)) or 0:.2f} of the default "
+                    f"25 MB bucket at the same world size"
+                )
     return lines
 
 
@@ -243,8 +329,11 @@ def summary_markdown(sweep: Sweep, results: list[RowResult], context: dict[str, 
     lines = [f"# Lab sweep `{sweep.name}`: {sweep.title}", ""]
     lines += [f"- {k}: {v}" for k, v in context.items()]
     lines += ["", *text_table.markdown(_table_rows(results), _cols(sweep, results)), ""]
-    lines += ["Step times are the job's (per step, the slowest rank's), warm-up left out; samples/s is over "
-              "all ranks; speed-up is throughput over the first measured row.", ""]
+    lines += [
+        "Step times are the job's (per step, the slowest rank's), warm-up left out; samples/s is over "
+        "all ranks; speed-up is throughput over the first measured row.",
+        "",
+    ]
     ratios = ratio_lines(sweep, results)
     if ratios:
         lines += ["## Ratios", "", *[f"- {x}" for x in ratios], ""]
@@ -254,8 +343,9 @@ def summary_markdown(sweep: Sweep, results: list[RowResult], context: dict[str, 
     if skipped or failed:
         lines += ["## Not measured", ""]
         lines += [f"- {r.row.label}: skipped, {r.note}" for r in skipped]
-        lines += [f"- {r.row.label}: failed, {r.note}" + (f" (log: {r.run_dir}.log)" if r.run_dir else "")
-                  for r in failed]
+        lines += [
+            f"- {r.row.label}: failed, {r.note}" + (f" (log: {r.run_dir}.log)" if r.run_dir else "") for r in failed
+        ]
         lines.append("")
     pngs = [c for c in charts if c.endswith(".png")]
     if pngs:

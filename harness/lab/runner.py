@@ -24,8 +24,16 @@ def train_args(row: Row, runs_dir: Path, name: str, extra: list[str]) -> list[st
 
 
 def torchrun_command(row: Row, args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={row.nproc}",
-            "-m", "harness.train", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={row.nproc}",
+        "-m",
+        "harness.train",
+        *args,
+    ]
 
 
 RANK_PREFIX = re.compile(r"^\[(?:default)?(?:rank)?\d+\]:\s*")  # torchrun's per-rank output prefix
@@ -55,22 +63,28 @@ def run_row(row: Row, index: int, runs_dir: Path, extra: list[str], timeout_s: f
     run_dir = runs_dir / name
     log_path = runs_dir / f"{name}.log"
     with log_path.open("w") as log:
-        proc = subprocess.Popen(torchrun_command(row, train_args(row, runs_dir, name, extra)), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            torchrun_command(row, train_args(row, runs_dir, name, extra)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            return RowResult(row, FAILED, note=f"timed out after {timeout_s:.0f} s (--row-timeout-s)", run_dir=run_dir,
-                             args=used)
+            return RowResult(
+                row, FAILED, note=f"timed out after {timeout_s:.0f} s (--row-timeout-s)", run_dir=run_dir, args=used
+            )
         except BaseException:  # Ctrl-C: take the job's ranks down with us
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait()
             raise
     if code != 0:
-        return RowResult(row, FAILED, note=failure_line(log_path.read_text(errors="replace"), code), run_dir=run_dir,
-                         args=used)
+        return RowResult(
+            row, FAILED, note=failure_line(log_path.read_text(errors="replace"), code), run_dir=run_dir, args=used
+        )
     if not run_file(run_dir).exists():
         return RowResult(row, FAILED, note="the job exited 0 but wrote no run.json", run_dir=run_dir, args=used)
     figures, times = measure(run_dir)

@@ -51,8 +51,9 @@ def parse_merged(spec: str) -> MergedChoice:
     try:
         return MergedChoice(mode="steps", steps=frozenset(parse_steps(spec)))
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"invalid --merged {spec!r}; "
-                                         "use auto, all, none or steps such as 5-8") from None
+        raise argparse.ArgumentTypeError(
+            f"invalid --merged {spec!r}; use auto, all, none or steps such as 5-8"
+        ) from None
 
 
 def parse_window(spec: str) -> str:
@@ -64,44 +65,87 @@ def parse_window(spec: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     th = Thresholds()
-    p = OneLineArgumentParser(prog=PROG, description="Merge per-rank PyTorch profiler traces, align their clocks, find "
-                                              "stragglers and communication/computation overlap gaps.")
+    p = OneLineArgumentParser(
+        prog=PROG,
+        description="Merge per-rank PyTorch profiler traces, align their clocks, find "
+        "stragglers and communication/computation overlap gaps.",
+    )
     p.add_argument("inputs", nargs="+", help="run folders, trace files or globs (several folders: one per node)")
     p.add_argument("-o", "--output", type=Path, help="report folder (default: <first input folder>/report)")
     p.add_argument("--steps", type=parse_steps, help="steps to analyse, e.g. 3-7 or 5,6,9 (default: all)")
     p.add_argument("--no-align", action="store_true", help="do not align rank clocks")
-    p.add_argument("--merged", type=parse_merged, default=MergedChoice(),
-                   help=f"what {MERGED_TRACE} holds: auto (default: the consecutive steps around a typical step "
-                        f"that fit {MERGED_BUDGET_BYTES // 10**6} MB of JSON, what a browser viewer opens), all, "
-                        "none, or steps such as 5-8")
-    p.add_argument("--no-merged", dest="merged", action="store_const", const=MergedChoice(mode="none"),
-                   help="the same as --merged none")
-    p.add_argument("--window", type=parse_window, default="latest",
-                   help="profiler window to analyse: latest (default), all, or its number (the N in "
-                        "<trace>.000N.pt.trace.json.gz): a run's windows, the scheduled ones and those the live watch "
-                        "captured, are analysed one at a time")
-    p.add_argument("--attempt", type=int, help="after torchrun restarts (--max-restarts), the attempt to analyse: "
-                   "0 = the first, N = <run>/restart-N (default: the latest)")
-    p.add_argument("--comm-kernel", type=_regex, metavar="REGEX",
-                   help="GPU kernels whose names match REGEX (Python re.search) are communication too, beside the "
-                        "built-in families (NCCL/RCCL, DeepEP, NVSHMEM, MSCCL++, custom all-reduce: "
-                        "docs/collector.md); its first group, if any, names the collective; read from traces, not "
-                        "in-job summaries")
-    p.add_argument("--from-traces", action="store_true",
-                   help="parse the traces even where an in-job summary (<trace>.summary.json) is next to them")
-    p.add_argument("--min-lag-ms", type=float, default=th.min_lag_ms,
-                   help="straggler: least cost per step, ms (default: no absolute floor)")
-    p.add_argument("--rel-lag", type=float, default=th.rel_lag,
-                   help="straggler: least cost per step as a share of the median step (GPU traces)")
-    p.add_argument("--rel-lag-cpu", type=float, default=th.rel_lag_cpu,
-                   help="the same for CPU-only traces, where ranks share cores and drift more")
+    p.add_argument(
+        "--merged",
+        type=parse_merged,
+        default=MergedChoice(),
+        help=f"what {MERGED_TRACE} holds: auto (default: the consecutive steps around a typical step "
+        f"that fit {MERGED_BUDGET_BYTES // 10**6} MB of JSON, what a browser viewer opens), all, "
+        "none, or steps such as 5-8",
+    )
+    p.add_argument(
+        "--no-merged",
+        dest="merged",
+        action="store_const",
+        const=MergedChoice(mode="none"),
+        help="the same as --merged none",
+    )
+    p.add_argument(
+        "--window",
+        type=parse_window,
+        default="latest",
+        help="profiler window to analyse: latest (default), all, or its number (the N in "
+        "<trace>.000N.pt.trace.json.gz): a run's windows, the scheduled ones and those the live watch "
+        "captured, are analysed one at a time",
+    )
+    p.add_argument(
+        "--attempt",
+        type=int,
+        help="after torchrun restarts (--max-restarts), the attempt to analyse: "
+        "0 = the first, N = <run>/restart-N (default: the latest)",
+    )
+    p.add_argument(
+        "--comm-kernel",
+        type=_regex,
+        metavar="REGEX",
+        help="GPU kernels whose names match REGEX (Python re.search) are communication too, beside the "
+        "built-in families (NCCL/RCCL, DeepEP, NVSHMEM, MSCCL++, custom all-reduce: "
+        "docs/collector.md); its first group, if any, names the collective; read from traces, not "
+        "in-job summaries",
+    )
+    p.add_argument(
+        "--from-traces",
+        action="store_true",
+        help="parse the traces even where an in-job summary (<trace>.summary.json) is next to them",
+    )
+    p.add_argument(
+        "--min-lag-ms",
+        type=float,
+        default=th.min_lag_ms,
+        help="straggler: least cost per step, ms (default: no absolute floor)",
+    )
+    p.add_argument(
+        "--rel-lag",
+        type=float,
+        default=th.rel_lag,
+        help="straggler: least cost per step as a share of the median step (GPU traces)",
+    )
+    p.add_argument(
+        "--rel-lag-cpu",
+        type=float,
+        default=th.rel_lag_cpu,
+        help="the same for CPU-only traces, where ranks share cores and drift more",
+    )
     p.add_argument("-j", "--jobs", type=int, default=0, help="parallel parsers (default: one per core)")
-    p.add_argument("--unpickle-nccl-dumps", action="store_true",
-                   help="read NCCL watchdog dumps (pickles) among the Flight Recorder dumps; only for files you trust "
-                        "(no class is loaded even then)")
+    p.add_argument(
+        "--unpickle-nccl-dumps",
+        action="store_true",
+        help="read NCCL watchdog dumps (pickles) among the Flight Recorder dumps; only for files you trust "
+        "(no class is loaded even then)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
-    p.add_argument("--progress-file", type=Path,
-                   help="keep a JSON of the stage reached here (harness/collect/progress.py)")
+    p.add_argument(
+        "--progress-file", type=Path, help="keep a JSON of the stage reached here (harness/collect/progress.py)"
+    )
     return p
 
 
@@ -114,10 +158,19 @@ def _regex(text: str) -> re.Pattern[str]:
 
 def options_from(args: argparse.Namespace) -> CollectOptions:
     return CollectOptions(
-        inputs=args.inputs, output=args.output, steps=args.steps, align=not args.no_align, merged=args.merged,
-        window=args.window, attempt=args.attempt, comm_kernel=args.comm_kernel, from_traces=args.from_traces,
+        inputs=args.inputs,
+        output=args.output,
+        steps=args.steps,
+        align=not args.no_align,
+        merged=args.merged,
+        window=args.window,
+        attempt=args.attempt,
+        comm_kernel=args.comm_kernel,
+        from_traces=args.from_traces,
         thresholds=Thresholds(min_lag_ms=args.min_lag_ms, rel_lag=args.rel_lag, rel_lag_cpu=args.rel_lag_cpu),
-        unpickle_nccl_dumps=args.unpickle_nccl_dumps, progress=not args.quiet)
+        unpickle_nccl_dumps=args.unpickle_nccl_dumps,
+        progress=not args.quiet,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -168,12 +221,16 @@ def print_result(result: Collected, args: argparse.Namespace) -> str:
     print(f"diagnosis: {doc['diagnosis_summary']}")
     for n in doc["next_steps"]:
         print(f"next: {n['text']}")
-    print(f"report:  {out}/{REPORT_MD} (also {REPORT_HTML}, {REPORT_JSON}, {TIMELINE_JSON}, {STEPS_CSV}, "
-          f"{COLLECTIVES_CSV}; TensorBoard scalars in {out}/tb/)")
+    print(
+        f"report:  {out}/{REPORT_MD} (also {REPORT_HTML}, {REPORT_JSON}, {TIMELINE_JSON}, {STEPS_CSV}, "
+        f"{COLLECTIVES_CSV}; TensorBoard scalars in {out}/tb/)"
+    )
     merged = result.merged
     if merged:
-        print(f"merged:  {merged.path} ({merged.gz_bytes / 1e6:.1f} MB, {merged.json_bytes / 1e6:.0f} MB of JSON): "
-              f"{merged.window.note}")
+        print(
+            f"merged:  {merged.path} ({merged.gz_bytes / 1e6:.1f} MB, {merged.json_bytes / 1e6:.0f} MB of JSON): "
+            f"{merged.window.note}"
+        )
     elif args.merged.mode != "none":
         print(f"no {MERGED_TRACE}: only the in-job summaries, not the traces, are here")
     return f"verdict: {doc['headline']}"

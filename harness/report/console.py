@@ -9,12 +9,17 @@ from harness import text_table
 
 def console_table(doc: dict[str, Any]) -> str:
     """One line per rank: "(mean)" and "/step" figures are per step, "(total)" summed over the window."""
-    cols = [("rank", "rank", "{}"), ("host", "host", "{}"), ("mean_step_ms", "step ms (mean)", "{:.2f}"),
-            ("exposed_wait_ms", "exp. waiting ms (total)", "{:.2f}"),
-            ("exposed_transfer_ms", "exp. transfer ms (total)", "{:.2f}"),
-            ("idle_ms", "idle ms (total)", "{:.2f}"), ("wait_ms", "waited ms (total)", "{:.2f}"),
-            ("late_ms", "late ms/step", "{:.2f}"),
-            ("clock_offset_ms", "offset ms", "{:.3f}")]
+    cols = [
+        ("rank", "rank", "{}"),
+        ("host", "host", "{}"),
+        ("mean_step_ms", "step ms (mean)", "{:.2f}"),
+        ("exposed_wait_ms", "exp. waiting ms (total)", "{:.2f}"),
+        ("exposed_transfer_ms", "exp. transfer ms (total)", "{:.2f}"),
+        ("idle_ms", "idle ms (total)", "{:.2f}"),
+        ("wait_ms", "waited ms (total)", "{:.2f}"),
+        ("late_ms", "late ms/step", "{:.2f}"),
+        ("clock_offset_ms", "offset ms", "{:.3f}"),
+    ]
     straggling = {s["rank"] for s in doc["stragglers"]}
     table = text_table.render(doc["ranks"], cols, lambda r: "  <- straggler" if r["rank"] in straggling else "")
     memory = [f"memory: rank {f['rank']} {f['kind']}: {f['reason']}" for f in doc.get("memory_findings", [])]

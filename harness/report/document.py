@@ -65,14 +65,14 @@ from harness.report.records import ClockHostRecord, HostRecord, RankRecord, RunR
 SCHEMA_VERSION = 1
 ADVICE = {
     "data": "its input pipeline is slow: more DataLoader workers (num_workers; the lab: --num-workers), "
-            "persistent workers, pinned memory, or move preprocessing offline; check its disk/network for input files",
+    "persistent workers, pinned memory, or move preprocessing offline; check its disk/network for input files",
     "h2d": "its host-to-device copies are slow: pin memory and copy with non_blocking=True; "
-           "check the PCIe/NUMA placement of that GPU",
+    "check the PCIe/NUMA placement of that GPU",
     "forward": "its forward pass is slow: compare its hardware (clocks, thermals, other tenants), "
-               "and its input sizes if they vary",
+    "and its input sizes if they vary",
     "loss": "its loss computation is slow: look for host syncs or data-dependent work in the loss",
     "backward": "its backward pass is slow: compare its hardware (clocks, thermals, other tenants), "
-                "and activation checkpointing settings",
+    "and activation checkpointing settings",
     "optimizer": "its optimizer step is slow: use a fused/foreach optimizer; check for per-parameter host work",
 }
 
@@ -86,12 +86,21 @@ def bytes_to_mb(b: float | None) -> float | None:
     return None if b is None else round(b / 1e6, 3)
 
 
-MEMORY_RANK_KEYS = ("peak_rss_bytes", "rss_growth_bytes_per_step", "peak_gpu_allocated_bytes",
-                    "peak_gpu_reserved_bytes", "gpu_growth_bytes_per_step")
+MEMORY_RANK_KEYS = (
+    "peak_rss_bytes",
+    "rss_growth_bytes_per_step",
+    "peak_gpu_allocated_bytes",
+    "peak_gpu_reserved_bytes",
+    "gpu_growth_bytes_per_step",
+)
 
 
-def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = None,
-                 memory_timelines: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def build_report(
+    a: Analysis,
+    inputs: list[str],
+    memory: MemoryResult | None = None,
+    memory_timelines: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """report.json's document; `memory` (memory.py, from the step logs) adds the memory findings
     and columns, `memory_timelines` the links to torch's memory timelines."""
     res = a.stragglers
@@ -100,30 +109,74 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
     by_rank = {t.rank: t for t in a.traces}
     agg: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for row in a.overlap:
-        for k in ("compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us", "exposed_wait_us",
-                  "exposed_transfer_us", "memcpy_us", "idle_us"):
+        for k in (
+            "compute_us",
+            "comm_us",
+            "overlapped_comm_us",
+            "exposed_comm_us",
+            "exposed_wait_us",
+            "exposed_transfer_us",
+            "memcpy_us",
+            "idle_us",
+        ):
             agg[row.rank][k] += getattr(row, k)
     blames = {r.rank: r for r in res.ranks}
     ranks: list[dict[str, Any]] = []
     for t in a.traces:
         o, b, g = a.offsets[t.rank], blames[t.rank], agg[t.rank]
         mem = mem_ranks.get(t.rank, {})
-        ranks.append(asdict(RankRecord(
-            rank=t.rank, host=t.host, steps=len(t.steps), mean_step_ms=b.mean_step_ms,
-            compute_ms=_ms(g["compute_us"]), comm_ms=_ms(g["comm_us"]),
-            overlapped_comm_ms=_ms(g["overlapped_comm_us"]), exposed_comm_ms=_ms(g["exposed_comm_us"]),
-            exposed_wait_ms=_ms(g["exposed_wait_us"]), exposed_transfer_ms=_ms(g["exposed_transfer_us"]),
-            memcpy_ms=_ms(g["memcpy_us"]), idle_ms=_ms(g["idle_us"]), wait_ms=b.wait_ms, blame_ms=b.blame_ms,
-            late_ms=round(b.late_ms, 6), cost_ms=round(b.cost_ms, 6),
-            late_fraction=b.late_fraction, last_fraction=b.last_fraction, waits_for=b.waits_for,
-            clock_offset_ms=_ms(o.offset_us), clock_spread_ms=_ms(o.spread_us), clock_samples=o.samples,
-            **{k: mem.get(k) for k in MEMORY_RANK_KEYS})))
-    stragglers = [asdict(StragglerRecord(
-        rank=s.rank, host=s.host, phase=s.phase, phase_excess_ms=s.phase_excess_ms,
-        late_ms=round(s.late_ms, 6), cost_ms=round(s.cost_ms, 6), blame_ms=s.blame_ms, wait_ms=s.wait_ms,
-        late_fraction=round(s.late_fraction, 4), steps_late=s.steps_late, steps=s.steps, pattern=s.pattern,
-        last_fraction=s.last_fraction, whatif_step_ms=s.whatif_step_ms, mean_step_ms=s.mean_step_ms,
-        syncs=s.syncs)) for s in res.stragglers]
+        ranks.append(
+            asdict(
+                RankRecord(
+                    rank=t.rank,
+                    host=t.host,
+                    steps=len(t.steps),
+                    mean_step_ms=b.mean_step_ms,
+                    compute_ms=_ms(g["compute_us"]),
+                    comm_ms=_ms(g["comm_us"]),
+                    overlapped_comm_ms=_ms(g["overlapped_comm_us"]),
+                    exposed_comm_ms=_ms(g["exposed_comm_us"]),
+                    exposed_wait_ms=_ms(g["exposed_wait_us"]),
+                    exposed_transfer_ms=_ms(g["exposed_transfer_us"]),
+                    memcpy_ms=_ms(g["memcpy_us"]),
+                    idle_ms=_ms(g["idle_us"]),
+                    wait_ms=b.wait_ms,
+                    blame_ms=b.blame_ms,
+                    late_ms=round(b.late_ms, 6),
+                    cost_ms=round(b.cost_ms, 6),
+                    late_fraction=b.late_fraction,
+                    last_fraction=b.last_fraction,
+                    waits_for=b.waits_for,
+                    clock_offset_ms=_ms(o.offset_us),
+                    clock_spread_ms=_ms(o.spread_us),
+                    clock_samples=o.samples,
+                    **{k: mem.get(k) for k in MEMORY_RANK_KEYS},
+                )
+            )
+        )
+    stragglers = [
+        asdict(
+            StragglerRecord(
+                rank=s.rank,
+                host=s.host,
+                phase=s.phase,
+                phase_excess_ms=s.phase_excess_ms,
+                late_ms=round(s.late_ms, 6),
+                cost_ms=round(s.cost_ms, 6),
+                blame_ms=s.blame_ms,
+                wait_ms=s.wait_ms,
+                late_fraction=round(s.late_fraction, 4),
+                steps_late=s.steps_late,
+                steps=s.steps,
+                pattern=s.pattern,
+                last_fraction=s.last_fraction,
+                whatif_step_ms=s.whatif_step_ms,
+                mean_step_ms=s.mean_step_ms,
+                syncs=s.syncs,
+            )
+        )
+        for s in res.stragglers
+    ]
     hosts: dict[str, HostRecord] = {}
     for r in res.ranks:
         h = hosts.setdefault(r.host, HostRecord(host=r.host, ranks=[], blame_ms=0.0, wait_ms=0.0, stragglers=[]))
@@ -136,17 +189,28 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
     step_dur = {(t.rank, s.number): s.dur_us for t in a.traces for s in t.steps}
     for row in sorted(a.overlap, key=lambda r: (r.rank, r.step)):
         logged = mem_logs[row.rank].steps.get(row.step, {}) if row.rank in mem_logs else {}
-        step_rows.append(asdict(StepRecord(
-            rank=row.rank, step=row.step, step_ms=_ms(row.window_us),
-            host_step_ms=_ms(step_dur.get((row.rank, row.step), row.window_us)),
-            wait_ms=_ms(res.step_wait.get(row.step, {}).get(row.rank, 0.0)),
-            lag_ms=_ms(res.step_blame.get(row.step, {}).get(row.rank, 0.0)),
-            exposed_comm_ms=_ms(row.exposed_comm_us), exposed_wait_ms=_ms(row.exposed_wait_us),
-            exposed_transfer_ms=_ms(row.exposed_transfer_us), compute_ms=_ms(row.compute_us),
-            comm_ms=_ms(row.comm_us), memcpy_ms=_ms(row.memcpy_us), idle_ms=_ms(row.idle_us),
-            last_arriver=res.step_last.get(row.step) == row.rank,
-            rss_mb=bytes_to_mb(logged.get("rss_bytes")),
-            gpu_allocated_mb=bytes_to_mb(logged.get("gpu_peak_allocated_bytes")))))
+        step_rows.append(
+            asdict(
+                StepRecord(
+                    rank=row.rank,
+                    step=row.step,
+                    step_ms=_ms(row.window_us),
+                    host_step_ms=_ms(step_dur.get((row.rank, row.step), row.window_us)),
+                    wait_ms=_ms(res.step_wait.get(row.step, {}).get(row.rank, 0.0)),
+                    lag_ms=_ms(res.step_blame.get(row.step, {}).get(row.rank, 0.0)),
+                    exposed_comm_ms=_ms(row.exposed_comm_us),
+                    exposed_wait_ms=_ms(row.exposed_wait_us),
+                    exposed_transfer_ms=_ms(row.exposed_transfer_us),
+                    compute_ms=_ms(row.compute_us),
+                    comm_ms=_ms(row.comm_us),
+                    memcpy_ms=_ms(row.memcpy_us),
+                    idle_ms=_ms(row.idle_us),
+                    last_arriver=res.step_last.get(row.step) == row.rank,
+                    rss_mb=bytes_to_mb(logged.get("rss_bytes")),
+                    gpu_allocated_mb=bytes_to_mb(logged.get("gpu_peak_allocated_bytes")),
+                )
+            )
+        )
     present = sorted(by_rank)
     diagnoses = diagnose(a)
     all_steps = sorted({s.number for t in a.traces for s in t.steps})
@@ -158,14 +222,24 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
         "verdict": res.verdict,
         "verdict_reason": res.reason,
         "headline": headline(res.verdict, stragglers, a.runset.missing, a.runset.ending, res.reason),
-        "run": asdict(RunRecord(
-            run_id=a.runset.run_id, world_size=a.runset.world_size, ranks_present=present,
-            ranks_missing=a.runset.missing, complete=not a.runset.missing and not a.runset.ending,
-            ending=a.runset.ending, skipped_windows=a.runset.skipped_windows,
-            hosts=sorted(hosts), device="gpu" if any(t.device == "gpu" for t in a.traces) else "cpu",
-            steps_source=sorted({t.steps_source for t in a.traces}), steps=all_steps,
-            median_step_ms=statistics.median(timed) if timed else None,
-            replayed_step_ms=res.replayed_step_ms, whatif_all_fixed_step_ms=res.whatif_all_fixed_step_ms)),
+        "run": asdict(
+            RunRecord(
+                run_id=a.runset.run_id,
+                world_size=a.runset.world_size,
+                ranks_present=present,
+                ranks_missing=a.runset.missing,
+                complete=not a.runset.missing and not a.runset.ending,
+                ending=a.runset.ending,
+                skipped_windows=a.runset.skipped_windows,
+                hosts=sorted(hosts),
+                device="gpu" if any(t.device == "gpu" for t in a.traces) else "cpu",
+                steps_source=sorted({t.steps_source for t in a.traces}),
+                steps=all_steps,
+                median_step_ms=statistics.median(timed) if timed else None,
+                replayed_step_ms=res.replayed_step_ms,
+                whatif_all_fixed_step_ms=res.whatif_all_fixed_step_ms,
+            )
+        ),
         "stragglers": stragglers,
         "diagnosis": as_rows(diagnoses),
         "diagnosis_summary": diagnosis_line(diagnoses),
@@ -177,11 +251,24 @@ def build_report(a: Analysis, inputs: list[str], memory: MemoryResult | None = N
         "process_groups": process_groups(a.waits, a.overlap),
         "collective_stats": collective_stats(a.waits),
         "collectives": {"matched": len(a.instances), "by_name": dict(Counter(i.name for i in a.instances))},
-        "clock": {"aligned": a.aligned, "reference_rank": min(present) if present else None,
-                  "reference_host": a.host_clocks[0].host if a.host_clocks else None,
-                  "hosts": [asdict(ClockHostRecord(host=c.host, ranks=c.ranks, offset_ms=_ms(c.offset_us),
-                                                   spread_ms=_ms(c.spread_us), samples=c.samples, via=c.via))
-                            for c in a.host_clocks]},
+        "clock": {
+            "aligned": a.aligned,
+            "reference_rank": min(present) if present else None,
+            "reference_host": a.host_clocks[0].host if a.host_clocks else None,
+            "hosts": [
+                asdict(
+                    ClockHostRecord(
+                        host=c.host,
+                        ranks=c.ranks,
+                        offset_ms=_ms(c.offset_us),
+                        spread_ms=_ms(c.spread_us),
+                        samples=c.samples,
+                        via=c.via,
+                    )
+                )
+                for c in a.host_clocks
+            ],
+        },
         "memory_findings": memory.findings if memory else [],
         "memory_steps": memory.steps if memory else [],
         "memory_timelines": memory_timelines or [],
@@ -209,12 +296,20 @@ def _phase_words(p: str | None, many: bool = False) -> str:
 def _straggler_words(s: dict[str, Any]) -> str:
     """One straggler in the headline: its rank, host, pattern, phase and lateness."""
     words = _phase_words(s["phase"])
-    return (f"rank {s['rank']} on {s['host']} is {_late_words(s)}" + (f" ({words})" if words else "")
-            + f", {s['late_ms']:.2f} ms per step")
+    return (
+        f"rank {s['rank']} on {s['host']} is {_late_words(s)}"
+        + (f" ({words})" if words else "")
+        + f", {s['late_ms']:.2f} ms per step"
+    )
 
 
-def headline(verdict: str, stragglers: list[dict[str, Any]], missing: list[int], ending: list[str] | None = None,
-             reason: str | None = None) -> str:
+def headline(
+    verdict: str,
+    stragglers: list[dict[str, Any]],
+    missing: list[int],
+    ending: list[str] | None = None,
+    reason: str | None = None,
+) -> str:
     tail = f" (incomplete: {ranks_listed(missing)} missing)" if missing else ""
     if ending:
         tail += f" (the run did not finish: {ending[1] if len(ending) > 1 else ending[0]})"
@@ -232,9 +327,10 @@ def headline(verdict: str, stragglers: list[dict[str, Any]], missing: list[int],
         words = _phase_words(group[0]["phase"], many=True)
         hosts = len({s["host"] for s in group})
         figures = sorted(s["late_ms"] for s in group)
-        parts.append(f"{ranks_phrase([s['rank'] for s in group])} on {hosts} host{'s' if hosts > 1 else ''} are "
-                     f"{_late_words(group[0])}" + (f" ({words})" if words else "")
-                     + f", {_range_ms(figures)} ms per step")
+        parts.append(
+            f"{ranks_phrase([s['rank'] for s in group])} on {hosts} host{'s' if hosts > 1 else ''} are "
+            f"{_late_words(group[0])}" + (f" ({words})" if words else "") + f", {_range_ms(figures)} ms per step"
+        )
     return "straggler: " + "; ".join(parts) + tail
 
 
@@ -272,24 +368,34 @@ def _straggler_advice(s: dict[str, Any]) -> str:
     phase = s["phase"] or ""
     if s.get("syncs"):
         callers = ", ".join(f"{k} {c:.1f} per step ({ms:.2f} ms of device idle)" for k, (c, ms) in s["syncs"].items())
-        text = (f"its host-device syncs made it late ({callers}): keep values on the device, log them every N "
-                "steps, copy with non_blocking=True from pinned memory.")
+        text = (
+            f"its host-device syncs made it late ({callers}): keep values on the device, log them every N "
+            "steps, copy with non_blocking=True from pinned memory."
+        )
     elif phase in ADVICE or is_data(phase):
         text = f"{ADVICE[phase if phase in ADVICE else 'data']}."
     elif phase == OUTSIDE_RANGES:
-        text = ("it is slow in code outside its profiler ranges: wrap more of its step in record_function ranges "
-                "to see where, and look at its host side (Python overhead, CPU contention, syncs).")
+        text = (
+            "it is slow in code outside its profiler ranges: wrap more of its step in record_function ranges "
+            "to see where, and look at its host side (Python overhead, CPU contention, syncs)."
+        )
     elif phase.startswith("idle"):
-        text = ("its device idles before collectives while its host is busy: look at that rank's "
-                "host side (input pipeline, Python overhead, CPU contention, syncs).")
+        text = (
+            "its device idles before collectives while its host is busy: look at that rank's "
+            "host side (input pipeline, Python overhead, CPU contention, syncs)."
+        )
     elif phase:
-        text = (f"it spends longer in `{phase[3:] if phase.startswith('op:') else phase}` than its "
-                "peers: check its inputs (uneven shapes/load) and its hardware.")
+        text = (
+            f"it spends longer in `{phase[3:] if phase.startswith('op:') else phase}` than its "
+            "peers: check its inputs (uneven shapes/load) and its hardware."
+        )
     else:
         text = "the others wait for it; compare its hardware and inputs with its peers'."
     if s["pattern"] == "intermittent":
-        text += (f" It is late in {s['steps_late']} of {s['steps']} steps only: look for what those steps do "
-                 "differently (periodic work, uneven batches, a neighbour's load).")
+        text += (
+            f" It is late in {s['steps_late']} of {s['steps']} steps only: look for what those steps do "
+            "differently (periodic work, uneven batches, a neighbour's load)."
+        )
     return text
 
 
@@ -307,8 +413,10 @@ def _straggler_step(group: list[dict[str, Any]], run: dict[str, Any]) -> str:
             text += f" Fixing one of them alone leaves the step at ~{now} ms (replayed; measured {measured} ms)."
         else:
             fixed = "Fixed" if len(group) == 1 else "Fixed one at a time"
-            text += (f" {fixed}, the step would take ~{_range_ms(whatif)} ms instead of ~{now} "
-                     f"ms (both replayed; measured {measured} ms).")
+            text += (
+                f" {fixed}, the step would take ~{_range_ms(whatif)} ms instead of ~{now} "
+                f"ms (both replayed; measured {measured} ms)."
+            )
     return text
 
 
@@ -320,21 +428,32 @@ def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
     with how much of their step is waiting and on whom."""
     out: list[dict[str, Any]] = []
     if doc["verdict"] == "inconclusive":
-        out.append({"about": "inconclusive", "ranks": doc["run"]["ranks_present"],
-                    "text": f"No straggler analysis: {doc['verdict_reason']}. Collect every rank's trace over the same "
-                            "steps (a window that holds collectives) to compare the ranks."})
+        out.append(
+            {
+                "about": "inconclusive",
+                "ranks": doc["run"]["ranks_present"],
+                "text": f"No straggler analysis: {doc['verdict_reason']}. Collect every rank's trace over the same "
+                "steps (a window that holds collectives) to compare the ranks.",
+            }
+        )
     stragglers = doc["stragglers"]
     alike = (lambda s: s["rank"]) if len(stragglers) <= LISTED else _straggler_advice
     for group in _straggler_groups(stragglers, alike):
-        out.append({"about": "straggler", "ranks": [s["rank"] for s in group],
-                    "text": _straggler_step(group, doc["run"])})
+        out.append(
+            {"about": "straggler", "ranks": [s["rank"] for s in group], "text": _straggler_step(group, doc["run"])}
+        )
     fixed = doc["run"].get("whatif_all_fixed_step_ms")
     present = doc["run"]["ranks_present"]
     if len(stragglers) > 1 and fixed is not None and doc["run"].get("replayed_step_ms"):
         ranks = [s["rank"] for s in stragglers]
-        out.append({"about": "straggler", "ranks": ranks,
-                    "text": f"Fixing {ranks_phrase(ranks, present)} together would bring the step from "
-                            f"~{doc['run']['replayed_step_ms']:.2f} ms to ~{fixed:.2f} ms (replayed)."})
+        out.append(
+            {
+                "about": "straggler",
+                "ranks": ranks,
+                "text": f"Fixing {ranks_phrase(ranks, present)} together would bring the step from "
+                f"~{doc['run']['replayed_step_ms']:.2f} ms to ~{fixed:.2f} ms (replayed).",
+            }
+        )
     for f in doc.get("memory_findings", []):
         out.append({"about": "memory", "ranks": [f["rank"]], "text": finding_text(f)})
     by_kind: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -344,14 +463,15 @@ def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for (kind, advice), ds in sorted(by_kind.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         ranks = [d["rank"] for d in ds]
         many = len(ranks) > 1
-        text = (f"{_cap(ranks_phrase(ranks, present))} ({kind}, on {'their' if many else 'its'} own "
-                f"work): {advice}.")
+        text = f"{_cap(ranks_phrase(ranks, present))} ({kind}, on {'their' if many else 'its'} own work): {advice}."
         waiting = sorted({r for d in ds for r, _ in d["waits_for"]})
         if waiting:
             share = statistics.mean(d["evidence"]["waiting_share"] for d in ds)
-            text += (f" {'They spend' if many else 'It spends'} {share:.0%} of the step waiting on "
-                     f"{ranks_listed(waiting)}; that part goes away when those are fixed, not by tuning "
-                     "communication.")
+            text += (
+                f" {'They spend' if many else 'It spends'} {share:.0%} of the step waiting on "
+                f"{ranks_listed(waiting)}; that part goes away when those are fixed, not by tuning "
+                "communication."
+            )
         out.append({"about": kind, "ranks": ranks, "text": text})
     return out
 
@@ -362,7 +482,15 @@ def collective_rows(a: Analysis) -> Iterator[dict[str, Any]]:
     as they are written (collectives.csv has instances x ranks rows)."""
     for w in a.waits:
         for r in sorted(w.arrival_us):
-            yield {"instance": w.index, "name": w.name, "pg": w.instance.pg, "step": w.step, "rank": r,
-                   "arrival_us": round(w.arrival_us[r], 3), "wait_us": round(w.wait_us[r], 3),
-                   "transfer_us": round(w.transfer_us, 3), "delay_share_us": round(w.delay_us[r], 3),
-                   "last_rank": w.last_rank}
+            yield {
+                "instance": w.index,
+                "name": w.name,
+                "pg": w.instance.pg,
+                "step": w.step,
+                "rank": r,
+                "arrival_us": round(w.arrival_us[r], 3),
+                "wait_us": round(w.wait_us[r], 3),
+                "transfer_us": round(w.transfer_us, 3),
+                "delay_share_us": round(w.delay_us[r], 3),
+                "last_rank": w.last_rank,
+            }

@@ -14,14 +14,38 @@ from harness.paths import COLLECTIVES_CSV, REPORT_HTML, REPORT_JSON, REPORT_MD, 
 from harness.report.markdown import render_markdown
 from harness.report.page import page_parts
 
-COLLECTIVE_COLUMNS = ["instance", "name", "pg", "step", "rank", "arrival_us", "wait_us", "transfer_us",
-                      "delay_share_us", "last_rank"]
+COLLECTIVE_COLUMNS = [
+    "instance",
+    "name",
+    "pg",
+    "step",
+    "rank",
+    "arrival_us",
+    "wait_us",
+    "transfer_us",
+    "delay_share_us",
+    "last_rank",
+]
 
 
-
-STEP_COLUMNS = ["rank", "step", "step_ms", "host_step_ms", "wait_ms", "lag_ms", "exposed_comm_ms", "exposed_wait_ms",
-                "exposed_transfer_ms", "compute_ms", "comm_ms", "memcpy_ms", "idle_ms", "last_arriver", "rss_mb",
-                "gpu_allocated_mb"]
+STEP_COLUMNS = [
+    "rank",
+    "step",
+    "step_ms",
+    "host_step_ms",
+    "wait_ms",
+    "lag_ms",
+    "exposed_comm_ms",
+    "exposed_wait_ms",
+    "exposed_transfer_ms",
+    "compute_ms",
+    "comm_ms",
+    "memcpy_ms",
+    "idle_ms",
+    "last_arriver",
+    "rss_mb",
+    "gpu_allocated_mb",
+]
 
 
 PART_CHARS = 1 << 16  # what write_json_in_parts holds before writing: 64 k characters (in pieces of a few
@@ -58,7 +82,6 @@ def write_report(doc: dict[str, Any], out: Path, collectives: Iterable[dict[str,
         w = csv.DictWriter(fh, fieldnames=COLLECTIVE_COLUMNS)
         w.writeheader()
         w.writerows(collectives)
-
 
 
 def view_title(run_name: str) -> str:

@@ -36,8 +36,9 @@ def attach(doc: dict[str, Any], result: dict[str, Any] | None) -> dict[str, Any]
         doc["verdict"] = "hang" if doc["hang"] else "mismatch"
         doc["headline"] = line
         ranks = doc["hang"]["missing_ranks"] if doc["hang"] else sorted(int(r) for r in doc["mismatches"][0]["ranks"])
-        doc["next_steps"] = ([{"about": doc["verdict"], "ranks": ranks, "text": flight.next_step(result)}]
-                             + doc["next_steps"])
+        doc["next_steps"] = [{"about": doc["verdict"], "ranks": ranks, "text": flight.next_step(result)}] + doc[
+            "next_steps"
+        ]
     return doc
 
 
@@ -48,18 +49,43 @@ def flight_only(inputs: list[str], result: dict[str, Any], ending: list[str], wa
     ws = result["flight"]["world_size"]
     reason = "no profiler trace, only Flight Recorder dumps, and they show no hang or mismatch"
     doc: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION, "inputs": inputs,
+        "schema_version": SCHEMA_VERSION,
+        "inputs": inputs,
         "input_dirs": sorted({str(Path(r["file"]).parent.resolve()) for r in result["flight"]["ranks"]}),
-        "verdict": "inconclusive", "verdict_reason": reason, "headline": f"inconclusive: {reason}",
-        "run": {"run_id": None, "world_size": ws, "ranks_present": ranks,
-                "ranks_missing": [r for r in range(ws or 0) if r not in ranks], "complete": False, "ending": ending,
-                "skipped_windows": [], "hosts": [], "device": "-", "steps_source": ["flight recorder"], "steps": [],
-                "median_step_ms": None, "replayed_step_ms": None, "whatif_all_fixed_step_ms": None},
-        "stragglers": [], "diagnosis": [], "diagnosis_summary": "not analysed (no profiler trace)", "ranks": [],
-        "hosts": [], "steps": [], "gaps": [], "gaps_total": 0, "process_groups": [], "collective_stats": [],
+        "verdict": "inconclusive",
+        "verdict_reason": reason,
+        "headline": f"inconclusive: {reason}",
+        "run": {
+            "run_id": None,
+            "world_size": ws,
+            "ranks_present": ranks,
+            "ranks_missing": [r for r in range(ws or 0) if r not in ranks],
+            "complete": False,
+            "ending": ending,
+            "skipped_windows": [],
+            "hosts": [],
+            "device": "-",
+            "steps_source": ["flight recorder"],
+            "steps": [],
+            "median_step_ms": None,
+            "replayed_step_ms": None,
+            "whatif_all_fixed_step_ms": None,
+        },
+        "stragglers": [],
+        "diagnosis": [],
+        "diagnosis_summary": "not analysed (no profiler trace)",
+        "ranks": [],
+        "hosts": [],
+        "steps": [],
+        "gaps": [],
+        "gaps_total": 0,
+        "process_groups": [],
+        "collective_stats": [],
         "collectives": {"matched": 0, "by_name": {}},
         "clock": {"aligned": False, "reference_rank": None, "reference_host": None, "hosts": []},
-        "threshold_ms": None, "bounds_ms": {}, "warnings": warnings,
+        "threshold_ms": None,
+        "bounds_ms": {},
+        "warnings": warnings,
         "next_steps": [],
     }
     return attach(doc, result)
@@ -78,29 +104,39 @@ def hang_lines(doc: dict[str, Any]) -> list[str]:
     out = ["", "## Collectives in flight (Flight Recorder)", ""]
     h = doc.get("hang")
     if h:
-        out += [f"- hung collective: #{h['seq']} `{h['collective']}` of process group {h['process_group']}, sizes "
-                f"{h['input_sizes']}", f"- issued in step {h['step'] if h['step'] is not None else '?'}"
-                f"{' (' + h['step_source'] + ')' if h['step_source'] else ''}, phase {h['phase'] or '?'}",
-                f"- entered by rank(s) {', '.join(map(str, h['entered_ranks']))}"
-                + (f", which waited {h['waited_s']:.1f} s" if h["waited_s"] is not None else ""),
-                f"- never entered by rank(s) {', '.join(map(str, h['missing_ranks']))}: "
-                + "; ".join(f"rank {r} last entered #{w['last_seq']}, was at {_where(w)}, ended {w['state'] or '?'}"
-                            for r, w in h["missing_at"].items())]
+        out += [
+            f"- hung collective: #{h['seq']} `{h['collective']}` of process group {h['process_group']}, sizes "
+            f"{h['input_sizes']}",
+            f"- issued in step {h['step'] if h['step'] is not None else '?'}"
+            f"{' (' + h['step_source'] + ')' if h['step_source'] else ''}, phase {h['phase'] or '?'}",
+            f"- entered by rank(s) {', '.join(map(str, h['entered_ranks']))}"
+            + (f", which waited {h['waited_s']:.1f} s" if h["waited_s"] is not None else ""),
+            f"- never entered by rank(s) {', '.join(map(str, h['missing_ranks']))}: "
+            + "; ".join(
+                f"rank {r} last entered #{w['last_seq']}, was at {_where(w)}, ended {w['state'] or '?'}"
+                for r, w in h["missing_at"].items()
+            ),
+        ]
     else:
         out.append("No hang: every rank that left a dump entered the same collectives.")
     for m in doc.get("mismatches", []):
-        sides = "; ".join(f"rank {r}: {e['collective']} {e['input_sizes']} {e['input_dtypes']}"
-                          for r, e in m["ranks"].items())
+        sides = "; ".join(
+            f"rank {r}: {e['collective']} {e['input_sizes']} {e['input_dtypes']}" for r, e in m["ranks"].items()
+        )
         out.append(f"- mismatch at #{m['seq']} of process group {m['process_group']}: {sides}")
     if doc["flight"]["no_dump_ranks"]:
-        out.append(f"- no dump from rank(s) {', '.join(map(str, doc['flight']['no_dump_ranks']))} (killed before it "
-                   "could write one, or never started)")
+        out.append(
+            f"- no dump from rank(s) {', '.join(map(str, doc['flight']['no_dump_ranks']))} (killed before it "
+            "could write one, or never started)"
+        )
     out += ["", "| rank | dumped because | at | last entered | last completed |", "|---|---|---|---|---|"]
     for r in doc["flight"]["ranks"]:
         entered = r["last_entered"]
         done = ", ".join(f"#{c['seq']} {c['collective']}" for c in r["last_completed"]) or "-"
-        out.append(f"| {r['rank']} | {r['reason'] or '-'} | {_where(r)} | "
-                   f"{'#' + str(entered['seq']) + ' ' + entered['collective'] if entered else '-'} | {done} |")
+        out.append(
+            f"| {r['rank']} | {r['reason'] or '-'} | {_where(r)} | "
+            f"{'#' + str(entered['seq']) + ' ' + entered['collective'] if entered else '-'} | {done} |"
+        )
     return out
 
 
@@ -111,10 +147,17 @@ def hang_html(doc: dict[str, Any]) -> str:
         return ""
     items = [ln[2:] for ln in lines if ln.startswith("- ")]
     plain = [ln for ln in lines[3:] if ln and not ln.startswith(("- ", "|"))]
-    rows = "".join(f"<tr>{''.join(f'<td>{html.escape(c.strip())}</td>' for c in ln.strip('|').split('|'))}</tr>"
-                   for ln in lines if ln.startswith("| ") and not ln.startswith("| rank"))
+    rows = "".join(
+        f"<tr>{''.join(f'<td>{html.escape(c.strip())}</td>' for c in ln.strip('|').split('|'))}</tr>"
+        for ln in lines
+        if ln.startswith("| ") and not ln.startswith("| rank")
+    )
     head = "".join(f"<th>{t}</th>" for t in ("rank", "dumped because", "at", "last entered", "last completed"))
-    return ('<section id="sec-hang"><h2>Collectives in flight (Flight Recorder)</h2>'
-            + "".join(f"<p>{html.escape(p)}</p>" for p in plain)
-            + "<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>"
-            + f'<table id="flight"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></section>')
+    return (
+        '<section id="sec-hang"><h2>Collectives in flight (Flight Recorder)</h2>'
+        + "".join(f"<p>{html.escape(p)}</p>" for p in plain)
+        + "<ul>"
+        + "".join(f"<li>{html.escape(i)}</li>" for i in items)
+        + "</ul>"
+        + f'<table id="flight"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></section>'
+    )

@@ -37,8 +37,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
     if doc.get("watch"):
         lines.append(f"\nLive straggler watch during the run: {watch_line(doc['watch'])}.")
     if run["ranks_missing"]:
-        lines.append(f"\n**Incomplete run:** rank(s) {', '.join(map(str, run['ranks_missing']))} of "
-                     f"{run['world_size']} have no trace; the analysis covers the ranks present.")
+        lines.append(
+            f"\n**Incomplete run:** rank(s) {', '.join(map(str, run['ranks_missing']))} of "
+            f"{run['world_size']} have no trace; the analysis covers the ranks present."
+        )
     for note in run.get("ending", []):
         lines.append(f"\n**Run ended badly:** {note}.")
     lines += hang_lines(doc)
@@ -47,9 +49,11 @@ def render_markdown(doc: dict[str, Any]) -> str:
     if doc["stragglers"]:
         lines += text_table.markdown(straggler_rows(doc), STRAGGLER_COLUMNS)
         if run.get("replayed_step_ms") is not None:
-            lines.append(f"\n'Step ms if fixed' replays each step's collectives with that rank as fast as its peers; "
-                         f"the same replay with nothing changed gives {run['replayed_step_ms']:.2f} ms against a "
-                         f"measured {run['median_step_ms']:.2f} ms.")
+            lines.append(
+                f"\n'Step ms if fixed' replays each step's collectives with that rank as fast as its peers; "
+                f"the same replay with nothing changed gives {run['replayed_step_ms']:.2f} ms against a "
+                f"measured {run['median_step_ms']:.2f} ms."
+            )
     else:
         lines.append(no_straggler_text(doc))
     lines += ["", f"## Diagnosis: {doc['diagnosis_summary']}", ""]
@@ -64,27 +68,31 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines += ["", "## Per process group", ""]
         lines += text_table.markdown(pg_rows(doc), PG_COLUMNS)
     if doc["collective_stats"]:
-        lines += ["", "## Collectives", "",
-                  "Bus bandwidth by NCCL-tests' conventions (all-reduce x 2(n-1)/n, all-gather "
-                  "and reduce-scatter x (n-1)/n), to hold against the link's speed; "
-                  "'-' where the trace gives no sizes.", ""]
+        lines += [
+            "",
+            "## Collectives",
+            "",
+            "Bus bandwidth by NCCL-tests' conventions (all-reduce x 2(n-1)/n, all-gather "
+            "and reduce-scatter x (n-1)/n), to hold against the link's speed; "
+            "'-' where the trace gives no sizes.",
+            "",
+        ]
         lines += text_table.markdown(doc["collective_stats"], COLLECTIVE_STAT_COLUMNS)
     lines += ["", "## Biggest gaps", ""]
     if doc["gaps"]:
         lines += text_table.markdown(gap_rows(doc, 10), GAP_COLUMNS)
-        lines.append(f"\n{doc['gaps_total']} gap(s) in all; "
-                     f"`report.json` lists the {len(doc['gaps'])} longest.")
+        lines.append(f"\n{doc['gaps_total']} gap(s) in all; `report.json` lists the {len(doc['gaps'])} longest.")
     else:
         lines.append("No gap of exposed communication or idle device time.")
     lines += ["", "## Clock offsets", ""]
     if doc["clock"]["aligned"]:
-        lines.append(f"One offset per host, estimated from the end times of matched collectives, relative to host "
-                     f"{doc['clock']['reference_host']} (subtracted from each rank's timestamps).")
+        lines.append(
+            f"One offset per host, estimated from the end times of matched collectives, relative to host "
+            f"{doc['clock']['reference_host']} (subtracted from each rank's timestamps)."
+        )
         lines += [""] + text_table.markdown(clock_rows(doc), CLOCK_COLUMNS)
     else:
         lines.append("Clocks not aligned (--no-align, or no collective matched across ranks).")
     if doc["warnings"]:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in doc["warnings"]]
     return "\n".join(lines) + "\n"
-
-

@@ -135,8 +135,11 @@ def choose_window(traces: list[RankTrace], budget_bytes: int) -> Window:
     sizes = step_bytes(traces)
     common = sorted(set.intersection(*(set(s.number for s in t.steps) for t in traces))) if traces else []
     if not common:
-        return Window(steps=None, estimated_bytes=int(sum(t.json_bytes for t in traces)),
-                      note="no step on every rank: whole traces")
+        return Window(
+            steps=None,
+            estimated_bytes=int(sum(t.json_bytes for t in traces)),
+            note="no step on every rank: whole traces",
+        )
     longest = {n: max(s.dur_us for t in traces for s in t.steps if s.number == n) for n in common}
     center = common.index(sorted(common, key=lambda n: (longest[n], n))[(len(common) - 1) // 2])
     lo = hi = center
@@ -152,12 +155,16 @@ def choose_window(traces: list[RankTrace], budget_bytes: int) -> Window:
                 continue
             total += sizes.get(common[nxt], 0.0)
             lo, hi = min(lo, nxt), max(hi, nxt)
-    steps = common[lo:hi + 1]
-    note = (f"step(s) {step_ranges(steps)} of {step_ranges(common)} (~{total / 1e6:.0f} MB of JSON, budget "
-            f"{budget_bytes / 1e6:.0f} MB; --merged all|STEPS for others)")
+    steps = common[lo : hi + 1]
+    note = (
+        f"step(s) {step_ranges(steps)} of {step_ranges(common)} (~{total / 1e6:.0f} MB of JSON, budget "
+        f"{budget_bytes / 1e6:.0f} MB; --merged all|STEPS for others)"
+    )
     if total > budget_bytes:
-        note = (f"step {common[center]} alone is ~{total / 1e6:.0f} MB, over the {budget_bytes / 1e6:.0f} MB budget: "
-                "it may not open in a browser")
+        note = (
+            f"step {common[center]} alone is ~{total / 1e6:.0f} MB, over the {budget_bytes / 1e6:.0f} MB budget: "
+            "it may not open in a browser"
+        )
     return Window(steps=steps, estimated_bytes=int(total), note=note)
 
 
@@ -166,13 +173,17 @@ def window_for(choice: MergedChoice, traces: list[RankTrace]) -> Window | None:
     if choice.mode == "none":
         return None
     if choice.mode == "all":
-        return Window(steps=None, estimated_bytes=int(sum(t.json_bytes for t in traces)),
-                      note="every event of every trace")
+        return Window(
+            steps=None, estimated_bytes=int(sum(t.json_bytes for t in traces)), note="every event of every trace"
+        )
     if choice.mode == "steps":
         sizes = step_bytes(traces)
         steps = sorted(n for n in choice.steps if n in sizes)
-        note = (f"step(s) {step_ranges(steps)} of those asked for ({step_ranges(sorted(choice.steps))})" if steps
-                else f"none of the steps asked for ({step_ranges(sorted(choice.steps))}) is in the traces")
+        note = (
+            f"step(s) {step_ranges(steps)} of those asked for ({step_ranges(sorted(choice.steps))})"
+            if steps
+            else f"none of the steps asked for ({step_ranges(sorted(choice.steps))}) is in the traces"
+        )
         return Window(steps=steps, estimated_bytes=int(sum(sizes[n] for n in steps)), note=note)
     return choose_window(traces, choice.budget_bytes)
 
@@ -270,8 +281,17 @@ class _Mover:
 
     def block(self, data: bytes) -> bytes:
         if self.rewrite is not None:
-            got = self.rewrite(data, 0, len(data), self.rank, self.shift, self.starts, self.ends, self.tids,
-                               lambda key: _ENCODE(self._new_thread(key)))
+            got = self.rewrite(
+                data,
+                0,
+                len(data),
+                self.rank,
+                self.shift,
+                self.starts,
+                self.ends,
+                self.tids,
+                lambda key: _ENCODE(self._new_thread(key)),
+            )
             if got is not None:
                 self.kept += got[1]
                 return got[0]
@@ -339,8 +359,12 @@ def write_rank(job: _RankJob) -> _RankPiece:
                 _labels(_decode_block(data), mover.procs, mover.threads)
             # a block without X events has no known times: read it
             for b in blocks:
-                if (spans is None or b.first_ts is None or b.last_end is None
-                        or any(b.first_ts < hi and b.last_end >= lo for lo, hi in spans)):
+                if (
+                    spans is None
+                    or b.first_ts is None
+                    or b.last_end is None
+                    or any(b.first_ts < hi and b.last_end >= lo for lo, hi in spans)
+                ):
                     out.write(mover.block(meta.pop(b.start) if b.start in meta else _read(fh, b)))
     return _RankPiece(piece=out.finish(), tids=mover.tids, events=mover.kept)
 
@@ -348,14 +372,24 @@ def write_rank(job: _RankJob) -> _RankPiece:
 def _head(ranks: list[tuple[int, str]], window: Window) -> Piece:
     meta = {"steps": window.steps, "note": window.note}
     w = PieceWriter(COMPRESS_LEVEL)
-    w.write(b'{"schemaVersion":1,"displayTimeUnit":"ms","traceName":"merged by harness.collect","harness_merged":'
-            + _ENCODE(meta) + b',"traceEvents":[\n')
+    w.write(
+        b'{"schemaVersion":1,"displayTimeUnit":"ms","traceName":"merged by harness.collect","harness_merged":'
+        + _ENCODE(meta)
+        + b',"traceEvents":[\n'
+    )
     first = True
     for r, host in ranks:
-        for e in ({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r} ({host})"}},
-                  {"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}},
-                  {"ph": "M", "name": "thread_name", "pid": r, "tid": _tid(r, WAIT_TID),
-                   "args": {"name": "collective waits"}}):
+        for e in (
+            {"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r} ({host})"}},
+            {"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}},
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": r,
+                "tid": _tid(r, WAIT_TID),
+                "args": {"name": "collective waits"},
+            },
+        ):
             w.write((b"" if first else b",\n") + _ENCODE(e))
             first = False
     return w.finish()
@@ -372,17 +406,36 @@ def _waits(waits: list[InstanceWaits], window: Window, tids: dict[int, dict[tupl
         last_rank, last = wt.last_rank, wt.last_arrival_us
         for r, t in wt.arrival_us.items():
             if last - t > 0:
-                events.append({"ph": "X", "cat": "collective_wait", "name": f"wait {wt.name} (rank {last_rank} last)",
-                               "pid": r, "tid": _tid(r, WAIT_TID), "ts": t, "dur": last - t,
-                               "args": {"collective": wt.name, "step": wt.step, "last_rank": last_rank}})
+                events.append(
+                    {
+                        "ph": "X",
+                        "cat": "collective_wait",
+                        "name": f"wait {wt.name} (rank {last_rank} last)",
+                        "pid": r,
+                        "tid": _tid(r, WAIT_TID),
+                        "ts": t,
+                        "dur": last - t,
+                        "args": {"collective": wt.name, "step": wt.step, "last_rank": last_rank},
+                    }
+                )
         order = sorted(wt.arrival_us, key=lambda r: (wt.arrival_us[r], r))
         for i, r in enumerate(order):
             tid = tids.get(r, {}).get(wt.instance.ops[r].thread)
             if tid is None:
                 continue
             ph = "s" if i == 0 else ("f" if i == len(order) - 1 else "t")
-            events.append({"ph": ph, "cat": "collective", "name": wt.name, "id": f"coll-{wt.index}", "pid": r,
-                           "tid": tid, "ts": wt.arrival_us[r] + 0.001, "bp": "e"})
+            events.append(
+                {
+                    "ph": ph,
+                    "cat": "collective",
+                    "name": wt.name,
+                    "id": f"coll-{wt.index}",
+                    "pid": r,
+                    "tid": tid,
+                    "ts": wt.arrival_us[r] + 0.001,
+                    "bp": "e",
+                }
+            )
     if events:
         w.write(b",\n" + _ENCODE(events)[1:-1])
     w.write(b"\n]}\n")
@@ -412,9 +465,15 @@ def rank_jobs(ranks: list[RankTrace], offsets: dict[int, ClockOffset], window: W
     keep = None if window.steps is None else set(window.steps)
     jobs = []
     for trace in ranks:
-        jobs.append(_RankJob(rank=trace.rank, paths=trace.paths, blocks=trace.blocks,
-                             shift_us=(trace.base_us - base) - offsets[trace.rank].offset_us,
-                             spans_us=None if keep is None else step_spans(trace, keep)))
+        jobs.append(
+            _RankJob(
+                rank=trace.rank,
+                paths=trace.paths,
+                blocks=trace.blocks,
+                shift_us=(trace.base_us - base) - offsets[trace.rank].offset_us,
+                spans_us=None if keep is None else step_spans(trace, keep),
+            )
+        )
     return jobs
 
 
@@ -432,14 +491,16 @@ class MergedWriting:
     """A merged trace under way: the rank jobs started on the pool (or run by `finish_merged`
     when there is none), while the caller goes on with the analysis; only the `collective
     waits` piece, written last, needs the analysis's result (its waits)."""
+
     ranks: list[tuple[int, str]]  # (rank, host) of each, for the process names
     window: Window
     jobs: list[_RankJob]
     futures: list[Future[_RankPiece]] | None
 
 
-def start_merged(ranks: list[RankTrace], offsets: dict[int, ClockOffset], window: Window,
-                 pool: Executor | None = None) -> MergedWriting:
+def start_merged(
+    ranks: list[RankTrace], offsets: dict[int, ClockOffset], window: Window, pool: Executor | None = None
+) -> MergedWriting:
     """Start writing the merged trace of `window`: one job per rank on `pool` when given (the
     jobs need only the parsed ranks and the clock offsets, so they run beside the rest of the
     analysis)."""
@@ -452,20 +513,25 @@ def finish_merged(writing: MergedWriting, waits: list[InstanceWaits], out: Path)
     """Wait for the rank pieces, then write the head, the pieces in rank order and the waits
     piece into `out`'s merged trace as one gzip file (`out` must exist)."""
     jobs, window = writing.jobs, writing.window
-    results = ([f.result() for f in writing.futures] if writing.futures is not None
-               else [write_rank(j) for j in jobs])
+    results = [f.result() for f in writing.futures] if writing.futures is not None else [write_rank(j) for j in jobs]
     tids = {j.rank: r.tids for j, r in zip(jobs, results)}
     path = out / MERGED_TRACE
     with atomic_file(path) as fh:
-        size = write_gzip(fh, [_head(writing.ranks, window), *(r.piece for r in results),
-                               _waits(waits, window, tids)])
-    return MergedResult(path=path, window=window, json_bytes=size, gz_bytes=path.stat().st_size,
-                        events=sum(r.events for r in results))
+        size = write_gzip(fh, [_head(writing.ranks, window), *(r.piece for r in results), _waits(waits, window, tids)])
+    return MergedResult(
+        path=path, window=window, json_bytes=size, gz_bytes=path.stat().st_size, events=sum(r.events for r in results)
+    )
 
 
 def merged_entry(result: MergedResult) -> dict[str, Any]:
     """The report's `merged` entry."""
     steps = result.window.steps
-    return {"file": result.path.name, "steps": steps, "note": result.window.note,
-            "estimated_bytes": result.window.estimated_bytes, "json_bytes": result.json_bytes,
-            "gz_bytes": result.gz_bytes, "events": result.events}
+    return {
+        "file": result.path.name,
+        "steps": steps,
+        "note": result.window.note,
+        "estimated_bytes": result.window.estimated_bytes,
+        "json_bytes": result.json_bytes,
+        "gz_bytes": result.gz_bytes,
+        "events": result.events,
+    }

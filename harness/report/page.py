@@ -65,8 +65,9 @@ def plotly_js_path() -> Path:
 
     path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: reinstall the plotly package "
-                                "(pip install --force-reinstall plotly)")
+        raise FileNotFoundError(
+            f"{path} is missing: reinstall the plotly package (pip install --force-reinstall plotly)"
+        )
     return path
 
 
@@ -93,7 +94,7 @@ def _json_parts(data: Any) -> Iterator[str]:
         if isinstance(value, list) and len(value) > JSON_BATCH:
             yield "["
             for j in range(0, len(value), JSON_BATCH):
-                yield ("," if j else "") + _json_block(value[j:j + JSON_BATCH])[1:-1]
+                yield ("," if j else "") + _json_block(value[j : j + JSON_BATCH])[1:-1]
             yield "]"
         else:
             yield _json_block(value)
@@ -140,15 +141,16 @@ def _inline_script(js: bytes | Path) -> Iterator[str | bytes]:
     yield "</script>"
 
 
-def html_table(rows: list[dict[str, Any]], cols: list[Column], table_id: str,
-               row_class: Any = None) -> str:
+def html_table(rows: list[dict[str, Any]], cols: list[Column], table_id: str, row_class: Any = None) -> str:
     """rows as an HTML table; numeric columns right-aligned; `row_class(row)` may name a CSS class."""
     head = "".join(f'<th class="{"num" if f != "{}" else ""}">{html.escape(t)}</th>' for _, t, f in cols)
     body = []
     for r in rows:
         cls = row_class(r) if row_class else None
-        tds = "".join(f'<td class="{"num" if f != "{}" else ""}" data-key="{k}">{html.escape(cell(r, k, f))}</td>'
-                      for k, _, f in cols)
+        tds = "".join(
+            f'<td class="{"num" if f != "{}" else ""}" data-key="{k}">{html.escape(cell(r, k, f))}</td>'
+            for k, _, f in cols
+        )
         body.append(f'<tr{f" class={cls!r}" if cls else ""} data-rank="{r.get("rank", "")}">{tds}</tr>')
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
@@ -159,41 +161,81 @@ def _section(title: str, body: str, section_id: str) -> str:
 
 def _body(doc: dict[str, Any], title: str) -> str:
     straggling = {s["rank"] for s in doc["stragglers"]}
-    parts = [f"<h1>{html.escape(title)}</h1>",
-             f'<p id="verdict" class="verdict {html.escape(doc["verdict"])}">{html.escape(doc["headline"])}</p>',
-             f'<p class="scope">{html.escape(scope_line(doc))}</p>', hang_html(doc)]
-    parts.append(_section("What to do next", "<ul>" + "".join(
-        f'<li data-about="{html.escape(n["about"])}">{html.escape(n["text"])}</li>' for n in doc.get("next_steps", []))
-        + "</ul>", "sec-advice"))
+    parts = [
+        f"<h1>{html.escape(title)}</h1>",
+        f'<p id="verdict" class="verdict {html.escape(doc["verdict"])}">{html.escape(doc["headline"])}</p>',
+        f'<p class="scope">{html.escape(scope_line(doc))}</p>',
+        hang_html(doc),
+    ]
+    parts.append(
+        _section(
+            "What to do next",
+            "<ul>"
+            + "".join(
+                f'<li data-about="{html.escape(n["about"])}">{html.escape(n["text"])}</li>'
+                for n in doc.get("next_steps", [])
+            )
+            + "</ul>",
+            "sec-advice",
+        )
+    )
     if doc["stragglers"]:
         stragglers = html_table(straggler_rows(doc), STRAGGLER_COLUMNS, "stragglers")
     else:
         stragglers = f'<p id="stragglers">{html.escape(no_straggler_text(doc))}</p>'
     parts.append(_section("Stragglers", stragglers, "sec-stragglers"))
     if doc.get("diagnosis"):
-        parts.append(_section(f"Diagnosis: {doc.get('diagnosis_summary', '')}",
-                              html_table(doc["diagnosis"], DIAGNOSIS_COLUMNS, "diagnosis"), "sec-diagnosis"))
+        parts.append(
+            _section(
+                f"Diagnosis: {doc.get('diagnosis_summary', '')}",
+                html_table(doc["diagnosis"], DIAGNOSIS_COLUMNS, "diagnosis"),
+                "sec-diagnosis",
+            )
+        )
     parts.append(_section("Memory", _memory(doc), "sec-memory"))
-    parts.append(_section("Per rank", html_table(doc["ranks"], RANK_COLUMNS, "ranks",
-                                                 lambda r: "straggler" if r["rank"] in straggling else None)
-                          + '<div id="bars" class="chart"></div>', "sec-ranks"))
+    parts.append(
+        _section(
+            "Per rank",
+            html_table(doc["ranks"], RANK_COLUMNS, "ranks", lambda r: "straggler" if r["rank"] in straggling else None)
+            + '<div id="bars" class="chart"></div>',
+            "sec-ranks",
+        )
+    )
     if len(doc["hosts"]) > 1:
         parts.append(_section("Per host", html_table(host_rows(doc), HOST_COLUMNS, "hosts"), "sec-hosts"))
     if doc.get("process_groups"):
         parts.append(_section("Per process group", html_table(pg_rows(doc), PG_COLUMNS, "process-groups"), "sec-pgs"))
     if doc.get("collective_stats"):
-        parts.append(_section("Collectives", '<p class="note">Bus bandwidth by NCCL-tests\' conventions, '
-                                             'to hold against the link\'s speed; - where the trace gives no sizes.</p>'
-                              + html_table(doc["collective_stats"], COLLECTIVE_STAT_COLUMNS, "collective-stats"),
-                              "sec-collectives"))
-    parts.append(_section("Rank × step", '<div id="heatmap-step" class="chart"></div>'
-                                         '<div id="heatmap-wait" class="chart"></div>'
-                                         '<div id="heatmap-memory" class="chart"></div>', "sec-heatmap"))
-    timeline_note = ('<p class="note">One lane per rank on aligned clocks: each step\'s phases above, its collectives '
-                     'below with the wait for the last arriver in red. Drag to zoom, double-click to reset. '
-                     'Kernel-level detail: <code>merged.pt.trace.json.gz</code> in Perfetto UI.</p>')
-    parts.append(_section("Timeline", timeline_note + '<p id="timeline-cut" class="note"></p>'
-                                                      '<div id="timeline" class="chart tall"></div>', "sec-timeline"))
+        parts.append(
+            _section(
+                "Collectives",
+                '<p class="note">Bus bandwidth by NCCL-tests\' conventions, '
+                "to hold against the link's speed; - where the trace gives no sizes.</p>"
+                + html_table(doc["collective_stats"], COLLECTIVE_STAT_COLUMNS, "collective-stats"),
+                "sec-collectives",
+            )
+        )
+    parts.append(
+        _section(
+            "Rank × step",
+            '<div id="heatmap-step" class="chart"></div>'
+            '<div id="heatmap-wait" class="chart"></div>'
+            '<div id="heatmap-memory" class="chart"></div>',
+            "sec-heatmap",
+        )
+    )
+    timeline_note = (
+        '<p class="note">One lane per rank on aligned clocks: each step\'s phases above, its collectives '
+        "below with the wait for the last arriver in red. Drag to zoom, double-click to reset. "
+        "Kernel-level detail: <code>merged.pt.trace.json.gz</code> in Perfetto UI.</p>"
+    )
+    parts.append(
+        _section(
+            "Timeline",
+            timeline_note + '<p id="timeline-cut" class="note"></p><div id="timeline" class="chart tall"></div>',
+            "sec-timeline",
+        )
+    )
     if doc["gaps"]:
         gaps = html_table(gap_rows(doc, GAPS_SHOWN), GAP_COLUMNS, "gaps")
         gaps += f'<p class="note">{doc["gaps_total"]} gap(s) in all; report.json lists the longest.</p>'
@@ -201,16 +243,22 @@ def _body(doc: dict[str, Any], title: str) -> str:
         gaps = '<p id="gaps">No gap of exposed communication or idle device time.</p>'
     parts.append(_section("Biggest overlap gaps", gaps, "sec-gaps"))
     if doc["clock"]["aligned"]:
-        clock = (f'<p class="note">One offset per host, estimated from the end times of matched collectives, '
-                 f'relative to host {html.escape(str(doc["clock"].get("reference_host")))}.</p>'
-                 + html_table(clock_rows(doc), CLOCK_COLUMNS, "clock"))
+        clock = (
+            f'<p class="note">One offset per host, estimated from the end times of matched collectives, '
+            f"relative to host {html.escape(str(doc['clock'].get('reference_host')))}.</p>"
+            + html_table(clock_rows(doc), CLOCK_COLUMNS, "clock")
+        )
     else:
         clock = '<p id="clock">Clocks not aligned (--no-align, or no collective matched across ranks).</p>'
     parts.append(_section("Clock offsets", clock, "sec-clock"))
     if doc["warnings"]:
-        parts.append(_section("Warnings",
-                              "<ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in doc["warnings"]) + "</ul>",
-                              "sec-warnings"))
+        parts.append(
+            _section(
+                "Warnings",
+                "<ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in doc["warnings"]) + "</ul>",
+                "sec-warnings",
+            )
+        )
     return "\n".join(parts)
 
 
@@ -222,20 +270,27 @@ def _memory(doc: dict[str, Any]) -> str:
     if doc.get("memory_steps"):
         out += html_table(memory_rank_rows(doc), MEMORY_RANK_COLUMNS, "memory-ranks")
     if doc.get("memory_timelines"):
-        out += ('<p class="note">Memory timelines (torch\'s, per profiler window):</p><ul id="memory-timelines">'
-                + "".join(f"<li>rank {t['rank']} window {t['window']}: <code>{html.escape(t['path'])}</code></li>"
-                          for t in doc["memory_timelines"]) + "</ul>")
+        out += (
+            '<p class="note">Memory timelines (torch\'s, per profiler window):</p><ul id="memory-timelines">'
+            + "".join(
+                f"<li>rank {t['rank']} window {t['window']}: <code>{html.escape(t['path'])}</code></li>"
+                for t in doc["memory_timelines"]
+            )
+            + "</ul>"
+        )
     return out
 
 
 def render_page(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: str, assets: str = "inline") -> str:
     """The whole view as one HTML document (`page_parts` joined)."""
-    return "".join(p if isinstance(p, str) else p.decode("utf-8") for p in page_parts(doc, timeline, title=title,
-                                                                                       assets=assets))
+    return "".join(
+        p if isinstance(p, str) else p.decode("utf-8") for p in page_parts(doc, timeline, title=title, assets=assets)
+    )
 
 
-def page_parts(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: str,
-               assets: str = "inline") -> Iterator[str | bytes]:
+def page_parts(
+    doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: str, assets: str = "inline"
+) -> Iterator[str | bytes]:
     """The view as one HTML document, in parts a writer can write one at a time (str, and the
     inlined Plotly as UTF-8 bytes; a 1024-rank report.html is ~11 MB: built whole, with its JSON
     and that JSON's escaped copies, it made the collector's memory peak). `assets`: "inline"
@@ -247,9 +302,11 @@ def page_parts(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: s
         head = '<link rel="stylesheet" href="view.css">'
     else:
         raise ValueError(f"assets must be 'inline' or 'linked', not {assets!r}")
-    yield ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-           f"<title>{html.escape(title)}</title>{head}</head><body>\n{_body(doc, title)}\n"
-           '<script type="application/json" id="harness-data">')
+    yield (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title>{head}</head><body>\n{_body(doc, title)}\n"
+        '<script type="application/json" id="harness-data">'
+    )
     # {"report": doc, "timeline": timeline} as one compact JSON object, a member at a time
     yield '{"report":'
     yield from _json_parts(doc)
@@ -269,8 +326,11 @@ def page_parts(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: s
 
 def render_message(title: str, message_html: str, *, assets: str = "linked") -> str:
     """A page with only a message (no report yet, unreadable report): same look as the view."""
-    head = (f"<style>{static_text('view.css')}</style>" if assets == "inline"
-            else '<link rel="stylesheet" href="view.css">')
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title>{head}</head><body><h1>{html.escape(title)}</h1>"
-            f'<div id="message">{message_html}</div></body></html>\n')
+    head = (
+        f"<style>{static_text('view.css')}</style>" if assets == "inline" else '<link rel="stylesheet" href="view.css">'
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title>{head}</head><body><h1>{html.escape(title)}</h1>"
+        f'<div id="message">{message_html}</div></body></html>\n'
+    )

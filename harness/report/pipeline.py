@@ -113,8 +113,13 @@ def _parse_one(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankTr
         return str(exc)
 
 
-def parse_all(files: list[Path], pool: Executor | None, progress: bool, reporter: Progress | None = None,
-              comm_kernel: re.Pattern[str] | None = None) -> tuple[list[RankTrace], list[str]]:
+def parse_all(
+    files: list[Path],
+    pool: Executor | None,
+    progress: bool,
+    reporter: Progress | None = None,
+    comm_kernel: re.Pattern[str] | None = None,
+) -> tuple[list[RankTrace], list[str]]:
     """Parse the traces, in parallel on `pool` when there is one; bad files become warnings."""
     reporter = reporter or Progress(None)
     reporter.stage("parsing traces", total=len(files))
@@ -126,7 +131,7 @@ def parse_all(files: list[Path], pool: Executor | None, progress: bool, reporter
     results: list[RankTrace | str] = []
     shared = Shared()
     one = functools.partial(_parse_one, comm_kernel=comm_kernel)
-    for r in (pool.map(one, files) if pool is not None and len(files) > 1 else map(one, files)):
+    for r in pool.map(one, files) if pool is not None and len(files) > 1 else map(one, files):
         results.append(compact(r, shared) if isinstance(r, RankTrace) else r)
         bar and bar.update()
         reporter.advance(len(results))
@@ -141,8 +146,12 @@ def _warn(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def collect(options: CollectOptions, pool: Executor | None = None, reporter: Progress | None = None,
-            warn: Callable[[str], None] = _warn) -> Collected:
+def collect(
+    options: CollectOptions,
+    pool: Executor | None = None,
+    reporter: Progress | None = None,
+    warn: Callable[[str], None] = _warn,
+) -> Collected:
     """The whole collection (the module docstring's steps); `warn` gets each skipped file's
     line as it is found. Raises CollectError."""
     reporter = reporter or Progress(None)
@@ -159,12 +168,19 @@ def collect(options: CollectOptions, pool: Executor | None = None, reporter: Pro
             files, window = pick_window(files, options.window)
         except InputError as exc:  # a bad --window, not a run without traces
             raise CollectError(str(exc)) from None
-        traces, errors = parse_all(files, pool, progress=options.progress and len(files) > 1, reporter=reporter,
-                                   comm_kernel=options.comm_kernel)
+        traces, errors = parse_all(
+            files,
+            pool,
+            progress=options.progress and len(files) > 1,
+            reporter=reporter,
+            comm_kernel=options.comm_kernel,
+        )
         from_summaries = sum(1 for f in files if is_summary(f))
         if options.comm_kernel is not None and from_summaries:
-            errors.append(f"--comm-kernel: {from_summaries} rank(s) read from in-job summaries, which were parsed "
-                          "with the built-in communication kernels only; --from-traces to apply it to their traces")
+            errors.append(
+                f"--comm-kernel: {from_summaries} rank(s) read from in-job summaries, which were parsed "
+                "with the built-in communication kernels only; --from-traces to apply it to their traces"
+            )
         for e in errors:
             warn(f"harness.collect: warning: skipped {e}")
         if not traces:
@@ -180,8 +196,13 @@ def collect(options: CollectOptions, pool: Executor | None = None, reporter: Pro
         raise CollectError(str(exc), memory_lines=_memory_only_lines(inputs)) from None
     runset.ending = [n for d in inputs if Path(d).is_dir() for n in ending_notes(Path(d))]
     runset.skipped_windows = [w for d in inputs if Path(d).is_dir() for w in skipped_windows(Path(d))]
-    runset.warnings[:0] = (attempt_notes + runset.ending + [skipped_note(w) for w in runset.skipped_windows]
-                           + [f"skipped {e}" for e in errors] + ([window.note] if window.note else []))
+    runset.warnings[:0] = (
+        attempt_notes
+        + runset.ending
+        + [skipped_note(w) for w in runset.skipped_windows]
+        + [f"skipped {e}" for e in errors]
+        + ([window.note] if window.note else [])
+    )
     reporter.stage("aligning clocks, matching collectives, finding stragglers")
     try:
         alignment = align_ranks(runset, align=options.align, steps=options.steps)
@@ -218,8 +239,9 @@ def collect(options: CollectOptions, pool: Executor | None = None, reporter: Pro
     return Collected(doc=doc, out=out, warnings=analysis.warnings, merged=merged, window=window)
 
 
-def _start_merged_trace(runset: RunSet, alignment: Alignment, choice: MergedChoice,
-                        pool: Executor | None) -> MergedWriting | None:
+def _start_merged_trace(
+    runset: RunSet, alignment: Alignment, choice: MergedChoice, pool: Executor | None
+) -> MergedWriting | None:
     """The merged trace `choice` asks for, started (None: not asked for, or no trace file left
     to copy from: only in-job summaries)."""
     window = merged_window_for(choice, runset.ranks) if _traces_present(runset) else None

@@ -235,22 +235,36 @@ def field_docs(cls: type) -> dict[str, str]:
     docs: dict[str, str] = {}
     items = body.body
     for node, after in zip(items, items[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             docs[node.target.id] = " ".join(after.value.value.split())
     return docs
 
 
 def schema_markdown() -> str:
     """docs/report-schema.md: a table per record, in field order."""
-    lines = ["# report.json's rows", "",
-             "Generated from `harness/report/records.py` (`python -m harness.report.records`); the other",
-             "keys of report.json are described in `harness/report/document.py`. Durations are ms unless a",
-             "name says `_us`; \"per step\" figures are means over the analysed steps, \"total\" ones sums.", ""]
+    lines = [
+        "# report.json's rows",
+        "",
+        "Generated from `harness/report/records.py` (`python -m harness.report.records`); the other",
+        "keys of report.json are described in `harness/report/document.py`. Durations are ms unless a",
+        'name says `_us`; "per step" figures are means over the analysed steps, "total" ones sums.',
+        "",
+    ]
     for cls in RECORDS:
-        lines += [f"## {cls.__name__}", "", " ".join((cls.__doc__ or "").split()), "", "| field | type | meaning |",
-                  "|---|---|---|"]
+        lines += [
+            f"## {cls.__name__}",
+            "",
+            " ".join((cls.__doc__ or "").split()),
+            "",
+            "| field | type | meaning |",
+            "|---|---|---|",
+        ]
         docs = field_docs(cls)
         for f in dataclasses.fields(cls):
             kind = str(f.type).replace("|", "\\|")  # a pipe would end the table cell

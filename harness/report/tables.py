@@ -12,45 +12,86 @@ from harness.report.document import bytes_to_mb
 # says what it is over: "(mean)" or "/step" per step, "(total)" summed over the window's steps.
 Column = tuple[str, str, str]
 STRAGGLER_COLUMNS: list[Column] = [
-    ("rank", "rank", "{}"), ("host", "host", "{}"), ("phase", "late in", "{}"),
-    ("late_ms", "late ms/step", "{:.2f}"), ("cost_ms", "costs ms/step", "{:.2f}"),
+    ("rank", "rank", "{}"),
+    ("host", "host", "{}"),
+    ("phase", "late in", "{}"),
+    ("late_ms", "late ms/step", "{:.2f}"),
+    ("cost_ms", "costs ms/step", "{:.2f}"),
     ("phase_excess_ms", "excess ms/step", "{:.2f}"),
-    ("pattern", "pattern", "{}"), ("steps_late_text", "late in steps", "{}"),
-    ("late_fraction", "late at collectives", "{:.0%}"), ("blame_ms", "others waited ms (total)", "{:.2f}"),
-    ("mean_step_ms", "step ms (mean)", "{:.2f}"), ("whatif_step_ms", "step ms if fixed (mean)", "{:.2f}")]
-RANK_COLUMNS: list[Column] = [
-    ("rank", "rank", "{}"), ("host", "host", "{}"), ("steps", "steps", "{}"),
+    ("pattern", "pattern", "{}"),
+    ("steps_late_text", "late in steps", "{}"),
+    ("late_fraction", "late at collectives", "{:.0%}"),
+    ("blame_ms", "others waited ms (total)", "{:.2f}"),
     ("mean_step_ms", "step ms (mean)", "{:.2f}"),
-    ("compute_ms", "compute ms (total)", "{:.2f}"), ("comm_ms", "comm ms (total)", "{:.2f}"),
+    ("whatif_step_ms", "step ms if fixed (mean)", "{:.2f}"),
+]
+RANK_COLUMNS: list[Column] = [
+    ("rank", "rank", "{}"),
+    ("host", "host", "{}"),
+    ("steps", "steps", "{}"),
+    ("mean_step_ms", "step ms (mean)", "{:.2f}"),
+    ("compute_ms", "compute ms (total)", "{:.2f}"),
+    ("comm_ms", "comm ms (total)", "{:.2f}"),
     ("overlapped_comm_ms", "overlapped ms (total)", "{:.2f}"),
     ("exposed_wait_ms", "exposed waiting ms (total)", "{:.2f}"),
     ("exposed_transfer_ms", "exposed transfer ms (total)", "{:.2f}"),
-    ("idle_ms", "idle ms (total)", "{:.2f}"), ("wait_ms", "waited ms (total)", "{:.2f}"),
+    ("idle_ms", "idle ms (total)", "{:.2f}"),
+    ("wait_ms", "waited ms (total)", "{:.2f}"),
     ("blame_ms", "blamed ms (total)", "{:.2f}"),
-    ("late_ms", "late ms/step", "{:.2f}"), ("cost_ms", "costs ms/step", "{:.2f}")]
+    ("late_ms", "late ms/step", "{:.2f}"),
+    ("cost_ms", "costs ms/step", "{:.2f}"),
+]
 GAP_COLUMNS: list[Column] = [
-    ("rank", "rank", "{}"), ("step", "step", "{}"), ("kind", "kind", "{}"), ("dur_ms", "ms", "{:.3f}"),
-    ("collective", "collective", "{}")]
+    ("rank", "rank", "{}"),
+    ("step", "step", "{}"),
+    ("kind", "kind", "{}"),
+    ("dur_ms", "ms", "{:.3f}"),
+    ("collective", "collective", "{}"),
+]
 DIAGNOSIS_COLUMNS: list[Column] = [
-    ("rank", "rank", "{}"), ("host", "host", "{}"), ("bottleneck", "bottleneck", "{}"), ("reason", "evidence", "{}"),
-    ("advice", "next step", "{}")]
+    ("rank", "rank", "{}"),
+    ("host", "host", "{}"),
+    ("bottleneck", "bottleneck", "{}"),
+    ("reason", "evidence", "{}"),
+    ("advice", "next step", "{}"),
+]
 HOST_COLUMNS: list[Column] = [
-    ("host", "host", "{}"), ("ranks", "ranks", "{}"), ("blame_ms", "others waited ms (total)", "{:.2f}"),
-    ("wait_ms", "waited ms (total)", "{:.2f}"), ("stragglers", "stragglers", "{}")]
+    ("host", "host", "{}"),
+    ("ranks", "ranks", "{}"),
+    ("blame_ms", "others waited ms (total)", "{:.2f}"),
+    ("wait_ms", "waited ms (total)", "{:.2f}"),
+    ("stragglers", "stragglers", "{}"),
+]
 CLOCK_COLUMNS: list[Column] = [
-    ("host", "host", "{}"), ("ranks_text", "ranks", "{}"), ("offset_ms", "offset ms", "{:.3f}"),
-    ("spread_ms", "spread ms", "{:.3f}"), ("samples", "collectives", "{}"), ("via", "aligned against", "{}")]
+    ("host", "host", "{}"),
+    ("ranks_text", "ranks", "{}"),
+    ("offset_ms", "offset ms", "{:.3f}"),
+    ("spread_ms", "spread ms", "{:.3f}"),
+    ("samples", "collectives", "{}"),
+    ("via", "aligned against", "{}"),
+]
 PG_COLUMNS: list[Column] = [
-    ("pg", "process group", "{}"), ("ranks_text", "ranks", "{}"), ("collectives", "collectives", "{}"),
-    ("comm_ms", "comm ms (total)", "{:.2f}"), ("exposed_wait_ms", "exposed waiting ms (total)", "{:.2f}"),
-    ("exposed_transfer_ms", "exposed transfer ms (total)", "{:.2f}"), ("wait_ms", "waited ms (total)", "{:.2f}"),
-    ("transfer_ms", "transfer ms (total)", "{:.2f}")]
+    ("pg", "process group", "{}"),
+    ("ranks_text", "ranks", "{}"),
+    ("collectives", "collectives", "{}"),
+    ("comm_ms", "comm ms (total)", "{:.2f}"),
+    ("exposed_wait_ms", "exposed waiting ms (total)", "{:.2f}"),
+    ("exposed_transfer_ms", "exposed transfer ms (total)", "{:.2f}"),
+    ("wait_ms", "waited ms (total)", "{:.2f}"),
+    ("transfer_ms", "transfer ms (total)", "{:.2f}"),
+]
 COLLECTIVE_STAT_COLUMNS: list[Column] = [
-    ("name", "collective", "{}"), ("pg", "group", "{}"), ("ranks", "ranks", "{}"), ("bytes", "bytes", "{:,}"),
-    ("count", "count", "{}"), ("transfer_ms", "transfer ms (total)", "{:.3f}"),
+    ("name", "collective", "{}"),
+    ("pg", "group", "{}"),
+    ("ranks", "ranks", "{}"),
+    ("bytes", "bytes", "{:,}"),
+    ("count", "count", "{}"),
+    ("transfer_ms", "transfer ms (total)", "{:.3f}"),
     ("mean_transfer_ms", "transfer ms (mean)", "{:.4f}"),
-    ("wait_ms", "waited ms (total)", "{:.3f}"), ("algbw_gbps", "algbw GB/s", "{:.2f}"),
-    ("busbw_gbps", "busbw GB/s", "{:.2f}")]
+    ("wait_ms", "waited ms (total)", "{:.3f}"),
+    ("algbw_gbps", "algbw GB/s", "{:.2f}"),
+    ("busbw_gbps", "busbw GB/s", "{:.2f}"),
+]
 
 
 def cell(row: dict[str, Any], key: str, fmt: str) -> str:
@@ -62,14 +103,18 @@ def scope_line(doc: dict[str, Any]) -> str:
     """What the report covers, in one sentence."""
     run = doc["run"]
     steps = f"{run['steps'][0]}..{run['steps'][-1]}" if run["steps"] else "-..-"
-    return (f"{len(run['ranks_present'])} rank(s) on {len(run['hosts'])} host(s), device {run['device']}, "
-            f"steps {steps} "
-            f"({', '.join(run['steps_source'])}); {doc['collectives']['matched']} collective instance(s) matched.")
+    return (
+        f"{len(run['ranks_present'])} rank(s) on {len(run['hosts'])} host(s), device {run['device']}, "
+        f"steps {steps} "
+        f"({', '.join(run['steps_source'])}); {doc['collectives']['matched']} collective instance(s) matched."
+    )
 
 
 def host_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{**h, "ranks": ", ".join(map(str, h["ranks"])), "stragglers": ", ".join(map(str, h["stragglers"])) or None}
-            for h in doc["hosts"]]
+    return [
+        {**h, "ranks": ", ".join(map(str, h["ranks"])), "stragglers": ", ".join(map(str, h["stragglers"])) or None}
+        for h in doc["hosts"]
+    ]
 
 
 def straggler_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -90,19 +135,30 @@ def gap_rows(doc: dict[str, Any], n: int) -> list[dict[str, Any]]:
 
 
 MEMORY_FINDING_COLUMNS: list[Column] = [
-    ("rank", "rank", "{}"), ("kind", "finding", "{}"), ("reason", "evidence", "{}"), ("advice", "next step", "{}")]
+    ("rank", "rank", "{}"),
+    ("kind", "finding", "{}"),
+    ("reason", "evidence", "{}"),
+    ("advice", "next step", "{}"),
+]
 MEMORY_RANK_COLUMNS: list[Column] = [
-    ("rank", "rank", "{}"), ("peak_rss_mb", "peak RSS MB", "{:.1f}"), ("rss_growth_mb", "RSS MB/step", "{:.3f}"),
+    ("rank", "rank", "{}"),
+    ("peak_rss_mb", "peak RSS MB", "{:.1f}"),
+    ("rss_growth_mb", "RSS MB/step", "{:.3f}"),
     ("peak_gpu_allocated_mb", "peak GPU allocated MB", "{:.1f}"),
     ("peak_gpu_reserved_mb", "peak GPU reserved MB", "{:.1f}"),
-    ("gpu_growth_mb", "GPU MB/step", "{:.3f}")]
+    ("gpu_growth_mb", "GPU MB/step", "{:.3f}"),
+]
 
 
 def memory_rank_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """ranks[]' memory columns in MB, for the tables."""
-    keys = {"peak_rss_mb": "peak_rss_bytes", "rss_growth_mb": "rss_growth_bytes_per_step",
-            "peak_gpu_allocated_mb": "peak_gpu_allocated_bytes", "peak_gpu_reserved_mb": "peak_gpu_reserved_bytes",
-            "gpu_growth_mb": "gpu_growth_bytes_per_step"}
+    keys = {
+        "peak_rss_mb": "peak_rss_bytes",
+        "rss_growth_mb": "rss_growth_bytes_per_step",
+        "peak_gpu_allocated_mb": "peak_gpu_allocated_bytes",
+        "peak_gpu_reserved_mb": "peak_gpu_reserved_bytes",
+        "gpu_growth_mb": "gpu_growth_bytes_per_step",
+    }
     return [{"rank": r["rank"], **{k: bytes_to_mb(r.get(b)) for k, b in keys.items()}} for r in doc["ranks"]]
 
 
@@ -111,8 +167,10 @@ def memory_note(doc: dict[str, Any]) -> str:
     if not doc.get("memory_steps"):
         return "No step logs (steps/rank<R>.jsonl) next to the traces: no memory findings."
     if not doc["memory_findings"]:
-        return ("No memory finding: no steady growth, no rank far above its peers, no unused allocator cache, "
-                "no peak near the limit (step logs, warm-up left out).")
+        return (
+            "No memory finding: no steady growth, no rank far above its peers, no unused allocator cache, "
+            "no peak near the limit (step logs, warm-up left out)."
+        )
     return "From the step logs (steps/rank<R>.jsonl), warm-up steps left out."
 
 
@@ -134,5 +192,3 @@ def no_straggler_text(doc: dict[str, Any]) -> str:
     if doc.get("threshold_ms") is None:
         return "Not analysed: no profiler trace, only Flight Recorder dumps."
     return f"None: no rank arrives later than the punctual ones by more than {doc['threshold_ms']:.2f} ms per step."
-
-

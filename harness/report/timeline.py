@@ -60,18 +60,31 @@ def build_timeline(a: Analysis) -> dict[str, Any]:
             continue
         for r, op in w.instance.ops.items():
             seen.add((r, op.pg, op.seq))
-            matched[r].append([w.name, w.step, ms(w.arrival_us[r]), ms(w.end_us[r]), round(w.wait_us[r] / 1e3, 4),
-                               w.last_rank])
+            matched[r].append(
+                [w.name, w.step, ms(w.arrival_us[r]), ms(w.end_us[r]), round(w.wait_us[r] / 1e3, 4), w.last_rank]
+            )
     lanes = []
     for t in sorted(a.traces, key=lambda t: t.rank):
         steps = [s for s in t.steps if s.number in kept]
-        colls = matched[t.rank] + [[c.name, c.step, ms(c.start_us), ms(c.end_us), None, None] for c in t.comms
-                                   if (t.rank, c.pg, c.seq) not in seen and (c.step is None or c.step in kept)]
-        lanes.append({
-            "rank": t.rank, "host": t.host,
-            "steps": [[s.number, ms(s.start_us), ms(s.end_us)] for s in steps],
-            "phases": [[p, s.number, ms(lo), ms(hi)] for s in steps for p, lo, hi in s.phase_spans],
-            "collectives": sorted(colls, key=lambda c: c[2]),
-        })
-    return {"schema_version": SCHEMA_VERSION, "origin_us": origin, "unit": "ms", "ranks": lanes,
-            "steps_shown": len(kept), "steps_total": total}
+        colls = matched[t.rank] + [
+            [c.name, c.step, ms(c.start_us), ms(c.end_us), None, None]
+            for c in t.comms
+            if (t.rank, c.pg, c.seq) not in seen and (c.step is None or c.step in kept)
+        ]
+        lanes.append(
+            {
+                "rank": t.rank,
+                "host": t.host,
+                "steps": [[s.number, ms(s.start_us), ms(s.end_us)] for s in steps],
+                "phases": [[p, s.number, ms(lo), ms(hi)] for s in steps for p, lo, hi in s.phase_spans],
+                "collectives": sorted(colls, key=lambda c: c[2]),
+            }
+        )
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "origin_us": origin,
+        "unit": "ms",
+        "ranks": lanes,
+        "steps_shown": len(kept),
+        "steps_total": total,
+    }

@@ -24,10 +24,12 @@ def _value_type(annotation: Any) -> type:
 
 
 def build_parser(prog: str = "harness.train") -> argparse.ArgumentParser:
-    parser = OneLineArgumentParser(prog=prog,
-                                   description="Run a lab workload under torch.profiler (torchrun for several ranks).")
-    parser.add_argument("--config", type=Path, default=None,
-                        help="TOML preset (configs/<mode>.toml); flags override it")
+    parser = OneLineArgumentParser(
+        prog=prog, description="Run a lab workload under torch.profiler (torchrun for several ranks)."
+    )
+    parser.add_argument(
+        "--config", type=Path, default=None, help="TOML preset (configs/<mode>.toml); flags override it"
+    )
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(section, cls.__doc__)
         hints = typing.get_type_hints(cls)

@@ -116,14 +116,16 @@ class WorkloadConfig:
     steps: int = knob(30, "training steps in total, warm-up included")
     warmup_steps: int = knob(5, "first steps left out of the statistics")
     seed: int = knob(0, "seed for model weights and synthetic data (data differs per rank)")
-    hidden: int | None = knob(None, "hidden width (default per mode: baseline 512, data 256, torch 256, kernel 2048, "
-                                    "comm 64)")
+    hidden: int | None = knob(
+        None, "hidden width (default per mode: baseline 512, data 256, torch 256, kernel 2048, comm 64)"
+    )
     micro_ops: int = knob(60, "torch mode: repeats of the 3-op elementwise chain per forward")
     pointwise_depth: int = knob(8, "kernel mode: pointwise blocks (gate, gelu, layer_norm, add)")
     num_tables: int = knob(4, "comm mode: embedding tables with dense gradients")
     table_rows: int = knob(50_000, "comm mode: rows per embedding table")
-    optimizer: str | None = knob(None, "optimizer (default per mode: sgd in comm mode, adamw otherwise)",
-                                 choices=OPTIMIZERS)
+    optimizer: str | None = knob(
+        None, "optimizer (default per mode: sgd in comm mode, adamw otherwise)", choices=OPTIMIZERS
+    )
 
     def __post_init__(self) -> None:
         _check_types(self, "workload")
@@ -135,8 +137,9 @@ class WorkloadConfig:
         if self.optimizer is None:
             self.optimizer = MODE_OPTIMIZER.get(self.mode, "adamw")
         if self.warmup_steps >= self.steps:
-            raise ConfigError("workload.warmup_steps",
-                              f"{self.warmup_steps} leaves no measured step; must be < steps ({self.steps})")
+            raise ConfigError(
+                "workload.warmup_steps", f"{self.warmup_steps} leaves no measured step; must be < steps ({self.steps})"
+            )
 
 
 @dataclass(kw_only=True)
@@ -170,12 +173,18 @@ class ParallelConfig:
     gradient_as_bucket_view: bool = knob(False, "DDP: gradients alias the buckets (saves a copy)")
     static_graph: bool = knob(False, "DDP: the graph is the same every step")
     reshard_after_forward: bool = knob(True, "FSDP: free gathered parameters after forward")
-    collective_timeout: float = knob(600.0, "seconds a collective may wait for its peers before it fails (the process "
-                                     "group's timeout): a rank that stops entering collectives ends the job after "
-                                     "this long, with Flight Recorder dumps in <run>/flight/",
-                                     flag="--collective-timeout")
-    flight_recorder: int = knob(2000, "Flight Recorder entries kept per rank (TORCH_FR_BUFFER_SIZE, unless set in the "
-                                "environment); 0 turns it off", flag="--flight-recorder")
+    collective_timeout: float = knob(
+        600.0,
+        "seconds a collective may wait for its peers before it fails (the process "
+        "group's timeout): a rank that stops entering collectives ends the job after "
+        "this long, with Flight Recorder dumps in <run>/flight/",
+        flag="--collective-timeout",
+    )
+    flight_recorder: int = knob(
+        2000,
+        "Flight Recorder entries kept per rank (TORCH_FR_BUFFER_SIZE, unless set in the environment); 0 turns it off",
+        flag="--flight-recorder",
+    )
 
     def __post_init__(self) -> None:
         _check_types(self, "parallel")
@@ -211,24 +220,36 @@ class ProfilerConfig:
     # DDP's runtime logger waits on its CUDA timing events at the start of forward in
     # iterations 1-10 and every 100th (kDDPRuntimeLoggingSampleRate): a window inside steps 1-10
     # records those host syncs on every step. The default window (steps 11-13) starts after them.
-    wait: int = knob(9, "profiler schedule: steps skipped before each window (9 with --warmup 2: recording starts at "
-                     "step 11, after the host syncs of DDP's runtime logger in steps 1-10)")
+    wait: int = knob(
+        9,
+        "profiler schedule: steps skipped before each window (9 with --warmup 2: recording starts at "
+        "step 11, after the host syncs of DDP's runtime logger in steps 1-10)",
+    )
     warmup: int = knob(2, "profiler schedule: steps traced but discarded before each window")
     active: int = knob(3, "profiler schedule: steps recorded per window")
     repeat: int = knob(1, "profiler schedule: windows (0 = until the run ends)")
     record_shapes: bool = knob(False, "record operator input shapes")
-    profile_memory: bool = knob(False, "record tensor allocations, and write each window's memory timeline next to "
-                                "its trace (<worker>.<window>.memory_timeline.json.gz; turns on --record-shapes and "
-                                "--with-stack while it records, which torch's memory timeline needs)")
+    profile_memory: bool = knob(
+        False,
+        "record tensor allocations, and write each window's memory timeline next to "
+        "its trace (<worker>.<window>.memory_timeline.json.gz; turns on --record-shapes and "
+        "--with-stack while it records, which torch's memory timeline needs)",
+    )
     with_stack: bool = knob(False, "record Python stacks")
-    trace_summary: str = knob("off", "in-job summaries for very large jobs: each rank condenses its window's trace "
-                              "into <trace>.summary.json as soon as it is written, and the collector reads those: "
-                              "alongside (keep the trace too) or only (delete the trace once condensed)",
-                              choices=TRACE_SUMMARY_MODES)
-    cuda_profiler_api: bool = knob(False, "call cudaProfilerStart as the first measured step (after --warmup-steps) "
-                                   "begins and cudaProfilerStop after the last, so Nsight started with "
-                                   "--profile-from-start off (ncu) or --capture-range=cudaProfilerApi (nsys) "
-                                   "skips start-up and warm-up (CUDA only)")
+    trace_summary: str = knob(
+        "off",
+        "in-job summaries for very large jobs: each rank condenses its window's trace "
+        "into <trace>.summary.json as soon as it is written, and the collector reads those: "
+        "alongside (keep the trace too) or only (delete the trace once condensed)",
+        choices=TRACE_SUMMARY_MODES,
+    )
+    cuda_profiler_api: bool = knob(
+        False,
+        "call cudaProfilerStart as the first measured step (after --warmup-steps) "
+        "begins and cudaProfilerStop after the last, so Nsight started with "
+        "--profile-from-start off (ncu) or --capture-range=cudaProfilerApi (nsys) "
+        "skips start-up and warm-up (CUDA only)",
+    )
 
     def __post_init__(self) -> None:
         _check_types(self, "profiler")
@@ -241,14 +262,19 @@ class ProfilerConfig:
 class StragglerConfig:
     """Fault injection: slow one phase on some ranks by a fixed delay, reproducibly."""
 
-    rank: tuple[int, ...] | None = knob(None, "ranks to slow down: one rank or a comma-separated list (1,3)",
-                                        flag="--straggler-rank")
+    rank: tuple[int, ...] | None = knob(
+        None, "ranks to slow down: one rank or a comma-separated list (1,3)", flag="--straggler-rank"
+    )
     ms: float = knob(0.0, "delay added to the phase, per affected step", flag="--straggler-ms")
     phase: str = knob("data", "phase that is slowed", flag="--straggler-phase", choices=PHASES)
     every: int = knob(1, "slow every N-th step only (counted from --straggler-from)", flag="--straggler-every")
-    kind: str = knob("sleep", "sleep: the host idles (a slow input or Python step); compute: extra matmuls on the "
-                     "rank's device for about the delay (a slow GPU: longer kernels, the host not blocked)",
-                     flag="--straggler-kind", choices=STRAGGLER_KINDS)
+    kind: str = knob(
+        "sleep",
+        "sleep: the host idles (a slow input or Python step); compute: extra matmuls on the "
+        "rank's device for about the delay (a slow GPU: longer kernels, the host not blocked)",
+        flag="--straggler-kind",
+        choices=STRAGGLER_KINDS,
+    )
     from_step: int = knob(0, "first step slowed (earlier steps run normally)", flag="--straggler-from")
 
     def __post_init__(self) -> None:
@@ -258,8 +284,9 @@ class StragglerConfig:
             _check_min("straggler", "rank", rank, 0)
         if self.rank is not None and len(set(self.rank)) < len(self.rank):
             twice = sorted({r for r in self.rank if self.rank.count(r) > 1})
-            raise ConfigError("straggler.rank",
-                              f"rank {', '.join(map(str, twice))} listed more than once; list each rank once")
+            raise ConfigError(
+                "straggler.rank", f"rank {', '.join(map(str, twice))} listed more than once; list each rank once"
+            )
         _check_min("straggler", "ms", self.ms, 0)
         _check_min("straggler", "every", self.every, 1)
         _check_min("straggler", "from_step", self.from_step, 0)
@@ -268,8 +295,14 @@ class StragglerConfig:
 
     def slows(self, rank: int, phase: str, step: int) -> bool:
         """Whether `rank` is delayed in `phase` of `step`."""
-        return (self.rank is not None and rank in self.rank and self.ms > 0 and phase == self.phase
-                and step >= self.from_step and (step - self.from_step) % self.every == 0)
+        return (
+            self.rank is not None
+            and rank in self.rank
+            and self.ms > 0
+            and phase == self.phase
+            and step >= self.from_step
+            and (step - self.from_step) % self.every == 0
+        )
 
 
 @dataclass(kw_only=True)
@@ -280,15 +313,25 @@ class WatchConfig:
     # 100: on the lab's CPU workload (5.6 ms steps, shorter than a real job's) the watch's own
     # time was 0.58% of the loop at 50 steps and under 0.5% at 100 (bench/overhead.py, variant W);
     # on steps of 50 ms or more (GPU training) either costs under 0.1%.
-    every: int = knob(100, "every N steps, the ranks exchange their last steps' phase times and the watch names "
-                      "the stragglers (0 = off)", flag="--watch-every")
-    capture_on_straggler: bool = knob(False, "when the watch flags a new straggler, every rank traces a profiler "
-                                      "window (--warmup + --active steps) from the first free step at least two "
-                                      "steps later",
-                                      flag="--capture-on-straggler")
+    every: int = knob(
+        100,
+        "every N steps, the ranks exchange their last steps' phase times and the watch names the stragglers (0 = off)",
+        flag="--watch-every",
+    )
+    capture_on_straggler: bool = knob(
+        False,
+        "when the watch flags a new straggler, every rank traces a profiler "
+        "window (--warmup + --active steps) from the first free step at least two "
+        "steps later",
+        flag="--capture-on-straggler",
+    )
     max_captures: int = knob(1, "at most this many triggered trace windows per run", flag="--max-captures")
-    min_lag_ms: float = knob(0.0, "watch: least lateness per step, ms, for a straggler (as the collector's "
-                             "--min-lag-ms; default: no absolute floor)", flag="--watch-min-lag-ms")
+    min_lag_ms: float = knob(
+        0.0,
+        "watch: least lateness per step, ms, for a straggler (as the collector's "
+        "--min-lag-ms; default: no absolute floor)",
+        flag="--watch-min-lag-ms",
+    )
 
     def __post_init__(self) -> None:
         _check_types(self, "watch")
@@ -296,8 +339,9 @@ class WatchConfig:
         _check_min("watch", "max_captures", self.max_captures, 1)
         _check_min("watch", "min_lag_ms", self.min_lag_ms, 0)
         if self.capture_on_straggler and self.every == 0:
-            raise ConfigError("watch.capture_on_straggler", "--capture-on-straggler needs the watch; "
-                              "drop --watch-every 0")
+            raise ConfigError(
+                "watch.capture_on_straggler", "--capture-on-straggler needs the watch; drop --watch-every 0"
+            )
 
 
 HANG_PHASES = ("data", "forward", "backward", "optimizer")
@@ -309,16 +353,21 @@ class HangConfig:
 
     rank: int | None = knob(None, "rank that stops (sleeps until it is killed)", flag="--hang-rank")
     step: int | None = knob(None, "step at which it stops", flag="--hang-step")
-    phase: str = knob("forward", "phase in which it stops (before that phase's work, so before the collective that "
-                      "follows)", flag="--hang-phase", choices=HANG_PHASES)
+    phase: str = knob(
+        "forward",
+        "phase in which it stops (before that phase's work, so before the collective that follows)",
+        flag="--hang-phase",
+        choices=HANG_PHASES,
+    )
 
     def __post_init__(self) -> None:
         _check_types(self, "hang")
         _check_min("hang", "rank", self.rank, 0)
         _check_min("hang", "step", self.step, 0)
         if (self.rank is None) != (self.step is None):
-            raise ConfigError("hang.rank" if self.rank is None else "hang.step",
-                              "--hang-rank and --hang-step go together")
+            raise ConfigError(
+                "hang.rank" if self.rank is None else "hang.step", "--hang-rank and --hang-step go together"
+            )
 
     def stops(self, rank: int, phase: str, step: int) -> bool:
         """Whether `rank` stops for good in `phase` of `step`."""
@@ -330,9 +379,13 @@ class LeakConfig:
     """Fault injection: a memory leak on one rank, as an undetached loss history makes one."""
 
     rank: int | None = knob(None, "rank that leaks memory", flag="--leak-rank")
-    mb: float = knob(0.0, "MB kept alive per step on that rank (a tensor of that size appended to a list that "
-                     "is never cleared, like losses.append(loss) without .item()): host RSS grows on CPU, "
-                     "allocated GPU memory on CUDA", flag="--leak-mb")
+    mb: float = knob(
+        0.0,
+        "MB kept alive per step on that rank (a tensor of that size appended to a list that "
+        "is never cleared, like losses.append(loss) without .item()): host RSS grows on CPU, "
+        "allocated GPU memory on CUDA",
+        flag="--leak-mb",
+    )
 
     def __post_init__(self) -> None:
         _check_types(self, "leak")
@@ -348,8 +401,9 @@ class OutputConfig:
 
     log_dir: str = knob(DEFAULT_LOG_DIR, "root folder of all runs")
     run_name: str | None = knob(None, "run folder name (default: mode-parallel-wsN-time)")
-    scalars: bool = knob(True, "write per-rank TensorBoard scalars (step time, data wait, throughput, memory) "
-                               "to <run>/tb/")
+    scalars: bool = knob(
+        True, "write per-rank TensorBoard scalars (step time, data wait, throughput, memory) to <run>/tb/"
+    )
 
     def __post_init__(self) -> None:
         _check_types(self, "output")
@@ -389,14 +443,18 @@ class TrainConfig:
     def __post_init__(self) -> None:
         strag = self.straggler
         if strag.rank is not None and strag.ms > 0 and strag.from_step >= self.workload.steps:
-            raise ConfigError("straggler.from_step",
-                              f"{strag.from_step} is past the last step; must be < steps ({self.workload.steps})")
+            raise ConfigError(
+                "straggler.from_step",
+                f"{strag.from_step} is past the last step; must be < steps ({self.workload.steps})",
+            )
         if self.watch.capture_on_straggler and not self.profiler.profile:
-            raise ConfigError("watch.capture_on_straggler", "--capture-on-straggler traces with the profiler; "
-                              "drop --no-profile")
+            raise ConfigError(
+                "watch.capture_on_straggler", "--capture-on-straggler traces with the profiler; drop --no-profile"
+            )
         if self.hang.step is not None and self.hang.step >= self.workload.steps:
-            raise ConfigError("hang.step",
-                              f"{self.hang.step} is past the last step; must be < steps ({self.workload.steps})")
+            raise ConfigError(
+                "hang.step", f"{self.hang.step} is past the last step; must be < steps ({self.workload.steps})"
+            )
 
     def check_windows_fit(self) -> None:
         """Every profiler window lies inside the run (`windows_fit`), checked on what a user typed
@@ -413,9 +471,14 @@ class TrainConfig:
         from harness.train.run_config import JobConfig, RunConfig
 
         wl, par = self.workload, self.parallel
-        job = JobConfig(steps=wl.steps, warmup_steps=wl.warmup_steps, samples_per_step=wl.batch_size,
-                        parallel=par.parallel if par.parallel in ("ddp", "fsdp") else "none",
-                        collective_timeout=par.collective_timeout, name=f"{wl.mode}-{par.parallel}")
+        job = JobConfig(
+            steps=wl.steps,
+            warmup_steps=wl.warmup_steps,
+            samples_per_step=wl.batch_size,
+            parallel=par.parallel if par.parallel in ("ddp", "fsdp") else "none",
+            collective_timeout=par.collective_timeout,
+            name=f"{wl.mode}-{par.parallel}",
+        )
         return RunConfig(job=job, profiler=self.profiler, watch=self.watch, output=self.output)
 
 
@@ -433,11 +496,13 @@ def windows_fit(prof: ProfilerConfig, steps: int) -> None:
     if steps < need:
         first = (prof.repeat - 1) * cycle + prof.wait + prof.warmup
         which = "its window" if prof.repeat == 1 else f"window {prof.repeat} of {prof.repeat}"
-        raise ConfigError("profiler.active",
-                          f"the profiler records steps {first}-{first + prof.active - 1} in {which} (after "
-                          f"--wait {prof.wait} and --warmup {prof.warmup}; steps count from 0), but --steps "
-                          f"{steps} ends at step {steps - 1}: use --steps {need} or more, or a shorter --wait, "
-                          "--warmup, --active or --repeat")
+        raise ConfigError(
+            "profiler.active",
+            f"the profiler records steps {first}-{first + prof.active - 1} in {which} (after "
+            f"--wait {prof.wait} and --warmup {prof.warmup}; steps count from 0), but --steps "
+            f"{steps} ends at step {steps - 1}: use --steps {need} or more, or a shorter --wait, "
+            "--warmup, --active or --repeat",
+        )
 
 
 def flag_of(section: str, f: dataclasses.Field) -> str:
@@ -489,8 +554,13 @@ class LaunchEnv:
     device_count: int | None = None  # GPUs this process sees (None: not known)
 
     @classmethod
-    def from_environ(cls, environ: typing.Mapping[str, str] | None = None, *, cuda: bool | None = None,
-                     device_count: int | None = None) -> LaunchEnv:
+    def from_environ(
+        cls,
+        environ: typing.Mapping[str, str] | None = None,
+        *,
+        cuda: bool | None = None,
+        device_count: int | None = None,
+    ) -> LaunchEnv:
         env = os.environ if environ is None else environ
         if cuda is None or (cuda and device_count is None):
             import torch
@@ -523,8 +593,9 @@ def resolve_environment(cfg: TrainConfig, env: LaunchEnv) -> TrainConfig:
     if parallel == "auto":
         parallel = ("fsdp" if env.accelerate_fsdp else "ddp") if env.distributed else "none"
     if parallel in ("ddp", "fsdp") and not env.distributed:
-        raise ConfigError("parallel.parallel",
-                          f"{parallel} needs a process group: launch with torchrun (or use --parallel none)")
+        raise ConfigError(
+            "parallel.parallel", f"{parallel} needs a process group: launch with torchrun (or use --parallel none)"
+        )
     backend = par.backend
     if backend == "auto":
         backend = "nccl" if env.cuda else "gloo"
@@ -536,16 +607,22 @@ def resolve_environment(cfg: TrainConfig, env: LaunchEnv) -> TrainConfig:
         # checks the node's process count, so all of them stop here with the same line.
         procs = max(env.local_world_size, env.local_rank + 1)
         if procs > env.device_count:
-            raise ConfigError("launch.nproc_per_node", f"{procs} processes on this node but {env.device_count} GPU(s) "
-                              "visible; start at most one process per GPU "
-                              "(torchrun --nproc-per-node, CUDA_VISIBLE_DEVICES)")
+            raise ConfigError(
+                "launch.nproc_per_node",
+                f"{procs} processes on this node but {env.device_count} GPU(s) "
+                "visible; start at most one process per GPU "
+                "(torchrun --nproc-per-node, CUDA_VISIBLE_DEVICES)",
+            )
     strag = cfg.straggler
     for rank in strag.rank or ():
         if rank >= env.world_size:
             raise ConfigError("straggler.rank", f"{rank} must be < world size ({env.world_size})")
     if cfg.hang.rank is not None and (env.world_size < 2 or cfg.hang.rank >= env.world_size):
-        raise ConfigError("hang.rank", f"{cfg.hang.rank} must be < world size ({env.world_size}) and the job needs "
-                          "2 or more ranks (a hang is one rank missing from a collective)")
+        raise ConfigError(
+            "hang.rank",
+            f"{cfg.hang.rank} must be < world size ({env.world_size}) and the job needs "
+            "2 or more ranks (a hang is one rank missing from a collective)",
+        )
     if cfg.leak.rank is not None and cfg.leak.rank >= env.world_size:
         raise ConfigError("leak.rank", f"{cfg.leak.rank} must be < world size ({env.world_size})")
     if cfg.speed.amp == "fp16" and parallel == "fsdp":
@@ -554,8 +631,9 @@ def resolve_environment(cfg: TrainConfig, env: LaunchEnv) -> TrainConfig:
     if cfg.speed.fused_optimizer and cfg.workload.optimizer == "sgd" and parallel == "fsdp":
         # DTensor has no sharding rule for aten._fused_sgd_: the first optimizer step would raise
         # NotImplementedError. Fused AdamW has one.
-        raise ConfigError("speed.fused_optimizer", "fused SGD does not run on FSDP2's sharded parameters; "
-                          "drop --fused-optimizer (SGD then uses foreach) or use --optimizer adamw")
-    return dataclasses.replace(
-        cfg, parallel=dataclasses.replace(par, parallel=parallel, backend=backend)
-    )
+        raise ConfigError(
+            "speed.fused_optimizer",
+            "fused SGD does not run on FSDP2's sharded parameters; "
+            "drop --fused-optimizer (SGD then uses foreach) or use --optimizer adamw",
+        )
+    return dataclasses.replace(cfg, parallel=dataclasses.replace(par, parallel=parallel, backend=backend))

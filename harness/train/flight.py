@@ -88,8 +88,17 @@ def recorder_json(backend: str) -> dict[str, Any]:
     return json.loads(raw)
 
 
-def write_dump(run_dir: Path, *, rank: int, world_size: int, backend: str, reason: str, progress: Progress,
-               host: str, faults: FaultLog) -> Path | None:
+def write_dump(
+    run_dir: Path,
+    *,
+    rank: int,
+    world_size: int,
+    backend: str,
+    reason: str,
+    progress: Progress,
+    host: str,
+    faults: FaultLog,
+) -> Path | None:
     """Write this rank's recorder to `<run>/flight/rank<R>.json`, whole or not at all.
 
     1. torch's JSON dump as it is (so torch's own tools and other readers take it), plus a
@@ -100,8 +109,17 @@ def write_dump(run_dir: Path, *, rank: int, world_size: int, backend: str, reaso
     path = flight_path(run_dir, rank)
     try:
         doc = recorder_json(backend)
-        doc["harness"] = {"rank": rank, "world_size": world_size, "host": host, "pid": os.getpid(), "backend": backend,
-                          "reason": reason, "step": progress.step, "phase": progress.phase, "dumped_ns": time.time_ns()}
+        doc["harness"] = {
+            "rank": rank,
+            "world_size": world_size,
+            "host": host,
+            "pid": os.getpid(),
+            "backend": backend,
+            "reason": reason,
+            "step": progress.step,
+            "phase": progress.phase,
+            "dumped_ns": time.time_ns(),
+        }
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(doc))
     except Exception as exc:  # noqa: BLE001 - a dump that fails must not hide why the rank stops

@@ -47,10 +47,18 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
     workload = build_workload(cfg.workload, cfg.data, env.rank)
     model = wrap_model(workload.model, cfg.parallel, cfg.speed, device)
     assert cfg.workload.optimizer is not None  # the config fills in the mode's default
-    trainer = Trainer(cfg=cfg, model=model, optimizer=build_optimizer(model, cfg.workload.optimizer, cfg.speed),
-                      workload=workload, loader=build_loader(workload, cfg, device), device=device, rank=env.rank)
-    with Run(settings=cfg.run_settings(), device=device, record=cfg.to_dict(), flight_recorder=recorder_on,
-             prog=PROG) as run:
+    trainer = Trainer(
+        cfg=cfg,
+        model=model,
+        optimizer=build_optimizer(model, cfg.workload.optimizer, cfg.speed),
+        workload=workload,
+        loader=build_loader(workload, cfg, device),
+        device=device,
+        rank=env.rank,
+    )
+    with Run(
+        settings=cfg.run_settings(), device=device, record=cfg.to_dict(), flight_recorder=recorder_on, prog=PROG
+    ) as run:
         trainer.run(run)
 
 

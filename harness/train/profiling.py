@@ -59,8 +59,17 @@ class TraceRecorder:
     rank, host, ...), so a reader can tell runs apart without trusting file names.
     """
 
-    def __init__(self, cfg: ProfilerConfig, *, run_dir: Path, rank: int, host: str, cuda: bool,
-                 metadata: dict[str, Any], faults: FaultLog | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ProfilerConfig,
+        *,
+        run_dir: Path,
+        rank: int,
+        host: str,
+        cuda: bool,
+        metadata: dict[str, Any],
+        faults: FaultLog | None = None,
+    ) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.rank = rank
@@ -146,8 +155,7 @@ class TraceRecorder:
         horizon = last_step if last_step is not None else earliest + 10 * (span + self.cfg.wait) + span
         for start in range(earliest, horizon - span + 2):
             steps = range(start, start + span)
-            if all(scheduled(s) == ProfilerAction.NONE and not any(c.action(s) for c in self.captures)
-                   for s in steps):
+            if all(scheduled(s) == ProfilerAction.NONE and not any(c.action(s) for c in self.captures) for s in steps):
                 return self.book_capture(start, why)
         return None
 
@@ -186,8 +194,12 @@ class TraceRecorder:
     @property
     def tracing(self) -> dict[str, Any]:
         """How this rank's tracing went, for its status file and run.json."""
-        return {"state": "degraded" if self.skipped or self._resume_free_bytes else "complete",
-                "windows": self._windows, "written": len(self.written), "skipped_windows": self.skipped}
+        return {
+            "state": "degraded" if self.skipped or self._resume_free_bytes else "complete",
+            "windows": self._windows,
+            "written": len(self.written),
+            "skipped_windows": self.skipped,
+        }
 
     def _discard(self, tmp: Path) -> None:
         """Remove a failed window's temporary file, or remember it for later when the disk does
@@ -208,8 +220,9 @@ class TraceRecorder:
         if self._resume_free_bytes is not None:
             free = _free_bytes(self.run_dir)
             if free is not None and free < self._resume_free_bytes:
-                self._skip(window, f"tracing paused after a full disk until {self._resume_free_bytes // 2**20} MiB "
-                                   "are free")
+                self._skip(
+                    window, f"tracing paused after a full disk until {self._resume_free_bytes // 2**20} MiB are free"
+                )
                 return
             self.faults.note(f"tracing resumes with trace window {window}: {free // 2**20 if free else '?'} MiB free")
             self._resume_free_bytes = None
@@ -246,8 +259,13 @@ class TraceRecorder:
                 self.summaries.append(summarize(final, drop_trace=self.cfg.trace_summary == "only"))
             except Exception as exc:
                 self._discard(partial_path(summary_path(final)))
-                self.faults.report("trace summary", exc, f"window {window} keeps its trace, without a summary; "
-                                   "training goes on", summary_path(final), window=window)
+                self.faults.report(
+                    "trace summary",
+                    exc,
+                    f"window {window} keeps its trace, without a summary; training goes on",
+                    summary_path(final),
+                    window=window,
+                )
             self.summary_s += time.perf_counter() - started
 
     def _write_memory_timeline(self, prof: profile, window: int) -> None:
@@ -274,8 +292,9 @@ class TraceRecorder:
             self._discard(tmp)  # not supported by this torch or on this device: no timeline, said in the docstring
         except Exception as exc:
             self._discard(tmp)
-            self.faults.report("memory timeline", exc, f"window {window} has no memory timeline; training goes on",
-                               tmp, window=window)
+            self.faults.report(
+                "memory timeline", exc, f"window {window} has no memory timeline; training goes on", tmp, window=window
+            )
         else:
             self.memory_timelines.append(final)
 

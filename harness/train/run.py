@@ -58,11 +58,26 @@ def launch_env(device: torch.device) -> LaunchEnv:
     else from the launcher's variables (one rank without them)."""
     base = LaunchEnv.from_environ(cuda=device.type == "cuda")
     if not (dist.is_available() and dist.is_initialized()):
-        return LaunchEnv(rank=0, local_rank=base.local_rank, world_size=1, distributed=False, cuda=base.cuda,
-                         accelerate_fsdp=False, local_world_size=1, device_count=base.device_count)
-    return LaunchEnv(rank=dist.get_rank(), local_rank=base.local_rank, world_size=dist.get_world_size(),
-                     distributed=True, cuda=base.cuda, accelerate_fsdp=base.accelerate_fsdp,
-                     local_world_size=base.local_world_size, device_count=base.device_count)
+        return LaunchEnv(
+            rank=0,
+            local_rank=base.local_rank,
+            world_size=1,
+            distributed=False,
+            cuda=base.cuda,
+            accelerate_fsdp=False,
+            local_world_size=1,
+            device_count=base.device_count,
+        )
+    return LaunchEnv(
+        rank=dist.get_rank(),
+        local_rank=base.local_rank,
+        world_size=dist.get_world_size(),
+        distributed=True,
+        cuda=base.cuda,
+        accelerate_fsdp=base.accelerate_fsdp,
+        local_world_size=base.local_world_size,
+        device_count=base.device_count,
+    )
 
 
 def default_device() -> torch.device:
@@ -75,10 +90,18 @@ class Run:
     variables; `device`: the one the loop computes on (default: the current CUDA device, else
     the CPU)."""
 
-    def __init__(self, *, config: str | Path | None = None, device: torch.device | str | None = None,
-                 settings: RunConfig | None = None, record: dict[str, Any] | None = None,
-                 flight_recorder: bool | None = None, prog: str = PROG, quiet: bool = False,
-                 **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        config: str | Path | None = None,
+        device: torch.device | str | None = None,
+        settings: RunConfig | None = None,
+        record: dict[str, Any] | None = None,
+        flight_recorder: bool | None = None,
+        prog: str = PROG,
+        quiet: bool = False,
+        **options: Any,
+    ) -> None:
         # settings/record/flight_recorder/prog: for `harness.train`, which runs on this class with
         # its own validated config, its whole config in run.json and its own name in messages;
         # quiet: no table at the end (the overhead benchmark's repeated runs)
@@ -122,35 +145,61 @@ class Run:
         self.ident = ident = agree_identity(cfg.output, cfg.job.name, env)
         self.host = host = host_name()
         backend = dist.get_backend() if env.distributed else None
-        self.flight_on = (self._flight if self._flight is not None
-                          else env.distributed and any(os.environ.get(v) not in (None, "", "0")
-                                                       for v in flight.BUFFER_VARS))
+        self.flight_on = (
+            self._flight
+            if self._flight is not None
+            else env.distributed and any(os.environ.get(v) not in (None, "", "0") for v in flight.BUFFER_VARS)
+        )
         if self.flight_on and backend is not None:
             flight.point_nccl_dumps(ident.dir, backend)
         self.backend = backend
         # Profiler-side outputs never stop training: their write failures are said once and recorded.
         self.faults = faults = FaultLog(rank=env.rank)
-        self.scalars = (ScalarWriter(scalars_dir(ident.dir, env.rank), faults=faults) if cfg.output.scalars
-                        else None)
+        self.scalars = ScalarWriter(scalars_dir(ident.dir, env.rank), faults=faults) if cfg.output.scalars else None
         self.log = StepLog(steps_path(ident.dir, env.rank), faults)
         self.status = RankStatus(ident.dir, rank=env.rank, host=host, attempt=ident.attempt, faults=faults)
         self.clock = StepClock(cuda=self.device.type == "cuda")
         self.sampler = SystemSampler(self.device)
         self._nvtx = self.device.type == "cuda"
-        metadata = {"run_id": ident.run_id, "run_name": ident.name, "attempt": ident.attempt, "rank": env.rank,
-                    "local_rank": env.local_rank, "world_size": env.world_size, "host": host,
-                    "mode": (self.record or {}).get("workload", {}).get("mode", cfg.job.name),
-                    "parallel": cfg.job.parallel}
-        self.recorder = TraceRecorder(cfg.profiler, run_dir=ident.dir, rank=env.rank, host=host,
-                                      cuda=self.device.type == "cuda", metadata=metadata, faults=faults)
+        metadata = {
+            "run_id": ident.run_id,
+            "run_name": ident.name,
+            "attempt": ident.attempt,
+            "rank": env.rank,
+            "local_rank": env.local_rank,
+            "world_size": env.world_size,
+            "host": host,
+            "mode": (self.record or {}).get("workload", {}).get("mode", cfg.job.name),
+            "parallel": cfg.job.parallel,
+        }
+        self.recorder = TraceRecorder(
+            cfg.profiler,
+            run_dir=ident.dir,
+            rank=env.rank,
+            host=host,
+            cuda=self.device.type == "cuda",
+            metadata=metadata,
+            faults=faults,
+        )
         self.watch: Watch | None = None
         self._catch_sigterm()
         try:
             # Connecting the watch's group talks to every peer and can fail like a collective.
-            self.watch = Watch(cfg.watch, steps=cfg.job.steps, warmup_steps=cfg.job.warmup_steps,
-                               parallel=cfg.job.parallel, collective_timeout_s=cfg.job.collective_timeout,
-                               rank=env.rank, world_size=env.world_size, host=host, cpu=self.device.type == "cpu",
-                               run_dir=ident.dir, recorder=self.recorder, scalars=self.scalars, faults=faults)
+            self.watch = Watch(
+                cfg.watch,
+                steps=cfg.job.steps,
+                warmup_steps=cfg.job.warmup_steps,
+                parallel=cfg.job.parallel,
+                collective_timeout_s=cfg.job.collective_timeout,
+                rank=env.rank,
+                world_size=env.world_size,
+                host=host,
+                cpu=self.device.type == "cpu",
+                run_dir=ident.dir,
+                recorder=self.recorder,
+                scalars=self.scalars,
+                faults=faults,
+            )
             self.recorder.__enter__()
         except BaseException as exc:
             self.close(exc)
@@ -192,22 +241,31 @@ class Run:
         self.status.end("finished", self._last_step(), tracing=self._tracing())
         notes = self._notes()
         recorder = self.recorder
-        row = {"rank": self.env.rank, "local_rank": self.env.local_rank, "host": self.host,
-               **step_statistics(self.log.records), "traces": [p.name for p in recorder.written if p.exists()],
-               "trace_summaries": [p.name for p in recorder.summaries],
-               "trace_summary_s": round(recorder.summary_s, 3),
-               "steps_file": str(self.log.path.relative_to(self.ident.dir)), "skipped_windows": recorder.skipped,
-               "unwritten_step_records": self.log.unwritten, "write_failures": self._failures(),
-               **self.extra_row}
+        row = {
+            "rank": self.env.rank,
+            "local_rank": self.env.local_rank,
+            "host": self.host,
+            **step_statistics(self.log.records),
+            "traces": [p.name for p in recorder.written if p.exists()],
+            "trace_summaries": [p.name for p in recorder.summaries],
+            "trace_summary_s": round(recorder.summary_s, 3),
+            "steps_file": str(self.log.path.relative_to(self.ident.dir)),
+            "skipped_windows": recorder.skipped,
+            "unwritten_step_records": self.log.unwritten,
+            "write_failures": self._failures(),
+            **self.extra_row,
+        }
         self.rows = rows = gather(row)
         if self.env.rank == 0:
             config = self.record if self.record is not None else self.cfg.to_dict()
             try:
-                self.run_json = write_run_json(self.ident, config, self.env, self.device, rows, watch.summary(),
-                                               parallel=self.cfg.job.parallel)
+                self.run_json = write_run_json(
+                    self.ident, config, self.env, self.device, rows, watch.summary(), parallel=self.cfg.job.parallel
+                )
             except OSError as exc:
-                self.faults.report(RUN_FILE, exc, "the per-rank table below is the run's only summary",
-                                   run_file(self.ident.dir))
+                self.faults.report(
+                    RUN_FILE, exc, "the per-rank table below is the run's only summary", run_file(self.ident.dir)
+                )
             if not self.quiet:
                 report(self.prog, self.ident, rows, self.run_json, watch.summary(), notes)
 
@@ -224,11 +282,24 @@ class Run:
             where = {"step": self.progress.step, "phase": self.progress.phase}
             dump = None
             if self.flight_on and self.backend is not None:
-                dump = flight.write_dump(self.ident.dir, rank=self.env.rank, world_size=self.env.world_size,
-                                         backend=self.backend, reason=dump_reason(state, exc),
-                                         progress=self.progress, host=self.host, faults=self.faults)
-            self.status.end(state, self._last_step(), exc, tracing=self._tracing(), where=where,
-                            flight=str(dump.relative_to(self.ident.dir)) if dump else None)
+                dump = flight.write_dump(
+                    self.ident.dir,
+                    rank=self.env.rank,
+                    world_size=self.env.world_size,
+                    backend=self.backend,
+                    reason=dump_reason(state, exc),
+                    progress=self.progress,
+                    host=self.host,
+                    faults=self.faults,
+                )
+            self.status.end(
+                state,
+                self._last_step(),
+                exc,
+                tracing=self._tracing(),
+                where=where,
+                flight=str(dump.relative_to(self.ident.dir)) if dump else None,
+            )
 
     # -- steps and phases --------------------------------------------------------------------
 
@@ -322,8 +393,9 @@ class Run:
 
     def _write(self, rec: dict[str, Any]) -> None:
         job = self.cfg.job
-        rec.update(rank=self.env.rank, host=self.host, samples=job.samples_per_step,
-                   warmup=rec["step"] < job.warmup_steps)
+        rec.update(
+            rank=self.env.rank, host=self.host, samples=job.samples_per_step, warmup=rec["step"] < job.warmup_steps
+        )
         self.log.write(rec)
         if self.scalars:
             self.scalars.add(rec["step"], step_scalars(rec))
@@ -331,8 +403,10 @@ class Run:
     def _notes(self) -> list[str]:
         """What the loop did not mark, said once (what the run has without it)."""
         if not self._steps_marked:
-            return ["no step was marked (with run.step(): or begin_step()/end_step()): the profiler traced by its "
-                    "schedule's steps never advanced, and no step log, watch or table was made"]
+            return [
+                "no step was marked (with run.step(): or begin_step()/end_step()): the profiler traced by its "
+                "schedule's steps never advanced, and no step log, watch or table was made"
+            ]
         if not self._phases_marked:
             return ["no phase was marked (with run.phase(name):): steps are timed whole"]
         return []
@@ -340,8 +414,10 @@ class Run:
     def _close_outputs(self) -> None:
         """Write what waits in memory; say what could not be written at all."""
         if not self.log.close():
-            self.faults.note(f"{self.log.unwritten} step record(s) could not be written to {self.log.path}; the "
-                             "run's summary (run.json, the table) still counts them")
+            self.faults.note(
+                f"{self.log.unwritten} step record(s) could not be written to {self.log.path}; the "
+                "run's summary (run.json, the table) still counts them"
+            )
         if self.scalars and not self.scalars.close():
             self.faults.note(f"TensorBoard scalars could not all be written to {self.scalars.path}")
 
@@ -364,6 +440,7 @@ class Run:
         if threading.current_thread() is not threading.main_thread():
             return
         if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+
             def handler(signum: int, frame: Any) -> None:
                 raise Terminated(signum)
 
@@ -392,8 +469,14 @@ def dump_reason(state: str, exc: BaseException) -> str:
     return state if state == "hung" else f"failed: {type(exc).__name__}"
 
 
-def report(prog: str, ident: RunIdentity, rows: list[dict], run_json: Path | None, watch: dict[str, Any] | None = None,
-           notes: list[str] | None = None) -> None:
+def report(
+    prog: str,
+    ident: RunIdentity,
+    rows: list[dict],
+    run_json: Path | None,
+    watch: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
+) -> None:
     """The run's end on rank 0: the per-rank table and where everything is."""
     n_traces = sum(len(r["traces"]) for r in rows)
     print(f"\n{prog}: run {ident.name} finished ({len(rows)} rank(s), steady state, warm-up excluded)")
@@ -404,8 +487,10 @@ def report(prog: str, ident: RunIdentity, rows: list[dict], run_json: Path | Non
     n_summaries = sum(len(r.get("trace_summaries", [])) for r in rows)
     if n_summaries:
         worst_s = max(r.get("trace_summary_s", 0.0) for r in rows)
-        print(f"summaries: {n_summaries} in-job trace summaries (<trace>.summary.json; condensing took at most "
-              f"{worst_s:.2f} s on a rank); the collector reads them instead of the traces")
+        print(
+            f"summaries: {n_summaries} in-job trace summaries (<trace>.summary.json; condensing took at most "
+            f"{worst_s:.2f} s on a rank); the collector reads them instead of the traces"
+        )
     for r in rows:
         for w in r.get("skipped_windows", []):
             windows = f"window {w['first']}" if w["first"] == w["last"] else f"windows {w['first']}-{w['last']}"

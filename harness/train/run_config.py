@@ -43,18 +43,27 @@ PARALLEL_KINDS = ("ddp", "fsdp", "none")
 class JobConfig:
     """What the harness knows of the job that runs it."""
 
-    steps: int | None = knob(None, "steps the loop will run (None: not known; then the profiler window and the "
-                                   "watch are not checked against the run's length)", flag="--steps")
+    steps: int | None = knob(
+        None,
+        "steps the loop will run (None: not known; then the profiler window and the "
+        "watch are not checked against the run's length)",
+        flag="--steps",
+    )
     warmup_steps: int = knob(0, "first steps left out of the statistics and the watch", flag="--warmup-steps")
-    samples_per_step: int | None = knob(None, "samples a rank takes per step, for throughput (None: not logged)",
-                                        flag="--samples-per-step")
-    parallel: str = knob("ddp", "how the model is wrapped: which phases hold collectives for the watch (ddp: "
-                                "backward; fsdp: forward and backward; none)", flag="--parallel",
-                         choices=PARALLEL_KINDS)
-    collective_timeout: float = knob(600.0, "seconds the watch's own exchange may wait for its peers",
-                                     flag="--collective-timeout")
-    name: str = knob("run", "the run folder's name before its time stamp, when no run_name is given",
-                     flag="--job-name")
+    samples_per_step: int | None = knob(
+        None, "samples a rank takes per step, for throughput (None: not logged)", flag="--samples-per-step"
+    )
+    parallel: str = knob(
+        "ddp",
+        "how the model is wrapped: which phases hold collectives for the watch (ddp: "
+        "backward; fsdp: forward and backward; none)",
+        flag="--parallel",
+        choices=PARALLEL_KINDS,
+    )
+    collective_timeout: float = knob(
+        600.0, "seconds the watch's own exchange may wait for its peers", flag="--collective-timeout"
+    )
+    name: str = knob("run", "the run folder's name before its time stamp, when no run_name is given", flag="--job-name")
 
     def __post_init__(self) -> None:
         _check_types(self, "job")
@@ -64,8 +73,12 @@ class JobConfig:
         _check_min("job", "collective_timeout", self.collective_timeout, 1)
 
 
-RUN_SECTIONS: dict[str, type] = {"job": JobConfig, "profiler": ProfilerConfig, "watch": WatchConfig,
-                                 "output": OutputConfig}
+RUN_SECTIONS: dict[str, type] = {
+    "job": JobConfig,
+    "profiler": ProfilerConfig,
+    "watch": WatchConfig,
+    "output": OutputConfig,
+}
 
 
 @dataclass(kw_only=True)
@@ -77,11 +90,14 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.watch.capture_on_straggler and not self.profiler.profile:
-            raise ConfigError("watch.capture_on_straggler", "capture_on_straggler traces with the profiler; "
-                              "drop profile=False")
+            raise ConfigError(
+                "watch.capture_on_straggler", "capture_on_straggler traces with the profiler; drop profile=False"
+            )
         if self.job.steps is not None and self.job.warmup_steps >= self.job.steps:
-            raise ConfigError("job.warmup_steps", f"{self.job.warmup_steps} leaves no measured step; must be < "
-                              f"steps ({self.job.steps})")
+            raise ConfigError(
+                "job.warmup_steps",
+                f"{self.job.warmup_steps} leaves no measured step; must be < steps ({self.job.steps})",
+            )
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
@@ -117,8 +133,9 @@ def _from_text(section: str, name: str, text: str) -> Any:
         try:
             return kind(text)
         except ValueError:
-            raise ConfigError(f"{section}.{name}", f"{text!r} is not a{'n' if kind is int else ''} "
-                                                   f"{kind.__name__}") from None
+            raise ConfigError(
+                f"{section}.{name}", f"{text!r} is not a{'n' if kind is int else ''} {kind.__name__}"
+            ) from None
     return text
 
 
@@ -132,8 +149,9 @@ def _layer_of(options: Mapping[str, Any], origin: str) -> dict[str, dict[str, An
             fields = {f.name for f in dataclasses.fields(RUN_SECTIONS[key])}
             for k, v in value.items():
                 if k not in fields:
-                    raise ConfigError(f"{key}.{k}",
-                                      f"{origin}: no such setting; use one of {', '.join(sorted(fields))}")
+                    raise ConfigError(
+                        f"{key}.{k}", f"{origin}: no such setting; use one of {', '.join(sorted(fields))}"
+                    )
                 layer.setdefault(key, {})[k] = v
         elif key in NAMES:
             section, name = NAMES[key]
@@ -154,17 +172,19 @@ def env_layer(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     for var, text in environ.items():
         if not var.startswith(ENV_PREFIX) or var == CONFIG_VARIABLE or var in OTHER_VARIABLES:
             continue
-        stem = var[len(ENV_PREFIX):].lower()
+        stem = var[len(ENV_PREFIX) :].lower()
         if stem not in NAMES:
-            raise ConfigError(var, f"no such setting; use one of "
-                                   f"{', '.join(ENV_PREFIX + n.upper() for n in sorted(NAMES))}")
+            raise ConfigError(
+                var, f"no such setting; use one of {', '.join(ENV_PREFIX + n.upper() for n in sorted(NAMES))}"
+            )
         section, name = NAMES[stem]
         layer.setdefault(section, {})[name] = _from_text(section, name, text)
     return layer
 
 
-def load_run_config(config: str | Path | None = None, options: Mapping[str, Any] | None = None,
-                    environ: Mapping[str, str] | None = None) -> RunConfig:
+def load_run_config(
+    config: str | Path | None = None, options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> RunConfig:
     """Merge the sources (module docstring) into a validated RunConfig."""
     import os
 

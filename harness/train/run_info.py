@@ -75,15 +75,18 @@ def check_output(out: OutputConfig) -> None:
         probe.write_bytes(b"x")
         probe.unlink()
     except OSError as exc:
-        raise ConfigError("output.log_dir",
-                          f"cannot write to {root} ({exc.strerror}); pass a writable --log-dir") from None
+        raise ConfigError(
+            "output.log_dir", f"cannot write to {root} ({exc.strerror}); pass a writable --log-dir"
+        ) from None
     free = shutil.disk_usage(root).free
     if free < MIN_FREE_BYTES:
-        raise ConfigError("output.log_dir",
-                          f"{root} has only {free // 2**20} MiB free; free space or pass another --log-dir")
+        raise ConfigError(
+            "output.log_dir", f"{root} has only {free // 2**20} MiB free; free space or pass another --log-dir"
+        )
     if out.run_name is not None and _holds_run(root / out.run_name) and elastic_attempt()[0] == 0:
-        raise ConfigError("output.run_name",
-                          f"{root / out.run_name} already holds a run; pick another --run-name or remove it")
+        raise ConfigError(
+            "output.run_name", f"{root / out.run_name} already holds a run; pick another --run-name or remove it"
+        )
 
 
 def agree_identity(output: OutputConfig, job_name: str, env: LaunchEnv) -> RunIdentity:
@@ -130,8 +133,16 @@ def device_description(device: torch.device) -> str:
     return "cpu"
 
 
-def write_run_json(ident: RunIdentity, config: dict[str, Any], env: LaunchEnv, device: torch.device,
-                   ranks: list[dict[str, Any]], watch: dict[str, Any] | None = None, *, parallel: str) -> Path:
+def write_run_json(
+    ident: RunIdentity,
+    config: dict[str, Any],
+    env: LaunchEnv,
+    device: torch.device,
+    ranks: list[dict[str, Any]],
+    watch: dict[str, Any] | None = None,
+    *,
+    parallel: str,
+) -> Path:
     """`run.json`: the run's identity, its `config` (the lab's, or a harness.Run's), launch,
     versions and every rank's row."""
     doc = {

@@ -62,12 +62,26 @@ class RankStatus:
     def __init__(self, run_dir: Path, *, rank: int, host: str, attempt: int, faults: FaultLog | None = None) -> None:
         self.path = status_path(run_dir, rank)
         self.faults = faults or FaultLog(rank=rank)
-        self.doc: dict[str, Any] = {"rank": rank, "host": host, "pid": os.getpid(), "attempt": attempt,
-                                    "state": "running", "last_step": None, "error": None, "tracing": None}
+        self.doc: dict[str, Any] = {
+            "rank": rank,
+            "host": host,
+            "pid": os.getpid(),
+            "attempt": attempt,
+            "state": "running",
+            "last_step": None,
+            "error": None,
+            "tracing": None,
+        }
         self._write()
 
-    def end(self, state: str, last_step: int | None, error: BaseException | None = None,
-            tracing: dict[str, Any] | None = None, **extra: Any) -> bool:
+    def end(
+        self,
+        state: str,
+        last_step: int | None,
+        error: BaseException | None = None,
+        tracing: dict[str, Any] | None = None,
+        **extra: Any,
+    ) -> bool:
         """Record how the rank ended (and how its tracing ended, and `extra` fields such as where
         it was); False if the file could not be written."""
         self.doc.update(extra)

@@ -126,8 +126,10 @@ class SystemSampler:
         now = time.monotonic()
         try:
             if now - self._cpu_read_at >= self.cpu_window_s:
-                self._cpu = {"host_cpu_util_pct": psutil.cpu_percent(interval=None),
-                             "proc_cpu_pct": self.proc.cpu_percent(interval=None)}
+                self._cpu = {
+                    "host_cpu_util_pct": psutil.cpu_percent(interval=None),
+                    "proc_cpu_pct": self.proc.cpu_percent(interval=None),
+                }
                 self._cpu_read_at = now
             rss: int | None = self.proc.memory_info().rss
         except (psutil.Error, OSError):  # /proc unreadable (containers, hardened kernels): no samples
@@ -159,7 +161,7 @@ class StepLog:
         self._file = AppendOnlyFile(path, faults or FaultLog(), "step log", restore=self._before)
 
     def _before(self, queued: int) -> bytes:
-        return b"".join(_line(r) for r in self.records[:len(self.records) - queued])
+        return b"".join(_line(r) for r in self.records[: len(self.records) - queued])
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
@@ -181,10 +183,17 @@ def format_rank_table(rows: list[dict[str, Any]]) -> str:
     The mark is not blame: in a synchronous job the rank that waits has the longest steps, and
     the one it waits for is found by the collector.
     """
-    cols = [("rank", "rank", "{}"), ("host", "host", "{}"), ("mean_step_ms", "mean ms", "{:.2f}"),
-            ("p50_step_ms", "p50 ms", "{:.2f}"), ("p90_step_ms", "p90 ms", "{:.2f}"),
-            ("p99_step_ms", "p99 ms", "{:.2f}"), ("max_step_ms", "max ms", "{:.2f}"),
-            ("mean_data_ms", "data ms", "{:.2f}"), ("throughput_samples_s", "samples/s", "{:.1f}")]
+    cols = [
+        ("rank", "rank", "{}"),
+        ("host", "host", "{}"),
+        ("mean_step_ms", "mean ms", "{:.2f}"),
+        ("p50_step_ms", "p50 ms", "{:.2f}"),
+        ("p90_step_ms", "p90 ms", "{:.2f}"),
+        ("p99_step_ms", "p99 ms", "{:.2f}"),
+        ("max_step_ms", "max ms", "{:.2f}"),
+        ("mean_data_ms", "data ms", "{:.2f}"),
+        ("throughput_samples_s", "samples/s", "{:.1f}"),
+    ]
     timed = [r for r in rows if r["mean_step_ms"] is not None]
     longest = max(timed, key=lambda r: r["mean_step_ms"]) if len(timed) > 1 else None
     return text_table.render(rows, cols, lambda r: "  <- longest steps" if r is longest else "")

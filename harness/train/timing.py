@@ -106,5 +106,11 @@ class StepClock:
         # Data wait is host time blocked on the loader, on either device.
         data_ms = next(((b - a) * 1e3 for (_, a), (label, b) in zip(host[:-1], host[1:]) if label == "data"), 0.0)
         phases_ms["data"] = data_ms
-        return {"step": p.step, "step_ms": step_ms, "data_ms": data_ms, "outside_step_ms": outside_ms,
-                "phases_ms": phases_ms, **p.extra}
+        return {
+            "step": p.step,
+            "step_ms": step_ms,
+            "data_ms": data_ms,
+            "outside_step_ms": outside_ms,
+            "phases_ms": phases_ms,
+            **p.extra,
+        }

@@ -39,14 +39,33 @@ MAX_NAMED = 16
 class Watch:
     """Collects this rank's step timings and, every `every` steps, exchanges and judges them."""
 
-    def __init__(self, cfg: WatchConfig, *, steps: int | None, warmup_steps: int, parallel: str,
-                 collective_timeout_s: float, rank: int, world_size: int, host: str, cpu: bool, run_dir: Path,
-                 recorder: TraceRecorder, scalars: ScalarWriter | None, faults: FaultLog) -> None:
+    def __init__(
+        self,
+        cfg: WatchConfig,
+        *,
+        steps: int | None,
+        warmup_steps: int,
+        parallel: str,
+        collective_timeout_s: float,
+        rank: int,
+        world_size: int,
+        host: str,
+        cpu: bool,
+        run_dir: Path,
+        recorder: TraceRecorder,
+        scalars: ScalarWriter | None,
+        faults: FaultLog,
+    ) -> None:
         """`steps`: the run's length (None: not known), `parallel` (ddp, fsdp, none): which
         phases hold collectives."""
         self.cfg = cfg
-        self.on = (cfg.every > 0 and world_size > 1 and (steps is None or steps >= cfg.every) and dist.is_available()
-                   and dist.is_initialized())
+        self.on = (
+            cfg.every > 0
+            and world_size > 1
+            and (steps is None or steps >= cfg.every)
+            and dist.is_available()
+            and dist.is_initialized()
+        )
         self.rank = rank
         self.world_size = world_size
         self.own_phases = own_work_phases(parallel)
@@ -95,8 +114,9 @@ class Watch:
         if not self.due(step):
             return
         tables = torch.stack(self._all_gather(pack_rows(list(self._recent), self._recent.maxlen or 1)))
-        verdict = judge_interval(tables, self.hosts, self.own_phases, cpu=self.cpu, th=self.th,
-                                 after_step=self._judged_through)
+        verdict = judge_interval(
+            tables, self.hosts, self.own_phases, cpu=self.cpu, th=self.th, after_step=self._judged_through
+        )
         if not verdict.steps:
             return
         self._judged_through = verdict.steps[-1]
@@ -121,12 +141,12 @@ class Watch:
             booked = self.recorder.plan_capture(step + 2, self.last_step, {"watch_step": step, "ranks": named})
             if booked:
                 message[0], message[1] = booked.start, len(named)
-                message[2:2 + len(named)] = torch.tensor(named)
+                message[2 : 2 + len(named)] = torch.tensor(named)
         self._broadcast(message)
         start, count = int(message[0]), int(message[1])
         if start < 0:
             return None
-        why = {"watch_step": step, "ranks": message[2:2 + count].tolist()}
+        why = {"watch_step": step, "ranks": message[2 : 2 + count].tolist()}
         if booked is None:  # the other ranks book the window rank 0 chose
             booked = self.recorder.book_capture(start, why)
         capture = {"first": booked.first, "last": booked.last, **why}
@@ -149,32 +169,50 @@ class Watch:
         if self.scalars:
             mine = next((r for r in verdict.ranks if r.rank == self.rank), None)
             if mine:
-                self.scalars.add(step, {"watch/late_ms": mine.late_ms, "watch/straggler": float(mine.straggler),
-                                        "watch/threshold_ms": verdict.threshold_ms})
+                self.scalars.add(
+                    step,
+                    {
+                        "watch/late_ms": mine.late_ms,
+                        "watch/straggler": float(mine.straggler),
+                        "watch/threshold_ms": verdict.threshold_ms,
+                    },
+                )
         if self.rank != 0:
             return
         for r in new:
-            _say(f"watch: step {step}: rank {r.rank} ({r.host}) is a straggler: {_where(r.phase, r.excess_ms)}, "
-                 f"{r.late_ms:.1f} ms/step late (bound {verdict.threshold_ms:.1f} ms), "
-                 f"late in {r.steps_late}/{len(verdict.steps)} steps {verdict.steps[0]}-{verdict.steps[-1]}")
+            _say(
+                f"watch: step {step}: rank {r.rank} ({r.host}) is a straggler: {_where(r.phase, r.excess_ms)}, "
+                f"{r.late_ms:.1f} ms/step late (bound {verdict.threshold_ms:.1f} ms), "
+                f"late in {r.steps_late}/{len(verdict.steps)} steps {verdict.steps[0]}-{verdict.steps[-1]}"
+            )
         for rank in gone:
-            _say(f"watch: step {step}: rank {rank} ({self.hosts.get(rank, '?')}) is no longer a straggler "
-                 f"(steps {verdict.steps[0]}-{verdict.steps[-1]})")
+            _say(
+                f"watch: step {step}: rank {rank} ({self.hosts.get(rank, '?')}) is no longer a straggler "
+                f"(steps {verdict.steps[0]}-{verdict.steps[-1]})"
+            )
         if new and self.cfg.capture_on_straggler:
             if capture:
-                _say(f"watch: step {step}: tracing steps {capture['first']}-{capture['last']} on every rank "
-                     f"(capture {len(self.captures)} of at most {self.cfg.max_captures})")
+                _say(
+                    f"watch: step {step}: tracing steps {capture['first']}-{capture['last']} on every rank "
+                    f"(capture {len(self.captures)} of at most {self.cfg.max_captures})"
+                )
             elif len(self.captures) < self.cfg.max_captures:
-                _say(f"watch: step {step}: no trace captured: the run ends, or the profiler schedule traces, "
-                     "before a window fits")
+                _say(
+                    f"watch: step {step}: no trace captured: the run ends, or the profiler schedule traces, "
+                    "before a window fits"
+                )
         line = interval_line(step, verdict, capture)
         if self._log:
             self._log.append((json.dumps(line) + "\n").encode())
 
     def summary(self) -> dict[str, Any]:
         """For run.json: the interval, what was flagged, which windows were captured."""
-        return {"every": self.cfg.every if self.on else 0, "intervals": self.intervals, "flags": self.flags,
-                "captures": self.captures}
+        return {
+            "every": self.cfg.every if self.on else 0,
+            "intervals": self.intervals,
+            "flags": self.flags,
+            "captures": self.captures,
+        }
 
     def close(self) -> None:
         if self._log and not self._log.close():
@@ -184,11 +222,22 @@ class Watch:
 def interval_line(step: int, verdict: IntervalVerdict, capture: dict[str, Any] | None) -> dict[str, Any]:
     """One line of watch.jsonl."""
     line: dict[str, Any] = {
-        "step": step, "steps": [verdict.steps[0], verdict.steps[-1]], "threshold_ms": round(verdict.threshold_ms, 3),
+        "step": step,
+        "steps": [verdict.steps[0], verdict.steps[-1]],
+        "threshold_ms": round(verdict.threshold_ms, 3),
         "bounds_ms": {k: round(v, 3) for k, v in verdict.bounds_ms.items()},
-        "stragglers": [{"rank": r.rank, "host": r.host, "phase": r.phase,
-                        "excess_ms": None if r.excess_ms is None else round(r.excess_ms, 3),
-                        "late_ms": round(r.late_ms, 3), "steps_late": r.steps_late} for r in verdict.stragglers]}
+        "stragglers": [
+            {
+                "rank": r.rank,
+                "host": r.host,
+                "phase": r.phase,
+                "excess_ms": None if r.excess_ms is None else round(r.excess_ms, 3),
+                "late_ms": round(r.late_ms, 3),
+                "steps_late": r.steps_late,
+            }
+            for r in verdict.stragglers
+        ],
+    }
     if capture:
         line["capture"] = capture
     return line

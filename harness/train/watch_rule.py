@@ -82,8 +82,15 @@ def pack_rows(rows: list[list[float]], n: int) -> torch.Tensor:
     return torch.tensor(rows + [[math.nan] * COLUMNS] * (n - len(rows)), dtype=torch.float64)
 
 
-def judge_interval(tables: torch.Tensor, hosts: dict[int, str], own_phases: tuple[str, ...], *, cpu: bool,
-                   th: Thresholds, after_step: int = -1) -> IntervalVerdict:
+def judge_interval(
+    tables: torch.Tensor,
+    hosts: dict[int, str],
+    own_phases: tuple[str, ...],
+    *,
+    cpu: bool,
+    th: Thresholds,
+    after_step: int = -1,
+) -> IntervalVerdict:
     """Who straggled over an interval of steps, from every rank's table ([ranks, rows, COLUMNS],
     rank r's table at index r, see `pack_rows`).
 
@@ -123,16 +130,30 @@ def judge_interval(tables: torch.Tensor, hosts: dict[int, str], own_phases: tupl
     late = (own - punctual).clamp(min=0.0)
     late_ms = dict(enumerate(late.mean(dim=1).tolist()))
     step_ms = table[..., 1]
-    bounds = straggler_bounds(late_ms, median_step_ms=statistics.median(step_ms.mean(dim=1).tolist()),
-                              clock_noise_ms=0.0, jitter_ms=jitter_ms(step_ms), cpu=cpu, th=th)
+    bounds = straggler_bounds(
+        late_ms,
+        median_step_ms=statistics.median(step_ms.mean(dim=1).tolist()),
+        clock_noise_ms=0.0,
+        jitter_ms=jitter_ms(step_ms),
+        cpu=cpu,
+        th=th,
+    )
     threshold = max(bounds.values())
     steps_late = (late > threshold).sum(dim=1).tolist()
     flagged = sorted((r for r in range(n_ranks) if late_ms[r] > threshold), key=lambda r: (-late_ms[r], r))
     phased = {r: _slowest_phase(r, phases, own_cols, own_phases) for r in flagged[:MAX_PHASED]}
-    out = [RankLateness(rank=r, host=hosts.get(r, "?"), late_ms=late_ms[r], steps_late=int(steps_late[r]),
-                        phase=phased.get(r, (None, None))[0], excess_ms=phased.get(r, (None, None))[1],
-                        straggler=late_ms[r] > threshold)
-           for r in range(n_ranks)]
+    out = [
+        RankLateness(
+            rank=r,
+            host=hosts.get(r, "?"),
+            late_ms=late_ms[r],
+            steps_late=int(steps_late[r]),
+            phase=phased.get(r, (None, None))[0],
+            excess_ms=phased.get(r, (None, None))[1],
+            straggler=late_ms[r] > threshold,
+        )
+        for r in range(n_ranks)
+    ]
     return IntervalVerdict(steps=steps, ranks=out, threshold_ms=threshold, bounds_ms=bounds)
 
 
@@ -155,9 +176,10 @@ def median(x: torch.Tensor, dim: int) -> torch.Tensor:
     return upper if n % 2 else (ordered.narrow(dim, n // 2 - 1, 1).squeeze(dim) + upper) / 2
 
 
-def _slowest_phase(rank: int, phases: torch.Tensor, own_cols: list[int],
-                   own_phases: tuple[str, ...]) -> tuple[str | None, float | None]:
-    others = torch.cat([phases[:rank], phases[rank + 1:]])[..., own_cols]  # [ranks - 1, steps, own]
+def _slowest_phase(
+    rank: int, phases: torch.Tensor, own_cols: list[int], own_phases: tuple[str, ...]
+) -> tuple[str | None, float | None]:
+    others = torch.cat([phases[:rank], phases[rank + 1 :]])[..., own_cols]  # [ranks - 1, steps, own]
     excess = (phases[rank][..., own_cols] - median(others, dim=0)).mean(dim=0).tolist()
     best = max(range(len(own_phases)), key=lambda i: (excess[i], -i))
     if excess[best] <= 0:

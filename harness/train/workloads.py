@@ -33,9 +33,7 @@ class MLP(nn.Module):
     def __init__(self, in_features: int, hidden: int, depth: int = 3) -> None:
         super().__init__()
         widths = [in_features] + [hidden] * depth
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.Linear(a, b), nn.ReLU()) for a, b in zip(widths[:-1], widths[1:])
-        )
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(a, b), nn.ReLU()) for a, b in zip(widths[:-1], widths[1:]))
         self.head = nn.Linear(hidden, NUM_CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -53,8 +51,13 @@ class SmallCNN(nn.Module):
             nn.Sequential(nn.Conv2d(a, b, 3, stride=1 if i == 0 else 2, padding=1), nn.ReLU())
             for i, (a, b) in enumerate(zip(channels[:-1], channels[1:]))
         )
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels[-1], hidden), nn.ReLU(),
-                                  nn.Linear(hidden, NUM_CLASSES))
+        self.head = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(channels[-1], hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, NUM_CLASSES),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
@@ -198,7 +201,7 @@ def build_workload(cfg: WorkloadConfig, data: DataConfig, rank: int) -> Workload
         return Workload(model=model, dataset=ExpensiveImages(length, data_seed, data.sample_cost), input_is_image=True)
     if cfg.mode == "comm":
         ids = torch.randint(0, cfg.table_rows, (length, cfg.num_tables, BAG_SIZE), generator=gen)
-        labels = (ids.sum(dim=(1, 2)) % NUM_CLASSES)
+        labels = ids.sum(dim=(1, 2)) % NUM_CLASSES
         return Workload(model=model, dataset=TensorDataset(ids, labels), input_is_image=False)
     image = cfg.mode == "baseline" and cfg.arch == "cnn"
     shape = IMAGE_SHAPE if image else (MLP_IN_FEATURES,)

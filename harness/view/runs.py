@@ -90,8 +90,11 @@ def find_runs(logdir: str | os.PathLike[str] | None) -> dict[str, RunEntry]:
         if REPORT_JSON in filenames and _inside(here / REPORT_JSON, root):
             reports[here.parent if here.name == REPORT_DIR and here != root else here] = here
             continue
-        n = sum(1 for f in filenames if f != MERGED_TRACE and (TRACE_PATTERN.match(f) or is_summary(here / f))
-                and _inside(here / f, root))
+        n = sum(
+            1
+            for f in filenames
+            if f != MERGED_TRACE and (TRACE_PATTERN.match(f) or is_summary(here / f)) and _inside(here / f, root)
+        )
         if n:
             traces[here] = n
     by_parent: dict[Path, list[Path]] = {}

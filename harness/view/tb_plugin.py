@@ -108,13 +108,16 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
     @staticmethod
     def _respond(request: wrappers.Request, body: Body, expires: int = 0) -> wrappers.Response:
         # Respond sends the gzip as it is to clients that take it and streams it decompressed to the others.
-        return http_util.Respond(request, body.gzipped, body.content_type, code=body.code, content_encoding="gzip",
-                                 expires=expires)
+        return http_util.Respond(
+            request, body.gzipped, body.content_type, code=body.code, content_encoding="gzip", expires=expires
+        )
 
     @staticmethod
     def _unusable(entry: RunEntry, exc: ValueError) -> tuple[int, str, bytes]:
-        msg = (f"<p>The report of run <b>{html.escape(entry.name)}</b> cannot be shown: {html.escape(str(exc))}.</p>"
-               f"<p><code>{html.escape(collect_command(entry))}</code></p>")
+        msg = (
+            f"<p>The report of run <b>{html.escape(entry.name)}</b> cannot be shown: {html.escape(str(exc))}.</p>"
+            f"<p><code>{html.escape(collect_command(entry))}</code></p>"
+        )
         return 500, _HTML, render_message(view_title(entry.name), msg).encode()
 
     def _make_view(self, entry: RunEntry) -> tuple[int, str, bytes]:
@@ -137,8 +140,15 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
-        body = [{"run": e.name, "has_report": e.report_dir is not None, "traces": e.traces,
-                 "collect_command": collect_command(e)} for e in find_runs(self.logdir).values()]
+        body = [
+            {
+                "run": e.name,
+                "has_report": e.report_dir is not None,
+                "traces": e.traces,
+                "collect_command": collect_command(e),
+            }
+            for e in find_runs(self.logdir).values()
+        ]
         return http_util.Respond(request, json.dumps(body), _JSON)
 
     @wrappers.Request.application
@@ -147,13 +157,19 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
         if entry is None:
             return self._not_found(request, "no such run")
         if entry.report_dir is None:
-            msg = (f"<p>Run <b>{html.escape(entry.name)}</b> has {entry.traces} trace file(s) but no collector report "
-                   f"yet. Make one with</p><p><code>{html.escape(collect_command(entry))}</code></p>"
-                   "<p>or press <b>Analyse now</b> above, then reload.</p>")
+            msg = (
+                f"<p>Run <b>{html.escape(entry.name)}</b> has {entry.traces} trace file(s) but no collector report "
+                f"yet. Make one with</p><p><code>{html.escape(collect_command(entry))}</code></p>"
+                "<p>or press <b>Analyse now</b> above, then reload.</p>"
+            )
             return http_util.Respond(request, render_message(view_title(entry.name), msg), _HTML)
         try:
-            key = ("view", entry.name, file_key(entry.report_file(REPORT_JSON)),
-                   file_key(entry.report_file(TIMELINE_JSON)))
+            key = (
+                "view",
+                entry.name,
+                file_key(entry.report_file(REPORT_JSON)),
+                file_key(entry.report_file(TIMELINE_JSON)),
+            )
         except ValueError as exc:
             code, content_type, page = self._unusable(entry, exc)
             return http_util.Respond(request, page, content_type, code=code)
@@ -190,8 +206,12 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
         with self._jobs_lock:
             busy = next((j for j in self._jobs.values() if j.state()["state"] == "running"), None)
             if busy is not None:
-                return http_util.Respond(request, json.dumps(
-                    {"ok": False, "message": f"the collector is already running on run {busy.run}"}), _JSON, code=409)
+                return http_util.Respond(
+                    request,
+                    json.dumps({"ok": False, "message": f"the collector is already running on run {busy.run}"}),
+                    _JSON,
+                    code=409,
+                )
             old = self._jobs.pop(entry.name, None)
             if old is not None:
                 old.close()
@@ -225,9 +245,19 @@ class CollectJob:
     def start(cls, run: str, run_dir: Path) -> CollectJob:
         folder = Path(tempfile.mkdtemp(prefix="harness-collect-"))
         with (folder / "output.txt").open("wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "harness.collect", str(run_dir), "-q",
-                                     "--progress-file", str(folder / "progress.json")],
-                                    stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "harness.collect",
+                    str(run_dir),
+                    "-q",
+                    "--progress-file",
+                    str(folder / "progress.json"),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         return cls(run, proc, folder)
 
     def state(self) -> dict[str, Any]:
@@ -242,16 +272,23 @@ class CollectJob:
             progress = json.loads((self.folder / "progress.json").read_text())
         except (OSError, ValueError):
             progress = {"stage": "starting", "done": 0, "total": 0}
-        body = {"state": "running", "stage": progress.get("stage", ""), "done": progress.get("done", 0),
-                "total": progress.get("total", 0), "elapsed_s": round(elapsed, 1), "message": ""}
+        body = {
+            "state": "running",
+            "stage": progress.get("stage", ""),
+            "done": progress.get("done", 0),
+            "total": progress.get("total", 0),
+            "elapsed_s": round(elapsed, 1),
+            "message": "",
+        }
         if code is not None:
             try:
                 lines = (self.folder / "output.txt").read_text(errors="replace").strip().splitlines()
             except OSError:
                 lines = []
             if self.timed_out:
-                message = (f"the collector ran past {COLLECT_TIMEOUT_S} s; "
-                           "run it by hand (python -m harness.collect RUN_DIR)")
+                message = (
+                    f"the collector ran past {COLLECT_TIMEOUT_S} s; run it by hand (python -m harness.collect RUN_DIR)"
+                )
             else:
                 message = next((ln for ln in lines if ln.startswith("verdict:")), lines[-1] if lines else "")
             body.update(state="done" if code == 0 else "failed", message=message)

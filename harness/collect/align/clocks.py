@@ -116,7 +116,7 @@ def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace]) -> di
 def _median_of_others(ordered: list[float], v: float) -> float:
     """The median of sorted `ordered` with one occurrence of `v` left out (2+ values)."""
     i = bisect.bisect_left(ordered, v)
-    rest = ordered[:i] + ordered[i + 1:]
+    rest = ordered[:i] + ordered[i + 1 :]
     return statistics.median(rest)
 
 
@@ -126,8 +126,9 @@ def mad(xs: list[float]) -> float:
     return statistics.median(abs(x - med) for x in xs)
 
 
-def estimate_offsets(instances: list[Instance], traces: list[RankTrace],
-                     own_clock: frozenset[int] = frozenset()) -> tuple[dict[int, ClockOffset], list[HostClock]]:
+def estimate_offsets(
+    instances: list[Instance], traces: list[RankTrace], own_clock: frozenset[int] = frozenset()
+) -> tuple[dict[int, ClockOffset], list[HostClock]]:
     """Per-host clock offsets, and each rank's end-time scatter (the timing noise at collectives).
 
     A blocking collective ends at nearly the same instant on every participant, so (a rank in
@@ -148,8 +149,9 @@ def estimate_offsets(instances: list[Instance], traces: list[RankTrace],
     ref_rank = min(domain)
     ref = domain[ref_rank]
     offset: dict[str, float] = {ref: 0.0}
-    clocks: dict[str, HostClock] = {ref: HostClock(host=ref, ranks=ranks_of[ref], offset_us=0.0, spread_us=0.0,
-                                                   samples=0)}
+    clocks: dict[str, HostClock] = {
+        ref: HostClock(host=ref, ranks=ranks_of[ref], offset_us=0.0, spread_us=0.0, samples=0)
+    }
     # Per instance, once: each host's ends and their median; the aligned ends (end - offset of
     # the aligned hosts) grow as hosts are aligned, and their median is the instance's anchor.
     # (Recomputing these for every host added made 128 hosts x 1024 ranks take seconds.)
@@ -174,10 +176,21 @@ def estimate_offsets(instances: list[Instance], traces: list[RankTrace],
         h = max(sorted(diffs), key=lambda k: len(diffs[k]))
         med = statistics.median(diffs[h])
         offset[h] = med
-        via = {g for (ends, _), anchor in zip(per_host, anchors) if anchor is not None and h in ends
-               for g in ends if g in offset and g != h}
-        clocks[h] = HostClock(host=h, ranks=ranks_of[h], offset_us=med, spread_us=mad(diffs[h]),
-                              samples=len(diffs[h]), via=", ".join(sorted(via)))
+        via = {
+            g
+            for (ends, _), anchor in zip(per_host, anchors)
+            if anchor is not None and h in ends
+            for g in ends
+            if g in offset and g != h
+        }
+        clocks[h] = HostClock(
+            host=h,
+            ranks=ranks_of[h],
+            offset_us=med,
+            spread_us=mad(diffs[h]),
+            samples=len(diffs[h]),
+            via=", ".join(sorted(via)),
+        )
         for k, (ends, _) in enumerate(per_host):
             if h in ends:
                 aligned[k].extend(e - med for e in ends[h])

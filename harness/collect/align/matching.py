@@ -59,9 +59,13 @@ def match_collectives(traces: list[RankTrace]) -> tuple[list[Instance], list[str
             mismatched += 1
             continue
         any_op = next(iter(ops.values()))
-        instances.append(Instance(key=key, name=any_op.name, pg=any_op.pg, step=key[1] if per_step else any_op.step,
-                                  ops=ops))
+        instances.append(
+            Instance(key=key, name=any_op.name, pg=any_op.pg, step=key[1] if per_step else any_op.step, ops=ops)
+        )
     instances.sort(key=lambda i: min(c.start_us for c in i.ops.values()))
-    warnings = ([f"{mismatched} collective instance(s) differ between ranks (name or size) and were left out"]
-                if mismatched else [])
+    warnings = (
+        [f"{mismatched} collective instance(s) differ between ranks (name or size) and were left out"]
+        if mismatched
+        else []
+    )
     return instances, warnings

@@ -103,10 +103,19 @@ def instance_waits(instances: list[Instance]) -> list[InstanceWaits]:
         waits = {r: arrival[last_rank] - a for r, a in arrival.items()}
         transfer = max(min(end[r] - arrival[r] - waits[r] for r in arrival), 0.0)
         delay, blame = attribute(arrival)
-        out.append(InstanceWaits(index=n, instance=inst, arrival_us=RankValues.of(arrival, index),
-                                 end_us=RankValues.of(end, index), last_rank=last_rank,
-                                 wait_us=RankValues.of(waits, index), transfer_us=transfer,
-                                 delay_us=RankValues.of(delay, index), blame_us=RankValues.of(blame, index)))
+        out.append(
+            InstanceWaits(
+                index=n,
+                instance=inst,
+                arrival_us=RankValues.of(arrival, index),
+                end_us=RankValues.of(end, index),
+                last_rank=last_rank,
+                wait_us=RankValues.of(waits, index),
+                transfer_us=transfer,
+                delay_us=RankValues.of(delay, index),
+                blame_us=RankValues.of(blame, index),
+            )
+        )
     return out
 
 

@@ -27,13 +27,27 @@ from harness.collect.read.phases import is_data
 # Dense matrix math: the work a model is made of. On GPU by kernel name, on CPU by aten op.
 # `triton_tem_*`: Inductor's template kernels (max-autotune), every one a matmul, convolution
 # or flex attention (triton_tem_fused_mm_0, triton_tem_fused_addmm_relu_1, triton_tem_fused_bmm_2).
-GEMM = re.compile(r"gemm|cutlass|xmma|cublas|nvjet|wgrad|dgrad|fprop|conv|^triton_tem_|"
-                  r"^aten::(?:mm|addmm|bmm|baddbmm|addmv|mv|dot)$", re.IGNORECASE)
+GEMM = re.compile(
+    r"gemm|cutlass|xmma|cublas|nvjet|wgrad|dgrad|fprop|conv|^triton_tem_|"
+    r"^aten::(?:mm|addmm|bmm|baddbmm|addmv|mv|dot)$",
+    re.IGNORECASE,
+)
 # CPU ops that move or re-view memory: on GPU these are memcpy/memset (not kernels) or nothing.
-MEMORY_OPS = re.compile(r"^aten::(?:copy_|_to_copy|to|clone|contiguous|as_strided|view|_unsafe_view|reshape|empty\w*|"
-                        r"zero_|fill_|resize_|set_|detach|t|transpose|permute|expand|select|slice|unsqueeze|squeeze)$")
-BOTTLENECKS = ("straggler", "data-bound", "sync-bound", "launch-bound", "comm-exposed", "kernel-bound", "host-bound",
-               "copy-bound", "healthy")
+MEMORY_OPS = re.compile(
+    r"^aten::(?:copy_|_to_copy|to|clone|contiguous|as_strided|view|_unsafe_view|reshape|empty\w*|"
+    r"zero_|fill_|resize_|set_|detach|t|transpose|permute|expand|select|slice|unsqueeze|squeeze)$"
+)
+BOTTLENECKS = (
+    "straggler",
+    "data-bound",
+    "sync-bound",
+    "launch-bound",
+    "comm-exposed",
+    "kernel-bound",
+    "host-bound",
+    "copy-bound",
+    "healthy",
+)
 
 
 @dataclass(frozen=True)
@@ -87,34 +101,36 @@ class Rules:
 
 ADVICE = {
     "straggler": "the other ranks wait for this one: fix its slow phase first (see the straggler table); the "
-                 "rest of the job cannot go faster than it",
+    "rest of the job cannot go faster than it",
     "data-bound": "the input pipeline starves the step: more DataLoader workers (num_workers; the lab: --num-workers), "
-                  "persistent workers, pinned memory, prefetching; move decoding/augmentation offline or to the GPU",
+    "persistent workers, pinned memory, prefetching; move decoding/augmentation offline or to the GPU",
     "sync-bound": "host-device syncs stall the device every step (.item(), .cpu(), printing tensors, "
-                  "synchronous copies): keep values on the device, log them every N steps, copy with non_blocking=True "
-                  "from pinned memory",
+    "synchronous copies): keep values on the device, log them every N steps, copy with non_blocking=True "
+    "from pinned memory",
     "launch-bound": "eager overhead: the step is many tiny ops and the host cannot issue them fast enough: "
-                    "torch.compile (fusion), CUDA graphs, a larger batch per step, fused optimizers (foreach/fused)",
+    "torch.compile (fusion), CUDA graphs, a larger batch per step, fused optimizers (foreach/fused)",
     "comm-exposed": "communication is not hidden behind compute: overlap it (DDP bucket_cap_mb, FSDP "
-                    "prefetch), send less (bf16/fp16 gradients, gradient compression, sparse embeddings), "
-                    "or do more compute per step (larger batch, gradient accumulation)",
+    "prefetch), send less (bf16/fp16 gradients, gradient compression, sparse embeddings), "
+    "or do more compute per step (larger batch, gradient accumulation)",
     "kernel-bound": "memory-bound elementwise/normalisation kernels dominate: fuse them (torch.compile), "
-                    "use bf16/fp16, fused implementations (fused layer norm, fused optimizers)",
+    "use bf16/fp16, fused implementations (fused layer norm, fused optimizers)",
     "host-bound": "the device waits on its host: profile the host side (Python overhead between launches, CPU "
-                  "contention, pinned threads, the ops that run between kernels); wrap the step's parts in "
-                  "record_function ranges to see which; torch.compile or CUDA graphs take the host off the path",
+    "contention, pinned threads, the ops that run between kernels); wrap the step's parts in "
+    "record_function ranges to see which; torch.compile or CUDA graphs take the host off the path",
     "copy-bound": "host-device copies take the device's time: pin host memory and copy with non_blocking=True, "
-                  "keep tensors on the device between steps, move less (smaller dtypes)",
+    "keep tensors on the device between steps, move less (smaller dtypes)",
     "healthy": "the time goes to the model's matrix math with no dominant overhead: scale the batch or the "
-               "model, or look at kernel efficiency (precision, tensor cores, channels_last)",
+    "model, or look at kernel efficiency (precision, tensor cores, channels_last)",
 }
 
 
 # When GradScaler's own found_inf check is what syncs (fp16 with an optimizer that is not fused).
-GRAD_SCALER_ADVICE = ("GradScaler reads found_inf with .item() before every optimizer step (fp16 autocast with an "
-                      "optimizer that is not fused): use a fused optimizer (Adam/AdamW/SGD with fused=True: GradScaler "
-                      "then leaves the check to the optimizer, on the device), or bf16 autocast, which needs no "
-                      "GradScaler")
+GRAD_SCALER_ADVICE = (
+    "GradScaler reads found_inf with .item() before every optimizer step (fp16 autocast with an "
+    "optimizer that is not fused): use a fused optimizer (Adam/AdamW/SGD with fused=True: GradScaler "
+    "then leaves the check to the optimizer, on the device), or bf16 autocast, which needs no "
+    "GradScaler"
+)
 
 
 class Evidence(TypedDict, total=False):
@@ -196,8 +212,12 @@ def waiting_in_data(trace: RankTrace, waits: list[tuple[float, float]]) -> float
     return sum(max(min(b, w1) - max(a, w0), 0.0) for a, b in spans for w0, w1 in waits)
 
 
-def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_step: float,
-                  waits: list[tuple[float, float]] | None = None) -> Evidence:
+def rank_evidence(
+    trace: RankTrace,
+    rows: list[StepOverlap],
+    transfer_ms_per_step: float,
+    waits: list[tuple[float, float]] | None = None,
+) -> Evidence:
     """The per-rank numbers the rules read, means over the rank's analysed steps, judged on the
     rank's own work: the time it spent exposed waiting for later peers (overlap.rank_overlap,
     step 4) is taken out of the step and of the device window first, so a victim is diagnosed
@@ -231,8 +251,13 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
     step_us = sum(s.dur_us for s in steps) / n
     wait_us = sum(r.exposed_wait_us for r in rows) / n
     own_us = max(step_us - wait_us, 0.0)
-    data_us = max(sum(v for s in steps for k, v in s.phases_us.items() if is_data(k))
-                  - waiting_in_data(trace, waits or []), 0.0) / n
+    data_us = (
+        max(
+            sum(v for s in steps for k, v in s.phases_us.items() if is_data(k)) - waiting_in_data(trace, waits or []),
+            0.0,
+        )
+        / n
+    )
     ops = sum(s.host_ops for s in steps) / n
     by_name: dict[str, float] = {}
     for s in steps:
@@ -261,8 +286,9 @@ def rank_evidence(trace: RankTrace, rows: list[StepOverlap], transfer_ms_per_ste
         "host_ops_per_step": round(ops, 1),
         "us_per_op": round((own_us - data_us) / ops, 2) if ops else None,
         "op_floor_us": trace.op_floor_us,
-        "op_cost_ratio": (round((own_us - data_us) / ops / trace.op_floor_us, 1)
-                          if ops and trace.op_floor_us else None),
+        "op_cost_ratio": (
+            round((own_us - data_us) / ops / trace.op_floor_us, 1) if ops and trace.op_floor_us else None
+        ),
         "launches_per_step": round(sum(s.launches for s in steps) / n, 1),
         "syncs_per_step": round(sum(s.syncs for s in steps) / n, 2),
         "sync_share": _share(sum(s.sync_us for s in steps) / n, own_us),
@@ -295,18 +321,24 @@ def _not_counted_note(ev: Evidence, counted: str | None) -> str:
     by = ev.get("syncs_by_caller", {})
     notes = []
     if by.get(GRAD_SCALER, 0) and counted != GRAD_SCALER:
-        notes.append(f"GradScaler {by[GRAD_SCALER]:.1f} per step (its found_inf check: a fused optimizer or bf16 "
-                     "avoids it)")
+        notes.append(
+            f"GradScaler {by[GRAD_SCALER]:.1f} per step (its found_inf check: a fused optimizer or bf16 avoids it)"
+        )
     if by.get(DDP_LOGGER, 0):
-        notes.append(f"DDP's runtime logger {by[DDP_LOGGER]:.1f} per step (it times DDP's first 10 iterations and "
-                     "every 100th: profile later steps)")
+        notes.append(
+            f"DDP's runtime logger {by[DDP_LOGGER]:.1f} per step (it times DDP's first 10 iterations and "
+            "every 100th: profile later steps)"
+        )
     return f"; syncs not the model's: {'; '.join(notes)}" if notes else ""
 
 
 def _largest_overhead(ev: Evidence) -> tuple[str, float]:
     """The largest part of the device's time that is not compute: idle, exposed transfer or copies."""
-    parts = {"host-bound": ev["idle_share"], "comm-exposed": ev["exposed_transfer_share"],
-             "copy-bound": ev.get("memcpy_share", 0.0)}
+    parts = {
+        "host-bound": ev["idle_share"],
+        "comm-exposed": ev["exposed_transfer_share"],
+        "copy-bound": ev.get("memcpy_share", 0.0),
+    }
     kind = max(parts, key=parts.__getitem__)
     return kind, parts[kind]
 
@@ -344,55 +376,100 @@ def classify(ev: Evidence, rules: Rules = Rules()) -> tuple[str, str]:
     counted = None
     compute, gemm = ev["compute_share"], ev["gemm_share"]
     if ev["data_share"] >= rules.data_share:
-        kind, reason = "data-bound", (f"{ev['data_share']:.0%} of the step waits for the input pipeline "
-                                      f"(>= {rules.data_share:.0%})")
+        kind, reason = (
+            "data-bound",
+            (f"{ev['data_share']:.0%} of the step waits for the input pipeline (>= {rules.data_share:.0%})"),
+        )
     elif gpu and user_cost >= rules.sync_cost_share:
-        kind, reason = "sync-bound", (f"blocking syncs from the training code leave the device idle "
-                                      f"{user_cost:.0%} of the step (>= {rules.sync_cost_share:.0%}): "
-                                      f"{_sync_callers(by, cost_by, lambda k: k not in NOT_USERS)}")
+        kind, reason = (
+            "sync-bound",
+            (
+                f"blocking syncs from the training code leave the device idle "
+                f"{user_cost:.0%} of the step (>= {rules.sync_cost_share:.0%}): "
+                f"{_sync_callers(by, cost_by, lambda k: k not in NOT_USERS)}"
+            ),
+        )
     elif gpu and by.get(GRAD_SCALER, 0) >= rules.sync_per_step and scaler_cost >= rules.sync_cost_share:
         counted = GRAD_SCALER
-        kind, reason = "sync-bound", (f"GradScaler syncs {by[GRAD_SCALER]:.1f} times per step (its .item() on "
-                                      "found_inf before the optimizer step: fp16 without a fused optimizer), leaving "
-                                      f"the device idle {scaler_cost:.0%} of the step")
-    elif ev["us_per_op"] is not None and ev["host_ops_per_step"] >= rules.launch_ops_per_step \
-            and _ops_are_overhead(ev, rules):
-        kind, reason = "launch-bound", (f"{ev['host_ops_per_step']:.0f} ops per step at {ev['us_per_op']:.1f} us of "
-                                        f"step time each{_op_cost_words(ev, rules)}")
-    elif (gpu and ev["launches_per_step"] >= rules.launch_gpu_launches
-          and ev["idle_share"] >= rules.launch_gpu_idle_share):
-        kind, reason = "launch-bound", (f"{ev['launches_per_step']:.0f} kernel launches per step with the device idle "
-                                        f"{ev['idle_share']:.0%} of the time")
+        kind, reason = (
+            "sync-bound",
+            (
+                f"GradScaler syncs {by[GRAD_SCALER]:.1f} times per step (its .item() on "
+                "found_inf before the optimizer step: fp16 without a fused optimizer), leaving "
+                f"the device idle {scaler_cost:.0%} of the step"
+            ),
+        )
+    elif (
+        ev["us_per_op"] is not None
+        and ev["host_ops_per_step"] >= rules.launch_ops_per_step
+        and _ops_are_overhead(ev, rules)
+    ):
+        kind, reason = (
+            "launch-bound",
+            (
+                f"{ev['host_ops_per_step']:.0f} ops per step at {ev['us_per_op']:.1f} us of "
+                f"step time each{_op_cost_words(ev, rules)}"
+            ),
+        )
+    elif (
+        gpu and ev["launches_per_step"] >= rules.launch_gpu_launches and ev["idle_share"] >= rules.launch_gpu_idle_share
+    ):
+        kind, reason = (
+            "launch-bound",
+            (
+                f"{ev['launches_per_step']:.0f} kernel launches per step with the device idle "
+                f"{ev['idle_share']:.0%} of the time"
+            ),
+        )
     elif ev["transfer_share"] >= rules.comm_transfer_share and ev["exposed_transfer_share"] >= rules.comm_exposed_share:
-        kind, reason = "comm-exposed", (f"collectives transfer for {ev['transfer_share']:.0%} of the step and "
-                                        f"{ev['exposed_transfer_share']:.0%} of device time is exposed transfer "
-                                        "(waiting for peers not counted)")
+        kind, reason = (
+            "comm-exposed",
+            (
+                f"collectives transfer for {ev['transfer_share']:.0%} of the step and "
+                f"{ev['exposed_transfer_share']:.0%} of device time is exposed transfer "
+                "(waiting for peers not counted)"
+            ),
+        )
     elif compute >= rules.kernel_compute_share and gemm < rules.kernel_gemm_share:
-        kind, reason = "kernel-bound", (f"compute is {compute:.0%} of device time, only {gemm:.0%} of it matrix "
-                                        f"math; top: {_top(ev)}")
+        kind, reason = (
+            "kernel-bound",
+            (f"compute is {compute:.0%} of device time, only {gemm:.0%} of it matrix math; top: {_top(ev)}"),
+        )
     else:
         other, share = _largest_overhead(ev)
         idle_gpu = gpu and ev["idle_share"] >= rules.launch_gpu_idle_share  # not healthy, whatever leads
         compute_leads = not idle_gpu and compute >= share
         if compute_leads and gemm >= rules.kernel_gemm_share:
-            kind, reason = "healthy", (f"compute is the largest part of device time ({compute:.0%}; idle "
-                                       f"{ev['idle_share']:.0%}, exposed transfer {ev['exposed_transfer_share']:.0%}), "
-                                       f"{gemm:.0%} of it matrix math; data {ev['data_share']:.0%} of the step")
+            kind, reason = (
+                "healthy",
+                (
+                    f"compute is the largest part of device time ({compute:.0%}; idle "
+                    f"{ev['idle_share']:.0%}, exposed transfer {ev['exposed_transfer_share']:.0%}), "
+                    f"{gemm:.0%} of it matrix math; data {ev['data_share']:.0%} of the step"
+                ),
+            )
         elif compute_leads:
-            kind, reason = "kernel-bound", (f"compute is the largest part of device time ({compute:.0%}), only "
-                                            f"{gemm:.0%} of it matrix math; top: {_top(ev)}")
+            kind, reason = (
+                "kernel-bound",
+                (
+                    f"compute is the largest part of device time ({compute:.0%}), only "
+                    f"{gemm:.0%} of it matrix math; top: {_top(ev)}"
+                ),
+            )
         else:
             kind = other
-            waiting = ("the device is idle" if gpu else "the main thread runs no op (Python between ops, waits)")
-            reason = {"host-bound": f"{waiting} {ev['idle_share']:.0%} of its time, waiting on its host (no input "
-                                    "pipeline, sync or launch cause above its bound: data "
-                                    f"{ev['data_share']:.0%}, syncs {ev.get('sync_cost_share', 0.0):.0%} of the step, "
-                                    f"{ev['launches_per_step']:.0f} launches)",
-                      "comm-exposed": f"exposed transfer is the largest part of device time ({share:.0%}; compute "
-                                      f"{compute:.0%}), though collectives transfer for only "
-                                      f"{ev['transfer_share']:.0%} of the step",
-                      "copy-bound": f"host-device copies are the largest part of device time ({share:.0%}; compute "
-                                    f"{compute:.0%})"}[other]
+            waiting = "the device is idle" if gpu else "the main thread runs no op (Python between ops, waits)"
+            reason = {
+                "host-bound": f"{waiting} {ev['idle_share']:.0%} of its time, waiting on its host (no input "
+                "pipeline, sync or launch cause above its bound: data "
+                f"{ev['data_share']:.0%}, syncs {ev.get('sync_cost_share', 0.0):.0%} of the step, "
+                f"{ev['launches_per_step']:.0f} launches)",
+                "comm-exposed": f"exposed transfer is the largest part of device time ({share:.0%}; compute "
+                f"{compute:.0%}), though collectives transfer for only "
+                f"{ev['transfer_share']:.0%} of the step",
+                "copy-bound": f"host-device copies are the largest part of device time ({share:.0%}; compute "
+                f"{compute:.0%})",
+            }[other]
     return kind, reason + _gpu_bound_note(ev, rules) + _not_counted_note(ev, counted)
 
 
@@ -409,8 +486,10 @@ def _op_cost_words(ev: Evidence, rules: Rules) -> str:
     """The bound the op cost was held to, in the reason's words."""
     ratio = ev.get("op_cost_ratio")
     if ratio is not None:
-        return (f", {ratio:.0f}x a bare op's dispatch ({ev.get('op_floor_us')} us) "
-                f"(>= {rules.launch_ops_per_step} ops, < {rules.launch_op_ratio:.0f}x)")
+        return (
+            f", {ratio:.0f}x a bare op's dispatch ({ev.get('op_floor_us')} us) "
+            f"(>= {rules.launch_ops_per_step} ops, < {rules.launch_op_ratio:.0f}x)"
+        )
     return f" (>= {rules.launch_ops_per_step} ops, < {rules.launch_us_per_op:.0f} us)"
 
 
@@ -468,14 +547,24 @@ def diagnose(a: Analysis, rules: Rules = Rules()) -> list[Diagnosis]:
         b = by[t.rank]
         ev["waits_for"] = b.waits_for
         if b.straggler:
-            ev.update({"late_ms_per_step": round(b.late_ms, 3), "cost_ms_per_step": round(b.cost_ms, 3),
-                       "blame_ms": round(b.blame_ms, 3), "late_fraction": round(b.late_fraction, 4),
-                       "pattern": b.pattern, "slow_phase": b.phase})
+            ev.update(
+                {
+                    "late_ms_per_step": round(b.late_ms, 3),
+                    "cost_ms_per_step": round(b.cost_ms, 3),
+                    "blame_ms": round(b.blame_ms, 3),
+                    "late_fraction": round(b.late_fraction, 4),
+                    "pattern": b.pattern,
+                    "slow_phase": b.phase,
+                }
+            )
             kind = "straggler"
-            reason = (f"arrives {b.late_ms:.2f} ms per step after the punctual ranks (its share of the delay: "
-                      f"{b.cost_ms:.2f} ms); late at "
-                      f"{b.late_fraction:.0%} of its collectives, in {b.steps_late} of {b.steps} step(s) ({b.pattern})"
-                      + (f"; slow in {b.phase}" if b.phase else "") + late_syncs_note(b.syncs))
+            reason = (
+                f"arrives {b.late_ms:.2f} ms per step after the punctual ranks (its share of the delay: "
+                f"{b.cost_ms:.2f} ms); late at "
+                f"{b.late_fraction:.0%} of its collectives, in {b.steps_late} of {b.steps} step(s) ({b.pattern})"
+                + (f"; slow in {b.phase}" if b.phase else "")
+                + late_syncs_note(b.syncs)
+            )
             advice = ADVICE[kind] + ("; its host-device syncs first: " + ADVICE["sync-bound"] if b.syncs else "")
         else:
             kind, reason = classify(ev, rules)
@@ -483,10 +572,20 @@ def diagnose(a: Analysis, rules: Rules = Rules()) -> list[Diagnosis]:
             note = waiting_note(b.waits_for, ev["step_ms"])
             if note:
                 reason = f"{note}; on its own work: {reason}"
-                advice = (f"it waits for rank(s) {', '.join(str(r) for r, _ in b.waits_for)}: "
-                          f"fix those first; then {advice}")
-        out.append(Diagnosis(rank=t.rank, host=t.host, bottleneck=kind, reason=reason, evidence=ev, advice=advice,
-                             waits_for=b.waits_for))
+                advice = (
+                    f"it waits for rank(s) {', '.join(str(r) for r, _ in b.waits_for)}: fix those first; then {advice}"
+                )
+        out.append(
+            Diagnosis(
+                rank=t.rank,
+                host=t.host,
+                bottleneck=kind,
+                reason=reason,
+                evidence=ev,
+                advice=advice,
+                waits_for=b.waits_for,
+            )
+        )
     return out
 
 
@@ -494,8 +593,9 @@ def late_syncs_note(syncs: dict[str, list[float]]) -> str:
     """'; its syncs made it late: item 6.0 per step (12.30 ms of device idle), ...' (empty without)."""
     if not syncs:
         return ""
-    return "; its syncs made it late: " + ", ".join(f"{k} {c:.1f} per step ({ms:.2f} ms of device idle)"
-                                                     for k, (c, ms) in syncs.items())
+    return "; its syncs made it late: " + ", ".join(
+        f"{k} {c:.1f} per step ({ms:.2f} ms of device idle)" for k, (c, ms) in syncs.items()
+    )
 
 
 def as_rows(diagnoses: list[Diagnosis]) -> list[dict[str, Any]]:
@@ -510,4 +610,3 @@ def diagnosis_line(diagnoses: list[Diagnosis]) -> str:
     parts = sorted(by.items(), key=lambda kv: (-len(kv[1]), BOTTLENECKS.index(kv[0])))
     present = [d.rank for d in diagnoses]
     return "; ".join(f"{k} ({ranks_phrase(v, present)})" for k, v in parts)
-

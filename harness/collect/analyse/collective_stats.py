@@ -14,9 +14,28 @@ from harness.collect.align.waits import InstanceWaits
 from harness.collect.analyse.overlap import StepOverlap
 
 # Element sizes of the dtype names Kineto writes in the collectives' args ("Float", "c10::BFloat16", ...)
-DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
-               "long": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "int16": 2, "char": 1, "int8": 1,
-               "byte": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+DTYPE_BYTES = {
+    "float": 4,
+    "float32": 4,
+    "double": 8,
+    "float64": 8,
+    "half": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "long": 8,
+    "int64": 8,
+    "int": 4,
+    "int32": 4,
+    "short": 2,
+    "int16": 2,
+    "char": 1,
+    "int8": 1,
+    "byte": 1,
+    "uint8": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
 
 
 def bus_factor(name: str, n: int) -> float:
@@ -57,8 +76,18 @@ def collective_stats(waits: list[InstanceWaits]) -> list[dict[str, Any]]:
         n = len(inst.ops)
         nbytes = message_bytes(inst.name, any_op.nelems, any_op.dtype, n)
         key = (inst.name, inst.pg, nbytes, n)
-        row = rows.setdefault(key, {"name": inst.name, "pg": inst.pg, "ranks": n, "bytes": nbytes, "count": 0,
-                                    "transfer_ms": 0.0, "wait_ms": 0.0})
+        row = rows.setdefault(
+            key,
+            {
+                "name": inst.name,
+                "pg": inst.pg,
+                "ranks": n,
+                "bytes": nbytes,
+                "count": 0,
+                "transfer_ms": 0.0,
+                "wait_ms": 0.0,
+            },
+        )
         row["count"] += 1
         row["transfer_ms"] += w.transfer_us / 1e3
         row["wait_ms"] += sum(w.wait_us.values()) / 1e3
@@ -66,10 +95,16 @@ def collective_stats(waits: list[InstanceWaits]) -> list[dict[str, Any]]:
     for row in rows.values():
         t_s = row["transfer_ms"] / 1e3
         alg = row["bytes"] * row["count"] / t_s / 1e9 if row["bytes"] is not None and t_s > 0 else None
-        out.append({**row, "transfer_ms": round(row["transfer_ms"], 6), "wait_ms": round(row["wait_ms"], 6),
-                    "mean_transfer_ms": round(row["transfer_ms"] / row["count"], 6),
-                    "algbw_gbps": None if alg is None else round(alg, 4),
-                    "busbw_gbps": None if alg is None else round(alg * bus_factor(row["name"], row["ranks"]), 4)})
+        out.append(
+            {
+                **row,
+                "transfer_ms": round(row["transfer_ms"], 6),
+                "wait_ms": round(row["wait_ms"], 6),
+                "mean_transfer_ms": round(row["transfer_ms"] / row["count"], 6),
+                "algbw_gbps": None if alg is None else round(alg, 4),
+                "busbw_gbps": None if alg is None else round(alg * bus_factor(row["name"], row["ranks"]), 4),
+            }
+        )
     return sorted(out, key=lambda r: (-r["transfer_ms"], r["name"], r["pg"]))
 
 
@@ -81,9 +116,19 @@ def process_groups(waits: list[InstanceWaits], overlap: list[StepOverlap]) -> li
     groups: dict[str, dict[str, Any]] = {}
 
     def group(pg: str) -> dict[str, Any]:
-        return groups.setdefault(pg, {"pg": pg, "ranks": set(), "collectives": 0, "comm_ms": 0.0,
-                                      "exposed_wait_ms": 0.0, "exposed_transfer_ms": 0.0, "wait_ms": 0.0,
-                                      "transfer_ms": 0.0})
+        return groups.setdefault(
+            pg,
+            {
+                "pg": pg,
+                "ranks": set(),
+                "collectives": 0,
+                "comm_ms": 0.0,
+                "exposed_wait_ms": 0.0,
+                "exposed_transfer_ms": 0.0,
+                "wait_ms": 0.0,
+                "transfer_ms": 0.0,
+            },
+        )
 
     for w in waits:
         g = group(w.instance.pg)
@@ -100,6 +145,7 @@ def process_groups(waits: list[InstanceWaits], overlap: list[StepOverlap]) -> li
             g["exposed_transfer_ms"] += v["exposed_transfer_us"] / 1e3
     out = []
     for g in sorted(groups.values(), key=lambda g: g["pg"]):
-        out.append({k: (sorted(v) if k == "ranks" else round(v, 6) if isinstance(v, float) else v)
-                    for k, v in g.items()})
+        out.append(
+            {k: (sorted(v) if k == "ranks" else round(v, 6) if isinstance(v, float) else v) for k, v in g.items()}
+        )
     return out

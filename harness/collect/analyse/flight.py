@@ -36,8 +36,10 @@ from harness.paths import (
 )
 
 MAX_MISMATCHES = 20
-PICKLE_HINT = ("the collector never unpickles a file by default (unpickling can run code); if you trust it, rerun "
-               "with --unpickle-nccl-dumps")
+PICKLE_HINT = (
+    "the collector never unpickles a file by default (unpickling can run code); if you trust it, rerun "
+    "with --unpickle-nccl-dumps"
+)
 _TRAILING_RANK = re.compile(r"(\d+)$")
 
 
@@ -104,8 +106,10 @@ def _load(path: Path, unpickle: bool) -> dict[str, Any]:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
             if exc.pos >= len(text.rstrip()) - 1:
-                raise FlightError(f"{path}: truncated JSON (ends after {len(data)} bytes mid-document; the rank was "
-                                  "probably killed while dumping)") from None
+                raise FlightError(
+                    f"{path}: truncated JSON (ends after {len(data)} bytes mid-document; the rank was "
+                    "probably killed while dumping)"
+                ) from None
             raise FlightError(f"{path}: damaged JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
         raise FlightError(f"{path}: not a Flight Recorder dump (no 'entries' list)")
@@ -128,7 +132,7 @@ def _pg_ranks(doc: dict[str, Any]) -> dict[str, list[int]]:
     """pg_config as {name: ranks, desc: ranks}; ranks may be a list or its text ("[0, 1]")."""
     out: dict[str, list[int]] = {}
     config = doc.get("pg_config")
-    for key, pg in (config.items() if isinstance(config, dict) else []):
+    for key, pg in config.items() if isinstance(config, dict) else []:
         if not isinstance(pg, dict):
             continue
         ranks = pg.get("ranks")
@@ -152,13 +156,21 @@ def _entry(raw: Any) -> Entry | None:
     if not isinstance(seq, int) or isinstance(seq, bool) or seq <= 0 or not isinstance(name, str):
         return None
     pg = raw.get("process_group")
-    pg_name, pg_desc = ((str(pg[0]), str(pg[1])) if isinstance(pg, list) and len(pg) == 2
-                        else (str(raw.get("pg_id", "")), ""))
+    pg_name, pg_desc = (
+        (str(pg[0]), str(pg[1])) if isinstance(pg, list) and len(pg) == 2 else (str(raw.get("pg_id", "")), "")
+    )
     created = raw.get("time_created_ns")
-    return Entry(seq=seq, pg=pg_name, pg_desc=pg_desc, name=name.split(":", 1)[-1], profiling_name=name,
-                 input_sizes=raw.get("input_sizes"), input_dtypes=raw.get("input_dtypes"),
-                 state=raw.get("state") if isinstance(raw.get("state"), str) else None,
-                 created_ns=created if isinstance(created, int) else None)
+    return Entry(
+        seq=seq,
+        pg=pg_name,
+        pg_desc=pg_desc,
+        name=name.split(":", 1)[-1],
+        profiling_name=name,
+        input_sizes=raw.get("input_sizes"),
+        input_dtypes=raw.get("input_dtypes"),
+        state=raw.get("state") if isinstance(raw.get("state"), str) else None,
+        created_ns=created if isinstance(created, int) else None,
+    )
 
 
 def read_dump(path: Path, *, unpickle: bool = False) -> RankDump:
@@ -167,15 +179,23 @@ def read_dump(path: Path, *, unpickle: bool = False) -> RankDump:
     rank = _rank_of(path, doc)
     parsed = [_entry(e) for e in doc["entries"]]
     entries = [e for e in parsed if e is not None]
-    skipped = sum(1 for e, raw in zip(parsed, doc["entries"])
-                  if e is None and not (isinstance(raw, dict) and raw.get("is_p2p")))
+    skipped = sum(
+        1 for e, raw in zip(parsed, doc["entries"]) if e is None and not (isinstance(raw, dict) and raw.get("is_p2p"))
+    )
     raw_harness = doc.get("harness")
     harness: dict[str, Any] = raw_harness if isinstance(raw_harness, dict) else {}
     dumped = harness.get("dumped_ns")
     if not isinstance(dumped, int):
         dumped = path.stat().st_mtime_ns  # other jobs' dumps: written when they dumped
-    return RankDump(rank=rank, path=path, entries=entries, pg_ranks=_pg_ranks(doc), harness=harness,
-                    dumped_ns=dumped, skipped_entries=skipped)
+    return RankDump(
+        rank=rank,
+        path=path,
+        entries=entries,
+        pg_ranks=_pg_ranks(doc),
+        harness=harness,
+        dumped_ns=dumped,
+        skipped_entries=skipped,
+    )
 
 
 def _is_dump_name(path: Path) -> bool:
@@ -210,8 +230,11 @@ def find_dumps(inputs: list[str]) -> list[Path]:
         elif p.is_dir():
             folder = p / FLIGHT_DIR if (p / FLIGHT_DIR).is_dir() else p
             named = folder.name == FLIGHT_DIR or any(f.name.startswith(NCCL_DUMP_PREFIX) for f in folder.iterdir())
-            found.extend(f for f in sorted(folder.iterdir()) if f.is_file() and _is_dump_name(f)
-                         and (named or _looks_like_dump(f)))
+            found.extend(
+                f
+                for f in sorted(folder.iterdir())
+                if f.is_file() and _is_dump_name(f) and (named or _looks_like_dump(f))
+            )
     return sorted(set(found))
 
 
@@ -226,12 +249,14 @@ def read_dumps(paths: list[Path], *, unpickle: bool = False) -> tuple[list[RankD
             warnings.append(f"flight recorder: skipped {exc}")
             continue
         if d.rank in dumps:
-            warnings.append(f"flight recorder: {p} is a second dump of rank {d.rank}; "
-                            f"{dumps[d.rank].path.name} is used")
+            warnings.append(
+                f"flight recorder: {p} is a second dump of rank {d.rank}; {dumps[d.rank].path.name} is used"
+            )
             continue
         if d.skipped_entries:
-            warnings.append(f"flight recorder: {p}: {d.skipped_entries} entr(ies) "
-                            "without a sequence number or name left out")
+            warnings.append(
+                f"flight recorder: {p}: {d.skipped_entries} entr(ies) without a sequence number or name left out"
+            )
         dumps[d.rank] = d
     return [dumps[r] for r in sorted(dumps)], warnings
 
@@ -320,15 +345,27 @@ def analyze(dumps: list[RankDump], *, run_dir: Path | None = None, world_size: i
             done = [e for e in seqs[r].values() if e.state == "completed"]
             best = max(done, key=lambda e: e.seq) if done else seqs[r].get(min(last[r], floor)) if all_dumped else None
             if best:
-                last_completed.setdefault(r, []).append({"seq": best.seq, "collective": best.name,
-                                                         "process_group": _pg_label(pg, desc)})
+                last_completed.setdefault(r, []).append(
+                    {"seq": best.seq, "collective": best.name, "process_group": _pg_label(pg, desc)}
+                )
         common = sorted(set.intersection(*(set(s) for s in seqs.values()))) if len(seqs) > 1 else []
         for seq in common:
             sigs = {r: _signature(seqs[r][seq]) for r in dumped}
             if len(set(sigs.values())) > 1 and len(mismatches) < MAX_MISMATCHES:
-                mismatches.append({"seq": seq, "process_group": _pg_label(pg, desc), "ranks": {
-                    str(r): {"collective": seqs[r][seq].name, "input_sizes": seqs[r][seq].input_sizes,
-                             "input_dtypes": seqs[r][seq].input_dtypes} for r in dumped}})
+                mismatches.append(
+                    {
+                        "seq": seq,
+                        "process_group": _pg_label(pg, desc),
+                        "ranks": {
+                            str(r): {
+                                "collective": seqs[r][seq].name,
+                                "input_sizes": seqs[r][seq].input_sizes,
+                                "input_dtypes": seqs[r][seq].input_dtypes,
+                            }
+                            for r in dumped
+                        },
+                    }
+                )
         if top > floor:
             entered = [r for r in dumped if last[r] == top]
             missing = [r for r in dumped if last[r] < top]
@@ -336,11 +373,25 @@ def analyze(dumps: list[RankDump], *, run_dir: Path | None = None, world_size: i
     hangs.sort(key=lambda h: (h["_created_ns"] or 0, h["seq"]))
     for h in hangs:
         del h["_created_ns"]
-    ranks = [{"rank": d.rank, "file": str(d.path), "reason": d.harness.get("reason"), "step": d.harness.get("step"),
-              "phase": d.harness.get("phase"), "entries": len(d.entries),
-              "last_entered": _last_entered(d), "last_completed": last_completed.get(d.rank, [])} for d in dumps]
-    return {"hang": hangs[0] if hangs else None, "other_hangs": hangs[1:], "mismatches": mismatches,
-            "flight": {"world_size": ws, "ranks": ranks, "no_dump_ranks": sorted(no_dump)}}
+    ranks = [
+        {
+            "rank": d.rank,
+            "file": str(d.path),
+            "reason": d.harness.get("reason"),
+            "step": d.harness.get("step"),
+            "phase": d.harness.get("phase"),
+            "entries": len(d.entries),
+            "last_entered": _last_entered(d),
+            "last_completed": last_completed.get(d.rank, []),
+        }
+        for d in dumps
+    ]
+    return {
+        "hang": hangs[0] if hangs else None,
+        "other_hangs": hangs[1:],
+        "mismatches": mismatches,
+        "flight": {"world_size": ws, "ranks": ranks, "no_dump_ranks": sorted(no_dump)},
+    }
 
 
 def _pg_label(pg: str, desc: str) -> str:
@@ -354,9 +405,18 @@ def _last_entered(d: RankDump) -> dict[str, Any] | None:
     return {"seq": e.seq, "collective": e.name, "process_group": _pg_label(e.pg, e.pg_desc)}
 
 
-def _hang(pg: str, desc: str, top: int, entered: list[int], missing: list[int], seqs: dict[int, dict[int, Entry]],
-          by_rank: dict[int, RankDump], run_dir: Path | None, members: list[int],
-          last: dict[int, int]) -> dict[str, Any]:
+def _hang(
+    pg: str,
+    desc: str,
+    top: int,
+    entered: list[int],
+    missing: list[int],
+    seqs: dict[int, dict[int, Entry]],
+    by_rank: dict[int, RankDump],
+    run_dir: Path | None,
+    members: list[int],
+    last: dict[int, int],
+) -> dict[str, Any]:
     """One hung collective (steps 3 and 4 of `analyse`)."""
     hung = seqs[entered[0]][top]
     step = _agreed([by_rank[r].harness.get("step") for r in entered])
@@ -368,20 +428,38 @@ def _hang(pg: str, desc: str, top: int, entered: list[int], missing: list[int], 
     phase = _agreed([by_rank[r].harness.get("phase") for r in entered])
     if phase is None:
         phase = _agreed([(_status(run_dir, r).get("where") or {}).get("phase") for r in entered])
-    waits = [(dumped - created) / 1e9 for r in entered
-             if (dumped := by_rank[r].dumped_ns) and (created := seqs[r][top].created_ns)]
+    waits = [
+        (dumped - created) / 1e9
+        for r in entered
+        if (dumped := by_rank[r].dumped_ns) and (created := seqs[r][top].created_ns)
+    ]
     missing_at = {}
     for r in missing:
         where = {k: by_rank[r].harness.get(k) for k in ("step", "phase")}
         if where["step"] is None:
             where = _status(run_dir, r).get("where") or {"step": None, "phase": None}
-        missing_at[str(r)] = {"last_seq": last[r], "step": where.get("step"), "phase": where.get("phase"),
-                              "state": _status(run_dir, r).get("state") or by_rank[r].harness.get("reason")}
-    return {"seq": top, "collective": hung.name, "profiling_name": hung.profiling_name,
-            "process_group": _pg_label(pg, desc), "input_sizes": hung.input_sizes, "step": step,
-            "step_source": step_source, "phase": phase,
-            "entered_ranks": entered, "missing_ranks": missing, "members": members, "missing_at": missing_at,
-            "waited_s": round(max(waits), 1) if waits else None, "_created_ns": hung.created_ns}
+        missing_at[str(r)] = {
+            "last_seq": last[r],
+            "step": where.get("step"),
+            "phase": where.get("phase"),
+            "state": _status(run_dir, r).get("state") or by_rank[r].harness.get("reason"),
+        }
+    return {
+        "seq": top,
+        "collective": hung.name,
+        "profiling_name": hung.profiling_name,
+        "process_group": _pg_label(pg, desc),
+        "input_sizes": hung.input_sizes,
+        "step": step,
+        "step_source": step_source,
+        "phase": phase,
+        "entered_ranks": entered,
+        "missing_ranks": missing,
+        "members": members,
+        "missing_at": missing_at,
+        "waited_s": round(max(waits), 1) if waits else None,
+        "_created_ns": hung.created_ns,
+    }
 
 
 def headline(result: dict[str, Any]) -> str | None:
@@ -392,16 +470,19 @@ def headline(result: dict[str, Any]) -> str | None:
         phase = f", {h['phase']} phase" if h["phase"] else ""
         waited = f" for {h['waited_s']:.1f} s" if h["waited_s"] is not None else ""
         who = ", ".join(map(str, h["missing_ranks"]))
-        return (f"hang: rank{'s' if len(h['missing_ranks']) > 1 else ''} {who} "
-                f"never entered the {h['collective']}{step} "
-                f"(collective #{h['seq']} of process group {h['process_group']}{phase}) that rank"
-                f"{'s' if len(h['entered_ranks']) > 1 else ''} {_and(h['entered_ranks'])} waited in{waited}")
+        return (
+            f"hang: rank{'s' if len(h['missing_ranks']) > 1 else ''} {who} "
+            f"never entered the {h['collective']}{step} "
+            f"(collective #{h['seq']} of process group {h['process_group']}{phase}) that rank"
+            f"{'s' if len(h['entered_ranks']) > 1 else ''} {_and(h['entered_ranks'])} waited in{waited}"
+        )
     if result.get("mismatches"):
         m = result["mismatches"][0]
         groups: dict[str, list[str]] = {}
         for r, e in m["ranks"].items():
-            groups.setdefault(f"{e['collective']} of sizes {e['input_sizes']} "
-                              f"({', '.join(e['input_dtypes'] or [])})", []).append(r)
+            groups.setdefault(
+                f"{e['collective']} of sizes {e['input_sizes']} ({', '.join(e['input_dtypes'] or [])})", []
+            ).append(r)
         parts = [f"rank{'s' if len(rs) > 1 else ''} {', '.join(rs)} issued {sig}" for sig, rs in groups.items()]
         return f"mismatch: at collective #{m['seq']} of process group {m['process_group']}, " + "; ".join(parts)
     return None
@@ -415,15 +496,23 @@ def next_step(result: dict[str, Any]) -> str | None:
     """What to do about the hang or mismatch."""
     h = result.get("hang")
     if h:
-        where = "; ".join(f"rank {r} was in step {w['step']} ({w['phase']}) when it stopped"
-                          for r, w in h["missing_at"].items() if w.get("step") is not None)
-        return (f"Look at what rank(s) {', '.join(map(str, h['missing_ranks']))} did instead of entering collective "
-                f"#{h['seq']} ({h['collective']}): a stuck data loader or I/O, a branch that skips the collective, "
-                f"an exception swallowed, or a dead process" + (f" ({where})" if where else "")
-                + "; py-spy dump --pid <pid> on a live rank shows its stack.")
+        where = "; ".join(
+            f"rank {r} was in step {w['step']} ({w['phase']}) when it stopped"
+            for r, w in h["missing_at"].items()
+            if w.get("step") is not None
+        )
+        return (
+            f"Look at what rank(s) {', '.join(map(str, h['missing_ranks']))} did instead of entering collective "
+            f"#{h['seq']} ({h['collective']}): a stuck data loader or I/O, a branch that skips the collective, "
+            f"an exception swallowed, or a dead process"
+            + (f" ({where})" if where else "")
+            + "; py-spy dump --pid <pid> on a live rank shows its stack."
+        )
     if result.get("mismatches"):
-        return ("Ranks issued different collectives or sizes at the same sequence number: look for rank-dependent "
-                "control flow or shapes (uneven last batch, a conditional all_reduce, different model configs).")
+        return (
+            "Ranks issued different collectives or sizes at the same sequence number: look for rank-dependent "
+            "control flow or shapes (uneven last batch, a conditional all_reduce, different model configs)."
+        )
     return None
 
 

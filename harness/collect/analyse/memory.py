@@ -36,8 +36,13 @@ GiB = 2**30
 MB = 10**6  # what the reports print: MB, as the step logs and --leak-mb count
 STEPS_FILE = re.compile(r"^rank(?P<rank>\d+)\.jsonl$")
 # The numeric fields read from a step record; anything else in the record is ignored.
-FIELDS = ("rss_bytes", "gpu_peak_allocated_bytes", "gpu_peak_reserved_bytes", "host_mem_total_bytes",
-          "gpu_mem_total_bytes")
+FIELDS = (
+    "rss_bytes",
+    "gpu_peak_allocated_bytes",
+    "gpu_peak_reserved_bytes",
+    "host_mem_total_bytes",
+    "gpu_mem_total_bytes",
+)
 # The view's memory heatmap: at most this many step columns (every k-th step beyond it), so a
 # long run's report.json stays small; the findings use every step.
 MAX_HEATMAP_STEPS = 1000
@@ -214,8 +219,16 @@ def trend(points: list[tuple[int, float]], confidence: float) -> Trend | None:
     slope, se, lower = _line(xs, ys, confidence)
     half = len(pts) // 2
     recent_slope, _, recent_lower = _line(xs[half:], ys[half:], confidence)
-    return Trend(n=len(pts), slope=slope, se=se, lower=lower, rise=slope * (xs[-1] - xs[0]),
-                 recent_slope=recent_slope, recent_lower=recent_lower, last=ys[-1])
+    return Trend(
+        n=len(pts),
+        slope=slope,
+        se=se,
+        lower=lower,
+        rise=slope * (xs[-1] - xs[0]),
+        recent_slope=recent_slope,
+        recent_lower=recent_lower,
+        last=ys[-1],
+    )
 
 
 def _series(log: RankLog, key: str) -> list[tuple[int, float]]:
@@ -248,42 +261,55 @@ def _mb(b: float | None) -> float | None:
 
 
 def _growing(t: Trend, th: MemoryThresholds) -> bool:
-    return (t.n >= th.min_steps and t.lower > 0 and t.recent_lower > 0
-            and t.rise >= th.min_rise_bytes)
+    return t.n >= th.min_steps and t.lower > 0 and t.recent_lower > 0 and t.rise >= th.min_rise_bytes
 
 
 GROWTH_ADVICE = {
     "host": "something keeps a reference every step: the classic is a loss history kept as tensors "
-            "(`losses.append(loss)` keeps each step's graph alive: append `loss.item()` or `loss.detach()`), "
-            "also per-step caches, lists of outputs or metrics; compare two `tracemalloc` snapshots some steps apart",
+    "(`losses.append(loss)` keeps each step's graph alive: append `loss.item()` or `loss.detach()`), "
+    "also per-step caches, lists of outputs or metrics; compare two `tracemalloc` snapshots some steps apart",
     "gpu": "something keeps a device tensor alive every step: the classic is a loss history kept as tensors "
-           "(`losses.append(loss)`: append `loss.item()` or `loss.detach()`), also outputs or metrics collected "
-           "on the device; record `torch.cuda.memory._record_memory_history()` "
-           "and dump a snapshot to see who holds it, "
-           "or run with --profile-memory for the window's memory timeline",
+    "(`losses.append(loss)`: append `loss.item()` or `loss.detach()`), also outputs or metrics collected "
+    "on the device; record `torch.cuda.memory._record_memory_history()` "
+    "and dump a snapshot to see who holds it, "
+    "or run with --profile-memory for the window's memory timeline",
 }
 
 
-def _growth(rank: int, kind: str, t: Trend, limit: float | None, used: float | None, growth: float,
-            limit_field: str) -> dict[str, Any]:
+def _growth(
+    rank: int, kind: str, t: Trend, limit: float | None, used: float | None, growth: float, limit_field: str
+) -> dict[str, Any]:
     where = "host RSS" if kind == "host" else "GPU peak allocated"
     evidence: dict[str, Any] = {
-        "memory": kind, "bytes_per_step": round(t.slope, 1), "mb_per_step": _mb(t.slope),
-        "stderr_bytes_per_step": round(t.se, 1), "lower_bound_bytes_per_step": round(t.lower, 1),
-        "recent_bytes_per_step": round(t.recent_slope, 1), "steps": t.n, "rise_mb": _mb(t.rise), "last_mb": _mb(t.last),
-        "limit_bytes": limit, "steps_to_limit": None, "projection": None}
+        "memory": kind,
+        "bytes_per_step": round(t.slope, 1),
+        "mb_per_step": _mb(t.slope),
+        "stderr_bytes_per_step": round(t.se, 1),
+        "lower_bound_bytes_per_step": round(t.lower, 1),
+        "recent_bytes_per_step": round(t.recent_slope, 1),
+        "steps": t.n,
+        "rise_mb": _mb(t.rise),
+        "last_mb": _mb(t.last),
+        "limit_bytes": limit,
+        "steps_to_limit": None,
+        "projection": None,
+    }
     if limit is None:
-        evidence["projection"] = (f"no {limit_field} in the step log (written by this harness since memory triage; "
-                                  "other writers leave it out): no projection")
+        evidence["projection"] = (
+            f"no {limit_field} in the step log (written by this harness since memory triage; "
+            "other writers leave it out): no projection"
+        )
     elif used is not None and growth > 0:
         evidence["steps_to_limit"] = max(0, int((limit - used) // growth))
-        evidence["projection"] = ("free host memory (limit minus the RSS of every rank logged on this host) over the "
-                                  "host's growth" if kind == "host" else "free device memory over this rank's growth")
+        evidence["projection"] = (
+            "free host memory (limit minus the RSS of every rank logged on this host) over the host's growth"
+            if kind == "host"
+            else "free device memory over this rank's growth"
+        )
     text = f"{where} rises {t.slope / MB:.2f} MB per step over {t.n} steps (+{t.rise / MB:.1f} MB)"
     if evidence["steps_to_limit"] is not None:
         text += f", out of memory in ~{evidence['steps_to_limit']} more steps at this rate"
-    return {"rank": rank, "kind": "growth", "evidence": evidence, "reason": text,
-            "advice": GROWTH_ADVICE[kind]}
+    return {"rank": rank, "kind": "growth", "evidence": evidence, "reason": text, "advice": GROWTH_ADVICE[kind]}
 
 
 def _peak(log: RankLog, key: str) -> float | None:
@@ -329,11 +355,14 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
                 points = longest_unprofiled(points, log.profiled)
             trends[(r, kind)] = trend(points, th.confidence)
         rss, gpu = trends[(r, "host")], trends[(r, "gpu")]
-        ranks[r] = {"memory_steps": len(log.steps), "peak_rss_bytes": _peak(log, "rss_bytes"),
-                    "rss_growth_bytes_per_step": round(rss.slope, 1) if rss else None,
-                    "peak_gpu_allocated_bytes": _peak(log, "gpu_peak_allocated_bytes"),
-                    "peak_gpu_reserved_bytes": _peak(log, "gpu_peak_reserved_bytes"),
-                    "gpu_growth_bytes_per_step": round(gpu.slope, 1) if gpu else None}
+        ranks[r] = {
+            "memory_steps": len(log.steps),
+            "peak_rss_bytes": _peak(log, "rss_bytes"),
+            "rss_growth_bytes_per_step": round(rss.slope, 1) if rss else None,
+            "peak_gpu_allocated_bytes": _peak(log, "gpu_peak_allocated_bytes"),
+            "peak_gpu_reserved_bytes": _peak(log, "gpu_peak_reserved_bytes"),
+            "gpu_growth_bytes_per_step": round(gpu.slope, 1) if gpu else None,
+        }
         if not log.steps:
             warnings.append(f"memory: rank {r} logged no steady step: no memory findings for it")
     by_host: dict[str | None, list[int]] = {}
@@ -347,16 +376,27 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
             peers = by_host[log.host]
             used = sum(host_trends[p].last for p in peers if p in host_trends)
             host_growth = sum(growing[p].slope for p in peers if p in growing)
-            findings.append(_growth(r, "host", growing[r], _limit(log, "host_mem_total_bytes"), used, host_growth,
-                                    "host_mem_total_bytes"))
+            findings.append(
+                _growth(
+                    r,
+                    "host",
+                    growing[r],
+                    _limit(log, "host_mem_total_bytes"),
+                    used,
+                    host_growth,
+                    "host_mem_total_bytes",
+                )
+            )
         t = trends[(r, "gpu")]
         if t is not None and _growing(t, th):
-            findings.append(_growth(r, "gpu", t, _limit(log, "gpu_mem_total_bytes"), t.last, t.slope,
-                                    "gpu_mem_total_bytes"))
+            findings.append(
+                _growth(r, "gpu", t, _limit(log, "gpu_mem_total_bytes"), t.last, t.slope, "gpu_mem_total_bytes")
+            )
     # 2. imbalance
     gpu_everywhere = bool(ranks) and all(v["peak_gpu_allocated_bytes"] is not None for v in ranks.values())
-    key, what = (("peak_gpu_allocated_bytes", "GPU peak allocated") if gpu_everywhere
-                 else ("peak_rss_bytes", "host RSS peak"))
+    key, what = (
+        ("peak_gpu_allocated_bytes", "GPU peak allocated") if gpu_everywhere else ("peak_rss_bytes", "host RSS peak")
+    )
     peaks = {r: v[key] for r, v in ranks.items() if v[key] is not None}
     for r, peak in sorted(peaks.items()):
         others = [p for q, p in peaks.items() if q != r]
@@ -364,42 +404,72 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
             continue
         med = statistics.median(others)
         if peak >= th.imbalance_ratio * med and peak - med >= th.imbalance_min_bytes:
-            findings.append({"rank": r, "kind": "imbalance",
-                             "evidence": {"memory": "gpu" if gpu_everywhere else "host", "peak_bytes": peak,
-                                          "others_median_bytes": med, "ratio": round(peak / med, 3) if med else None},
-                             "reason": f"{what} {peak / MB:.0f} MB, {peak / med:.2f}x the other ranks' median "
-                                       f"({med / MB:.0f} MB)" if med else f"{what} {peak / MB:.0f} MB, the others ~0",
-                             "advice": "its inputs or its work differ from its peers': uneven batches or sequence "
-                                       "lengths (balance or bucket them), or work only this rank does (rank-0 logging, "
-                                       "evaluation, gathering a full checkpoint): move it off the critical rank or "
-                                       "shard it"})
+            findings.append(
+                {
+                    "rank": r,
+                    "kind": "imbalance",
+                    "evidence": {
+                        "memory": "gpu" if gpu_everywhere else "host",
+                        "peak_bytes": peak,
+                        "others_median_bytes": med,
+                        "ratio": round(peak / med, 3) if med else None,
+                    },
+                    "reason": f"{what} {peak / MB:.0f} MB, {peak / med:.2f}x the other ranks' median "
+                    f"({med / MB:.0f} MB)"
+                    if med
+                    else f"{what} {peak / MB:.0f} MB, the others ~0",
+                    "advice": "its inputs or its work differ from its peers': uneven batches or sequence "
+                    "lengths (balance or bucket them), or work only this rank does (rank-0 logging, "
+                    "evaluation, gathering a full checkpoint): move it off the critical rank or "
+                    "shard it",
+                }
+            )
     # 3. cache
     for r, v in sorted(ranks.items()):
         res, alloc = v["peak_gpu_reserved_bytes"], v["peak_gpu_allocated_bytes"]
         if res is None or alloc is None:
             continue
         if res >= th.cache_ratio * alloc and res - alloc >= th.cache_min_bytes:
-            findings.append({"rank": r, "kind": "cache",
-                             "evidence": {"peak_reserved_bytes": res, "peak_allocated_bytes": alloc,
-                                          "unused_bytes": res - alloc,
-                                          "ratio": round(res / alloc, 3) if alloc else None},
-                             "reason": f"the caching allocator reserved {res / GiB:.2f} GiB but used at most "
-                                       f"{alloc / GiB:.2f} GiB: {(res - alloc) / GiB:.2f} GiB held unused",
-                             "advice": "fragmentation, usually from tensors whose shapes change step to step: set "
-                                       "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, pad or bucket shapes; "
-                                       "torch.cuda.empty_cache() only hides it"})
+            findings.append(
+                {
+                    "rank": r,
+                    "kind": "cache",
+                    "evidence": {
+                        "peak_reserved_bytes": res,
+                        "peak_allocated_bytes": alloc,
+                        "unused_bytes": res - alloc,
+                        "ratio": round(res / alloc, 3) if alloc else None,
+                    },
+                    "reason": f"the caching allocator reserved {res / GiB:.2f} GiB but used at most "
+                    f"{alloc / GiB:.2f} GiB: {(res - alloc) / GiB:.2f} GiB held unused",
+                    "advice": "fragmentation, usually from tensors whose shapes change step to step: set "
+                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, pad or bucket shapes; "
+                    "torch.cuda.empty_cache() only hides it",
+                }
+            )
     # 4. headroom
-    headroom_advice = ("the next larger batch or sequence, or more fragmentation, runs out of memory: activation "
-                       "checkpointing, a smaller micro-batch with gradient accumulation, sharding (FSDP), bf16")
+    headroom_advice = (
+        "the next larger batch or sequence, or more fragmentation, runs out of memory: activation "
+        "checkpointing, a smaller micro-batch with gradient accumulation, sharding (FSDP), bf16"
+    )
     for r, log in sorted(logs.ranks.items()):
         total, peak = _limit(log, "gpu_mem_total_bytes"), ranks[r]["peak_gpu_allocated_bytes"]
         if total and peak is not None and peak >= (1 - th.headroom_fraction) * total:
-            findings.append({"rank": r, "kind": "headroom",
-                             "evidence": {"memory": "gpu", "peak_bytes": peak, "limit_bytes": total,
-                                          "free_fraction": round(1 - peak / total, 4)},
-                             "reason": f"GPU peak allocated {peak / GiB:.2f} GiB of {total / GiB:.2f} GiB "
-                                       f"({1 - peak / total:.1%} free)",
-                             "advice": headroom_advice})
+            findings.append(
+                {
+                    "rank": r,
+                    "kind": "headroom",
+                    "evidence": {
+                        "memory": "gpu",
+                        "peak_bytes": peak,
+                        "limit_bytes": total,
+                        "free_fraction": round(1 - peak / total, 4),
+                    },
+                    "reason": f"GPU peak allocated {peak / GiB:.2f} GiB of {total / GiB:.2f} GiB "
+                    f"({1 - peak / total:.1%} free)",
+                    "advice": headroom_advice,
+                }
+            )
     for host, rs in sorted(by_host.items(), key=lambda kv: str(kv[0])):
         limits = [lim for r in rs if (lim := _limit(logs.ranks[r], "host_mem_total_bytes"))]
         held = {r: ranks[r]["peak_rss_bytes"] for r in rs if ranks[r]["peak_rss_bytes"] is not None}
@@ -408,15 +478,26 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
         total, used = min(limits), sum(held.values())
         if used >= (1 - th.headroom_fraction) * total:
             top = max(held, key=lambda q: held[q])
-            findings.append({"rank": top, "kind": "headroom",
-                             "evidence": {"memory": "host", "host": host, "ranks": sorted(held), "peak_bytes": used,
-                                          "limit_bytes": total, "free_fraction": round(1 - used / total, 4)},
-                             "reason": f"the RSS peaks of rank(s) {', '.join(map(str, sorted(held)))} on {host} add up "
-                                       f"to {used / GiB:.2f} GiB of {total / GiB:.2f} GiB "
-                                       f"({1 - used / total:.1%} free)",
-                             "advice": "the host is about to run out (the OOM killer ends a rank without a word): "
-                                       "fewer DataLoader workers or a smaller prefetch, no per-rank copies of the "
-                                       "dataset, fewer ranks on this host"})
+            findings.append(
+                {
+                    "rank": top,
+                    "kind": "headroom",
+                    "evidence": {
+                        "memory": "host",
+                        "host": host,
+                        "ranks": sorted(held),
+                        "peak_bytes": used,
+                        "limit_bytes": total,
+                        "free_fraction": round(1 - used / total, 4),
+                    },
+                    "reason": f"the RSS peaks of rank(s) {', '.join(map(str, sorted(held)))} on {host} add up "
+                    f"to {used / GiB:.2f} GiB of {total / GiB:.2f} GiB "
+                    f"({1 - used / total:.1%} free)",
+                    "advice": "the host is about to run out (the OOM killer ends a rank without a word): "
+                    "fewer DataLoader workers or a smaller prefetch, no per-rank copies of the "
+                    "dataset, fewer ranks on this host",
+                }
+            )
     order = {"growth": 0, "headroom": 1, "imbalance": 2, "cache": 3}
     findings.sort(key=lambda f: (order[f["kind"]], f["rank"]))
     return MemoryResult(findings=findings, ranks=ranks, steps=heatmap_rows(logs), warnings=warnings, logs=logs)
@@ -426,10 +507,18 @@ def heatmap_rows(logs: StepLogs, max_steps: int = MAX_HEATMAP_STEPS) -> list[dic
     """[{rank, step, rss_mb, gpu_allocated_mb}] over the steady steps of every rank; with more
     than `max_steps` distinct steps, every k-th (k = ceil(steps / max_steps))."""
     steps = sorted({s for log in logs.ranks.values() for s in log.steps})
-    keep = set(steps[::max(1, math.ceil(len(steps) / max_steps))])
-    return [{"rank": r, "step": s, "rss_mb": _mb(rec.get("rss_bytes")),
-             "gpu_allocated_mb": _mb(rec.get("gpu_peak_allocated_bytes"))}
-            for r, log in sorted(logs.ranks.items()) for s, rec in sorted(log.steps.items()) if s in keep]
+    keep = set(steps[:: max(1, math.ceil(len(steps) / max_steps))])
+    return [
+        {
+            "rank": r,
+            "step": s,
+            "rss_mb": _mb(rec.get("rss_bytes")),
+            "gpu_allocated_mb": _mb(rec.get("gpu_peak_allocated_bytes")),
+        }
+        for r, log in sorted(logs.ranks.items())
+        for s, rec in sorted(log.steps.items())
+        if s in keep
+    ]
 
 
 def memory_from_dirs(dirs: list[Path], th: MemoryThresholds | None = None) -> MemoryResult:

@@ -100,8 +100,9 @@ class Gap:
 OpWaits = dict[tuple[int, str, int], float]  # (rank, process group, seq) -> that op's wait, us
 
 
-def _split(comms: list[CommOp], waits: OpWaits, rank: int, lo: float,
-           hi: float) -> tuple[list[Interval], list[Interval]]:
+def _split(
+    comms: list[CommOp], waits: OpWaits, rank: int, lo: float, hi: float
+) -> tuple[list[Interval], list[Interval]]:
     """The comms' union clipped to [lo, hi], and the part of it where some op is transferring:
     an op waits from its start for `wait` (until the last peer arrives), then transfers."""
     spans, moving = [], []
@@ -117,8 +118,12 @@ def _timed(merged: list[Interval]) -> list[Interval]:
     return [(a, b) for a, b in merged if b > a]
 
 
-def device_spans(trace: RankTrace, own: Mapping[int, Interval], marks: Mapping[int, Interval] | None = None,
-                 starts: Mapping[int, float] | None = None) -> dict[int, Interval]:
+def device_spans(
+    trace: RankTrace,
+    own: Mapping[int, Interval],
+    marks: Mapping[int, Interval] | None = None,
+    starts: Mapping[int, float] | None = None,
+) -> dict[int, Interval]:
     """The rank's step spans: consecutive, non-overlapping intervals of the timeline its device
     (on CPU: its main thread) works on, one per step that has one; what `cover_steps` partitions.
 
@@ -161,8 +166,13 @@ def device_spans(trace: RankTrace, own: Mapping[int, Interval], marks: Mapping[i
     return spans
 
 
-def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy],
-                marks: Mapping[int, Interval] | None = None, starts: Mapping[int, float] | None = None) -> None:
+def cover_steps(
+    trace: RankTrace,
+    compute: list[Busy],
+    copies: list[Busy],
+    marks: Mapping[int, Interval] | None = None,
+    starts: Mapping[int, float] | None = None,
+) -> None:
     """Fold the rank's compute and copy intervals into its steps (`Step.cover`): what of them
     `rank_overlap` needs, so that the intervals themselves need not be kept. `compute` and
     `copies` are (start_us, end_us, step that launched it or None) on the trace's clock;
@@ -200,8 +210,11 @@ def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy],
     for c in trace.comms:
         owned(c.start_us, c.end_us, c.step)
     spans = device_spans(trace, {k: (v[0], v[1]) for k, v in own.items()}, marks, starts)
-    every = [_Merged(union([(a, b) for a, b, _ in compute])), _Merged(union([(a, b) for a, b, _ in copies])),
-             _Merged(union([(c.start_us, c.end_us) for c in trace.comms]))]
+    every = [
+        _Merged(union([(a, b) for a, b, _ in compute])),
+        _Merged(union([(a, b) for a, b, _ in copies])),
+        _Merged(union([(c.start_us, c.end_us) for c in trace.comms])),
+    ]
     for step in trace.steps:
         span = spans.get(step.number)
         if span is None:
@@ -212,10 +225,17 @@ def cover_steps(trace: RankTrace, compute: list[Busy], copies: list[Busy],
         both = intersect(C, M)
         busy = union(C + M + K)
         step.cover = StepCover(
-            lo_us=lo, hi_us=hi, window_us=hi - lo, compute_us=length(C),
-            memcpy_us=length(subtract(K, union(C + M))), overlapped_us=length(both), busy_us=length(busy),
-            compute_in_comm=both, idle=[(a, b) for a, b in subtract([(lo, hi)], busy) if b - a >= MIN_GAP_US],
-            work_end_us=work_end.get(step.number))
+            lo_us=lo,
+            hi_us=hi,
+            window_us=hi - lo,
+            compute_us=length(C),
+            memcpy_us=length(subtract(K, union(C + M))),
+            overlapped_us=length(both),
+            busy_us=length(busy),
+            compute_in_comm=both,
+            idle=[(a, b) for a, b in subtract([(lo, hi)], busy) if b - a >= MIN_GAP_US],
+            work_end_us=work_end.get(step.number),
+        )
 
 
 class _Merged:
@@ -240,8 +260,9 @@ class _Merged:
 def comms_in(comms: list[CommOp], lo: float, hi: float) -> list[CommOp]:
     """The ops of `comms` that run inside [lo, hi), whatever step launched them (an op of no
     duration: that starts inside it)."""
-    return [c for c in comms
-            if (c.start_us < hi and c.end_us > lo) or (c.start_us == c.end_us and lo <= c.start_us < hi)]
+    return [
+        c for c in comms if (c.start_us < hi and c.end_us > lo) or (c.start_us == c.end_us and lo <= c.start_us < hi)
+    ]
 
 
 class _ByStart:
@@ -295,17 +316,34 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None) -> tuple[list[S
             Mp, Tp = _split([c for c in comms if c.pg == pg], waits, trace.rank, lo, hi)
             exp_p, mov_p = length(subtract(Mp, C)), length(subtract(Tp, C))
             by_pg[pg] = {"comm_us": length(Mp), "exposed_wait_us": exp_p - mov_p, "exposed_transfer_us": mov_p}
-        rows.append(StepOverlap(rank=trace.rank, step=step.number, window_us=window, compute_us=cover.compute_us,
-                                comm_us=length(M), overlapped_comm_us=cover.overlapped_us,
-                                exposed_comm_us=length(exposed), exposed_wait_us=length(exposed) - length(moving),
-                                exposed_transfer_us=length(moving), idle_us=window - cover.busy_us, by_pg=by_pg,
-                                memcpy_us=cover.memcpy_us))
+        rows.append(
+            StepOverlap(
+                rank=trace.rank,
+                step=step.number,
+                window_us=window,
+                compute_us=cover.compute_us,
+                comm_us=length(M),
+                overlapped_comm_us=cover.overlapped_us,
+                exposed_comm_us=length(exposed),
+                exposed_wait_us=length(exposed) - length(moving),
+                exposed_transfer_us=length(moving),
+                idle_us=window - cover.busy_us,
+                by_pg=by_pg,
+                memcpy_us=cover.memcpy_us,
+            )
+        )
         gaps.extend(step_gaps(trace.rank, step.number, comms, moving, subtract(exposed, moving), cover.idle))
     return rows, gaps
 
 
-def step_gaps(rank: int, step: int, comms: list[CommOp], transfer: Iterable[Interval], wait: Iterable[Interval],
-              idle: Iterable[Interval]) -> list[Gap]:
+def step_gaps(
+    rank: int,
+    step: int,
+    comms: list[CommOp],
+    transfer: Iterable[Interval],
+    wait: Iterable[Interval],
+    idle: Iterable[Interval],
+) -> list[Gap]:
     """A step's gaps: the exposed transfer and exposed waiting pieces at least MIN_GAP_US long,
     each naming the collective running over it, and the `idle` pieces (a cover's: already that
     long, measured before any shift), each naming the last collective to end before it in the
@@ -342,7 +380,7 @@ class LongestGaps:
 
     def _trim(self) -> None:
         # sorted() is stable, and the held ones are ahead of the ones added after them
-        self._held = sorted(self._held, key=_longest_first)[:self.keep]
+        self._held = sorted(self._held, key=_longest_first)[: self.keep]
 
     @property
     def gaps(self) -> list[Gap]:

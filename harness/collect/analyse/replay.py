@@ -72,8 +72,9 @@ class Replay:
         return statistics.mean(_replay(st, np.isin(st.ranks, list(fixed))) for st in self.steps) / 1e3
 
 
-def steps_to_replay(traces: list[RankTrace], waits: list[InstanceWaits]
-                    ) -> list[tuple[dict[int, tuple[float, float]], list[InstanceWaits]]]:
+def steps_to_replay(
+    traces: list[RankTrace], waits: list[InstanceWaits]
+) -> list[tuple[dict[int, tuple[float, float]], list[InstanceWaits]]]:
     """Per step with matched collectives, in step order: each rank's (start_us, end_us) of that
     step and the step's instances."""
     by_step: dict[int, list[InstanceWaits]] = defaultdict(list)
@@ -107,16 +108,24 @@ def _plan(step_span_us: dict[int, tuple[float, float]], ws: list[InstanceWaits])
             kind.append(k)
             run.append(max(a - base, 0.0))
             prev[r] = w
-        collectives.append(_Collective(
-            ranks=np.array([pos[r] for r in w.arrival_us], dtype=np.int64), kind=np.array(kind, dtype=np.int8),
-            run_us=np.array(run),
-            transfer_us=np.array([max(w.end_us[r] - w.last_arrival_us, 0.0) for r in w.arrival_us])))
+        collectives.append(
+            _Collective(
+                ranks=np.array([pos[r] for r in w.arrival_us], dtype=np.int64),
+                kind=np.array(kind, dtype=np.int8),
+                run_us=np.array(run),
+                transfer_us=np.array([max(w.end_us[r] - w.last_arrival_us, 0.0) for r in w.arrival_us]),
+            )
+        )
     tail = []
     for r in ranks:
         lo, hi = step_span_us.get(r, (0.0, 0.0))
         tail.append(max(hi - prev[r].end_us[r], 0.0) if r in prev else max(hi - lo, 0.0))
-    return _Step(ranks=np.array(ranks, dtype=np.int64), collectives=collectives, tail_us=np.array(tail),
-                 has_collective=np.array([r in prev for r in ranks], dtype=bool))
+    return _Step(
+        ranks=np.array(ranks, dtype=np.int64),
+        collectives=collectives,
+        tail_us=np.array(tail),
+        has_collective=np.array([r in prev for r in ranks], dtype=bool),
+    )
 
 
 def _with_peers_median(values: np.ndarray, fixed: np.ndarray) -> np.ndarray:

@@ -116,8 +116,15 @@ def run_jitter_ms(step_ms_by_rank: list[list[float]]) -> float:
     return statistics.median(jitter) if jitter else 0.0
 
 
-def straggler_bounds(late_ms: dict[int, float], *, median_step_ms: float, clock_noise_ms: float, jitter_ms: float,
-                     cpu: bool, th: Thresholds) -> dict[str, float]:
+def straggler_bounds(
+    late_ms: dict[int, float],
+    *,
+    median_step_ms: float,
+    clock_noise_ms: float,
+    jitter_ms: float,
+    cpu: bool,
+    th: Thresholds,
+) -> dict[str, float]:
     """The straggler rule: the bounds a rank's lateness per step must all exceed (a straggler's
     `late_ms` > max of them). Shared by the collector (lateness at collectives, from traces) and
     the live watch (harness/train/watch_rule.py: lateness of the work between collectives, from the
@@ -131,12 +138,15 @@ def straggler_bounds(late_ms: dict[int, float], *, median_step_ms: float, clock_
        that half's median absolute deviation: up to half of the ranks can straggle and still
        stand out.
     """
-    bounds = {"min_lag": th.min_lag_ms, "clock_noise": th.noise_factor * clock_noise_ms,
-              "jitter": th.jitter_factor * jitter_ms,
-              "relative": (th.rel_lag_cpu if cpu else th.rel_lag) * median_step_ms}
+    bounds = {
+        "min_lag": th.min_lag_ms,
+        "clock_noise": th.noise_factor * clock_noise_ms,
+        "jitter": th.jitter_factor * jitter_ms,
+        "relative": (th.rel_lag_cpu if cpu else th.rel_lag) * median_step_ms,
+    }
     if len(late_ms) >= 3:
         values = sorted(late_ms.values())
-        lower = values[:max(len(values) // 2, 1)]
+        lower = values[: max(len(values) // 2, 1)]
         bounds["outlier"] = statistics.median(lower) + th.mad_factor * mad(lower)
     return bounds
 
@@ -210,8 +220,13 @@ class Tallies:
     wait_factor: dict[int, dict[int, float]]  # instance index -> rank -> union / sum of its waits
 
 
-def tally_once(waits: list[InstanceWaits], lateness: list[dict[int, float]], marks: list[float],
-               steps: list[int], step_us: dict[tuple[int, int], float]) -> Tallies:
+def tally_once(
+    waits: list[InstanceWaits],
+    lateness: list[dict[int, float]],
+    marks: list[float],
+    steps: list[int],
+    step_us: dict[tuple[int, int], float],
+) -> Tallies:
     """A rank's lateness, waiting and shares per step, counting each stretch of time once.
 
     DDP with several gradient buckets (and any overlapping collectives) has several
@@ -237,9 +252,13 @@ def tally_once(waits: list[InstanceWaits], lateness: list[dict[int, float]], mar
     blame: dict[int, dict[int, float]] = {}
     factors: dict[int, dict[int, float]] = {}
     for s, ks in members.items():
-        L, W, C, B = (late.setdefault(s, defaultdict(float)), wait.setdefault(s, defaultdict(float)),
-                      cost.setdefault(s, defaultdict(float)), blame.setdefault(s, defaultdict(float)))
-        for group in (_clusters(ks, waits) if len(ks) > 1 else [ks]):
+        L, W, C, B = (
+            late.setdefault(s, defaultdict(float)),
+            wait.setdefault(s, defaultdict(float)),
+            cost.setdefault(s, defaultdict(float)),
+            blame.setdefault(s, defaultdict(float)),
+        )
+        for group in _clusters(ks, waits) if len(ks) > 1 else [ks]:
             if len(group) == 1:
                 w, lt = waits[group[0]], lateness[group[0]]
                 for r in w.arrival_us:
@@ -284,8 +303,9 @@ def tally_once(waits: list[InstanceWaits], lateness: list[dict[int, float]], mar
     return Tallies(late=late, wait=wait, cost=cost, blame=blame, wait_factor=factors)
 
 
-def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offsets: dict[int, ClockOffset],
-                       th: Thresholds | None = None) -> StragglerResult:
+def analyze_stragglers(
+    traces: list[RankTrace], waits: list[InstanceWaits], offsets: dict[int, ClockOffset], th: Thresholds | None = None
+) -> StragglerResult:
     """Who everybody waits for, on aligned clocks (`traces` already shifted by `offsets`).
 
     1. per collective (waits.py): each rank's wait, and its share of the delay of the start
@@ -332,8 +352,9 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
         lateness.append({r: max(a - mark, 0.0) for r, a in w.arrival_us.items()})
         for r in w.arrival_us:
             taken_part[r] += 1
-    tallies = tally_once(waits, lateness, marks, step_keys,
-                         {(t.rank, s.number): s.dur_us for t in traces for s in t.steps})
+    tallies = tally_once(
+        waits, lateness, marks, step_keys, {(t.rank, s.number): s.dur_us for t in traces for s in t.steps}
+    )
     step_late, step_wait, step_cost, step_blame = tallies.late, tallies.wait, tallies.cost, tallies.blame
     wait_total: dict[int, float] = defaultdict(float)
     blame_total: dict[int, float] = defaultdict(float)
@@ -344,25 +365,32 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
             blame_total[r] += v
     n_steps = len(step_cost)
     step_last = {s: max(sorted(c), key=c.__getitem__) for s, c in step_cost.items() if c and max(c.values()) > 0}
-    mean_step_ms = {r: statistics.mean([s.dur_us for s in by_rank[r].steps]) / 1e3 if by_rank[r].steps else None
-                    for r in ranks}
+    mean_step_ms = {
+        r: statistics.mean([s.dur_us for s in by_rank[r].steps]) / 1e3 if by_rank[r].steps else None for r in ranks
+    }
     timed = [m for m in mean_step_ms.values() if m is not None]
     spreads = [o.spread_us for o in offsets.values() if o.samples and o.rank != min(ranks)]
     noise_us = statistics.median(spreads) if spreads else 0.0
     cost_ms = {r: sum(c.get(r, 0.0) for c in step_cost.values()) / 1e3 / n_steps if n_steps else 0.0 for r in ranks}
     late_ms = {r: sum(c.get(r, 0.0) for c in step_late.values()) / 1e3 / n_steps if n_steps else 0.0 for r in ranks}
     cpu = all(t.device == "cpu" for t in traces)
-    bounds = straggler_bounds(late_ms, median_step_ms=statistics.median(timed) if timed else 0.0,
-                              clock_noise_ms=noise_us / 1e3,
-                              jitter_ms=run_jitter_ms([[s.dur_us / 1e3 for s in t.steps] for t in traces]),
-                              cpu=cpu, th=th)
+    bounds = straggler_bounds(
+        late_ms,
+        median_step_ms=statistics.median(timed) if timed else 0.0,
+        clock_noise_ms=noise_us / 1e3,
+        jitter_ms=run_jitter_ms([[s.dur_us / 1e3 for s in t.steps] for t in traces]),
+        cpu=cpu,
+        th=th,
+    )
     notes = []
     most = max((len(t.steps) for t in traces), default=0)
     if reason is None and most < MIN_JITTER_STEPS:
-        notes.append(f"step-to-step jitter not estimated: {most} full step(s) per rank, {MIN_JITTER_STEPS} needed; "
-                     f"a straggler is late by more than {(th.rel_lag_cpu if cpu else th.rel_lag):.0%} of the median "
-                     f"step and {th.noise_factor:g}x the clocks' noise (profile more steps for a bound from the run's "
-                     "own jitter)")
+        notes.append(
+            f"step-to-step jitter not estimated: {most} full step(s) per rank, {MIN_JITTER_STEPS} needed; "
+            f"a straggler is late by more than {(th.rel_lag_cpu if cpu else th.rel_lag):.0%} of the median "
+            f"step and {th.noise_factor:g}x the clocks' noise (profile more steps for a bound from the run's "
+            "own jitter)"
+        )
     noise_ms = max(bounds[k] for k in NOISE_BOUNDS)
     threshold = max(bounds.values())
     late_floor_us = th.noise_factor * noise_us
@@ -387,14 +415,25 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
     for r in ranks:
         steps_late = sum(1 for c in step_late.values() if c.get(r, 0.0) / 1e3 > threshold)
         is_straggler = r in flagged
-        waits_for = sorted(([j, round(v / 1e3 / n_steps, 4)] for j, v in owed[r].items()
-                            if n_steps and v / 1e3 / n_steps > noise_ms), key=lambda x: (-x[1], x[0]))
-        rb = RankBlame(rank=r, host=by_rank[r].host, late_ms=late_ms[r], cost_ms=cost_ms[r],
-                       blame_ms=blame_total[r] / 1e3, wait_ms=wait_total[r] / 1e3,
-                       late_fraction=late_at[r] / taken_part[r] if taken_part[r] else 0.0,
-                       steps_late=steps_late, steps=n_steps,
-                       last_fraction=sum(1 for s in step_last.values() if s == r) / n_steps if n_steps else 0.0,
-                       mean_step_ms=mean_step_ms[r], waits_for=[] if reason else waits_for, straggler=is_straggler)
+        waits_for = sorted(
+            ([j, round(v / 1e3 / n_steps, 4)] for j, v in owed[r].items() if n_steps and v / 1e3 / n_steps > noise_ms),
+            key=lambda x: (-x[1], x[0]),
+        )
+        rb = RankBlame(
+            rank=r,
+            host=by_rank[r].host,
+            late_ms=late_ms[r],
+            cost_ms=cost_ms[r],
+            blame_ms=blame_total[r] / 1e3,
+            wait_ms=wait_total[r] / 1e3,
+            late_fraction=late_at[r] / taken_part[r] if taken_part[r] else 0.0,
+            steps_late=steps_late,
+            steps=n_steps,
+            last_fraction=sum(1 for s in step_last.values() if s == r) / n_steps if n_steps else 0.0,
+            mean_step_ms=mean_step_ms[r],
+            waits_for=[] if reason else waits_for,
+            straggler=is_straggler,
+        )
         if is_straggler:
             rb.pattern = "persistent" if steps_late >= math.ceil(PERSISTENT_SHARE * n_steps) else "intermittent"
             rb.phase, rb.phase_excess_ms = phases[r]
@@ -408,11 +447,21 @@ def analyze_stragglers(traces: list[RankTrace], waits: list[InstanceWaits], offs
             rb.whatif_step_ms = replay.step_ms({rb.rank})
     verdict = "inconclusive" if reason else ("straggler" if flagged else "balanced")
     return StragglerResult(
-        verdict=verdict, reason=reason, ranks=result, step_wait={s: dict(v) for s, v in step_wait.items()},
-        step_blame={s: dict(v) for s, v in step_blame.items()}, step_cost={s: dict(v) for s, v in step_cost.items()},
+        verdict=verdict,
+        reason=reason,
+        ranks=result,
+        step_wait={s: dict(v) for s, v in step_wait.items()},
+        step_blame={s: dict(v) for s, v in step_blame.items()},
+        step_cost={s: dict(v) for s, v in step_cost.items()},
         step_late={s: dict(v) for s, v in step_late.items()},
-        step_last=step_last, threshold_ms=threshold, bounds_ms=bounds, waits=waits, replayed_step_ms=replayed,
-        whatif_all_fixed_step_ms=replay.step_ms(set(flagged)) if flagged else None, notes=notes)
+        step_last=step_last,
+        threshold_ms=threshold,
+        bounds_ms=bounds,
+        waits=waits,
+        replayed_step_ms=replayed,
+        whatif_all_fixed_step_ms=replay.step_ms(set(flagged)) if flagged else None,
+        notes=notes,
+    )
 
 
 # A straggler's syncs are named as its cause when the device idle they cause exceeds its peers'
@@ -458,8 +507,11 @@ class SyncCosts:
         excess = own - _median_without(self.totals, own)
         if excess < SYNC_CAUSE_SHARE * late_ms:
             return {}
-        return {k: [round(c, 2), round(ms, 3)] for k, (c, ms) in sorted(by.items(), key=lambda kv: -kv[1][1])
-                if ms - _median_without(self.by_caller[k], ms) >= SYNC_CALLER_SHARE * excess}
+        return {
+            k: [round(c, 2), round(ms, 3)]
+            for k, (c, ms) in sorted(by.items(), key=lambda kv: -kv[1][1])
+            if ms - _median_without(self.by_caller[k], ms) >= SYNC_CALLER_SHARE * excess
+        }
 
 
 class _PhaseSpans:
@@ -483,8 +535,9 @@ class _PhaseSpans:
         return out
 
 
-def _run_ups_at(w: InstanceWaits, spans: dict[int, _PhaseSpans] | None
-                ) -> tuple[dict[int, Mapping[str, float]], dict[str, list[float]]]:
+def _run_ups_at(
+    w: InstanceWaits, spans: dict[int, _PhaseSpans] | None
+) -> tuple[dict[int, Mapping[str, float]], dict[str, list[float]]]:
     """Every rank's run-up time by name at one instance (by harness phase from `spans`, each
     rank's phase spans, else its run-up as parsed), and per name the sorted values over the
     instance's ranks (0.0 for a rank without that name)."""
@@ -522,9 +575,14 @@ def _median_without(values: list[float], v: float) -> float:
     return get(m // 2) if m % 2 else (get(m // 2 - 1) + get(m // 2)) / 2
 
 
-def _slow_phases(slow: list[int], waits: list[InstanceWaits], lateness: list[dict[int, float]],
-                 late_floor_us: float, by_rank: dict[int, RankTrace], n_steps: int
-                 ) -> dict[int, tuple[str | None, float | None]]:
+def _slow_phases(
+    slow: list[int],
+    waits: list[InstanceWaits],
+    lateness: list[dict[int, float]],
+    late_floor_us: float,
+    by_rank: dict[int, RankTrace],
+    n_steps: int,
+) -> dict[int, tuple[str | None, float | None]]:
     """The phase each straggler in `slow` is slow in, from its run-up to the collectives it was
     late for (its lateness at them, `lateness`, above `late_floor_us`).
 
@@ -543,8 +601,11 @@ def _slow_phases(slow: list[int], waits: list[InstanceWaits], lateness: list[dic
     One pass over the instances for all stragglers, each instance's run-ups gathered once and
     dropped (kept for every instance, 128 stragglers of 1024 ranks held them all at once)."""
     use_phases = {r: any(st.phase_spans for st in by_rank[r].steps) for r in slow}
-    spans = ({r: _PhaseSpans([sp for st in t.steps for sp in st.phase_spans]) for r, t in by_rank.items()}
-             if any(use_phases.values()) else None)
+    spans = (
+        {r: _PhaseSpans([sp for st in t.steps for sp in st.phase_spans]) for r, t in by_rank.items()}
+        if any(use_phases.values())
+        else None
+    )
     # Collectives in flight together (DDP's buckets) share one run-up: of those a straggler is
     # late for, only the one it arrives at last is read (its run-up holds the others').
     latest: dict[tuple[int, float], tuple[float, int]] = {}

@@ -71,16 +71,23 @@ FAMILIES: tuple[Family, ...] = (
     Family("NCCL", re.compile(r"^(?:nccl|rccl)(?:Dev)?Kernel(?:Debug)?_(?P<coll>[A-Za-z]+)", re.IGNORECASE)),
     _f("NCCL", r"^ncclSymk?DevKernel_(?P<coll>[A-Za-z]+)"),
     _f("MSCCL", r"^mscclKernel_", "msccl"),
-    _f("DeepEP", r"^(?:deep_ep|dpsk::ep|mscclpp::ep)::(?:intranode|internode|internode_ll|elastic)::"
-                 r"(?P<coll>[A-Za-z_]+?)(?:_impl)?(?:<|\(|$)"),
+    _f(
+        "DeepEP",
+        r"^(?:deep_ep|dpsk::ep|mscclpp::ep)::(?:intranode|internode|internode_ll|elastic)::"
+        r"(?P<coll>[A-Za-z_]+?)(?:_impl)?(?:<|\(|$)",
+    ),
     _f("MSCCL++", r"^mscclpp::(?:\w+::)*(?P<coll>allreduce|allgather|alltoallv?|reducescatter|broadcast)", ""),
     _f("MSCCL++", r"^mscclpp::(?:\w+::)*executionKernel", "mscclpp"),
     _f("NVSHMEM", r"^(?P<coll>rdxn|fcollect|broadcast|alltoall|barrier|sync)_on_stream_kernel"),
     _f("NVSHMEM", r"^(?:call_)?nvshmemi?_", "nvshmem"),
     _f("custom all-reduce", r"^(?:vllm::)?cross_device_reduce_\dstage|^quickreduce::allreduce", "allreduce"),
-    _f("custom all-reduce", r"(?:^|::)(?:oneShot|twoShot|hybridCubeMesh)AllReduceKernel\b|allreduce_fusion_kernel_|"
-                            r"(?:^|::)twoshot_allreduce_kernel|(?:^|::)(?:one_shot|two_shot|multimem(?:_one_shot)?)"
-                            r"_all_reduce_kernel", "allreduce"),
+    _f(
+        "custom all-reduce",
+        r"(?:^|::)(?:oneShot|twoShot|hybridCubeMesh)AllReduceKernel\b|allreduce_fusion_kernel_|"
+        r"(?:^|::)twoshot_allreduce_kernel|(?:^|::)(?:one_shot|two_shot|multimem(?:_one_shot)?)"
+        r"_all_reduce_kernel",
+        "allreduce",
+    ),
     _f("custom all-reduce", r"(?:^|::)multimem_all_gather_kernel", "allgather"),
     _f("custom all-reduce", r"(?:^|::)moeAllToAll\w*Kernel|(?:^|::)allToAllV", "alltoall"),
     _f("custom all-reduce", r"^c10d::symmetric_memory::(?P<coll>\w+?)_kernel"),
@@ -94,8 +101,11 @@ UNMATCHED = frozenset({f.name for f in FAMILIES if f.name != "NCCL"} | {USER_FAM
 SHORT = {"rs": "reducescatter", "ag": "allgather", "rdxn": "reduce", "fcollect": "allgather"}
 # Names that say communication although no family above holds them: said in a warning, not
 # counted (a name is not proof; --comm-kernel makes it count).
-LOOKS_LIKE_COMM = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv|broadcast|"
-                             r"nccl|rccl|nvshmem|mscclpp|cross_device|symmetric_memory|userbuffers", re.IGNORECASE)
+LOOKS_LIKE_COMM = re.compile(
+    r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv|broadcast|"
+    r"nccl|rccl|nvshmem|mscclpp|cross_device|symmetric_memory|userbuffers",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)

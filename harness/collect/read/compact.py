@@ -54,8 +54,12 @@ class Named(_ArrayMapping, Mapping[str, float]):
         self.values_ = array("d") if values is None else values
 
     @classmethod
-    def of(cls, items: Mapping[str, float], tuples: dict[tuple[str, ...], tuple[str, ...]] | None = None,
-           strings: dict[str, str] | None = None) -> Named:
+    def of(
+        cls,
+        items: Mapping[str, float],
+        tuples: dict[tuple[str, ...], tuple[str, ...]] | None = None,
+        strings: dict[str, str] | None = None,
+    ) -> Named:
         """`items` as a Named; with `strings`, each name replaced by its first copy there (added when
         new); with `tuples`, the names' tuple likewise (one tuple for every mapping of the same names)."""
         names = tuple(items) if strings is None else tuple(strings.setdefault(k, k) for k in items)
@@ -173,4 +177,3 @@ def as_plain(obj: object) -> object:
     if isinstance(obj, Pieces):
         return [list(p) for p in obj]
     raise NotImplementedError(f"cannot encode {type(obj).__name__}")
-

@@ -161,8 +161,11 @@ def _loose_events(items: list[Any]) -> tuple[list[Event], int]:
         if not isinstance(item, dict):
             dropped += 1
             continue
-        fixed = {k: None for k in ("ts", "dur") if isinstance(item.get(k), bool) or
-                 not isinstance(item.get(k), (int, float, str, type(None)))}
+        fixed = {
+            k: None
+            for k in ("ts", "dur")
+            if isinstance(item.get(k), bool) or not isinstance(item.get(k), (int, float, str, type(None)))
+        }
         if not isinstance(item.get("args"), (dict, type(None))):
             fixed["args"] = None
         try:
@@ -177,8 +180,12 @@ LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "hip_runtime"
 COPY_CATS = frozenset({"gpu_memcpy", "gpu_memset"})
 # Each category's column group (_Tables.columns): cpu ops, kernel launches, kernels, copies.
 OPS, LAUNCHES, KERNELS, COPIES = range(4)
-GROUP_OF = {"cpu_op": OPS, **dict.fromkeys(sorted(LAUNCH_CATS), LAUNCHES), "kernel": KERNELS,
-            **dict.fromkeys(sorted(COPY_CATS), COPIES)}
+GROUP_OF = {
+    "cpu_op": OPS,
+    **dict.fromkeys(sorted(LAUNCH_CATS), LAUNCHES),
+    "kernel": KERNELS,
+    **dict.fromkeys(sorted(COPY_CATS), COPIES),
+}
 MARK_CAT = "user_annotation"  # annotations (record_function, NVTX through the profiler) become Marks
 STEP_PREFIX = "ProfilerStep#"  # and so do steps, whatever their category
 
@@ -194,7 +201,7 @@ def thread_key(v: Any) -> int | str | float | None:
 def _correlation(v: Any) -> int:
     """A correlation id as an int64 (-1: none or unusable)."""
     n = number(v)
-    if n is None or n != n or not -2**63 < n < 2**63:
+    if n is None or n != n or not -(2**63) < n < 2**63:
         return -1
     return int(n)
 
@@ -281,8 +288,9 @@ class _Tables:
     def block(self, start: int, end: int) -> None:
         """The last batch handed to `add` came from bytes [start, end) of the file."""
         first, last, meta = self._batch
-        self.blocks.append(Block(start, end, first, last, meta) if first <= last
-                           else Block(start, end, None, None, meta))
+        self.blocks.append(
+            Block(start, end, first, last, meta) if first <= last else Block(start, end, None, None, meta)
+        )
 
     def add_native(self, buf: bytes, start: int, end: int) -> bool:
         """`add` for the events in buf[start:end] without decoding them into objects: the native
@@ -311,8 +319,17 @@ class _Tables:
         # The hot loop of the collector: locals and bound methods only.
         names, threads, marks = self.names, self.threads, self.marks
         cols = self.columns()
-        groups = {cat: (cols[g].ts.append, cols[g].dur.append, cols[g].name.append, cols[g].thread.append,
-                        cols[g].corr.append, cols[g].extra.append) for cat, g in GROUP_OF.items()}
+        groups = {
+            cat: (
+                cols[g].ts.append,
+                cols[g].dur.append,
+                cols[g].name.append,
+                cols[g].thread.append,
+                cols[g].corr.append,
+                cols[g].extra.append,
+            )
+            for cat, g in GROUP_OF.items()
+        }
         kernel_extra, op_extra = groups["kernel"][5], groups["cpu_op"][5]  # compared by identity below
         count, first_ts, last_end = self.count, self.first_ts, self.last_end
         batch_first, batch_last, meta = float("inf"), -float("inf"), False
@@ -369,11 +386,18 @@ class _Tables:
                 extra_add(-1)
                 continue
             corr = args.correlation
-            corr_add(-1 if corr is None
-                     else corr if type(corr) is int and -2**63 < corr < 2**63 else _correlation(corr))
-            if (extra_add is kernel_extra and (args.collective is not None or args.process_group is not None
-                                               or args.in_nelems is not None or args.dtype is not None)) \
-                    or (extra_add is op_extra and args.collective is not None):
+            corr_add(
+                -1 if corr is None else corr if type(corr) is int and -(2**63) < corr < 2**63 else _correlation(corr)
+            )
+            if (
+                extra_add is kernel_extra
+                and (
+                    args.collective is not None
+                    or args.process_group is not None
+                    or args.in_nelems is not None
+                    or args.dtype is not None
+                )
+            ) or (extra_add is op_extra and args.collective is not None):
                 extra_add(len(self.args))
                 self.args.append(args)
             else:
@@ -453,7 +477,7 @@ def _last_event(rest: bytes, one: msgspec.json.Decoder) -> tuple[Any, int]:
         end = rest.rfind(b"}", 0, int(found[1])) if found else -1  # the byte after the first trailing one
         if end >= 0:
             try:
-                return one.decode(rest[:end + 1]), end + 1
+                return one.decode(rest[: end + 1]), end + 1
             except (msgspec.DecodeError, msgspec.ValidationError):
                 pass
     except msgspec.ValidationError:
@@ -461,10 +485,15 @@ def _last_event(rest: bytes, one: msgspec.json.Decoder) -> tuple[Any, int]:
     raise NotStreamable  # no `]` after it, or not an event
 
 
-def stream_events(fh: TraceStream, block_bytes: int, sink: Callable[[list[Any]], None],
-                  items: msgspec.json.Decoder = _EVENT_LIST, one: msgspec.json.Decoder = _ONE_EVENT,
-                  on_block: Callable[[int, int], None] | None = None,
-                  native: Callable[[bytes, int, int], bool] | None = None) -> tuple[bytes, int]:
+def stream_events(
+    fh: TraceStream,
+    block_bytes: int,
+    sink: Callable[[list[Any]], None],
+    items: msgspec.json.Decoder = _EVENT_LIST,
+    one: msgspec.json.Decoder = _ONE_EVENT,
+    on_block: Callable[[int, int], None] | None = None,
+    native: Callable[[bytes, int, int], bool] | None = None,
+) -> tuple[bytes, int]:
     """Decode `{..., "traceEvents": [e, e, ...], ...}` a block at a time, handing each block's
     events (decoded by `items`, the last one by `one`) to `sink`, then the block's byte range
     in the stream to `on_block`; returns the document without its events (`{head ] tail}`) and
@@ -489,7 +518,7 @@ def stream_events(fh: TraceStream, block_bytes: int, sink: Callable[[list[Any]],
         m = _EVENTS_KEY.search(buf)
     if m is None:
         raise NotStreamable
-    head, buf = buf[:m.end()], buf[m.end():]
+    head, buf = buf[: m.end()], buf[m.end() :]
     offset = m.end()  # of buf[0] in the stream
     eof = False
     while True:
@@ -501,7 +530,7 @@ def stream_events(fh: TraceStream, block_bytes: int, sink: Callable[[list[Any]],
         if cut is not None:
             if native is None or not native(buf, 0, cut.start + 1):
                 try:
-                    events = items.decode(b"[" + buf[:cut.start + 1] + b"]")
+                    events = items.decode(b"[" + buf[: cut.start + 1] + b"]")
                 except msgspec.ValidationError:
                     raise NotStreamable from None  # events of odd shape: the whole-file path handles them
                 except msgspec.DecodeError:
@@ -512,7 +541,7 @@ def stream_events(fh: TraceStream, block_bytes: int, sink: Callable[[list[Any]],
             if on_block:
                 on_block(offset, offset + cut.start + 1)
             offset += cut.end - 1
-            buf = buf[cut.end - 1:]
+            buf = buf[cut.end - 1 :]
         if eof:
             break
     rest = buf.lstrip()
@@ -537,15 +566,17 @@ def native_scan() -> bool:
 
 
 if native.extension is not None:
-    native.extension.configure(tuple((cat.encode(), g) for cat, g in GROUP_OF.items()), OPS, KERNELS, MARK_CAT.encode(),
-                    STEP_PREFIX.encode())
+    native.extension.configure(
+        tuple((cat.encode(), g) for cat, g in GROUP_OF.items()), OPS, KERNELS, MARK_CAT.encode(), STEP_PREFIX.encode()
+    )
 
 
 def _stream(fh: TraceStream, block_bytes: int) -> tuple[_Doc, _Tables]:
     """The trace's events into `_Tables`, block by block, and its other fields."""
     tables = _Tables()
-    rest, tables.json_bytes = stream_events(fh, block_bytes, tables.add, on_block=tables.block,
-                                            native=tables.add_native if native_scan() else None)
+    rest, tables.json_bytes = stream_events(
+        fh, block_bytes, tables.add, on_block=tables.block, native=tables.add_native if native_scan() else None
+    )
     try:
         return _DECODER.decode(rest), tables
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -566,26 +597,41 @@ def decode_trace(path: Path, block_bytes: int | None = None) -> Trace:
 
 def _trace(doc: _Doc | _LooseDoc, t: _Tables, dropped: int) -> Trace:
     t.marks.sort(key=lambda m: m.ts)
-    return Trace(ops=t.ops.sort(), launches=t.launches.sort(), kernels=t.kernels.sort(), copies=t.copies.sort(),
-                 marks=t.marks,
-                 names=list(t.names), threads=list(t.threads), args=t.args, count=t.count,
-                 first_ts=t.first_ts, last_end=t.last_end,
-                 distributed_info=doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None,
-                 meta=doc.harness if isinstance(doc.harness, dict) else {},
-                 host_name=doc.host_name, base_time_ns=doc.baseTimeNanoseconds,
-                 gpus=len(doc.deviceProperties) if isinstance(doc.deviceProperties, list) else 0, dropped=dropped,
-                 json_bytes=t.json_bytes, blocks=t.blocks)
+    return Trace(
+        ops=t.ops.sort(),
+        launches=t.launches.sort(),
+        kernels=t.kernels.sort(),
+        copies=t.copies.sort(),
+        marks=t.marks,
+        names=list(t.names),
+        threads=list(t.threads),
+        args=t.args,
+        count=t.count,
+        first_ts=t.first_ts,
+        last_end=t.last_end,
+        distributed_info=doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None,
+        meta=doc.harness if isinstance(doc.harness, dict) else {},
+        host_name=doc.host_name,
+        base_time_ns=doc.baseTimeNanoseconds,
+        gpus=len(doc.deviceProperties) if isinstance(doc.deviceProperties, list) else 0,
+        dropped=dropped,
+        json_bytes=t.json_bytes,
+        blocks=t.blocks,
+    )
 
 
 def _json_error(path: Path, exc: msgspec.DecodeError | UnicodeDecodeError) -> str:
     """Malformed JSON, said as what it most likely is: a file that ends early (the job killed
     while writing it, a copy cut short), a string that is not UTF-8, or JSON broken somewhere."""
     if isinstance(exc, UnicodeDecodeError):
-        return (f"{path}: not valid JSON: a string holds bytes that are not UTF-8; "
-                "not a trace as written by torch.profiler")
+        return (
+            f"{path}: not valid JSON: a string holds bytes that are not UTF-8; not a trace as written by torch.profiler"
+        )
     if "truncated" in str(exc):
-        return (f"{path}: not valid JSON: the file ends early "
-                "(truncated: written by a job that was killed, or copied short)")
+        return (
+            f"{path}: not valid JSON: the file ends early "
+            "(truncated: written by a job that was killed, or copied short)"
+        )
     return f"{path}: not valid JSON ({exc}); not a trace as written by torch.profiler"
 
 

@@ -55,18 +55,27 @@ def find_trace_files(inputs: list[str], summaries: bool = True) -> list[Path]:
     else:
         unique = [f for f in unique if not is_summary(f)]
     if not unique:
-        raise InputError(f"no trace files (*.pt.trace.json[.gz] or *.json[.gz]) under {', '.join(inputs)}; "
-                         "point at a run folder such as profiler_logs/<run>")
+        raise InputError(
+            f"no trace files (*.pt.trace.json[.gz] or *.json[.gz]) under {', '.join(inputs)}; "
+            "point at a run folder such as profiler_logs/<run>"
+        )
     return unique
 
 
 def _traces_in(folder: Path) -> list[Path]:
     # Not the report's files, Flight Recorder dumps or status files, and not a later elastic
     # attempt's (restart-N/: run_state.py picks one).
-    candidates = [p for p in folder.rglob("*") if p.is_file() and p.name not in NOT_TRACES
-                  and p.name.endswith(TRACE_SUFFIXES)
-                  and not any(d in (REPORT_DIR, FLIGHT_DIR, STATUS_DIR) or ATTEMPT_PATTERN.match(d)
-                              for d in p.relative_to(folder).parts[:-1])]
+    candidates = [
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and p.name not in NOT_TRACES
+        and p.name.endswith(TRACE_SUFFIXES)
+        and not any(
+            d in (REPORT_DIR, FLIGHT_DIR, STATUS_DIR) or ATTEMPT_PATTERN.match(d)
+            for d in p.relative_to(folder).parts[:-1]
+        )
+    ]
     condensed = [p for p in candidates if is_summary(p)]
     candidates = [p for p in candidates if not is_summary(p)]
     named = [p for p in candidates if TRACE_PATTERN.match(p.name)]
@@ -101,8 +110,12 @@ def group_ranks(traces: list[RankTrace]) -> RunSet:
     """
     run_ids = {t.run_id for t in traces if t.run_id}
     if len(run_ids) > 1:
-        by_run = {rid: sorted(Path(t.paths[0]).parent.name + "/" + Path(t.paths[0]).name
-                              for t in traces if t.run_id == rid)[:2] for rid in sorted(run_ids)}
+        by_run = {
+            rid: sorted(Path(t.paths[0]).parent.name + "/" + Path(t.paths[0]).name for t in traces if t.run_id == rid)[
+                :2
+            ]
+            for rid in sorted(run_ids)
+        }
         detail = "; ".join(f"run {rid}: {', '.join(files)}" for rid, files in by_run.items())
         raise InputError(f"traces of {len(run_ids)} different runs are mixed ({detail}); collect one run at a time")
     sizes = {t.world_size for t in traces if t.world_size}
@@ -130,8 +143,14 @@ def group_ranks(traces: list[RankTrace]) -> RunSet:
         ranks.append(_merge_windows(kept))
     world_size = next(iter(sizes), None)
     missing = sorted(set(range(world_size)) - set(by_rank)) if world_size else []
-    return RunSet(ranks=ranks, world_size=world_size, missing=missing, duplicates=duplicates,
-                  warnings=warnings + duplicates, run_id=next(iter(run_ids), None))
+    return RunSet(
+        ranks=ranks,
+        world_size=world_size,
+        missing=missing,
+        duplicates=duplicates,
+        warnings=warnings + duplicates,
+        run_id=next(iter(run_ids), None),
+    )
 
 
 def _merge_windows(parts: list[RankTrace]) -> RankTrace:
@@ -141,12 +160,20 @@ def _merge_windows(parts: list[RankTrace]) -> RankTrace:
     parts = sorted((p.shifted(base - p.base_us) for p in parts), key=lambda t: t.steps[0].start_us if t.steps else 0.0)
     first = parts[0]
     merged = RankTrace(
-        rank=first.rank, world_size=first.world_size, host=first.host, paths=[f for p in parts for f in p.paths],
-        run_id=first.run_id, device="gpu" if any(p.device == "gpu" for p in parts) else "cpu",
-        steps=[s for p in parts for s in p.steps], comms=[c for p in parts for c in p.comms],
+        rank=first.rank,
+        world_size=first.world_size,
+        host=first.host,
+        paths=[f for p in parts for f in p.paths],
+        run_id=first.run_id,
+        device="gpu" if any(p.device == "gpu" for p in parts) else "cpu",
+        steps=[s for p in parts for s in p.steps],
+        comms=[c for p in parts for c in p.comms],
         warnings=[w for p in parts for w in p.warnings],
-        steps_source=first.steps_source, rank_source=first.rank_source, base_us=first.base_us,
-        json_bytes=sum(p.json_bytes for p in parts), events=sum(p.events for p in parts),
+        steps_source=first.steps_source,
+        rank_source=first.rank_source,
+        base_us=first.base_us,
+        json_bytes=sum(p.json_bytes for p in parts),
+        events=sum(p.events for p in parts),
         blocks={k: v for p in parts for k, v in p.blocks.items()},
     )
     number_by_group(merged.comms)

@@ -79,7 +79,7 @@ def caller_of(chain: Sequence[str], is_op: Sequence[bool]) -> tuple[str, int]:
 
 
 def copy_direction(memcpy_name: str | None) -> str:
-    """"copy to host" / "copy to device" from the name of the device copy a blocking copy
+    """ "copy to host" / "copy to device" from the name of the device copy a blocking copy
     waited for; "copy" when there is none or it is device to device."""
     if memcpy_name is not None:
         if TO_HOST.search(memcpy_name):
@@ -107,8 +107,13 @@ def nest(starts: np.ndarray, ends: np.ndarray, own: np.ndarray) -> tuple[np.ndar
     parent, flag = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
     nest = native.function("nest")
     if nest is not None:
-        nest(np.ascontiguousarray(starts, dtype=np.float64), np.ascontiguousarray(ends, dtype=np.float64),
-             np.ascontiguousarray(own, dtype=bool), parent, flag)
+        nest(
+            np.ascontiguousarray(starts, dtype=np.float64),
+            np.ascontiguousarray(ends, dtype=np.float64),
+            np.ascontiguousarray(own, dtype=bool),
+            parent,
+            flag,
+        )
         return parent, flag
     up, inherited, mine = [-1] * n, [False] * n, own.tolist()
     stack: list[int] = []
@@ -265,8 +270,10 @@ def attribute_syncs(doc: Trace, step_at: StepAt, by_number: dict[int, Step]) -> 
         order = mine[nest_order(op_ts[mine], op_dur[mine])]
         op_start = op_ts[order]
         op_end = op_start + op_dur[order]
-        marks = sorted(((m.ts, m.ts + m.dur, m.name, False) for m in doc.marks
-                        if m.thread == th and m.cat == "user_annotation"), key=lambda e: (e[0], e[0] - e[1]))
+        marks = sorted(
+            ((m.ts, m.ts + m.dur, m.name, False) for m in doc.marks if m.thread == th and m.cat == "user_annotation"),
+            key=lambda e: (e[0], e[0] - e[1]),
+        )
         times = [launches.ts[i] for i, _ in found]
         unscale = op_ts[mine][is_unscale[op_name[mine]]].tolist() if len(mine) else []
         used: set[int] = set()
@@ -275,8 +282,11 @@ def attribute_syncs(doc: Trace, step_at: StepAt, by_number: dict[int, Step]) -> 
         op_chains = enclosing(op_start, op_end, times)
         mark_chains = enclosing(np.array([e[0] for e in marks]), np.array([e[1] for e in marks]), times)
         for (i, st), op_at, mark_at in zip(found, op_chains, mark_chains):
-            chain = sorted([(float(op_start[k]), float(op_end[k]), names[op_name[order[k]]], True) for k in op_at]
-                           + [marks[k] for k in mark_at], key=lambda e: (e[0], e[0] - e[1]))
+            chain = sorted(
+                [(float(op_start[k]), float(op_end[k]), names[op_name[order[k]]], True) for k in op_at]
+                + [marks[k] for k in mark_at],
+                key=lambda e: (e[0], e[0] - e[1]),
+            )
             caller, at = caller_of([e[2] for e in chain], [e[3] for e in chain])
             t = launches.ts[i]
             if caller == COPY:

@@ -72,13 +72,17 @@ STEP_NAME = re.compile(r"^ProfilerStep#(?P<n>\d+)$")
 # `worker<R>`, accelerate's ProfileKwargs `profile_<process index>.json`, torchtune's
 # `r<rank>-<date>.<time>.pt.trace.json`. (Lightning's names hold the local rank only.)
 FILE_RANK = re.compile(r"(?:rank|worker)[-_]?(?P<rank>\d+)|^profile_(?P<index>\d+)$|^r(?P<short>\d+)-", re.IGNORECASE)
-LAUNCH_CALL = re.compile(r"^(?:cuda|cu|hip)(?:LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|"
-                         r"ModuleLaunchKernel|GraphLaunch)")
+LAUNCH_CALL = re.compile(
+    r"^(?:cuda|cu|hip)(?:LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|"
+    r"ModuleLaunchKernel|GraphLaunch)"
+)
 PARAM_COMMS = "record_param_comms"
 # The warning for a GPU run's trace without device activity (analysis.py says it once for all ranks).
-NO_KERNELS = ("trace of a GPU run (it lists GPUs or an NCCL backend) with no GPU kernels: the profiler got no CUPTI "
-              "activity (run under nsys or ncu, which hold CUPTI, or without ProfilerActivity.CUDA); analysed from the "
-              "host's ops as if on CPU")
+NO_KERNELS = (
+    "trace of a GPU run (it lists GPUs or an NCCL backend) with no GPU kernels: the profiler got no CUPTI "
+    "activity (run under nsys or ncu, which hold CUPTI, or without ProfilerActivity.CUDA); analysed from the "
+    "host's ops as if on CPU"
+)
 COMM_OP = re.compile(r"^(?:c10d::|record_param_comms|nccl:|gloo:)")
 
 
@@ -150,8 +154,9 @@ class _Ops:
     def __init__(self, doc: Trace, main: int | None) -> None:
         ops = doc.ops
         mine = as_numpy(ops.thread) == (-1 if main is None else main)
-        self.ts, self.dur, self.name = (array(c.typecode, as_numpy(c)[mine].tobytes())
-                                        for c in (ops.ts, ops.dur, ops.name))
+        self.ts, self.dur, self.name = (
+            array(c.typecode, as_numpy(c)[mine].tobytes()) for c in (ops.ts, ops.dur, ops.name)
+        )
 
     def __iter__(self) -> Iterator[tuple[float, float, int]]:
         return zip(self.ts, self.dur, self.name)
@@ -160,8 +165,9 @@ class _Ops:
         return max((t + d for t, d, _ in self), default=-float("inf"))
 
 
-def _steps(doc: Trace, main_marks: list[Mark], main_ops: _Ops, main: int | None, warnings: list[str],
-           name: str) -> tuple[list[Step], str]:
+def _steps(
+    doc: Trace, main_marks: list[Mark], main_ops: _Ops, main: int | None, warnings: list[str], name: str
+) -> tuple[list[Step], str]:
     steps: dict[int, Step] = {}
     for e in main_marks:
         m = STEP_NAME.match(e.name)
@@ -176,12 +182,21 @@ def _steps(doc: Trace, main_marks: list[Mark], main_ops: _Ops, main: int | None,
     if marks:
         warnings.append(f"{name}: no ProfilerStep#N markers; steps taken from the harness ranges")
         launches = doc.launches
-        main_end = max([main_ops.end_us(), max((m.ts + m.dur for m in main_marks), default=-float("inf")),
-                        max((t + d for t, d, th in zip(launches.ts, launches.dur, launches.thread) if th == main),
-                            default=-float("inf"))])
+        main_end = max(
+            [
+                main_ops.end_us(),
+                max((m.ts + m.dur for m in main_marks), default=-float("inf")),
+                max(
+                    (t + d for t, d, th in zip(launches.ts, launches.dur, launches.thread) if th == main),
+                    default=-float("inf"),
+                ),
+            ]
+        )
         ends = [e.ts for e in marks[1:]] + [main_end]
-        return ([Step(number=i, start_us=e.ts, end_us=end) for i, (e, end) in enumerate(zip(marks, ends))],
-                "harness ranges")
+        return (
+            [Step(number=i, start_us=e.ts, end_us=end) for i, (e, end) in enumerate(zip(marks, ends))],
+            "harness ranges",
+        )
     if not doc.count:
         return [], "whole trace"
     warnings.append(f"{name}: no ProfilerStep#N markers or harness ranges; the whole trace is one step")
@@ -234,8 +249,9 @@ class _LaunchTimes:
             self.corr, self.ts, self.thread = launches.corr, launches.ts, launches.thread
         else:
             keep = [i for i, c in enumerate(launches.corr) if c >= 0]
-            self.corr, self.thread = (array(col.typecode, [col[i] for i in keep])
-                                      for col in (launches.corr, launches.thread))
+            self.corr, self.thread = (
+                array(col.typecode, [col[i] for i in keep]) for col in (launches.corr, launches.thread)
+            )
             self.ts = array(launches.ts.typecode, [launches.ts[i] for i in keep])
         corr = self.corr
         if not is_sorted(corr):
@@ -312,8 +328,9 @@ def count_launches(doc: Trace, index: _StepIndex) -> None:
         index.steps[k].launches += count
 
 
-def add_by_name(index: _StepIndex, pos: np.ndarray, name: np.ndarray, dur: np.ndarray, names: list[str],
-                field: str) -> None:
+def add_by_name(
+    index: _StepIndex, pos: np.ndarray, name: np.ndarray, dur: np.ndarray, names: list[str], field: str
+) -> None:
     """Into each step's dict `field` (empty until then): the events' durations summed per name,
     for the events at step positions `pos` (-1: in no step, left out).
     1. one key per (step position, name id) present;
@@ -349,8 +366,9 @@ def outside_phases(index: _StepIndex, ts: np.ndarray, pos: np.ndarray) -> np.nda
     return out
 
 
-def main_stream_starts(doc: Trace, launch_ts: _LaunchTimes, index: _StepIndex, is_comm_name: np.ndarray
-                       ) -> dict[int, float]:
+def main_stream_starts(
+    doc: Trace, launch_ts: _LaunchTimes, index: _StepIndex, is_comm_name: np.ndarray
+) -> dict[int, float]:
     """Per step, when its main stream (the stream of most of the step's compute kernels' time)
     starts the first work of the step (a kernel, copy or memset it launched): where the device
     starts the step. Side streams (a prefetch, an input copy for a later step) run ahead of it
@@ -384,9 +402,16 @@ def main_stream_starts(doc: Trace, launch_ts: _LaunchTimes, index: _StepIndex, i
     return {st: f for st, (_, f) in best.items()}
 
 
-def _device_work(doc: Trace, index: _StepIndex, launch_ts: _LaunchTimes, spans: Spans,
-                 user_comm: re.Pattern[str] | None, warnings: list[str], file_name: str,
-                 is_comm_name: np.ndarray) -> list[CommOp]:
+def _device_work(
+    doc: Trace,
+    index: _StepIndex,
+    launch_ts: _LaunchTimes,
+    spans: Spans,
+    user_comm: re.Pattern[str] | None,
+    warnings: list[str],
+    file_name: str,
+    is_comm_name: np.ndarray,
+) -> list[CommOp]:
     """The GPU kernels: communication kernels (comm_kernels.py: NCCL/RCCL and the other
     libraries' families, and the user's `--comm-kernel`) become CommOps (returned, in kernel
     order), the others compute intervals in `spans`; each belongs to the step its launch started
@@ -427,14 +452,30 @@ def _device_work(doc: Trace, index: _StepIndex, launch_ts: _LaunchTimes, spans: 
         else:  # no args: the name is all there is; the family is its own group
             coll, pg, nelems, dtype = kind.collective, kind.family, None, None
         st = int(step[i])
-        comms.append(CommOp(name=canonical_collective(str(coll)), pg=str(pg), start_us=float(t), end_us=float(t + d),
-                            nelems=nelems, dtype=dtype, step=None if st == NO_STEP else st,
-                            thread=doc.threads[kernels.thread[i]]))
+        comms.append(
+            CommOp(
+                name=canonical_collective(str(coll)),
+                pg=str(pg),
+                start_us=float(t),
+                end_us=float(t + d),
+                nelems=nelems,
+                dtype=dtype,
+                step=None if st == NO_STEP else st,
+                thread=doc.threads[kernels.thread[i]],
+            )
+        )
     return comms
 
 
-def _say_lookalikes(names: list[str], used: list[int], found: dict, name: np.ndarray, dur: np.ndarray,
-                    warnings: list[str], file_name: str) -> None:
+def _say_lookalikes(
+    names: list[str],
+    used: list[int],
+    found: dict,
+    name: np.ndarray,
+    dur: np.ndarray,
+    warnings: list[str],
+    file_name: str,
+) -> None:
     """One warning naming the kernels (the longest by total time first) whose names say
     communication but that are counted as compute: no family holds them."""
     odd = [n for n in used if found[n] is None and looks_like_comm(names[n])]
@@ -444,8 +485,10 @@ def _say_lookalikes(names: list[str], used: list[int], found: dict, name: np.nda
     odd.sort(key=lambda n: -total[n])
     shown = ", ".join(f"`{plain_kernel(names[n])[:60]}` ({total[n] / 1e3:.2f} ms)" for n in odd[:3])
     more = f" and {len(odd) - 3} more" if len(odd) > 3 else ""
-    warnings.append(f"{file_name}: kernel(s) whose names look like communication are counted as compute: {shown}"
-                    f"{more}; if they are, pass --comm-kernel REGEX (docs/collector.md, communication kernels)")
+    warnings.append(
+        f"{file_name}: kernel(s) whose names look like communication are counted as compute: {shown}"
+        f"{more}; if they are, pass --comm-kernel REGEX (docs/collector.md, communication kernels)"
+    )
 
 
 def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankTrace:
@@ -508,15 +551,24 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
     if len(doc.copies):
         assert launch_ts is not None  # made whenever there are copies
         ts, dur = as_numpy(doc.copies.ts), as_numpy(doc.copies.dur)
-        copies.extend(ts, ts + dur, index.at_each(launch_ts.times(as_numpy(doc.copies.corr), ts)),
-                      as_numpy(doc.copies.name))
+        copies.extend(
+            ts, ts + dur, index.at_each(launch_ts.times(as_numpy(doc.copies.corr), ts)), as_numpy(doc.copies.name)
+        )
     for e in doc.marks:
         if e.cat != "user_annotation":
             continue
         m = GLOO_RANGE.match(e.name)
         if m:
-            comms.append(CommOp(name=canonical_collective(m["coll"]), pg="default", start_us=e.ts,
-                                end_us=e.ts + e.dur, step=index.at(e.ts), thread=doc.threads[e.thread]))
+            comms.append(
+                CommOp(
+                    name=canonical_collective(m["coll"]),
+                    pg="default",
+                    start_us=e.ts,
+                    end_us=e.ts + e.dur,
+                    step=index.at(e.ts),
+                    thread=doc.threads[e.thread],
+                )
+            )
     if not comms:
         # No NCCL kernels and no gloo worker ranges (older torch, other CPU backends): the
         # main thread's c10d ops are the only sign of communication; they span the blocking
@@ -525,8 +577,16 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
         for t, d, n in main_ops:
             m = C10D_OP.match(names[n])
             if m and m["coll"] not in ("wait", "barrier"):
-                comms.append(CommOp(name=canonical_collective(m["coll"]), pg="default", start_us=t,
-                                    end_us=t + d, step=index.at(t), thread=main_thread))
+                comms.append(
+                    CommOp(
+                        name=canonical_collective(m["coll"]),
+                        pg="default",
+                        start_us=t,
+                        end_us=t + d,
+                        step=index.at(t),
+                        thread=main_thread,
+                    )
+                )
         if comms:
             warnings.append(f"{path.name}: no gloo:* or NCCL communication ranges; using the main thread's c10d ops")
     if not len(kernels):
@@ -541,18 +601,32 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
         # host, and NCCL's kernels local copies, which keep the device busy as copies do.
         for c in device_comms:
             copies.add(c.start_us, c.end_us, c.step, 0)
-        warnings.append(f"{path.name}: a world of one rank: its {len(comms)} collective call(s) exchange nothing "
-                        "(not counted as communication)")
+        warnings.append(
+            f"{path.name}: a world of one rank: its {len(comms)} collective call(s) exchange nothing "
+            "(not counted as communication)"
+        )
         comms = []
     comms.sort(key=lambda c: c.start_us)
     number_by_group(comms)
     set_run_ups(comms, spans, steps[0].start_us if steps else None)
-    trace = RankTrace(rank=rank, world_size=world_size if isinstance(world_size, int) else None, host=host,
-                      paths=[str(path)], run_id=meta.get("run_id"), device="gpu" if len(kernels) else "cpu",
-                      steps=steps, comms=comms, warnings=warnings, steps_source=steps_source,
-                      rank_source=rank_source, base_us=base_ns / 1e3, json_bytes=doc.json_bytes,
-                      events=count_step_events(doc, steps), blocks={str(path): doc.blocks} if doc.blocks else {},
-                      op_floor_us=floor_us)
+    trace = RankTrace(
+        rank=rank,
+        world_size=world_size if isinstance(world_size, int) else None,
+        host=host,
+        paths=[str(path)],
+        run_id=meta.get("run_id"),
+        device="gpu" if len(kernels) else "cpu",
+        steps=steps,
+        comms=comms,
+        warnings=warnings,
+        steps_source=steps_source,
+        rank_source=rank_source,
+        base_us=base_ns / 1e3,
+        json_bytes=doc.json_bytes,
+        events=count_step_events(doc, steps),
+        blocks={str(path): doc.blocks} if doc.blocks else {},
+        op_floor_us=floor_us,
+    )
     # the compute and copies, folded into the steps here: no rank's intervals outlive its parse
     cover_steps(trace, merged_by_step(spans), merged_by_step(copies), device_step_marks(doc), starts)
     return trace
@@ -602,14 +676,18 @@ def drop_stub(steps: list[Step], main_op_starts: Any, warnings: list[str]) -> li
     if len(steps) < 2:
         return steps
     starts = as_numpy(main_op_starts)
-    counts = [int(np.searchsorted(starts, s.end_us, side="right") - np.searchsorted(starts, s.start_us, side="left"))
-              for s in steps]
+    counts = [
+        int(np.searchsorted(starts, s.end_us, side="right") - np.searchsorted(starts, s.start_us, side="left"))
+        for s in steps
+    ]
     full_ops, full_us = float(np.median(counts)), float(np.median([s.dur_us for s in steps]))
     last = steps[-1]
     if counts[-1] >= STUB_SHARE * full_ops or last.dur_us >= STUB_SHARE * full_us:
         return steps
-    warnings.append(f"step {last.number} ({last.dur_us / 1e3:.2f} ms and {counts[-1]} host op(s) against "
-                    f"{full_us / 1e3:.2f} ms and {full_ops:.0f} in the median step) {STUB_NOTE}")
+    warnings.append(
+        f"step {last.number} ({last.dur_us / 1e3:.2f} ms and {counts[-1]} host op(s) against "
+        f"{full_us / 1e3:.2f} ms and {full_ops:.0f} in the median step) {STUB_NOTE}"
+    )
     return steps[:-1]
 
 

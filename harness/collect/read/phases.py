@@ -23,19 +23,24 @@ from harness.paths import RANGE_PREFIX
 # torch/optim/optimizer.py (`Optimizer.step#<class>.step`, `Optimizer.zero_grad#<class>.zero_grad`),
 # torch/nn/parallel/distributed.py, torch/distributed/fsdp (`<wrapper>.forward`), and Lightning's
 # PyTorchProfiler (`[pl][profile]<action>`, lightning/pytorch/profilers/pytorch.py).
-LIBRARY_PHASES: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), name) for p, name in (
-    (r"^enumerate\(DataLoader\)#", "data"),
-    (r"^(?:DistributedDataParallel|FullyShardedDataParallel|CustomFSDP)\.forward$", "forward"),
-    (r"^Optimizer\.(?:step|zero_grad)#", "optimizer"),
-    (r"^\[pl\]\[profile\]\[_TrainingEpochLoop\]\.train_dataloader_next$", "data"),
-    (r"^\[pl\]\[profile\]\[Strategy\]\w+\.batch_to_device$", "h2d"),
-    (r"^\[pl\]\[profile\]\[Strategy\]\w+\.training_step$", "forward"),
-    (r"^\[pl\]\[profile\]\[Strategy\]\w+\.backward$", "backward"),
-    (r"^\[pl\]\[profile\]\[LightningModule\]\w+\.optimizer_(?:step|zero_grad)$", "optimizer"),
-))
+LIBRARY_PHASES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(p), name)
+    for p, name in (
+        (r"^enumerate\(DataLoader\)#", "data"),
+        (r"^(?:DistributedDataParallel|FullyShardedDataParallel|CustomFSDP)\.forward$", "forward"),
+        (r"^Optimizer\.(?:step|zero_grad)#", "optimizer"),
+        (r"^\[pl\]\[profile\]\[_TrainingEpochLoop\]\.train_dataloader_next$", "data"),
+        (r"^\[pl\]\[profile\]\[Strategy\]\w+\.batch_to_device$", "h2d"),
+        (r"^\[pl\]\[profile\]\[Strategy\]\w+\.training_step$", "forward"),
+        (r"^\[pl\]\[profile\]\[Strategy\]\w+\.backward$", "backward"),
+        (r"^\[pl\]\[profile\]\[LightningModule\]\w+\.optimizer_(?:step|zero_grad)$", "optimizer"),
+    )
+)
 # Names users give the input pipeline and the optimizer (case and separators aside).
-DATA_NAMES = re.compile(r"^(?:data|dataloader|data ?load(?:ing|er)?|load ?(?:data|batch|inputs?)|"
-                        r"(?:get|next|fetch) ?(?:batch|data)|inputs?|batch)$")
+DATA_NAMES = re.compile(
+    r"^(?:data|dataloader|data ?load(?:ing|er)?|load ?(?:data|batch|inputs?)|"
+    r"(?:get|next|fetch) ?(?:batch|data)|inputs?|batch)$"
+)
 OPTIMIZER_NAMES = re.compile(r"^(?:optimi[sz]er|optim|opt|optimi[sz]er ?step|opt ?step|update|zero ?grad)$")
 
 
@@ -43,7 +48,7 @@ def phase_name(range_name: str) -> str:
     """The phase a top-level range stands for: the library's phase (`LIBRARY_PHASES`), the
     harness's phase without its prefix, else the range's own name."""
     if range_name.startswith(RANGE_PREFIX):
-        return range_name[len(RANGE_PREFIX):]
+        return range_name[len(RANGE_PREFIX) :]
     for pattern, name in LIBRARY_PHASES:
         if pattern.match(range_name):
             return name

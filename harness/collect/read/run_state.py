@@ -43,12 +43,15 @@ def choose_attempt(inputs: list[str], wanted: int | None) -> tuple[list[str], li
         have = attempts(folder)
         pick = have[-1] if wanted is None else wanted
         if pick not in have:
-            raise ValueError(f"{folder} has no attempt {pick} (attempts: {', '.join(map(str, have))}); "
-                             "pick one with --attempt")
+            raise ValueError(
+                f"{folder} has no attempt {pick} (attempts: {', '.join(map(str, have))}); pick one with --attempt"
+            )
         if len(have) > 1:
             others = ", ".join(str(a) for a in have if a != pick)
-            notes.append(f"{folder}: the job was restarted by torchrun ({len(have) - 1} restart(s)); analysing attempt "
-                         f"{pick} ({attempt_dir(folder, pick)}), --attempt {others} for the other(s)")
+            notes.append(
+                f"{folder}: the job was restarted by torchrun ({len(have) - 1} restart(s)); analysing attempt "
+                f"{pick} ({attempt_dir(folder, pick)}), --attempt {others} for the other(s)"
+            )
         out.append(str(attempt_dir(folder, pick)))
     return out, notes
 
@@ -91,23 +94,37 @@ def ending_notes(run_dir: Path) -> list[str]:
         step = last_logged_step(steps_path(run_dir, rank)) if (run_dir / STEPS_DIR).is_dir() else None
         after = f"after step {step}" if step is not None else "before its first step"
         if state == "running" and not finished:
-            notes.append((0, f"rank {rank} ({doc.get('host')}, pid {doc.get('pid')}) stopped without a word {after}: "
-                             "killed (SIGKILL, the out-of-memory killer) or its node was lost"))
+            notes.append(
+                (
+                    0,
+                    f"rank {rank} ({doc.get('host')}, pid {doc.get('pid')}) stopped without a word {after}: "
+                    "killed (SIGKILL, the out-of-memory killer) or its node was lost",
+                )
+            )
         elif state == "failed":
             notes.append((1, f"rank {rank} failed {after}: {doc.get('error')}"))
         elif state == "hung":
-            notes.append((1, f"rank {rank} timed out in a collective {after} (a peer never entered it): "
-                             f"{doc.get('error')}"))
+            notes.append(
+                (1, f"rank {rank} timed out in a collective {after} (a peer never entered it): {doc.get('error')}")
+            )
         elif state == "terminated":
             notes.append((2, f"rank {rank} was stopped by {doc.get('error')} {after} (the launcher ending the job)"))
     partial = sorted(p.name for p in run_dir.glob(f"*{PARTIAL_SUFFIX}*") if p.is_file())
     if partial:
-        notes.append((3, f"{len(partial)} file(s) were being written when their rank stopped and are ignored "
-                         f"({', '.join(partial[:3])}{', ...' if len(partial) > 3 else ''})"))
+        notes.append(
+            (
+                3,
+                f"{len(partial)} file(s) were being written when their rank stopped and are ignored "
+                f"({', '.join(partial[:3])}{', ...' if len(partial) > 3 else ''})",
+            )
+        )
     ordered = [n for _, n in sorted(notes, key=lambda x: x[0])]
     if ordered and not finished:
-        ordered.insert(0, f"the run did not finish (no {run_file(run_dir).name} in {run_dir}); its steps up to the "
-                          "failure are analysed")
+        ordered.insert(
+            0,
+            f"the run did not finish (no {run_file(run_dir).name} in {run_dir}); its steps up to the "
+            "failure are analysed",
+        )
     return ordered
 
 
@@ -124,8 +141,9 @@ def skipped_windows(run_dir: Path) -> list[dict]:
             for p in sorted((run_dir / STATUS_DIR).iterdir()):
                 try:
                     doc = json.loads(p.read_text())
-                    ranks.append({"rank": doc["rank"],
-                                  "skipped_windows": (doc.get("tracing") or {}).get("skipped_windows", [])})
+                    ranks.append(
+                        {"rank": doc["rank"], "skipped_windows": (doc.get("tracing") or {}).get("skipped_windows", [])}
+                    )
                 except (OSError, ValueError, KeyError, TypeError, AttributeError):
                     continue
     for r in ranks if isinstance(ranks, list) else []:

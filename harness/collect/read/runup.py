@@ -43,8 +43,12 @@ class Spans:
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         start, end = np.frombuffer(self.start_us, dtype=np.float64), np.frombuffer(self.end_us, dtype=np.float64)
         order = np.lexsort((end, start))  # stable: equal intervals keep the order they were added in
-        return (start[order], end[order], np.frombuffer(self.step, dtype=np.int64)[order],
-                np.frombuffer(self.name, dtype=np.int64)[order])
+        return (
+            start[order],
+            end[order],
+            np.frombuffer(self.step, dtype=np.int64)[order],
+            np.frombuffer(self.name, dtype=np.int64)[order],
+        )
 
 
 def merged_pieces(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

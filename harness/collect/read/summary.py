@@ -75,20 +75,25 @@ def read_summary(path: Path) -> RankTrace:
     try:
         doc = _DECODER.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise TraceError(f"{path}: damaged or not a harness summary ({exc}); collect from its trace instead "
-                         "(--from-traces)") from None
+        raise TraceError(
+            f"{path}: damaged or not a harness summary ({exc}); collect from its trace instead (--from-traces)"
+        ) from None
     if doc.format != FORMAT:
         raise TraceError(f"{path}: not a harness summary (format {doc.format!r})")
     if doc.version not in READABLE:
-        raise TraceError(f"{path}: summary version {doc.version}, this collector reads versions "
-                         f"{', '.join(map(str, READABLE))}; collect from its trace instead (--from-traces)")
+        raise TraceError(
+            f"{path}: summary version {doc.version}, this collector reads versions "
+            f"{', '.join(map(str, READABLE))}; collect from its trace instead (--from-traces)"
+        )
     doc.rank_trace.paths = [str(trace_of_summary(path))]
     return doc.rank_trace
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = OneLineArgumentParser(prog="harness.collect.read.summary",
-                              description="Condense profiler traces into summaries the collector reads instead.")
+    p = OneLineArgumentParser(
+        prog="harness.collect.read.summary",
+        description="Condense profiler traces into summaries the collector reads instead.",
+    )
     p.add_argument("inputs", nargs="+", help="trace files or folders (searched like the collector's inputs)")
     p.add_argument("--drop-traces", action="store_true", help="delete each trace once its summary is written")
     args = p.parse_args(argv)

@@ -20,10 +20,16 @@ def read_watch(dirs: list[Path]) -> dict[str, Any] | None:
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(watch, dict) and isinstance(watch.get("every"), int) and watch["every"] > 0:
-            return {"every": watch["every"], "intervals": watch.get("intervals", 0),
-                    "flags": [f for f in watch.get("flags", []) if _has_ints(f, "rank", "step")],
-                    "captures": [c for c in watch.get("captures", []) if _has_ints(c, "first", "last", "watch_step")
-                                 and isinstance(c.get("ranks"), list)]}
+            return {
+                "every": watch["every"],
+                "intervals": watch.get("intervals", 0),
+                "flags": [f for f in watch.get("flags", []) if _has_ints(f, "rank", "step")],
+                "captures": [
+                    c
+                    for c in watch.get("captures", [])
+                    if _has_ints(c, "first", "last", "watch_step") and isinstance(c.get("ranks"), list)
+                ],
+            }
     return None
 
 
@@ -38,7 +44,8 @@ def watch_line(watch: dict[str, Any]) -> str:
     text = f"every {watch['every']} steps, {watch['intervals']} interval(s) judged"
     if not watch["flags"]:
         return text + ", no straggler"
-    flags = ", ".join(f"rank {f['rank']} at step {f['step']}" + (f" ({f['phase']})" if f.get("phase") else "")
-                      for f in watch["flags"])
+    flags = ", ".join(
+        f"rank {f['rank']} at step {f['step']}" + (f" ({f['phase']})" if f.get("phase") else "") for f in watch["flags"]
+    )
     caps = ", ".join(f"steps {c['first']}-{c['last']}" for c in watch["captures"])
     return f"{text}; straggler(s): {flags}" + (f"; traced {caps}" if caps else "")

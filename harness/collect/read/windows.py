@@ -59,8 +59,10 @@ def pick_window(files: list[Path], choice: str) -> tuple[list[Path], WindowPick]
     numbered = {f: n[1] if n else None for f, n in named.items()}
     windows = tuple(sorted({w for w in numbered.values() if w is not None}))
     if choice not in ("all", "latest") and not windows:
-        raise InputError(f"--window {choice}: these traces carry no harness window number (names such as "
-                         "rank00000-host.0002.pt.trace.json.gz); use --window all")
+        raise InputError(
+            f"--window {choice}: these traces carry no harness window number (names such as "
+            "rank00000-host.0002.pt.trace.json.gz); use --window all"
+        )
     if choice == "all" or not windows:
         return files, WindowPick(windows=windows)
     note = None
@@ -74,13 +76,14 @@ def pick_window(files: list[Path], choice: str) -> tuple[list[Path], WindowPick]
         window = complete[-1] if complete else windows[-1]
         if window != windows[-1]:
             lacking = ", ".join(map(str, sorted(ranks - held[windows[-1]])))
-            note = (f"window {windows[-1]} lacks rank(s) {lacking}; "
-                    f"analysing window {window}, the latest every rank wrote (--window {windows[-1]} for that one)")
+            note = (
+                f"window {windows[-1]} lacks rank(s) {lacking}; "
+                f"analysing window {window}, the latest every rank wrote (--window {windows[-1]} for that one)"
+            )
     else:
         window = int(choice)
     if window not in windows:
-        raise InputError(f"--window {window}: no trace of that window; windows present: "
-                         f"{', '.join(map(str, windows))}")
+        raise InputError(f"--window {window}: no trace of that window; windows present: {', '.join(map(str, windows))}")
     return [f for f in files if numbered[f] == window], WindowPick(window=window, windows=windows, note=note)
 
 
@@ -109,8 +112,9 @@ def window_line(entry: dict[str, Any]) -> str:
         text += f" (steps {entry['steps'][0]}-{entry['steps'][1]})"
     if entry["captured"]:
         c = entry["captured"]
-        text += (f", traced when the live watch flagged rank(s) {', '.join(map(str, c['ranks']))} "
-                 f"at step {c['watch_step']}")
+        text += (
+            f", traced when the live watch flagged rank(s) {', '.join(map(str, c['ranks']))} at step {c['watch_step']}"
+        )
     if len(entry["windows"]) > 1:
         text += "; --window N or all for others"
     return text
