@@ -36,3 +36,7 @@ def test_report_rows_have_the_records_fields_in_order(tmp_path: Path) -> None:
     assert doc["hosts"] and all(list(h) == names[records.HostRecord] for h in doc["hosts"])
     assert doc["steps"] and all(list(s) == names[records.StepRecord] for s in doc["steps"])
     assert all(list(c) == names[records.ClockHostRecord] for c in doc["clock"]["hosts"])
+    assert doc["process_groups"] and all(list(g) == names[records.ProcessGroupRecord] for g in doc["process_groups"])
+    assert doc["collective_stats"] and all(
+        list(c) == names[records.CollectiveStatRecord] for c in doc["collective_stats"]
+    )

@@ -22,10 +22,8 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
 - `gaps`: [{rank, step, start_us, dur_us, kind (exposed_wait|exposed_transfer|idle),
   collective}], longest first (at most `overlap.LONGEST_GAPS`; `gaps_total` counts all). start_us is on the
   aligned clock of merged.pt.trace.json.gz.
-- `process_groups`: [{pg, ranks, collectives, comm_ms, exposed_wait_ms, exposed_transfer_ms,
-  wait_ms, transfer_ms}] (collective_stats.py).
-- `collective_stats`: [{name, pg, ranks, bytes, count, transfer_ms, mean_transfer_ms, wait_ms,
-  algbw_gbps, busbw_gbps}] per collective and message size (NCCL-tests conventions).
+- `process_groups`: [`ProcessGroupRecord`]; `collective_stats`: [`CollectiveStatRecord`] per
+  collective and message size (NCCL-tests conventions).
 - `memory_findings`: [{rank, kind (growth|headroom|imbalance|cache), evidence, reason, advice}]
   from the step logs (memory.py, warm-up left out); `memory_steps`: [{rank, step, rss_mb,
   gpu_allocated_mb}] every logged steady step (every k-th beyond 1000 steps), for the memory
@@ -60,7 +58,16 @@ from harness.collect.analyse.rank_list import ranks_listed, ranks_phrase
 from harness.collect.analyse.stragglers import OUTSIDE_RANGES
 from harness.collect.analysis import Analysis
 from harness.collect.read.phases import is_data
-from harness.report.records import ClockHostRecord, HostRecord, RankRecord, RunRecord, StepRecord, StragglerRecord
+from harness.report.records import (
+    ClockHostRecord,
+    CollectiveStatRecord,
+    HostRecord,
+    ProcessGroupRecord,
+    RankRecord,
+    RunRecord,
+    StepRecord,
+    StragglerRecord,
+)
 
 SCHEMA_VERSION = 1
 ADVICE = {
@@ -248,8 +255,8 @@ def build_report(
         "steps": step_rows,
         "gaps": [asdict(g) for g in a.gaps],
         "gaps_total": a.gaps_total,
-        "process_groups": process_groups(a.waits, a.overlap),
-        "collective_stats": collective_stats(a.waits),
+        "process_groups": [asdict(ProcessGroupRecord(**g)) for g in process_groups(a.waits, a.overlap)],
+        "collective_stats": [asdict(CollectiveStatRecord(**c)) for c in collective_stats(a.waits)],
         "collectives": {"matched": len(a.instances), "by_name": dict(Counter(i.name for i in a.instances))},
         "clock": {
             "aligned": a.aligned,

@@ -225,7 +225,66 @@ class ClockHostRecord:
     """the host it was aligned against (null for the reference)"""
 
 
-RECORDS = (RunRecord, StragglerRecord, RankRecord, HostRecord, StepRecord, ClockHostRecord)
+@dataclass(kw_only=True)
+class ProcessGroupRecord:
+    """`process_groups[]`: one per process group, summed over its ranks and the analysed steps
+    (groups that run at the same time each count the time)."""
+
+    pg: str
+    """the process group (its name or number; a library's family where kernels carry no group)"""
+    ranks: list[int]
+    """the ranks seen in its matched collectives"""
+    collectives: int
+    """its matched collective instances"""
+    comm_ms: float
+    """its communication time, total"""
+    exposed_wait_ms: float
+    """its communication not hidden behind compute, only waiting for a later peer, total"""
+    exposed_transfer_ms: float
+    """its communication not hidden behind compute, moving data, total"""
+    wait_ms: float
+    """every rank's waiting in its collectives, total"""
+    transfer_ms: float
+    """its instances' transfer times, total"""
+
+
+@dataclass(kw_only=True)
+class CollectiveStatRecord:
+    """`collective_stats[]`: one per collective, process group and message size, longest total
+    transfer first; bandwidths follow NCCL-tests' conventions."""
+
+    name: str
+    """the collective (all_reduce, all_gather, ...)"""
+    pg: str
+    """its process group"""
+    ranks: int
+    """ranks taking part"""
+    bytes: int | None
+    """bytes per instance (null where the trace carries no sizes, e.g. gloo's ranges)"""
+    count: int
+    """matched instances"""
+    transfer_ms: float
+    """the instances' transfer times (the shortest of their ranks' durations after the last arrival), total"""
+    wait_ms: float
+    """every rank's waiting in them, total"""
+    mean_transfer_ms: float
+    """transfer time per instance"""
+    algbw_gbps: float | None
+    """bytes x count / transfer time, GB/s (null without sizes or transfer time)"""
+    busbw_gbps: float | None
+    """algbw x the collective's bus factor for its rank count, GB/s"""
+
+
+RECORDS = (
+    RunRecord,
+    StragglerRecord,
+    RankRecord,
+    HostRecord,
+    StepRecord,
+    ClockHostRecord,
+    ProcessGroupRecord,
+    CollectiveStatRecord,
+)
 
 
 def field_docs(cls: type) -> dict[str, str]:
