@@ -19,6 +19,8 @@ from harness.paths import list_traces, run_file, steps_path
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_TRACES = REPO / "tests" / "data" / "traces"
+# What a test job script (accelerate_job.py, ...) prints with its rank once its work is written.
+FINISHED = "test job finished, rank"
 # Small and quick on 2 cores; tests that need other sizes pass their own flags after these.
 QUICK = ["--steps", "8", "--warmup-steps", "2", "--wait", "2", "--warmup", "1", "--active", "2", "--batch-size", "16"]
 
@@ -125,3 +127,16 @@ def load_trace(path: Path) -> dict[str, Any]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as fh:
         return json.load(fh)
+
+
+def collect_report(folder: Path) -> dict[str, Any]:
+    """`python -m harness.collect FOLDER -q --no-merged`, as a user runs it; its report.json."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(folder), "-q", "--no-merged"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads((folder / "report" / "report.json").read_text())

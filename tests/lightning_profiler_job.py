@@ -17,6 +17,8 @@ from lightning.pytorch.profilers import PyTorchProfiler
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
+from jobs import FINISHED  # tests/ is this script's folder, first on sys.path
+
 RANK = int(os.environ.get("RANK", 0))
 
 
@@ -59,6 +61,7 @@ def main() -> None:
         profiler=profiler,
     )
     trainer.fit(Model(), loader)
+    print(f"{FINISHED} {trainer.global_rank}", flush=True)  # the profiler wrote its traces in fit's teardown
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from harness.paths import flight_path, run_file, scalars_dir, status_path, steps
 from harness.train.config import ConfigError
 from harness.train.run_config import load_run_config
 
-from jobs import REPO, job_env
+from jobs import REPO, collect_report, job_env
 
 EXAMPLE = REPO / "examples" / "plain_loop.py"
 
@@ -93,18 +93,6 @@ def torchrun(args: list[str], nproc: int = 2, timeout: float = 300, check: bool 
     return proc
 
 
-def collect(run_dir: Path) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.collect", str(run_dir), "-q", "--no-merged"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads((run_dir / "report" / "report.json").read_text())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_the_plain_loop_example_writes_what_the_lab_writes(parallel: str, tmp_path: Path) -> None:
@@ -142,7 +130,7 @@ def test_the_plain_loop_example_writes_what_the_lab_writes(parallel: str, tmp_pa
     assert [line["step"] for line in lines] == [9, 19]
     assert any(s["rank"] == 1 and s["phase"] == "data" for line in lines for s in line["stragglers"])
     # and the collector names it, in its data phase
-    report = collect(run)
+    report = collect_report(run)
     assert [(s["rank"], s["phase"]) for s in report["stragglers"]] == [(1, "data")]
 
 
@@ -167,6 +155,6 @@ def test_a_hang_in_the_plain_loop_gets_the_flight_recorder_report(tmp_path: Path
     run = tmp_path / "hung"
     assert json.loads(status_path(run, 0).read_text())["state"] == "hung"
     assert json.loads(flight_path(run, 0).read_text())["harness"]["step"] == 8
-    report = collect(run)
+    report = collect_report(run)
     assert report["verdict"] == "hang", report["headline"]
     assert report["hang"]["missing_ranks"] == [1] and report["hang"]["step"] == 8

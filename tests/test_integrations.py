@@ -14,7 +14,7 @@ import pytest
 from harness.paths import run_file, status_path, steps_path, watch_path
 
 from identities import check_report
-from jobs import REPO, job_env
+from jobs import REPO, collect_report, job_env
 
 EXAMPLES = {"hf": REPO / "examples" / "hf_trainer.py", "lightning": REPO / "examples" / "lightning_module.py"}
 
@@ -70,15 +70,7 @@ def test_a_framework_jobs_slow_rank_is_named(framework: str, tmp_path: Path) -> 
     # (HF's Trainer all-reduces its token count while it loads: rank 0 waits for rank 1 inside
     # its own data phase, both data phases are as long, and the watch, which compares phase
     # times, sees no straggler there; the collector, which sees that all-reduce, does)
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.collect", str(run), "-q", "--no-merged"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads((run / "report" / "report.json").read_text())
+    report = collect_report(run)
     check_report(report)
     assert [(s["rank"], s["phase"]) for s in report["stragglers"]] == [(1, "data")]
     # the victim waits for it, in its own data phase too (HF counts tokens across ranks there):
