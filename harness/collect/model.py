@@ -58,9 +58,8 @@ def compact(trace: RankTrace, shared: Shared) -> RankTrace:
     2. each collective's run-up and each step's compute by name -> a `Named` whose tuple of names
        is the first tuple of the same names; each collective's thread ids -> their first tuple;
     3. each step's cover's intervals (compute under communication, idle) -> `Pieces`.
-    The values are untouched. Per rank as parsed, a 128-rank DLRM set of summaries: 119 -> 52 KB
-    with the names shared; 1024 ranks of 10 steps (80 collectives): 240 -> 80 KB with the times
-    as arrays (bench/RESULTS.md)."""
+    The values are untouched. Sharing the names took a parsed rank of the 128-rank DLRM set of
+    summaries from 119 to 45 KB; the times as arrays are 8 bytes a time instead of ~75."""
     names, tuples = shared.names, shared.tuples
 
     def keyed(d: Mapping[str, V]) -> dict[str, V]:

@@ -2,19 +2,19 @@
 
 Parsing is most of the collector's cost, and most of a trace's bytes are `args` the analysis
 never reads. msgspec decodes straight into `Event` structs and skips every other field without
-building Python objects for it. Measured on the 54 MB real trace in tests/data/traces (see
-bench/RESULTS.md): json.loads into dicts 0.63 s, msgspec into these structs about 0.15 s.
+building Python objects for it: on the 54 MB real trace in tests/data/traces, json.loads into
+dicts took 0.63 s and msgspec into these structs about 0.15 s.
 
 The events array is streamed (`_stream`: 1 MB blocks cut between events, gzip decompressed as
 it is read), and each block's events go straight into `Columns`: parallel arrays of start,
 duration, name and thread per kind of event the analysis reads (cpu ops, kernel launches,
 kernels), names and threads as indices into one table each. An event then costs 24-36 bytes
-instead of a Python object's ~200, so a 2 GB trace fits in a few hundred MB (figures in
-bench/RESULTS.md). Only the few annotations (steps, harness phases, gloo ranges) stay objects.
+instead of a Python object's ~200, so a 2 GB trace fits in a few hundred MB (bench/RESULTS.md,
+`--stream-mb`). Only the few annotations (steps, harness phases, gloo ranges) stay objects.
 
 Where the install compiled it (setup.py; a C compiler is all it needs), the native tabler
 `_scan.c` fills the same columns straight from each block's bytes, no Python object per event
-(bench/RESULTS.md: the decode of a 92 MB rank twice as fast); a block it declines (an escaped
+(the decode of a 92 MB rank about twice as fast); a block it declines (an escaped
 name, a string time, malformed JSON: anything outside the narrow shape it reads) is decoded as
 above, so the result is the same either way (tests/test_native_scan.py).
 HARNESS_NATIVE_SCAN=0 switches it off.
