@@ -15,7 +15,7 @@ from harness.paths import flight_path, run_file, scalars_dir, status_path, steps
 from harness.train.config import ConfigError
 from harness.train.run_config import load_run_config
 
-from jobs import REPO, collect_report, job_env
+from jobs import REPO, collect_report, first_failure, job_env
 
 EXAMPLE = REPO / "examples" / "plain_loop.py"
 
@@ -158,3 +158,37 @@ def test_a_hang_in_the_plain_loop_gets_the_flight_recorder_report(tmp_path: Path
     report = collect_report(run)
     assert report["verdict"] == "hang", report["headline"]
     assert report["hang"]["missing_ranks"] == [1] and report["hang"]["step"] == 8
+
+
+LATE_START = """
+import sys, time
+import torch, torch.distributed as dist
+import harness
+dist.init_process_group("gloo")
+if dist.get_rank() == dist.get_world_size() - 1:
+    time.sleep(2.0)  # rank 0 has made the run folder and written in it by now, unless Run waits
+with harness.Run(log_dir=sys.argv[1], run_name="late", profile=False) as run:
+    for _ in range(3):
+        with run.step():
+            t = torch.ones(3)
+            dist.all_reduce(t)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_that_starts_late_joins_the_run_it_named(tmp_path: Path) -> None:
+    """Every rank checks the named run folder before any rank writes in it: a rank that reaches
+    harness.Run two seconds after the others joins the run instead of refusing it as an earlier one
+    (seen in CI as 'already holds a run' on one rank of four)."""
+    script = tmp_path / "late_start.py"
+    script.write_text(LATE_START)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", str(script)]
+    proc = subprocess.run(
+        [*cmd, str(tmp_path / "logs")], capture_output=True, text=True, timeout=120, env=job_env(), cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:] + first_failure(proc.stderr)
+    run = tmp_path / "logs" / "late"
+    for r in range(4):
+        assert len(steps_path(run, r).read_text().splitlines()) == 3
+        assert json.loads(status_path(run, r).read_text())["state"] == "finished"

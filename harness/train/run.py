@@ -43,7 +43,14 @@ from harness.train.config import LaunchEnv
 from harness.train.profiling import TraceRecorder
 from harness.train.ranges import phase_range
 from harness.train.run_config import RunConfig, load_run_config
-from harness.train.run_info import RunIdentity, agree_identity, check_output, gather, host_name, write_run_json
+from harness.train.run_info import (
+    RunIdentity,
+    agree_identity,
+    check_output_everywhere,
+    gather,
+    host_name,
+    write_run_json,
+)
 from harness.train.run_status import RankStatus, Terminated, sigterm_deferred
 from harness.train.stats import StepLog, SystemSampler, format_rank_table, step_statistics
 from harness.train.timing import StepClock
@@ -141,7 +148,7 @@ class Run:
         self._started = True
         cfg = self.cfg
         self.env = env = launch_env(self.device)
-        check_output(cfg.output)
+        check_output_everywhere(cfg.output)
         self.ident = ident = agree_identity(cfg.output, cfg.job.name, env)
         self.host = host = host_name()
         backend = dist.get_backend() if env.distributed else None

@@ -89,6 +89,21 @@ def check_output(out: OutputConfig) -> None:
         )
 
 
+def check_output_everywhere(out: OutputConfig) -> None:
+    """`check_output` on every rank, and every rank raises the first rank's problem, before any
+    rank writes: each rank's check is gathered, so none goes on to create the run folder (in
+    `agree_identity`) while a slower one has yet to look at it and would take it for an earlier
+    run; and a rank whose disk refuses does not leave the others waiting in a collective."""
+    try:
+        check_output(out)
+        mine: tuple[str, str] | None = None
+    except ConfigError as exc:
+        mine = (exc.field, str(exc).removeprefix(f"{exc.field}: "))
+    first = next((p for p in gather(mine) if p is not None), None)
+    if first is not None:
+        raise ConfigError(*first)
+
+
 def agree_identity(output: OutputConfig, job_name: str, env: LaunchEnv) -> RunIdentity:
     """Rank 0 picks the run name (`output.run_name`, else `<job_name>-ws<N>-<time>`) and id;
     every other rank receives them."""
