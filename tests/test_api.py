@@ -77,19 +77,21 @@ def test_a_loop_that_marks_nothing_is_told(tmp_path: Path) -> None:
     assert len(steps_path(tmp_path / "steps", 0).read_text().splitlines()) == 3
 
 
-def torchrun(args: list[str], nproc: int = 2, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+def torchrun(
+    args: list[str], nproc: int = 2, timeout: float = 300, check: bool = True, script: Path = EXAMPLE
+) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={nproc}",
-        str(EXAMPLE),
+        str(script),
         *args,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env(), cwd=REPO)
     if check:
-        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert proc.returncode == 0, proc.stderr[-4000:] + first_failure(proc.stderr)
     return proc
 
 
@@ -183,11 +185,7 @@ def test_a_rank_that_starts_late_joins_the_run_it_named(tmp_path: Path) -> None:
     (seen in CI as 'already holds a run' on one rank of four)."""
     script = tmp_path / "late_start.py"
     script.write_text(LATE_START)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", str(script)]
-    proc = subprocess.run(
-        [*cmd, str(tmp_path / "logs")], capture_output=True, text=True, timeout=120, env=job_env(), cwd=REPO
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:] + first_failure(proc.stderr)
+    torchrun([str(tmp_path / "logs")], nproc=4, timeout=120, script=script)
     run = tmp_path / "logs" / "late"
     for r in range(4):
         assert len(steps_path(run, r).read_text().splitlines()) == 3

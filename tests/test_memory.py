@@ -4,8 +4,6 @@ exact answers on hand-built step logs, then real 2-rank CPU runs with and withou
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from harness.report.markdown import render_markdown
 from harness.report.page import render_page
 from harness.train.config import ConfigError, LaunchEnv, build_config, resolve_environment
 
-from jobs import REPO, run_harness
+from jobs import collect_report, run_harness
 from tracebuild import ring_docs, run_analysis
 
 WARMUP = 5
@@ -390,21 +388,9 @@ REAL = [
 ]
 
 
-def collect(run: Path) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.collect", str(run), "-q", "--no-merged"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads((run / "report" / "report.json").read_text())
-
-
 def test_real_leak_is_found_on_its_rank_only(log_dir: Path) -> None:
     run = run_harness([*REAL, "--leak-rank", "1", "--leak-mb", "2", "--profile-memory"], log_dir, run_name="leak")
-    doc = collect(run.dir)
+    doc = collect_report(run.dir)
     growth = [f for f in doc["memory_findings"] if f["kind"] == "growth"]
     assert [(f["rank"], f["evidence"]["memory"]) for f in growth] == [(1, "host")], doc["memory_findings"]
     slope = growth[0]["evidence"]["bytes_per_step"]
@@ -422,7 +408,7 @@ def test_real_leak_is_found_on_its_rank_only(log_dir: Path) -> None:
 
 def test_real_clean_run_has_no_finding(log_dir: Path) -> None:
     run = run_harness(REAL, log_dir, run_name="clean")
-    doc = collect(run.dir)
+    doc = collect_report(run.dir)
     assert doc["memory_findings"] == [], doc["memory_findings"]
     assert [r["rank"] for r in doc["ranks"]] == [0, 1] and all(r["peak_rss_bytes"] > 0 for r in doc["ranks"])
     assert len(doc["memory_steps"]) == 2 * 35

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from harness.train.run_info import host_name
 from harness.train.stats import StepLog
 from harness.write_faults import AppendOnlyFile, FaultLog, describe
 
-from jobs import REPO, run_harness
+from jobs import collect_report, run_harness
 
 # -- unit: the append-only file -----------------------------------------------------------------
 
@@ -177,15 +176,7 @@ def test_disk_full_mid_run_skips_windows_and_training_goes_on(small_disk: Path) 
     assert all(r["traces"] for r in info["ranks"])
     status = json.loads((run.dir / "status" / "rank0.json").read_text())
     assert status["tracing"]["state"] == "degraded"
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.collect", str(run.dir), "-q", "--no-merged"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stderr
-    doc = json.loads((run.dir / "report" / "report.json").read_text())
+    doc = collect_report(run.dir)
     assert doc["run"]["skipped_windows"] and any("did not write trace window" in w for w in doc["warnings"])
 
 

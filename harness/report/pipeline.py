@@ -159,8 +159,9 @@ def collect(
         inputs, attempt_notes = choose_attempt(options.inputs, options.attempt)
     except ValueError as exc:
         raise CollectError(str(exc)) from None
+    dumps = find_dumps(inputs)  # once: telling a dump from a trace can mean opening the file
     try:
-        dump_files = set(find_dumps(inputs))
+        dump_files = set(dumps)
         files = [f for f in find_trace_files(inputs, summaries=not options.from_traces) if f not in dump_files]
         if not files:
             raise InputError(f"no trace files under {', '.join(inputs)}, only Flight Recorder dumps")
@@ -190,7 +191,7 @@ def collect(
     except CollectError:
         raise
     except InputError as exc:
-        flight = _flight_only(options, inputs, attempt_notes, str(exc))
+        flight = _flight_only(options, inputs, dumps, attempt_notes, str(exc))
         if flight is not None:
             return flight
         raise CollectError(str(exc), memory_lines=_memory_only_lines(inputs)) from None
@@ -221,7 +222,7 @@ def collect(
     memory = memory_from_dirs(dirs)
     analysis.warnings.extend(memory.warnings)
     doc = build_report(analysis, inputs, memory, find_memory_timelines(dirs))
-    attach(doc, read_flight(inputs, options.unpickle_nccl_dumps, doc["warnings"]))
+    attach(doc, read_flight(dumps, inputs, options.unpickle_nccl_dumps, doc["warnings"]))
     out = options.output or report_folder(inputs, files[0])
     reporter.stage("writing the merged trace")
     merged = None
@@ -264,10 +265,9 @@ def _memory_only_lines(inputs: list[str]) -> list[str]:
     return lines + [f"warning: {w}" for w in memory.warnings]
 
 
-def read_flight(inputs: list[str], unpickle: bool, warnings: list[str]) -> dict | None:
-    """The Flight Recorder dumps among the inputs analysed (flight.analyze), None when there are
-    none; files that cannot be read become `warnings`."""
-    paths = find_dumps(inputs)
+def read_flight(paths: list[Path], inputs: list[str], unpickle: bool, warnings: list[str]) -> dict | None:
+    """The Flight Recorder dumps found among the inputs (`paths`, flight.find_dumps) analysed
+    (flight.analyze), None when there are none; files that cannot be read become `warnings`."""
     if not paths:
         return None
     dumps, problems = read_dumps(paths, unpickle=unpickle)
@@ -280,16 +280,17 @@ def read_flight(inputs: list[str], unpickle: bool, warnings: list[str]) -> dict 
     return analyze(dumps, run_dir=run_dir)
 
 
-def _flight_only(options: CollectOptions, inputs: list[str], notes: list[str], no_traces: str) -> Collected | None:
+def _flight_only(
+    options: CollectOptions, inputs: list[str], dumps: list[Path], notes: list[str], no_traces: str
+) -> Collected | None:
     """A run with Flight Recorder dumps and no readable trace (a hung job whose profiler window
     was never exported, a --no-profile run, another job's dump folder): its report from the dumps
     alone. None when there are no dumps (the caller then says why nothing can be analysed);
     CollectError when every dump is unreadable."""
-    dumps = find_dumps(inputs)
     if not dumps:
         return None
     warnings: list[str] = list(notes)
-    result = read_flight(inputs, options.unpickle_nccl_dumps, warnings)
+    result = read_flight(dumps, inputs, options.unpickle_nccl_dumps, warnings)
     if result is None:
         raise CollectError(f"no readable trace and no readable Flight Recorder dump: {warnings[-1]}")
     ending = [n for d in inputs if Path(d).is_dir() for n in ending_notes(Path(d))]

@@ -34,6 +34,7 @@ class ConfigError(ValueError):
     def __init__(self, field_name: str, message: str) -> None:
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
+        self.message = message
 
 
 def knob(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None) -> Any:

@@ -98,7 +98,7 @@ def check_output_everywhere(out: OutputConfig) -> None:
         check_output(out)
         mine: tuple[str, str] | None = None
     except ConfigError as exc:
-        mine = (exc.field, str(exc).removeprefix(f"{exc.field}: "))
+        mine = (exc.field, exc.message)
     first = next((p for p in gather(mine) if p is not None), None)
     if first is not None:
         raise ConfigError(*first)

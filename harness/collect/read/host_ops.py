@@ -200,15 +200,16 @@ def op_floor_us(doc: Trace, threads: set[int]) -> float | None:
     what one bare op costs on this machine under the profiler. None with fewer than
     FLOOR_MIN_CALLS calls (sampled traces, other frameworks), or where every duration is a whole
     microsecond (older Kineto's clock: coarser than the op itself)."""
-    if FLOOR_OP not in doc.names:
+    try:
+        index = doc.names.index(FLOOR_OP)
+    except ValueError:
         return None
     ops = doc.ops
-    index = doc.names.index(FLOOR_OP)
-    name, thread, dur = as_numpy(ops.name), as_numpy(ops.thread), as_numpy(ops.dur)
-    mine = (name == index) & np.isin(thread, np.fromiter(threads, dtype=thread.dtype, count=len(threads)))
-    if int(mine.sum()) < FLOOR_MIN_CALLS:
+    calls = np.flatnonzero(as_numpy(ops.name) == index)  # the few FLOOR_OP calls, then their threads
+    calls = calls[np.isin(as_numpy(ops.thread)[calls], np.fromiter(threads, dtype=np.int64, count=len(threads)))]
+    if len(calls) < FLOOR_MIN_CALLS:
         return None
-    durs = dur[mine]
+    durs = as_numpy(ops.dur)[calls]
     if not np.any(durs != np.floor(durs)):  # whole microseconds (older Kineto): too coarse for a sub-us op
         return None
     return round(float(np.median(durs)), 4)
