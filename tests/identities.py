@@ -33,12 +33,16 @@ def check_report(doc: dict[str, Any]) -> None:
         assert row["exposed_wait_ms"] + row["exposed_transfer_ms"] == pytest.approx(
             row["exposed_comm_ms"], abs=2 * ROUNDING_MS
         ), row
-    steps = {(r["rank"], r["step"]): r["host_step_ms"] for r in doc["steps"]}
-    for r in doc["ranks"]:
-        if r["mean_step_ms"]:
-            assert r["late_ms"] <= r["mean_step_ms"] + ROUNDING_MS and r["cost_ms"] <= r["mean_step_ms"] + ROUNDING_MS
+    # at most the step: its span on the device's timeline (step_ms; on CPU the ProfilerStep), which a
+    # host running ahead of its GPU exceeds by far in its ProfilerStep (host_step_ms)
+    spans: dict[int, list[float]] = {}
     for row in doc["steps"]:
-        assert row["wait_ms"] <= steps[(row["rank"], row["step"])] + ROUNDING_MS, row
+        spans.setdefault(row["rank"], []).append(row["step_ms"])
+        assert row["wait_ms"] <= row["step_ms"] + ROUNDING_MS, row
+    for r in doc["ranks"]:
+        if spans.get(r["rank"]):
+            mean_ms = sum(spans[r["rank"]]) / len(spans[r["rank"]])
+            assert r["late_ms"] <= mean_ms + ROUNDING_MS and r["cost_ms"] <= mean_ms + ROUNDING_MS, r
     for d in doc["diagnosis"]:
         ev = d["evidence"]
         if any(ev[k] for k in SHARES):
@@ -64,7 +68,10 @@ def check_spans(a: Analysis) -> None:
             rows = [o for o in a.overlap if o.rank == t.rank]
             assert sum(o.window_us for o in rows) == pytest.approx(spans[-1][1] - spans[0][0], rel=1e-9, abs=1e-3)
     res = a.stragglers
-    step_us = {(t.rank, s.number): s.dur_us for t in a.traces for s in t.steps}
+    # at most the step: its span on the device's timeline (a host running ahead only launches in its ProfilerStep)
+    step_us = {
+        (t.rank, s.number): s.cover.window_us if s.cover is not None else s.dur_us for t in a.traces for s in t.steps
+    }
     for table in (res.step_late, res.step_cost, res.step_wait):
         for step, per_rank in table.items():
             for rank, v in per_rank.items():

@@ -103,6 +103,11 @@ SMOKE = [
         ],
     ),
     Smoke(
+        "detection.py",
+        ["--smoke", "--seed", "2"],
+        ["real runs (1 cases", "generated (1 cases", "real: recall", "generated: false alarms"],
+    ),
+    Smoke(
         "collector_vs_hta.py",
         TINY_COLLECTOR,
         ["collector vs HTA", "src-2r-0.05mb", "faster anchor", "targets:"],

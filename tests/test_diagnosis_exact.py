@@ -80,7 +80,8 @@ def test_short_steps_lag_is_not_hidden_by_a_floor(tmp_path: Path) -> None:
     assert all(o.offset_us == 0 for o in a.offsets.values())
     [s] = a.stragglers.stragglers
     assert (s.rank, s.cost_ms, s.pattern) == (0, pytest.approx(0.3), "persistent")
-    assert a.stragglers.threshold_ms == pytest.approx(0.1)
+    # 8% of the median step on the device: spans of 1000 us but the last (700: to the all-reduce's end)
+    assert a.stragglers.threshold_ms == pytest.approx(0.08 * 0.925)
 
 
 def test_victim_waiting_is_not_exposed_transfer(tmp_path: Path) -> None:

@@ -79,9 +79,9 @@ def test_a_slow_data_phase_is_flagged_and_its_victims_waiting_in_backward_are_no
     assert v.steps == [10, 11, 12, 13]
     # own work: 32 ms on ranks 0, 1, 3 and 82 ms on rank 2; punctual (lower quartile) = 32 ms
     assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 0.0, 50.0, 0.0]
-    # relative: 0.10 x 150 ms; jitter 0 (every step the same); outlier: lower half [0, 0] -> 0
-    assert v.bounds_ms == {"min_lag": 0.0, "clock_noise": 0.0, "jitter": 0.0, "relative": 15.0, "outlier": 0.0}
-    assert v.threshold_ms == 15.0
+    # relative: 0.08 x 150 ms; jitter 0 (every step the same); outlier: lower half [0, 0] -> 0
+    assert v.bounds_ms == {"min_lag": 0.0, "clock_noise": 0.0, "jitter": 0.0, "relative": 12.0, "outlier": 0.0}
+    assert v.threshold_ms == 12.0
     [s] = v.stragglers
     assert (s.rank, s.host, s.phase, s.excess_ms, s.steps_late) == (2, "b", "data", 50.0, 4)
 
@@ -101,10 +101,12 @@ def test_the_bound_is_the_collectors_rule() -> None:
 
 
 def test_lateness_is_a_mean_over_the_interval_and_steps_late_counts_steps() -> None:
-    # Rank 1 is 80 ms late in 2 of 4 steps: 40 ms per step, over a 10 ms bound; late in 2 steps.
+    # Rank 1 is 80 ms late in 2 of 4 steps: 40 ms per step, over an 8 ms bound; late in 2 steps.
+    # Its own work swings by 80 ms (a MAD of 40): the jitter is the lower half of the ranks'
+    # MADs (rank 0's, 0), or its own swing would set its bound (3 x 20 = 60 ms: missed).
     times = {0: steps(BASE), 1: steps(BASE, bump={10: {"forward": 80.0}, 12: {"forward": 80.0}})}
     v = judge_interval(times, {}, DDP_OWN, cpu=False, th=Thresholds())
-    assert v.threshold_ms == 10.0
+    assert v.threshold_ms == 8.0 and v.bounds_ms["jitter"] == 0.0
     assert [(r.rank, r.late_ms, r.steps_late) for r in v.stragglers] == [(1, 40.0, 2)]
 
 
@@ -311,17 +313,17 @@ def test_the_watch_flags_a_rank_says_when_it_recovers_and_logs_each_interval(tmp
     w.close()
     assert capsys.readouterr().out.splitlines() == [
         "watch: step 7: rank 1 (b) is a straggler: data +50.0 ms/step over the other ranks' median, 50.0 ms/step "
-        "late (bound 10.0 ms), late in 3/3 steps 5-7",
+        "late (bound 8.0 ms), late in 3/3 steps 5-7",
         "watch: step 15: rank 1 (b) is no longer a straggler (steps 12-15)",
     ]
     flagged = [
         {"rank": 1, "host": "b", "phase": "data", "excess_ms": 50.0, "late_ms": 50.0, "steps_late": n} for n in (3, 4)
     ]
-    bounds = {"min_lag": 0.0, "clock_noise": 0.0, "jitter": 0.0, "relative": 10.0}  # 2 ranks: no outlier bound
+    bounds = {"min_lag": 0.0, "clock_noise": 0.0, "jitter": 0.0, "relative": 8.0}  # 2 ranks: no outlier bound
     assert watch_lines(tmp_path) == [
-        {"step": 7, "steps": [5, 7], "threshold_ms": 10.0, "bounds_ms": bounds, "stragglers": [flagged[0]]},
-        {"step": 11, "steps": [8, 11], "threshold_ms": 10.0, "bounds_ms": bounds, "stragglers": [flagged[1]]},
-        {"step": 15, "steps": [12, 15], "threshold_ms": 10.0, "bounds_ms": bounds, "stragglers": []},
+        {"step": 7, "steps": [5, 7], "threshold_ms": 8.0, "bounds_ms": bounds, "stragglers": [flagged[0]]},
+        {"step": 11, "steps": [8, 11], "threshold_ms": 8.0, "bounds_ms": bounds, "stragglers": [flagged[1]]},
+        {"step": 15, "steps": [12, 15], "threshold_ms": 8.0, "bounds_ms": bounds, "stragglers": []},
     ]
     assert w.summary() == {
         "every": 4,

@@ -163,6 +163,10 @@ def analyze_aligned(
     taking_part = instances_by_rank(waits)
     rows: list[StepOverlap] = []
     gaps = LongestGaps()
+    # each step's length on its device's own timeline, read before `release` drops the covers
+    step_span_ms = {
+        t.rank: [(s.cover.window_us if s.cover is not None else s.dur_us) / 1e3 for s in t.steps] for t in aligned
+    }
     for t in aligned:
         r, g = rank_overlap(t, op_waits(t.rank, taking_part.get(t.rank, [])))
         rows.extend(r)
@@ -170,7 +174,7 @@ def analyze_aligned(
         if release:
             for s in t.steps:
                 s.cover = None
-    result = analyze_stragglers(aligned, waits, offsets, thresholds)
+    result = analyze_stragglers(aligned, waits, offsets, thresholds, step_span_ms)
     if result.reason and len(aligned) > 1:
         warnings.append(f"no straggler analysis: {result.reason}")
     warnings.extend(result.notes)

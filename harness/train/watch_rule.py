@@ -99,7 +99,8 @@ def judge_interval(
        own - the punctual ranks' own (the lower quartile: `punctual_index`), at least 0;
     3. per rank: late_ms = the mean lateness per step;
     4. the collector's rule (`straggler_bounds`): the median rank's mean step time, the run's
-       jitter over each rank's step times (`jitter_ms`), no clock noise (each rank times
+       jitter over each rank's own work per step (`jitter_ms`: the collector's too takes the
+       waiting out, which an intermittent straggler puts in every rank's step), no clock noise (each rank times
        itself: no clocks are compared); a straggler's late_ms exceeds every bound; steps_late =
        steps whose lateness exceeds the threshold;
     5. per straggler (the MAX_PHASED with the largest late_ms) and own-work phase: excess = the mean per step of
@@ -134,7 +135,7 @@ def judge_interval(
         late_ms,
         median_step_ms=statistics.median(step_ms.mean(dim=1).tolist()),
         clock_noise_ms=0.0,
-        jitter_ms=jitter_ms(step_ms),
+        jitter_ms=jitter_ms(own),
         cpu=cpu,
         th=th,
     )
@@ -158,12 +159,14 @@ def judge_interval(
 
 
 def jitter_ms(step_ms: torch.Tensor) -> float:
-    """`run_jitter_ms` (the collector's jitter) of a [ranks, steps] tensor: the median over ranks of
-    each rank's median absolute deviation (`median`); 0 under MIN_JITTER_STEPS steps."""
+    """`run_jitter_ms` (the collector's jitter) of a [ranks, steps] tensor of own work: the median
+    of the lower half of the ranks' median absolute deviations (`median`); 0 under
+    MIN_JITTER_STEPS steps."""
     if step_ms.shape[1] < MIN_JITTER_STEPS:
         return 0.0
     med = median(step_ms, dim=1).unsqueeze(1)
-    return float(median(median((step_ms - med).abs(), dim=1), dim=0))
+    per_rank = median((step_ms - med).abs(), dim=1).sort().values
+    return float(median(per_rank[: max(len(per_rank) // 2, 1)], dim=0))
 
 
 def median(x: torch.Tensor, dim: int) -> torch.Tensor:

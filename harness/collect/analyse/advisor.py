@@ -57,7 +57,7 @@ class Rules:
     data_share: float = 0.30  # data phase (waiting for the input pipeline)
     # GPU: the device's idle time that the training code's blocking syncs cause (host_ops.sync_costs;
     # GradScaler's alone also count, named as the cause; DDP's logger's never do), as a share of
-    # the step. 10%: the share the straggler rule takes as material on GPU (Thresholds.rel_lag):
+    # the step. 10%: the cost that makes a straggler material (Thresholds.rel_lag's reasoning):
     # below it, removing every sync buys less than real GPU steps vary from one to the next. A
     # count says little: a sync on an empty queue costs microseconds.
     sync_cost_share: float = 0.10

@@ -60,7 +60,7 @@ from harness.collect.read.host_ops import (
     sync_costs,
 )
 from harness.collect.read.phases import is_model, phase_name, top_level
-from harness.collect.read.runup import NO_STEP, Spans, merged_by_step, merged_pieces, set_run_ups
+from harness.collect.read.runup import NO_PHASE, NO_STEP, Spans, merged_by_step, merged_pieces, set_run_ups
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_PATTERN, WORKER_RANK_PATTERN
 
 __all__ = ["TraceError", "load_json", "parse_trace"]
@@ -411,6 +411,8 @@ def _device_work(
     warnings: list[str],
     file_name: str,
     is_comm_name: np.ndarray,
+    launch_phases: Spans | None = None,
+    host_phases: list[tuple[str, float, float]] | None = None,
 ) -> list[CommOp]:
     """The GPU kernels: communication kernels (comm_kernels.py: NCCL/RCCL and the other
     libraries' families, and the user's `--comm-kernel`) become CommOps (returned, in kernel
@@ -419,7 +421,9 @@ def _device_work(
     `compute_by_name_us`: the kernel time by name of the kernels launched in the model's own
     work (`outside_phases`), summed in kernel order, names in order of first appearance;
     `is_comm_name[n]`: whether the name with id n is communication. Kernels whose names say
-    communication but that no family holds are said in a warning."""
+    communication but that no family holds are said in a warning. `launch_phases`, where given:
+    the compute kernels again, each named by the host phase range (`host_phases`) its launch was
+    made in (runup.NO_PHASE for none), for the run-ups by phase (runup.set_run_ups, 4)."""
     kernels, names = doc.kernels, doc.names
     ts, dur, name, corr = (as_numpy(c) for c in (kernels.ts, kernels.dur, kernels.name, kernels.corr))
     launched = launch_ts.times(corr, ts)
@@ -432,6 +436,10 @@ def _device_work(
     comm = is_comm[name]
     compute = ~comm
     spans.extend(ts[compute], ts[compute] + dur[compute], step[compute], name[compute])
+    if launch_phases is not None and host_phases:
+        launch_phases.extend(
+            ts[compute], ts[compute] + dur[compute], step[compute], phase_at(host_phases, launched[compute])
+        )
     _say_lookalikes(names, used, found, name, dur, warnings, file_name)
 
     model = compute & outside_phases(index, launched, pos)
@@ -465,6 +473,16 @@ def _device_work(
             )
         )
     return comms
+
+
+def phase_at(host_phases: list[tuple[str, float, float]], ts: np.ndarray) -> np.ndarray:
+    """For each time in `ts`, the index of the phase range (disjoint, by start) holding it, or
+    len(host_phases) (runup.NO_PHASE) for none."""
+    starts = np.array([a for _, a, _ in host_phases], dtype=np.float64)
+    ends = np.array([b for _, _, b in host_phases], dtype=np.float64)
+    k = np.searchsorted(starts, ts, side="right") - 1
+    inside = (k >= 0) & (ts < ends[np.maximum(k, 0)])
+    return np.where(inside, k, len(host_phases))
 
 
 def _say_lookalikes(
@@ -539,11 +557,16 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
     starts: dict[int, float] = {}  # each step's device start (main_stream_starts)
     spans, copies = Spans(names), Spans(names)
     kernels = doc.kernels
+    # every step's phase ranges in time order (top-level ranges: disjoint), for the GPU run-ups by phase
+    host_phases = sorted((sp for s in steps for sp in s.phase_spans), key=lambda sp: sp[1])
+    launch_phases = Spans([p for p, _, _ in host_phases] + [NO_PHASE]) if host_phases and len(kernels) else None
     launch_ts = _LaunchTimes(doc.launches) if len(kernels) or len(doc.copies) else None
     if len(kernels):
         assert launch_ts is not None  # made whenever there are kernels
         is_comm_name = np.zeros(len(names), dtype=bool)
-        device_comms = _device_work(doc, index, launch_ts, spans, comm_kernel, warnings, path.name, is_comm_name)
+        device_comms = _device_work(
+            doc, index, launch_ts, spans, comm_kernel, warnings, path.name, is_comm_name, launch_phases, host_phases
+        )
         starts = main_stream_starts(doc, launch_ts, index, is_comm_name)
         comms.extend(device_comms)
     elif doc.gpus or _nccl_backend(doc):
@@ -608,7 +631,7 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
         comms = []
     comms.sort(key=lambda c: c.start_us)
     number_by_group(comms)
-    set_run_ups(comms, spans, steps[0].start_us if steps else None)
+    set_run_ups(comms, spans, steps[0].start_us if steps else None, launch_phases, host_phases)
     trace = RankTrace(
         rank=rank,
         world_size=world_size if isinstance(world_size, int) else None,

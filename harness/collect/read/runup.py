@@ -15,6 +15,9 @@ from harness.collect.model import CommOp
 
 IDLE = "idle (waiting on the host)"
 OP_PREFIX = "op:"
+# A GPU collective's run-up by phase (`set_run_ups`, 4): the keys are this prefix and the phase.
+PHASE_PREFIX = "phase:"
+NO_PHASE = "outside its ranges"  # run-up time that no phase range launched or covered
 NO_STEP = -1  # Spans.step of an interval that belongs to no step
 
 
@@ -65,7 +68,13 @@ def merged_pieces(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return x[starts], reach[ends]
 
 
-def set_run_ups(comms: list[CommOp], spans: Spans, first_step_start_us: float | None) -> None:
+def set_run_ups(
+    comms: list[CommOp],
+    spans: Spans,
+    first_step_start_us: float | None,
+    launch_phases: Spans | None = None,
+    host_phases: list[tuple[str, float, float]] | None = None,
+) -> None:
     """Set every op's `run_up_start_us` and `run_up_us`.
 
     1. run-up window = [lo, hi]: hi = the op's start; lo = the latest end among the rank's
@@ -73,10 +82,19 @@ def set_run_ups(comms: list[CommOp], spans: Spans, first_step_start_us: float | 
     2. run_up_us["op:<name>"] = the time compute spans of that name overlap the window (summed
        in span order, names in order of first appearance);
     3. run_up_us[IDLE] = window length - the union of all compute spans inside it (the device,
-       or on CPU the main thread, neither computing nor in a collective's run-up work).
+       or on CPU the main thread, neither computing nor in a collective's run-up work);
+    4. GPU traces with phase ranges (`launch_phases`: the compute kernels again, each named by
+       the phase range its launch was made in, NO_PHASE for none; `host_phases`: the host's
+       phase ranges): run_up_us["phase:<phase>"] = the kernel time of that phase's launches in
+       the window (step 2's, by phase instead of by name), plus the stretches of step 3's idle
+       that the host spent in that phase: a device idle while its host works in a phase waits
+       for that phase's launches. The host runs ahead of its GPU, so the host's ranges at the
+       device's times say nothing of the device's work; the launches and the idle do. The
+       "phase:" values add up to the window length where no two kernels overlap.
     `spans` are the trace's compute intervals by kernel (GPU) or aten op (CPU) name."""
     if not comms:
         return
+    by_phase = _PhaseRunUps(launch_phases, host_phases or []) if launch_phases is not None else None
     ends = sorted(c.end_us for c in comms)
     starts, stops, _, names = spans.columns()
     # Spans that overlap [lo, hi] start in [lo - longest span, hi): only those are visited.
@@ -94,8 +112,55 @@ def set_run_ups(comms: list[CommOp], spans: Spans, first_step_start_us: float | 
         by_name = {OP_PREFIX + spans.names[ids[k]]: float(totals[k]) for k in np.argsort(first, kind="stable")}
         p, q = merged_pieces(x, y)
         by_name[IDLE] = (hi - lo) - sum((q - p).tolist())
+        if by_phase is not None:
+            by_name.update(by_phase.run_up(lo, hi, p, q))
         op.run_up_start_us = lo
         op.run_up_us = by_name
+
+
+class _PhaseRunUps:
+    """`set_run_ups`' step 4 for one trace: its kernels by launching phase, and its host phase
+    ranges (top-level in each step: disjoint), each sorted by start."""
+
+    def __init__(self, launch_phases: Spans, host_phases: list[tuple[str, float, float]]) -> None:
+        self.names = launch_phases.names
+        self.start, self.stop, _, self.phase = launch_phases.columns()
+        self.longest_us = float(np.max(self.stop - self.start)) if len(self.start) else 0.0
+        ranges = sorted(host_phases, key=lambda r: r[1])
+        self.host = [(str(n), float(a), float(b)) for n, a, b in ranges]
+        self.host_starts = [a for _, a, _ in self.host]
+
+    def run_up(self, lo: float, hi: float, busy_lo: np.ndarray, busy_hi: np.ndarray) -> dict[str, float]:
+        out: dict[str, float] = {}
+        a, b = np.searchsorted(self.start, [lo - self.longest_us, hi], side="left")
+        keep = self.stop[a:b] > lo
+        x, y = np.maximum(self.start[a:b][keep], lo), np.minimum(self.stop[a:b][keep], hi)
+        for k, t in zip(self.phase[a:b][keep].tolist(), (y - x).tolist()):
+            key = PHASE_PREFIX + self.names[k]
+            out[key] = out.get(key, 0.0) + t
+        # the idle: the window less the busy pieces, each stretch given to the host's phase then
+        edges = [lo, *np.ravel(np.column_stack((busy_lo, busy_hi))).tolist(), hi]
+        for i in range(0, len(edges), 2):
+            g0, g1 = edges[i], edges[i + 1]
+            if g1 > g0:
+                for name, t in self._host_overlap(g0, g1).items():
+                    out[PHASE_PREFIX + name] = out.get(PHASE_PREFIX + name, 0.0) + t
+        return out
+
+    def _host_overlap(self, lo: float, hi: float) -> dict[str, float]:
+        out: dict[str, float] = {}
+        covered = 0.0
+        k = max(bisect.bisect_right(self.host_starts, lo) - 1, 0)
+        while k < len(self.host) and self.host[k][1] < hi:
+            name, a, b = self.host[k]
+            t = min(b, hi) - max(a, lo)
+            if t > 0:
+                out[name] = out.get(name, 0.0) + t
+                covered += t
+            k += 1
+        if hi - lo - covered > 0:
+            out[NO_PHASE] = out.get(NO_PHASE, 0.0) + (hi - lo - covered)
+        return out
 
 
 def merged_by_step(spans: Spans) -> list[tuple[float, float, int | None]]:

@@ -30,13 +30,15 @@ FORMAT = "harness rank summary"
 # Bump whenever parse.py's output changes meaning: an older summary is then refused (with the
 # advice to collect from the trace) instead of silently giving a different report, unless
 # read_summary can bring it up to date (READABLE).
-VERSION = 6  # 2: steps' syncs by caller, host ops of every model thread, copies per step; 3: events per
+VERSION = 7  # 2: steps' syncs by caller, host ops of every model thread, copies per step; 3: events per
 # step, the trace's size and block index (the merged trace's window); 4: compute and copies folded into
 # each step's cover instead of kept as intervals, the main thread's top-level op times (read by nothing)
 # dropped; 5: covers over the device's step spans (overlap.device_spans), not over windows of each
 # step's own work (those overlapped), syncs' costs, any loop's phases, every communication kernel
 # family, stub steps left out: what older summaries lack cannot be made from them; 6: a bare op's
-# cost on the machine (RankTrace.op_floor_us), which the launch-bound rule is relative to
+# cost on the machine (RankTrace.op_floor_us), which the launch-bound rule is relative to; 7: a GPU
+# collective's run-up by the phase that launched its kernels (runup.set_run_ups, 4), step bounds over
+# the device's step spans
 
 
 class _File(msgspec.Struct):

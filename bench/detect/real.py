@@ -1,0 +1,282 @@
+"""The real-run half of the detection campaign: torchrun jobs of the lab on this machine with a
+fault injected (harness.train's --straggler-*, --hang-*, --leak-* flags), the collector run on
+each as a user runs it, scored against what was injected.
+
+A campaign draws job configurations (`draw_config`: 2 or 4 ranks, or two torchrun agents on
+loopback with a host name each; DDP or FSDP2; a lab mode) and, per configuration:
+1. a clean run (nothing injected): a false-alarm case, and its mean step (the median over the
+   ranks of run.json's mean_step_ms) is the clean step the injections are sized from;
+2. injected cases drawn for it (`draw_fault`): a straggler (sleep or compute, in data, forward,
+   backward or optimizer, 5% to 100% of the clean step, on every step or every 2nd/3rd, from
+   ONSET_STEP on, one or two ranks), a hang, or a leak.
+Every straggler run traces steps after its onset and runs the live watch every WATCH_EVERY
+steps, so one run scores both the collector and the watch. The truth is the injection: the
+delay per slowed step / the slowing period is its cost per step (a sleep or a busy loop on a
+CPU rank adds its own length to the phase).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from detect.score import Seen, Truth, case_row, score
+
+REPO = Path(__file__).resolve().parents[2]
+MODES = ("baseline", "torch", "kernel", "comm", "data")
+MODE_WEIGHTS = (3, 3, 2, 2, 1)  # data's steps are ~20x the others' (its loader sleeps): drawn least
+PHASES = ("data", "forward", "backward", "optimizer")
+STEPS = 30
+WARMUP_STEPS = 4
+ONSET_STEP = 8  # the first slowed step: mid-run, after the watch's first interval
+WATCH_EVERY = 5
+# The profiler traces 8 steps from step 11 (wait 10, warm-up 1): after the onset, so the window
+# sees the straggler's pattern whole (an every-3rd straggler is slow in 2 or 3 of them).
+PROFILE = ["--wait", "10", "--warmup", "1", "--active", "8"]
+BASE = ["--steps", str(STEPS), "--warmup-steps", str(WARMUP_STEPS), "--batch-size", "16", *PROFILE]
+HANG_TIMEOUT_S = 20
+JOB_TIMEOUT_S = 420
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    nproc: int  # ranks per agent
+    nodes: int  # torchrun agents (2: on loopback, each with its own host name where possible)
+    parallel: str
+    mode: str
+
+    @property
+    def world(self) -> int:
+        return self.nproc * self.nodes
+
+    def label(self) -> str:
+        where = f"{self.nodes}x{self.nproc}" if self.nodes > 1 else str(self.nproc)
+        return f"{self.mode}/{self.parallel}/{where}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fault:
+    kind: str  # clean, sleep, compute, hang or leak
+    ranks: tuple[int, ...] = ()
+    phase: str | None = None
+    size: float = 0.0  # the delay per slowed step / the clean step
+    every: int = 1
+    hang_step: int | None = None
+
+
+def draw_config(rng: random.Random, two_hosts: bool) -> JobConfig:
+    mode = rng.choices(MODES, MODE_WEIGHTS)[0]
+    if two_hosts:
+        return JobConfig(nproc=1, nodes=2, parallel=rng.choice(("ddp", "fsdp")), mode=mode)
+    return JobConfig(nproc=rng.choice((2, 2, 4)), nodes=1, parallel=rng.choice(("ddp", "fsdp")), mode=mode)
+
+
+def draw_fault(rng: random.Random, cfg: JobConfig) -> Fault:
+    """A straggler most often; a hang or a leak one case in eight each."""
+    u = rng.random()
+    if u < 0.125 and cfg.nodes == 1:
+        return Fault(kind="hang", ranks=(rng.randrange(cfg.world),), phase=rng.choice(PHASES), hang_step=20)
+    if u < 0.25:
+        return Fault(kind="leak", ranks=(rng.randrange(cfg.world),))
+    n_slow = 2 if cfg.world >= 4 and rng.random() < 0.3 else 1
+    return Fault(
+        kind=rng.choice(("sleep", "compute")),
+        ranks=tuple(sorted(rng.sample(range(cfg.world), n_slow))),
+        phase=rng.choice(PHASES),
+        size=round(rng.uniform(0.05, 1.0), 3),
+        every=1 if rng.random() < 0.6 else rng.choice((2, 3)),
+    )
+
+
+def job_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _can_unshare() -> bool:
+    return subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(cfg: JobConfig, args: list[str], log_dir: Path, run_name: str) -> tuple[int, str]:
+    """Run harness.train as `cfg` says; (exit code of the first agent that failed, else 0, its output tail)."""
+    harness_args = ["--parallel", cfg.parallel, "--mode", cfg.mode, *args, "--log-dir", str(log_dir)]
+    harness_args += ["--run-name", run_name]
+    if cfg.nodes == 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.nproc}"]
+        proc = subprocess.run(
+            [*cmd, "-m", "harness.train", *harness_args],
+            capture_output=True,
+            text=True,
+            timeout=JOB_TIMEOUT_S,
+            env=job_env(),
+            cwd=REPO,
+        )
+        return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+    port = _free_port()
+    hosts = ["nodea", "nodeb"] if _can_unshare() else [socket.gethostname()] * 2
+    procs = []
+    for node_rank, host in enumerate(hosts):
+        env = dict(
+            job_env(),
+            NNODES="2",
+            NODE_RANK=str(node_rank),
+            NPROC_PER_NODE=str(cfg.nproc),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            LOCAL_ADDR="127.0.0.1",
+            RDZV_ID=f"detect-{port}",
+            TORCHRUN=str(Path(sys.executable).with_name("torchrun")),
+        )
+        cmd = ["bash", "launch/multinode.sh", *harness_args]
+        if hosts[0] != hosts[1]:
+            cmd = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', host, *cmd]
+        procs.append(
+            subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    outs = [p.communicate(timeout=JOB_TIMEOUT_S)[0] for p in procs]
+    failed = [(p.returncode, o) for p, o in zip(procs, outs) if p.returncode != 0]
+    return (failed[0][0], failed[0][1][-3000:]) if failed else (0, outs[0][-3000:])
+
+
+def collect(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
+    """`python -m harness.collect RUN -q --no-merged`, as a user runs it: (report.json or None, stderr)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(run_dir), "-q", "--no-merged"],
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
+        cwd=REPO,
+    )
+    path = run_dir / "report" / "report.json"
+    if proc.returncode != 0 or not path.exists():
+        return None, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+    return json.loads(path.read_text()), ""
+
+
+def clean_step_ms(run_dir: Path) -> float:
+    ranks = json.loads((run_dir / "run.json").read_text())["ranks"]
+    steps = sorted(float(r["mean_step_ms"]) for r in (ranks.values() if isinstance(ranks, dict) else ranks))
+    return steps[len(steps) // 2]
+
+
+def fault_args(fault: Fault, clean_ms: float) -> list[str]:
+    """harness.train's flags for `fault` in a job whose clean step is `clean_ms`."""
+    if fault.kind in ("sleep", "compute"):
+        return [
+            "--straggler-rank",
+            ",".join(map(str, fault.ranks)),
+            "--straggler-ms",
+            f"{fault.size * clean_ms:.2f}",
+            "--straggler-phase",
+            str(fault.phase),
+            "--straggler-kind",
+            fault.kind,
+            "--straggler-every",
+            str(fault.every),
+            "--straggler-from",
+            str(ONSET_STEP),
+            "--watch-every",
+            str(WATCH_EVERY),
+        ]
+    if fault.kind == "hang":  # after the traced window: the collector has traces and the dumps
+        return [
+            "--hang-rank",
+            str(fault.ranks[0]),
+            "--hang-step",
+            str(fault.hang_step),
+            "--hang-phase",
+            str(fault.phase),
+            "--collective-timeout",
+            str(HANG_TIMEOUT_S),
+        ]
+    if fault.kind == "leak":
+        return ["--leak-rank", str(fault.ranks[0]), "--leak-mb", "2"]
+    return ["--watch-every", str(WATCH_EVERY)]
+
+
+def seen_of(doc: dict[str, Any] | None, error: str) -> Seen:
+    if doc is None:
+        return Seen(verdict="error", error=error or "no report")
+    hang = doc.get("hang") or {}
+    flags = (doc.get("watch") or {}).get("flags") or []
+    return Seen(
+        verdict=doc["verdict"],
+        stragglers={s["rank"]: s["phase"] for s in doc["stragglers"]},
+        watch_flags=[(int(f["step"]), int(f["rank"])) for f in flags],
+        hang_missing=hang.get("missing_ranks"),
+        hang_step=hang.get("step"),
+        leak_ranks=sorted({f["rank"] for f in doc.get("memory_findings", []) if f["kind"] == "growth"}),
+    )
+
+
+def run_case(cfg: JobConfig, fault: Fault, clean_ms: float, work: Path, name: str) -> dict[str, Any]:
+    """One job with `fault`, collected and scored; its row for the campaign's JSON."""
+    args = [*BASE, *fault_args(fault, clean_ms)]
+    if fault.kind == "leak":  # the memory rule reads the step logs' RSS over many steps
+        args = ["--steps", "40", "--warmup-steps", "5", "--batch-size", "16", "--wait", "1", "--warmup", "1"]
+        args += ["--active", "2", *fault_args(fault, clean_ms)]
+    code, tail = launch(cfg, args, work, name)
+    run_dir = work / name
+    doc, error = collect(run_dir) if run_dir.exists() else (None, "no run folder")
+    if code != 0 and fault.kind != "hang" and not error:
+        error = f"job exited {code}: {tail.strip().splitlines()[-1] if tail.strip() else ''}"
+        doc = None
+    kind = {"sleep": "straggler", "compute": "straggler"}.get(fault.kind, fault.kind)
+    truth = Truth(
+        kind=kind,
+        ranks=list(fault.ranks),
+        phase=fault.phase if kind == "straggler" else None,
+        cost_share=round(fault.size / fault.every, 4) if kind == "straggler" else 0.0,
+        step=fault.hang_step,
+    )
+    seen = seen_of(doc, error)
+    onset = ONSET_STEP if kind == "straggler" else None
+    row = case_row(
+        {"campaign": "real", "config": asdict(cfg), "label": cfg.label(), "fault": asdict(fault), "run": name}
+        | {"clean_step_ms": round(clean_ms, 3), "watch_every": WATCH_EVERY if kind in ("straggler", "clean") else 0},
+        truth,
+        seen,
+        score(truth, seen, onset_step=onset),
+    )
+    if not error:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return row
+
+
+def run_clean(cfg: JobConfig, work: Path, name: str) -> tuple[dict[str, Any], float | None]:
+    """The configuration's clean run: its row, and its clean step (None when the job failed)."""
+    code, tail = launch(cfg, [*BASE, *fault_args(Fault(kind="clean"), 0.0)], work, name)
+    run_dir = work / name
+    doc, error = collect(run_dir) if code == 0 else (None, f"job exited {code}: {tail.strip()[-300:]}")
+    clean_ms = clean_step_ms(run_dir) if code == 0 else None
+    truth = Truth(kind="clean")
+    seen = seen_of(doc, error)
+    row = case_row(
+        {
+            "campaign": "real",
+            "config": asdict(cfg),
+            "label": cfg.label(),
+            "fault": asdict(Fault(kind="clean")),
+            "run": name,
+        }
+        | {"clean_step_ms": round(clean_ms or 0.0, 3), "watch_every": WATCH_EVERY},
+        truth,
+        seen,
+        score(truth, seen),
+    )
+    if not error:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return row, clean_ms

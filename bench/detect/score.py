@@ -1,0 +1,141 @@
+"""Scoring a straggler detector against injected ground truth: one case's outcome, and the
+campaign's summary. Shared by the real-run campaign (detect/real.py) and the generated one
+(detect/sim.py); pure functions over plain values.
+
+Definitions (bench/detection.py's docstring says how each campaign sets the truth):
+- a case's *cost* is the time the injection adds to the job's step, per step, on average over
+  the analysed steps; it is *material* when the cost is at least MATERIAL_SHARE of the clean step
+  (recall counts those; smaller ones are reported apart, as "below material");
+- *found*: the collector's verdict is straggler and it names at least one injected rank;
+- *rank right*: found, and every rank it names was injected (no innocent rank named);
+- *phase right*: rank right, and each named injected rank's phase is the injected phase;
+- *false alarm*: a clean case (nothing injected) with a straggler verdict.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Recall counts the stragglers a user must be told about: a rank that costs the job a tenth of
+# its step is worth an investigation (the issue's definition of material); below that a miss is
+# reported but not counted against recall.
+MATERIAL_SHARE = 0.10
+
+
+@dataclass(kw_only=True)
+class Truth:
+    """What was injected."""
+
+    kind: str  # "clean", "straggler", "hang" or "leak"
+    ranks: list[int] = field(default_factory=list)  # the injected ranks
+    phase: str | None = None  # the slowed phase (stragglers)
+    cost_share: float = 0.0  # the injection's cost per step / the clean step (stragglers)
+    step: int | None = None  # the hang's step
+
+
+@dataclass(kw_only=True)
+class Seen:
+    """What the collector (and the live watch) said."""
+
+    verdict: str
+    stragglers: dict[int, str | None] = field(default_factory=dict)  # rank -> its phase
+    watch_flags: list[tuple[int, int]] = field(default_factory=list)  # (step, rank), in order
+    hang_missing: list[int] | None = None
+    hang_step: int | None = None
+    leak_ranks: list[int] = field(default_factory=list)
+    error: str | None = None  # the job or the collector failed: the case counts as missed
+
+
+@dataclass(kw_only=True)
+class Outcome:
+    material: bool
+    found: bool
+    rank_right: bool
+    phase_right: bool
+    false_alarm: bool
+    watch_false_alarm: bool  # a clean case the live watch flagged
+    watch_latency_steps: int | None  # steps from the onset to the watch's first flag of an injected rank
+    hang_right: bool | None
+    leak_right: bool | None
+
+
+def score(truth: Truth, seen: Seen, *, onset_step: int | None = None) -> Outcome:
+    """One case: the definitions in the module docstring."""
+    named = set(seen.stragglers)
+    injected = set(truth.ranks)
+    found = truth.kind == "straggler" and seen.verdict == "straggler" and bool(named & injected)
+    rank_right = found and named <= injected
+    phase_right = rank_right and all(seen.stragglers[r] == truth.phase for r in named)
+    latency = None
+    if truth.kind == "straggler" and onset_step is not None:
+        latency = next((max(step - onset_step, 0) for step, r in seen.watch_flags if r in injected), None)
+    hang_right = None
+    if truth.kind == "hang":
+        hang_right = seen.verdict == "hang" and seen.hang_missing == truth.ranks and seen.hang_step == truth.step
+    leak_right = None
+    if truth.kind == "leak":
+        leak_right = seen.leak_ranks == truth.ranks
+    return Outcome(
+        material=truth.kind == "straggler" and truth.cost_share >= MATERIAL_SHARE,
+        found=found,
+        rank_right=rank_right,
+        phase_right=phase_right,
+        false_alarm=truth.kind == "clean" and seen.verdict == "straggler",
+        watch_false_alarm=truth.kind == "clean" and bool(seen.watch_flags),
+        watch_latency_steps=latency,
+        hang_right=hang_right,
+        leak_right=leak_right,
+    )
+
+
+def _share(hits: int, n: int) -> float | None:
+    return round(hits / n, 4) if n else None
+
+
+def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """The campaign's figures over case rows ({"truth": ..., "outcome": ...}, as `case_row` makes):
+    1. recall = found / material straggler cases; below_material_recall the same below MATERIAL_SHARE;
+    2. rank_right, phase_right = shares of the found material cases;
+    3. false_alarms = clean cases with a straggler verdict (a count), over clean_runs;
+    4. watch_latency_steps_median over the cases the watch flagged; watch_missed, the material
+       cases it ran in and did not flag; watch_false_alarms, clean cases it flagged;
+    5. hang_right, leak_right = shares of those cases right;
+    6. errors = cases whose job or collector failed (counted as misses above)."""
+    outs = [c["outcome"] for c in cases]
+    material = [o for o in outs if o["material"]]
+    small = [o for c, o in zip(cases, outs) if c["truth"]["kind"] == "straggler" and not o["material"]]
+    found = [o for o in material if o["found"]]
+    clean = [c for c in cases if c["truth"]["kind"] == "clean"]
+    latencies = [o["watch_latency_steps"] for o in outs if o["watch_latency_steps"] is not None]
+    watched = [
+        c for c in cases if c.get("watch_every") and c["truth"]["kind"] == "straggler" and c["outcome"]["material"]
+    ]
+    hangs = [o["hang_right"] for o in outs if o["hang_right"] is not None]
+    leaks = [o["leak_right"] for o in outs if o["leak_right"] is not None]
+    return {
+        "recall": _share(len(found), len(material)),
+        "material_cases": len(material),
+        "below_material_recall": _share(sum(o["found"] for o in small), len(small)),
+        "below_material_cases": len(small),
+        "false_alarms": sum(o["false_alarm"] for o in outs),
+        "clean_runs": len(clean),
+        "rank_right": _share(sum(o["rank_right"] for o in found), len(found)),
+        "phase_right": _share(sum(o["phase_right"] for o in found), len(found)),
+        "watch_latency_steps_median": statistics.median(latencies) if latencies else None,
+        "watch_missed": sum(1 for c in watched if c["outcome"]["watch_latency_steps"] is None),
+        "watch_false_alarms": sum(o["watch_false_alarm"] for o in outs),
+        "hang_right": _share(sum(hangs), len(hangs)),
+        "hang_cases": len(hangs),
+        "leak_right": _share(sum(leaks), len(leaks)),
+        "leak_cases": len(leaks),
+        "errors": sum(1 for c in cases if c.get("error")),
+    }
+
+
+def case_row(case: dict[str, Any], truth: Truth, seen: Seen, outcome: Outcome) -> dict[str, Any]:
+    """One case as the JSON file holds it: its parameters, the truth, what was seen, the outcome."""
+    seen_row = asdict(seen)
+    seen_row["stragglers"] = {str(r): p for r, p in seen.stragglers.items()}
+    return {**case, "truth": asdict(truth), "seen": seen_row, "outcome": asdict(outcome), "error": seen.error}

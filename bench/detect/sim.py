@@ -1,0 +1,207 @@
+"""The generated half of the detection campaign: GPU-shaped traces from the device-queue simulator
+(tests/devicesim.py) at 8 to 1024 ranks, with an exact ground truth, scored like the real runs.
+
+One case (`draw_case`, from one random generator):
+1. the job: `ranks` over hosts of 8, `steps` profiled steps; per step each rank runs a data phase
+   on the host, a forward and a backward phase of kernels (the all-reduce of the gradients is
+   launched once backward's last kernel is queued, on the comm stream), and an optimizer phase
+   whose kernels wait for the all-reduce (DDP's gradients are read only once reduced);
+   with `sync_each_step` the loop reads the loss (`.item()`) at the end of each step, which
+   keeps its host at most a step ahead of the device (otherwise the host runs ahead and a host
+   delay may cost the job nothing);
+2. noise: every kernel and host phase is drawn around its mean with a relative sd `jitter`
+   (0.5-3%), and each host's clock is off by up to `skew_ms` (all ranks of a host share it);
+3. the injection: none (clean), or one or two ranks whose `phase` takes `size` x the clean
+   step longer, as host time (`sleep`: a slow input pipeline, Python) or as longer kernels
+   (`compute`: a slower GPU), on every step from `onset`, or every `every`-th step;
+4. the truth: the same program simulated without the injection (the same noise draws); the
+   case's cost per step is (the end of the injected job's last all-reduce - the clean job's) /
+   steps, exact. (A delay after the last collective keeps nobody waiting; one the host hides
+   by running ahead costs nothing: both are no stragglers, whatever was injected.)
+Each case's traces are written to a scratch folder, read by the collector's own parser and
+analysed (`harness.collect.analysis.analyze`, the command's analysis), then removed.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from detect.score import Seen, Truth, case_row, score
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+
+from harness.collect.analysis import analyze  # noqa: E402
+from harness.collect.read.discover import group_ranks  # noqa: E402
+from harness.collect.read.parse import parse_trace  # noqa: E402
+
+from devicesim import Sim, write_all  # noqa: E402
+
+GEMM = "ampere_sgemm_128x64_nn"
+PHASES = ("data", "forward", "backward", "optimizer")
+GPUS_PER_HOST = 8
+# The ranks a generated job has; the small ones most often (cases per minute), 1024 for scale.
+RANK_CHOICES = (8, 8, 16, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimCase:
+    ranks: int
+    steps: int
+    data_us: float  # host time of the data phase
+    fwd_kernels: int
+    kernel_us: float  # one forward kernel; backward has twice as many of them
+    transfer_us: float  # the all-reduce's transfer
+    opt_us: float  # the optimizer's kernels, in all
+    sync_each_step: bool
+    jitter: float  # relative sd of every duration
+    skew_ms: float  # the largest clock error of a host
+    kind: str  # clean, sleep or compute
+    slow: tuple[int, ...]
+    phase: str | None
+    size: float  # the injected delay per slowed step / the clean step (estimate, see `clean_step_us`)
+    every: int
+    onset: int  # the first slowed step
+
+    def clean_step_us(self) -> float:
+        """The step's length without noise and injection when the device bounds it (an estimate
+        for sizing the delay: the truth comes from the simulation)."""
+        device = 3 * self.fwd_kernels * self.kernel_us + self.transfer_us + self.opt_us
+        host = self.data_us + (3 * self.fwd_kernels + 4) * 5.0
+        return max(device, host) if not self.sync_each_step else device + self.data_us
+
+    def slowed(self, rank: int, phase: str, step: int) -> bool:
+        return (
+            self.kind != "clean"
+            and rank in self.slow
+            and phase == self.phase
+            and step >= self.onset
+            and (step - self.onset) % self.every == 0
+        )
+
+
+def draw_case(rng: random.Random, ranks: int | None = None) -> SimCase:
+    """One case's parameters (module docstring); a fifth of the cases are clean."""
+    n = ranks or rng.choice(RANK_CHOICES)
+    steps = 8
+    kind = "clean" if rng.random() < 0.2 else rng.choice(("sleep", "compute"))
+    slow: tuple[int, ...] = ()
+    if kind != "clean":
+        slow = tuple(sorted(rng.sample(range(n), 2 if rng.random() < 0.25 else 1)))
+    every = 1 if rng.random() < 0.6 else rng.choice((2, 3))
+    return SimCase(
+        ranks=n,
+        steps=steps,
+        data_us=rng.uniform(300.0, 3000.0),
+        fwd_kernels=rng.randint(3, 6),
+        kernel_us=rng.uniform(300.0, 1500.0),
+        transfer_us=rng.uniform(200.0, 2000.0),
+        opt_us=rng.uniform(200.0, 1000.0),
+        sync_each_step=rng.random() < 0.7,
+        jitter=rng.uniform(0.005, 0.03),
+        skew_ms=rng.choice((0.0, 0.5, 2.0, 5.0)),
+        kind=kind,
+        slow=slow,
+        phase=rng.choice(PHASES) if kind != "clean" else None,
+        size=rng.uniform(0.05, 1.0) if kind != "clean" else 0.0,
+        every=every,
+        onset=rng.randint(1, 3),
+    )
+
+
+def simulate(case: SimCase, noise_seed: int, inject: bool) -> tuple[Sim, float]:
+    """The case's job (module docstring, 1-3); (the simulator run, the end of its last all-reduce)."""
+    rng = random.Random(noise_seed)
+    sim = Sim(world_size=case.ranks)
+    delay_us = case.size * case.clean_step_us()
+
+    def noisy(us: float) -> float:
+        return max(us * rng.gauss(1.0, case.jitter), 1.0)
+
+    for r in range(case.ranks):
+        h = sim.rank(r)
+        for n in range(1, case.steps + 1):
+            extra = {p: inject and case.slowed(r, p, n) for p in PHASES}
+            slow_kernels = {p: delay_us if extra[p] and case.kind == "compute" else 0.0 for p in PHASES}
+            with h.step(n):
+                with h.range("data"):
+                    h.cpu(noisy(case.data_us), "aten::copy_")
+                    if extra["data"] and case.kind == "sleep":
+                        h.sleep(delay_us)
+                    if slow_kernels["data"]:  # a GPU-side input transform, slowed
+                        h.launch("void at::native::vectorized_elementwise_kernel", slow_kernels["data"])
+                last = reduced = None
+                for phase, count in (("forward", case.fwd_kernels), ("backward", 2 * case.fwd_kernels)):
+                    with h.range(phase):
+                        for _ in range(count):
+                            stretch = slow_kernels[phase] / count
+                            last = h.launch(GEMM, noisy(case.kernel_us) + stretch)
+                        if extra[phase] and case.kind == "sleep":
+                            h.sleep(delay_us)
+                        if phase == "backward":
+                            reduced = h.collective("allreduce", case.transfer_us, after=last)
+                with h.range("optimizer"):
+                    # the optimizer reads the reduced gradients: its stream waits for the all-reduce
+                    h.launch(
+                        "void at::native::multi_tensor_apply_kernel",
+                        noisy(case.opt_us) + slow_kernels["optimizer"],
+                        after=reduced,
+                    )
+                    if extra["optimizer"] and case.kind == "sleep":
+                        h.sleep(delay_us)
+                if case.sync_each_step:
+                    h.item()
+        h.sync(kind="device")
+    sim.run()
+    # the last all-reduce ends on every rank at once: what any rank did after it kept nobody waiting
+    end = max(op.end_us for t in sim.truth() for op in t.ops if "AllReduce" in op.name)
+    return sim, end
+
+
+def documents(case: SimCase, sim: Sim, skew_seed: int) -> list[dict[str, Any]]:
+    """The simulated documents with one host name and one clock error per host."""
+    rng = random.Random(skew_seed)
+    hosts = -(-case.ranks // GPUS_PER_HOST)
+    skew_us = [rng.uniform(-case.skew_ms, case.skew_ms) * 1e3 if h else 0.0 for h in range(hosts)]
+    docs = []
+    for r, doc in enumerate(sim.run()):
+        h = r // GPUS_PER_HOST
+        shift = skew_us[h]
+        events = doc["traceEvents"]
+        if shift:
+            events = [dict(e, ts=e["ts"] + shift) if isinstance(e.get("ts"), (int, float)) else e for e in events]
+        docs.append({**doc, "traceEvents": events, "host_name": f"node{h:03d}"})
+    return docs
+
+
+def run_case(case: SimCase, seed: int, scratch: Path) -> dict[str, Any]:
+    """Simulate, analyse and score one case; its row for the campaign's JSON."""
+    clean, clean_end = simulate(case, seed, inject=False)
+    sim, end = (clean, clean_end) if case.kind == "clean" else simulate(case, seed, inject=True)
+    clean_step = clean_end / case.steps
+    truth = Truth(
+        kind="clean" if case.kind == "clean" else "straggler",
+        ranks=list(case.slow),
+        phase=case.phase,
+        cost_share=round((end - clean_end) / case.steps / clean_step, 4),
+    )
+    folder = Path(tempfile.mkdtemp(prefix="case-", dir=scratch))
+    try:
+        paths = write_all(documents(case, sim, seed + 1), folder, "rank{rank}.pt.trace.json")
+        a = analyze(group_ranks([parse_trace(p) for p in paths]))
+        seen = Seen(
+            verdict=a.stragglers.verdict,
+            stragglers={s.rank: s.phase for s in a.stragglers.stragglers},
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in case.__dict__.items()}
+    params["seed"] = seed
+    params["clean_step_ms"] = round(clean_step / 1e3, 3)
+    return case_row({"campaign": "generated", **params}, truth, seen, score(truth, seen))

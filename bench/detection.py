@@ -1,0 +1,195 @@
+"""Detection you can quote: a fault-injection campaign that measures the straggler rules' recall,
+false alarms, rank and phase localisation, the live watch's latency, and the hang and leak reports.
+
+    python bench/detection.py --seed 7 --runs 40 --json detection.json        # ~15 min on 2 cores
+    python bench/detection.py --seed 7 --runs 0 --generated 2000              # generated traces only
+    python bench/detection.py --seed 7 --runs 0 --generated 20 --generated-ranks 1024
+    python bench/detection.py --smoke                                         # 1 real + 1 generated case
+
+Two campaigns, scored alike (detect/score.py):
+- real (detect/real.py): `--runs` torchrun jobs of the lab on this machine (CPU, gloo), each
+  configuration's clean run first (a false-alarm case that sizes the injections), then drawn
+  faults: stragglers (sleep or compute, any phase, 5-100% of the clean step, persistent or every
+  k-th step, mid-run onset, one or two ranks), hangs and leaks; about one configuration in five
+  is two torchrun agents on loopback with a host name each;
+- generated (detect/sim.py): `--generated` GPU-shaped jobs from the device-queue simulator at
+  8 to 1024 ranks (`--generated-ranks` fixes the count), with per-kernel jitter and per-host clock
+  skew, whose truth is exact (each case simulated with and without its injection).
+Everything is drawn from `--seed`: the same seed gives the same cases.
+
+Output: a table per case kind and the summary on stdout; with `--json FILE`, `{recall,
+false_alarms, clean_runs, rank_right, phase_right, watch_latency_steps_median, hang_right,
+leak_right, ..., cases: [...]}` over the real runs and the same keys under "generated".
+Figures and their command: bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from detect import real
+from detect import sim as gen
+from detect.score import MATERIAL_SHARE, summarize
+
+# One configuration in this many is two torchrun agents with a host name each.
+TWO_HOST_EVERY = 5
+# Injected cases per configuration after its clean run (a new configuration's clean run costs a
+# job too; a few cases share it).
+CASES_PER_CONFIG = 4
+
+
+def real_campaign(seed: int, runs: int, work: Path, say: Any) -> list[dict[str, Any]]:
+    """`runs` real jobs: per configuration its clean run, then up to CASES_PER_CONFIG faults."""
+    rng = random.Random(seed)
+    rows: list[dict[str, Any]] = []
+    n_cfg = 0
+    while len(rows) < runs:
+        cfg = real.draw_config(rng, two_hosts=n_cfg % TWO_HOST_EVERY == TWO_HOST_EVERY - 1)
+        n_cfg += 1
+        row, clean_ms = real.run_clean(cfg, work, f"c{n_cfg:03d}-clean")
+        rows.append(row)
+        say(_line(row))
+        if clean_ms is None:
+            continue
+        for k in range(min(CASES_PER_CONFIG, runs - len(rows))):
+            fault = real.draw_fault(rng, cfg)
+            row = real.run_case(cfg, fault, clean_ms, work, f"c{n_cfg:03d}-{k}-{fault.kind}")
+            rows.append(row)
+            say(_line(row))
+    return rows
+
+
+def generated_campaign(seed: int, n: int, ranks: int | None, work: Path, say: Any) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        case = gen.draw_case(rng, ranks)
+        rows.append(gen.run_case(case, seed * 100_003 + i, work))
+        if ranks and ranks >= 256:
+            say(_line(rows[-1]))
+    return rows
+
+
+def _line(row: dict[str, Any]) -> str:
+    t, o, s = row["truth"], row["outcome"], row["seen"]
+    what = row.get("label") or f"{row['ranks']} ranks"
+    if t["kind"] == "straggler":
+        truth = f"{t['kind']} {t['ranks']} {t['phase']} cost {t['cost_share']:.0%}"
+    else:
+        truth = f"{t['kind']} {t['ranks'] or ''}".strip()
+    mark = "ok" if _right(row) else "MISS"
+    got = row["error"] or f"{s['verdict']} {s['stragglers'] or ''}".strip()
+    return f"  {mark:4} {what:24} {truth:44} -> {got}" + (
+        f" (watch +{o['watch_latency_steps']} steps)" if o["watch_latency_steps"] is not None else ""
+    )
+
+
+def _right(row: dict[str, Any]) -> bool:
+    t, o = row["truth"], row["outcome"]
+    if t["kind"] == "clean":
+        return not o["false_alarm"] and not row["error"]
+    if t["kind"] == "hang":
+        return bool(o["hang_right"])
+    if t["kind"] == "leak":
+        return bool(o["leak_right"])
+    return o["phase_right"] if o["material"] else not (o["found"] and not o["rank_right"])
+
+
+def case_kind(row: dict[str, Any]) -> str:
+    t = row["truth"]
+    if t["kind"] != "straggler":
+        return t["kind"]
+    kind = row.get("fault", {}).get("kind") or row.get("kind")
+    every = row.get("fault", {}).get("every") or row.get("every")
+    size = "material" if row["outcome"]["material"] else "below material"
+    return f"straggler {kind}, {'persistent' if every == 1 else 'intermittent'}, {size}"
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per case kind: cases, and of them found / rank right / phase right / right."""
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_kind[case_kind(r)].append(r)
+    out = [f"  {'case kind':52} {'cases':>5} {'found':>6} {'rank':>6} {'phase':>6} {'right':>6}"]
+    for kind in sorted(by_kind):
+        group = by_kind[kind]
+        found = sum(r["outcome"]["found"] for r in group)
+        out.append(
+            f"  {kind:52} {len(group):5d} {found:6d} {sum(r['outcome']['rank_right'] for r in group):6d} "
+            f"{sum(r['outcome']['phase_right'] for r in group):6d} {sum(_right(r) for r in group):6d}"
+        )
+    return out
+
+
+def summary_lines(name: str, s: dict[str, Any]) -> list[str]:
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.1%}"
+
+    return [
+        f"{name}: recall {pct(s['recall'])} of {s['material_cases']} material stragglers (cost >= "
+        f"{MATERIAL_SHARE:.0%} of the clean step); below that {pct(s['below_material_recall'])} of "
+        f"{s['below_material_cases']}",
+        f"{name}: false alarms {s['false_alarms']} of {s['clean_runs']} clean runs; rank right "
+        f"{pct(s['rank_right'])}, phase right {pct(s['phase_right'])} of the found",
+        f"{name}: watch latency median {s['watch_latency_steps_median']} steps after onset "
+        f"(missed {s['watch_missed']}, false alarms {s['watch_false_alarms']}); hangs right "
+        f"{pct(s['hang_right'])} of {s['hang_cases']}, leaks right {pct(s['leak_right'])} of {s['leak_cases']}; "
+        f"errors {s['errors']}",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seed", type=int, default=1, help="draws every case (default 1)")
+    p.add_argument("--runs", type=int, default=40, help="real torchrun jobs (default 40, ~15 min on 2 cores)")
+    p.add_argument("--generated", type=int, default=1000, help="generated GPU-shaped cases (default 1000)")
+    p.add_argument("--generated-ranks", type=int, default=None, help="every generated case's ranks (default: drawn)")
+    p.add_argument("--json", type=Path, default=None, help="write the figures and every case here")
+    p.add_argument("--work", type=Path, default=None, help="where the jobs write (default: a temporary folder)")
+    p.add_argument("--smoke", action="store_true", help="one real and one generated case (CI)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no line per real case")
+    args = p.parse_args(argv)
+    for name in ("runs", "generated"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name} must be >= 0")
+    if args.generated_ranks is not None and args.generated_ranks < 2:
+        p.error("--generated-ranks must be >= 2")
+    runs, generated = (1, 1) if args.smoke else (args.runs, args.generated)
+    say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+    work = args.work or Path(tempfile.mkdtemp(prefix="detection-"))
+    work.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"seed": args.seed}
+    t0 = time.perf_counter()
+    real_rows = real_campaign(args.seed, runs, work, say) if runs else []
+    real_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    gen_rows = generated_campaign(args.seed, generated, args.generated_ranks, work, say) if generated else []
+    gen_s = time.perf_counter() - t0
+    if real_rows:
+        print(f"real runs ({len(real_rows)} cases, {real_s:.0f} s):")
+        print("\n".join(table(real_rows)))
+        result.update(summarize(real_rows), seconds=round(real_s, 1), cases=real_rows)
+        print("\n".join(summary_lines("real", result)))
+    if gen_rows:
+        ranks = sorted({r["ranks"] for r in gen_rows})
+        print(f"generated ({len(gen_rows)} cases at {ranks[0]}-{ranks[-1]} ranks, {gen_s:.0f} s):")
+        print("\n".join(table(gen_rows)))
+        g = summarize(gen_rows)
+        result["generated"] = {**g, "seconds": round(gen_s, 1), "ranks": ranks, "cases": gen_rows}
+        print("\n".join(summary_lines("generated", g)))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+        print(f"json: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
