@@ -219,6 +219,9 @@ def seen_of(doc: dict[str, Any] | None, error: str) -> Seen:
         hang_missing=hang.get("missing_ranks"),
         hang_step=hang.get("step"),
         leak_ranks=sorted({f["rank"] for f in doc.get("memory_findings", []) if f["kind"] == "growth"}),
+        late_ms={r["rank"]: r["late_ms"] for r in doc.get("ranks", [])},
+        threshold_ms=doc.get("threshold_ms"),
+        step_ms=(doc.get("run") or {}).get("median_step_ms"),
     )
 
 
@@ -240,7 +243,8 @@ def run_case(cfg: JobConfig, fault: Fault, clean_ms: float, work: Path, name: st
         ranks=list(fault.ranks),
         phase=fault.phase if kind == "straggler" else None,
         cost_share=round(fault.size / fault.every, 4) if kind == "straggler" else 0.0,
-        step=fault.hang_step,
+        # the collective it never enters: its step's, or after the optimizer the next step's first
+        step=None if fault.hang_step is None else fault.hang_step + (fault.phase == "optimizer"),
     )
     seen = seen_of(doc, error)
     onset = ONSET_STEP if kind == "straggler" else None

@@ -46,6 +46,9 @@ class Seen:
     hang_step: int | None = None
     leak_ranks: list[int] = field(default_factory=list)
     error: str | None = None  # the job or the collector failed: the case counts as missed
+    late_ms: dict[int, float] = field(default_factory=dict)  # each rank's lateness per step (what the rule reads)
+    threshold_ms: float | None = None  # the bound it must exceed
+    step_ms: float | None = None  # the median step
 
 
 @dataclass(kw_only=True)
@@ -138,4 +141,5 @@ def case_row(case: dict[str, Any], truth: Truth, seen: Seen, outcome: Outcome) -
     """One case as the JSON file holds it: its parameters, the truth, what was seen, the outcome."""
     seen_row = asdict(seen)
     seen_row["stragglers"] = {str(r): p for r, p in seen.stragglers.items()}
+    seen_row["late_ms"] = {str(r): round(v, 3) for r, v in seen.late_ms.items()}
     return {**case, "truth": asdict(truth), "seen": seen_row, "outcome": asdict(outcome), "error": seen.error}

@@ -198,6 +198,8 @@ def run_case(case: SimCase, seed: int, scratch: Path) -> dict[str, Any]:
         seen = Seen(
             verdict=a.stragglers.verdict,
             stragglers={s.rank: s.phase for s in a.stragglers.stragglers},
+            late_ms={r.rank: r.late_ms for r in a.stragglers.ranks if r.rank in case.slow or r.straggler},
+            threshold_ms=a.stragglers.threshold_ms,
         )
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rel-lag",
         type=float,
         default=th.rel_lag,
-        help="straggler: least cost per step as a share of the median step (GPU traces)",
+        help="straggler: least lateness per step as a share of the clean step (the punctual ranks' own work; GPU)",
     )
     p.add_argument(
         "--rel-lag-cpu",
