@@ -46,7 +46,7 @@ class Thresholds:
     # CPU traces: ranks share host cores, gloo threads and the launcher, so a healthy rank can
     # trail its peers by a quarter of a step, the same rank step after step (measured on 2 cores
     # over 6-8 steps: up to 23% on the baseline, 25.5% on the comm workload, where gloo's threads
-    # compete with backward; 22-26% of the clean step in the clean runs of 2026-11-25).
+    # compete with backward). A share of the whole step, waits included (`analyze_stragglers`).
     rel_lag_cpu: float = 0.35
     noise_factor: float = 3.0  # ... this many times the collectives' end scatter (clock noise) ...
     jitter_factor: float = 3.0  # ... this many times the run's step-to-step jitter ...
@@ -150,8 +150,8 @@ def straggler_bounds(
     2. clock_noise = noise_factor x the clocks' noise (0 where no clocks are compared);
     3. jitter = jitter_factor x the run's step-to-step jitter (`run_jitter_ms`);
     4. relative = rel_lag x `median_step_ms` (rel_lag_cpu when every rank ran on CPU): the
-       collector gives the clean step, the punctual ranks' own work per step (`analyze_stragglers`),
-       the watch the median rank's mean step;
+       collector gives the clean step on GPU, the punctual ranks' own work per step, and the
+       median rank's mean step on CPU (`analyze_stragglers`), the watch the median rank's mean step;
     5. on 3+ ranks, outlier = the median of the lower half of the ranks' late_ms + mad_factor x
        that half's median absolute deviation: up to half of the ranks can straggle and still
        stand out.
@@ -347,7 +347,11 @@ def analyze_stragglers(
        device's timeline, `step_span_ms`, its ProfilerSteps where not given, less its waiting
        for later peers) the run's jitter (`run_jitter_ms`) and the clean step the relative bound
        is a share of: the punctual ranks' (the lower quartile of the ranks' means, as
-       `punctual_arrival` takes arrivals). A host that runs ahead of its GPU only launches in its
+       `punctual_arrival` takes arrivals); on CPU-only traces the median rank's whole step, since
+       ranks there time-share the host's cores all step long, a waiting rank's gloo threads
+       included, and a healthy rank trails by a share of that (a 4-rank comm run on 2 cores:
+       every rank 28-37% of the clean step behind the earliest, 22-30% of the whole step). A host
+       that runs ahead of its GPU only launches in its
        ProfilerStep, and the lateness at collectives is in the device's time; a straggler
        lengthens every rank's step by what it costs, so a bound over the whole step grew with the
        very lateness it judges (a straggler costing c of the clean step is late by c / (1 + c) of
@@ -413,11 +417,13 @@ def analyze_stragglers(
         for r in ranks
     }
     timed = sorted(statistics.mean(v) for v in own_ms.values() if v)
+    cpu = all(t.device == "cpu" for t in traces)
+    if cpu:  # ranks time-share the host's cores the whole step long, waits included: the step is the noise's scale
+        timed = [statistics.median([statistics.mean(v) for v in spans_ms.values() if v])] if timed else []
     spreads = [o.spread_us for o in offsets.values() if o.samples and o.rank != min(ranks)]
     noise_us = statistics.median(spreads) if spreads else 0.0
     cost_ms = {r: sum(c.get(r, 0.0) for c in step_cost.values()) / 1e3 / n_steps if n_steps else 0.0 for r in ranks}
     late_ms = {r: sum(c.get(r, 0.0) for c in step_late.values()) / 1e3 / n_steps if n_steps else 0.0 for r in ranks}
-    cpu = all(t.device == "cpu" for t in traces)
     bounds = straggler_bounds(
         late_ms,
         median_step_ms=timed[punctual_index(len(timed))] if timed else 0.0,
