@@ -229,3 +229,54 @@ def test_a_straggler_slow_on_its_host_is_not_blamed_on_its_syncs(tmp_path: Path)
     [s] = a.stragglers.stragglers
     assert s.rank == 1 and s.syncs == {} and "its syncs made it late" not in d[1].reason
     assert d[1].evidence["sync_cost_ms_by_caller"]["item"] == pytest.approx(1.5, abs=0.05)
+
+
+def phased_job(slow_us: dict[int, float], steps: int = 6) -> Sim:
+    """Two ranks, no sync in the loop (the host runs ahead of its GPU). Per step: data (200 us of
+    host work), forward (three 1000 us GEMMs), backward (three 1000 us GEMMs, then the all-reduce,
+    300 us, once the last is done), optimizer (a 200 us kernel waiting for the all-reduce). Rank 1's
+    forward GEMMs are longer by slow_us[step] / 3 each in the steps named: a slower GPU."""
+    sim = Sim(world_size=2)
+    for r in range(2):
+        h = sim.rank(r)
+        for n in range(1, steps + 1):
+            extra = slow_us.get(n, 0.0) / 3 if r == 1 else 0.0
+            with h.step(n):
+                with h.range("data"):
+                    h.cpu(200.0, "aten::copy_")
+                with h.range("forward"):
+                    for _ in range(3):
+                        h.launch(GEMM, 1000.0 + extra)
+                with h.range("backward"):
+                    last = None
+                    for _ in range(3):
+                        last = h.launch(GEMM, 1000.0)
+                    reduced = h.collective("allreduce", 300.0, after=last)
+                with h.range("optimizer"):
+                    h.launch("void at::native::multi_tensor_apply_kernel", 200.0, after=reduced)
+        h.sync(kind="device")
+    return sim
+
+
+def test_a_slower_gpus_phase_is_the_phase_that_launched_its_kernels(tmp_path: Path) -> None:
+    # Rank 1's forward kernels take 1500 us more a step. Its host ran ahead: at the device's
+    # times the host was steps further, so its ranges then said nothing ("outside its ranges").
+    # The kernels' launches were in forward: 1.5 ms a step of forward over rank 0's.
+    a = analysed(tmp_path, phased_job({n: 1500.0 for n in range(1, 7)}))
+    [s] = a.stragglers.stragglers
+    assert (s.rank, s.phase, s.pattern) == (1, "forward", "persistent")
+    assert s.phase_excess_ms == pytest.approx(1.5, rel=0.01)
+    # the device's step is ~6.7 ms, the host's ProfilerStep a few launches: lateness is not capped by the latter
+    assert s.late_ms == pytest.approx(1.5, rel=0.01)
+
+
+def test_an_intermittent_straggler_does_not_set_its_own_bound(tmp_path: Path) -> None:
+    # Rank 1 is 3 ms slow every other step: 1.5 ms a step on average, 22% of the ~6.7 ms clean
+    # step. The swing of its own work (a MAD of 1.5 ms) and the waiting it gives rank 0 stay out
+    # of the jitter: rank 0's own work does not vary, so the jitter is 0 and 8% of the clean step bounds it.
+    a = analysed(tmp_path, phased_job({n: 3000.0 for n in range(1, 9, 2)}, steps=8))
+    res = a.stragglers
+    [s] = res.stragglers
+    assert (s.rank, s.phase, s.pattern) == (1, "forward", "intermittent")
+    assert res.bounds_ms["jitter"] == pytest.approx(0.0, abs=1e-6)
+    assert s.late_ms == pytest.approx(1.5, rel=0.05)

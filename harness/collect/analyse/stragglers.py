@@ -350,12 +350,11 @@ def analyze_stragglers(
        `punctual_arrival` takes arrivals); on CPU-only traces the median rank's whole step, since
        ranks there time-share the host's cores all step long, a waiting rank's gloo threads
        included, and a healthy rank trails by a share of that (a 4-rank comm run on 2 cores:
-       every rank 28-37% of the clean step behind the earliest, 22-30% of the whole step). A host
-       that runs ahead of its GPU only launches in its
-       ProfilerStep, and the lateness at collectives is in the device's time; a straggler
-       lengthens every rank's step by what it costs, so a bound over the whole step grew with the
-       very lateness it judges (a straggler costing c of the clean step is late by c / (1 + c) of
-       the step it makes);
+       every rank 28-37% of the clean step behind the earliest, 22-30% of the whole step). A
+       host that runs ahead of its GPU only launches in its ProfilerStep, and the lateness at
+       collectives is in the device's time; a straggler lengthens every rank's step by what it
+       costs, so a bound over the whole step grew with the very lateness it judges (a straggler
+       costing c of the clean step is late by c / (1 + c) of the step it makes);
     6. a straggler's late_ms exceeds the bound; any number of ranks can be stragglers;
     7. late_fraction = share of its collectives where its lateness exceeds noise_factor x the
        clock noise (any lateness on exact clocks); steps_late = steps whose lateness exceeds

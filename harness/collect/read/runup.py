@@ -135,9 +135,10 @@ class _PhaseRunUps:
         a, b = np.searchsorted(self.start, [lo - self.longest_us, hi], side="left")
         keep = self.stop[a:b] > lo
         x, y = np.maximum(self.start[a:b][keep], lo), np.minimum(self.stop[a:b][keep], hi)
-        for k, t in zip(self.phase[a:b][keep].tolist(), (y - x).tolist()):
+        totals = np.bincount(self.phase[a:b][keep], weights=y - x, minlength=len(self.names))
+        for k in np.flatnonzero(totals).tolist():  # one per phase range in the window
             key = PHASE_PREFIX + self.names[k]
-            out[key] = out.get(key, 0.0) + t
+            out[key] = out.get(key, 0.0) + float(totals[k])
         # the idle: the window less the busy pieces, each stretch given to the host's phase then
         edges = [lo, *np.ravel(np.column_stack((busy_lo, busy_hi))).tolist(), hi]
         for i in range(0, len(edges), 2):
