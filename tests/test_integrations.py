@@ -73,6 +73,11 @@ def test_a_framework_jobs_slow_rank_is_named(framework: str, tmp_path: Path) -> 
     report = collect_report(run)
     check_report(report)
     assert [(s["rank"], s["phase"]) for s in report["stragglers"]] == [(1, "data")]
-    # the victim waits for it, in its own data phase too (HF counts tokens across ranks there):
-    # that waiting is not its own input pipeline
-    assert report["diagnosis"][0]["bottleneck"] != "data-bound", report["diagnosis"][0]["reason"]
+    victim = report["diagnosis"][0]
+    assert victim["waits_for"] and victim["waits_for"][0][0] == 1, victim
+    if framework == "hf":
+        # the victim waits for it in its own data phase too (HF counts tokens across ranks there):
+        # that waiting is not its own input pipeline. (Lightning's victim waits in backward; its
+        # own loading is about a third of its ~5 ms of own work, on either side of the data-bound
+        # rule's 30% on two shared cores: a fresh-clone CI read 39% once.)
+        assert victim["bottleneck"] != "data-bound", victim["reason"]
