@@ -54,14 +54,14 @@ def real_campaign(seed: int, runs: int, work: Path, say: Any) -> list[dict[str, 
     while len(rows) < runs:
         cfg = real.draw_config(rng, two_hosts=n_cfg % TWO_HOST_EVERY == TWO_HOST_EVERY - 1)
         n_cfg += 1
-        row, clean_ms = real.run_clean(cfg, work, f"c{n_cfg:03d}-clean")
+        row, clean_ms = real.run_case(cfg, real.Fault(kind="clean"), None, work, f"c{n_cfg:03d}-clean")
         rows.append(row)
         say(_line(row))
         if clean_ms is None:
             continue
         for k in range(min(CASES_PER_CONFIG, runs - len(rows))):
             fault = real.draw_fault(rng, cfg)
-            row = real.run_case(cfg, fault, clean_ms, work, f"c{n_cfg:03d}-{k}-{fault.kind}")
+            row, _ = real.run_case(cfg, fault, clean_ms, work, f"c{n_cfg:03d}-{k}-{fault.kind}")
             rows.append(row)
             say(_line(row))
     return rows

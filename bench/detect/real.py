@@ -18,7 +18,6 @@ CPU rank adds its own length to the phase).
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import socket
@@ -31,6 +30,10 @@ from typing import Any
 from detect.score import Seen, Truth, case_row, score
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+
+from jobs import free_port, job_env  # noqa: E402  (the tests' own: the environment every job runs in)
+
 MODES = ("baseline", "torch", "kernel", "comm", "data")
 MODE_WEIGHTS = (3, 3, 2, 2, 1)  # data's steps are ~20x the others' (its loader sleeps): drawn least
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -96,18 +99,8 @@ def draw_fault(rng: random.Random, cfg: JobConfig) -> Fault:
     )
 
 
-def job_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-
-
 def _can_unshare() -> bool:
     return subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launch(cfg: JobConfig, args: list[str], log_dir: Path, run_name: str) -> tuple[int, str]:
@@ -125,7 +118,7 @@ def launch(cfg: JobConfig, args: list[str], log_dir: Path, run_name: str) -> tup
             cwd=REPO,
         )
         return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
-    port = _free_port()
+    port = free_port()
     hosts = ["nodea", "nodeb"] if _can_unshare() else [socket.gethostname()] * 2
     procs = []
     for node_rank, host in enumerate(hosts):
@@ -167,8 +160,8 @@ def collect(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
 
 
 def clean_step_ms(run_dir: Path) -> float:
-    ranks = json.loads((run_dir / "run.json").read_text())["ranks"]
-    steps = sorted(float(r["mean_step_ms"]) for r in (ranks.values() if isinstance(ranks, dict) else ranks))
+    """The median over the ranks of run.json's mean_step_ms (the upper middle of an even count)."""
+    steps = sorted(float(r["mean_step_ms"]) for r in json.loads((run_dir / "run.json").read_text())["ranks"])
     return steps[len(steps) // 2]
 
 
@@ -225,18 +218,24 @@ def seen_of(doc: dict[str, Any] | None, error: str) -> Seen:
     )
 
 
-def run_case(cfg: JobConfig, fault: Fault, clean_ms: float, work: Path, name: str) -> dict[str, Any]:
-    """One job with `fault`, collected and scored; its row for the campaign's JSON."""
-    args = [*BASE, *fault_args(fault, clean_ms)]
+def run_case(
+    cfg: JobConfig, fault: Fault, clean_ms: float | None, work: Path, name: str
+) -> tuple[dict[str, Any], float | None]:
+    """One job with `fault` (kind "clean": none), collected and scored: its row for the
+    campaign's JSON, and for a clean job its clean step (None when the job failed; `clean_ms` is
+    then not needed, else it sizes the fault)."""
+    args = [*BASE, *fault_args(fault, clean_ms or 0.0)]
     if fault.kind == "leak":  # the memory rule reads the step logs' RSS over many steps
         args = ["--steps", "40", "--warmup-steps", "5", "--batch-size", "16", "--wait", "1", "--warmup", "1"]
-        args += ["--active", "2", *fault_args(fault, clean_ms)]
+        args += ["--active", "2", *fault_args(fault, 0.0)]
     code, tail = launch(cfg, args, work, name)
     run_dir = work / name
     doc, error = collect(run_dir) if run_dir.exists() else (None, "no run folder")
     if code != 0 and fault.kind != "hang" and not error:
         error = f"job exited {code}: {tail.strip().splitlines()[-1] if tail.strip() else ''}"
         doc = None
+    if fault.kind == "clean":
+        clean_ms = clean_step_ms(run_dir) if not error else None
     kind = {"sleep": "straggler", "compute": "straggler"}.get(fault.kind, fault.kind)
     truth = Truth(
         kind=kind,
@@ -247,39 +246,15 @@ def run_case(cfg: JobConfig, fault: Fault, clean_ms: float, work: Path, name: st
         step=None if fault.hang_step is None else fault.hang_step + (fault.phase == "optimizer"),
     )
     seen = seen_of(doc, error)
-    onset = ONSET_STEP if kind == "straggler" else None
     row = case_row(
         {"campaign": "real", "config": asdict(cfg), "label": cfg.label(), "fault": asdict(fault), "run": name}
-        | {"clean_step_ms": round(clean_ms, 3), "watch_every": WATCH_EVERY if kind in ("straggler", "clean") else 0},
+        | {
+            "clean_step_ms": round(clean_ms or 0.0, 3),
+            "watch_every": WATCH_EVERY if kind in ("straggler", "clean") else 0,
+        },
         truth,
         seen,
-        score(truth, seen, onset_step=onset),
-    )
-    if not error:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return row
-
-
-def run_clean(cfg: JobConfig, work: Path, name: str) -> tuple[dict[str, Any], float | None]:
-    """The configuration's clean run: its row, and its clean step (None when the job failed)."""
-    code, tail = launch(cfg, [*BASE, *fault_args(Fault(kind="clean"), 0.0)], work, name)
-    run_dir = work / name
-    doc, error = collect(run_dir) if code == 0 else (None, f"job exited {code}: {tail.strip()[-300:]}")
-    clean_ms = clean_step_ms(run_dir) if code == 0 else None
-    truth = Truth(kind="clean")
-    seen = seen_of(doc, error)
-    row = case_row(
-        {
-            "campaign": "real",
-            "config": asdict(cfg),
-            "label": cfg.label(),
-            "fault": asdict(Fault(kind="clean")),
-            "run": name,
-        }
-        | {"clean_step_ms": round(clean_ms or 0.0, 3), "watch_every": WATCH_EVERY},
-        truth,
-        seen,
-        score(truth, seen),
+        score(truth, seen, onset_step=ONSET_STEP if kind == "straggler" else None),
     )
     if not error:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -174,7 +174,7 @@ def analyze_aligned(
         if release:
             for s in t.steps:
                 s.cover = None
-    result = analyze_stragglers(aligned, waits, offsets, thresholds, step_span_ms)
+    result = analyze_stragglers(aligned, waits, offsets, step_span_ms, thresholds)
     if result.reason and len(aligned) > 1:
         warnings.append(f"no straggler analysis: {result.reason}")
     warnings.extend(result.notes)

@@ -326,8 +326,8 @@ def analyze_stragglers(
     traces: list[RankTrace],
     waits: list[InstanceWaits],
     offsets: dict[int, ClockOffset],
+    step_span_ms: Mapping[int, list[float]],
     th: Thresholds | None = None,
-    step_span_ms: Mapping[int, list[float]] | None = None,
 ) -> StragglerResult:
     """Who everybody waits for, on aligned clocks (`traces` already shifted by `offsets`).
 
@@ -344,17 +344,17 @@ def analyze_stragglers(
        instance without a step counts as one more step of its own);
     5. the bounds (`straggler_bounds`), with the clocks' noise = the median end scatter of
        matched collectives, and over each rank's own work per step (its step span on its
-       device's timeline, `step_span_ms`, its ProfilerSteps where not given, less its waiting
-       for later peers) the run's jitter (`run_jitter_ms`) and the clean step the relative bound
-       is a share of: the punctual ranks' (the lower quartile of the ranks' means, as
-       `punctual_arrival` takes arrivals); on CPU-only traces the median rank's whole step, since
-       ranks there time-share the host's cores all step long, a waiting rank's gloo threads
-       included, and a healthy rank trails by a share of that (a 4-rank comm run on 2 cores:
-       every rank 28-37% of the clean step behind the earliest, 22-30% of the whole step). A
-       host that runs ahead of its GPU only launches in its ProfilerStep, and the lateness at
-       collectives is in the device's time; a straggler lengthens every rank's step by what it
-       costs, so a bound over the whole step grew with the very lateness it judges (a straggler
-       costing c of the clean step is late by c / (1 + c) of the step it makes);
+       device's timeline, `step_span_ms`, less its waiting for later peers) the run's jitter
+       (`run_jitter_ms`) and the clean step the relative bound is a share of: the punctual
+       ranks' (the lower quartile of the ranks' means, as `punctual_arrival` takes arrivals);
+       on CPU-only traces the median rank's whole step, since ranks there time-share the host's
+       cores all step long, a waiting rank's gloo threads included, and a healthy rank trails
+       by a share of that (a 4-rank comm run on 2 cores: every rank 28-37% of the clean step
+       behind the earliest, 22-30% of the whole step). A host that runs ahead of its GPU only
+       launches in its ProfilerStep, and the lateness at collectives is in the device's time; a
+       straggler lengthens every rank's step by what it costs, so a bound over the whole step
+       grew with the very lateness it judges (a straggler costing c of the clean step is late
+       by c / (1 + c) of the step it makes);
     6. a straggler's late_ms exceeds the bound; any number of ranks can be stragglers;
     7. late_fraction = share of its collectives where its lateness exceeds noise_factor x the
        clock noise (any lateness on exact clocks); steps_late = steps whose lateness exceeds
@@ -386,16 +386,12 @@ def analyze_stragglers(
         lateness.append({r: max(a - mark, 0.0) for r, a in w.arrival_us.items()})
         for r in w.arrival_us:
             taken_part[r] += 1
-    spans_ms = {
-        r: list(step_span_ms[r]) if step_span_ms and r in step_span_ms else [s.dur_us / 1e3 for s in by_rank[r].steps]
-        for r in ranks
-    }
     tallies = tally_once(
         waits,
         lateness,
         marks,
         step_keys,
-        {(r, s.number): ms * 1e3 for r in ranks for s, ms in zip(by_rank[r].steps, spans_ms[r])},
+        {(r, s.number): ms * 1e3 for r in ranks for s, ms in zip(by_rank[r].steps, step_span_ms[r])},
     )
     step_late, step_wait, step_cost, step_blame = tallies.late, tallies.wait, tallies.cost, tallies.blame
     wait_total: dict[int, float] = defaultdict(float)
@@ -412,20 +408,23 @@ def analyze_stragglers(
     }
     # each rank's own work per step: its step less its waiting for later peers
     own_ms = {
-        r: [ms - step_wait.get(st.number, {}).get(r, 0.0) / 1e3 for st, ms in zip(by_rank[r].steps, spans_ms[r])]
+        r: [ms - step_wait.get(st.number, {}).get(r, 0.0) / 1e3 for st, ms in zip(by_rank[r].steps, step_span_ms[r])]
         for r in ranks
     }
-    timed = sorted(statistics.mean(v) for v in own_ms.values() if v)
     cpu = all(t.device == "cpu" for t in traces)
     if cpu:  # ranks time-share the host's cores the whole step long, waits included: the step is the noise's scale
-        timed = [statistics.median([statistics.mean(v) for v in spans_ms.values() if v])] if timed else []
+        timed = [statistics.mean(step_span_ms[r]) for r in ranks if step_span_ms[r]]
+        relative_to_ms = statistics.median(timed) if timed else 0.0
+    else:
+        timed = sorted(statistics.mean(v) for v in own_ms.values() if v)
+        relative_to_ms = timed[punctual_index(len(timed))] if timed else 0.0  # the clean step
     spreads = [o.spread_us for o in offsets.values() if o.samples and o.rank != min(ranks)]
     noise_us = statistics.median(spreads) if spreads else 0.0
     cost_ms = {r: sum(c.get(r, 0.0) for c in step_cost.values()) / 1e3 / n_steps if n_steps else 0.0 for r in ranks}
     late_ms = {r: sum(c.get(r, 0.0) for c in step_late.values()) / 1e3 / n_steps if n_steps else 0.0 for r in ranks}
     bounds = straggler_bounds(
         late_ms,
-        median_step_ms=timed[punctual_index(len(timed))] if timed else 0.0,
+        median_step_ms=relative_to_ms,
         clock_noise_ms=noise_us / 1e3,
         jitter_ms=run_jitter_ms([own_ms[r] for r in ranks]),
         cpu=cpu,
