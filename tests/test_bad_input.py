@@ -64,7 +64,7 @@ CASES: list[tuple[str, Callable[[Path], Path], int, str]] = [
             d,
         )[2],
         2,
-        "number out of range at `$.traceEvents[0]`; not readable as a trace",
+        "number out of range in an event near byte 17; not readable as a trace",
     ),
     ("truncated JSON", lambda d: (two_ranks(d), truncate(d), d)[2], 0, "not valid JSON: the file ends early"),
     ("corrupt gzip", lambda d: (two_ranks(d), corrupt_gzip(d), d)[2], 0, "corrupt or truncated gzip"),

@@ -6,7 +6,8 @@ building Python objects for it: on the 54 MB real trace in tests/data/traces, js
 dicts took 0.63 s and msgspec into these structs about 0.15 s.
 
 The events array is streamed (`_stream`: 1 MB blocks cut between events, gzip decompressed as
-it is read), and each block's events go straight into `Columns`: parallel arrays of start,
+it is read; the top-level fields in any order), in time linear in the bytes and memory bounded
+by `Limits` whatever the file holds (docs/failures.md, "What the collector refuses"), and each block's events go straight into `Columns`: parallel arrays of start,
 duration, name and thread per kind of event the analysis reads (cpu ops, kernel launches,
 kernels), names and threads as indices into one table each. An event then costs 24-36 bytes
 instead of a Python object's ~200, so a 2 GB trace fits in a few hundred MB (bench/RESULTS.md,
@@ -27,6 +28,7 @@ fit is dropped and counted, never fatal.
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import zlib
 from array import array
@@ -119,26 +121,39 @@ class Trace:
     # Where each streamed block of events lies in the (uncompressed) file, for the merged
     # trace's writer to read only the blocks it copies; empty when the file was decoded whole.
     blocks: list[Block] = field(default_factory=list, compare=False)
+    note: str = field(default="", compare=False)  # one line when the file was decoded whole, and why
 
 
 _DECODER = msgspec.json.Decoder(_Doc)
 _LOOSE = msgspec.json.Decoder(_LooseDoc)
 
 
-def read_bytes(path: Path) -> bytes:
-    """The file's JSON bytes; gzip is recognised by its magic bytes, not the file name."""
+def read_bytes(path: Path, limits: Limits | None = None) -> bytes:
+    """The file's JSON bytes, for a whole-file decode; gzip is recognised by its magic bytes, not
+    the file name. Refused past Limits.whole_bytes, or when it inflates like a decompression bomb."""
+    limits = limits or Limits.from_env()
+    parts, size = [], 0
     try:
-        raw = path.read_bytes()
+        with open_trace(path) as fh:
+            reader = _Reader(fh, limits)
+            while chunk := reader.read(BLOCK_BYTES):
+                size += len(chunk)
+                if size > limits.whole_bytes:
+                    raise TraceError(
+                        f"{path}: cannot be streamed and is larger than the {limits.whole_bytes / 2**20:g} MB a "
+                        "whole-file decode may take; re-export it with traceEvents at the top level, or raise "
+                        "HARNESS_MAX_WHOLE_MB"
+                    )
+                parts.append(chunk)
+    except TooLarge as exc:
+        raise TraceError(f"{path}: {exc}") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise TraceError(f"{path}: corrupt or truncated gzip ({exc})") from None
     except OSError as exc:
-        raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
-    if not raw:
+        raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if not size:
         raise TraceError(f"{path}: empty file")
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise TraceError(f"{path}: corrupt or truncated gzip ({exc})") from None
-    return raw
+    return b"".join(parts)
 
 
 def number(v: Any) -> float | None:
@@ -279,6 +294,8 @@ class _Tables:
         self.last_end = -float("inf")
         self.blocks: list[Block] = []
         self.json_bytes = 0
+        self.dropped = 0  # events that fit no struct (loose blocks)
+        self.loose = False  # some block held events of odd shape
         self._batch = (float("inf"), -float("inf"), False)  # the last batch's extent and metadata flag
 
     def columns(self) -> tuple[Columns, Columns, Columns, Columns]:
@@ -412,18 +429,77 @@ class _Tables:
 # Measured on an 87 MB trace: 1 MB blocks decode as fast as the whole file (0.52 vs 0.50 s);
 # 16 MB blocks were 30% slower (cache).
 BLOCK_BYTES = 2**20
-HEAD_LIMIT_BYTES = 64 * 2**20  # where "traceEvents" must start for the file to be streamed
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
+_BYTE = re.compile(r"\(byte (\d+)\)")
 _EVENT_LIST = msgspec.json.Decoder(list[Event])
+_ANY_LIST = msgspec.json.Decoder(list[Any])
 _ONE_EVENT = msgspec.json.Decoder(Event)
+_SPACES = b" \t\r\n"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one trace file may cost the reader, whatever it holds (docs/failures.md). Each is
+    far beyond any real trace and is raised with its environment variable.
+
+    - event_bytes: the most bytes read without an event boundary: one event, or a run of
+      whitespace inside or between events (a real event is under a few KB: its args);
+    - head_bytes, tail_bytes: the most bytes before `"traceEvents": [` and after its `]` (device
+      properties and metadata: KBs in real traces);
+    - inflate_ratio: inflated over compressed bytes of a gzip file, judged once `ratio_after_bytes`
+      have been inflated. Real traces inflate 13-19x (tests/data/traces), since every event's times
+      and ids carry digits that do not repeat; deflate's ceiling is ~1032x, which a decompression bomb of
+      whitespace or one repeated event reaches;
+    - whole_bytes: the largest file decoded whole when it cannot be streamed (a whole decode holds
+      every event as an object: ~2x the file's size)."""
+
+    event_bytes: int = 16 * 2**20
+    head_bytes: int = 64 * 2**20
+    tail_bytes: int = 64 * 2**20
+    inflate_ratio: float = 200.0
+    ratio_after_bytes: int = 64 * 2**20
+    whole_bytes: int = 2**30
+
+    @staticmethod
+    def from_env() -> Limits:
+        """The defaults, each raised (or lowered) by its variable: HARNESS_MAX_EVENT_MB,
+        HARNESS_MAX_INFLATE_RATIO, HARNESS_MAX_WHOLE_MB. Past head_bytes or tail_bytes the file is
+        decoded whole instead, so whole_bytes bounds them."""
+        return Limits(
+            event_bytes=int(_env_number("HARNESS_MAX_EVENT_MB", 16.0) * 2**20),
+            inflate_ratio=_env_number("HARNESS_MAX_INFLATE_RATIO", 200.0),
+            whole_bytes=int(_env_number("HARNESS_MAX_WHOLE_MB", 1024.0) * 2**20),
+        )
+
+
+def _env_number(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise TraceError(f"{name}={text!r} is not a positive number; unset it or give one (e.g. {name}={default:g})")
+    return value
+
+
+class TooLarge(Exception):
+    """A limit of `Limits` was reached; the message says which and how to raise it (no path)."""
+
+
+class Malformed(Exception):
+    """JSON broken inside the events (the message says where; no path)."""
 
 
 TraceStream = BinaryIO | gzip.GzipFile  # a trace file as read: plain, or gunzipped on the fly
 
 
 class NotStreamable(Exception):
-    """The file does not have the layout the streaming decoder relies on: decode it whole."""
+    """The file does not have the layout the streaming decoder reads: decode it whole. The
+    message says why, for the one line the collector prints."""
 
 
 def open_trace(path: Path) -> TraceStream:
@@ -436,7 +512,27 @@ def open_trace(path: Path) -> TraceStream:
     return fh
 
 
-_SPACE = frozenset(b" \t\r\n")
+class _Reader:
+    """Reads a trace stream and stops a decompression bomb: the gzip file's inflated bytes
+    against the compressed bytes consumed (`Limits.inflate_ratio`)."""
+
+    def __init__(self, fh: TraceStream, limits: Limits) -> None:
+        self.fh, self.limits, self.inflated = fh, limits, 0
+        self.raw = getattr(fh, "fileobj", None)  # a GzipFile's compressed file
+
+    def read(self, n: int) -> bytes:
+        data = self.fh.read(n)
+        self.inflated += len(data)
+        if self.raw is not None and self.inflated >= self.limits.ratio_after_bytes:
+            compressed = max(1, self.raw.tell())
+            if self.inflated / compressed > self.limits.inflate_ratio:
+                raise TooLarge(
+                    f"gzip inflates {self.inflated / compressed:.0f}x ({compressed / 2**20:.1f} MB to more than "
+                    f"{self.inflated / 2**20:.0f} MB), beyond the {self.limits.inflate_ratio:g}x limit; real traces "
+                    "inflate under 20x (a decompression bomb?). If the file is genuine, raise "
+                    "HARNESS_MAX_INFLATE_RATIO"
+                )
+        return data
 
 
 class _Cut(NamedTuple):
@@ -447,117 +543,264 @@ class _Cut(NamedTuple):
     end: int
 
 
-def _last_boundary(buf: bytes) -> _Cut | None:
-    """The last `}`, `,`, `{` (whitespace between them allowed) in `buf`: searched backwards
-    from each `{`, so only the block's tail is looked at (a regex scan visited every event)."""
+def _last_nonspace(buf: bytes, end: int) -> int:
+    """The index of the last byte before `end` that is not JSON whitespace (-1: none), read
+    backwards in growing slices so a long run costs its length once, not a Python step per byte."""
+    step = 64
+    while end > 0:
+        lo = max(0, end - step)
+        kept = buf[lo:end].rstrip(_SPACES)
+        if kept:
+            return lo + len(kept) - 1
+        end, step = lo, step * 2
+    return -1
+
+
+def _last_boundary(buf: bytes, lo: int) -> _Cut | None:
+    """The last `}`, `,`, `{` (whitespace between them allowed) in `buf` whose `{` lies at or
+    after `lo` (the bytes before were searched by an earlier call): searched backwards from
+    each `{`, so only the new bytes are looked at. A `}` and `,` that end `buf` (whitespace
+    after them allowed) are the last boundary too, its `{` not read yet (end = len(buf) + 1): so
+    a run of whitespace after an event's comma is dropped as it comes, not held."""
+    k = _last_nonspace(buf, len(buf))
+    if k >= 0 and buf[k] == 0x2C:  # ','
+        k = _last_nonspace(buf, k)
+        if k >= 0 and buf[k] == 0x7D:  # '}'
+            return _Cut(k, len(buf) + 1)
     pos = len(buf)
     while True:
-        j = buf.rfind(b"{", 0, pos)
+        j = buf.rfind(b"{", lo, pos)
         if j < 0:
             return None
-        k = j - 1
-        while k >= 0 and buf[k] in _SPACE:
-            k -= 1
-        if k >= 0 and buf[k] == 0x2C:  # ','
-            k -= 1
-            while k >= 0 and buf[k] in _SPACE:
-                k -= 1
-            if k >= 0 and buf[k] == 0x7D:  # '}'
+        k = _last_nonspace(buf, j)
+        if k >= 0 and buf[k] == 0x2C:
+            k = _last_nonspace(buf, k)
+            if k >= 0 and buf[k] == 0x7D:
                 return _Cut(k, j + 1)
         pos = j
 
 
-def _last_event(rest: bytes, one: msgspec.json.Decoder) -> tuple[Any, int]:
-    """The event that starts `rest` (`{...} ] tail`) and the offset in `rest` just past it:
-    msgspec decodes the first value and names the byte where trailing characters begin."""
+def _decode_list(candidate: bytes, items: msgspec.json.Decoder) -> tuple[list[Any], bool]:
+    """`candidate` (a JSON array) as events: (events, loose). Events of a shape the typed
+    decoder refuses (an event that is not an object, args that are not one) come back as plain
+    values (loose=True), for `_loose_events`. msgspec's DecodeError passes through."""
     try:
-        one.decode(rest)
-    except msgspec.DecodeError as exc:
-        found = _TRAILING.search(str(exc))
-        end = rest.rfind(b"}", 0, int(found[1])) if found else -1  # the byte after the first trailing one
-        if end >= 0:
-            try:
-                return one.decode(rest[: end + 1]), end + 1
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                pass
+        return items.decode(candidate), False
     except msgspec.ValidationError:
-        pass
-    raise NotStreamable  # no `]` after it, or not an event
+        return _ANY_LIST.decode(candidate), True
+
+
+def _json_fault(exc: Exception, offset: int) -> Malformed | None:
+    """A decode failure of a candidate block as what it says about the file: None when the
+    block was cut inside a string or a nested value (msgspec: truncated), which more bytes
+    resolve; else the file's JSON is broken at about `offset` plus msgspec's byte."""
+    if isinstance(exc, msgspec.DecodeError) and "truncated" in str(exc):
+        return None
+    if isinstance(exc, msgspec.ValidationError):  # a value no reader can hold (e.g. a number out of range)
+        what = str(exc).split(" - at ", 1)[0].lower()
+        return Malformed(f"{what} in an event near byte {offset}; not readable as a trace: fix or re-export it")
+    if isinstance(exc, UnicodeDecodeError):
+        return Malformed(f"not valid JSON near byte {offset}: a string holds bytes that are not UTF-8")
+    if isinstance(exc, RecursionError):
+        return Malformed(f"near byte {offset}: {TOO_DEEP}")
+    found = _BYTE.search(str(exc))
+    where = offset + max(0, int(found[1]) - 1) if found else offset
+    return Malformed(f"not valid JSON at byte {where} ({str(exc).split(' (byte')[0]})")
 
 
 def stream_events(
     fh: TraceStream,
     block_bytes: int,
-    sink: Callable[[list[Any]], None],
+    sink: Callable[[list[Any], bool], None],
     items: msgspec.json.Decoder = _EVENT_LIST,
-    one: msgspec.json.Decoder = _ONE_EVENT,
     on_block: Callable[[int, int], None] | None = None,
     native: Callable[[bytes, int, int], bool] | None = None,
+    limits: Limits | None = None,
 ) -> tuple[bytes, int]:
     """Decode `{..., "traceEvents": [e, e, ...], ...}` a block at a time, handing each block's
-    events (decoded by `items`, the last one by `one`) to `sink`, then the block's byte range
-    in the stream to `on_block`; returns the document without its events (`{head ] tail}`) and
-    the stream's length. Raises NotStreamable when the layout does not allow it. `native`, when
-    given, is offered each block's bytes first (`_Tables.add_native`); what it declines is decoded.
+    events (decoded by `items`; loose=True when some did not fit it) to `sink`, then the
+    block's byte range in the stream to `on_block`; returns the document without its events
+    (`{head ] tail}`) and the stream's length. `native`, when given, is offered each block's
+    bytes first (`_Tables.add_native`); what it declines is decoded. The work is linear in the
+    file's bytes and the memory bounded by `limits`, whatever the file holds.
 
-    1. find `"traceEvents": [` in the first blocks (within HEAD_LIMIT_BYTES); what precedes it
-       is the document's head;
-    2. read a block, cut after the last `}` that is followed by `,` and `{`, decode the
-       elements before the cut as a list of events and keep the clean ones; a cut inside a
-       string or a nested array fails to decode and waits for the next block;
-    3. at the end of the file the remainder is one last event, `]` and the document's tail:
-       the event ends where msgspec reports trailing characters;
-    4. the head, `]` and the tail decode as the document's other fields."""
-    buf = fh.read(block_bytes)
+    1. find `"traceEvents": [` (within Limits.head_bytes, the buffer doubled while it is not
+       there, so the search is linear); what precedes it is the document's head;
+    2. read a block and cut after the last `}` that is followed by `,` and `{`, looking only at
+       the bytes no earlier search saw; decode `[` + the elements before the cut + `]`:
+       - it decodes: hand the events over, keep the bytes after the cut;
+       - msgspec says truncated: the cut lay inside a string or a nested value; read as many
+         bytes again as are held (so a long event is re-decoded a logarithmic number of times);
+       - msgspec says trailing characters: the array closed before the cut (fields after the
+         events, any key order): the events end at that `]`, the rest is the document's tail;
+       - anything else: the JSON is broken there (Malformed);
+    3. leading whitespace of the held bytes is dropped as it comes (a run of it between events
+       costs no memory); more than Limits.event_bytes held without a cut is TooLarge;
+    4. at the end of the file the held bytes are the last events, `]` and the tail: decoded as a
+       list, which ends where msgspec reports trailing characters;
+    5. the tail (at most Limits.tail_bytes) is read to the end; head + tail decode as the
+       document's other fields."""
+    limits = limits or Limits()
+    reader = _Reader(fh, limits)
+    buf = reader.read(block_bytes)
     m = _EVENTS_KEY.search(buf)
-    while m is None and len(buf) < HEAD_LIMIT_BYTES:  # device properties etc. come first
-        more = fh.read(block_bytes)
+    while m is None:
+        if len(buf) >= limits.head_bytes:
+            raise NotStreamable(f"no traceEvents array in its first {len(buf) / 2**20:.0f} MB")
+        more = reader.read(max(block_bytes, len(buf)))
         if not more:
-            break
+            raise NotStreamable("no traceEvents array")
         buf += more
         m = _EVENTS_KEY.search(buf)
-    if m is None:
-        raise NotStreamable
     head, buf = buf[: m.end()], buf[m.end() :]
     offset = m.end()  # of buf[0] in the stream
-    eof = False
+    searched = 0  # buf[:searched] holds no `{` of a cut not yet tried
+    want, eof = block_bytes, False
+
+    def hand_over(candidate: bytes, end: int) -> None:
+        """Decode `candidate` ([events]) and hand them over; they lie in buf[:end]."""
+        if candidate.strip(_SPACES) != b"[]":
+            events, loose = _decode_list(candidate, items)
+            sink(events, loose)
+        if on_block and end > 0:
+            on_block(offset, offset + end)
+
+    pending = False  # events were handed over up to a `}` that ended the held bytes: `,` or `]` comes next
+    tried = -1  # the `}` at buf[tried] was tried as the end of the held events
     while True:
         if not eof:
-            more = fh.read(block_bytes)
+            more = reader.read(want)
             eof = not more
             buf += more
-        cut = _last_boundary(buf)
+        while True:
+            kept = buf.lstrip(_SPACES) if buf[:1] in (b" ", b"\t", b"\r", b"\n") else buf
+            offset += len(buf) - len(kept)
+            searched = max(0, searched - (len(buf) - len(kept)))
+            buf = kept
+            if not pending or buf[:1] != b",":
+                break
+            buf, offset, searched, pending = buf[1:], offset + 1, 0, False
+        if pending:
+            if buf[:1] == b"]":
+                return head + _read_tail(reader, buf, eof, block_bytes, limits), reader.inflated
+            if buf or eof:
+                raise Malformed(
+                    f"not valid JSON at byte {offset} (expected ',' or ']' after an event)" if buf else ENDS_EARLY
+                )
+            continue
+        cut = _last_boundary(buf, searched)
+        searched = len(buf)
+        closed: int | None = None  # index in buf of the events array's `]`, once found
         if cut is not None:
-            if native is None or not native(buf, 0, cut.start + 1):
+            if native is not None and native(buf, 0, cut.start + 1):
+                if on_block:
+                    on_block(offset, offset + cut.start + 1)
+            else:
+                candidate = _bracketed(buf, cut.start + 1)
                 try:
-                    events = items.decode(b"[" + buf[: cut.start + 1] + b"]")
-                except msgspec.ValidationError:
-                    raise NotStreamable from None  # events of odd shape: the whole-file path handles them
-                except msgspec.DecodeError:
-                    if eof:
-                        raise NotStreamable from None
-                    continue
-                sink(events)
-            if on_block:
-                on_block(offset, offset + cut.start + 1)
+                    hand_over(candidate, cut.start + 1)
+                except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+                    closed = _closed_at(exc, candidate)
+                    if closed is None:
+                        fault = _json_fault(exc, offset)
+                        if fault is not None:
+                            raise fault from None
+                        # the cut lay inside a value: read as much again (never past the event limit)
+                        want = max(block_bytes, min(len(buf), limits.event_bytes - len(buf)))
+                    cut = None
+        if cut is not None:
             offset += cut.end - 1
             buf = buf[cut.end - 1 :]
+            searched, want, tried = len(buf), block_bytes, -1
+        elif closed is None and not eof:
+            # No cut, and the held bytes end in a `}` and at least a block of whitespace: a run of
+            # it after the last event before its `,` or `]`. Hand the events over and drop the run.
+            k = _last_nonspace(buf, len(buf))
+            if k >= 0 and k != tried and buf[k] == 0x7D and len(buf) - 1 - k >= block_bytes:
+                tried = k
+                candidate = _bracketed(buf, k + 1)
+                try:
+                    hand_over(candidate, k + 1)
+                except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+                    fault = None if _closed_at(exc, candidate) is not None else _json_fault(exc, offset)
+                    if fault is not None:
+                        raise fault from None
+                else:
+                    offset, buf, searched, want, tried, pending = offset + len(buf), b"", 0, block_bytes, -1, True
+                    continue
+        if closed is None and (eof or len(buf) > limits.event_bytes):
+            closed = _close(buf, offset, eof, limits)
+        if closed is not None:
+            try:
+                hand_over(_bracketed(buf, closed), _last_nonspace(buf, closed) + 1)
+            except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+                raise _json_fault(exc, offset) or _malformed(offset) from None
+            return head + _read_tail(reader, buf[closed:], eof, block_bytes, limits), reader.inflated
+
+
+ENDS_EARLY = "not valid JSON: the file ends early (truncated: written by a job that was killed, or copied short)"
+TOO_DEEP = "values nested too deep to read"
+
+
+def _bracketed(buf: bytes, end: int) -> bytes:
+    """`[` + buf[:end] + `]`, copying the held bytes once (a slice would copy them twice)."""
+    return b"".join((b"[", memoryview(buf)[:end], b"]"))
+
+
+def _malformed(offset: int) -> Malformed:
+    return Malformed(f"not valid JSON near byte {offset}")
+
+
+def _closed_at(exc: Exception, candidate: bytes) -> int | None:
+    """Where the events array's `]` lies in the bytes after candidate's leading `[` (`buf`),
+    when decoding the candidate list stopped at trailing characters: the list closed there."""
+    found = _TRAILING.search(str(exc)) if isinstance(exc, msgspec.DecodeError) else None
+    if found is None:
+        return None
+    return candidate.rfind(b"]", 0, int(found[1]) - 1) - 1  # msgspec's byte is the trailing one's, 1-based
+
+
+def _close(buf: bytes, offset: int, eof: bool, limits: Limits) -> int:
+    """Where in `buf` (the bytes after the last cut) the events array closes, read as the list
+    `[` + buf. At the end of the file it must close (else the file ends early); past the event
+    limit it may (fields after the events with no cut in them), else the one event held is too
+    large."""
+    candidate = b"[" + buf
+    try:
+        _ANY_LIST.decode(candidate)
+    except msgspec.DecodeError as exc:
+        closed = _closed_at(exc, candidate)
+        if closed is not None:
+            return closed
+        if "truncated" not in str(exc):
+            raise _json_fault(exc, offset) or _malformed(offset) from None
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise _json_fault(exc, offset) or _malformed(offset) from None
+    else:  # the list closes at the very end: the document's own `}` is missing
+        return candidate.rstrip(_SPACES).rfind(b"]") - 1
+    if eof:
+        raise Malformed(
+            "not valid JSON: the file ends early (truncated: written by a job that was killed, or copied short)"
+        )
+    raise TooLarge(
+        f"more than {limits.event_bytes / 2**20:g} MB from byte {offset} on without a break between events: one event "
+        "(or a run of whitespace) larger than the limit; if the file is genuine, raise HARNESS_MAX_EVENT_MB"
+    )
+
+
+def _read_tail(reader: _Reader, tail: bytes, eof: bool, block_bytes: int, limits: Limits) -> bytes:
+    """The document after the events' `]`, read to the end of the file (at most tail_bytes)."""
+    parts, size = [tail], len(tail)
+    while True:
+        if size > limits.tail_bytes:
+            raise NotStreamable(f"more than {limits.tail_bytes / 2**20:g} MB after its events")
         if eof:
             break
-    rest = buf.lstrip()
-    offset += len(buf) - len(rest)
-    if not rest.startswith(b"]"):
-        last, end = _last_event(rest, one)
-        sink([last])
-        if on_block:
-            on_block(offset, offset + end)
-        offset += end
-        rest = rest[end:]
-        offset += len(rest) - len(rest.lstrip())
-        rest = rest.lstrip()
-    if not rest.startswith(b"]"):
-        raise NotStreamable
-    return head + rest, offset + len(rest)
+        more = reader.read(block_bytes)
+        eof = not more
+        size += len(more)
+        parts.append(more)
+    return b"".join(parts)
 
 
 def native_scan() -> bool:
@@ -571,31 +814,57 @@ if native.extension is not None:
     )
 
 
-def _stream(fh: TraceStream, block_bytes: int) -> tuple[_Doc, _Tables]:
+def _stream(fh: TraceStream, block_bytes: int, limits: Limits | None = None) -> tuple[_Doc, _Tables]:
     """The trace's events into `_Tables`, block by block, and its other fields."""
     tables = _Tables()
+
+    def sink(events: list[Any], loose: bool) -> None:
+        if loose:  # events of odd shape: converted one by one, what does not fit dropped
+            events, dropped = _loose_events(events)
+            tables.dropped += dropped
+            tables.loose = True
+        tables.add(events)
+
     rest, tables.json_bytes = stream_events(
-        fh, block_bytes, tables.add, on_block=tables.block, native=tables.add_native if native_scan() else None
+        fh,
+        block_bytes,
+        sink,
+        on_block=tables.block,
+        native=tables.add_native if native_scan() else None,
+        limits=limits,
     )
+    if tables.loose:
+        tables.blocks = []  # the merged trace's writer reads such a file whole, as it reads any odd one
     try:
         return _DECODER.decode(rest), tables
     except (msgspec.DecodeError, msgspec.ValidationError):
-        raise NotStreamable from None
+        raise NotStreamable("its fields around traceEvents are not a trace's") from None
 
 
 def decode_trace(path: Path, block_bytes: int | None = None) -> Trace:
-    """Read and decode one trace file (see the module docstring): streamed when its layout
-    allows, else whole."""
+    """Read and decode one trace file (see the module docstring): streamed, whatever the order
+    of its top-level fields; whole only when it cannot be (no traceEvents array at the top, or
+    more after the events than Limits.tail_bytes), which the Trace's `note` says. A file beyond
+    a limit or with broken JSON raises TraceError with one line saying where and what to do."""
+    limits = Limits.from_env()
     try:
         with open_trace(path) as fh:
-            doc, tables = _stream(fh, block_bytes or BLOCK_BYTES)
-        return _trace(doc, tables, dropped=0)
-    except (NotStreamable, OSError, EOFError, zlib.error, UnicodeDecodeError):
-        pass  # odd layout, unreadable or corrupt: the whole-file path decodes it or says why
-    return _decode_whole(path)
+            doc, tables = _stream(fh, block_bytes or BLOCK_BYTES, limits)
+        return _trace(doc, tables)
+    except NotStreamable as exc:
+        note = f"{path.name}: not streamable ({exc}); decoded whole"
+    except TooLarge as exc:
+        raise TraceError(f"{path}: {exc}") from None
+    except Malformed as exc:
+        raise TraceError(f"{path}: {exc}; not a trace as written by torch.profiler") from None
+    except (OSError, EOFError, zlib.error):
+        note = ""  # unreadable or corrupt: the whole-file path says which
+    trace = _decode_whole(path, limits)
+    trace.note = note
+    return trace
 
 
-def _trace(doc: _Doc | _LooseDoc, t: _Tables, dropped: int) -> Trace:
+def _trace(doc: _Doc | _LooseDoc, t: _Tables) -> Trace:
     t.marks.sort(key=lambda m: m.ts)
     return Trace(
         ops=t.ops.sort(),
@@ -614,7 +883,7 @@ def _trace(doc: _Doc | _LooseDoc, t: _Tables, dropped: int) -> Trace:
         host_name=doc.host_name,
         base_time_ns=doc.baseTimeNanoseconds,
         gpus=len(doc.deviceProperties) if isinstance(doc.deviceProperties, list) else 0,
-        dropped=dropped,
+        dropped=t.dropped,
         json_bytes=t.json_bytes,
         blocks=t.blocks,
     )
@@ -646,10 +915,10 @@ def _shape_error(path: Path, exc: msgspec.ValidationError) -> str:
     return f"{path}: {where[0].lower()}{at}; not readable as a trace: fix or re-export it"
 
 
-def _decode_whole(path: Path) -> Trace:
-    raw = read_bytes(path)
+def _decode_whole(path: Path, limits: Limits | None = None) -> Trace:
+    raw = read_bytes(path, limits)
     size = len(raw)
-    dropped = 0
+    tables = _Tables()
     try:
         doc: _Doc | _LooseDoc = _DECODER.decode(raw)
     except msgspec.ValidationError:
@@ -659,13 +928,18 @@ def _decode_whole(path: Path) -> Trace:
             raise TraceError(_shape_error(path, exc)) from None
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             raise TraceError(_json_error(path, exc)) from None
-        events, dropped = _loose_events(doc.traceEvents)
+        except RecursionError:
+            raise TraceError(
+                f"{path}: values nested too deep to read; not a trace as written by torch.profiler"
+            ) from None
+        events, tables.dropped = _loose_events(doc.traceEvents)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # msgspec says bad UTF-8 in a string as the latter
         raise TraceError(_json_error(path, exc)) from None
+    except RecursionError:
+        raise TraceError(f"{path}: {TOO_DEEP}; not a trace as written by torch.profiler") from None
     else:
         del raw  # the bytes are as large as the file: free them before the events are tabled
         events = doc.traceEvents
-    tables = _Tables()
     tables.add(events)
     tables.json_bytes = size
-    return _trace(doc, tables, dropped)
+    return _trace(doc, tables)

@@ -514,6 +514,8 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
     kernels it matches are communication too (--comm-kernel, comm_kernels.py)."""
     warnings: list[str] = []
     doc = decode_trace(path)
+    if doc.note:
+        warnings.append(doc.note)
     if doc.dropped:
         warnings.append(f"{path.name}: {doc.dropped} malformed event(s) left out")
     rank, world_size, rank_source = _rank_of(doc, path, warnings)
