@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.collect.read.decode import Limits
 from harness.collect.read.run_state import last_logged_step
 from harness.paths import (
     FLIGHT_DIR,
@@ -85,6 +86,12 @@ class _NoClassUnpickler(pickle.Unpickler):
 def _load(path: Path, unpickle: bool) -> dict[str, Any]:
     """The dump's top-level object, or FlightError with the reason in words."""
     try:
+        size = path.stat().st_size
+        if size > (limit := Limits.from_env().whole_bytes):
+            raise FlightError(
+                f"{path}: {size / 2**20:.0f} MB, larger than the {limit / 2**20:g} MB a dump may take "
+                "(Flight Recorder dumps are ~1 MB a process); raise HARNESS_MAX_WHOLE_MB if it is genuine"
+            )
         data = path.read_bytes()
     except OSError as exc:
         raise FlightError(f"{path}: cannot read ({exc.strerror or exc})") from None

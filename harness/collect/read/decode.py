@@ -7,9 +7,10 @@ dicts took 0.63 s and msgspec into these structs about 0.15 s.
 
 The events array is streamed (`_stream`: 1 MB blocks cut between events, gzip decompressed as
 it is read; the top-level fields in any order), in time linear in the bytes and memory bounded
-by `Limits` whatever the file holds (docs/failures.md, "What the collector refuses"), and each block's events go straight into `Columns`: parallel arrays of start,
-duration, name and thread per kind of event the analysis reads (cpu ops, kernel launches,
-kernels), names and threads as indices into one table each. An event then costs 24-36 bytes
+by `Limits` whatever the file holds (docs/failures.md, "What the collector refuses"), and each
+block's events go straight into `Columns`: parallel arrays of start, duration, name and thread
+per kind of event the analysis reads (cpu ops, kernel launches, kernels), names and threads as
+indices into one table each. An event then costs 24-36 bytes
 instead of a Python object's ~200, so a 2 GB trace fits in a few hundred MB (bench/RESULTS.md,
 `--stream-mb`). Only the few annotations (steps, harness phases, gloo ranges) stay objects.
 

@@ -21,7 +21,7 @@ import msgspec
 from harness.atomic import write_bytes_atomic
 from harness.collect.model import RankTrace
 from harness.collect.read.compact import as_plain
-from harness.collect.read.decode import TraceError
+from harness.collect.read.decode import Limits, TraceError
 from harness.collect.read.parse import parse_trace
 from harness.oneline_argparse import OneLineArgumentParser, fail
 from harness.paths import summary_path, trace_of_summary
@@ -71,6 +71,12 @@ def read_summary(path: Path) -> RankTrace:
     """The `RankTrace` a summary holds, its `path` pointing at the trace it was made from
     (which need not exist any more). Bad files raise TraceError with one line saying why."""
     try:
+        size = path.stat().st_size
+        if size > (limit := Limits.from_env().whole_bytes):
+            raise TraceError(
+                f"{path}: {size / 2**20:.0f} MB, larger than any summary and than the {limit / 2**20:g} MB a "
+                "whole-file read may take (HARNESS_MAX_WHOLE_MB); collect from its trace instead (--from-traces)"
+            )
         raw = path.read_bytes()
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
