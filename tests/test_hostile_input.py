@@ -270,3 +270,38 @@ def test_limits_match_what_they_guard() -> None:
     limits = Limits()
     assert f"{limits.event_bytes // MB} MB" in text and f"{limits.inflate_ratio:g}x" in text
     assert f"{limits.whole_bytes // MB} MB" in text
+
+
+def test_memory_limit_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    """Under --memory-limit-mb (what TensorBoard's "Analyse now" passes) a collector that needs
+    more stops with one line and exit 3, not the machine's out-of-memory killer. 60 MB is less
+    than parsing this 54 MB trace takes on any machine; the limit applies after start-up."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rank1.pt.trace.json.gz").write_bytes(
+        (REAL_TRACES / "hta_single_rank" / "df_index_resolver_v100_rank1of2.json.gz").read_bytes()
+    )
+    for jobs in ("1", "2"):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "harness.collect",
+                str(run),
+                "-q",
+                "--no-merged",
+                "-j",
+                jobs,
+                "--memory-limit-mb",
+                "60",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+        assert proc.returncode == 3, proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            "harness.collect: error: ran out of the 60 MB each collector process may take (--memory-limit-mb); "
+            "run it by hand with more, or look for an oversized file in the run's folder"
+        ]

@@ -3,6 +3,7 @@ torch-tb-profiler's routes, and the view in a real headless Chromium with no int
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
 import os
@@ -17,9 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from jobs import REPO, free_port, run_harness
+from harness.view.runs import MAX_VIEW_FILE_BYTES
+
+from jobs import REAL_TRACES, REPO, free_port, run_harness
 
 pytestmark = pytest.mark.slow
 
@@ -100,6 +104,17 @@ def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(ddp.dir / "report", linked)
     (linked / "timeline.json").unlink()
     (linked / "timeline.json").symlink_to(secret)
+    # Hostile files: a decompression bomb as a rank's trace (its "Analyse now" fails in one line),
+    # and a report.json far larger than any the collector writes (its page says so; never read).
+    bomb = root / "z-bomb"
+    bomb.mkdir()
+    spaces = gzip.compress(b" " * (64 * 2**20), compresslevel=9)
+    with (bomb / "rank0.1.pt.trace.json.gz").open("wb") as fh:
+        fh.write(gzip.compress(b'{"traceEvents": [') + spaces * 16 + gzip.compress(b"]}"))
+    huge = root / "z-huge" / "report"
+    huge.mkdir(parents=True)
+    with (huge / "report.json").open("wb") as fh:
+        fh.truncate(MAX_VIEW_FILE_BYTES + 1)  # sparse: takes no disk
     return root
 
 
@@ -254,6 +269,51 @@ def test_plugin_collects_a_run_without_report(server: str, logdir: Path) -> None
     assert runs["pending"]["has_report"]
     assert get(server, f"{PLUGIN}/collect?run=..%2Fpending", method="POST")[0] == 404
     assert get(server, f"{PLUGIN}/collect_status?run=..%2Fpending")[0] == 404
+
+
+def test_hostile_files_cost_their_own_run_a_line(server: str) -> None:
+    """A decompression bomb's "Analyse now" fails with the collector's one line (and the
+    warning naming the bomb) while other runs are served; a report.json larger than any the
+    collector writes is refused on its page without being read."""
+    status, _ = get(server, f"{PLUGIN}/collect?run=z-bomb", method="POST")
+    assert status == 202
+    view_status, page = get(server, f"{PLUGIN}/view?run=ddp")
+    assert view_status == 200 and b"straggler" in page
+    deadline = time.monotonic() + 120
+    while (job := get_json(server, f"{PLUGIN}/collect_status?run=z-bomb"))["state"] == "running":
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+    assert job["state"] == "failed" and "none of the 1 file(s) is a readable profiler trace" in job["message"], job
+    status, page = get(server, f"{PLUGIN}/view?run=z-huge")
+    assert status == 500 and b"more than the 256 MB the view reads" in page
+    status, body = get(server, f"{PLUGIN}/report.json?run=z-huge")
+    assert status == 500 and b"more than the 256 MB the view reads" in body
+
+
+def test_analyse_now_is_killed_with_its_parsers_past_its_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The time limit holds whether or not anyone polls: a timer kills the collector's whole
+    process group (its parser processes too) and the state says it ran past the limit."""
+    from harness.view import tb_plugin
+
+    run = tmp_path / "run"
+    shutil.copytree(REAL_TRACES / "dlrm_8rank_v100", run)
+    monkeypatch.setattr(tb_plugin, "COLLECT_TIMEOUT_S", 0.3)
+    job = tb_plugin.CollectJob.start("run", run)
+    try:
+        job.proc.wait(timeout=60)
+        state = job.state()
+        assert job.timed_out and state["state"] == "failed" and "ran past 0.3 s" in state["message"], state
+        pids = [p.pid for p in psutil.process_iter(["pid"]) if _in_group(p, job.proc.pid)]
+        assert pids == []
+    finally:
+        job.close()
+
+
+def _in_group(proc: psutil.Process, pgid: int) -> bool:
+    try:
+        return os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE
+    except (ProcessLookupError, psutil.Error):
+        return False
 
 
 def test_tensorboard_serves_other_runs_while_the_collector_runs(server: str) -> None:

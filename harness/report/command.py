@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from harness.collect.analyse.stragglers import Thresholds
@@ -25,6 +27,7 @@ from harness.report.pipeline import Collected, CollectError, CollectOptions, col
 
 PROG = "harness.collect"
 EXIT_INPUT = EXIT_USAGE
+EXIT_MEMORY = 3  # past --memory-limit-mb
 
 
 def parse_steps(spec: str) -> set[int]:
@@ -146,7 +149,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--progress-file", type=Path, help="keep a JSON of the stage reached here (harness/collect/progress.py)"
     )
+    p.add_argument(
+        "--memory-limit-mb",
+        type=_positive_mb,
+        help="the most memory each collector process may take (its data segment; the parsers each too): past it, "
+        "one line and exit 3 instead of the machine's out-of-memory killer (TensorBoard's Analyse now sets it)",
+    )
     return p
+
+
+def _positive_mb(text: str) -> int:
+    try:
+        mb = int(text)
+    except ValueError:
+        mb = 0
+    if mb <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number of MB")
+    return mb
+
+
+def limit_memory(mb: int) -> None:
+    """Cap this process's data segment (heap and private writable mappings, which is where a
+    trace's events live; not the address space, which shared libraries and thread stacks inflate)
+    at `mb` MB; the parser processes forked after inherit it."""
+    limit = mb * 2**20
+    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+    resource.setrlimit(resource.RLIMIT_DATA, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
 
 
 def _regex(text: str) -> re.Pattern[str]:
@@ -176,6 +204,8 @@ def options_from(args: argparse.Namespace) -> CollectOptions:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     jobs = args.jobs or os.cpu_count() or 1
+    if args.memory_limit_mb:
+        limit_memory(args.memory_limit_mb)
     # One pool for parsing and for the merged trace, started while this process is still small
     # (workers are forked: they would otherwise each map the parent's analysis).
     pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
@@ -189,6 +219,16 @@ def main(argv: list[str] | None = None) -> None:
                 print(line)
             message = f"exit {EXIT_INPUT}: see the collector's error"
             fail(PROG, str(exc), code=EXIT_INPUT)
+        except (MemoryError, BrokenProcessPool):
+            if not args.memory_limit_mb:
+                raise
+            message = f"exit {EXIT_MEMORY}: out of memory"
+            fail(
+                PROG,
+                f"ran out of the {args.memory_limit_mb} MB each collector process may take (--memory-limit-mb); "
+                "run it by hand with more, or look for an oversized file in the run's folder",
+                code=EXIT_MEMORY,
+            )
         message = print_result(result, args)
         ok = True
     finally:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.view.runs import parse_json_object, unless_missing
+from harness.view.runs import parse_json_object, read_report_file, unless_missing
 
 CACHE_ENTRIES = 8
 CACHE_BYTES = 64 * 2**20  # compressed bytes kept, all entries together
@@ -112,7 +112,7 @@ def json_file_body(cache: BodyCache, path: Path, content_type: str = "applicatio
 
 def _checked_json(path: Path, content_type: str) -> tuple[int, str, bytes]:
     try:
-        data = path.read_bytes()
+        data = read_report_file(path)
         parse_json_object(data, path.name)
     except FileNotFoundError:
         return 404, "text/plain", f"{path.name} disappeared; reload".encode()

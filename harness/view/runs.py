@@ -156,9 +156,26 @@ def unless_missing(look: Callable[[], T], path: Path) -> T | None:
         raise ValueError(f"cannot read {path.name}: {exc.strerror}") from None
 
 
+# The largest report-folder file the view reads into TensorBoard's memory. The collector's
+# report.json and timeline.json are a few MB even at 1024 ranks; a larger one was not written by
+# it, and reading it would cost every run's pages the memory it takes.
+MAX_VIEW_FILE_BYTES = 256 * 2**20
+
+
+def read_report_file(path: Path) -> bytes:
+    """A report folder's file, whole; ValueError past MAX_VIEW_FILE_BYTES (OSError as open raises it)."""
+    size = path.stat().st_size
+    if size > MAX_VIEW_FILE_BYTES:
+        raise ValueError(
+            f"{path.name} is {size / 2**20:.0f} MB, more than the {MAX_VIEW_FILE_BYTES // 2**20} MB the view reads "
+            "(harness.collect writes a few MB); re-run the collector"
+        )
+    return path.read_bytes()
+
+
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object from a report folder, or None when missing (raises ValueError when unreadable)."""
-    data = unless_missing(path.read_bytes, path)
+    data = unless_missing(lambda: read_report_file(path), path)
     return None if data is None else parse_json_object(data, path.name)
 
 

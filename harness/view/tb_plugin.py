@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +37,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import psutil
 from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
@@ -58,7 +61,13 @@ def static_text(name: str) -> str:
 
 
 PLUGIN_NAME = "harness_distributed"
-COLLECT_TIMEOUT_S = 600
+# "Analyse now" runs the collector under limits, so a hostile or oversized file in a log folder
+# costs its own run an error line, never TensorBoard's memory or the other runs' pages:
+COLLECT_TIMEOUT_S = 600  # wall time, then its process group is killed
+COLLECT_JOBS = 2  # parser processes beside the main one
+# Each process's data segment: a quarter of the machine (so all three stay under ~3/4 of it,
+# TensorBoard keeping the rest), at least 2 GB (a 2 GB trace streams in a few hundred MB).
+COLLECT_MEMORY_MB = max(2048, psutil.virtual_memory().total // 2**20 // 4)
 _JSON = "application/json"
 _HTML = "text/html"
 
@@ -234,12 +243,17 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
 
 class CollectJob:
     """One collector process started by "Analyse now": its progress file and its output, in a
-    temporary folder of its own; killed once it runs past COLLECT_TIMEOUT_S."""
+    temporary folder of its own; run with COLLECT_JOBS parsers under --memory-limit-mb
+    COLLECT_MEMORY_MB in a session of its own, whose every process is killed once it runs past
+    COLLECT_TIMEOUT_S (by a timer, whether or not anyone asks for its state)."""
 
     def __init__(self, run: str, proc: subprocess.Popen, folder: Path) -> None:
         self.run, self.proc, self.folder = run, proc, folder
         self.started = time.monotonic()
         self.timed_out = False
+        self.timer = threading.Timer(COLLECT_TIMEOUT_S, self._time_out)
+        self.timer.daemon = True
+        self.timer.start()
 
     @classmethod
     def start(cls, run: str, run_dir: Path) -> CollectJob:
@@ -252,22 +266,35 @@ class CollectJob:
                     "harness.collect",
                     str(run_dir),
                     "-q",
+                    "-j",
+                    str(COLLECT_JOBS),
+                    "--memory-limit-mb",
+                    str(COLLECT_MEMORY_MB),
                     "--progress-file",
                     str(folder / "progress.json"),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: the parsers are killed with it
             )
         return cls(run, proc, folder)
+
+    def _time_out(self) -> None:
+        if self.proc.poll() is None:
+            self.timed_out = True
+            self._kill()
+
+    def _kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
 
     def state(self) -> dict[str, Any]:
         """{state: running|done|failed, stage, done, total, elapsed_s, message}."""
         elapsed = time.monotonic() - self.started
         code = self.proc.poll()
-        if code is None and elapsed > COLLECT_TIMEOUT_S:
-            self.proc.kill()
-            code = self.proc.wait()
-            self.timed_out = True
         try:
             progress = json.loads((self.folder / "progress.json").read_text())
         except (OSError, ValueError):
@@ -295,7 +322,7 @@ class CollectJob:
         return body
 
     def close(self) -> None:
+        self.timer.cancel()
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+            self._kill()
         shutil.rmtree(self.folder, ignore_errors=True)
