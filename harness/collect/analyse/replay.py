@@ -38,6 +38,11 @@ class _Step:
     collectives: list[_Collective]  # by measured start
     tail_us: np.ndarray
     has_collective: np.ndarray  # bool
+    # The collectives' run-ups and transfers as (collective, rank position) matrices, for step 3
+    # over all of a step's collectives at once: `takes_part` where the rank is a participant.
+    run_us: np.ndarray
+    transfer_us: np.ndarray
+    takes_part: np.ndarray  # bool
 
 
 class Replay:
@@ -120,35 +125,52 @@ def _plan(step_span_us: dict[int, tuple[float, float]], ws: list[InstanceWaits])
     for r in ranks:
         lo, hi = step_span_us.get(r, (0.0, 0.0))
         tail.append(max(hi - prev[r].end_us[r], 0.0) if r in prev else max(hi - lo, 0.0))
+    run_us = np.zeros((len(collectives), len(ranks)))
+    transfer_us = np.zeros((len(collectives), len(ranks)))
+    takes_part = np.zeros((len(collectives), len(ranks)), dtype=bool)
+    for i, c in enumerate(collectives):
+        run_us[i, c.ranks], transfer_us[i, c.ranks], takes_part[i, c.ranks] = c.run_us, c.transfer_us, True
     return _Step(
         ranks=np.array(ranks, dtype=np.int64),
         collectives=collectives,
         tail_us=np.array(tail),
         has_collective=np.array([r in prev for r in ranks], dtype=bool),
+        run_us=run_us,
+        transfer_us=transfer_us,
+        takes_part=takes_part,
     )
 
 
-def _with_peers_median(values: np.ndarray, fixed: np.ndarray) -> np.ndarray:
-    """`values` with the fixed entries replaced by the median of the unfixed ones (kept when all
-    are fixed)."""
-    if not fixed.any() or fixed.all():
+def _with_peers_medians(values: np.ndarray, takes_part: np.ndarray, fixed: np.ndarray) -> np.ndarray:
+    """`values` (collective x rank) with each collective's fixed participants' entries replaced
+    by the median of its unfixed participants' (kept where all its participants are fixed): the
+    median as np.median takes it (the middle value, or the mean of the two middle ones), by one
+    sort of all the collectives' unfixed entries."""
+    unfixed = takes_part & ~fixed
+    n = unfixed.sum(axis=1)
+    replace = takes_part & fixed & (n > 0)[:, None]
+    if not replace.any():
         return values
-    out = values.copy()
-    out[fixed] = np.median(values[~fixed])
-    return out
+    ordered = np.sort(np.where(unfixed, values, np.inf), axis=1)
+    rows = np.arange(len(values))
+    half = np.maximum(n // 2, 1)
+    upper = ordered[rows, np.minimum(n // 2, values.shape[1] - 1)]
+    median = np.where(n % 2 == 1, upper, (ordered[rows, half - 1] + upper) / 2)
+    return np.where(replace, median[:, None], values)
 
 
 def _replay(st: _Step, fixed: np.ndarray) -> float:
     """Steps 3-5 of `Replay` for one step, `fixed` a mask over its ranks."""
     arrived = np.zeros(len(st.ranks))
     ended = np.zeros(len(st.ranks))
-    for c in st.collectives:
-        f = fixed[c.ranks]
+    run_us = _with_peers_medians(st.run_us, st.takes_part, fixed)
+    transfer_us = _with_peers_medians(st.transfer_us, st.takes_part, fixed)
+    for i, c in enumerate(st.collectives):
         point = np.where(c.kind == START, 0.0, np.where(c.kind == AFTER_END, ended[c.ranks], arrived[c.ranks]))
-        new_arrival = point + _with_peers_median(c.run_us, f)
+        new_arrival = point + run_us[i, c.ranks]
         start = new_arrival.max()
         arrived[c.ranks] = new_arrival
-        ended[c.ranks] = start + _with_peers_median(c.transfer_us, f)
+        ended[c.ranks] = start + transfer_us[i, c.ranks]
     done = st.has_collective
     tail = st.tail_us.copy()
     for group in (done, ~done):
