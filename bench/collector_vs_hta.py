@@ -5,6 +5,7 @@
     python bench/collector_vs_hta.py --profile --no-compare --shape long-args  # where our time goes
     python bench/collector_vs_hta.py --scale 8,16,32,64 --scale-mb 20   # ours only: ranks vs seconds
     python bench/collector_vs_hta.py --no-compare --stream-mb 2000     # ours only: one 2 GB trace
+    python bench/collector_vs_hta.py --no-compare --layouts            # ours only: key order, Kineto's vs events first
     python bench/collector_vs_hta.py --no-compare --summaries 10,20,85 # ours only: in-job summaries
     python bench/collector_vs_hta.py --no-compare --summary-ranks 1024 # ours only: a 1024-rank job's summaries
     python bench/collector_vs_hta.py --no-compare --summary-ranks 1024 --summary-steps 10  # ... of 10 steps
@@ -12,7 +13,8 @@
 Shapes (`--shape`, repeatable): `dlrm` replicates the real DLRM traces in tests/data/traces (GPU
 kernels, NCCL, short args); `long-args` replicates a harness run made with `--record-shapes
 --with-stack` (every cpu_op carries shapes, strides and concrete inputs: about half the bytes
-are args), made once under --work; `--source DIR` adds any other folder of per-rank traces.
+are args), made once under --work; `tp` a generated tensor-parallel job (`tp_source`: 80 all-reduces a
+step, 25 steps, host ops with recorded shapes); `--source DIR` adds any other folder of per-rank traces.
 
 Each tool runs as its own process, in rotated order every repetition; wall time is the
 process's, peak memory the largest sum of RSS over the process and all its children, sampled
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import math
 import statistics
@@ -112,10 +115,12 @@ def source_traces(source: Path) -> list[Path]:
     return found
 
 
-def make_set(work: Path, ranks: int, rank_mb: float, source: Path = SOURCE) -> Path:
-    """`ranks` files of about `rank_mb` MB each (uncompressed JSON), cached by source and size."""
+def make_set(work: Path, ranks: int, rank_mb: float, source: Path = SOURCE, events_first: bool = False) -> Path:
+    """`ranks` files of about `rank_mb` MB each (uncompressed JSON), cached by source and size.
+    `events_first`: the same documents with traceEvents as the first top-level key (what a
+    script re-exporting a trace with json.dump of its own dict writes), not the last (Kineto's)."""
     base = "dlrm" if source == SOURCE else source.name
-    folder = work / f"{base}-{ranks}r-{rank_mb:g}mb"
+    folder = work / f"{base}-{ranks}r-{rank_mb:g}mb{'-events-first' if events_first else ''}"
     done = folder / ".complete"
     if done.exists():
         return folder
@@ -125,7 +130,10 @@ def make_set(work: Path, ranks: int, rank_mb: float, source: Path = SOURCE) -> P
         doc = load(sources[r % len(sources)])
         one = len(json.dumps(doc["traceEvents"]))
         copies = max(1, round(rank_mb * 1e6 / one))
-        text = json.dumps(replicate(doc, copies, r, ranks))
+        out = replicate(doc, copies, r, ranks)
+        if events_first:
+            out = {"traceEvents": out.pop("traceEvents"), **out}
+        text = json.dumps(out)
         (folder / f"rank{r}.pt.trace.json").write_text(text)
         print(f"  made {folder.name}/rank{r}: {len(text) / 1e6:.0f} MB ({copies} copies)", file=sys.stderr)
     done.touch()
@@ -274,6 +282,33 @@ def scale(work: Path, sizes: list[int], rank_mb: float, reps: int, source: Path 
         got = [measured(ours_cmd(folder, tmp / "report")) for _ in range(reps)]
         wall = statistics.median(w for w, _ in got)
         print(f"{n:>6} {wall:>9.2f} {wall / n:>8.3f} {statistics.median(m for _, m in got) / 1e6:>9.0f}")
+
+
+LAYOUT_TARGET = 1.10  # issue 35: the events-first layout within 10% of Kineto's
+
+
+def layouts(work: Path, ranks: int, rank_mb: float, reps: int, source: Path = SOURCE) -> None:
+    """Ours only: the default command on the same set in Kineto's key order and with traceEvents
+    first, median of `reps` rounds in alternating order; the ratio and whether both streamed."""
+    sets = {
+        "kineto": make_set(work, ranks, rank_mb, source),
+        "events first": make_set(work, ranks, rank_mb, source, events_first=True),
+    }
+    tmp = Path(tempfile.mkdtemp(prefix="cvh-layout-"))
+    got: dict[str, list[tuple[float, int]]] = {k: [] for k in sets}
+    for rep in range(reps):
+        for name in list(sets)[rep % 2 :] + list(sets)[: rep % 2]:
+            got[name].append(measured(default_cmd(sets[name], tmp / name)))
+    print(f"\nlayouts: ours only, {ranks} ranks x {rank_mb:g} MB, median of {reps} alternating runs")
+    print(f"{'layout':14} {'wall s':>8} {'peak MB':>8} {'decoded whole':>14}")
+    wall = {}
+    for name, runs in got.items():
+        wall[name] = statistics.median(w for w, _ in runs)
+        notes = json.loads((tmp / name / "report.json").read_text()).get("warnings", [])
+        whole = sum("decoded whole" in str(n) for n in notes)
+        print(f"{name:14} {wall[name]:>8.2f} {statistics.median(m for _, m in runs) / 1e6:>8.0f} {whole:>14}")
+    ratio = wall["events first"] / wall["kineto"]
+    print(f"events first / kineto: {ratio:.2f} ({'within' if ratio <= LAYOUT_TARGET else 'beyond'} the 10% target)")
 
 
 def one_big_trace(work: Path, rank_mb: float, source: Path = SOURCE) -> None:
@@ -456,6 +491,72 @@ def long_args_source(work: Path) -> Path:
     return folder
 
 
+# 2 all-reduces per layer forward and 2 backward: 80 a step; 5 steps, which make_set repeats to
+# 25 in 90 MB a rank (3.6 MB a step, mostly host ops: what real tensor-parallel traces hold)
+TP_LAYERS, TP_STEPS, TP_HOST_OPS = 20, 5, 200
+
+
+def tp_source(work: Path, ranks: int = 8) -> Path:
+    """The tensor-parallel shape's source, generated once under `work` by the device-queue
+    simulator (tests/devicesim.py): `ranks` ranks of TP_STEPS steps, each layer's forward a GEMM
+    then an all-reduce on the comm stream that the next layer waits for, its backward two GEMMs and
+    two all-reduces (Megatron's row and column parallel layers): 4 * TP_LAYERS = 80 collectives a
+    step, ~2000 a rank. Each GEMM's launch sits under TP_HOST_OPS nested and sibling cpu ops with
+    recorded shapes, as with record_shapes=True, so the bytes are mostly host ops as in real TP
+    traces; `make_set` then repeats the steps up to the size asked."""
+    folder = work / f"tp-{ranks}r"
+    if (folder / ".complete").exists():
+        return folder
+    sys.path.insert(0, str(REPO / "tests"))
+    from devicesim import Sim, write_all
+
+    sim = Sim(world_size=ranks)
+    ids = itertools.count()
+
+    def shapes() -> dict[str, Any]:
+        """A cpu op's args as torch.profiler records them with record_shapes=True (~450 bytes)."""
+        n = next(ids)
+        return {
+            "External id": n,
+            "Record function id": 0,
+            "Ev Idx": n,
+            "Sequence number": n // 4,
+            "Fwd thread id": 0,
+            "Input Dims": [[8, 4096, 8192], [8192, 2048], [2048]],
+            "Input Strides": [[33554432, 8192, 1], [1, 8192], [1]],
+            "Input type": ["c10::BFloat16", "c10::BFloat16", "c10::BFloat16"],
+            "Concrete Inputs": ["", "", ""],
+        }
+
+    for r in range(ranks):
+        h = sim.rank(r)
+        last = None
+        for step in range(TP_STEPS):
+            with h.step(step):
+                with h.range("data"):
+                    h.cpu(400.0 + 10 * r, "aten::copy_")
+                for phase, gemms, colls in (("forward", 1, 2), ("backward", 2, 2)):
+                    with h.range(phase):
+                        for _layer in range(TP_LAYERS):
+                            for _g in range(gemms):
+                                with h.op("aten::linear", shapes()):
+                                    for k in range(TP_HOST_OPS // gemms - 1):
+                                        h.cpu(2.0, "aten::view" if k % 2 else "aten::_reshape_alias", shapes())
+                                    with h.op("aten::addmm", shapes()):
+                                        last = h.launch(
+                                            "sm90_xmma_gemm_bf16bf16_bf16f32", 120.0 + 5 * (r % 3), after=last
+                                        )
+                            for _c in range(colls):
+                                last = h.collective("allreduce", 40.0, nelems=4096 * 2048, dtype="BFloat16", after=last)
+                with h.range("optimizer"):
+                    h.launch("multi_tensor_apply_kernel", 300.0, after=last)
+                    h.sync()
+    folder.mkdir(parents=True, exist_ok=True)
+    write_all(sim.run(), folder)
+    (folder / ".complete").touch()
+    return folder
+
+
 def check_anchors(anchors: dict[str, str]) -> None:
     """SystemExit before any set is made when an anchor's interpreter cannot import HTA."""
     for name, python in anchors.items():
@@ -476,7 +577,7 @@ def main() -> None:
     p.add_argument(
         "--shape",
         action="append",
-        choices=["dlrm", "long-args"],
+        choices=["dlrm", "long-args", "tp"],
         default=[],
         help="trace shape to replicate and compare (repeatable; default: dlrm)",
     )
@@ -504,6 +605,9 @@ def main() -> None:
     p.add_argument("--scale-mb", type=float, default=20.0)
     p.add_argument("--stream-mb", type=float, default=0.0, help="also time one trace of this size (ours only)")
     p.add_argument("--no-compare", action="store_true", help="skip the comparison with the anchors")
+    p.add_argument(
+        "--layouts", action="store_true", help="ours only: the first shape in Kineto's key order against events first"
+    )
     p.add_argument("--summaries", default="", help="comma-separated MB per rank: in-job summaries against full traces")
     p.add_argument(
         "--summary-ranks", type=int, default=0, help="collect this many ranks of in-job summaries (ours only)"
@@ -519,7 +623,12 @@ def main() -> None:
     if not args.no_compare:
         check_anchors(anchors)
     shapes = args.shape or ([] if args.source else ["dlrm"])
-    sources = [SOURCE if s == "dlrm" else long_args_source(args.work) for s in shapes] + args.source
+    makers = {
+        "dlrm": lambda: SOURCE,
+        "long-args": lambda: long_args_source(args.work),
+        "tp": lambda: tp_source(args.work),
+    }
+    sources = [makers[s]() for s in shapes] + args.source
     sets = [make_set(args.work, args.ranks, args.rank_mb, src) for src in sources]
     if not args.no_compare:
         print(
@@ -531,6 +640,8 @@ def main() -> None:
     if args.profile:
         for folder in sets:
             profile(folder)
+    if args.layouts:
+        layouts(args.work, args.ranks, args.rank_mb, args.reps, sources[0])
     if args.stream_mb:
         one_big_trace(args.work, args.stream_mb, sources[0])
     if args.summaries:
