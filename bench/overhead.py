@@ -10,6 +10,8 @@ the leftovers of the previous variant hit every variant alike:
   C  the harness loop with the profiler on but every timed step outside its window (wait)
   D  the harness loop with every timed step inside the profiler's active window
   S  B without TensorBoard scalars (--no-scalars)
+  P  B with the Prometheus metrics on (--metrics-port and --metrics-file): updated every step,
+     served by prometheus_client's HTTP thread, the textfile rewritten once a second
   W  B with the live straggler watch at its default interval (--watch-every 100) over 8 simulated
      ranks: a real gloo all-gather on a 1-rank group whose result is copied 8 times (8 equal
      ranks: the verdict's healthy path, the common one), then the verdict, its log line and
@@ -21,8 +23,9 @@ timed, in two clocks: wall time, and this process's CPU time (user + system), wh
 count time the process spent descheduled by other tenants of a shared machine. Ratios are taken
 within each repetition (paired) and their median reported: B/A (target <= 1.02), C/B (target
 <= 1.02), D/B (the profiler's cost while recording), B/S (the scalars' cost), W/B (the watch's
-cost, target <= 1.005); and the watch's own time, timed inside its calls (add, after_step), as a
-share of the loop's: what (e) measures, without the noise of two separate runs.
+cost, target <= 1.005), P/B (the metrics' cost, target <= 1.005); and the watch's and the
+metrics' own time, timed inside their calls (add, after_step; step), as a share of the loop's:
+what (e) and (g) measure, without the noise of two separate runs.
 
     python bench/overhead.py --mode torch --steps 200 --reps 7
 """
@@ -84,6 +87,7 @@ class SimulatedWatch(Watch):
 
 
 WATCH_SHARES: list[float] = []  # per W run: the watch's own time / the whole loop's time
+METRICS_SHARES: list[float] = []  # per P run: the metrics' own time / the whole loop's time
 
 
 def make_trainer(cfg: TrainConfig) -> Trainer:
@@ -123,7 +127,14 @@ def time_minimal(trainer: Trainer, steps: int, warmup: int) -> tuple[float, floa
 
 
 def time_harness(
-    base: TrainConfig, steps: int, warmup: int, profiler: str, out: Path, scalars: bool = True, watch: bool = False
+    base: TrainConfig,
+    steps: int,
+    warmup: int,
+    profiler: str,
+    out: Path,
+    scalars: bool = True,
+    watch: bool = False,
+    metrics: bool = False,
 ) -> tuple[float, float]:
     """Variants B-D: Trainer.run for warmup + steps, timing only the last `steps` steps.
 
@@ -141,7 +152,15 @@ def time_harness(
         base,
         profiler=prof,
         workload=dataclasses.replace(base.workload, steps=total, warmup_steps=warmup),
-        output=dataclasses.replace(base.output, log_dir=str(out), run_name=tag, scalars=scalars),
+        output=dataclasses.replace(
+            base.output,
+            log_dir=str(out),
+            run_name=tag,
+            scalars=scalars,
+            metrics_port=_free_port() if metrics else None,
+            metrics_addr="127.0.0.1",
+            metrics_file=str(out / f"{tag}.prom") if metrics else None,
+        ),
     )  # scalars on as in a real run
     trainer = make_trainer(cfg)
     stamps: list[tuple[float, float]] = []
@@ -171,8 +190,21 @@ def time_harness(
                 scalars=run.scalars,
                 faults=run.faults,
             )
+        if metrics:  # the metrics' own time, timed inside their per-step call
+            assert run.metrics is not None
+            spent = [0.0]
+            step = run.metrics.step
+
+            def timed_metrics(rec: dict[str, Any]) -> None:
+                t = time.perf_counter()
+                step(rec)
+                spent[0] += time.perf_counter() - t
+
+            run.metrics.step = timed_metrics  # type: ignore[method-assign]
         trainer.run(run)
         stamps.append((time.perf_counter(), time.process_time()))  # before the profiler's exit exports the trace
+        if metrics:
+            METRICS_SHARES.append(spent[0] / (stamps[-1][0] - stamps[0][0]))
     if watcher:
         if watcher.intervals == 0:
             sys.exit(
@@ -198,7 +230,15 @@ def main() -> None:
     args, extra = ap.parse_known_args()
     torch.set_num_threads(args.threads)
     base = resolve_environment(parse_config(["--mode", args.mode, *extra]), LaunchEnv.from_environ({}, cuda=False))
-    names = ("A minimal", "B harness off", "C outside window", "D inside window", "S no scalars", "W watch on")
+    names = (
+        "A minimal",
+        "B harness off",
+        "C outside window",
+        "D inside window",
+        "S no scalars",
+        "W watch on",
+        "P metrics on",
+    )
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     results: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
     with tempfile.TemporaryDirectory() as tmp:
@@ -210,6 +250,7 @@ def main() -> None:
             names[3]: lambda: time_harness(base, args.record_steps, args.warmup, "record", out),
             names[4]: lambda: time_harness(base, args.steps, args.warmup, "off", out, scalars=False),
             names[5]: lambda: time_harness(base, args.steps, args.warmup, "off", out, watch=True),
+            names[6]: lambda: time_harness(base, args.steps, args.warmup, "off", out, metrics=True),
         }
         for rep in range(args.reps):
             for name in names[rep % len(names) :] + names[: rep % len(names)]:
@@ -242,11 +283,16 @@ def main() -> None:
         ("(c) inside window / profiling off", names[3], names[1], "the profiler's cost"),
         ("(d) harness off / same, no scalars", names[1], names[4], "TensorBoard scalars' cost"),
         ("(e) watch on / harness off", names[5], names[1], "target <= 1.005"),
+        ("(g) metrics on / harness off", names[6], names[1], "target <= 1.005"),
     ):
         print(f"{label:<38}{paired(num, den, 0):>7.4f}{paired(num, den, 1):>8.4f}  ({target})")
     print(
         f"(f) the watch's own time / the loop's: median {statistics.median(WATCH_SHARES) * 100:.3f}%, max "
         f"{max(WATCH_SHARES) * 100:.3f}% (timed inside its calls: exact where (e) is within the noise)"
+    )
+    print(
+        f"(h) the metrics' own time / the loop's: median {statistics.median(METRICS_SHARES) * 100:.3f}%, max "
+        f"{max(METRICS_SHARES) * 100:.3f}% (served on a port and filed, updated every step; target <= 0.5%)"
     )
 
 

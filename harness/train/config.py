@@ -405,9 +405,24 @@ class OutputConfig:
     scalars: bool = knob(
         True, "write per-rank TensorBoard scalars (step time, data wait, throughput, memory) to <run>/tb/"
     )
+    metrics_port: int | None = knob(
+        None,
+        "serve Prometheus metrics (step, phases, memory, watch, tracing) on PORT + local rank, at /metrics "
+        "(docs/metrics.md; default: off)",
+        flag="--metrics-port",
+    )
+    metrics_addr: str = knob("", "the address the metrics endpoints bind to (default: every interface)")
+    metrics_file: str | None = knob(
+        None,
+        "write the metrics in the node exporter's textfile format to this file, one per rank ({rank} in it, "
+        "else .rank<R> before its suffix), rewritten atomically at most once a second (default: off)",
+        flag="--metrics-file",
+    )
 
     def __post_init__(self) -> None:
         _check_types(self, "output")
+        if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
+            raise ConfigError("output.metrics_port", f"{self.metrics_port} is not a TCP port (1-65535)")
         if self.run_name is not None and (not self.run_name or "/" in self.run_name or self.run_name in (".", "..")):
             raise ConfigError("output.run_name", f"{self.run_name!r} must be a plain folder name")
 

@@ -40,6 +40,7 @@ from harness.paths import RUN_FILE, run_file, scalars_dir, steps_path, watch_pat
 from harness.scalars import ScalarWriter, step_scalars
 from harness.train import flight
 from harness.train.config import LaunchEnv
+from harness.train.metrics import Metrics, metrics_target
 from harness.train.profiling import TraceRecorder
 from harness.train.ranges import phase_range
 from harness.train.run_config import RunConfig, load_run_config
@@ -188,6 +189,16 @@ class Run:
             metadata=metadata,
             faults=faults,
         )
+        target = metrics_target(
+            cfg.output.metrics_port,
+            cfg.output.metrics_addr,
+            cfg.output.metrics_file,
+            env.rank,
+            env.local_rank,
+            env.world_size,
+        )
+        labels = {"run": ident.name, "rank": str(env.rank), "local_rank": str(env.local_rank), "host": host}
+        self.metrics = Metrics.start(labels, target, faults) if target is not None else None
         self.watch: Watch | None = None
         self._catch_sigterm()
         try:
@@ -206,6 +217,7 @@ class Run:
                 recorder=self.recorder,
                 scalars=self.scalars,
                 faults=faults,
+                metrics=self.metrics,
             )
             self.recorder.__enter__()
         except BaseException as exc:
@@ -406,6 +418,10 @@ class Run:
         self.log.write(rec)
         if self.scalars:
             self.scalars.add(rec["step"], step_scalars(rec))
+        if self.metrics:
+            tracing = self.recorder.tracing
+            self.metrics.tracing(tracing["written"], len(tracing["skipped_windows"]), len(self.faults.events))
+            self.metrics.step(rec)
 
     def _notes(self) -> list[str]:
         """What the loop did not mark, said once (what the run has without it)."""
@@ -420,6 +436,8 @@ class Run:
 
     def _close_outputs(self) -> None:
         """Write what waits in memory; say what could not be written at all."""
+        if self.metrics:
+            self.metrics.close()
         if not self.log.close():
             self.faults.note(
                 f"{self.log.unwritten} step record(s) could not be written to {self.log.path}; the "

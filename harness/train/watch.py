@@ -27,6 +27,7 @@ from harness.collect.analyse.stragglers import Thresholds
 from harness.paths import watch_path
 from harness.scalars import ScalarWriter
 from harness.train.config import WatchConfig
+from harness.train.metrics import Metrics
 from harness.train.profiling import TraceRecorder
 from harness.train.watch_rule import IntervalVerdict, judge_interval, own_work_phases, pack_rows, step_row
 from harness.write_faults import AppendOnlyFile, FaultLog
@@ -55,6 +56,7 @@ class Watch:
         recorder: TraceRecorder,
         scalars: ScalarWriter | None,
         faults: FaultLog,
+        metrics: Metrics | None = None,
     ) -> None:
         """`steps`: the run's length (None: not known), `parallel` (ddp, fsdp, none): which
         phases hold collectives."""
@@ -75,6 +77,7 @@ class Watch:
         self.recorder = recorder
         self.scalars = scalars
         self.faults = faults
+        self.metrics = metrics
         self.th = Thresholds(min_lag_ms=cfg.min_lag_ms)
         # Twice the interval: steps a rank timed late (GPU) are still there at the next exchange.
         self._recent: deque[list[float]] = deque(maxlen=2 * max(cfg.every, 1))
@@ -166,8 +169,10 @@ class Watch:
         capture = None
         if self.cfg.capture_on_straggler and len(self.captures) < self.cfg.max_captures:
             capture = self._agree_capture(step, [r.rank for r in new])
+        mine = next((r for r in verdict.ranks if r.rank == self.rank), None)
+        if mine and self.metrics:
+            self.metrics.watch(mine.late_ms, mine.straggler, verdict.threshold_ms)
         if self.scalars:
-            mine = next((r for r in verdict.ranks if r.rank == self.rank), None)
             if mine:
                 self.scalars.add(
                     step,
