@@ -189,3 +189,23 @@ def test_the_grafana_dashboard_reads_only_metrics_the_ranks_export() -> None:
     titles = " ".join(p["title"] for p in dash["panels"])
     for needed in ("Step time per rank", "Straggler flag", "memory", "Phases, stacked"):
         assert needed in titles
+
+
+def test_a_summarized_window_gives_syncs_and_launches_per_step(tmp_path: Path) -> None:
+    """With --trace-summary, each window's parsed rank sets the syncs, their device cost and the
+    launches per step: here a real DLRM GPU trace's, their means over its steps."""
+    from harness.collect.read.parse import parse_trace
+
+    from jobs import REAL_TRACES
+
+    trace = parse_trace(REAL_TRACES / "dlrm_8rank_v100" / "worker0_step_12.1694128201545.pt.trace.json.gz")
+    labels = {"run": "r", "rank": "0", "local_rank": "0", "host": "h"}
+    m = Metrics(labels, MetricsTarget(None, "", tmp_path / "m.prom"), FaultLog(rank=0))
+    m.window(trace)
+    m.close()
+    got = samples((tmp_path / "m.prom").read_text())
+    n = len(trace.steps)
+    assert n > 0
+    assert got["harness_trace_syncs_per_step{rank=0}"] == sum(s.syncs for s in trace.steps) / n
+    assert got["harness_trace_launches_per_step{rank=0}"] == sum(s.launches for s in trace.steps) / n > 0
+    assert got["harness_trace_sync_cost_seconds{rank=0}"] == sum(s.sync_cost_us for s in trace.steps) / n / 1e6

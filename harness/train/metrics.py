@@ -93,6 +93,11 @@ class Metrics:
         self._windows = gauge("harness_tracing_windows_written", "trace windows written")
         self._skipped = gauge("harness_tracing_windows_skipped", "trace windows skipped (a write failed)")
         self._failures = gauge("harness_write_failures", "profiler-side writes that failed (training went on)")
+        self._syncs = gauge("harness_trace_syncs_per_step", "blocking host-device syncs per step, last traced window")
+        self._sync_cost = gauge(
+            "harness_trace_sync_cost_seconds", "device idle the syncs caused per step, last traced window"
+        )
+        self._launches = gauge("harness_trace_launches_per_step", "kernel launches per step, last traced window")
         self.labels = labels
         self._children: dict[tuple[Gauge | Counter, str], Any] = {}
         self._bound = {
@@ -113,6 +118,9 @@ class Metrics:
                 self._windows,
                 self._skipped,
                 self._failures,
+                self._syncs,
+                self._sync_cost,
+                self._launches,
             )
         }
         self._intervals_bound = self._intervals.labels(**labels)
@@ -184,6 +192,17 @@ class Metrics:
         b[self._windows].set(written)
         b[self._skipped].set(skipped)
         b[self._failures].set(failures)
+
+    def window(self, trace: Any) -> None:
+        """A traced window as its in-job summary parsed it (a `RankTrace`, with --trace-summary):
+        its syncs, their device cost and its launches, per step."""
+        steps = trace.steps
+        if not steps:
+            return
+        b = self._bound
+        b[self._syncs].set(sum(s.syncs for s in steps) / len(steps))
+        b[self._sync_cost].set(sum(s.sync_cost_us for s in steps) / len(steps) / 1e6)
+        b[self._launches].set(sum(s.launches for s in steps) / len(steps))
 
     def _write_file(self, force: bool = False) -> None:
         path = self.target.file

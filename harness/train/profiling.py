@@ -80,6 +80,7 @@ class TraceRecorder:
         self.summaries: list[Path] = []
         self.memory_timelines: list[Path] = []
         self.summary_s = 0.0  # time spent condensing traces into summaries
+        self.on_summary: Callable[[Any], None] | None = None  # handed each summarized window's RankTrace
         self.skipped: list[dict[str, Any]] = []  # [{first, last, reason}]: runs of windows not written
         self.faults = faults or FaultLog(rank=rank)
         self._windows = 0  # windows handed over by the profiler so far
@@ -256,7 +257,9 @@ class TraceRecorder:
 
             started = time.perf_counter()
             try:
-                self.summaries.append(summarize(final, drop_trace=self.cfg.trace_summary == "only"))
+                self.summaries.append(
+                    summarize(final, drop_trace=self.cfg.trace_summary == "only", seen=self.on_summary)
+                )
             except Exception as exc:
                 self._discard(partial_path(summary_path(final)))
                 self.faults.report(

@@ -199,6 +199,8 @@ class Run:
         )
         labels = {"run": ident.name, "rank": str(env.rank), "local_rank": str(env.local_rank), "host": host}
         self.metrics = Metrics.start(labels, target, faults) if target is not None else None
+        if self.metrics:
+            self.recorder.on_summary = self.metrics.window
         self.watch: Watch | None = None
         self._catch_sigterm()
         try:

@@ -14,6 +14,7 @@ the cluster, before copying only the summaries to a laptop).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -58,10 +59,14 @@ def write_summary(trace: RankTrace, path: Path) -> Path:
     return path
 
 
-def summarize(trace_file: Path, *, drop_trace: bool = False) -> Path:
+def summarize(trace_file: Path, *, drop_trace: bool = False, seen: Callable[[RankTrace], None] | None = None) -> Path:
     """Parse `trace_file`, write its summary next to it; with `drop_trace`, then delete the
-    trace (only once the summary is safely on disk)."""
-    out = write_summary(parse_trace(trace_file), summary_path(trace_file))
+    trace (only once the summary is safely on disk). `seen` is handed the parsed rank (the
+    live metrics read its syncs per step)."""
+    parsed = parse_trace(trace_file)
+    if seen is not None:
+        seen(parsed)
+    out = write_summary(parsed, summary_path(trace_file))
     if drop_trace:
         trace_file.unlink()
     return out
