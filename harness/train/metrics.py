@@ -11,20 +11,23 @@ PATH, else `.rank<R>` before the suffix when there is more than one rank), rewri
 (a temporary file renamed) at most once a second (FILE_INTERVAL_S) and at the end.
 
 What is updated, and when (`step`): from the step record the step clock hands over once the
-step's device work is done (CUDA events, no host-device synchronisation), so a step costs a few
-gauge updates (`bench/overhead.py`, variant P). Every series carries the labels run, rank,
-local_rank and host; docs/metrics.md says what each one means.
+step's device work is done (CUDA events, no host-device synchronisation); a step only keeps its
+record and adds to a few sums, and the families are built when read (`bench/overhead.py`,
+variant P). Every series carries the labels run, rank, local_rank and host; docs/metrics.md says
+what each one means.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Summary, start_http_server, write_to_textfile
+from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from harness.write_faults import FaultLog
 
@@ -53,78 +56,52 @@ def rank_file(template: str, rank: int, local_rank: int, world_size: int) -> Pat
     return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
 
+# (record key, metric name, help, scale to the metric's unit): the last step record's gauges
+_LAST_STEP = (
+    ("step_ms", "harness_step_last_seconds", "the last recorded step's time", 1e-3),
+    ("data_ms", "harness_data_wait_seconds", "the last step's host time blocked on the data loader", 1e-3),
+    ("outside_step_ms", "harness_outside_step_seconds", "host time between the last two steps, in no step", 1e-3),
+    ("rss_bytes", "harness_host_rss_bytes", "resident memory of this rank's process", 1.0),
+    ("gpu_peak_allocated_bytes", "harness_gpu_peak_allocated_bytes", "peak GPU memory allocated in the last step", 1.0),
+    ("gpu_peak_reserved_bytes", "harness_gpu_peak_reserved_bytes", "peak GPU memory reserved in the last step", 1.0),
+    ("host_cpu_util_pct", "harness_host_cpu_percent", "the host's CPU use (all cores, %)", 1.0),
+    ("proc_cpu_pct", "harness_process_cpu_percent", "this process's CPU use (% of one core)", 1.0),
+)
+# (attribute, metric name, help): gauges of the watch, the tracing state and the last traced window
+_STATE = (
+    ("late_s", "harness_watch_late_seconds", "the watch's lateness of this rank per step, last interval"),
+    ("threshold_s", "harness_watch_threshold_seconds", "the watch's straggler bound, last interval"),
+    ("straggler", "harness_watch_straggler", "1 when the watch flags this rank as a straggler, else 0"),
+    ("written", "harness_tracing_windows_written", "trace windows written"),
+    ("skipped", "harness_tracing_windows_skipped", "trace windows skipped (a write failed)"),
+    ("failures", "harness_write_failures", "profiler-side writes that failed (training went on)"),
+    ("syncs", "harness_trace_syncs_per_step", "blocking host-device syncs per step, last traced window"),
+    ("sync_cost_s", "harness_trace_sync_cost_seconds", "device idle the syncs caused per step, last traced window"),
+    ("launches", "harness_trace_launches_per_step", "kernel launches per step, last traced window"),
+)
+
+
 class Metrics:
-    """One rank's metrics (module docstring). `start` serves and/or files them; `step`, `watch`
-    and `tracing` update them; `close` writes the file a last time and stops serving."""
+    """One rank's metrics (module docstring). `start` serves and/or files them; `step`, `watch`,
+    `tracing` and `window` update them; `close` writes the file a last time and stops serving.
+
+    A step only keeps its record and adds to a few sums (~2 us); the metric families are built
+    from them when they are read (a scrape, the textfile's rewrite), in `collect`: a registry's
+    custom collector. The record is replaced whole, so a scrape in the server's thread reads one
+    step's values, never a mix."""
 
     def __init__(self, labels: dict[str, str], target: MetricsTarget, faults: FaultLog) -> None:
         self.target, self.faults = target, faults
-        self.registry = r = CollectorRegistry(auto_describe=True)
-        names = list(LABELS)
-
-        def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
-            return Gauge(name, doc, [*names, *extra], registry=r)
-
-        self._steps = Counter("harness_steps", "steps recorded by this rank", names, registry=r).labels(**labels)
-        self._step = Summary("harness_step_seconds", "step time (device time on GPU)", names, registry=r).labels(
-            **labels
-        )
-        self._last_step = gauge("harness_step_last_seconds", "the last recorded step's time").labels(**labels)
-        self._phase_last = gauge("harness_phase_last_seconds", "the last step's time in each phase", ("phase",))
-        self._phase_total = Counter(
-            "harness_phase_seconds",
-            "time in each phase over the run (its rate: the phases stacked)",
-            [*names, "phase"],
-            registry=r,
-        )
-        self._data_wait = gauge("harness_data_wait_seconds", "the last step's host time blocked on the data loader")
-        self._outside = gauge("harness_outside_step_seconds", "host time between the last two steps, in no step")
-        self._throughput = gauge("harness_throughput_samples_per_second", "samples per second in the last step")
-        self._rss = gauge("harness_host_rss_bytes", "resident memory of this rank's process")
-        self._gpu_alloc = gauge("harness_gpu_peak_allocated_bytes", "peak GPU memory allocated in the last step")
-        self._gpu_reserved = gauge("harness_gpu_peak_reserved_bytes", "peak GPU memory reserved in the last step")
-        self._host_cpu = gauge("harness_host_cpu_percent", "the host's CPU use (all cores, %)")
-        self._proc_cpu = gauge("harness_process_cpu_percent", "this process's CPU use (% of one core)")
-        self._late = gauge("harness_watch_late_seconds", "the watch's lateness of this rank per step, last interval")
-        self._threshold = gauge("harness_watch_threshold_seconds", "the watch's straggler bound, last interval")
-        self._straggler = gauge("harness_watch_straggler", "1 when the watch flags this rank as a straggler, else 0")
-        self._intervals = Counter("harness_watch_intervals", "intervals the watch judged", names, registry=r)
-        self._recording = gauge("harness_tracing_recording", "1 while the profiler records this rank's steps")
-        self._windows = gauge("harness_tracing_windows_written", "trace windows written")
-        self._skipped = gauge("harness_tracing_windows_skipped", "trace windows skipped (a write failed)")
-        self._failures = gauge("harness_write_failures", "profiler-side writes that failed (training went on)")
-        self._syncs = gauge("harness_trace_syncs_per_step", "blocking host-device syncs per step, last traced window")
-        self._sync_cost = gauge(
-            "harness_trace_sync_cost_seconds", "device idle the syncs caused per step, last traced window"
-        )
-        self._launches = gauge("harness_trace_launches_per_step", "kernel launches per step, last traced window")
-        self.labels = labels
-        self._children: dict[tuple[Gauge | Counter, str], Any] = {}
-        self._bound = {
-            g: g.labels(**labels)
-            for g in (
-                self._data_wait,
-                self._outside,
-                self._throughput,
-                self._rss,
-                self._gpu_alloc,
-                self._gpu_reserved,
-                self._host_cpu,
-                self._proc_cpu,
-                self._late,
-                self._threshold,
-                self._straggler,
-                self._recording,
-                self._windows,
-                self._skipped,
-                self._failures,
-                self._syncs,
-                self._sync_cost,
-                self._launches,
-            )
-        }
-        self._intervals_bound = self._intervals.labels(**labels)
-        self._straggler.labels(**labels).set(0)
+        self.label_names = list(LABELS)
+        self.label_values = [labels[k] for k in LABELS]
+        self.steps = 0
+        self.step_sum_s = 0.0
+        self.phase_sum_s: dict[str, float] = {}
+        self.last: dict[str, Any] = {}
+        self.intervals = 0
+        self.state: dict[str, float] = {"straggler": 0.0}
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(self)
         self.server: Any = None
         self._written_at = 0.0
 
@@ -144,54 +121,34 @@ class Metrics:
         m._write_file(force=True)
         return m
 
-    def _child(self, metric: Gauge | Counter, phase: str) -> Any:
-        key = (metric, phase)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(**self.labels, phase=phase)
-        return child
-
     def step(self, rec: dict[str, Any]) -> None:
-        """A step record (timing.StepClock's, with the system sample): the step's metrics."""
-        step_s = rec["step_ms"] / 1e3
-        self._steps.inc()
-        self._step.observe(step_s)
-        self._last_step.set(step_s)
+        """A step record (timing.StepClock's, with the system sample)."""
+        self.steps += 1
+        self.step_sum_s += rec["step_ms"] / 1e3
+        sums = self.phase_sum_s
         for phase, ms in (rec.get("phases_ms") or {}).items():
-            self._child(self._phase_last, phase).set(ms / 1e3)
-            self._child(self._phase_total, phase).inc(max(ms, 0.0) / 1e3)
-        b = self._bound
-        b[self._data_wait].set(rec.get("data_ms", 0.0) / 1e3)
-        b[self._outside].set(rec.get("outside_step_ms", 0.0) / 1e3)
-        samples = rec.get("samples")
-        if samples and step_s > 0:
-            b[self._throughput].set(samples / step_s)
-        for key, metric in (
-            ("rss_bytes", self._rss),
-            ("gpu_peak_allocated_bytes", self._gpu_alloc),
-            ("gpu_peak_reserved_bytes", self._gpu_reserved),
-            ("host_cpu_util_pct", self._host_cpu),
-            ("proc_cpu_pct", self._proc_cpu),
-        ):
-            value = rec.get(key)
-            if isinstance(value, (int, float)):
-                b[metric].set(value)
-        b[self._recording].set(1.0 if rec.get("profiler") == "record" else 0.0)
-        self._write_file()
+            sums[phase] = sums.get(phase, 0.0) + max(ms, 0.0) / 1e3
+        self.last = rec
+        if self.target.file is not None:
+            self._write_file()
 
     def watch(self, late_ms: float, straggler: bool, threshold_ms: float) -> None:
         """The watch's verdict on this rank for the interval it just judged."""
-        b = self._bound
-        b[self._late].set(late_ms / 1e3)
-        b[self._threshold].set(threshold_ms / 1e3)
-        b[self._straggler].set(1.0 if straggler else 0.0)
-        self._intervals_bound.inc()
+        self.state = {
+            **self.state,
+            "late_s": late_ms / 1e3,
+            "threshold_s": threshold_ms / 1e3,
+            "straggler": float(straggler),
+        }
+        self.intervals += 1
 
     def tracing(self, written: int, skipped: int, failures: int) -> None:
-        b = self._bound
-        b[self._windows].set(written)
-        b[self._skipped].set(skipped)
-        b[self._failures].set(failures)
+        if (self.state.get("written"), self.state.get("skipped"), self.state.get("failures")) != (
+            written,
+            skipped,
+            failures,
+        ):
+            self.state = {**self.state, "written": written, "skipped": skipped, "failures": failures}
 
     def window(self, trace: Any) -> None:
         """A traced window as its in-job summary parsed it (a `RankTrace`, with --trace-summary):
@@ -199,10 +156,68 @@ class Metrics:
         steps = trace.steps
         if not steps:
             return
-        b = self._bound
-        b[self._syncs].set(sum(s.syncs for s in steps) / len(steps))
-        b[self._sync_cost].set(sum(s.sync_cost_us for s in steps) / len(steps) / 1e6)
-        b[self._launches].set(sum(s.launches for s in steps) / len(steps))
+        n = len(steps)
+        self.state = {
+            **self.state,
+            "syncs": sum(s.syncs for s in steps) / n,
+            "sync_cost_s": sum(s.sync_cost_us for s in steps) / n / 1e6,
+            "launches": sum(s.launches for s in steps) / n,
+        }
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families, from the kept values (a registry calls this on each read)."""
+        names, values = self.label_names, self.label_values
+        rec, state = self.last, self.state
+        steps = CounterMetricFamily("harness_steps", "steps recorded by this rank", labels=names)
+        steps.add_metric(values, self.steps)
+        yield steps
+        step = SummaryMetricFamily("harness_step_seconds", "step time (device time on GPU)", labels=names)
+        step.add_metric(values, self.steps, self.step_sum_s)
+        yield step
+        for key, name, doc, scale in _LAST_STEP:
+            value = rec.get(key)
+            if isinstance(value, (int, float)):
+                g = GaugeMetricFamily(name, doc, labels=names)
+                g.add_metric(values, value * scale)
+                yield g
+        step_ms, samples = rec.get("step_ms"), rec.get("samples")
+        if samples and step_ms:
+            g = GaugeMetricFamily(
+                "harness_throughput_samples_per_second", "samples per second, last step", labels=names
+            )
+            g.add_metric(values, samples / (step_ms / 1e3))
+            yield g
+        phases = rec.get("phases_ms") or {}
+        last = GaugeMetricFamily(
+            "harness_phase_last_seconds", "the last step's time in each phase", labels=[*names, "phase"]
+        )
+        for phase, ms in phases.items():
+            last.add_metric([*values, phase], ms / 1e3)
+        yield last
+        total = CounterMetricFamily(
+            "harness_phase_seconds",
+            "time in each phase over the run (its rate: the phases stacked)",
+            labels=[*names, "phase"],
+        )
+        for phase, secs in list(self.phase_sum_s.items()):
+            total.add_metric([*values, phase], secs)
+        yield total
+        g = GaugeMetricFamily(
+            "harness_tracing_recording", "1 while the profiler records this rank's steps", labels=names
+        )
+        g.add_metric(values, 1.0 if rec.get("profiler") == "record" else 0.0)
+        yield g
+        intervals = CounterMetricFamily("harness_watch_intervals", "intervals the watch judged", labels=names)
+        intervals.add_metric(values, self.intervals)
+        yield intervals
+        for key, name, doc in _STATE:
+            if key in state:
+                g = GaugeMetricFamily(name, doc, labels=names)
+                g.add_metric(values, state[key])
+                yield g
+
+    def describe(self) -> list[Metric]:
+        return []  # families appear as values come; a registry without descriptions calls collect
 
     def _write_file(self, force: bool = False) -> None:
         path = self.target.file
