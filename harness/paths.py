@@ -41,6 +41,7 @@ STEP_PHASES = ("data", "h2d", "forward", "loss", "backward", "optimizer")
 
 STEPS_DIR = "steps"
 STEPS_TEMPLATE = "rank{rank}.jsonl"
+STEPS_PATTERN = re.compile(r"^rank(?P<rank>\d+)\.jsonl$")
 RUN_FILE = "run.json"
 # The live straggler watch (harness/train/watch.py): one JSON line per judged interval, by rank 0.
 WATCH_FILE = "watch.jsonl"
@@ -72,6 +73,10 @@ SCALARS_RANK_TEMPLATE = "rank{rank:05d}"
 
 # The collector's output folder inside a run folder, and the files the TensorBoard plugin reads.
 REPORT_DIR = "report"
+# python -m harness.compare BASE NEW: its output folder (in NEW's run folder unless -o) and files
+COMPARE_DIR = "compare"
+COMPARE_JSON = "compare.json"
+COMPARE_MD = "compare.md"
 REPORT_JSON = "report.json"
 TIMELINE_JSON = "timeline.json"
 MERGED_TRACE = "merged.pt.trace.json.gz"

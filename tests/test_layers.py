@@ -1,5 +1,6 @@
 """The layers import downwards only: collect (reading and analysis) never imports report (the
-files made from it) or the view; report never imports the view. python -m harness.collect's
+files made from it) or the view; report never imports the view; compare (run against run) reads
+files only, and runs without torch. python -m harness.collect's
 launcher (collect/__main__.py) is the one exception: it starts the command in report/."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ HARNESS = REPO / "harness"
 FORBIDDEN = {
     "collect": ("harness.report", "harness.view", "harness.train", "harness.lab"),
     "report": ("harness.view", "harness.train", "harness.lab"),
+    "compare": ("harness.view", "harness.train", "harness.lab", "torch"),
 }
 
 

@@ -290,6 +290,20 @@ def test_hostile_files_cost_their_own_run_a_line(server: str) -> None:
     assert status == 500 and b"more than the 256 MB the view reads" in body
 
 
+def test_the_comparison_page_picks_two_runs_and_compares_them(server: str) -> None:
+    """`compare` without runs: the form, listing the logdir's runs; with two: the comparison
+    (harness.compare's headline and phase table); a trace-only folder says why it cannot be
+    compared; an unknown run is a 404."""
+    status, page = get(server, f"{PLUGIN}/compare")
+    assert status == 200 and b'<select name="base">' in page and b'<option value="ddp">' in page
+    status, page = get(server, f"{PLUGIN}/compare?base=ddp&new=fsdp")
+    assert status == 200 and b"median step" in page and b"<th>phase</th>" in page, page[:2000]
+    status, page = get(server, f"{PLUGIN}/compare?base=ddp&new=pending")
+    assert status == 200 and b"cannot be compared" in page
+    assert get(server, f"{PLUGIN}/compare?base=ddp&new=nope")[0] == 404
+    assert get(server, f"{PLUGIN}/compare?base=..%2Fddp&new=ddp")[0] == 404
+
+
 def test_analyse_now_is_killed_with_its_parsers_past_its_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The time limit holds whether or not anyone polls: a timer kills the collector's whole
     process group (its parser processes too) and the state says it ran past the limit."""
@@ -538,6 +552,28 @@ def test_view_in_chromium_through_tensorboard(server: str, browser: Any, logdir:
     urls = requested_urls(browser)
     assert any(u.endswith("/plotly.min.js") for u in urls)
     assert [u for u in urls if not u.startswith(LOOPBACK)] == []
+    assert console_errors(browser) == []
+
+
+def test_compare_button_in_chromium(server: str, browser: Any) -> None:
+    """The bar's Compare button: the selected run against the one picked beside it, shown in
+    the view's frame (the plugin's comparison page)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    browser.get(server + "/#harness_distributed")
+    browser.switch_to.frame(wait_for(browser, "return document.querySelector('iframe')"))
+    wait_for(browser, "return document.querySelectorAll('#compare-with option').length")
+    Select(browser.find_element(By.ID, "compare-with")).select_by_value("fsdp")
+    browser.find_element(By.ID, "compare").click()
+    browser.switch_to.frame(browser.find_element(By.ID, "view"))
+    text = wait_for(
+        browser,
+        "const m = document.getElementById('message');"
+        " return m && m.textContent.includes('median step') && m.textContent",
+    )
+    assert "BASE ddp" in text and "NEW fsdp" in text
+    browser.switch_to.default_content()
     assert console_errors(browser) == []
 
 

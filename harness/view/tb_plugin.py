@@ -42,6 +42,9 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
+from harness.compare.diff import compare_sides
+from harness.compare.load import CompareError, load_side
+from harness.compare.render import html as compare_html
 from harness.paths import REPORT_JSON, TIMELINE_JSON
 from harness.report.files import view_title
 from harness.report.page import STATIC_FILES as PAGE_FILES
@@ -72,6 +75,22 @@ _JSON = "application/json"
 _HTML = "text/html"
 
 
+def compare_form(names: list[str], base: str, new: str) -> str:
+    """Two run pickers and a button: the comparison page's form (a GET to itself)."""
+
+    def select(field: str, chosen: str) -> str:
+        options = "".join(
+            f'<option value="{html.escape(n)}"{" selected" if n == chosen else ""}>{html.escape(n)}</option>'
+            for n in names
+        )
+        return f'<select name="{field}">{options}</select>'
+
+    return (
+        f'<form method="get" action="compare">BASE {select("base", base)} NEW {select("new", new)} '
+        '<button type="submit">Compare</button></form>'
+    )
+
+
 def collect_command(entry: RunEntry) -> str:
     return f"python -m harness.collect {shlex.quote(str(entry.run_dir))}"
 
@@ -94,6 +113,7 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
             "/plotly.min.js": self._serve_plotly,
             "/collect": self._serve_collect,
             "/collect_status": self._serve_collect_status,
+            "/compare": self._serve_compare,
         }
         for name in STATIC_FILES:
             apps["/" + name] = self._serve_static
@@ -229,6 +249,25 @@ class DistributedViewPlugin(base_plugin.TBPlugin):
             # collect_status, so TensorBoard keeps serving everything else meanwhile.
             self._jobs[entry.name] = CollectJob.start(entry.name, entry.run_dir)
         return http_util.Respond(request, json.dumps({"ok": True, "message": "started"}), _JSON, code=202)
+
+    @wrappers.Request.application
+    def _serve_compare(self, request: wrappers.Request) -> wrappers.Response:
+        """Two runs compared (`compare?base=RUN&new=RUN`, harness.compare): the page picks them,
+        then shows the comparison; a run that cannot be compared says why on the page."""
+        runs = find_runs(self.logdir)
+        base, new = request.args.get("base", ""), request.args.get("new", "")
+        if (base and base not in runs) or (new and new not in runs):
+            return self._not_found(request, "no such run")
+        form = compare_form(list(runs), base, new)
+        body = ""
+        if base and new:
+            try:
+                doc = compare_sides(load_side(str(runs[base].run_dir)), load_side(str(runs[new].run_dir)))
+                body = compare_html(doc)
+            except CompareError as exc:
+                body = f"<p>These runs cannot be compared: {html.escape(str(exc))}</p>"
+        page = render_message("Compare two runs", form + body)
+        return http_util.Respond(request, page, _HTML)
 
     @wrappers.Request.application
     def _serve_collect_status(self, request: wrappers.Request) -> wrappers.Response:

@@ -22,7 +22,10 @@ export async function render() {
   const select = el("select", { id: "run" });
   const status = el("span", { id: "status", style: "margin-left: 12px; color: #5f6368;" });
   const button = el("button", { id: "collect", style: "margin-left: 12px; display: none;" }, "Analyse now");
-  bar.append(label, select, button, status);
+  // Compare: the selected run (BASE) against another (NEW), on the plugin's comparison page.
+  const other = el("select", { id: "compare-with", style: "margin-left: 12px;" });
+  const compare = el("button", { id: "compare", style: "margin-left: 4px;" }, "Compare");
+  bar.append(label, select, button, el("span", { style: "margin-left: 12px;" }, "with "), other, compare, status);
   const frame = el("iframe", { id: "view", title: "distributed view",
                                style: "border: 0; width: 100%; height: calc(100vh - 46px); display: block;" });
   document.body.append(bar, frame);
@@ -39,6 +42,7 @@ export async function render() {
   async function refresh(keep) {
     runs = await getRuns();
     select.replaceChildren(...runs.map((r) => el("option", { value: r.run }, r.run + (r.has_report ? "" : " (no report)"))));
+    other.replaceChildren(...runs.map((r) => el("option", { value: r.run }, r.run)));
     if (!runs.length) {
       status.textContent = "No run with profiler traces under the logdir. Train with: " +
         "torchrun --nproc_per_node 2 -m harness.train, then python -m harness.collect profiler_logs/<run>";
@@ -49,6 +53,9 @@ export async function render() {
     show(pick.run);
   }
   select.addEventListener("change", () => show(select.value));
+  compare.addEventListener("click", () => {
+    frame.src = "./compare?base=" + encodeURIComponent(select.value) + "&new=" + encodeURIComponent(other.value);
+  });
   // "Analyse now": the collector runs in its own process; the page polls its progress.
   async function follow(name) {
     for (;;) {

@@ -1,0 +1,3 @@
+from harness.compare.command import main
+
+main()
