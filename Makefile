@@ -7,7 +7,7 @@ DEMO_RUN := demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_ARGS ?= --mode torch --parallel ddp --steps 20 --warmup-steps 5 --active 6 \
 	--straggler-rank 1 --straggler-ms 30 --straggler-phase data
 
-.PHONY: setup browser demo test test-quick tensorboard clean-logs
+.PHONY: setup browser demo test test-quick sanitize tensorboard clean-logs
 
 setup:
 	VENV=$(VENV) bash launch/setup.sh
@@ -35,6 +35,10 @@ test-quick: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# The collector's C code under AddressSanitizer and UBSan: its tests, then FUZZ_SECONDS (60) of fuzzing.
+sanitize: setup
+	VENV=$(VENV) bash launch/sanitize.sh
 
 tensorboard: setup
 	$(BIN)/tensorboard --logdir profiler_logs --host 127.0.0.1

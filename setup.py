@@ -11,7 +11,7 @@ setup(
             ["harness/collect/native/_scan.c", "harness/collect/native/_rewrite.c", "harness/collect/native/_nest.c"],
             depends=["harness/collect/native/_json.h"],
             optional=True,
-            extra_compile_args=["-O2"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra"],
         )
     ]
 )

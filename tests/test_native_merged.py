@@ -276,6 +276,26 @@ def test_rewriter_survives_garbage(data: bytes):
 
 
 @built
+def test_rewriter_reads_spans_at_any_alignment():
+    """Fuzz finding: spans in a buffer not aligned to 8 bytes (a memoryview slice) were read through
+    a misaligned double pointer (undefined behaviour, UBSan's report); they are read with memcpy
+    now, with the same answer as from arrays."""
+    block = (Path(__file__).parent / "data" / "fuzz" / "regress-rewrite-misaligned-spans.bin").read_bytes()
+    starts, ends = array("d", [0.0, 2.0]), array("d", [1.0, 3.0])
+    holder = bytearray(1) + starts.tobytes() + bytearray(1) + ends.tobytes()
+    answers = []
+    for spans in ((starts, ends), (memoryview(holder)[1:17], memoryview(holder)[18:])):
+        tids: dict[Any, int] = {}
+
+        def new_thread(key: Any, tids: dict[Any, int] = tids) -> bytes:
+            tids[key] = len(tids) + 1
+            return b'{"ph": "M", "name": "thread_name"}'
+
+        answers.append(extension.rewrite(block, 0, len(block), 0, 0.0, *spans, tids, new_thread))
+    assert answers[0] == answers[1] and answers[0][1] == 2  # the thread's name and the event inside [2, 3)
+
+
+@built
 @pytest.mark.parametrize("choice", ["all", "auto"])
 def test_collector_writes_the_same_merged_trace(choice: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The user's command, with the native code and without it (HARNESS_NATIVE_SCAN=0)."""

@@ -417,6 +417,45 @@ def test_scanner_survives_garbage(data: bytes):
             extension.scan(data, bad[0], bad[1], {}, {}, 0)
 
 
+# tests/fuzz_native.py's seeds; regress-*.bin among them are the exact inputs of its findings (launch/sanitize.sh)
+FUZZ_SEEDS = Path(__file__).parent / "data" / "fuzz"
+
+
+@built
+def test_scanner_raises_on_a_dict_number_outside_int():
+    """Fuzz finding: a `threads` or `names` dict already holding a negative number made scan return
+    NULL without an exception set (a SystemError), and one beyond INT_MAX was cut to a C int in
+    the columns. Only a caller's own dicts can hold such numbers: a ValueError now."""
+    block = (FUZZ_SEEDS / "regress-scan-negative-thread.bin").read_bytes()
+    for threads in ({(1, 1): -5}, {(1, 1): -1}, {(1, 1): 2**31}):
+        with pytest.raises(ValueError, match="0..INT_MAX"):
+            extension.scan(block, 0, len(block), {"ProfilerStep#1": 0, "aten::mm": 1}, threads, 1)
+    op = b'{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 1}'
+    for number in (-1, 2**31):
+        with pytest.raises(ValueError, match="0..INT_MAX"):
+            extension.scan(op, 0, len(op), {"aten::mm": number}, {}, 0)
+    got = extension.scan(op, 0, len(op), {"aten::mm": 2**31 - 1}, {(1, 1): 2**31 - 1}, 0)
+    assert array("i", got[4][decode.OPS][2]).tolist() == [2**31 - 1]
+
+
+@built
+def test_scanner_refuses_args_numbers_beyond_int():
+    """Fuzz finding: an args_base near 2**63 overflowed the next args number (signed overflow:
+    undefined behaviour, UBSan's report), and numbers beyond INT_MAX were cut to C ints in the
+    extra column (the Python loop's array('i') refuses them too). A ValueError now."""
+    block = (FUZZ_SEEDS / "regress-scan-args-base.bin").read_bytes()
+    for base in (2**63 - 1, 2**31, -1):
+        with pytest.raises(ValueError, match="args_base"):
+            extension.scan(block, 0, len(block), {}, {}, base)
+    assert extension.scan(block, 0, len(block), {}, {}, 2**31 - 1) is None  # declined at its malformed end
+    kernel = b'{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 1, "args": '
+    two = b", ".join([kernel + b'{"Collective name": "allreduce"}}'] * 2)
+    got = extension.scan(two, 0, len(two), {}, {}, 2**31 - 2)
+    assert array("i", got[4][decode.KERNELS][5]).tolist() == [2**31 - 2, 2**31 - 1]
+    with pytest.raises(ValueError, match="beyond INT_MAX"):
+        extension.scan(two, 0, len(two), {}, {}, 2**31 - 1)
+
+
 @built
 def test_each_native_function_switches_off_on_its_own(monkeypatch: pytest.MonkeyPatch):
     """native.function reads the switches at each call: HARNESS_NATIVE_OFF names the ones off,

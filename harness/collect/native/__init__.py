@@ -10,18 +10,33 @@ goes on, and each caller runs its Python twin, which gives the same answers
 function is switched off. The switches are read at each call, so they apply to a running process:
 1. HARNESS_NATIVE_SCAN=0 switches off every native function;
 2. HARNESS_NATIVE_OFF=<names> (comma-separated: scan, rewrite, nest) switches off those named.
+
+HARNESS_NATIVE_PATH=<file>, read once at import, loads the extension from that file instead of the
+installed one (launch/sanitize.sh: a build with AddressSanitizer and UBSan); a file that does not
+load is an ImportError, never a quiet fall-back to Python.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
-try:  # built by the install when a C compiler is there (setup.py)
-    from harness.collect.native import _scan as extension  # type: ignore[attr-defined]  # a C extension: no stub
-except ImportError:
-    extension = None
+PATH_ENV = "HARNESS_NATIVE_PATH"
+
+if not os.environ.get(PATH_ENV):
+    try:  # built by the install when a C compiler is there (setup.py)
+        from harness.collect.native import _scan as extension  # type: ignore[attr-defined]  # a C extension: no stub
+    except ImportError:
+        extension = None
+else:  # this file, under the installed module's name
+    _spec = importlib.util.spec_from_file_location(f"{__name__}._scan", os.environ[PATH_ENV])
+    if _spec is None or _spec.loader is None:
+        raise ImportError(f"{PATH_ENV}={os.environ[PATH_ENV]} is not an extension module")
+    extension = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(extension)
 
 ALL_ENV = "HARNESS_NATIVE_SCAN"
 OFF_ENV = "HARNESS_NATIVE_OFF"

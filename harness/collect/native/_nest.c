@@ -9,10 +9,19 @@
  *   2. parent[i] = the top of the stack then, -1 when it is empty; push i;
  *   3. flag[i] = own[i], or flag[parent[i]] when there is a parent (flags inherit down a nest).
  * The same results as the Python walk, bit for bit (tests/test_runup.py compares the two).
+ * The arrays may be any contiguous buffers, aligned or not (a memoryview slice): doubles and
+ * int64s are read and written through memcpy, never through a misaligned pointer.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
+
+static inline double double_at(const unsigned char *a, Py_ssize_t i) {
+    double v;
+    memcpy(&v, a + i * (Py_ssize_t)sizeof v, sizeof v);
+    return v;
+}
 
 PyObject *nest(PyObject *self, PyObject *a) {
     (void)self;
@@ -27,26 +36,19 @@ PyObject *nest(PyObject *self, PyObject *a) {
                                           "all of one length");
         goto done;
     }
-    const double *s = starts.buf, *e = ends.buf;
-    const unsigned char *mine = own.buf;
-    int64_t *up = parent.buf;
-    unsigned char *fl = flag.buf;
+    const unsigned char *s = starts.buf, *e = ends.buf, *mine = own.buf;
+    unsigned char *up = parent.buf, *fl = flag.buf;
     if (n && !(stack = PyMem_Malloc((size_t)n * sizeof(int64_t)))) {
         PyErr_NoMemory();
         goto done;
     }
     Py_ssize_t depth = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        double t = s[i];
-        while (depth && e[stack[depth - 1]] <= t) depth--;
-        if (depth) {
-            int64_t top = stack[depth - 1];
-            up[i] = top;
-            fl[i] = (unsigned char)(fl[top] || mine[i]);
-        } else {
-            up[i] = -1;
-            fl[i] = (unsigned char)(mine[i] != 0);
-        }
+        double t = double_at(s, i);
+        while (depth && double_at(e, stack[depth - 1]) <= t) depth--;
+        int64_t top = depth ? stack[depth - 1] : -1;
+        memcpy(up + i * (Py_ssize_t)sizeof top, &top, sizeof top);
+        fl[i] = (unsigned char)((depth && fl[top]) || mine[i] != 0);
         stack[depth++] = i;
     }
     result = Py_None;

@@ -169,12 +169,19 @@ static int put_double(Buf *b, double x) {
     return rc;
 }
 
+/* Item i of an array of doubles in a buffer that may not be aligned (a memoryview slice). */
+static inline double double_at(const unsigned char *a, Py_ssize_t i) {
+    double v;
+    memcpy(&v, a + i * (Py_ssize_t)sizeof v, sizeof v);
+    return v;
+}
+
 /* The last span starting at or before t (bisect_right - 1); -1 when none does. */
-static Py_ssize_t span_at(const double *starts, Py_ssize_t n, double t) {
+static Py_ssize_t span_at(const unsigned char *starts, Py_ssize_t n, double t) {
     Py_ssize_t lo = 0, hi = n;
     while (lo < hi) {
         Py_ssize_t mid = (lo + hi) / 2;
-        if (t < starts[mid]) hi = mid;
+        if (t < double_at(starts, mid)) hi = mid;
         else lo = mid + 1;
     }
     return lo - 1;
@@ -183,7 +190,7 @@ static Py_ssize_t span_at(const double *starts, Py_ssize_t n, double t) {
 typedef struct {
     long rank;
     double shift;
-    const double *starts, *ends;
+    const unsigned char *starts, *ends; /* arrays of doubles, read by double_at */
     Py_ssize_t spans; /* -1: no window, keep everything */
     PyObject *tids, *new_thread;
     PyObject *added; /* the keys new_thread added during this call: taken out again on a decline */
@@ -205,13 +212,13 @@ static int in_window(const Job *job, const Fields *f, int is_x, double *ts, int 
     if (job->spans < 0) return KEEP;
     if (!*ts_ok) return DROP;
     Py_ssize_t i = span_at(job->starts, job->spans, *ts);
-    if (i >= 0 && *ts < job->ends[i]) return KEEP;
+    if (i >= 0 && *ts < double_at(job->ends, i)) return KEEP;
     double end = *ts, dur;
     if (is_x && f->v[F_DUR] && is_number(f->v[F_DUR])) {
         if (!exact_double(f->v[F_DUR], f->n[F_DUR], &dur)) return DECLINE;
         end = *ts + dur;
     }
-    return i + 1 < job->spans && end > job->starts[i + 1] ? KEEP : DROP;
+    return i + 1 < job->spans && end > double_at(job->starts, i + 1) ? KEEP : DROP;
 }
 
 /* The merged tid of the event's (pid, tid); a new thread's name event goes to out first. */

@@ -22,7 +22,9 @@
  *      any of the four collective fields non-null; cpu ops: the collective name) gets the next
  *      index from args_base, and its byte span is returned for msgspec to decode its Args.
  * Side effects on failure: only names/threads entries added in file order (the Python pass
- * over the same block then assigns the same numbers).
+ * over the same block then assigns the same numbers). ValueError (the caller's error, never the
+ * trace's): a range outside buf, or an args_base, names number or threads number outside
+ * 0..INT_MAX, the C ints of the columns.
  *
  * Returns (count, first_ts, last_end, meta, columns, marks, arg_spans): columns = 4 groups x
  * (ts d, dur d, name i, thread i, corr q, extra i) as bytes; marks = [(ts, dur, name, cat,
@@ -177,12 +179,24 @@ static int is_mark(const Ev *ev) {
 }
 
 /* The number of `key` in `table` (a dict numbering keys by first appearance), added if new;
- * steals nothing. -1 on error. */
+ * steals nothing. -1 on error, with an exception set: also for a number outside 0..INT_MAX
+ * (the columns hold C ints), which only a caller's own dict can hold. */
 static long number_of(PyObject *table, PyObject *key) {
     PyObject *v = PyDict_GetItemWithError(table, key);
-    if (v) return PyLong_AsLong(v);
-    if (PyErr_Occurred()) return -1;
-    Py_ssize_t n = PyDict_GET_SIZE(table);
+    Py_ssize_t n;
+    if (v) {
+        n = PyLong_AsSsize_t(v);
+        if (n == -1 && PyErr_Occurred()) return -1;
+    } else if (PyErr_Occurred()) {
+        return -1;
+    } else {
+        n = PyDict_GET_SIZE(table);
+    }
+    if (n < 0 || n > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "scan: names and threads must number their keys 0..INT_MAX");
+        return -1;
+    }
+    if (v) return (long)n;
     PyObject *num = PyLong_FromSsize_t(n);
     if (!num) return -1;
     int rc = PyDict_SetItem(table, key, num);
@@ -215,6 +229,11 @@ static PyObject *scan(PyObject *self, PyObject *args_in) {
     if (start < 0 || end > view.len || start > end) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "scan: range outside the buffer");
+        return NULL;
+    }
+    if (args_base < 0 || args_base > INT_MAX) { /* the extra column holds C ints */
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "scan: args_base outside 0..INT_MAX");
         return NULL;
     }
     const unsigned char *base = view.buf;
@@ -278,6 +297,11 @@ static PyObject *scan(PyObject *self, PyObject *args_in) {
             int name_i = (int)n, thread_i = (int)last_thread, extra = -1;
             long long corr = ev.has_corr ? ev.corr : -1;
             if ((g == cfg.kernel_group && (ev.collective || ev.other_comm)) || (g == cfg.op_group && ev.collective)) {
+                if (extra_next > INT_MAX) {
+                    PyErr_SetString(PyExc_ValueError, "scan: args numbered beyond INT_MAX");
+                    Py_DECREF(name);
+                    goto done;
+                }
                 PyObject *span = Py_BuildValue("(nn)", (Py_ssize_t)(at - base), (Py_ssize_t)(after - base));
                 if (!span || PyList_Append(spans, span) < 0) {
                     Py_XDECREF(span);
