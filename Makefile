@@ -7,7 +7,7 @@ DEMO_RUN := demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_ARGS ?= --mode torch --parallel ddp --steps 20 --warmup-steps 5 --active 6 \
 	--straggler-rank 1 --straggler-ms 30 --straggler-phase data
 
-.PHONY: setup browser demo test test-quick sanitize tensorboard clean-logs
+.PHONY: setup browser demo test test-quick sanitize selfcheck tensorboard clean-logs
 
 setup:
 	VENV=$(VENV) bash launch/setup.sh
@@ -39,6 +39,10 @@ test-quick: setup
 # The collector's C code under AddressSanitizer and UBSan: its tests, then FUZZ_SECONDS (60) of fuzzing.
 sanitize: setup
 	VENV=$(VENV) bash launch/sanitize.sh
+
+# Does the profiler see what it should on this machine? The CPU checks, and the GPU ones where CUDA is.
+selfcheck: setup
+	$(BIN)/python -m harness.selfcheck
 
 tensorboard: setup
 	$(BIN)/tensorboard --logdir profiler_logs --host 127.0.0.1

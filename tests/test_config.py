@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +155,14 @@ def test_one_gpu_per_local_rank() -> None:
     with pytest.raises(ConfigError, match=r"launch\.nproc_per_node: 2 processes on this node but 1 GPU\(s\) visible"):
         resolve_environment(cfg, launched)
     assert LaunchEnv.from_environ({}, cuda=False, device_count=3).device_count is None
+    # over gloo, ranks may share a GPU (NCCL refuses it): round-robin over the visible ones
+    resolve_environment(parse_config(["--backend", "gloo"]), launched)
+    with pytest.raises(ConfigError):
+        resolve_environment(parse_config(["--backend", "nccl"]), launched)
+    from harness.train.parallel import device_index
+
+    assert device_index(launched) == 0
+    assert [device_index(dataclasses.replace(launched, local_rank=r, device_count=2)) for r in range(4)] == [0, 1, 0, 1]
 
 
 def test_default_profiler_window_starts_after_ddp_runtime_logging() -> None:

@@ -619,10 +619,12 @@ def resolve_environment(cfg: TrainConfig, env: LaunchEnv) -> TrainConfig:
         raise ConfigError("parallel.backend", "nccl needs CUDA, which this machine lacks; use gloo or auto")
     if env.cuda and env.device_count is not None:
         # pick_device gives each LOCAL_RANK its own GPU; with more processes than GPUs two ranks
-        # would share one, which NCCL refuses at its first collective. Every rank of the node
-        # checks the node's process count, so all of them stop here with the same line.
+        # would share one, which NCCL refuses at its first collective (gloo does not: with
+        # --backend gloo the ranks share the GPUs round-robin, as the self-check's two ranks on
+        # one GPU do). Every rank of the node checks the node's process count, so all of them
+        # stop here with the same line.
         procs = max(env.local_world_size, env.local_rank + 1)
-        if procs > env.device_count:
+        if procs > env.device_count and (backend == "nccl" or env.device_count == 0):
             raise ConfigError(
                 "launch.nproc_per_node",
                 f"{procs} processes on this node but {env.device_count} GPU(s) "

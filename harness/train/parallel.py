@@ -16,13 +16,16 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PG_TIMEOUT = datetime.timedelta(minutes=10)
 
 
-def pick_device(env: LaunchEnv) -> torch.device:
-    """One GPU per LOCAL_RANK when CUDA is present, else the CPU.
+def device_index(env: LaunchEnv) -> int:
+    """The GPU of this LOCAL_RANK: its own (`resolve_environment` checked there is one per rank
+    under NCCL), or round-robin over the visible GPUs when ranks share them over gloo."""
+    return env.local_rank % env.device_count if env.device_count else env.local_rank
 
-    `resolve_environment` has checked that every local rank has a GPU of its own.
-    """
+
+def pick_device(env: LaunchEnv) -> torch.device:
+    """This rank's GPU (`device_index`) when CUDA is present, else the CPU."""
     if env.cuda:
-        device = torch.device("cuda", env.local_rank)
+        device = torch.device("cuda", device_index(env))
         torch.cuda.set_device(device)
         return device
     return torch.device("cpu")

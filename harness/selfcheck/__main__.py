@@ -1,0 +1,3 @@
+from harness.selfcheck.command import main
+
+main()

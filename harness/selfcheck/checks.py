@@ -1,0 +1,323 @@
+"""The self-check's checks: each runs a real part of the harness the way a user does (a
+`harness.train` job, the collector on its traces) and says pass or fail with the evidence in one
+line. A check needs CPU only, CUDA, two GPUs or Nsight; the runner skips what this machine lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.paths import REPORT_DIR, REPORT_JSON, STEPS_DIR
+
+# Shares of a step that a report's parts must add up to (compute + exposed communication +
+# copies + idle = the step's device window): rounding of the report's ms to 3 decimals only.
+IDENTITY_TOLERANCE = 0.01
+# Step timing: the step log's median step against the trace's median step. The step clock and
+# the profiler time the same steps from different marks (CUDA events around the step against the
+# device's step spans; on CPU perf_counter against ProfilerStep ranges), and the profiler's own
+# work lengthens its traced steps a little: 25% tells a clock that measures something else (a
+# host time on a GPU, a step off by one) from the two views of one step.
+TIMING_TOLERANCE = 0.25
+
+
+class CheckFailed(Exception):
+    """A check's failure, in one line."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    needs: str  # cpu | cuda | 2 gpus | nsys
+    what: str
+    run: Callable[[Context], str]  # the evidence line; raises CheckFailed
+
+
+@dataclass
+class Context:
+    """Where the checks work, what this machine has, and what earlier checks left."""
+
+    work: Path
+    cuda: bool
+    gpus: int
+    python: str = sys.executable
+    quick: bool = False
+    runs: dict[str, Path] | None = None
+
+    def __post_init__(self) -> None:
+        self.runs = {}
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def train(ctx: Context, name: str, args: list[str], nproc: int | None = 2, timeout: float = 300) -> Path:
+    """A `harness.train` run (under torchrun with `nproc` ranks, or one process); its folder.
+    CheckFailed with the run's last error line when it fails."""
+    log_dir = ctx.work / "runs"
+    base = ["--log-dir", str(log_dir), "--run-name", name, *args]
+    if nproc is None:
+        cmd = [ctx.python, "-m", "harness.train", *base]
+    else:
+        cmd = [ctx.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        cmd += ["-m", "harness.train", *base]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
+    except subprocess.TimeoutExpired:
+        raise CheckFailed(f"harness.train {' '.join(args)} ran past {timeout:.0f} s") from None
+    (ctx.work / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error:" in ln] or proc.stderr.splitlines()
+        raise CheckFailed(f"harness.train {' '.join(args)} failed: {(lines or ['?'])[-1][-300:]} ({name}.log)")
+    assert ctx.runs is not None
+    ctx.runs[name] = log_dir / name
+    return log_dir / name
+
+
+def collect(ctx: Context, run: Path) -> dict[str, Any]:
+    """`python -m harness.collect RUN -q --no-merged`; its report.json."""
+    proc = subprocess.run(
+        [ctx.python, "-m", "harness.collect", str(run), "-q", "--no-merged"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+    )
+    if proc.returncode != 0:
+        raise CheckFailed(f"the collector failed on {run.name}: {proc.stderr.strip().splitlines()[-1:]}")
+    doc: dict[str, Any] = json.loads((run / REPORT_DIR / REPORT_JSON).read_text())
+    return doc
+
+
+def step_records(run: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted((run / STEPS_DIR).glob("rank*.jsonl")):
+        out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return out
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return (ordered[n // 2] + ordered[(n - 1) // 2]) / 2 if n else math.nan
+
+
+def identities(report: dict[str, Any]) -> str:
+    """Every rank's step: compute + exposed communication + copies + idle = its window (the
+    step's device span), within IDENTITY_TOLERANCE of it."""
+    rows = report.get("steps") or []
+    if not rows:
+        raise CheckFailed("the report has no steps")
+    worst = 0.0
+    for r in rows:
+        window = r["step_ms"]
+        parts = r["compute_ms"] + r["exposed_comm_ms"] + r["memcpy_ms"] + r["idle_ms"]
+        if window > 0:
+            worst = max(worst, abs(parts - window) / window)
+    if worst > IDENTITY_TOLERANCE:
+        raise CheckFailed(f"a step's parts miss its span by {worst:.1%} (compute + exposed + copies + idle)")
+    return f"{len(rows)} rank-steps: compute + exposed + copies + idle = the step within {worst:.2%}"
+
+
+# -- the checks ------------------------------------------------------------------------------
+
+# A short traced run: the default profiler window (steps 11-13) inside 16 steps.
+TRACED = ["--mode", "torch", "--steps", "16", "--warmup-steps", "5"]
+
+
+def traced_step(ctx: Context) -> str:
+    """One process, traced: the trace holds its steps and our phase ranges."""
+    from harness.collect.read.parse import parse_trace
+
+    run = train(ctx, "traced", TRACED, nproc=None)
+    traces = sorted(run.glob("*.pt.trace.json*"))
+    if not traces:
+        raise CheckFailed("no trace written (profiler window: steps 11-13)")
+    rank = parse_trace(traces[0])
+    phases = sorted({p for s in rank.steps for p in s.phases_us})
+    if len(rank.steps) < 3 or not {"forward", "backward"} <= set(phases):
+        raise CheckFailed(f"the trace holds {len(rank.steps)} steps and phases {phases}")
+    return f"{traces[0].name}: {len(rank.steps)} steps, ranges {', '.join(phases)}"
+
+
+def cuda_activity(ctx: Context) -> str:
+    """The traced run on CUDA: kernels in the trace, launched from our steps."""
+    from harness.collect.read.decode import decode_trace
+
+    run = (ctx.runs or {}).get("traced") or train(ctx, "traced", TRACED, nproc=None)
+    trace = decode_trace(sorted(run.glob("*.pt.trace.json*"))[0])
+    if len(trace.kernels) == 0:
+        raise CheckFailed("no CUDA kernel in the trace: the profiler did not record CUDA activity (CUPTI)")
+    return f"{len(trace.kernels)} kernels, {len(trace.launches)} runtime calls, {trace.gpus} GPU(s) in deviceProperties"
+
+
+def step_timing(ctx: Context) -> str:
+    """The step log's step times (CUDA events on GPU, perf_counter on CPU) against the trace's
+    step spans (the device's on GPU)."""
+    run = (ctx.runs or {}).get("traced") or train(ctx, "traced", TRACED, nproc=None)
+    report = collect(ctx, run)
+    traced = {r["step"]: r["step_ms"] for r in report.get("steps") or []}
+    logged = {r["step"]: r["step_ms"] for r in step_records(run) if r["step"] in traced}
+    if not traced or not logged:
+        raise CheckFailed("no step both in the step log and in the trace")
+    ours, theirs = _median(list(logged.values())), _median(list(traced.values()))
+    gap = abs(ours - theirs) / theirs
+    if gap > TIMING_TOLERANCE:
+        raise CheckFailed(f"step log {ours:.2f} ms against the trace's {theirs:.2f} ms per step ({gap:.0%} apart)")
+    clock = "CUDA events" if ctx.cuda else "perf_counter"
+    return f"{clock} {ours:.2f} ms against the trace's {theirs:.2f} ms per step ({gap:.0%} apart)"
+
+
+def gpu_memory(ctx: Context) -> str:
+    run = (ctx.runs or {}).get("traced") or train(ctx, "traced", TRACED, nproc=None)
+    peaks = [r.get("gpu_peak_allocated_bytes") or 0 for r in step_records(run)]
+    if not peaks or max(peaks) <= 0:
+        raise CheckFailed("no gpu_peak_allocated_bytes in the step log")
+    return f"peak allocated {max(peaks) / 2**20:.0f} MiB per step (step log)"
+
+
+def nvtx(ctx: Context) -> str:
+    """Our phase ranges as NVTX: the calls the ranges make work here (seeing them needs Nsight)."""
+    import torch
+
+    torch.cuda.nvtx.range_push("harness:selfcheck")
+    torch.cuda.nvtx.range_pop()
+    return "torch.cuda.nvtx ranges push and pop (Nsight shows them: launch/nsys.sh)"
+
+
+def _amp(ctx: Context, dtype: str) -> str:
+    run = train(
+        ctx,
+        f"amp-{dtype}",
+        ["--mode", "kernel", "--steps", "12", "--warmup-steps", "3", "--amp", dtype, "--no-profile"],
+    )
+    times = [r["step_ms"] for r in step_records(run) if not r.get("warmup")]
+    if not times:
+        raise CheckFailed(f"{dtype}: no measured step")
+    scaler = " with GradScaler" if dtype == "fp16" else ""
+    return f"kernel mode under autocast {dtype}{scaler}: {len(times)} steps, median {_median(times):.2f} ms"
+
+
+def amp_bf16(ctx: Context) -> str:
+    return _amp(ctx, "bf16")
+
+
+def amp_fp16(ctx: Context) -> str:
+    return _amp(ctx, "fp16")
+
+
+def compiled(ctx: Context) -> str:
+    run = train(
+        ctx,
+        "compile",
+        ["--mode", "kernel", "--steps", "12", "--warmup-steps", "4", "--compile", "--no-profile"],
+        timeout=600,
+    )
+    times = [r["step_ms"] for r in step_records(run) if not r.get("warmup")]
+    return f"torch.compile: {len(times)} steps, median {_median(times):.2f} ms"
+
+
+def two_ranks(ctx: Context) -> str:
+    """Two ranks over gloo (on one GPU when there is one: two ranks sharing a device), traced,
+    collected: collectives matched across them, the report's identities hold."""
+    args = [*TRACED, "--backend", "gloo"]
+    run = train(ctx, "two-ranks-gloo", args, nproc=2)
+    report = collect(ctx, run)
+    matched = (report.get("collectives") or {}).get("matched", 0)
+    if not matched:
+        raise CheckFailed("no collective matched across the two ranks")
+    return f"{matched} collectives matched; {identities(report)}; verdict {report['verdict']}"
+
+
+def nccl(ctx: Context) -> str:
+    """One rank per GPU over NCCL: NCCL kernels in the traces, matched across ranks."""
+    run = train(ctx, "nccl", [*TRACED, "--backend", "nccl"], nproc=min(ctx.gpus, 8))
+    report = collect(ctx, run)
+    matched = (report.get("collectives") or {}).get("matched", 0)
+    if not matched:
+        raise CheckFailed("no NCCL collective matched across ranks")
+    return f"{min(ctx.gpus, 8)} ranks: {matched} collectives matched; {identities(report)}"
+
+
+def flight_on_timeout(ctx: Context) -> str:
+    """Rank 1 hangs before the all-reduce of step 6 under NCCL with a 30 s timeout: every rank
+    dumps its Flight Recorder, and the collector names the rank and the collective."""
+    log_dir = ctx.work / "runs"
+    args = ["--mode", "torch", "--steps", "12", "--warmup-steps", "2", "--no-profile", "--backend", "nccl"]
+    args += ["--hang-rank", "1", "--hang-step", "6", "--collective-timeout", "30"]
+    cmd = [ctx.python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "harness.train"]
+    cmd += ["--log-dir", str(log_dir), "--run-name", "flight", *args]
+    subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env())  # it fails by design
+    run = log_dir / "flight"
+    dumps = sorted((run / "flight").glob("*")) if (run / "flight").is_dir() else []
+    if not dumps:
+        raise CheckFailed("no Flight Recorder dump after the timeout")
+    proc = subprocess.run(
+        [ctx.python, "-m", "harness.collect", str(run), "-q", "--no-merged", "--unpickle-nccl-dumps"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+    )
+    hang = json.loads((run / REPORT_DIR / REPORT_JSON).read_text()).get("hang") if proc.returncode == 0 else None
+    if not hang or hang.get("rank") != 1:
+        raise CheckFailed(f"the collector did not name rank 1's hang ({len(dumps)} dumps)")
+    return f"{len(dumps)} dumps; {hang.get('headline') or 'rank 1 never entered the collective'}"
+
+
+# What each lab mode is built to be bound by, and what the collector should say of it on CPU
+# (docs/lab.md); on GPU the same, which is what this check is for on a new cluster.
+EXPECTED_BOTTLENECK = {"data": "data-bound", "torch": "launch-bound", "comm": "comm-exposed"}
+
+
+def lab_modes(ctx: Context) -> str:
+    """The lab modes the collector tells apart, classified as designed (the rank most affected)."""
+    said = []
+    for mode, expected in EXPECTED_BOTTLENECK.items():
+        run = train(ctx, f"mode-{mode}", ["--mode", mode, "--steps", "16", "--warmup-steps", "5"], nproc=2)
+        report = collect(ctx, run)
+        got = {d.get("bottleneck") for d in report.get("diagnosis") or []}
+        if expected not in got:
+            raise CheckFailed(f"{mode} mode diagnosed {sorted(got)}, not {expected}")
+        said.append(f"{mode}: {expected}")
+    return "; ".join(said)
+
+
+def nsight(ctx: Context) -> str:
+    exe = shutil.which("nsys")
+    assert exe is not None
+    proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise CheckFailed(f"nsys --version failed: {proc.stderr.strip()[:200]}")
+    return f"{proc.stdout.strip()} (launch/nsys.sh traces cuda,nvtx,osrt)"
+
+
+CHECKS = (
+    Check("traced step", "cpu", "a traced step: its steps and our phase ranges in the trace", traced_step),
+    Check("step timing", "cpu", "step-log times against the trace's step spans", step_timing),
+    Check(
+        "two ranks over gloo", "cpu", "2 ranks over gloo (sharing one GPU if any): matched, identities hold", two_ranks
+    ),
+    Check("lab modes", "cpu", "the data, torch and comm modes classified as designed", lab_modes),
+    Check("CUDA activity", "cuda", "CUDA kernels and runtime calls in the traced step", cuda_activity),
+    Check("NVTX ranges", "cuda", "our ranges as NVTX", nvtx),
+    Check("GPU memory", "cuda", "GPU memory fields in the step log", gpu_memory),
+    Check("AMP bf16", "cuda", "autocast bf16", amp_bf16),
+    Check("AMP fp16 + GradScaler", "cuda", "autocast fp16 with GradScaler", amp_fp16),
+    Check("torch.compile", "cuda", "torch.compile on the GPU", compiled),
+    Check("NCCL across GPUs", "2 gpus", "one rank per GPU over NCCL, matched", nccl),
+    Check("Flight Recorder on NCCL timeout", "2 gpus", "dumps on a timeout, the hang named", flight_on_timeout),
+    Check("Nsight", "nsys", "Nsight Systems installed", nsight),
+)
