@@ -48,6 +48,22 @@ def job_env() -> dict[str, str]:
     return env
 
 
+def harness_cmd(
+    args: list[str],
+    log_dir: Path,
+    *,
+    nproc: int | None = 2,
+    run_name: str = "run",
+    extra_torchrun: list[str] | None = None,
+) -> list[str]:
+    """The command of a harness.train run: under torchrun with `nproc` ranks, or one process."""
+    harness_args = ["--log-dir", str(log_dir), "--run-name", run_name, *args]
+    if nproc is None:
+        return [sys.executable, "-m", "harness.train", *harness_args]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return [*torchrun, *(extra_torchrun or []), "-m", "harness.train", *harness_args]
+
+
 def run_harness(
     args: list[str],
     log_dir: Path,
@@ -59,21 +75,7 @@ def run_harness(
     extra_torchrun: list[str] | None = None,
 ) -> Run:
     """Run harness.train: under torchrun with `nproc` ranks, or as one process if nproc is None."""
-    harness_args = ["--log-dir", str(log_dir), "--run-name", run_name, *args]
-    if nproc is None:
-        cmd = [sys.executable, "-m", "harness.train", *harness_args]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            *(extra_torchrun or []),
-            "-m",
-            "harness.train",
-            *harness_args,
-        ]
+    cmd = harness_cmd(args, log_dir, nproc=nproc, run_name=run_name, extra_torchrun=extra_torchrun)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env(), cwd=REPO)
     if check and proc.returncode != 0 and native_crash(proc.stderr):
         # torch.profiler's native side (Kineto) crashes now and then in a short CPU job (seen

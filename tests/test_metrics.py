@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.train.metrics import Metrics, MetricsTarget, rank_file
 from harness.write_faults import FaultLog
 
-from jobs import REPO, job_env
+from jobs import REPO, harness_cmd, job_env
 
 
 def samples(text: str) -> dict[str, float]:
@@ -65,40 +64,10 @@ def test_every_rank_is_scraped_while_it_runs_and_the_straggler_is_flagged(tmp_pa
     port = free_port_pair()
     prom = tmp_path / "textfiles" / "harness.prom"
     prom.parent.mkdir()
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "harness.train",
-        "--mode",
-        "torch",
-        "--steps",
-        "120",
-        "--warmup-steps",
-        "5",
-        "--watch-every",
-        "5",
-        "--straggler-rank",
-        "1",
-        "--straggler-ms",
-        "40",
-        "--straggler-phase",
-        "data",
-        "--metrics-port",
-        str(port),
-        "--metrics-addr",
-        "127.0.0.1",
-        "--metrics-file",
-        str(prom),
-        "--no-profile",
-        "--log-dir",
-        str(tmp_path / "logs"),
-        "--run-name",
-        "metrics",
-    ]
+    args = ["--mode", "torch", "--steps", "120", "--warmup-steps", "5", "--watch-every", "5", "--no-profile"]
+    args += ["--straggler-rank", "1", "--straggler-ms", "40", "--straggler-phase", "data"]
+    args += ["--metrics-port", str(port), "--metrics-addr", "127.0.0.1", "--metrics-file", str(prom)]
+    cmd = harness_cmd(args, tmp_path / "logs", run_name="metrics")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env(), cwd=REPO)
     seen: dict[int, list[dict[str, float]]] = {0: [], 1: []}
     deadline = time.monotonic() + 240
