@@ -128,6 +128,15 @@ def test_a_port_in_use_is_one_line_and_the_rank_goes_on(tmp_path: Path, capsys: 
     assert final["harness_data_wait_seconds{rank=0}"] == 0.002
 
 
+def test_a_port_past_the_last_one_is_one_line_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """PORT + local_rank past 65535 (a high --metrics-port on an 8-GPU node): one line, no endpoint."""
+    labels = {"run": "r", "rank": "7", "local_rank": "7", "host": "h"}
+    m = Metrics.start(labels, MetricsTarget(port=65535 + 7, addr="127.0.0.1", file=None), FaultLog(rank=7))
+    m.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot serve on 127.0.0.1:65542" in err[0], err
+
+
 def test_metrics_are_off_by_default(tmp_path: Path) -> None:
     from harness.train.run_config import load_run_config
 

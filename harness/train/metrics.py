@@ -113,9 +113,10 @@ class Metrics:
         if target.port is not None:
             try:
                 m.server, _ = start_http_server(target.port, addr=target.addr, registry=m.registry)
-            except OSError as exc:
+            except (OSError, OverflowError, ValueError) as exc:  # in use, not allowed; past 65535; a bad address
+                reason = getattr(exc, "strerror", None) or exc
                 faults.note(
-                    f"metrics: cannot serve on {target.addr or '*'}:{target.port} ({exc.strerror or exc}); "
+                    f"metrics: cannot serve on {target.addr or '*'}:{target.port} ({reason}); "
                     "the job goes on without this rank's endpoint (pick another --metrics-port)"
                 )
         m._write_file(force=True)
