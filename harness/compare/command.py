@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
         doc = compare_sides(base, new, noise=args.noise_pct / 100, fail_if_slower_pct=args.fail_if_slower)
     except CompareError as exc:
         fail(PROG, str(exc))
-    out = args.output or ((new.run_dir or new.path if new.path.is_dir() else new.path.parent) / COMPARE_DIR)
+    home = new.run_dir or (new.path if new.path.is_dir() else new.path.parent)  # NEW's run folder, else beside it
+    out = args.output or home / COMPARE_DIR
     try:
         out.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out / COMPARE_JSON, json.dumps(doc, indent=1) + "\n")
