@@ -437,6 +437,11 @@ _EVENT_LIST = msgspec.json.Decoder(list[Event])
 _ANY_LIST = msgspec.json.Decoder(list[Any])
 _ONE_EVENT = msgspec.json.Decoder(Event)
 _SPACES = b" \t\r\n"
+# What decoding a candidate block can raise: msgspec's errors (ValidationError among them), a
+# string that is not UTF-8, nesting past the decoder's recursion limit; `_json_fault` reads each.
+_DECODE_FAILURES = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
+ENDS_EARLY = "not valid JSON: the file ends early (truncated: written by a job that was killed, or copied short)"
+TOO_DEEP = "values nested too deep to read"
 
 
 @dataclass(frozen=True)
@@ -700,7 +705,7 @@ def stream_events(
                 candidate = _bracketed(buf, cut.start + 1)
                 try:
                     hand_over(candidate, cut.start + 1)
-                except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+                except _DECODE_FAILURES as exc:
                     closed = _closed_at(exc, candidate)
                     if closed is None:
                         fault = _json_fault(exc, offset)
@@ -722,7 +727,7 @@ def stream_events(
                 candidate = _bracketed(buf, k + 1)
                 try:
                     hand_over(candidate, k + 1)
-                except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+                except _DECODE_FAILURES as exc:
                     fault = None if _closed_at(exc, candidate) is not None else _json_fault(exc, offset)
                     if fault is not None:
                         raise fault from None
@@ -734,13 +739,9 @@ def stream_events(
         if closed is not None:
             try:
                 hand_over(_bracketed(buf, closed), _last_nonspace(buf, closed) + 1)
-            except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+            except _DECODE_FAILURES as exc:
                 raise _json_fault(exc, offset) or _malformed(offset) from None
             return head + _read_tail(reader, buf[closed:], eof, block_bytes, limits), reader.inflated
-
-
-ENDS_EARLY = "not valid JSON: the file ends early (truncated: written by a job that was killed, or copied short)"
-TOO_DEEP = "values nested too deep to read"
 
 
 def _bracketed(buf: bytes, end: int) -> bytes:
@@ -780,9 +781,7 @@ def _close(buf: bytes, offset: int, eof: bool, limits: Limits) -> int:
     else:  # the list closes at the very end: the document's own `}` is missing
         return candidate.rstrip(_SPACES).rfind(b"]") - 1
     if eof:
-        raise Malformed(
-            "not valid JSON: the file ends early (truncated: written by a job that was killed, or copied short)"
-        )
+        raise Malformed(ENDS_EARLY)
     raise TooLarge(
         f"more than {limits.event_bytes / 2**20:g} MB from byte {offset} on without a break between events: one event "
         "(or a run of whitespace) larger than the limit; if the file is genuine, raise HARNESS_MAX_EVENT_MB"
@@ -898,10 +897,7 @@ def _json_error(path: Path, exc: msgspec.DecodeError | UnicodeDecodeError) -> st
             f"{path}: not valid JSON: a string holds bytes that are not UTF-8; not a trace as written by torch.profiler"
         )
     if "truncated" in str(exc):
-        return (
-            f"{path}: not valid JSON: the file ends early "
-            "(truncated: written by a job that was killed, or copied short)"
-        )
+        return f"{path}: {ENDS_EARLY}"
     return f"{path}: not valid JSON ({exc}); not a trace as written by torch.profiler"
 
 
