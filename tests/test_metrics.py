@@ -99,6 +99,9 @@ def test_every_rank_is_scraped_while_it_runs_and_the_straggler_is_flagged(tmp_pa
         assert final[f"harness_watch_straggler{{rank={rank}}}"] == (1.0 if rank == 1 else 0.0)
         assert final[f"harness_watch_intervals_total{{rank={rank}}}"] >= 10
         assert final[f"harness_tracing_recording{{rank={rank}}}"] == 0.0
+        # the run's own counts, read when the file is written (--no-profile: no window)
+        assert final[f"harness_tracing_windows_written{{rank={rank}}}"] == 0.0
+        assert final[f"harness_write_failures{{rank={rank}}}"] == 0.0
     assert list(prom.parent.glob("*.tmp*")) == []  # rewritten atomically: no temporary file left
 
 
@@ -161,7 +164,7 @@ def test_the_grafana_dashboard_reads_only_metrics_the_ranks_export() -> None:
     full |= {"samples": 8, "rss_bytes": 1, "gpu_peak_allocated_bytes": 1, "gpu_peak_reserved_bytes": 1}
     m.step(full | {"host_cpu_util_pct": 1.0, "proc_cpu_pct": 1.0, "profiler": "record"})
     m.watch(1.0, True, 2.0)
-    m.tracing(1, 0, 0)
+    m.tracing_source = lambda: (1, 0, 0)
     exported = {s.name for family in m.registry.collect() for s in family.samples} | {
         f.name for f in m.registry.collect()
     }

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,18 +72,22 @@ _STATE = (
     ("late_s", "harness_watch_late_seconds", "the watch's lateness of this rank per step, last interval"),
     ("threshold_s", "harness_watch_threshold_seconds", "the watch's straggler bound, last interval"),
     ("straggler", "harness_watch_straggler", "1 when the watch flags this rank as a straggler, else 0"),
-    ("written", "harness_tracing_windows_written", "trace windows written"),
-    ("skipped", "harness_tracing_windows_skipped", "trace windows skipped (a write failed)"),
-    ("failures", "harness_write_failures", "profiler-side writes that failed (training went on)"),
     ("syncs", "harness_trace_syncs_per_step", "blocking host-device syncs per step, last traced window"),
     ("sync_cost_s", "harness_trace_sync_cost_seconds", "device idle the syncs caused per step, last traced window"),
     ("launches", "harness_trace_launches_per_step", "kernel launches per step, last traced window"),
 )
+# (position in `tracing_source()`'s tuple, metric name, help): read when the metrics are read
+_TRACING = (
+    (0, "harness_tracing_windows_written", "trace windows written"),
+    (1, "harness_tracing_windows_skipped", "trace windows skipped (a write failed)"),
+    (2, "harness_write_failures", "profiler-side writes that failed (training went on)"),
+)
 
 
 class Metrics:
-    """One rank's metrics (module docstring). `start` serves and/or files them; `step`, `watch`,
-    `tracing` and `window` update them; `close` writes the file a last time and stops serving.
+    """One rank's metrics (module docstring). `start` serves and/or files them; `step`, `watch`
+    and `window` update them, and `tracing_source` (when set) is asked for the tracing counts
+    when they are read; `close` writes the file a last time and stops serving.
 
     A step only keeps its record and adds to a few sums (~2 us); the metric families are built
     from them when they are read (a scrape, the textfile's rewrite), in `collect`: a registry's
@@ -100,6 +104,8 @@ class Metrics:
         self.last: dict[str, Any] = {}
         self.intervals = 0
         self.state: dict[str, float] = {"straggler": 0.0}
+        # (windows written, windows skipped, write failures): counts the run keeps anyway
+        self.tracing_source: Callable[[], tuple[int, int, int]] | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
         self.server: Any = None
@@ -142,14 +148,6 @@ class Metrics:
             "straggler": float(straggler),
         }
         self.intervals += 1
-
-    def tracing(self, written: int, skipped: int, failures: int) -> None:
-        if (self.state.get("written"), self.state.get("skipped"), self.state.get("failures")) != (
-            written,
-            skipped,
-            failures,
-        ):
-            self.state = {**self.state, "written": written, "skipped": skipped, "failures": failures}
 
     def window(self, trace: Any) -> None:
         """A traced window as its in-job summary parsed it (a `RankTrace`, with --trace-summary):
@@ -216,6 +214,12 @@ class Metrics:
                 g = GaugeMetricFamily(name, doc, labels=names)
                 g.add_metric(values, state[key])
                 yield g
+        if self.tracing_source is not None:
+            counts = self.tracing_source()
+            for i, name, doc in _TRACING:
+                g = GaugeMetricFamily(name, doc, labels=names)
+                g.add_metric(values, counts[i])
+                yield g
 
     def describe(self) -> list[Metric]:
         return []  # families appear as values come; a registry without descriptions calls collect
@@ -242,7 +246,9 @@ class Metrics:
             self.server = None
 
 
-def metrics_target(port: int | None, addr: str, file: str | None, rank: int, local_rank: int, world: int) -> Any:
+def metrics_target(
+    port: int | None, addr: str, file: str | None, rank: int, local_rank: int, world: int
+) -> MetricsTarget | None:
     """This rank's MetricsTarget, or None when metrics are off (neither a port nor a file)."""
     if port is None and file is None:
         return None

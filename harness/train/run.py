@@ -201,6 +201,7 @@ class Run:
         self.metrics = Metrics.start(labels, target, faults) if target is not None else None
         if self.metrics:
             self.recorder.on_summary = self.metrics.window
+            self.metrics.tracing_source = self._tracing_counts
         self.watch: Watch | None = None
         self._catch_sigterm()
         try:
@@ -421,8 +422,6 @@ class Run:
         if self.scalars:
             self.scalars.add(rec["step"], step_scalars(rec))
         if self.metrics:
-            tracing = self.recorder.tracing
-            self.metrics.tracing(tracing["written"], len(tracing["skipped_windows"]), len(self.faults.events))
             self.metrics.step(rec)
 
     def _notes(self) -> list[str]:
@@ -454,6 +453,11 @@ class Run:
         for e in self.faults.events:
             counts[(e["what"], e["reason"])] = counts.get((e["what"], e["reason"]), 0) + 1
         return [{"what": w, "reason": r, "count": n} for (w, r), n in counts.items()]
+
+    def _tracing_counts(self) -> tuple[int, int, int]:
+        """(windows written, windows skipped, write failures), for the metrics when they are read."""
+        recorder = self.recorder
+        return len(recorder.written), len(recorder.skipped), len(self.faults.events)
 
     def _tracing(self) -> dict[str, Any]:
         return {**self.recorder.tracing, "write_failures": self._failures()}
