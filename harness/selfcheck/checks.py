@@ -232,26 +232,24 @@ def compiled(ctx: Context) -> str:
     return f"torch.compile: {len(times)} steps, median {_median(times):.2f} ms"
 
 
-def two_ranks(ctx: Context) -> str:
-    """Two ranks over gloo (on one GPU when there is one: two ranks sharing a device), traced,
-    collected: collectives matched across them, the report's identities hold."""
-    args = [*TRACED, "--backend", "gloo"]
-    run = train(ctx, "two-ranks-gloo", args, nproc=2)
-    report = collect(ctx, run)
+def traced_ranks(ctx: Context, name: str, backend: str, nproc: int) -> str:
+    """`nproc` ranks over `backend`, traced and collected: collectives matched across them, the
+    report's identities hold; the evidence line."""
+    report = collect(ctx, train(ctx, name, [*TRACED, "--backend", backend], nproc=nproc))
     matched = (report.get("collectives") or {}).get("matched", 0)
     if not matched:
-        raise CheckFailed("no collective matched across the two ranks")
-    return f"{matched} collectives matched; {identities(report)}; verdict {report['verdict']}"
+        raise CheckFailed(f"no {backend} collective matched across the {nproc} ranks")
+    return f"{nproc} ranks: {matched} collectives matched; {identities(report)}; verdict {report['verdict']}"
+
+
+def two_ranks(ctx: Context) -> str:
+    """Two ranks over gloo (on one GPU when there is one: two ranks sharing a device)."""
+    return traced_ranks(ctx, "two-ranks-gloo", "gloo", 2)
 
 
 def nccl(ctx: Context) -> str:
-    """One rank per GPU over NCCL: NCCL kernels in the traces, matched across ranks."""
-    run = train(ctx, "nccl", [*TRACED, "--backend", "nccl"], nproc=min(ctx.gpus, 8))
-    report = collect(ctx, run)
-    matched = (report.get("collectives") or {}).get("matched", 0)
-    if not matched:
-        raise CheckFailed("no NCCL collective matched across ranks")
-    return f"{min(ctx.gpus, 8)} ranks: {matched} collectives matched; {identities(report)}"
+    """One rank per GPU over NCCL (NCCL kernels in the traces)."""
+    return traced_ranks(ctx, "nccl", "nccl", min(ctx.gpus, 8))
 
 
 def flight_on_timeout(ctx: Context) -> str:
