@@ -20,7 +20,7 @@ from harness.paths import STEP_PHASES, watch_path
 from harness.train.config import ProfilerConfig, build_config
 from harness.train.profiling import TraceRecorder
 from harness.train.watch import Watch
-from harness.train.watch_rule import jitter_ms, median, own_work_phases, pack_rows, step_row
+from harness.train.watch_rule import jitter_ms, median, own_work_phases, pack_rows, step_row, watch_thresholds
 from harness.train.watch_rule import judge_interval as judge_tables
 from harness.write_faults import AppendOnlyFile, FaultLog
 
@@ -87,10 +87,11 @@ def test_a_slow_data_phase_is_flagged_and_its_victims_waiting_in_backward_are_no
 
 
 def test_the_bound_is_the_collectors_rule() -> None:
-    # Same late_ms, the bounds straggler_bounds gives, on CPU (rel_lag_cpu) and with a floor.
+    # Same late_ms, the bounds straggler_bounds gives, on CPU (the watch's rel_lag_cpu: it cannot
+    # judge a rank at its peers' speed) and with a floor.
     times = {r: steps(BASE, step_ms=100.0) for r in range(3)}
     times[1] = steps({**BASE, "optimizer": 30.0}, step_ms=100.0)
-    th = Thresholds(min_lag_ms=25.0)
+    th = watch_thresholds(min_lag_ms=25.0)
     v = judge_interval(times, {}, DDP_OWN, cpu=True, th=th)
     assert v.bounds_ms == straggler_bounds(
         {0: 0.0, 1: 20.0, 2: 0.0}, median_step_ms=100.0, clock_noise_ms=0.0, jitter_ms=0.0, cpu=True, th=th
@@ -313,11 +314,13 @@ def test_the_watch_flags_a_rank_says_when_it_recovers_and_logs_each_interval(tmp
     w.close()
     assert capsys.readouterr().out.splitlines() == [
         "watch: step 7: rank 1 (b) is a straggler: data +50.0 ms/step over the other ranks' median, 50.0 ms/step "
-        "late (bound 8.0 ms), late in 3/3 steps 5-7",
+        "late, 50.0 beyond its peers (bound 8.0 ms), late in 3/3 steps 5-7",
         "watch: step 15: rank 1 (b) is no longer a straggler (steps 12-15)",
     ]
     flagged = [
-        {"rank": 1, "host": "b", "phase": "data", "excess_ms": 50.0, "late_ms": 50.0, "steps_late": n} for n in (3, 4)
+        {"rank": 1, "host": "b", "phase": "data", "excess_ms": 50.0, "late_ms": 50.0, "beyond_peers_ms": 50.0}
+        | {"steps_late": n}
+        for n in (3, 4)
     ]
     bounds = {"min_lag": 0.0, "clock_noise": 0.0, "jitter": 0.0, "relative": 8.0}  # 2 ranks: no outlier bound
     assert watch_lines(tmp_path) == [

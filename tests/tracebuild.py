@@ -138,3 +138,48 @@ def ring_docs(
             doc["harness"] = {"host": hosts[r], "rank": r}
         docs.append(shift_doc(doc, clock_us[r]) if clock_us else doc)
     return docs
+
+
+# The ops of one CPU step in cpu_ring_docs, at a speed of 1: (name, us); 100 us between two.
+CPU_OPS = (("aten::linear", 900.0), ("aten::relu", 300.0), ("aten::mul", 400.0), ("aten::add", 400.0))
+CPU_GAP_US = 100.0
+
+
+def cpu_ring_docs(
+    n_ranks: int,
+    n_steps: int,
+    speed: list[float] | None = None,
+    sleep_us: Any = None,
+    extra_mm_us: Any = None,
+    transfer_us: float = 200.0,
+) -> list[dict]:
+    """n_ranks CPU (gloo) ranks, steps 1..n_steps. Step s starts at t, where step s-1's all-reduce
+    ended (the first at 0). In it rank r runs CPU_OPS from t, each op and each CPU_GAP_US after
+    it taking speed[r] times as long (a busier core), then an "aten::mm" of extra_mm_us(r, s)
+    (extra work, at any speed), then sleeps sleep_us(r, s) (no op), and arrives at one
+    all-reduce (gloo:all_reduce on a gloo thread), which ends on every rank at t + the last
+    arrival + transfer_us, the step's end. So a rank's run-up to each all-reduce is its own
+    work of that step."""
+    k = speed or [1.0] * n_ranks
+
+    def arrival(r: int, s: int) -> float:
+        work = sum(us + CPU_GAP_US for _, us in CPU_OPS) * k[r]
+        return work + (extra_mm_us(r, s) if extra_mm_us else 0.0) + (sleep_us(r, s) if sleep_us else 0.0)
+
+    events: list[list[dict[str, Any]]] = [[] for _ in range(n_ranks)]
+    t = 0.0
+    for s in range(1, n_steps + 1):
+        end = t + max(arrival(q, s) for q in range(n_ranks)) + transfer_us
+        for r in range(n_ranks):
+            ev = events[r]
+            ev.append(step(s, t, end - t))
+            at = t
+            for name, us in CPU_OPS:
+                ev.append(x(name, "cpu_op", at, us * k[r]))
+                at += (us + CPU_GAP_US) * k[r]
+            if extra_mm_us and extra_mm_us(r, s):
+                ev.append(x("aten::mm", "cpu_op", at, extra_mm_us(r, s)))
+            a = t + arrival(r, s)
+            ev.append(x("gloo:all_reduce", "user_annotation", a, end - a, GLOO))
+        t = end
+    return [document(ev, r, world_size=n_ranks, base_ns=None) for r, ev in enumerate(events)]

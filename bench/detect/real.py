@@ -219,11 +219,12 @@ def seen_of(doc: dict[str, Any] | None, error: str) -> Seen:
 
 
 def run_case(
-    cfg: JobConfig, fault: Fault, clean_ms: float | None, work: Path, name: str
+    cfg: JobConfig, fault: Fault, clean_ms: float | None, work: Path, name: str, keep: bool = False
 ) -> tuple[dict[str, Any], float | None]:
     """One job with `fault` (kind "clean": none), collected and scored: its row for the
     campaign's JSON, and for a clean job its clean step (None when the job failed; `clean_ms` is
-    then not needed, else it sizes the fault)."""
+    then not needed, else it sizes the fault). The run's folder is removed unless `keep` or the
+    case failed."""
     args = [*BASE, *fault_args(fault, clean_ms or 0.0)]
     if fault.kind == "leak":  # the memory rule reads the step logs' RSS over many steps
         args = ["--steps", "40", "--warmup-steps", "5", "--batch-size", "16", "--wait", "1", "--warmup", "1"]
@@ -256,6 +257,6 @@ def run_case(
         seen,
         score(truth, seen, onset_step=ONSET_STEP if kind == "straggler" else None),
     )
-    if not error:
+    if not error and not keep:
         shutil.rmtree(run_dir, ignore_errors=True)
     return row, clean_ms

@@ -18,8 +18,11 @@ def console_table(doc: dict[str, Any]) -> str:
         ("idle_ms", "idle ms (total)", "{:.2f}"),
         ("wait_ms", "waited ms (total)", "{:.2f}"),
         ("late_ms", "late ms/step", "{:.2f}"),
+        ("beyond_peers_ms", "beyond peers ms/step", "{:.2f}"),
         ("clock_offset_ms", "offset ms", "{:.3f}"),
     ]
+    if any(r.get("speed") is not None for r in doc["ranks"]):  # CPU-only traces
+        cols.insert(-1, ("speed", "op time vs median", "{:.2f}x"))
     straggling = {s["rank"] for s in doc["stragglers"]}
     table = text_table.render(doc["ranks"], cols, lambda r: "  <- straggler" if r["rank"] in straggling else "")
     memory = [f"memory: rank {f['rank']} {f['kind']}: {f['reason']}" for f in doc.get("memory_findings", [])]

@@ -30,8 +30,8 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   heatmap; `memory_timelines`: [{rank, window, path}] torch memory timelines (--profile-memory).
 - `collectives`: {matched, by_name: {name: count}}; `clock`: {aligned, reference_rank,
   reference_host, hosts: [`ClockHostRecord`]} (one offset per host); `threshold_ms`: the
-  straggler bound applied to each rank's lateness per step, `bounds_ms` the bounds it is the
-  largest of; `warnings`: what was missing or doubtful.
+  straggler bound applied to each rank's lateness beyond its peers' (`beyond_peers_ms`), `bounds_ms` the
+  bounds it is the largest of; `warnings`: what was missing or doubtful.
 - `window`: {window, windows, steps, captured}: the profiler window analysed (`--window`,
   windows.py; null for traces without harness window numbers); `merged`: what
   merged.pt.trace.json.gz holds (merged.py `merged_entry`), null without one; `watch`: the live
@@ -150,6 +150,8 @@ def build_report(
                     wait_ms=b.wait_ms,
                     blame_ms=b.blame_ms,
                     late_ms=round(b.late_ms, 6),
+                    beyond_peers_ms=round(b.beyond_peers_ms, 6),
+                    speed=None if b.speed is None else round(b.speed, 4),
                     cost_ms=round(b.cost_ms, 6),
                     late_fraction=b.late_fraction,
                     last_fraction=b.last_fraction,
@@ -169,6 +171,8 @@ def build_report(
                 phase=s.phase,
                 phase_excess_ms=s.phase_excess_ms,
                 late_ms=round(s.late_ms, 6),
+                beyond_peers_ms=round(s.beyond_peers_ms, 6),
+                speed=None if s.speed is None else round(s.speed, 4),
                 cost_ms=round(s.cost_ms, 6),
                 blame_ms=s.blame_ms,
                 wait_ms=s.wait_ms,

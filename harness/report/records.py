@@ -65,7 +65,11 @@ class StragglerRecord:
     phase_excess_ms: float | None
     """how much longer that phase takes than on its peers (per step)"""
     late_ms: float
-    """how much later than the punctual ranks it arrives at collectives (per step): what flags it"""
+    """how much later than the punctual ranks it arrives at collectives (per step)"""
+    beyond_peers_ms: float
+    """its lateness beyond its peers' (on CPU at their speed, see `speed`), per step: what flags it over threshold_ms"""
+    speed: float | None
+    """CPU-only traces: how much longer its ops take than the median rank's (1.2: a fifth longer); null on GPU"""
     cost_ms: float
     """its share of how much later the collectives start (per step): what fixing it buys when others are late too"""
     blame_ms: float
@@ -125,6 +129,10 @@ class RankRecord:
     """the others' waiting it caused, total"""
     late_ms: float
     """its lateness at collectives (per step)"""
+    beyond_peers_ms: float
+    """its lateness beyond its peers' (on CPU at their speed), per step: what the straggler rule judges"""
+    speed: float | None
+    """CPU-only traces: how much longer its ops take than the median rank's (1.2: a fifth longer); null on GPU"""
     cost_ms: float
     """its share of the collectives' delay (per step)"""
     late_fraction: float

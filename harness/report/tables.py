@@ -16,6 +16,7 @@ STRAGGLER_COLUMNS: list[Column] = [
     ("host", "host", "{}"),
     ("phase", "late in", "{}"),
     ("late_ms", "late ms/step", "{:.2f}"),
+    ("beyond_peers_ms", "beyond peers ms/step", "{:.2f}"),
     ("cost_ms", "costs ms/step", "{:.2f}"),
     ("phase_excess_ms", "excess ms/step", "{:.2f}"),
     ("pattern", "pattern", "{}"),
@@ -39,6 +40,8 @@ RANK_COLUMNS: list[Column] = [
     ("wait_ms", "waited ms (total)", "{:.2f}"),
     ("blame_ms", "blamed ms (total)", "{:.2f}"),
     ("late_ms", "late ms/step", "{:.2f}"),
+    ("beyond_peers_ms", "beyond peers ms/step", "{:.2f}"),
+    ("speed", "op time vs median", "{:.2f}x"),
     ("cost_ms", "costs ms/step", "{:.2f}"),
 ]
 GAP_COLUMNS: list[Column] = [
@@ -191,4 +194,4 @@ def no_straggler_text(doc: dict[str, Any]) -> str:
         return f"Not analysed: {doc['verdict_reason']}."
     if doc.get("threshold_ms") is None:
         return "Not analysed: no profiler trace, only Flight Recorder dumps."
-    return f"None: no rank arrives later than the punctual ones by more than {doc['threshold_ms']:.2f} ms per step."
+    return f"None: no rank arrives later than its peers by more than {doc['threshold_ms']:.2f} ms per step."

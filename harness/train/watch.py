@@ -23,13 +23,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.collect.analyse.stragglers import Thresholds
 from harness.paths import watch_path
 from harness.scalars import ScalarWriter
 from harness.train.config import WatchConfig
 from harness.train.metrics import Metrics
 from harness.train.profiling import TraceRecorder
-from harness.train.watch_rule import IntervalVerdict, judge_interval, own_work_phases, pack_rows, step_row
+from harness.train.watch_rule import (
+    IntervalVerdict,
+    judge_interval,
+    own_work_phases,
+    pack_rows,
+    step_row,
+    watch_thresholds,
+)
 from harness.write_faults import AppendOnlyFile, FaultLog
 
 # A triggered window's metadata names at most this many of the newly flagged ranks (the size of
@@ -78,7 +84,7 @@ class Watch:
         self.scalars = scalars
         self.faults = faults
         self.metrics = metrics
-        self.th = Thresholds(min_lag_ms=cfg.min_lag_ms)
+        self.th = watch_thresholds(cfg.min_lag_ms)
         # Twice the interval: steps a rank timed late (GPU) are still there at the next exchange.
         self._recent: deque[list[float]] = deque(maxlen=2 * max(cfg.every, 1))
         self._judged_through = -1
@@ -187,7 +193,8 @@ class Watch:
         for r in new:
             _say(
                 f"watch: step {step}: rank {r.rank} ({r.host}) is a straggler: {_where(r.phase, r.excess_ms)}, "
-                f"{r.late_ms:.1f} ms/step late (bound {verdict.threshold_ms:.1f} ms), "
+                f"{r.late_ms:.1f} ms/step late, {r.beyond_peers_ms:.1f} beyond its peers "
+                f"(bound {verdict.threshold_ms:.1f} ms), "
                 f"late in {r.steps_late}/{len(verdict.steps)} steps {verdict.steps[0]}-{verdict.steps[-1]}"
             )
         for rank in gone:
@@ -238,6 +245,7 @@ def interval_line(step: int, verdict: IntervalVerdict, capture: dict[str, Any] |
                 "phase": r.phase,
                 "excess_ms": None if r.excess_ms is None else round(r.excess_ms, 3),
                 "late_ms": round(r.late_ms, 3),
+                "beyond_peers_ms": round(r.beyond_peers_ms, 3),
                 "steps_late": r.steps_late,
             }
             for r in verdict.stragglers

@@ -23,7 +23,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.collect.analyse.stragglers import MIN_JITTER_STEPS, Thresholds, punctual_index, straggler_bounds
+from harness.collect.analyse.stragglers import (
+    MIN_JITTER_STEPS,
+    Thresholds,
+    peer_baseline,
+    punctual_index,
+    straggler_bounds,
+)
 from harness.paths import STEP_PHASES
 
 # The table one rank sends: a row per step, [step, step_ms, one column per STEP_PHASES]; NaN pads
@@ -40,6 +46,19 @@ MAX_PHASED = 16
 # reduce-scatters gradients in backward. "none" holds none.
 COLLECTIVE_PHASES = {"ddp": ("backward",), "fsdp": ("forward", "backward"), "none": ()}
 
+# The watch's relative bound on CPU-only jobs, a share of the median step. The collector judges a
+# CPU rank at its peers' speed (speed.op_speed, from the op times in its trace); the watch has
+# phase times only, which cannot tell a rank doing more from one whose core is busier or slower,
+# and on shared cores a healthy rank's own work runs up to a quarter longer than its peers', the
+# same rank step after step (measured on 2 cores: 20-26% of the clean step). GPU jobs keep the
+# collector's bound.
+WATCH_REL_LAG_CPU = 0.35
+
+
+def watch_thresholds(min_lag_ms: float = 0.0) -> Thresholds:
+    """The collector's rule as the watch applies it: its bounds, with WATCH_REL_LAG_CPU on CPU."""
+    return Thresholds(min_lag_ms=min_lag_ms, rel_lag_cpu=WATCH_REL_LAG_CPU)
+
 
 def own_work_phases(parallel: str) -> tuple[str, ...]:
     """The step phases that hold no collective under `parallel` (ddp, fsdp or none)."""
@@ -52,7 +71,8 @@ class RankLateness:
     rank: int
     host: str
     late_ms: float  # mean per step of its own work's excess over the punctual ranks'
-    steps_late: int  # steps in which that excess was over the threshold
+    beyond_peers_ms: float  # late_ms less its peers' (stragglers.peer_baseline): what is judged
+    steps_late: int  # steps in which its lateness beyond its peers' was over the threshold
     phase: str | None  # the own-work phase with the largest excess over the other ranks' median
     excess_ms: float | None  # that excess, per step
     straggler: bool = False
@@ -97,12 +117,13 @@ def judge_interval(
     1. the steps judged are those after `after_step` that every rank timed;
     2. per step and rank: own = the sum of its own-work phases (`own_work_phases`); lateness =
        own - the punctual ranks' own (the lower quartile: `punctual_index`), at least 0;
-    3. per rank: late_ms = the mean lateness per step;
+    3. per rank: late_ms = the mean lateness per step; beyond_peers_ms = late_ms less
+       `peer_baseline` of the ranks' late_ms;
     4. the collector's rule (`straggler_bounds`): the median rank's mean step time, the run's
        jitter over each rank's own work per step (`jitter_ms`: the collector's too takes the
        waiting out, which an intermittent straggler puts in every rank's step), no clock noise (each rank times
-       itself: no clocks are compared); a straggler's late_ms exceeds every bound; steps_late =
-       steps whose lateness exceeds the threshold;
+       itself: no clocks are compared); a straggler's beyond_peers_ms exceeds every bound;
+       steps_late = steps whose lateness beyond that step's `peer_baseline` exceeds the threshold;
     5. per straggler (the MAX_PHASED with the largest late_ms) and own-work phase: excess = the mean per step of
        its time minus the median of the other ranks' time; the largest positive one names the
        phase.
@@ -130,28 +151,33 @@ def judge_interval(
     punctual = own.sort(dim=0).values[punctual_index(n_ranks)]
     late = (own - punctual).clamp(min=0.0)
     late_ms = dict(enumerate(late.mean(dim=1).tolist()))
-    step_ms = table[..., 1]
+    baseline = peer_baseline(list(late_ms.values()))
+    beyond = {r: v - baseline for r, v in late_ms.items()}
+    median_step_ms = statistics.median(table[..., 1].mean(dim=1).tolist())
     bounds = straggler_bounds(
         late_ms,
-        median_step_ms=statistics.median(step_ms.mean(dim=1).tolist()),
+        median_step_ms=median_step_ms,
         clock_noise_ms=0.0,
-        jitter_ms=jitter_ms(own),
+        jitter_ms=jitter_ms(own) if own.shape[1] >= MIN_JITTER_STEPS else None,
         cpu=cpu,
         th=th,
+        step_ms=median_step_ms,
     )
     threshold = max(bounds.values())
-    steps_late = (late > threshold).sum(dim=1).tolist()
-    flagged = sorted((r for r in range(n_ranks) if late_ms[r] > threshold), key=lambda r: (-late_ms[r], r))
+    lower = late.sort(dim=0).values[: max(n_ranks // 2, 1)]  # per step, the lower half's median: peer_baseline
+    steps_late = (late - median(lower, dim=0) > threshold).sum(dim=1).tolist()
+    flagged = sorted((r for r in range(n_ranks) if beyond[r] > threshold), key=lambda r: (-beyond[r], r))
     phased = {r: _slowest_phase(r, phases, own_cols, own_phases) for r in flagged[:MAX_PHASED]}
     out = [
         RankLateness(
             rank=r,
             host=hosts.get(r, "?"),
             late_ms=late_ms[r],
+            beyond_peers_ms=beyond[r],
             steps_late=int(steps_late[r]),
             phase=phased.get(r, (None, None))[0],
             excess_ms=phased.get(r, (None, None))[1],
-            straggler=late_ms[r] > threshold,
+            straggler=beyond[r] > threshold,
         )
         for r in range(n_ranks)
     ]

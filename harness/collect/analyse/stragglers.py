@@ -10,12 +10,13 @@ import itertools
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from harness.collect.align.clocks import ClockOffset, mad
 from harness.collect.align.waits import InstanceWaits
 from harness.collect.analyse.replay import Replay
+from harness.collect.analyse.speed import op_speed
 from harness.collect.model import RankTrace
 from harness.collect.read.runup import NO_PHASE, PHASE_PREFIX
 
@@ -30,12 +31,13 @@ MAX_CAUSES = 16
 @dataclass(kw_only=True)
 class Thresholds:
     """When a rank counts as a straggler: its lateness per step (how much later than the punctual
-    ranks it arrives at collectives, see `punctual_arrival`) exceeds every bound below. There is
-    no absolute floor unless asked for (--min-lag-ms): short steps (inference, small models) are
-    a few ms."""
+    ranks it arrives at collectives, see `punctual_arrival`; on CPU at its peers' speed, see
+    `analyze_stragglers`) beyond its peers' own (`peer_baseline`) exceeds every bound below.
+    There is no absolute floor unless asked for (--min-lag-ms): short steps (inference, small
+    models) are a few ms."""
 
     min_lag_ms: float = 0.0
-    # ... share of the clean step (GPU traces; the punctual ranks' own work per step, see
+    # ... share of the clean step (the punctual ranks' own work per step, see
     # `analyze_stragglers`): what a straggler must cost to be worth naming. Material is 10% of the
     # clean step (bench/detection.py); a straggler that costs that is late by about as much. The
     # bound sits below it, at 8%, so that a material straggler measured a little short (its
@@ -43,16 +45,24 @@ class Thresholds:
     # still named; below-material ones from 8% on are named too. Noise is the other bounds'
     # business, not this one's.
     rel_lag: float = 0.08
-    # CPU traces: ranks share host cores, gloo threads and the launcher, so a healthy rank can
-    # trail its peers by a quarter of a step, the same rank step after step (measured on 2 cores
-    # over 6-8 steps: up to 23% on the baseline, 25.5% on the comm workload, where gloo's threads
-    # compete with backward). A share of the whole step, waits included (`analyze_stragglers`).
-    rel_lag_cpu: float = 0.35
+    # The same on CPU-only traces. Ranks there share their hosts' cores: a healthy rank on the
+    # busier core trails by what its slower ops cost (measured on 2 cores: up to a quarter of the
+    # step, the same rank step after step), and time-slicing makes every rank late at some
+    # collectives. Both are taken out before this bound is applied (the lateness at the peers'
+    # speed, `speed.op_speed`, beyond the peers' own lateness, `peer_baseline`), so the bound is
+    # the material one; --rel-lag-cpu widens it on a machine whose noise the other bounds miss.
+    rel_lag_cpu: float = 0.08
     noise_factor: float = 3.0  # ... this many times the collectives' end scatter (clock noise) ...
     jitter_factor: float = 3.0  # ... this many times the run's step-to-step jitter ...
-    # ... and on 3+ ranks: above the lower half of the ranks' costs by this many of its MADs
-    # (the lower half: up to half of the ranks can be stragglers and still stand out).
+    # ... and on 3+ ranks: this many MADs of the lower half of the ranks' lateness (the lower
+    # half: up to half of the ranks can be stragglers and still stand out).
     mad_factor: float = 3.0
+    # CPU-only traces with too few steps to measure the jitter (MIN_JITTER_STEPS): the jitter
+    # bound is this share of the median rank's step instead, the noise measured on shared cores
+    # (2 cores: a healthy rank up to a quarter of the step behind its peers, in bursts of a few
+    # steps, 20-26% in one run), which a window of one or two steps cannot average out. GPU
+    # kernels do not time-share a core: there the other bounds stand alone.
+    cpu_noise_share: float = 0.35
 
 
 @dataclass(kw_only=True)
@@ -60,14 +70,20 @@ class RankBlame:
     rank: int
     host: str
     late_ms: float  # mean per step of its arrivals' lateness after the punctual ranks
+    # what the rule judges: its lateness per step at its peers' speed beyond its peers' own
+    # (`analyze_stragglers`, 4-5); late_ms less the baseline where the speed is 1
+    beyond_peers_ms: float
     cost_ms: float  # mean per step of its share of the delay of the collectives' starts
     blame_ms: float  # total time the other ranks waited because of it (its share)
     wait_ms: float  # total time this rank waited for others
     late_fraction: float  # share of its collectives at which it was late beyond the noise
-    steps_late: int  # steps whose cost exceeded the bound
+    steps_late: int  # steps whose excess exceeded the bound
     steps: int  # steps with matched collectives
     last_fraction: float  # share of steps in which it cost the most
     mean_step_ms: float | None  # mean ProfilerStep (or fallback step) duration
+    # CPU-only traces: how much longer it takes for the same ops than the median rank
+    # (speed.op_speed; 1.2 = a fifth longer); None on GPU traces
+    speed: float | None = None
     waits_for: list[list] = field(default_factory=list)  # [[rank, ms per step]], most first
     pattern: str | None = None  # "persistent" or "intermittent" (stragglers only)
     phase: str | None = None
@@ -132,41 +148,68 @@ def run_jitter_ms(step_ms_by_rank: list[list[float]]) -> float:
     return statistics.median(jitter[: max(len(jitter) // 2, 1)]) if jitter else 0.0
 
 
+def peer_baseline(late_ms: list[float]) -> float:
+    """The lateness a rank's peers show without straggling: the median of the lower half of the
+    ranks' lateness (at least one value). Time-slicing and clock noise make every rank late at
+    some collectives; a straggler is late beyond that. The lower half, because up to half of
+    the ranks can be stragglers and still stand out; on 2 ranks, the punctual one's."""
+    values = sorted(late_ms)
+    return statistics.median(values[: max(len(values) // 2, 1)]) if values else 0.0
+
+
 def straggler_bounds(
     late_ms: dict[int, float],
     *,
     median_step_ms: float,
     clock_noise_ms: float,
-    jitter_ms: float,
+    jitter_ms: float | None,
     cpu: bool,
     th: Thresholds,
+    step_ms: float = 0.0,
 ) -> dict[str, float]:
-    """The straggler rule: the bounds a rank's lateness per step must all exceed (a straggler's
-    `late_ms` > max of them). Shared by the collector (lateness at collectives, from traces) and
-    the live watch (harness/train/watch_rule.py: lateness of the work between collectives, from the
-    step timings).
+    """The straggler rule: the bounds a rank's lateness per step beyond its peers' (`late_ms` less
+    `peer_baseline` of them) must all exceed (a straggler's excess > max of them). Shared by the
+    collector (lateness at collectives, from traces) and the live watch
+    (harness/train/watch_rule.py: lateness of the work between collectives, from the step
+    timings).
 
     1. min_lag = --min-lag-ms (no absolute floor by default);
     2. clock_noise = noise_factor x the clocks' noise (0 where no clocks are compared);
-    3. jitter = jitter_factor x the run's step-to-step jitter (`run_jitter_ms`);
+    3. jitter = jitter_factor x the run's step-to-step jitter (`run_jitter_ms`); None: too few
+       steps to measure it, and then on CPU cpu_noise_share x `step_ms` (the median rank's
+       step), elsewhere 0;
     4. relative = rel_lag x `median_step_ms` (rel_lag_cpu when every rank ran on CPU): the
-       collector gives the clean step on GPU, the punctual ranks' own work per step, and the
-       median rank's mean step on CPU (`analyze_stragglers`), the watch the median rank's mean step;
-    5. on 3+ ranks, outlier = the median of the lower half of the ranks' late_ms + mad_factor x
-       that half's median absolute deviation: up to half of the ranks can straggle and still
-       stand out.
+       collector gives the clean step, the punctual ranks' own work per step
+       (`analyze_stragglers`), the watch the median rank's mean step;
+    5. on 3+ ranks, outlier = mad_factor x the median absolute deviation of the lower half of the
+       ranks' late_ms (the half `peer_baseline` is the median of): how far apart the peers are.
     """
     bounds = {
         "min_lag": th.min_lag_ms,
         "clock_noise": th.noise_factor * clock_noise_ms,
-        "jitter": th.jitter_factor * jitter_ms,
+        "jitter": th.jitter_factor * jitter_ms
+        if jitter_ms is not None
+        else (th.cpu_noise_share * step_ms if cpu else 0.0),
         "relative": (th.rel_lag_cpu if cpu else th.rel_lag) * median_step_ms,
     }
     if len(late_ms) >= 3:
         values = sorted(late_ms.values())
-        lower = values[: max(len(values) // 2, 1)]
-        bounds["outlier"] = statistics.median(lower) + th.mad_factor * mad(lower)
+        bounds["outlier"] = th.mad_factor * mad(values[: max(len(values) // 2, 1)])
     return bounds
+
+
+def _at_speed(run_up_start_us: float | None, arrival_us: float, speed: float) -> float:
+    """When a rank whose ops take `speed` times its peers' would have arrived at its peers'
+    speed: its run-up (since `run_up_start_us`, when its previous collective ended) divided by
+    `speed`; as it arrived where the run-up is not known. The whole run-up, not its ops alone:
+    the interpreter's time between ops runs on the same core and slows alike (on 2 shared cores
+    the ops alone left a healthy rank 10-16% of its step behind, the whole run-up 1-6%). Time
+    the rank spent blocked (a sleep, the loader) is divided too; where ranks block that much
+    their cores are not contended and their speeds stay within a few per cent of each other
+    (the data lab mode here: 0.98-1.02), so that error is a few per cent of the blocked time."""
+    if run_up_start_us is None or speed == 1.0:
+        return arrival_us
+    return run_up_start_us + (arrival_us - run_up_start_us) / speed
 
 
 def punctual_arrival(arrival_us: Mapping[int, float]) -> float:
@@ -244,6 +287,7 @@ def tally_once(
     marks: list[float],
     steps: list[int],
     step_us: dict[tuple[int, int], float],
+    arrivals: Sequence[Mapping[int, float]] | None = None,
 ) -> Tallies:
     """A rank's lateness, waiting and shares per step, counting each stretch of time once.
 
@@ -261,7 +305,8 @@ def tally_once(
        device's timeline, where the step is one of its own); blame is the others' waiting, not
        capped.
     `steps[k]` is instance k's step key (an instance outside any step: a key of its own),
-    `marks[k]` its punctual arrival, `lateness[k]` each rank's lateness at it."""
+    `marks[k]` its punctual arrival, `lateness[k]` each rank's lateness at it, measured from
+    `arrivals[k]` (default: the arrivals as they happened, `waits[k].arrival_us`)."""
     members: dict[int, list[int]] = defaultdict(list)
     for k, s in enumerate(steps):
         members[s].append(k)
@@ -290,11 +335,12 @@ def tally_once(
             sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
             for k in group:
                 w, mark = waits[k], marks[k]
+                judged = w.arrival_us if arrivals is None else arrivals[k]
                 first, last = min(w.arrival_us.values()), w.last_arrival_us
                 for r, a in w.arrival_us.items():
                     late_p, wait_p, share_p = pieces[r]
-                    if a > mark:
-                        late_p.append((mark, a))
+                    if judged[r] > mark:
+                        late_p.append((mark, judged[r]))
                     wait_p.append((a, last))
                     share_p.append((first, a))
                     acc = sums[r]
@@ -334,36 +380,40 @@ def analyze_stragglers(
     1. per collective (waits.py): each rank's wait, and its share of the delay of the start
        (`delay`) and of the others' waiting (`blame`);
     2. per collective and rank: lateness = its arrival - the punctual ranks' (`punctual_arrival`),
-       at least 0;
+       at least 0; judged lateness the same over its arrival at its peers' speed: on CPU-only
+       traces a rank whose ops take k times its peers' (`speed.op_speed`) arrives at
+       run-up start + run-up / k (the run-up: since its previous collective ended, runup.py),
+       elsewhere as it arrived;
     3. per step and rank: late = its lateness; cost = its delay shares (how much later the
        collectives started because of it: what fixing it alone buys is less when another rank
        is as late), wait and blame likewise, each stretch of time counted once where
-       collectives are in flight together (`tally_once`), at most the step; the step's
-       costliest rank;
-    4. per rank: late_ms and cost_ms = means over the steps with matched collectives (an
-       instance without a step counts as one more step of its own);
-    5. the bounds (`straggler_bounds`), with the clocks' noise = the median end scatter of
+       collectives are in flight together (`tally_once`), at most the step; judged late the
+       same over the judged lateness; the step's costliest rank;
+    4. per rank: late_ms, cost_ms and judged = means over the steps with matched collectives
+       (an instance without a step counts as one more step of its own);
+    5. beyond_peers_ms = judged - `peer_baseline` of the ranks' judged: what it is late beyond the
+       lateness its peers show without straggling (on a host whose cores the ranks time-share,
+       every rank is late at some collectives: a 4-rank comm run on 2 cores had each rank 28-37%
+       of the clean step behind the earliest);
+    6. the bounds (`straggler_bounds`), with the clocks' noise = the median end scatter of
        matched collectives, and over each rank's own work per step (its step span on its
-       device's timeline, `step_span_ms`, less its waiting for later peers) the run's jitter
-       (`run_jitter_ms`) and the clean step the relative bound is a share of: the punctual
-       ranks' (the lower quartile of the ranks' means, as `punctual_arrival` takes arrivals);
-       on CPU-only traces the median rank's whole step, since ranks there time-share the host's
-       cores all step long, a waiting rank's gloo threads included, and a healthy rank trails
-       by a share of that (a 4-rank comm run on 2 cores: every rank 28-37% of the clean step
-       behind the earliest, 22-30% of the whole step). A host that runs ahead of its GPU only
-       launches in its ProfilerStep, and the lateness at collectives is in the device's time; a
-       straggler lengthens every rank's step by what it costs, so a bound over the whole step
-       grew with the very lateness it judges (a straggler costing c of the clean step is late
-       by c / (1 + c) of the step it makes);
-    6. a straggler's late_ms exceeds the bound; any number of ranks can be stragglers;
-    7. late_fraction = share of its collectives where its lateness exceeds noise_factor x the
-       clock noise (any lateness on exact clocks); steps_late = steps whose lateness exceeds
-       the bound; pattern = persistent when steps_late >= 2/3 of the steps, else intermittent;
-    8. waits_for (every rank): the stragglers whose share of its waiting (waits.InstanceWaits
+       device's timeline, `step_span_ms`, less its waiting for later peers, at its peers' speed)
+       the run's jitter (`run_jitter_ms`) and the clean step the relative bound is a share of:
+       the punctual ranks' (the lower quartile of the ranks' means, as `punctual_arrival` takes
+       arrivals). A host that runs ahead of its GPU only launches in its ProfilerStep, and the
+       lateness at collectives is in the device's time; a straggler lengthens every rank's step
+       by what it costs, so a bound over the whole step grew with the very lateness it judges (a
+       straggler costing c of the clean step is late by c / (1 + c) of the step it makes);
+    7. a straggler's beyond_peers_ms exceeds the bound; any number of ranks can be stragglers;
+    8. late_fraction = share of its collectives where its lateness exceeds noise_factor x the
+       clock noise (any lateness on exact clocks); steps_late = steps whose judged lateness
+       beyond that step's `peer_baseline` exceeds the bound; pattern = persistent when
+       steps_late >= 2/3 of the steps, else intermittent;
+    9. waits_for (every rank): the stragglers whose share of its waiting (waits.InstanceWaits
        .waited_on_us, scaled like its waiting in step 3), per step, exceeds the noise (the bound
-       of 5 without its relative and outlier parts), most first: the ranks it waited on beyond
+       of 6 without its relative and outlier parts), most first: the ranks it waited on beyond
        the noise;
-    9. the phase (`_slow_phases`) and the what-if (`replay.py`) of each straggler.
+    10. the phase (`_slow_phases`) and the what-if (`replay.py`) of each straggler.
     Verdict: inconclusive (with a reason) when nothing can be analysed, else straggler or
     balanced.
     """
@@ -371,8 +421,14 @@ def analyze_stragglers(
     by_rank = {t.rank: t for t in traces}
     ranks = sorted(by_rank)
     reason = inconclusive_reason(traces, waits)
+    cpu = all(t.device == "cpu" for t in traces)
+    speed = op_speed(traces)
+    at_speed = any(k != 1.0 for k in speed.values())
     lateness: list[dict[int, float]] = []
     marks: list[float] = []
+    judged_arrivals: list[dict[int, float]] = []
+    judged_lateness: list[dict[int, float]] = []
+    judged_marks: list[float] = []
     step_keys: list[int] = []
     taken_part: dict[int, int] = defaultdict(int)
     orphan = -1  # instances outside any step count as steps of their own, numbered below 0
@@ -384,16 +440,22 @@ def analyze_stragglers(
         mark = punctual_arrival(w.arrival_us)
         marks.append(mark)
         lateness.append({r: max(a - mark, 0.0) for r, a in w.arrival_us.items()})
+        if at_speed:
+            judged = {r: _at_speed(w.instance.ops[r].run_up_start_us, a, speed[r]) for r, a in w.arrival_us.items()}
+            jmark = punctual_arrival(judged)
+            judged_arrivals.append(judged)
+            judged_marks.append(jmark)
+            judged_lateness.append({r: max(a - jmark, 0.0) for r, a in judged.items()})
         for r in w.arrival_us:
             taken_part[r] += 1
-    tallies = tally_once(
-        waits,
-        lateness,
-        marks,
-        step_keys,
-        {(r, s.number): ms * 1e3 for r in ranks for s, ms in zip(by_rank[r].steps, step_span_ms[r])},
-    )
+    step_us = {(r, s.number): ms * 1e3 for r in ranks for s, ms in zip(by_rank[r].steps, step_span_ms[r])}
+    tallies = tally_once(waits, lateness, marks, step_keys, step_us)
     step_late, step_wait, step_cost, step_blame = tallies.late, tallies.wait, tallies.cost, tallies.blame
+    step_judged = (
+        tally_once(waits, judged_lateness, judged_marks, step_keys, step_us, judged_arrivals).late
+        if at_speed
+        else step_late
+    )
     wait_total: dict[int, float] = defaultdict(float)
     blame_total: dict[int, float] = defaultdict(float)
     for s in step_wait:
@@ -406,38 +468,49 @@ def analyze_stragglers(
     mean_step_ms = {
         r: statistics.mean([s.dur_us for s in by_rank[r].steps]) / 1e3 if by_rank[r].steps else None for r in ranks
     }
-    # each rank's own work per step: its step less its waiting for later peers
+    # each rank's own work per step, at its peers' speed: its step less its waiting for later peers
     own_ms = {
-        r: [ms - step_wait.get(st.number, {}).get(r, 0.0) / 1e3 for st, ms in zip(by_rank[r].steps, step_span_ms[r])]
+        r: [
+            (ms - step_wait.get(st.number, {}).get(r, 0.0) / 1e3) / speed[r]
+            for st, ms in zip(by_rank[r].steps, step_span_ms[r])
+        ]
         for r in ranks
     }
-    cpu = all(t.device == "cpu" for t in traces)
-    if cpu:  # ranks time-share the host's cores the whole step long, waits included: the step is the noise's scale
-        timed = [statistics.mean(step_span_ms[r]) for r in ranks if step_span_ms[r]]
-        relative_to_ms = statistics.median(timed) if timed else 0.0
-    else:
-        timed = sorted(statistics.mean(v) for v in own_ms.values() if v)
-        relative_to_ms = timed[punctual_index(len(timed))] if timed else 0.0  # the clean step
+    timed = sorted(statistics.mean(v) for v in own_ms.values() if v)
+    clean_step_ms = timed[punctual_index(len(timed))] if timed else 0.0
+    timed_steps = [statistics.mean(step_span_ms[r]) for r in ranks if step_span_ms[r]]
+    most = max((len(t.steps) for t in traces), default=0)
     spreads = [o.spread_us for o in offsets.values() if o.samples and o.rank != min(ranks)]
     noise_us = statistics.median(spreads) if spreads else 0.0
-    cost_ms = {r: sum(c.get(r, 0.0) for c in step_cost.values()) / 1e3 / n_steps if n_steps else 0.0 for r in ranks}
-    late_ms = {r: sum(c.get(r, 0.0) for c in step_late.values()) / 1e3 / n_steps if n_steps else 0.0 for r in ranks}
+
+    def per_step_mean(table: dict[int, dict[int, float]], r: int) -> float:
+        return sum(c.get(r, 0.0) for c in table.values()) / 1e3 / n_steps if n_steps else 0.0
+
+    cost_ms = {r: per_step_mean(step_cost, r) for r in ranks}
+    late_ms = {r: per_step_mean(step_late, r) for r in ranks}
+    judged_ms = {r: per_step_mean(step_judged, r) for r in ranks}
+    baseline_ms = peer_baseline(list(judged_ms.values()))
+    beyond_peers_ms = {r: judged_ms[r] - baseline_ms for r in ranks}
     bounds = straggler_bounds(
-        late_ms,
-        median_step_ms=relative_to_ms,
+        judged_ms,
+        median_step_ms=clean_step_ms,
         clock_noise_ms=noise_us / 1e3,
-        jitter_ms=run_jitter_ms([own_ms[r] for r in ranks]),
+        jitter_ms=run_jitter_ms([own_ms[r] for r in ranks]) if most >= MIN_JITTER_STEPS else None,
         cpu=cpu,
         th=th,
+        step_ms=statistics.median(timed_steps) if timed_steps else 0.0,
     )
     notes = []
-    most = max((len(t.steps) for t in traces), default=0)
     if reason is None and most < MIN_JITTER_STEPS:
+        floor = (
+            f"{th.cpu_noise_share:.0%} of the median step (the noise of shared cores)"
+            if cpu
+            else f"{th.rel_lag:.0%} of the clean step and {th.noise_factor:g}x the clocks' noise"
+        )
         notes.append(
             f"step-to-step jitter not estimated: {most} full step(s) per rank, {MIN_JITTER_STEPS} needed; "
-            f"a straggler is late by more than {(th.rel_lag_cpu if cpu else th.rel_lag):.0%} of the clean "
-            f"step and {th.noise_factor:g}x the clocks' noise (profile more steps for a bound from the run's "
-            "own jitter)"
+            f"a straggler is late beyond its peers by more than {floor} (profile more steps for a bound from "
+            "the run's own jitter)"
         )
     noise_ms = max(bounds[k] for k in NOISE_BOUNDS)
     threshold = max(bounds.values())
@@ -447,7 +520,7 @@ def analyze_stragglers(
         for r, d in per_rank.items():
             if d > late_floor_us:
                 late_at[r] += 1
-    flagged = [r for r in ranks if reason is None and late_ms[r] > threshold]
+    flagged = [r for r in ranks if reason is None and beyond_peers_ms[r] > threshold]
     causes = sorted(flagged, key=lambda r: -cost_ms[r])[:MAX_CAUSES]
     owed: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for k, w in enumerate(waits):
@@ -460,8 +533,9 @@ def analyze_stragglers(
     result = []
     phases = _slow_phases(flagged, waits, lateness, late_floor_us, by_rank, n_steps)
     sync_costs = SyncCosts(by_rank) if flagged else None
+    step_baseline_us = {s: peer_baseline([c.get(r, 0.0) for r in ranks]) for s, c in step_judged.items()}
     for r in ranks:
-        steps_late = sum(1 for c in step_late.values() if c.get(r, 0.0) / 1e3 > threshold)
+        steps_late = sum(1 for s, c in step_judged.items() if (c.get(r, 0.0) - step_baseline_us[s]) / 1e3 > threshold)
         is_straggler = r in flagged
         waits_for = sorted(
             ([j, round(v / 1e3 / n_steps, 4)] for j, v in owed[r].items() if n_steps and v / 1e3 / n_steps > noise_ms),
@@ -471,6 +545,7 @@ def analyze_stragglers(
             rank=r,
             host=by_rank[r].host,
             late_ms=late_ms[r],
+            beyond_peers_ms=beyond_peers_ms[r],
             cost_ms=cost_ms[r],
             blame_ms=blame_total[r] / 1e3,
             wait_ms=wait_total[r] / 1e3,
@@ -479,6 +554,7 @@ def analyze_stragglers(
             steps=n_steps,
             last_fraction=sum(1 for s in step_last.values() if s == r) / n_steps if n_steps else 0.0,
             mean_step_ms=mean_step_ms[r],
+            speed=speed[r] if cpu else None,
             waits_for=[] if reason else waits_for,
             straggler=is_straggler,
         )
@@ -486,7 +562,7 @@ def analyze_stragglers(
             rb.pattern = "persistent" if steps_late >= math.ceil(PERSISTENT_SHARE * n_steps) else "intermittent"
             rb.phase, rb.phase_excess_ms = phases[r]
             assert sync_costs is not None  # made whenever a rank is flagged
-            rb.syncs = sync_costs.late_syncs(r, late_ms[r])
+            rb.syncs = sync_costs.late_syncs(r, beyond_peers_ms[r])
         result.append(rb)
     replay = Replay(traces, waits)
     replayed = replay.step_ms(set())

@@ -1,0 +1,60 @@
+"""How fast each CPU rank runs the same ops: the speed factor the straggler rule judges CPU ranks
+net of. Pure.
+
+Ranks of a CPU-only job time-share their hosts' cores: which rank lands on the busier or slower
+core (another rank's threads on it, gloo's, a virtual CPU whose sibling is loaded) is the
+scheduler's choice, not the rank's doing, and it slows every op that rank runs alike. A
+straggler's own cause is different: extra work (an op it repeats, in a few names) or time off
+its core (a sleep, input, I/O: no op at all). So the median over op names of a rank's time
+against its peers' measures the first and ignores the second.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from harness.collect.model import RankTrace
+from harness.collect.read.runup import OP_PREFIX
+
+# An op name votes only where every rank spent at least this long in it over the analysed
+# collectives' run-ups: CPU op times come in whole microseconds in older traces, so a name with
+# 1 ms has a rounding error of a few per cent at most even over hundreds of short calls.
+MIN_NAME_US = 1000.0
+# The fewest names the factor is taken over: with three, one name a straggler repeats (its extra
+# work) cannot be the median.
+MIN_NAMES = 3
+
+
+def op_time_by_name(trace: RankTrace) -> dict[str, float]:
+    """The rank's op time by name (us) over all its collectives' run-ups."""
+    out: dict[str, float] = defaultdict(float)
+    for c in trace.comms:
+        for name, us in c.run_up_us.items():
+            if name.startswith(OP_PREFIX):
+                out[name] += us
+    return out
+
+
+def op_speed(traces: list[RankTrace]) -> dict[int, float]:
+    """Each rank's speed factor: how much longer it takes for the same ops than the median rank
+    (1.25: a quarter longer). 1.0 for every rank unless every rank ran on CPU (a GPU is its
+    rank's own: a slower one is that rank's straggling) and the factor can be estimated.
+
+    1. per rank, its op time by name over its collectives' run-ups (`op_time_by_name`: what it
+       ran between collectives, the stretches its lateness is measured over);
+    2. the names every rank spent at least MIN_NAME_US in;
+    3. per rank and name: its time / the median over the ranks of that name's time;
+    4. the factor is the median of those ratios, one vote per name: a slower or busier core
+       slows every name alike, a straggler's extra work is in the few names it repeats;
+    5. 1.0 for every rank with fewer than MIN_NAMES names (too little to tell)."""
+    ones = {t.rank: 1.0 for t in traces}
+    if len(traces) < 2 or any(t.device != "cpu" for t in traces):
+        return ones
+    by_rank = {t.rank: op_time_by_name(t) for t in traces}
+    first = by_rank[traces[0].rank]
+    names = [n for n in first if all(times.get(n, 0.0) >= MIN_NAME_US for times in by_rank.values())]
+    if len(names) < MIN_NAMES:
+        return ones
+    medians = {n: statistics.median(times[n] for times in by_rank.values()) for n in names}
+    return {r: statistics.median(times[n] / medians[n] for n in names) for r, times in by_rank.items()}

@@ -1,0 +1,99 @@
+"""CPU ranks judged at their peers' speed and beyond their peers' lateness, on hand-built traces
+whose answers are known exactly (tracebuild.cpu_ring_docs: each step's run-up is its own work)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.collect.analyse.speed import op_speed
+from harness.collect.analyse.stragglers import peer_baseline
+
+from tracebuild import cpu_ring_docs, gpu_docs, run_analysis
+
+# A rank's work per step at a speed of 1 (tracebuild.CPU_OPS and their gaps): 2000 + 4 x 100 us.
+WORK_US = 2400.0
+
+
+def test_a_rank_on_a_busier_core_is_slower_not_a_straggler(tmp_path: Path) -> None:
+    # Rank 1 runs every op and every gap between them 1.25x as long: it arrives 600 us after
+    # rank 0 at every all-reduce. Its ops take 1.25 / 1.125 of the median rank's (the mean of
+    # two), rank 0's 1 / 1.125; at those speeds both run-ups are 2700 us: nobody is late.
+    a = run_analysis(tmp_path, cpu_ring_docs(2, 6, speed=[1.0, 1.25]))
+    res = a.stragglers
+    by = {r.rank: r for r in res.ranks}
+    assert by[0].speed == pytest.approx(1 / 1.125) and by[1].speed == pytest.approx(1.25 / 1.125)
+    assert by[1].late_ms == pytest.approx(0.6)  # as it happened
+    assert by[0].beyond_peers_ms == pytest.approx(0.0, abs=1e-9)
+    assert by[1].beyond_peers_ms == pytest.approx(0.0, abs=1e-9)
+    assert res.verdict == "balanced"
+
+
+def test_a_sleep_on_the_busier_core_is_found_at_its_peers_speed(tmp_path: Path) -> None:
+    # The same, and rank 1 sleeps 450 us before every all-reduce: it arrives 1050 us late; at
+    # its peers' speed its run-up is (3000 + 450) / (1.25 / 1.125) = 3105 us against rank 0's
+    # 2700: 405 us beyond. The bound is 8% of the clean step, rank 0's own work at its peers'
+    # speed: (its 3450 + 200 us step less its 1050 us wait) x 1.125 = 2925 us -> 234 us.
+    a = run_analysis(tmp_path, cpu_ring_docs(2, 6, speed=[1.0, 1.25], sleep_us=lambda r, s: 450.0 * r))
+    res = a.stragglers
+    [s] = res.stragglers
+    assert s.rank == 1 and s.late_ms == pytest.approx(1.05)
+    assert s.beyond_peers_ms == pytest.approx(0.405)
+    assert res.bounds_ms["relative"] == pytest.approx(0.08 * 2.925)
+    assert res.bounds_ms["jitter"] == 0.0 and res.threshold_ms == pytest.approx(0.234)
+    assert s.pattern == "persistent" and s.steps_late == 6
+
+
+def test_extra_work_in_the_op_it_repeats_is_the_rank_s_own(tmp_path: Path) -> None:
+    # Rank 1 runs a 1400 us matmul each step, rank 0 a 200 us one: aten::mm votes 1.75 and 0.25,
+    # the four other names 1.0 each; the median keeps both ranks at 1.0, and rank 1's 1.2 ms of
+    # extra work is its lateness beyond rank 0, whole.
+    docs = cpu_ring_docs(2, 6, extra_mm_us=lambda r, s: 1400.0 if r else 200.0)
+    res = run_analysis(tmp_path, docs).stragglers
+    assert [r.speed for r in res.ranks] == [1.0, 1.0]
+    [s] = res.stragglers
+    assert s.rank == 1 and s.late_ms == pytest.approx(1.2) and s.beyond_peers_ms == pytest.approx(1.2)
+
+
+def test_lateness_every_rank_shows_is_not_straggling(tmp_path: Path) -> None:
+    # Time-slicing on 2 ranks: rank 0 is held up 2 ms in odd steps, rank 1 in even ones. Each is
+    # 1 ms late per step, over 8% of the clean step; beyond its peer, neither is.
+    docs = cpu_ring_docs(2, 8, sleep_us=lambda r, s: 2000.0 if s % 2 == r else 0.0)
+    res = run_analysis(tmp_path, docs).stragglers
+    assert [r.late_ms for r in res.ranks] == [pytest.approx(1.0), pytest.approx(1.0)]
+    assert [r.beyond_peers_ms for r in res.ranks] == [pytest.approx(0.0), pytest.approx(0.0)]
+    assert res.bounds_ms["relative"] < 1.0 and res.verdict == "balanced"
+
+
+def test_a_straggler_among_four_stands_out_from_its_peers_lateness(tmp_path: Path) -> None:
+    # In step s rank s % 4 is held up 600 us (each rank in 2 of 8 steps: 150 us per step), and
+    # rank 2 sleeps 1000 us more every step. The punctual mark is the earliest arrival, 2400 us;
+    # the peers' baseline the median of the lower half (150, 150); rank 2 is 1150 us late per
+    # step, 1000 us beyond.
+    docs = cpu_ring_docs(4, 8, sleep_us=lambda r, s: (600.0 if s % 4 == r else 0.0) + (1000.0 if r == 2 else 0.0))
+    res = run_analysis(tmp_path, docs).stragglers
+    late = {r.rank: r.late_ms for r in res.ranks}
+    assert late == {0: pytest.approx(0.15), 1: pytest.approx(0.15), 2: pytest.approx(1.15), 3: pytest.approx(0.15)}
+    assert [(s.rank, s.beyond_peers_ms) for s in res.stragglers] == [(2, pytest.approx(1.0))]
+    assert res.bounds_ms["outlier"] == 0.0  # the lower half agree
+
+
+def test_op_speed_needs_cpu_ranks_and_enough_names(tmp_path: Path) -> None:
+    gpu = run_analysis(tmp_path / "gpu", gpu_docs()).traces
+    assert op_speed(gpu) == {0: 1.0, 1: 1.0}  # a GPU rank's slower device is its own straggling
+    # Two steps: only aten::linear spends 1 ms on every rank (2 x 900 us): fewer than three names
+    # vote, not estimated. Three steps: aten::linear, aten::mul and aten::add do (aten::relu's
+    # 900 us does not), each 1.5x as long on rank 1, the median rank's 1.25x.
+    cpu = run_analysis(tmp_path / "cpu", cpu_ring_docs(2, 2, speed=[1.0, 1.5])).traces
+    assert op_speed(cpu) == {0: 1.0, 1: 1.0}
+    cpu = run_analysis(tmp_path / "cpu3", cpu_ring_docs(2, 3, speed=[1.0, 1.5])).traces
+    assert op_speed(cpu) == {0: pytest.approx(1 / 1.25), 1: pytest.approx(1.5 / 1.25)}
+
+
+def test_peer_baseline_is_the_median_of_the_lower_half() -> None:
+    assert peer_baseline([]) == 0.0
+    assert peer_baseline([5.0]) == 5.0
+    assert peer_baseline([9.0, 1.0]) == 1.0  # two ranks: the punctual one's
+    assert peer_baseline([0.0, 4.0, 1.0, 9.0]) == 0.5
+    assert peer_baseline([3.0, 1.0, 2.0, 100.0, 50.0]) == 1.5
