@@ -66,6 +66,23 @@ def test_lateness_every_rank_shows_is_not_straggling(tmp_path: Path) -> None:
     assert res.bounds_ms["relative"] < 1.0 and res.verdict == "balanced"
 
 
+def test_a_rank_held_up_for_a_few_steps_where_ranks_are_late_by_turns_is_noise(tmp_path: Path) -> None:
+    # Rank 0 is held up 1 ms in steps 1-4, rank 1 3 ms in steps 6-8: 0.5 and 1.125 ms late per
+    # step, rank 1 0.625 ms beyond rank 0, over 8% of the clean step (rank 0's own work: 3.1 ms
+    # -> 0.248). But rank 0's own lateness swings by a median absolute deviation of 0.5 ms from
+    # step to step (the run's own-work jitter is 0: rank 1's work never moves), so the peers'
+    # lateness jitter bound is 1.5 ms, and rank 1 is within it.
+    def held(r: int, s: int) -> float:
+        return 1000.0 if r == 0 and s <= 4 else 3000.0 if r == 1 and s >= 6 else 0.0
+
+    res = run_analysis(tmp_path, cpu_ring_docs(2, 8, sleep_us=held)).stragglers
+    assert [r.late_ms for r in res.ranks] == [pytest.approx(0.5), pytest.approx(1.125)]
+    assert res.ranks[1].beyond_peers_ms == pytest.approx(0.625)
+    assert res.bounds_ms["relative"] == pytest.approx(0.248) and res.bounds_ms["jitter"] == 0.0
+    assert res.bounds_ms["late_jitter"] == pytest.approx(1.5)
+    assert res.verdict == "balanced"
+
+
 def test_a_straggler_among_four_stands_out_from_its_peers_lateness(tmp_path: Path) -> None:
     # In step s rank s % 4 is held up 600 us (each rank in 2 of 8 steps: 150 us per step), and
     # rank 2 sleeps 1000 us more every step. The punctual mark is the earliest arrival, 2400 us;

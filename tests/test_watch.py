@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from harness.collect.read.windows import pick_window, trace_window
 from harness.paths import STEP_PHASES, watch_path
 from harness.train.config import ProfilerConfig, build_config
 from harness.train.profiling import TraceRecorder
+from harness.train.timing import StepClock
 from harness.train.watch import Watch
 from harness.train.watch_rule import jitter_ms, median, own_work_phases, pack_rows, step_row, watch_thresholds
 from harness.train.watch_rule import judge_interval as judge_tables
@@ -80,10 +82,58 @@ def test_a_slow_data_phase_is_flagged_and_its_victims_waiting_in_backward_are_no
     # own work: 32 ms on ranks 0, 1, 3 and 82 ms on rank 2; punctual (lower quartile) = 32 ms
     assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 0.0, 50.0, 0.0]
     # relative: 0.08 x 150 ms; jitter 0 (every step the same); outlier: lower half [0, 0] -> 0
-    assert v.bounds_ms == {"min_lag": 0.0, "clock_noise": 0.0, "jitter": 0.0, "relative": 12.0, "outlier": 0.0}
+    assert v.bounds_ms == {
+        "min_lag": 0.0,
+        "clock_noise": 0.0,
+        "jitter": 0.0,
+        "late_jitter": 0.0,
+        "relative": 12.0,
+        "outlier": 0.0,
+    }
     assert v.threshold_ms == 12.0
     [s] = v.stragglers
     assert (s.rank, s.host, s.phase, s.excess_ms, s.steps_late) == (2, "b", "data", 50.0, 4)
+
+
+def test_a_rank_computing_longer_inside_backward_is_seen_by_its_cpu_time() -> None:
+    # DDP on CPU: every rank's backward lasts 60 ms (the slow one computes, the others wait for it
+    # in the all-reduce), but rank 1 spends 50 ms of it on its core and the others 20 ms: its own
+    # work is 32 + 50 ms against 32 + 20. The same tables without CPU times (a GPU rank's) see
+    # nothing.
+    def with_cpu(records: list[dict], backward_cpu_ms: float) -> list[dict]:
+        return [r | {"phases_cpu_ms": {**{p: 0.0 for p in BASE}, "backward": backward_cpu_ms}} for r in records]
+
+    times = {r: with_cpu(steps(BASE), 50.0 if r == 1 else 20.0) for r in range(3)}
+    v = judge_interval(times, {}, DDP_OWN, cpu=False, th=Thresholds(), held_phases=("backward",))
+    assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 30.0, 0.0]
+    [s] = v.stragglers
+    assert (s.rank, s.phase, s.excess_ms, s.beyond_peers_ms, s.steps_late) == (1, "backward", 30.0, 30.0, 4)
+    assert judge_interval(times, {}, DDP_OWN, cpu=False, th=Thresholds()).stragglers == []  # not read
+
+
+def test_the_step_clock_takes_the_thread_s_cpu_time_per_phase() -> None:
+    clock = StepClock(cuda=False, thread_time=True)
+    clock.start(0)
+    deadline = time.perf_counter() + 0.03
+    while time.perf_counter() < deadline:  # 30 ms on the core
+        pass
+    clock.mark("forward")
+    time.sleep(0.03)  # 30 ms off it
+    clock.mark("backward")
+    clock.finish()
+    [rec] = clock.poll()
+    cpu = rec["phases_cpu_ms"]
+    assert set(cpu) == {"forward", "backward"}
+    # wide margins: 2 shared cores can take the busy loop's core away for a while
+    assert cpu["forward"] > 10.0 and cpu["backward"] < 10.0
+    assert "phases_cpu_ms" not in _one_step(StepClock(cuda=False))
+
+
+def _one_step(clock: StepClock) -> dict:
+    clock.start(0)
+    clock.mark("forward")
+    clock.finish()
+    return clock.poll()[0]
 
 
 def test_the_bound_is_the_collectors_rule() -> None:
@@ -322,7 +372,8 @@ def test_the_watch_flags_a_rank_says_when_it_recovers_and_logs_each_interval(tmp
         | {"steps_late": n}
         for n in (3, 4)
     ]
-    bounds = {"min_lag": 0.0, "clock_noise": 0.0, "jitter": 0.0, "relative": 8.0}  # 2 ranks: no outlier bound
+    # 2 ranks: no outlier bound; the peers' lateness (rank 0's) never moves
+    bounds = {"min_lag": 0.0, "clock_noise": 0.0, "jitter": 0.0, "late_jitter": 0.0, "relative": 8.0}
     assert watch_lines(tmp_path) == [
         {"step": 7, "steps": [5, 7], "threshold_ms": 8.0, "bounds_ms": bounds, "stragglers": [flagged[0]]},
         {"step": 11, "steps": [8, 11], "threshold_ms": 8.0, "bounds_ms": bounds, "stragglers": [flagged[1]]},

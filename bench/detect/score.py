@@ -105,7 +105,10 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
     4. watch_latency_steps_median over the cases the watch flagged; watch_missed, the material
        cases it ran in and did not flag; watch_false_alarms, clean cases it flagged;
     5. hang_right, leak_right = shares of those cases right;
-    6. errors = cases whose job or collector failed (counted as misses above)."""
+    6. errors = cases whose job or collector failed (counted as misses above);
+    7. recall_above_noise = found / material stragglers whose cost per step exceeds the bound the
+       clean run of their configuration was judged against (`noise_floors`): what the rule can
+       see at all on that configuration on this machine, apart from what its noise hides."""
     outs = [c["outcome"] for c in cases]
     material = [o for o in outs if o["material"]]
     small = [o for c, o in zip(cases, outs) if c["truth"]["kind"] == "straggler" and not o["material"]]
@@ -114,6 +117,14 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
     latencies = [o["watch_latency_steps"] for o in outs if o["watch_latency_steps"] is not None]
     watched = [
         c for c in cases if c.get("watch_every") and c["truth"]["kind"] == "straggler" and c["outcome"]["material"]
+    ]
+    floors = noise_floors(cases)
+    visible = [
+        c["outcome"]
+        for c in cases
+        if c["outcome"]["material"]
+        and (floor := floors.get(config_key(c))) is not None
+        and c["truth"]["cost_share"] * c.get("clean_step_ms", 0.0) > floor
     ]
     hangs = [o["hang_right"] for o in outs if o["hang_right"] is not None]
     leaks = [o["leak_right"] for o in outs if o["leak_right"] is not None]
@@ -134,6 +145,25 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
         "leak_right": _share(sum(leaks), len(leaks)),
         "leak_cases": len(leaks),
         "errors": sum(1 for c in cases if c.get("error")),
+        "recall_above_noise": _share(sum(o["found"] for o in visible), len(visible)),
+        "material_above_noise": len(visible),
+    }
+
+
+def config_key(case: dict[str, Any]) -> str | None:
+    """The configuration a real case ran in: its run name's first part (c003-2-sleep -> c003)."""
+    run = case.get("run")
+    return run.split("-")[0] if isinstance(run, str) else None
+
+
+def noise_floors(cases: list[dict[str, Any]]) -> dict[str, float]:
+    """Per configuration, the bound (ms per step) its clean run's lateness was judged against."""
+    return {
+        key: float(c["seen"]["threshold_ms"])
+        for c in cases
+        if c["truth"]["kind"] == "clean"
+        and c["seen"].get("threshold_ms") is not None
+        and (key := config_key(c)) is not None
     }
 
 

@@ -222,6 +222,8 @@ class Run:
                 faults=faults,
                 metrics=self.metrics,
             )
+            # the watch reads a CPU rank's own work in the phases that hold collectives from its CPU time
+            self.clock.thread_time = self.watch.on and self.device.type == "cpu"
             self.recorder.__enter__()
         except BaseException as exc:
             self.close(exc)

@@ -15,7 +15,10 @@ Algorithm for one step on GPU:
    event completes when the previous step's work has drained, so steps never overlap in it.
 4. `outside_step_ms` is host time between the previous step's end and this step's start (the
    profiler's step bookkeeping and trace export land there, not inside any step).
-On CPU the same quantities come from the host clock.
+On CPU the same quantities come from the host clock; with `thread_time` on (the live watch), also
+`phases_cpu_ms`: the calling thread's CPU time in each phase. Waiting in a gloo collective blocks
+the thread off its core, so in a phase that holds collectives this is the rank's own work there,
+which the phase's wall time, ending with every rank's at the same collective, is not.
 """
 
 from __future__ import annotations
@@ -33,14 +36,17 @@ class _PendingStep:
     step: int
     extra: dict[str, Any]
     host_marks: list[tuple[str, float]] = field(default_factory=list)
+    cpu_marks: list[float] = field(default_factory=list)
     events: list[tuple[str, Any]] = field(default_factory=list)
 
 
 class StepClock:
     """Marks phase boundaries; hands back finished step timings in order."""
 
-    def __init__(self, cuda: bool) -> None:
+    def __init__(self, cuda: bool, thread_time: bool = False) -> None:
         self.cuda = cuda
+        # each mark also reads the thread's CPU time (~1 us: a system call, not a vDSO read)
+        self.thread_time = thread_time and not cuda
         self._current: _PendingStep | None = None
         self._pending: deque[_PendingStep] = deque()
         self._last_end_host: float | None = None
@@ -54,6 +60,8 @@ class StepClock:
         cur = self._current
         assert cur is not None, "start() first"
         cur.host_marks.append((label, time.perf_counter()))
+        if self.thread_time:
+            cur.cpu_marks.append(time.thread_time())
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -106,11 +114,17 @@ class StepClock:
         # Data wait is host time blocked on the loader, on either device.
         data_ms = next(((b - a) * 1e3 for (_, a), (label, b) in zip(host[:-1], host[1:]) if label == "data"), 0.0)
         phases_ms["data"] = data_ms
+        cpu = p.cpu_marks
+        extra = dict(p.extra)
+        if len(cpu) == len(host):
+            extra["phases_cpu_ms"] = {
+                label: (b - a) * 1e3 for a, b, (label, _) in zip(cpu[:-1], cpu[1:], host[1:]) if label != "end"
+            }
         return {
             "step": p.step,
             "step_ms": step_ms,
             "data_ms": data_ms,
             "outside_step_ms": outside_ms,
             "phases_ms": phases_ms,
-            **p.extra,
+            **extra,
         }

@@ -29,6 +29,7 @@ from harness.train.config import WatchConfig
 from harness.train.metrics import Metrics
 from harness.train.profiling import TraceRecorder
 from harness.train.watch_rule import (
+    COLLECTIVE_PHASES,
     IntervalVerdict,
     judge_interval,
     own_work_phases,
@@ -77,6 +78,7 @@ class Watch:
         self.rank = rank
         self.world_size = world_size
         self.own_phases = own_work_phases(parallel)
+        self.held_phases = COLLECTIVE_PHASES[parallel]
         self.cpu = cpu
         self.warmup_steps = warmup_steps
         self.last_step = None if steps is None else steps - 1
@@ -124,7 +126,13 @@ class Watch:
             return
         tables = torch.stack(self._all_gather(pack_rows(list(self._recent), self._recent.maxlen or 1)))
         verdict = judge_interval(
-            tables, self.hosts, self.own_phases, cpu=self.cpu, th=self.th, after_step=self._judged_through
+            tables,
+            self.hosts,
+            self.own_phases,
+            cpu=self.cpu,
+            th=self.th,
+            after_step=self._judged_through,
+            held_phases=self.held_phases,
         )
         if not verdict.steps:
             return

@@ -10,9 +10,12 @@ FSDP) lasts about as long on every rank (the slow one works, the others wait), s
 cause from a victim by nothing; the phases that hold no collective do ("own work"). A rank's
 lateness at the next collective is then how much longer its own work took than the punctual
 ranks' (the collector's punctual mark, the lower quartile), and the collector's rule
-(`straggler_bounds`) decides. What this cannot see: a rank that is slow *inside* the phase that
-holds the collectives (a slow backward under DDP): every rank's phase ends together. The traces
-see it (the collector's lateness at each collective); a scheduled or triggered window captures it.
+(`straggler_bounds`) decides. Inside a phase that holds collectives a CPU rank's own work is its
+CPU time there (timing.py: waiting in a gloo collective blocks it off its core), so a rank that
+computes longer there is seen too. What this cannot see: a GPU rank slow inside such a phase, or
+a CPU rank that sleeps or blocks there (its CPU time does not grow): every rank's phase ends
+together. The traces see it (the collector's lateness at each collective); a scheduled or
+triggered window captures it.
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ from harness.collect.analyse.stragglers import (
 )
 from harness.paths import STEP_PHASES
 
-# The table one rank sends: a row per step, [step, step_ms, one column per STEP_PHASES]; NaN pads
-# the rows a rank has not timed yet (on GPU a step is timed once its CUDA events complete) and
-# the phases a step did not have.
-COLUMNS = 2 + len(STEP_PHASES)
+# The table one rank sends: a row per step, [step, step_ms, one column per STEP_PHASES (wall time),
+# one per STEP_PHASES (CPU time, timing.py's phases_cpu_ms)]; NaN pads the rows a rank has not
+# timed yet (on GPU a step is timed once its CUDA events complete), the phases a step did not have
+# and the CPU times a rank did not take (GPU ranks).
+PHASES = len(STEP_PHASES)
+COLUMNS = 2 + 2 * PHASES
 # At most this many stragglers get a phase per interval (the most late): each phase compares a rank
 # with every other rank (one straggler among 1024 ranks: 20-24 ms an interval, mostly this), so 16,
 # two 8-GPU nodes' worth like the collector's MAX_CAUSES, bounds it; the rest are flagged unnamed.
@@ -93,7 +98,13 @@ class IntervalVerdict:
 def step_row(record: dict) -> list[float]:
     """A step record (harness/train/timing.py) as a row of the exchanged table."""
     phases = record.get("phases_ms") or {}
-    return [record["step"], record["step_ms"], *(phases.get(p, math.nan) for p in STEP_PHASES)]
+    cpu = record.get("phases_cpu_ms") or {}
+    return [
+        record["step"],
+        record["step_ms"],
+        *(phases.get(p, math.nan) for p in STEP_PHASES),
+        *(cpu.get(p, math.nan) for p in STEP_PHASES),
+    ]
 
 
 def pack_rows(rows: list[list[float]], n: int) -> torch.Tensor:
@@ -110,13 +121,16 @@ def judge_interval(
     cpu: bool,
     th: Thresholds,
     after_step: int = -1,
+    held_phases: tuple[str, ...] = (),
 ) -> IntervalVerdict:
     """Who straggled over an interval of steps, from every rank's table ([ranks, rows, COLUMNS],
     rank r's table at index r, see `pack_rows`).
 
     1. the steps judged are those after `after_step` that every rank timed;
-    2. per step and rank: own = the sum of its own-work phases (`own_work_phases`); lateness =
-       own - the punctual ranks' own (the lower quartile: `punctual_index`), at least 0;
+    2. per step and rank: own = the sum of its own-work phases (`own_work_phases`) and of its CPU
+       time in the phases that hold collectives (`held_phases`; none where not timed: GPU);
+       lateness = own - the punctual ranks' own (the lower quartile: `punctual_index`), at
+       least 0;
     3. per rank: late_ms = the mean lateness per step; beyond_peers_ms = late_ms less
        `peer_baseline` of the ranks' late_ms;
     4. the collector's rule (`straggler_bounds`): the median rank's mean step time, the run's
@@ -124,9 +138,9 @@ def judge_interval(
        waiting out, which an intermittent straggler puts in every rank's step), no clock noise (each rank times
        itself: no clocks are compared); a straggler's beyond_peers_ms exceeds every bound;
        steps_late = steps whose lateness beyond that step's `peer_baseline` exceeds the threshold;
-    5. per straggler (the MAX_PHASED with the largest late_ms) and own-work phase: excess = the mean per step of
-       its time minus the median of the other ranks' time; the largest positive one names the
-       phase.
+    5. per straggler (the MAX_PHASED with the largest late_ms) and phase of step 2 (own-work by
+       wall time, held by CPU time): excess = the mean per step of its time minus the median of
+       the other ranks' time; the largest positive one names the phase.
     """
     n_ranks = tables.shape[0]
     step_col = tables[..., 0]
@@ -145,9 +159,13 @@ def judge_interval(
         table = torch.gather(tables, 1, rows.unsqueeze(-1).expand(-1, -1, COLUMNS))  # [ranks, steps, COLUMNS]
     if not steps or n_ranks < 2:
         return IntervalVerdict(steps=steps, ranks=[])
-    phases = torch.nan_to_num(table[..., 2:], nan=0.0)
+    walls = torch.nan_to_num(table[..., 2 : 2 + PHASES], nan=0.0)
+    cpus = torch.nan_to_num(table[..., 2 + PHASES :], nan=0.0)
+    names = own_phases + held_phases
     own_cols = [STEP_PHASES.index(p) for p in own_phases]
-    own = phases[..., own_cols].sum(-1)  # [ranks, steps]
+    held_cols = [STEP_PHASES.index(p) for p in held_phases]
+    work = torch.cat([walls[..., own_cols], cpus[..., held_cols]], dim=-1)  # [ranks, steps, names]
+    own = work.sum(-1)  # [ranks, steps]
     punctual = own.sort(dim=0).values[punctual_index(n_ranks)]
     late = (own - punctual).clamp(min=0.0)
     late_ms = dict(enumerate(late.mean(dim=1).tolist()))
@@ -162,12 +180,13 @@ def judge_interval(
         cpu=cpu,
         th=th,
         step_ms=median_step_ms,
+        late_jitter_ms=late_jitter_of(late),
     )
     threshold = max(bounds.values())
     lower = late.sort(dim=0).values[: max(n_ranks // 2, 1)]  # per step, the lower half's median: peer_baseline
     steps_late = (late - median(lower, dim=0) > threshold).sum(dim=1).tolist()
     flagged = sorted((r for r in range(n_ranks) if beyond[r] > threshold), key=lambda r: (-beyond[r], r))
-    phased = {r: _slowest_phase(r, phases, own_cols, own_phases) for r in flagged[:MAX_PHASED]}
+    phased = {r: _slowest_phase(r, work, names) for r in flagged[:MAX_PHASED]}
     out = [
         RankLateness(
             rank=r,
@@ -195,6 +214,18 @@ def jitter_ms(step_ms: torch.Tensor) -> float:
     return float(median(per_rank[: max(len(per_rank) // 2, 1)], dim=0))
 
 
+def late_jitter_of(late: torch.Tensor) -> float | None:
+    """`late_jitter_ms` (the collector's) of a [ranks, steps] tensor of lateness per step: the
+    median over the lower half of the ranks by mean lateness of their median absolute
+    deviations; None under MIN_JITTER_STEPS steps."""
+    if late.shape[1] < MIN_JITTER_STEPS:
+        return None
+    med = median(late, dim=1).unsqueeze(1)
+    spread = median((late - med).abs(), dim=1)
+    lower = spread[late.mean(dim=1).argsort()[: max(late.shape[0] // 2, 1)]]
+    return float(median(lower.sort().values, dim=0))
+
+
 def median(x: torch.Tensor, dim: int) -> torch.Tensor:
     """The median along `dim`, the two middle values averaged for an even count as
     `statistics.median` does (torch.median takes the lower one; torch.quantile refuses more than
@@ -205,12 +236,11 @@ def median(x: torch.Tensor, dim: int) -> torch.Tensor:
     return upper if n % 2 else (ordered.narrow(dim, n // 2 - 1, 1).squeeze(dim) + upper) / 2
 
 
-def _slowest_phase(
-    rank: int, phases: torch.Tensor, own_cols: list[int], own_phases: tuple[str, ...]
-) -> tuple[str | None, float | None]:
-    others = torch.cat([phases[:rank], phases[rank + 1 :]])[..., own_cols]  # [ranks - 1, steps, own]
-    excess = (phases[rank][..., own_cols] - median(others, dim=0)).mean(dim=0).tolist()
-    best = max(range(len(own_phases)), key=lambda i: (excess[i], -i))
+def _slowest_phase(rank: int, work: torch.Tensor, names: tuple[str, ...]) -> tuple[str | None, float | None]:
+    """Of `work` ([ranks, steps, names]), the name where `rank` spends most over the others' median."""
+    others = torch.cat([work[:rank], work[rank + 1 :]])  # [ranks - 1, steps, names]
+    excess = (work[rank] - median(others, dim=0)).mean(dim=0).tolist()
+    best = max(range(len(names)), key=lambda i: (excess[i], -i))
     if excess[best] <= 0:
         return None, None
-    return own_phases[best], excess[best]
+    return names[best], excess[best]

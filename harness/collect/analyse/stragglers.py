@@ -121,7 +121,7 @@ class StragglerResult:
         return sorted((r for r in self.ranks if r.straggler), key=lambda r: (-r.late_ms, r.rank))
 
 
-NOISE_BOUNDS = ("min_lag", "clock_noise", "jitter")
+NOISE_BOUNDS = ("min_lag", "clock_noise", "jitter", "late_jitter")
 # The phase of a straggler slow in time its ranges do not cover (a loop that marks some phases only).
 OUTSIDE_RANGES = NO_PHASE  # the bounds that are about noise, not about the ranks
 
@@ -157,6 +157,24 @@ def peer_baseline(late_ms: list[float]) -> float:
     return statistics.median(values[: max(len(values) // 2, 1)]) if values else 0.0
 
 
+def late_jitter_ms(late_by_step_ms: Mapping[int, list[float]]) -> float | None:
+    """How much the peers' lateness swings from step to step:
+    1. per rank with MIN_JITTER_STEPS+ steps, the median absolute deviation of its lateness per
+       step;
+    2. the median of those of the lower half of the ranks by mean lateness (at least one): the
+       ranks `peer_baseline` takes, whose lateness is what the ranks show without straggling (a
+       straggler's own swing is its signal, and an intermittent one's victims arrive first on
+       the steps it is late);
+    3. None (not estimated) when no rank has that many steps.
+    The run's jitter (`run_jitter_ms`) measures the ranks' own work; this measures their
+    arrivals, which swing more where ranks time-share cores: a rank held up for a few steps
+    (on 2 shared cores, bursts of 150-300 ms in a 460 ms step, its own work hardly moved)."""
+    timed = sorted((statistics.mean(v), mad(v)) for v in late_by_step_ms.values() if len(v) >= MIN_JITTER_STEPS)
+    if not timed:
+        return None
+    return statistics.median(m for _, m in timed[: max(len(timed) // 2, 1)])
+
+
 def straggler_bounds(
     late_ms: dict[int, float],
     *,
@@ -166,6 +184,7 @@ def straggler_bounds(
     cpu: bool,
     th: Thresholds,
     step_ms: float = 0.0,
+    late_jitter_ms: float | None = None,
 ) -> dict[str, float]:
     """The straggler rule: the bounds a rank's lateness per step beyond its peers' (`late_ms` less
     `peer_baseline` of them) must all exceed (a straggler's excess > max of them). Shared by the
@@ -177,7 +196,8 @@ def straggler_bounds(
     2. clock_noise = noise_factor x the clocks' noise (0 where no clocks are compared);
     3. jitter = jitter_factor x the run's step-to-step jitter (`run_jitter_ms`); None: too few
        steps to measure it, and then on CPU cpu_noise_share x `step_ms` (the median rank's
-       step), elsewhere 0;
+       step), elsewhere 0; late_jitter = jitter_factor x the peers' lateness jitter
+       (`late_jitter_ms`, 0 where not estimated);
     4. relative = rel_lag x `median_step_ms` (rel_lag_cpu when every rank ran on CPU): the
        collector gives the clean step, the punctual ranks' own work per step
        (`analyze_stragglers`), the watch the median rank's mean step;
@@ -190,6 +210,7 @@ def straggler_bounds(
         "jitter": th.jitter_factor * jitter_ms
         if jitter_ms is not None
         else (th.cpu_noise_share * step_ms if cpu else 0.0),
+        "late_jitter": th.jitter_factor * (late_jitter_ms or 0.0),
         "relative": (th.rel_lag_cpu if cpu else th.rel_lag) * median_step_ms,
     }
     if len(late_ms) >= 3:
@@ -396,7 +417,8 @@ def analyze_stragglers(
        every rank is late at some collectives: a 4-rank comm run on 2 cores had each rank 28-37%
        of the clean step behind the earliest);
     6. the bounds (`straggler_bounds`), with the clocks' noise = the median end scatter of
-       matched collectives, and over each rank's own work per step (its step span on its
+       matched collectives, the peers' lateness jitter over the judged lateness of each step
+       (`late_jitter_ms`), and over each rank's own work per step (its step span on its
        device's timeline, `step_span_ms`, less its waiting for later peers, at its peers' speed)
        the run's jitter (`run_jitter_ms`) and the clean step the relative bound is a share of:
        the punctual ranks' (the lower quartile of the ranks' means, as `punctual_arrival` takes
@@ -499,6 +521,9 @@ def analyze_stragglers(
         cpu=cpu,
         th=th,
         step_ms=statistics.median(timed_steps) if timed_steps else 0.0,
+        late_jitter_ms=late_jitter_ms(
+            {r: [c.get(r, 0.0) / 1e3 for s, c in step_judged.items() if s >= 0] for r in ranks}
+        ),
     )
     notes = []
     if reason is None and most < MIN_JITTER_STEPS:

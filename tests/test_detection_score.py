@@ -1,0 +1,67 @@
+"""The detection campaign's scoring (bench/detect/score.py) on hand-made outcomes."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from jobs import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+
+from detect.score import Seen, Truth, score, summarize  # noqa: E402
+
+
+def row(run: str, truth: Truth, seen: Seen, clean_step_ms: float = 100.0) -> dict[str, Any]:
+    outcome = score(truth, seen, onset_step=8 if truth.kind == "straggler" else None)
+    return {
+        "run": run,
+        "clean_step_ms": clean_step_ms,
+        "truth": asdict(truth),
+        "seen": asdict(seen),
+        "outcome": asdict(outcome),
+        "error": seen.error,
+    }
+
+
+def test_recall_above_noise_counts_the_cases_their_clean_run_could_show() -> None:
+    # Configuration c001's clean run was judged against 15 ms per step, c002's against 5 ms.
+    rows = [
+        row("c001-clean", Truth(kind="clean"), Seen(verdict="balanced", threshold_ms=15.0)),
+        # 12 ms per step: material (12% of 100 ms) but under c001's 15 ms: missed, and not counted above noise
+        row(
+            "c001-0-sleep", Truth(kind="straggler", ranks=[1], phase="data", cost_share=0.12), Seen(verdict="balanced")
+        ),
+        # 30 ms: above it, found with its phase
+        row(
+            "c001-1-sleep",
+            Truth(kind="straggler", ranks=[1], phase="data", cost_share=0.3),
+            Seen(verdict="straggler", stragglers={1: "data"}, watch_flags=[(9, 1)]),
+        ),
+        row("c002-clean", Truth(kind="clean"), Seen(verdict="straggler", stragglers={0: "data"}, threshold_ms=5.0)),
+        # 10 ms: above c002's 5 ms, missed
+        row(
+            "c002-0-compute",
+            Truth(kind="straggler", ranks=[0], phase="forward", cost_share=0.1),
+            Seen(verdict="balanced"),
+        ),
+        # below material: not counted either way
+        row(
+            "c002-1-compute",
+            Truth(kind="straggler", ranks=[0], phase="forward", cost_share=0.04),
+            Seen(verdict="balanced"),
+        ),
+    ]
+    s = summarize(rows)
+    assert (s["recall"], s["material_cases"]) == (round(1 / 3, 4), 3)
+    assert (s["recall_above_noise"], s["material_above_noise"]) == (0.5, 2)
+    assert (s["false_alarms"], s["clean_runs"]) == (1, 2)
+    assert (s["below_material_recall"], s["below_material_cases"]) == (0.0, 1)
+    assert s["watch_latency_steps_median"] == 1 and s["phase_right"] == 1.0
+
+
+def test_a_named_innocent_rank_is_found_but_not_rank_right() -> None:
+    truth = Truth(kind="straggler", ranks=[2], phase="backward", cost_share=0.2)
+    o = score(truth, Seen(verdict="straggler", stragglers={2: "backward", 3: "backward"}))
+    assert (o.found, o.rank_right, o.phase_right, o.material) == (True, False, False, True)
