@@ -129,6 +129,12 @@ def test_two_growing_ranks_share_their_host(tmp_path: Path) -> None:
         ([400e6 + (100e6 if s >= 15 else 0) for s in STEADY], "one-off jump"),
         # a perfect line, but 0.5 MiB x 19 steps = 9.5 MiB: below 16 MiB, not material
         ([400e6 + 0.5 * MiB * s for s in STEADY], "too small"),
+        # warming up: 4 MiB a step for 10 steps, then 0.3: still rising in its second half, at
+        # under half the whole window's rate (allocators filling up, not a leak)
+        (
+            [400e6 + 4 * MiB * min(i, 10) + 0.3 * MiB * max(i - 10, 0) for i, _ in enumerate(STEADY)],
+            "levelling off",
+        ),
     ],
 )
 def test_no_growth_finding(tmp_path: Path, series: list[float], why: str) -> None:
