@@ -18,7 +18,10 @@ Algorithm for one step on GPU:
 On CPU the same quantities come from the host clock; with `thread_time` on (the live watch), also
 `phases_cpu_ms`: the calling thread's CPU time in each phase. Waiting in a gloo collective blocks
 the thread off its core, so in a phase that holds collectives this is the rank's own work there,
-which the phase's wall time, ending with every rank's at the same collective, is not.
+which the phase's wall time, ending with every rank's at the same collective, is not. On CPU
+always (where Linux keeps schedstat): `runq_ms` and `phases_runq_ms`, the calling thread's time
+runnable but waiting for a core in the step and in each phase (schedstat.py): time-sharing's
+share of them, which the collector takes out of a rank's lateness.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from typing import Any
 
 import torch
 
+from harness.train.schedstat import RunQueueClock
+
 
 @dataclass
 class _PendingStep:
@@ -37,6 +42,7 @@ class _PendingStep:
     extra: dict[str, Any]
     host_marks: list[tuple[str, float]] = field(default_factory=list)
     cpu_marks: list[float] = field(default_factory=list)
+    runq_marks: list[float | None] = field(default_factory=list)
     events: list[tuple[str, Any]] = field(default_factory=list)
 
 
@@ -47,6 +53,7 @@ class StepClock:
         self.cuda = cuda
         # each mark also reads the thread's CPU time (~1 us: a system call, not a vDSO read)
         self.thread_time = thread_time and not cuda
+        self._runq = None if cuda else RunQueueClock()
         self._current: _PendingStep | None = None
         self._pending: deque[_PendingStep] = deque()
         self._last_end_host: float | None = None
@@ -62,6 +69,8 @@ class StepClock:
         cur.host_marks.append((label, time.perf_counter()))
         if self.thread_time:
             cur.cpu_marks.append(time.thread_time())
+        if self._runq is not None:
+            cur.runq_marks.append(self._runq.read_ms())
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -119,6 +128,12 @@ class StepClock:
         if len(cpu) == len(host):
             extra["phases_cpu_ms"] = {
                 label: (b - a) * 1e3 for a, b, (label, _) in zip(cpu[:-1], cpu[1:], host[1:]) if label != "end"
+            }
+        runq = [m for m in p.runq_marks if m is not None]
+        if len(runq) == len(host):
+            extra["runq_ms"] = runq[-1] - runq[0]
+            extra["phases_runq_ms"] = {
+                label: b - a for a, b, (label, _) in zip(runq[:-1], runq[1:], host[1:]) if label != "end"
             }
         return {
             "step": p.step,

@@ -1,0 +1,54 @@
+"""The step clock's run-queue wait per phase (harness/train/schedstat.py), on a real contended core."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.train.schedstat import RunQueueClock
+from harness.train.timing import StepClock
+
+pytestmark = pytest.mark.skipif(RunQueueClock().read_ms() is None, reason="no schedstat here")
+
+
+def _busy(seconds: float) -> None:
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        pass
+
+
+def test_waiting_for_a_shared_core_is_counted_and_sleeping_is_not() -> None:
+    """This thread and a busy process pinned to one core: in 200 ms of wall time busy, the
+    thread waits about half of it for the core; asleep, it waits for nothing."""
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    rival = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    try:
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        time.sleep(0.2)  # the rival is pinned and spinning
+        clock = StepClock(cuda=False)
+        clock.start(0)
+        _busy(0.2)
+        clock.mark("forward")
+        time.sleep(0.1)
+        clock.mark("backward")
+        clock.finish()
+        [rec] = clock.poll()
+    finally:
+        os.sched_setaffinity(0, before)
+        rival.kill()
+        rival.wait()
+    runq = rec["phases_runq_ms"]
+    assert set(runq) == {"forward", "backward"}
+    # wide margins: the core is shared with one rival, so about 100 of the 200 ms
+    assert runq["forward"] > 30.0, runq
+    assert runq["backward"] < 10.0, runq
+    assert rec["runq_ms"] >= runq["forward"] + runq["backward"] - 1e-6
+
+
+def test_a_gpu_clock_reads_no_run_queue() -> None:
+    assert StepClock(cuda=True)._runq is None
