@@ -22,7 +22,15 @@ from harness.train.config import ProfilerConfig, build_config
 from harness.train.profiling import TraceRecorder
 from harness.train.timing import StepClock
 from harness.train.watch import Watch
-from harness.train.watch_rule import jitter_ms, median, own_work_phases, pack_rows, step_row, watch_thresholds
+from harness.train.watch_rule import (
+    jitter_ms,
+    median,
+    own_work_phases,
+    pack_rows,
+    phase_speed,
+    step_row,
+    watch_thresholds,
+)
 from harness.train.watch_rule import judge_interval as judge_tables
 from harness.write_faults import AppendOnlyFile, FaultLog
 
@@ -109,6 +117,42 @@ def test_a_rank_computing_longer_inside_backward_is_seen_by_its_cpu_time() -> No
     [s] = v.stragglers
     assert (s.rank, s.phase, s.excess_ms, s.beyond_peers_ms, s.steps_late) == (1, "backward", 30.0, 30.0, 4)
     assert judge_interval(times, {}, DDP_OWN, cpu=False, th=Thresholds()).stragglers == []  # not read
+
+
+def test_a_rank_waiting_for_a_core_in_its_own_work_is_not_flagged() -> None:
+    # Rank 1's forward lasts 50 ms more every step, all of it waiting for a core (phases_runq_ms):
+    # time-sharing, not its work. Rank 2's lasts 50 ms more with 10 of it waiting: 40 its own.
+    def with_runq(records: list[dict], forward_runq_ms: float) -> list[dict]:
+        return [r | {"phases_runq_ms": {**{p: 0.0 for p in BASE}, "forward": forward_runq_ms}} for r in records]
+
+    longer = {**BASE, "forward": 70.0}
+    times = {0: with_runq(steps(BASE), 0.0), 1: with_runq(steps(longer), 50.0), 2: with_runq(steps(longer), 10.0)}
+    v = judge_interval(times, {}, DDP_OWN, cpu=True, th=Thresholds())
+    assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 0.0, 40.0]
+    [s] = v.stragglers
+    assert (s.rank, s.phase, s.excess_ms) == (2, "forward", 40.0)
+
+
+def test_a_rank_slower_on_its_core_is_judged_at_its_peers_speed() -> None:
+    # Rank 1 takes 1.5x the CPU time of ranks 0 and 2 in every phase it spends >= 1 ms in (a
+    # slower core): its speed is 1.5, and its own work at its peers' speed is theirs. Rank 2
+    # takes 30 ms more CPU time in backward only (extra work there): the median over the four
+    # voting phases (data, forward, backward, optimizer) keeps its speed at 1.
+    def with_cpu(records: list[dict], scale: float, extra_backward_ms: float = 0.0) -> list[dict]:
+        out = []
+        for r in records:
+            cpu = {p: ms * scale for p, ms in r["phases_ms"].items()}
+            cpu["backward"] = 20.0 * scale + extra_backward_ms
+            out.append(r | {"phases_ms": {p: ms * scale for p, ms in r["phases_ms"].items()}, "phases_cpu_ms": cpu})
+        return out
+
+    times = {0: with_cpu(steps(BASE), 1.0), 1: with_cpu(steps(BASE), 1.5), 2: with_cpu(steps(BASE), 1.0, 30.0)}
+    table = torch.stack([pack_rows([step_row(rec) for rec in times[r]], 4) for r in range(3)])
+    cpus = torch.nan_to_num(table[..., 2 + len(STEP_PHASES) : 2 + 2 * len(STEP_PHASES)], nan=0.0)
+    assert phase_speed(cpus).tolist() == pytest.approx([1.0, 1.5, 1.0])
+    v = judge_interval(times, {}, DDP_OWN, cpu=True, th=Thresholds(), held_phases=("backward",))
+    assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 0.0, 30.0]
+    assert [s.rank for s in v.stragglers] == [2]
 
 
 def test_the_step_clock_takes_the_thread_s_cpu_time_per_phase() -> None:

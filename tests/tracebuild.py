@@ -152,6 +152,7 @@ def cpu_ring_docs(
     sleep_us: Any = None,
     extra_mm_us: Any = None,
     transfer_us: float = 200.0,
+    forward_range: bool = False,
 ) -> list[dict]:
     """n_ranks CPU (gloo) ranks, steps 1..n_steps. Step s starts at t, where step s-1's all-reduce
     ended (the first at 0). In it rank r runs CPU_OPS from t, each op and each CPU_GAP_US after
@@ -159,7 +160,7 @@ def cpu_ring_docs(
     (extra work, at any speed), then sleeps sleep_us(r, s) (no op), and arrives at one
     all-reduce (gloo:all_reduce on a gloo thread), which ends on every rank at t + the last
     arrival + transfer_us, the step's end. So a rank's run-up to each all-reduce is its own
-    work of that step."""
+    work of that step. With `forward_range`, a harness:forward range spans [t, its arrival]."""
     k = speed or [1.0] * n_ranks
 
     def arrival(r: int, s: int) -> float:
@@ -180,6 +181,8 @@ def cpu_ring_docs(
             if extra_mm_us and extra_mm_us(r, s):
                 ev.append(x("aten::mm", "cpu_op", at, extra_mm_us(r, s)))
             a = t + arrival(r, s)
+            if forward_range:
+                ev.append(x("harness:forward", "user_annotation", t, a - t))
             ev.append(x("gloo:all_reduce", "user_annotation", a, end - a, GLOO))
         t = end
     return [document(ev, r, world_size=n_ranks, base_ns=None) for r, ev in enumerate(events)]

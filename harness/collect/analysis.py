@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from harness.collect.align.clocks import ClockOffset, HostClock, disagreeing_clocks, estimate_offsets
 from harness.collect.align.matching import Instance, match_collectives
 from harness.collect.align.waits import InstanceWaits, instance_waits, instances_by_rank, op_waits
 from harness.collect.analyse.overlap import Gap, LongestGaps, StepOverlap, rank_overlap
+from harness.collect.analyse.runq import RunQueueLog
 from harness.collect.analyse.stragglers import StragglerResult, Thresholds, analyze_stragglers
 from harness.collect.model import CommOp, RankTrace
 from harness.collect.read.compact import EMPTY
@@ -146,13 +148,19 @@ def align_ranks(runset: RunSet, *, align: bool = True, steps: set[int] | None = 
 
 
 def analyze_aligned(
-    runset: RunSet, alignment: Alignment, thresholds: Thresholds | None = None, *, release: bool = False
+    runset: RunSet,
+    alignment: Alignment,
+    thresholds: Thresholds | None = None,
+    *,
+    release: bool = False,
+    runq: Mapping[int, RunQueueLog] | None = None,
 ) -> Analysis:
     """The second half of `analyze`, on `align_ranks`' traces: 5. match collectives again on the
     aligned clocks (matching keys hold no time, so the instances are the same as in step 3, their
     ops now on aligned clocks) and each one's waits; 6. overlap per rank/step, exposed
     communication split into waiting and transfer, of its gaps only the longest kept;
-    7. stragglers.
+    7. stragglers (on CPU net of each rank's wait for a core, where `runq` has it from the step
+    logs: memory.RankLog.runq).
 
     With `release`, what only this function reads goes as soon as it is read: each rank's step
     covers after its step 6, the collectives' run-ups after step 7 (the most a parsed rank
@@ -174,7 +182,7 @@ def analyze_aligned(
         if release:
             for s in t.steps:
                 s.cover = None
-    result = analyze_stragglers(aligned, waits, offsets, step_span_ms, thresholds)
+    result = analyze_stragglers(aligned, waits, offsets, step_span_ms, thresholds, runq)
     if result.reason and len(aligned) > 1:
         warnings.append(f"no straggler analysis: {result.reason}")
     warnings.extend(result.notes)
@@ -199,9 +207,14 @@ def analyze_aligned(
 
 
 def analyze(
-    runset: RunSet, *, align: bool = True, thresholds: Thresholds | None = None, steps: set[int] | None = None
+    runset: RunSet,
+    *,
+    align: bool = True,
+    thresholds: Thresholds | None = None,
+    steps: set[int] | None = None,
+    runq: Mapping[int, RunQueueLog] | None = None,
 ) -> Analysis:
     """`align_ranks` (steps 1-4: common epoch, requested steps, matching, clock offsets) then
     `analyze_aligned` (steps 5-7: waits, overlap, stragglers); the collector's command runs the
     two apart: the merged trace is started between them and written while the second runs."""
-    return analyze_aligned(runset, align_ranks(runset, align=align, steps=steps), thresholds)
+    return analyze_aligned(runset, align_ranks(runset, align=align, steps=steps), thresholds, runq=runq)

@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.collect.analyse.flight import analyze, find_dumps, read_dumps
-from harness.collect.analyse.memory import find_memory_timelines, finding_text, memory_from_dirs
+from harness.collect.analyse.memory import (
+    analyze_memory,
+    find_memory_timelines,
+    finding_text,
+    memory_from_dirs,
+    read_step_logs,
+)
 from harness.collect.analyse.stragglers import Thresholds
 from harness.collect.analysis import Alignment, NoStepsError, align_ranks, analyze_aligned
 from harness.collect.model import RankTrace, Shared, compact
@@ -217,9 +223,11 @@ def collect(
     # From here on the ranks as parsed (own clocks) are read only for their identity, paths and
     # steps: their intervals go, or every shifted rank's would be held twice (as parsed and aligned)
     runset.ranks = [t.without_intervals() for t in runset.ranks]
-    analysis = analyze_aligned(runset, alignment, options.thresholds, release=True)
     dirs = [Path(d) for d in inputs if Path(d).is_dir()]
-    memory = memory_from_dirs(dirs)
+    logs = read_step_logs(dirs)
+    runq = {r: log.runq for r, log in logs.ranks.items() if log.runq}
+    analysis = analyze_aligned(runset, alignment, options.thresholds, release=True, runq=runq)
+    memory = analyze_memory(logs)
     analysis.warnings.extend(memory.warnings)
     doc = build_report(analysis, inputs, memory, find_memory_timelines(dirs))
     attach(doc, read_flight(dumps, inputs, options.unpickle_nccl_dumps, doc["warnings"]))

@@ -70,6 +70,8 @@ class StragglerRecord:
     """its lateness beyond its peers' (on CPU at their speed, see `speed`), per step: what flags it over threshold_ms"""
     speed: float | None
     """CPU-only traces: how much longer its ops take than the median rank's (1.2: a fifth longer); null on GPU"""
+    core_wait_ms: float | None
+    """CPU-only traces with step logs: its wait for a core per step (taken out before judging it); null without"""
     cost_ms: float
     """its share of how much later the collectives start (per step): what fixing it buys when others are late too"""
     blame_ms: float
@@ -133,6 +135,8 @@ class RankRecord:
     """its lateness beyond its peers' (on CPU at their speed), per step: what the straggler rule judges"""
     speed: float | None
     """CPU-only traces: how much longer its ops take than the median rank's (1.2: a fifth longer); null on GPU"""
+    core_wait_ms: float | None
+    """CPU-only traces with step logs: its wait for a core per step (taken out before judging it); null without"""
     cost_ms: float
     """its share of the collectives' delay (per step)"""
     late_fraction: float

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.collect.analyse.speed import MIN_NAME_US, MIN_NAMES
 from harness.collect.analyse.stragglers import (
     MIN_JITTER_STEPS,
     Thresholds,
@@ -36,11 +37,12 @@ from harness.collect.analyse.stragglers import (
 from harness.paths import STEP_PHASES
 
 # The table one rank sends: a row per step, [step, step_ms, one column per STEP_PHASES (wall time),
-# one per STEP_PHASES (CPU time, timing.py's phases_cpu_ms)]; NaN pads the rows a rank has not
-# timed yet (on GPU a step is timed once its CUDA events complete), the phases a step did not have
-# and the CPU times a rank did not take (GPU ranks).
+# one per STEP_PHASES (CPU time, timing.py's phases_cpu_ms), one per STEP_PHASES (time waiting for
+# a core, timing.py's phases_runq_ms)]; NaN pads the rows a rank has not timed yet (on GPU a step
+# is timed once its CUDA events complete), the phases a step did not have and the CPU times and
+# waits a rank did not take (GPU ranks).
 PHASES = len(STEP_PHASES)
-COLUMNS = 2 + 2 * PHASES
+COLUMNS = 2 + 3 * PHASES
 # At most this many stragglers get a phase per interval (the most late): each phase compares a rank
 # with every other rank (one straggler among 1024 ranks: 20-24 ms an interval, mostly this), so 16,
 # two 8-GPU nodes' worth like the collector's MAX_CAUSES, bounds it; the rest are flagged unnamed.
@@ -51,12 +53,14 @@ MAX_PHASED = 16
 # reduce-scatters gradients in backward. "none" holds none.
 COLLECTIVE_PHASES = {"ddp": ("backward",), "fsdp": ("forward", "backward"), "none": ()}
 
-# The watch's relative bound on CPU-only jobs, a share of the median step. The collector judges a
-# CPU rank at its peers' speed (speed.op_speed, from the op times in its trace); the watch has
-# phase times only, which cannot tell a rank doing more from one whose core is busier or slower,
-# and on shared cores a healthy rank's own work runs up to a quarter longer than its peers', the
-# same rank step after step (measured on 2 cores: 20-26% of the clean step). GPU jobs keep the
-# collector's bound.
+# The watch's relative bound on CPU-only jobs, a share of the median step. Its own work is taken
+# at the rank's speed from its CPU time per phase (`phase_speed`) and net of its wait for a core,
+# as the collector takes both from the trace, but from 3-4 phases over one interval of steps, and
+# a run is judged once every interval, so one noisy interval is enough for a false flag: at the
+# collector's 8%, 2 of the 8 clean runs of a 2-core campaign (bench/detection.py, seed 2027,
+# replayed offline) were flagged in some interval. On shared cores a healthy rank's own work
+# runs up to a quarter longer than its peers' for a few steps (measured on 2 cores: 20-26% of
+# the clean step); this bound sits above that. GPU jobs keep the collector's bound.
 WATCH_REL_LAG_CPU = 0.35
 
 
@@ -99,11 +103,13 @@ def step_row(record: dict) -> list[float]:
     """A step record (harness/train/timing.py) as a row of the exchanged table."""
     phases = record.get("phases_ms") or {}
     cpu = record.get("phases_cpu_ms") or {}
+    runq = record.get("phases_runq_ms") or {}
     return [
         record["step"],
         record["step_ms"],
         *(phases.get(p, math.nan) for p in STEP_PHASES),
         *(cpu.get(p, math.nan) for p in STEP_PHASES),
+        *(runq.get(p, math.nan) for p in STEP_PHASES),
     ]
 
 
@@ -127,8 +133,10 @@ def judge_interval(
     rank r's table at index r, see `pack_rows`).
 
     1. the steps judged are those after `after_step` that every rank timed;
-    2. per step and rank: own = the sum of its own-work phases (`own_work_phases`) and of its CPU
-       time in the phases that hold collectives (`held_phases`; none where not timed: GPU);
+    2. per step and rank: own = the sum of its own-work phases (`own_work_phases`; on CPU less
+       its wait for a core in them, timing.py's phases_runq_ms: time-sharing, not its work) and
+       of its CPU time in the phases that hold collectives (`held_phases`; none where not timed:
+       GPU), divided by its speed (`phase_speed`; 1 on GPU);
        lateness = own - the punctual ranks' own (the lower quartile: `punctual_index`), at
        least 0;
     3. per rank: late_ms = the mean lateness per step; beyond_peers_ms = late_ms less
@@ -160,11 +168,14 @@ def judge_interval(
     if not steps or n_ranks < 2:
         return IntervalVerdict(steps=steps, ranks=[])
     walls = torch.nan_to_num(table[..., 2 : 2 + PHASES], nan=0.0)
-    cpus = torch.nan_to_num(table[..., 2 + PHASES :], nan=0.0)
+    cpus = torch.nan_to_num(table[..., 2 + PHASES : 2 + 2 * PHASES], nan=0.0)
+    waits = torch.nan_to_num(table[..., 2 + 2 * PHASES :], nan=0.0)
+    walls = (walls - waits).clamp(min=0.0)  # the time it wanted a core and had none is not its work
     names = own_phases + held_phases
     own_cols = [STEP_PHASES.index(p) for p in own_phases]
     held_cols = [STEP_PHASES.index(p) for p in held_phases]
-    work = torch.cat([walls[..., own_cols], cpus[..., held_cols]], dim=-1)  # [ranks, steps, names]
+    speed = phase_speed(cpus)[:, None, None]
+    work = torch.cat([walls[..., own_cols], cpus[..., held_cols]], dim=-1) / speed  # [ranks, steps, names]
     own = work.sum(-1)  # [ranks, steps]
     punctual = own.sort(dim=0).values[punctual_index(n_ranks)]
     late = (own - punctual).clamp(min=0.0)
@@ -201,6 +212,24 @@ def judge_interval(
         for r in range(n_ranks)
     ]
     return IntervalVerdict(steps=steps, ranks=out, threshold_ms=threshold, bounds_ms=bounds)
+
+
+def phase_speed(cpu_ms: torch.Tensor) -> torch.Tensor:
+    """Each rank's speed factor from its CPU time per phase ([ranks, steps, PHASES], 0 where not
+    taken): the collector's `speed.op_speed` with phases for op names.
+    1. per rank and phase, its CPU time over the steps;
+    2. the phases every rank spent at least MIN_NAME_US in;
+    3. per rank and phase: its time / the median rank's;
+    4. the factor is the median of those ratios, one vote per phase: a slower core (or a busier
+       one's caches and sibling) slows every phase alike, a straggler's extra work is in the
+       phase it does it in, and a sleep or a wait for a core adds no CPU time at all;
+    5. 1 for every rank with fewer than MIN_NAMES such phases (GPU ranks take no CPU time)."""
+    totals = cpu_ms.sum(dim=1)  # [ranks, PHASES]
+    voting = (totals * 1e3 >= MIN_NAME_US).all(dim=0)
+    if int(voting.sum()) < MIN_NAMES or totals.shape[0] < 2:
+        return torch.ones(totals.shape[0], dtype=cpu_ms.dtype)
+    kept = totals[:, voting]
+    return median(kept / median(kept, dim=0), dim=1)
 
 
 def jitter_ms(step_ms: torch.Tensor) -> float:

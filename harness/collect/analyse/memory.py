@@ -102,6 +102,9 @@ class RankLog:
     host: str | None = None
     steps: dict[int, dict[str, float]] = field(default_factory=dict)
     profiled: set[int] = field(default_factory=set)  # steps the profiler warmed up or recorded in
+    # step -> phase -> (its ms, of them the ms waited for a core): CPU runs under Linux, every
+    # step (warm-up too: the profiler can record there), for the straggler rule (runq.py)
+    runq: dict[int, dict[str, tuple[float, float]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -130,6 +133,14 @@ def _number(v: Any) -> float | None:
     return float(v)
 
 
+def _phase_waits(rec: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    phases, runq = rec.get("phases_ms"), rec.get("phases_runq_ms")
+    if not isinstance(phases, dict) or not isinstance(runq, dict):
+        return {}
+    pairs = {p: (_number(phases.get(p)), _number(q)) for p, q in runq.items()}
+    return {p: (ms, q) for p, (ms, q) in pairs.items() if ms is not None and q is not None}
+
+
 def read_rank_log(path: Path, rank: int) -> tuple[RankLog, list[str]]:
     """Stream one step log; damaged lines (not JSON, not an object, no integer step) are counted
     and said in one warning, the last one named as the half line a killed rank leaves."""
@@ -147,6 +158,8 @@ def read_rank_log(path: Path, rank: int) -> tuple[RankLog, list[str]]:
                 except (ValueError, KeyError, TypeError, UnicodeDecodeError):
                     bad.append(lines)
                     continue
+                if waits := _phase_waits(rec):
+                    log.runq[step] = waits
                 if rec.get("warmup") is True:
                     continue
                 if isinstance(rec.get("host"), str):

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping
 
+from harness.collect.analyse.runq import RunQueue
 from harness.collect.model import RankTrace
 from harness.collect.read.runup import OP_PREFIX
 
@@ -26,23 +28,30 @@ MIN_NAME_US = 1000.0
 MIN_NAMES = 3
 
 
-def op_time_by_name(trace: RankTrace) -> dict[str, float]:
-    """The rank's op time by name (us) over all its collectives' run-ups."""
+def op_time_by_name(trace: RankTrace, queue: RunQueue | None = None) -> dict[str, float]:
+    """The rank's op time by name (us) over all its collectives' run-ups; with its wait for a
+    core (`queue`), net of it: in each run-up the ops keep the share of their time it did not
+    wait (the wait is spread evenly over the phases it was logged in, so over the ops too)."""
     out: dict[str, float] = defaultdict(float)
     for c in trace.comms:
+        kept = 1.0
+        if queue is not None and c.run_up_start_us is not None and c.start_us > c.run_up_start_us:
+            kept = 1.0 - queue.between_us(c.run_up_start_us, c.start_us) / (c.start_us - c.run_up_start_us)
         for name, us in c.run_up_us.items():
             if name.startswith(OP_PREFIX):
-                out[name] += us
+                out[name] += us * kept
     return out
 
 
-def op_speed(traces: list[RankTrace]) -> dict[int, float]:
+def op_speed(traces: list[RankTrace], queues: Mapping[int, RunQueue] | None = None) -> dict[int, float]:
     """Each rank's speed factor: how much longer it takes for the same ops than the median rank
     (1.25: a quarter longer). 1.0 for every rank unless every rank ran on CPU (a GPU is its
     rank's own: a slower one is that rank's straggling) and the factor can be estimated.
 
     1. per rank, its op time by name over its collectives' run-ups (`op_time_by_name`: what it
-       ran between collectives, the stretches its lateness is measured over);
+       ran between collectives, the stretches its lateness is measured over), net of its wait
+       for a core where `queues` has it (that wait is taken out of its run-ups apart: runq.py;
+       what is left is how fast it runs once on a core);
     2. the names every rank spent at least MIN_NAME_US in;
     3. per rank and name: its time / the median over the ranks of that name's time;
     4. the factor is the median of those ratios, one vote per name: a slower or busier core
@@ -51,7 +60,7 @@ def op_speed(traces: list[RankTrace]) -> dict[int, float]:
     ones = {t.rank: 1.0 for t in traces}
     if len(traces) < 2 or any(t.device != "cpu" for t in traces):
         return ones
-    by_rank = {t.rank: op_time_by_name(t) for t in traces}
+    by_rank = {t.rank: op_time_by_name(t, queues.get(t.rank) if queues else None) for t in traces}
     first = by_rank[traces[0].rank]
     names = [n for n in first if all(times.get(n, 0.0) >= MIN_NAME_US for times in by_rank.values())]
     if len(names) < MIN_NAMES:

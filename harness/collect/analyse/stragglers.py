@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from harness.collect.align.clocks import ClockOffset, mad
 from harness.collect.align.waits import InstanceWaits
 from harness.collect.analyse.replay import Replay
+from harness.collect.analyse.runq import RunQueue, RunQueueLog, run_queues
 from harness.collect.analyse.speed import op_speed
 from harness.collect.model import RankTrace
 from harness.collect.read.runup import NO_PHASE, PHASE_PREFIX
@@ -84,6 +85,9 @@ class RankBlame:
     # CPU-only traces: how much longer it takes for the same ops than the median rank
     # (speed.op_speed; 1.2 = a fifth longer); None on GPU traces
     speed: float | None = None
+    # CPU-only traces with step logs: its main thread's wait for a core (runnable, another thread
+    # on it) per step, taken out of its run-ups before it is judged (runq.py); None without
+    core_wait_ms: float | None = None
     waits_for: list[list] = field(default_factory=list)  # [[rank, ms per step]], most first
     pattern: str | None = None  # "persistent" or "intermittent" (stragglers only)
     phase: str | None = None
@@ -219,7 +223,7 @@ def straggler_bounds(
     return bounds
 
 
-def _at_speed(run_up_start_us: float | None, arrival_us: float, speed: float) -> float:
+def _at_speed(run_up_start_us: float | None, arrival_us: float, speed: float, queue: RunQueue | None = None) -> float:
     """When a rank whose ops take `speed` times its peers' would have arrived at its peers'
     speed: its run-up (since `run_up_start_us`, when its previous collective ended) divided by
     `speed`; as it arrived where the run-up is not known. The whole run-up, not its ops alone:
@@ -227,10 +231,15 @@ def _at_speed(run_up_start_us: float | None, arrival_us: float, speed: float) ->
     the ops alone left a healthy rank 10-16% of its step behind, the whole run-up 1-6%). Time
     the rank spent blocked (a sleep, the loader) is divided too; where ranks block that much
     their cores are not contended and their speeds stay within a few per cent of each other
-    (the data lab mode here: 0.98-1.02), so that error is a few per cent of the blocked time."""
-    if run_up_start_us is None or speed == 1.0:
+    (the data lab mode here: 0.98-1.02), so that error is a few per cent of the blocked time.
+    With the rank's wait for a core known (`queue`, runq.py), that wait is taken out of the
+    run-up first: time it was ready to run and the scheduler ran another."""
+    if run_up_start_us is None or (speed == 1.0 and queue is None):
         return arrival_us
-    return run_up_start_us + (arrival_us - run_up_start_us) / speed
+    run_up_us = arrival_us - run_up_start_us
+    if queue is not None:
+        run_up_us -= queue.between_us(run_up_start_us, arrival_us)
+    return run_up_start_us + run_up_us / speed
 
 
 def punctual_arrival(arrival_us: Mapping[int, float]) -> float:
@@ -395,6 +404,7 @@ def analyze_stragglers(
     offsets: dict[int, ClockOffset],
     step_span_ms: Mapping[int, list[float]],
     th: Thresholds | None = None,
+    runq: Mapping[int, RunQueueLog] | None = None,
 ) -> StragglerResult:
     """Who everybody waits for, on aligned clocks (`traces` already shifted by `offsets`).
 
@@ -444,8 +454,9 @@ def analyze_stragglers(
     ranks = sorted(by_rank)
     reason = inconclusive_reason(traces, waits)
     cpu = all(t.device == "cpu" for t in traces)
-    speed = op_speed(traces)
-    at_speed = any(k != 1.0 for k in speed.values())
+    queues = run_queues(traces, runq)
+    speed = op_speed(traces, queues)
+    at_speed = queues is not None or any(k != 1.0 for k in speed.values())
     lateness: list[dict[int, float]] = []
     marks: list[float] = []
     judged_arrivals: list[dict[int, float]] = []
@@ -463,7 +474,10 @@ def analyze_stragglers(
         marks.append(mark)
         lateness.append({r: max(a - mark, 0.0) for r, a in w.arrival_us.items()})
         if at_speed:
-            judged = {r: _at_speed(w.instance.ops[r].run_up_start_us, a, speed[r]) for r, a in w.arrival_us.items()}
+            judged = {
+                r: _at_speed(w.instance.ops[r].run_up_start_us, a, speed[r], queues[r] if queues else None)
+                for r, a in w.arrival_us.items()
+            }
             jmark = punctual_arrival(judged)
             judged_arrivals.append(judged)
             judged_marks.append(jmark)
@@ -490,11 +504,16 @@ def analyze_stragglers(
     mean_step_ms = {
         r: statistics.mean([s.dur_us for s in by_rank[r].steps]) / 1e3 if by_rank[r].steps else None for r in ranks
     }
+    core_wait_ms = {
+        r: [queues[r].between_us(st.start_us, st.end_us) / 1e3 for st in by_rank[r].steps] if queues else []
+        for r in ranks
+    }
     # each rank's own work per step, at its peers' speed: its step less its waiting for later peers
+    # and its wait for a core
     own_ms = {
         r: [
-            (ms - step_wait.get(st.number, {}).get(r, 0.0) / 1e3) / speed[r]
-            for st, ms in zip(by_rank[r].steps, step_span_ms[r])
+            (ms - step_wait.get(st.number, {}).get(r, 0.0) / 1e3 - (core_wait_ms[r][i] if queues else 0.0)) / speed[r]
+            for i, (st, ms) in enumerate(zip(by_rank[r].steps, step_span_ms[r]))
         ]
         for r in ranks
     }
@@ -580,6 +599,7 @@ def analyze_stragglers(
             last_fraction=sum(1 for s in step_last.values() if s == r) / n_steps if n_steps else 0.0,
             mean_step_ms=mean_step_ms[r],
             speed=speed[r] if cpu else None,
+            core_wait_ms=statistics.mean(core_wait_ms[r]) if core_wait_ms.get(r) else None,
             waits_for=[] if reason else waits_for,
             straggler=is_straggler,
         )

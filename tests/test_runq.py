@@ -1,0 +1,114 @@
+"""CPU ranks judged net of their wait for a core (harness/collect/analyse/runq.py), on hand-built
+traces whose answers are known exactly (tracebuild.cpu_ring_docs with a harness:forward range
+over each rank's run-up) and step logs that say how long each rank waited for a core in it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.collect.analyse.memory import read_step_logs
+from harness.collect.analyse.runq import RunQueue
+from harness.collect.analysis import analyze
+from harness.collect.read.discover import group_ranks
+from harness.collect.read.parse import parse_trace
+
+from tracebuild import cpu_ring_docs, write
+
+WORK_US = 2400.0  # a rank's own work per step in cpu_ring_docs at speed 1
+STEPS = 6
+
+
+def _write_run(tmp_path: Path, held_us, runq_us, n_ranks: int = 2, steps: int = STEPS) -> Path:
+    """Traces where rank r spends held_us(r, s) off its ops before step s's all-reduce, and
+    step logs that say runq_us(r, s) of it was waiting for a core."""
+    docs = cpu_ring_docs(n_ranks, steps, sleep_us=held_us, forward_range=True)
+    for r, d in enumerate(docs):
+        write(tmp_path / f"rank{r}.pt.trace.json.gz", d)
+    (tmp_path / "steps").mkdir()
+    for r in range(n_ranks):
+        with (tmp_path / "steps" / f"rank{r}.jsonl").open("w") as fh:
+            for s in range(1, steps + 1):
+                forward_ms = (WORK_US + held_us(r, s)) / 1e3
+                runq_ms = runq_us(r, s) / 1e3
+                rec = {"step": s, "phases_ms": {"forward": forward_ms}, "phases_runq_ms": {"forward": runq_ms}}
+                fh.write(json.dumps(rec) + "\n")
+    return tmp_path
+
+
+def _analyse(run: Path, with_logs: bool = True):
+    runset = group_ranks([parse_trace(p) for p in sorted(run.glob("*.pt.trace.json.gz"))])
+    runq = {r: log.runq for r, log in read_step_logs([run]).ranks.items()} if with_logs else None
+    return analyze(runset, runq=runq).stragglers
+
+
+def test_a_rank_kept_off_its_core_is_not_a_straggler(tmp_path: Path) -> None:
+    # Rank 1 waits 1000 us for a core every step: as it happened it is 1 ms late per step, far
+    # beyond 8% of the clean step; its wait taken out, its run-up is 2400 us like rank 0's.
+    run = _write_run(tmp_path, lambda r, s: 1000.0 * r, lambda r, s: 1000.0 * r)
+    blind = _analyse(run, with_logs=False)
+    assert [(s.rank, s.beyond_peers_ms) for s in blind.stragglers] == [(1, pytest.approx(1.0))]
+    res = _analyse(run)
+    assert res.ranks[1].late_ms == pytest.approx(1.0)  # as it happened
+    assert [r.beyond_peers_ms for r in res.ranks] == [pytest.approx(0.0, abs=1e-9)] * 2
+    assert res.verdict == "balanced"
+
+
+def test_a_sleep_is_the_rank_s_own_beside_its_wait_for_a_core(tmp_path: Path) -> None:
+    # Rank 1 is off its ops 1600 us a step: 600 waiting for a core, 1000 asleep (not runnable,
+    # so not in the run queue). Beyond rank 0 it is late by the sleep, exactly.
+    run = _write_run(tmp_path, lambda r, s: 1600.0 * r, lambda r, s: 600.0 * r)
+    [s] = _analyse(run).stragglers
+    assert s.rank == 1 and s.late_ms == pytest.approx(1.6) and s.beyond_peers_ms == pytest.approx(1.0)
+
+
+def test_the_swing_of_waiting_for_a_core_is_not_the_run_s_noise(tmp_path: Path) -> None:
+    # The two ranks wait 3000 us for a core by turns (rank 0 in odd steps, rank 1 in even ones)
+    # and rank 1 sleeps 500 us more every step. As it happened, rank 0 is 2500 us late in odd
+    # steps and 0 in even ones: a lateness jitter of 1250 us, whose bound (3x) hides rank 1's
+    # 500 us beyond it. Net of the waits, nothing swings and rank 1's sleep stands out whole,
+    # over 8% of the clean step (rank 0's own work, 2400 + 200 us -> 208 us).
+    def held(r: int, s: int) -> float:
+        return (3000.0 if s % 2 != r else 0.0) + (500.0 if r == 1 else 0.0)
+
+    def waited(r: int, s: int) -> float:
+        return 3000.0 if s % 2 != r else 0.0
+
+    run = _write_run(tmp_path, held, waited, steps=8)
+    blind = _analyse(run, with_logs=False)
+    assert blind.bounds_ms["late_jitter"] == pytest.approx(3.75) and blind.stragglers == []
+    res = _analyse(run)
+    assert [(s.rank, s.beyond_peers_ms) for s in res.stragglers] == [(1, pytest.approx(0.5))]
+    assert res.bounds_ms["jitter"] == pytest.approx(0.0, abs=1e-9)
+    assert res.bounds_ms["late_jitter"] == pytest.approx(0.0, abs=1e-9)
+    assert res.threshold_ms == pytest.approx(0.208)
+    assert [r.core_wait_ms for r in res.ranks] == [pytest.approx(1.5), pytest.approx(1.5)]
+
+
+def test_a_log_of_other_steps_is_not_laid_over_the_trace(tmp_path: Path) -> None:
+    # The log's forward phases last 3 ms more than the trace's ranges: another step's numbers
+    # (a loop whose profiler counts steps differently). Nothing is taken out.
+    run = _write_run(tmp_path, lambda r, s: 1000.0 * r, lambda r, s: 1000.0 * r)
+    trace = parse_trace(run / "rank1.pt.trace.json.gz")
+    log = read_step_logs([run]).ranks[1].runq
+    assert RunQueue(trace, log).steps_laid == STEPS
+    shifted = {s: {p: (ms + 3.0, q) for p, (ms, q) in phases.items()} for s, phases in log.items()}
+    assert RunQueue(trace, shifted).steps_laid == 0
+
+
+def test_the_collector_reads_the_waits_from_the_step_logs(tmp_path: Path) -> None:
+    run = _write_run(tmp_path / "run", lambda r, s: 1000.0 * r, lambda r, s: 1000.0 * r)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(run), "--output", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "balanced"
