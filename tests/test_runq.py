@@ -23,19 +23,19 @@ WORK_US = 2400.0  # a rank's own work per step in cpu_ring_docs at speed 1
 STEPS = 6
 
 
-def _write_run(tmp_path: Path, held_us, runq_us, n_ranks: int = 2, steps: int = STEPS) -> Path:
-    """Traces where rank r spends held_us(r, s) off its ops before step s's all-reduce, and
-    step logs that say runq_us(r, s) of it was waiting for a core."""
-    docs = cpu_ring_docs(n_ranks, steps, sleep_us=held_us, forward_range=True)
+def _write_run(tmp_path: Path, wait_us, sleep_us=None, n_ranks: int = 2, steps: int = STEPS) -> Path:
+    """Traces where rank r waits wait_us(r, s) for a core in step s's forward (its ops and the
+    gaps between them stretched in proportion: preempted anywhere) and sleeps sleep_us(r, s)
+    after it, and step logs that say so."""
+    docs = cpu_ring_docs(n_ranks, steps, sleep_us=sleep_us, core_wait_us=wait_us, forward_range=True)
     for r, d in enumerate(docs):
         write(tmp_path / f"rank{r}.pt.trace.json.gz", d)
     (tmp_path / "steps").mkdir()
     for r in range(n_ranks):
         with (tmp_path / "steps" / f"rank{r}.jsonl").open("w") as fh:
             for s in range(1, steps + 1):
-                forward_ms = (WORK_US + held_us(r, s)) / 1e3
-                runq_ms = runq_us(r, s) / 1e3
-                rec = {"step": s, "phases_ms": {"forward": forward_ms}, "phases_runq_ms": {"forward": runq_ms}}
+                phases_ms = {"forward": (WORK_US + wait_us(r, s)) / 1e3}
+                rec = {"step": s, "phases_ms": phases_ms, "phases_runq_ms": {"forward": wait_us(r, s) / 1e3}}
                 fh.write(json.dumps(rec) + "\n")
     return tmp_path
 
@@ -46,22 +46,26 @@ def _analyse(run: Path, with_logs: bool = True):
     return analyze(runset, runq=runq).stragglers
 
 
-def test_a_rank_kept_off_its_core_is_not_a_straggler(tmp_path: Path) -> None:
-    # Rank 1 waits 1000 us for a core every step: as it happened it is 1 ms late per step, far
-    # beyond 8% of the clean step; its wait taken out, its run-up is 2400 us like rank 0's.
-    run = _write_run(tmp_path, lambda r, s: 1000.0 * r, lambda r, s: 1000.0 * r)
+def test_a_rank_kept_off_its_core_is_measured_not_inferred(tmp_path: Path) -> None:
+    # Rank 1 waits 1000 us for a core every step, all its ops and gaps stretched by 1000 / 2400:
+    # 1 ms late per step as it happened. Without the logs its speed is inferred from its op
+    # times (1.42x rank 0's) and excuses it; with them its wait is taken out of its run-up and
+    # its op times, and what is left runs at rank 0's speed.
+    run = _write_run(tmp_path, lambda r, s: 1000.0 * r)
     blind = _analyse(run, with_logs=False)
-    assert [(s.rank, s.beyond_peers_ms) for s in blind.stragglers] == [(1, pytest.approx(1.0))]
+    assert blind.verdict == "balanced" and blind.ranks[1].speed == pytest.approx(3400 / 2900)
     res = _analyse(run)
     assert res.ranks[1].late_ms == pytest.approx(1.0)  # as it happened
+    assert [r.speed for r in res.ranks] == [pytest.approx(1.0), pytest.approx(1.0)]
+    assert [r.core_wait_ms for r in res.ranks] == [pytest.approx(0.0), pytest.approx(1.0)]
     assert [r.beyond_peers_ms for r in res.ranks] == [pytest.approx(0.0, abs=1e-9)] * 2
     assert res.verdict == "balanced"
 
 
 def test_a_sleep_is_the_rank_s_own_beside_its_wait_for_a_core(tmp_path: Path) -> None:
-    # Rank 1 is off its ops 1600 us a step: 600 waiting for a core, 1000 asleep (not runnable,
-    # so not in the run queue). Beyond rank 0 it is late by the sleep, exactly.
-    run = _write_run(tmp_path, lambda r, s: 1600.0 * r, lambda r, s: 600.0 * r)
+    # Rank 1 waits 600 us for a core in its forward and then sleeps 1000 us (not runnable, so
+    # not in the run queue): 1.6 ms late per step, beyond rank 0 by the sleep exactly.
+    run = _write_run(tmp_path, lambda r, s: 600.0 * r, lambda r, s: 1000.0 * r)
     [s] = _analyse(run).stragglers
     assert s.rank == 1 and s.late_ms == pytest.approx(1.6) and s.beyond_peers_ms == pytest.approx(1.0)
 
@@ -70,15 +74,13 @@ def test_the_swing_of_waiting_for_a_core_is_not_the_run_s_noise(tmp_path: Path) 
     # The two ranks wait 3000 us for a core by turns (rank 0 in odd steps, rank 1 in even ones)
     # and rank 1 sleeps 500 us more every step. As it happened, rank 0 is 2500 us late in odd
     # steps and 0 in even ones: a lateness jitter of 1250 us, whose bound (3x) hides rank 1's
-    # 500 us beyond it. Net of the waits, nothing swings and rank 1's sleep stands out whole,
-    # over 8% of the clean step (rank 0's own work, 2400 + 200 us -> 208 us).
-    def held(r: int, s: int) -> float:
-        return (3000.0 if s % 2 != r else 0.0) + (500.0 if r == 1 else 0.0)
-
+    # 500 us beyond it (their speeds over the window are alike: each was stretched half the
+    # time). Net of the waits nothing swings and rank 1's sleep stands out whole, over 8% of
+    # the clean step (rank 0's own work, 2400 + 200 us -> 208 us).
     def waited(r: int, s: int) -> float:
         return 3000.0 if s % 2 != r else 0.0
 
-    run = _write_run(tmp_path, held, waited, steps=8)
+    run = _write_run(tmp_path, waited, lambda r, s: 500.0 * r, steps=8)
     blind = _analyse(run, with_logs=False)
     assert blind.bounds_ms["late_jitter"] == pytest.approx(3.75) and blind.stragglers == []
     res = _analyse(run)
@@ -92,7 +94,7 @@ def test_the_swing_of_waiting_for_a_core_is_not_the_run_s_noise(tmp_path: Path) 
 def test_a_log_of_other_steps_is_not_laid_over_the_trace(tmp_path: Path) -> None:
     # The log's forward phases last 3 ms more than the trace's ranges: another step's numbers
     # (a loop whose profiler counts steps differently). Nothing is taken out.
-    run = _write_run(tmp_path, lambda r, s: 1000.0 * r, lambda r, s: 1000.0 * r)
+    run = _write_run(tmp_path, lambda r, s: 1000.0 * r)
     trace = parse_trace(run / "rank1.pt.trace.json.gz")
     log = read_step_logs([run]).ranks[1].runq
     assert RunQueue(trace, log).steps_laid == STEPS
@@ -101,7 +103,7 @@ def test_a_log_of_other_steps_is_not_laid_over_the_trace(tmp_path: Path) -> None
 
 
 def test_the_collector_reads_the_waits_from_the_step_logs(tmp_path: Path) -> None:
-    run = _write_run(tmp_path / "run", lambda r, s: 1000.0 * r, lambda r, s: 1000.0 * r)
+    run = _write_run(tmp_path / "run", lambda r, s: 1000.0 * r)
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "harness.collect", str(run), "--output", str(out)],
@@ -112,3 +114,5 @@ def test_the_collector_reads_the_waits_from_the_step_logs(tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["verdict"] == "balanced"
+    assert [r["core_wait_ms"] for r in report["ranks"]] == [pytest.approx(0.0), pytest.approx(1.0)]
+    assert "waited for a core ms/step" in proc.stdout

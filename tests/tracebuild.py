@@ -153,18 +153,25 @@ def cpu_ring_docs(
     extra_mm_us: Any = None,
     transfer_us: float = 200.0,
     forward_range: bool = False,
+    core_wait_us: Any = None,
 ) -> list[dict]:
     """n_ranks CPU (gloo) ranks, steps 1..n_steps. Step s starts at t, where step s-1's all-reduce
     ended (the first at 0). In it rank r runs CPU_OPS from t, each op and each CPU_GAP_US after
-    it taking speed[r] times as long (a busier core), then an "aten::mm" of extra_mm_us(r, s)
-    (extra work, at any speed), then sleeps sleep_us(r, s) (no op), and arrives at one
-    all-reduce (gloo:all_reduce on a gloo thread), which ends on every rank at t + the last
-    arrival + transfer_us, the step's end. So a rank's run-up to each all-reduce is its own
-    work of that step. With `forward_range`, a harness:forward range spans [t, its arrival]."""
-    k = speed or [1.0] * n_ranks
+    it taking speed[r] times as long (a busier core), and longer still by core_wait_us(r, s)
+    spread over them in proportion (time the rank waited for a core: preempted anywhere, in
+    ops and between them alike), then an "aten::mm" of extra_mm_us(r, s) (extra work, at any
+    speed), then sleeps sleep_us(r, s) (no op), and arrives at one all-reduce (gloo:all_reduce
+    on a gloo thread), which ends on every rank at t + the last arrival + transfer_us, the
+    step's end. So a rank's run-up to each all-reduce is its own work of that step. With
+    `forward_range`, a harness:forward range spans its CPU_OPS and their gaps."""
+    base_us = sum(us + CPU_GAP_US for _, us in CPU_OPS)
+
+    def k(r: int, s: int) -> float:
+        wait = core_wait_us(r, s) if core_wait_us else 0.0
+        return (speed[r] if speed else 1.0) * (1.0 + wait / base_us)
 
     def arrival(r: int, s: int) -> float:
-        work = sum(us + CPU_GAP_US for _, us in CPU_OPS) * k[r]
+        work = base_us * k(r, s)
         return work + (extra_mm_us(r, s) if extra_mm_us else 0.0) + (sleep_us(r, s) if sleep_us else 0.0)
 
     events: list[list[dict[str, Any]]] = [[] for _ in range(n_ranks)]
@@ -176,13 +183,13 @@ def cpu_ring_docs(
             ev.append(step(s, t, end - t))
             at = t
             for name, us in CPU_OPS:
-                ev.append(x(name, "cpu_op", at, us * k[r]))
-                at += (us + CPU_GAP_US) * k[r]
+                ev.append(x(name, "cpu_op", at, us * k(r, s)))
+                at += (us + CPU_GAP_US) * k(r, s)
+            if forward_range:
+                ev.append(x("harness:forward", "user_annotation", t, at - t))
             if extra_mm_us and extra_mm_us(r, s):
                 ev.append(x("aten::mm", "cpu_op", at, extra_mm_us(r, s)))
             a = t + arrival(r, s)
-            if forward_range:
-                ev.append(x("harness:forward", "user_annotation", t, a - t))
             ev.append(x("gloo:all_reduce", "user_annotation", a, end - a, GLOO))
         t = end
     return [document(ev, r, world_size=n_ranks, base_ns=None) for r, ev in enumerate(events)]

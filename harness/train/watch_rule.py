@@ -29,6 +29,7 @@ import torch
 from harness.collect.analyse.speed import MIN_NAME_US, MIN_NAMES
 from harness.collect.analyse.stragglers import (
     MIN_JITTER_STEPS,
+    MIN_LATE_STEPS,
     Thresholds,
     peer_baseline,
     punctual_index,
@@ -144,8 +145,10 @@ def judge_interval(
     4. the collector's rule (`straggler_bounds`): the median rank's mean step time, the run's
        jitter over each rank's own work per step (`jitter_ms`: the collector's too takes the
        waiting out, which an intermittent straggler puts in every rank's step), no clock noise (each rank times
-       itself: no clocks are compared); a straggler's beyond_peers_ms exceeds every bound;
-       steps_late = steps whose lateness beyond that step's `peer_baseline` exceeds the threshold;
+       itself: no clocks are compared); steps_late = steps whose lateness beyond that step's
+       `peer_baseline` exceeds the threshold; a straggler's beyond_peers_ms exceeds every bound,
+       and on CPU its steps_late is at least MIN_LATE_STEPS (all the steps where fewer: one
+       stall is not a straggler where ranks time-share cores);
     5. per straggler (the MAX_PHASED with the largest late_ms) and phase of step 2 (own-work by
        wall time, held by CPU time): excess = the mean per step of its time minus the median of
        the other ranks' time; the largest positive one names the phase.
@@ -196,7 +199,12 @@ def judge_interval(
     threshold = max(bounds.values())
     lower = late.sort(dim=0).values[: max(n_ranks // 2, 1)]  # per step, the lower half's median: peer_baseline
     steps_late = (late - median(lower, dim=0) > threshold).sum(dim=1).tolist()
-    flagged = sorted((r for r in range(n_ranks) if beyond[r] > threshold), key=lambda r: (-beyond[r], r))
+    over = {
+        r
+        for r in range(n_ranks)
+        if beyond[r] > threshold and (not cpu or steps_late[r] >= min(MIN_LATE_STEPS, len(steps)))
+    }
+    flagged = sorted(over, key=lambda r: (-beyond[r], r))
     phased = {r: _slowest_phase(r, work, names) for r in flagged[:MAX_PHASED]}
     out = [
         RankLateness(
@@ -207,7 +215,7 @@ def judge_interval(
             steps_late=int(steps_late[r]),
             phase=phased.get(r, (None, None))[0],
             excess_ms=phased.get(r, (None, None))[1],
-            straggler=beyond[r] > threshold,
+            straggler=r in over,
         )
         for r in range(n_ranks)
     ]

@@ -57,22 +57,35 @@ class RunQueue:
         self._starts = [a for a, _, _ in spans]
         self._spans = spans
         self._before: list[float] = []  # the wait in the spans before each, us
-        total = 0.0
+        self._covered_before: list[float] = []  # the spans' length before each, us
+        total = covered = 0.0
         for a, b, d in spans:
             self._before.append(total)
+            self._covered_before.append(covered)
             total += (b - a) * d
+            covered += b - a
 
-    def waited_us(self, at_us: float) -> float:
-        """The wait for a core in the logged spans up to `at_us`."""
+    def _upto(self, at_us: float) -> tuple[float, float]:
+        """(the wait, the length of the logged spans) up to `at_us`."""
         i = bisect.bisect_right(self._starts, at_us) - 1
         if i < 0:
-            return 0.0
+            return 0.0, 0.0
         a, b, d = self._spans[i]
-        return self._before[i] + (min(at_us, b) - a) * d
+        inside = max(min(at_us, b) - a, 0.0)
+        return self._before[i] + inside * d, self._covered_before[i] + inside
 
     def between_us(self, lo_us: float, hi_us: float) -> float:
         """The wait for a core in [lo_us, hi_us] (0 where nothing was logged)."""
-        return max(self.waited_us(hi_us) - self.waited_us(lo_us), 0.0) if hi_us > lo_us else 0.0
+        return max(self._upto(hi_us)[0] - self._upto(lo_us)[0], 0.0) if hi_us > lo_us else 0.0
+
+    def share(self, lo_us: float, hi_us: float) -> float:
+        """The share of the logged time in [lo_us, hi_us] spent waiting for a core: what each op
+        run in it waited, the wait being spread evenly over its phase (0 where nothing was
+        logged)."""
+        if hi_us <= lo_us:
+            return 0.0
+        (w0, c0), (w1, c1) = self._upto(lo_us), self._upto(hi_us)
+        return min(max((w1 - w0) / (c1 - c0), 0.0), 1.0) if c1 > c0 else 0.0
 
 
 def run_queues(traces: list[RankTrace], logs: Mapping[int, RunQueueLog] | None) -> dict[int, RunQueue] | None:

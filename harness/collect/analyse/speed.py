@@ -30,13 +30,14 @@ MIN_NAMES = 3
 
 def op_time_by_name(trace: RankTrace, queue: RunQueue | None = None) -> dict[str, float]:
     """The rank's op time by name (us) over all its collectives' run-ups; with its wait for a
-    core (`queue`), net of it: in each run-up the ops keep the share of their time it did not
-    wait (the wait is spread evenly over the phases it was logged in, so over the ops too)."""
+    core (`queue`), net of it: in each run-up the ops keep the share of the logged phases' time
+    it did not wait (`RunQueue.share`: preemption falls anywhere, in ops and between them alike,
+    so each op waited its phase's share of its time)."""
     out: dict[str, float] = defaultdict(float)
     for c in trace.comms:
         kept = 1.0
-        if queue is not None and c.run_up_start_us is not None and c.start_us > c.run_up_start_us:
-            kept = 1.0 - queue.between_us(c.run_up_start_us, c.start_us) / (c.start_us - c.run_up_start_us)
+        if queue is not None and c.run_up_start_us is not None:
+            kept = 1.0 - queue.share(c.run_up_start_us, c.start_us)
         for name, us in c.run_up_us.items():
             if name.startswith(OP_PREFIX):
                 out[name] += us * kept

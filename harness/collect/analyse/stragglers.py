@@ -24,6 +24,12 @@ from harness.collect.read.runup import NO_PHASE, PHASE_PREFIX
 # A straggler is "persistent" when it is over the bound in at least this share of the analysed
 # steps (two in three: a majority that survives one noisy step in three), else "intermittent".
 PERSISTENT_SHARE = 2 / 3
+# On CPU-only traces a straggler is over the bound in at least this many steps (all of them in a
+# shorter window): time-slicing stalls healthy ranks now and then (4 ranks on 2 cores: one 44 ms
+# late in one step of three, on time in the others, its mean over a 13 ms bound), while a
+# straggler's delay recurs, every step or every k-th. GPU kernels do not time-share a core: a
+# host stall there is the rank's own, and a host running ahead can fold a delay into one step.
+MIN_LATE_STEPS = 2
 # waits_for looks at most this many candidate causes per rank (the costliest), which keeps the
 # pairwise attribution O(ranks x candidates) per collective on 1000-rank jobs.
 MAX_CAUSES = 16
@@ -436,7 +442,10 @@ def analyze_stragglers(
        lateness at collectives is in the device's time; a straggler lengthens every rank's step
        by what it costs, so a bound over the whole step grew with the very lateness it judges (a
        straggler costing c of the clean step is late by c / (1 + c) of the step it makes);
-    7. a straggler's beyond_peers_ms exceeds the bound; any number of ranks can be stragglers;
+    7. a straggler's beyond_peers_ms exceeds the bound, on CPU-only traces in at least
+       MIN_LATE_STEPS of its steps too (steps_late of 8; all of them in a shorter window: one
+       stall is not a straggler where ranks time-share cores); any number of ranks can be
+       stragglers;
     8. late_fraction = share of its collectives where its lateness exceeds noise_factor x the
        clock noise (any lateness on exact clocks); steps_late = steps whose judged lateness
        beyond that step's `peer_baseline` exceeds the bound; pattern = persistent when
@@ -564,7 +573,18 @@ def analyze_stragglers(
         for r, d in per_rank.items():
             if d > late_floor_us:
                 late_at[r] += 1
-    flagged = [r for r in ranks if reason is None and beyond_peers_ms[r] > threshold]
+    step_baseline_us = {s: peer_baseline([c.get(r, 0.0) for r in ranks]) for s, c in step_judged.items()}
+    steps_late = {
+        r: sum(1 for s, c in step_judged.items() if (c.get(r, 0.0) - step_baseline_us[s]) / 1e3 > threshold)
+        for r in ranks
+    }
+    flagged = [
+        r
+        for r in ranks
+        if reason is None
+        and beyond_peers_ms[r] > threshold
+        and (not cpu or steps_late[r] >= min(MIN_LATE_STEPS, n_steps))
+    ]
     causes = sorted(flagged, key=lambda r: -cost_ms[r])[:MAX_CAUSES]
     owed: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for k, w in enumerate(waits):
@@ -577,9 +597,7 @@ def analyze_stragglers(
     result = []
     phases = _slow_phases(flagged, waits, lateness, late_floor_us, by_rank, n_steps)
     sync_costs = SyncCosts(by_rank) if flagged else None
-    step_baseline_us = {s: peer_baseline([c.get(r, 0.0) for r in ranks]) for s, c in step_judged.items()}
     for r in ranks:
-        steps_late = sum(1 for s, c in step_judged.items() if (c.get(r, 0.0) - step_baseline_us[s]) / 1e3 > threshold)
         is_straggler = r in flagged
         waits_for = sorted(
             ([j, round(v / 1e3 / n_steps, 4)] for j, v in owed[r].items() if n_steps and v / 1e3 / n_steps > noise_ms),
@@ -594,7 +612,7 @@ def analyze_stragglers(
             blame_ms=blame_total[r] / 1e3,
             wait_ms=wait_total[r] / 1e3,
             late_fraction=late_at[r] / taken_part[r] if taken_part[r] else 0.0,
-            steps_late=steps_late,
+            steps_late=steps_late[r],
             steps=n_steps,
             last_fraction=sum(1 for s in step_last.values() if s == r) / n_steps if n_steps else 0.0,
             mean_step_ms=mean_step_ms[r],
@@ -604,7 +622,7 @@ def analyze_stragglers(
             straggler=is_straggler,
         )
         if is_straggler:
-            rb.pattern = "persistent" if steps_late >= math.ceil(PERSISTENT_SHARE * n_steps) else "intermittent"
+            rb.pattern = "persistent" if steps_late[r] >= math.ceil(PERSISTENT_SHARE * n_steps) else "intermittent"
             rb.phase, rb.phase_excess_ms = phases[r]
             assert sync_costs is not None  # made whenever a rank is flagged
             rb.syncs = sync_costs.late_syncs(r, beyond_peers_ms[r])
