@@ -117,10 +117,10 @@ def test_peer_baseline_is_the_median_of_the_lower_half() -> None:
 
 
 def test_one_stall_is_not_a_straggler_but_a_recurring_delay_is(tmp_path: Path) -> None:
-    # Rank 1 is held up 3000 us in step 1 of 3 only: 1 ms late per step, over every bound (its
+    # Rank 1 is held up 5000 us in step 1 of 5 only: 1 ms late per step, over every bound (its
     # peer never moves), but late in one step. Rank 1 held up 1500 us in every 2nd step of 6 is
     # 0.75 ms late per step, late in 3.
-    stall = run_analysis(tmp_path / "stall", cpu_ring_docs(2, 3, sleep_us=lambda r, s: 3000.0 * r * (s == 1)))
+    stall = run_analysis(tmp_path / "stall", cpu_ring_docs(2, 5, sleep_us=lambda r, s: 5000.0 * r * (s == 1)))
     assert stall.stragglers.ranks[1].beyond_peers_ms == pytest.approx(1.0)
     assert stall.stragglers.threshold_ms < 1.0 and stall.stragglers.verdict == "balanced"
     assert stall.stragglers.ranks[1].steps_late == 1

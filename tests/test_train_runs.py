@@ -122,7 +122,7 @@ def test_straggler_every_other_step_in_backward(log_dir: Path) -> None:
             "--straggler-rank",
             "0",
             "--straggler-ms",
-            "40",
+            "200",
             "--straggler-phase",
             "backward",
             "--straggler-every",
@@ -131,7 +131,9 @@ def test_straggler_every_other_step_in_backward(log_dir: Path) -> None:
         log_dir,
     )
     backward = {r["step"]: r["phases_ms"]["backward"] for r in run.steps(0)}
-    slow = [s for s, ms in backward.items() if ms > 35]
+    # a clean backward takes ~10 ms here, and a stall on 2 shared cores has reached 40 ms: the
+    # slowed steps are the ones over 120 ms
+    slow = [s for s, ms in backward.items() if ms > 120]
     assert slow == [s for s in backward if s % 2 == 0]
 
 

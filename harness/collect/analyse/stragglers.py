@@ -64,10 +64,10 @@ class Thresholds:
     # ... and on 3+ ranks: this many MADs of the lower half of the ranks' lateness (the lower
     # half: up to half of the ranks can be stragglers and still stand out).
     mad_factor: float = 3.0
-    # CPU-only traces with too few steps to measure the jitter (MIN_JITTER_STEPS): the jitter
+    # CPU-only traces with too few steps to measure the jitter (MIN_JITTER_STEPS_CPU): the jitter
     # bound is this share of the median rank's step instead, the noise measured on shared cores
     # (2 cores: a healthy rank up to a quarter of the step behind its peers, in bursts of a few
-    # steps, 20-26% in one run), which a window of one or two steps cannot average out. GPU
+    # steps, 20-26% in one run), which a window of a few steps cannot average out. GPU
     # kernels do not time-share a core: there the other bounds stand alone.
     cpu_noise_share: float = 0.35
 
@@ -140,6 +140,13 @@ OUTSIDE_RANGES = NO_PHASE  # the bounds that are about noise, not about the rank
 # deviation of two values is half their difference, so one odd step (a stub, a one-off stall)
 # sets the bound by itself; from three on, the median of the deviations ignores one.
 MIN_JITTER_STEPS = 3
+# The same on CPU-only traces, where the jitter bounds carry the time-sharing noise and a few
+# steps do not sample it: the MAD of 3 values is the gap from the middle one to the nearer other,
+# and clean 3-step windows on 2 shared cores read as stragglers with it (a 2-rank torch-mode run,
+# a healthy rank 3 ms late in 2 steps of 3 against a 2.5 ms bound; a 4-rank one beside a sleeper).
+# From 5, the MAD is the second smallest of four deviations; the campaign's 8-step windows on
+# the same machine raised no false alarm (bench/RESULTS.md, "Detection").
+MIN_JITTER_STEPS_CPU = 5
 
 
 def run_jitter_ms(step_ms_by_rank: list[list[float]]) -> float:
@@ -541,11 +548,12 @@ def analyze_stragglers(
     judged_ms = {r: per_step_mean(step_judged, r) for r in ranks}
     baseline_ms = peer_baseline(list(judged_ms.values()))
     beyond_peers_ms = {r: judged_ms[r] - baseline_ms for r in ranks}
+    min_jitter_steps = MIN_JITTER_STEPS_CPU if cpu else MIN_JITTER_STEPS
     bounds = straggler_bounds(
         judged_ms,
         median_step_ms=clean_step_ms,
         clock_noise_ms=noise_us / 1e3,
-        jitter_ms=run_jitter_ms([own_ms[r] for r in ranks]) if most >= MIN_JITTER_STEPS else None,
+        jitter_ms=run_jitter_ms([own_ms[r] for r in ranks]) if most >= min_jitter_steps else None,
         cpu=cpu,
         th=th,
         step_ms=statistics.median(timed_steps) if timed_steps else 0.0,
@@ -554,14 +562,14 @@ def analyze_stragglers(
         ),
     )
     notes = []
-    if reason is None and most < MIN_JITTER_STEPS:
+    if reason is None and most < min_jitter_steps:
         floor = (
             f"{th.cpu_noise_share:.0%} of the median step (the noise of shared cores)"
             if cpu
             else f"{th.rel_lag:.0%} of the clean step and {th.noise_factor:g}x the clocks' noise"
         )
         notes.append(
-            f"step-to-step jitter not estimated: {most} full step(s) per rank, {MIN_JITTER_STEPS} needed; "
+            f"step-to-step jitter not estimated: {most} full step(s) per rank, {min_jitter_steps} needed; "
             f"a straggler is late beyond its peers by more than {floor} (profile more steps for a bound from "
             "the run's own jitter)"
         )
