@@ -22,6 +22,8 @@ STEP_TAGS = {
     "data_ms": "step/data_wait_ms",
     "outside_step_ms": "step/outside_step_ms",
     "rss_bytes": "memory/host_rss_bytes",
+    "heap_in_use_bytes": "memory/heap_in_use_bytes",
+    "heap_free_bytes": "memory/heap_free_bytes",
     "gpu_peak_allocated_bytes": "memory/gpu_peak_allocated_bytes",
     "gpu_peak_reserved_bytes": "memory/gpu_peak_reserved_bytes",
     "host_cpu_util_pct": "system/host_cpu_util_pct",

@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 
-from harness.collect.analyse.memory import GiB, MiB, analyze_memory, memory_from_dirs, read_step_logs, t_quantile
+from harness.collect.analyse.memory import (
+    GiB,
+    MiB,
+    analyze_memory,
+    memory_from_dirs,
+    read_step_logs,
+    t_quantile,
+    trend,
+)
 from harness.paths import MEMORY_TIMELINE_PATTERN, PARTIAL_SUFFIX, steps_path
 from harness.report import command as collect_cli
 from harness.report.console import console_table
@@ -17,6 +25,7 @@ from harness.report.document import build_report
 from harness.report.markdown import render_markdown
 from harness.report.page import render_page
 from harness.train.config import ConfigError, LaunchEnv, build_config, resolve_environment
+from harness.train.heap import HeapStats
 
 from jobs import collect_report, run_harness
 from tracebuild import ring_docs, run_analysis
@@ -141,6 +150,48 @@ def test_no_growth_finding(tmp_path: Path, series: list[float], why: str) -> Non
     write_log(tmp_path, 0, [rec(s, rss=v) for s, v in zip(STEADY, series)])
     mem = memory_from_dirs([tmp_path])
     assert mem.findings == [], why
+
+
+def swing(s: int) -> float:
+    """The free heap a rank holds, swinging as communication buffers come back and pages are
+    trimmed: a pseudo-random 0-60 MiB a step (an LCG, so the numbers are fixed)."""
+    return float((s * 1103515245 + 12345) % 61) * MiB
+
+
+def test_host_growth_is_judged_net_of_mallocs_free_bytes(tmp_path: Path) -> None:
+    # rank 0 leaks 2 MiB a step into heap its allocator held free: RSS = live + free, where the
+    # live part grows by the leak and the free part swings; rank 1 holds more and more free heap
+    # (an allocator caching) with its live bytes flat
+    leak = [
+        rec(s, rss=400e6 + 2 * MiB * s + swing(s), heap_free_bytes=swing(s), heap_in_use_bytes=300e6 + 2 * MiB * s)
+        for s in STEADY
+    ]
+    caching = [rec(s, rss=400e6 + 3 * MiB * s, heap_free_bytes=10e6 + 3 * MiB * s) for s in STEADY]
+    write_log(tmp_path, 0, leak)
+    write_log(tmp_path, 1, caching)
+    mem = memory_from_dirs([tmp_path])
+    assert kinds(mem.findings) == [(0, "growth")]
+    ev = mem.findings[0]["evidence"]
+    assert ev["series"] == "rss_less_heap_free" and ev["bytes_per_step"] == pytest.approx(2 * MiB)
+    assert ev["stderr_bytes_per_step"] == pytest.approx(0, abs=1e-3)
+    assert mem.findings[0]["reason"].startswith("host RSS less malloc's free bytes rises 2.10 MB per step")
+    # the ranks' columns keep RSS's own slope; the projection the RSS the host holds
+    assert mem.ranks[1]["rss_growth_bytes_per_step"] == pytest.approx(3 * MiB)
+    assert ev["steps_to_limit"] is None
+    # the same RSS without the heap fields (another allocator): judged on RSS, rank 0's leak
+    # drowns in the swing and rank 1's caching reads as growth
+    for r, log in ((0, leak), (1, caching)):
+        write_log(tmp_path, r, [{k: v for k, v in x.items() if not k.startswith("heap_")} for x in log])
+    mem = memory_from_dirs([tmp_path])
+    assert kinds(mem.findings) == [(1, "growth")] and mem.findings[0]["evidence"]["series"] == "rss"
+    assert mem.findings[0]["reason"].startswith("host RSS rises")
+    # short steps log them every k-th step: the net series is those steps, never a mix of the two
+    write_log(tmp_path, 0, [x if x["step"] % 2 else {**x, "heap_free_bytes": None} for x in leak])
+    [f] = [f for f in memory_from_dirs([tmp_path]).findings if f["rank"] == 0]
+    assert f["evidence"]["steps"] == 10 and f["evidence"]["bytes_per_step"] == pytest.approx(2 * MiB)
+    # every third: 7 points, too few for a slope (min_steps 10): judged on RSS, nothing found
+    write_log(tmp_path, 0, [x if x["step"] % 3 == 0 else {**x, "heap_free_bytes": None} for x in leak])
+    assert (0, "growth") not in kinds(memory_from_dirs([tmp_path]).findings)
 
 
 def test_growth_needs_ten_steady_steps(tmp_path: Path) -> None:
@@ -399,10 +450,23 @@ def test_real_leak_is_found_on_its_rank_only(log_dir: Path) -> None:
     doc = collect_report(run.dir)
     growth = [f for f in doc["memory_findings"] if f["kind"] == "growth"]
     assert [(f["rank"], f["evidence"]["memory"]) for f in growth] == [(1, "host")], doc["memory_findings"]
-    slope = growth[0]["evidence"]["bytes_per_step"]
-    print(f"measured {slope:.0f} bytes/step against 2000000 injected")
+    ev = growth[0]["evidence"]
+    slope = ev["bytes_per_step"]
+    print(f"measured {slope:.0f} bytes/step against 2000000 injected, {ev['series']} over {ev['steps']} steps")
     assert slope == pytest.approx(2e6, rel=0.3)
-    assert growth[0]["evidence"]["steps"] == 35 and growth[0]["evidence"]["steps_to_limit"] > 0
+    # RSS less malloc's free bytes over the steps that read them (every step, or every k-th in
+    # these ~8 ms steps: heap.py's time budget), RSS over all 35 where too few did
+    if ev["series"] == "rss":
+        assert ev["steps"] == 35
+    else:
+        assert ev["series"] == "rss_less_heap_free" and 10 <= ev["steps"] <= 35
+    assert ev["steps_to_limit"] > 0
+    if HeapStats().available:
+        # the leaking rank's live heap grows by what it keeps, a 2 MB tensor a step; its peer's not
+        for rank, rate in ((1, 2e6), (0, 0.0)):
+            live = [(r["step"], r["heap_in_use_bytes"]) for r in run.steps(rank) if "heap_in_use_bytes" in r]
+            fit = trend(live[len(live) // 4 :], 0.99)
+            assert fit is not None and fit.slope == pytest.approx(rate, abs=0.05e6), (rank, live)
     assert any(n["about"] == "memory" and n["ranks"] == [1] for n in doc["next_steps"])
     # --profile-memory: one memory timeline per rank and window, linked from the report
     timelines = sorted((run.dir).glob("*.memory_timeline.json.gz"))

@@ -159,9 +159,11 @@ def test_the_grafana_dashboard_reads_only_metrics_the_ranks_export() -> None:
     m = Metrics(
         {"run": "r", "rank": "0", "local_rank": "0", "host": "h"}, MetricsTarget(None, "", None), FaultLog(rank=0)
     )
-    # a GPU rank's full record, a judged watch interval, a traced window: every series a rank can export
+    # a GPU rank's full record (glibc's heap fields too), a judged watch interval, a traced window:
+    # every series a rank can export
     full = {"step": 0, "step_ms": 12.0, "data_ms": 2.0, "outside_step_ms": 0.1, "phases_ms": {"data": 2.0}}
     full |= {"samples": 8, "rss_bytes": 1, "gpu_peak_allocated_bytes": 1, "gpu_peak_reserved_bytes": 1}
+    full |= {"heap_in_use_bytes": 1, "heap_free_bytes": 1}
     m.step(full | {"host_cpu_util_pct": 1.0, "proc_cpu_pct": 1.0, "profiler": "record"})
     m.watch(1.0, True, 2.0)
     m.tracing_source = lambda: (1, 0, 0)

@@ -62,6 +62,8 @@ _LAST_STEP = (
     ("data_ms", "harness_data_wait_seconds", "the last step's host time blocked on the data loader", 1e-3),
     ("outside_step_ms", "harness_outside_step_seconds", "host time between the last two steps, in no step", 1e-3),
     ("rss_bytes", "harness_host_rss_bytes", "resident memory of this rank's process", 1.0),
+    ("heap_in_use_bytes", "harness_heap_in_use_bytes", "bytes malloc has handed out and not taken back (glibc)", 1.0),
+    ("heap_free_bytes", "harness_heap_free_bytes", "free bytes malloc holds for reuse, part of the RSS (glibc)", 1.0),
     ("gpu_peak_allocated_bytes", "harness_gpu_peak_allocated_bytes", "peak GPU memory allocated in the last step", 1.0),
     ("gpu_peak_reserved_bytes", "harness_gpu_peak_reserved_bytes", "peak GPU memory reserved in the last step", 1.0),
     ("host_cpu_util_pct", "harness_host_cpu_percent", "the host's CPU use (all cores, %)", 1.0),

@@ -1,8 +1,9 @@
 """Memory triage across ranks from the step logs the training job already writes.
 
-Reads `steps/rank<R>.jsonl` (one JSON object per step: `rss_bytes`, on GPU
-`gpu_peak_allocated_bytes` / `gpu_peak_reserved_bytes`, and the limits `host_mem_total_bytes` /
-`gpu_mem_total_bytes` when the harness wrote them) and finds, per rank:
+Reads `steps/rank<R>.jsonl` (one JSON object per step: `rss_bytes`, with glibc the C heap's
+`heap_in_use_bytes` / `heap_free_bytes`, on GPU `gpu_peak_allocated_bytes` /
+`gpu_peak_reserved_bytes`, and the limits `host_mem_total_bytes` / `gpu_mem_total_bytes` when the
+harness wrote them) and finds, per rank:
 
 - `growth`: memory that rises steadily step after step (a leak: something keeps a reference);
 - `imbalance`: a rank whose peak is far above its peers' (uneven inputs, rank-0-only work);
@@ -38,6 +39,8 @@ STEPS_FILE = re.compile(r"^rank(?P<rank>\d+)\.jsonl$")
 # The numeric fields read from a step record; anything else in the record is ignored.
 FIELDS = (
     "rss_bytes",
+    "heap_in_use_bytes",
+    "heap_free_bytes",
     "gpu_peak_allocated_bytes",
     "gpu_peak_reserved_bytes",
     "host_mem_total_bytes",
@@ -267,6 +270,25 @@ def longest_unprofiled(points: list[tuple[int, float]], profiled: set[int]) -> l
     return max(reversed(runs), key=len)
 
 
+def host_series(log: RankLog, min_points: int) -> tuple[list[tuple[int, float]], bool]:
+    """The host series growth is judged on, and whether it is net of malloc's free bytes.
+
+    1. RSS over the longest stretch of steps with no profiler window (`longest_unprofiled`);
+    2. where >= `min_points` of its steps logged `heap_free_bytes`, those steps' RSS less them:
+       RSS counts the free heap malloc holds for reuse, which swings by more than a leak adds a
+       step where big buffers are freed every step, and which a leak fills before RSS grows
+       (heap.py); the rest, live heap and memory outside malloc (Python's object arenas, mapped
+       files), is what a leak grows. The harness reads them every step or, in short steps, every
+       k-th (their cost); a log with too few (another allocator, an older glibc, another writer)
+       keeps RSS: one series per rank, never a mix.
+    """
+    points = longest_unprofiled(_series(log, "rss_bytes"), log.profiled)
+    net = [(s, v - free) for s, v in points if (free := log.steps[s].get("heap_free_bytes")) is not None]
+    if len(net) >= min_points:
+        return net, True
+    return points, False
+
+
 def _limit(log: RankLog, key: str) -> float | None:
     """The last value of a limit field (host_mem_total_bytes, gpu_mem_total_bytes) in the log."""
     for s in sorted(log.steps, reverse=True):
@@ -301,12 +323,23 @@ GROWTH_ADVICE = {
 }
 
 
+HOST_SERIES = {False: ("rss", "host RSS"), True: ("rss_less_heap_free", "host RSS less malloc's free bytes")}
+
+
 def _growth(
-    rank: int, kind: str, t: Trend, limit: float | None, used: float | None, growth: float, limit_field: str
+    rank: int,
+    kind: str,
+    t: Trend,
+    limit: float | None,
+    used: float | None,
+    growth: float,
+    limit_field: str,
+    net: bool = False,
 ) -> dict[str, Any]:
-    where = "host RSS" if kind == "host" else "GPU peak allocated"
+    series, where = HOST_SERIES[net] if kind == "host" else ("gpu_peak_allocated", "GPU peak allocated")
     evidence: dict[str, Any] = {
         "memory": kind,
+        "series": series,
         "bytes_per_step": round(t.slope, 1),
         "mb_per_step": _mb(t.slope),
         "stderr_bytes_per_step": round(t.se, 1),
@@ -354,12 +387,14 @@ class MemoryResult:
 def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> MemoryResult:
     """Findings, per-rank columns and heatmap rows from the ranks' steady steps.
 
-    1. growth, per rank and memory (host: rss_bytes; GPU: gpu_peak_allocated_bytes): `trend`;
-       a finding when there are >= min_steps points, the slope's lower bound is above 0 over the
-       whole window and over its second half, and the rise is >= min_rise_bytes. Projection to
-       the limit: GPU, (gpu_mem_total_bytes - last peak allocated) / slope; host, (host limit -
-       sum of the last RSS of every rank logged on that host) / sum of the growing ranks' slopes
-       there (they share the host's memory); none without a limit in the log.
+    1. growth, per rank and memory (host: `host_series`, RSS less malloc's free bytes where
+       logged; GPU: gpu_peak_allocated_bytes): `trend`; a finding when there are >= min_steps
+       points, the slope's lower bound is above 0 over the whole window and over its second
+       half, the second half's slope is >= min_recent_share of the whole's, and the rise is >=
+       min_rise_bytes. Projection to the limit: GPU, (gpu_mem_total_bytes - last peak allocated)
+       / slope; host, (host limit - sum of the last RSS of every rank logged on that host) / sum
+       of the growing ranks' slopes there (they share the host's memory); none without a limit
+       in the log.
     2. imbalance: the peak (GPU allocated when every rank has it, else RSS) >= imbalance_ratio x
        the median of the other ranks' peaks and above it by >= imbalance_min_bytes (2+ ranks).
     3. cache (GPU): peak reserved >= cache_ratio x peak allocated and above it by >=
@@ -373,13 +408,13 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
     warnings = list(logs.warnings)
     ranks: dict[int, dict[str, Any]] = {}
     trends: dict[tuple[int, str], Trend | None] = {}
+    net: dict[int, bool] = {}
     for r, log in sorted(logs.ranks.items()):
-        for kind, key in SERIES.items():
-            points = _series(log, key)
-            if kind == "host":
-                points = longest_unprofiled(points, log.profiled)
-            trends[(r, kind)] = trend(points, th.confidence)
-        rss, gpu = trends[(r, "host")], trends[(r, "gpu")]
+        host_points, net[r] = host_series(log, th.min_steps)
+        trends[(r, "host")] = trend(host_points, th.confidence)
+        trends[(r, "rss")] = trend(longest_unprofiled(_series(log, SERIES["host"]), log.profiled), th.confidence)
+        trends[(r, "gpu")] = trend(_series(log, SERIES["gpu"]), th.confidence)
+        rss, gpu = trends[(r, "rss")], trends[(r, "gpu")]
         ranks[r] = {
             "memory_steps": len(log.steps),
             "peak_rss_bytes": _peak(log, "rss_bytes"),
@@ -399,7 +434,7 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
     for r, log in sorted(logs.ranks.items()):
         if r in growing:
             peers = by_host[log.host]
-            used = sum(host_trends[p].last for p in peers if p in host_trends)
+            used = sum(t.last for p in peers if (t := trends[(p, "rss")]) is not None)
             host_growth = sum(growing[p].slope for p in peers if p in growing)
             findings.append(
                 _growth(
@@ -410,6 +445,7 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
                     used,
                     host_growth,
                     "host_mem_total_bytes",
+                    net[r],
                 )
             )
         t = trends[(r, "gpu")]

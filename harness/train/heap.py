@@ -1,0 +1,79 @@
+"""What the C heap holds: glibc's malloc statistics (`mallinfo2`), read once a step.
+
+RSS counts the pages malloc keeps free for reuse as well as the live ones. A process that frees
+large buffers every step (gloo's and DDP's communication buffers) keeps tens of MB of free,
+resident heap and takes it back in and out as pages are trimmed, so its RSS swings by more than a
+leak adds a step, and a leak fills that free space before it grows RSS at all. Measured on a
+4-rank comm-mode DDP run on 2 cores with 2 MB a step leaked on rank 0: its RSS rose -0.59 +- 0.29
+MB a step over 35 steps (no finding), RSS less malloc's free bytes 2.01 +- 0.00, its peers' 0.01.
+
+`mallinfo2` (glibc >= 2.33) walks every free chunk of every arena under its lock: 58-91 us a
+call in the lab's 1-rank torch, baseline and comm runs here (13-46 ms steps), against ~35 us of
+everything else the harness does in a step. So `sample` spends at most BUDGET_SHARE of the run's
+time on it: after a read that took c seconds, the next waits until c / BUDGET_SHARE seconds have
+passed (every step from 30 ms steps up at 60 us a read, every 5th of 6 ms steps). Other
+allocators (musl, macOS) have no `mallinfo2`; one preloaded in place of malloc (jemalloc,
+tcmalloc) leaves glibc's counts near zero, so RSS less the free bytes falls back to RSS itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Any
+
+# A tenth of the harness's whole overhead target (2% of a step, bench/overhead.py's (a))
+BUDGET_SHARE = 0.002
+
+# struct mallinfo2, glibc's malloc.h: every field a size_t, in this order
+_FIELDS = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in _FIELDS]
+
+
+def _load() -> Any:
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, TypeError, AttributeError):  # no C library by that handle (Windows), no mallinfo2
+        return None
+    fn.restype, fn.argtypes = _MallInfo2, []
+    return fn
+
+
+class HeapStats:
+    """`read()`: {"heap_in_use_bytes", "heap_free_bytes"}, or {} without glibc's mallinfo2;
+    `sample()`: the same within BUDGET_SHARE of the time, else {}.
+
+    - heap_in_use_bytes: bytes handed out by malloc and not freed (uordblks, in the arenas, plus
+      hblkhd, the chunks too large for an arena that malloc maps one by one): where tensors on
+      the CPU, NumPy arrays and large Python buffers live.
+    - heap_free_bytes: bytes free in the arenas (fordblks), held for reuse and, once touched,
+      resident: the part of RSS that is not live.
+    """
+
+    def __init__(self, budget_share: float = BUDGET_SHARE) -> None:
+        self._fn = _load()
+        self.budget_share = budget_share
+        self._next_at = -float("inf")
+
+    @property
+    def available(self) -> bool:
+        return self._fn is not None
+
+    def read(self) -> dict[str, int]:
+        if self._fn is None:
+            return {}
+        info = self._fn()
+        return {"heap_in_use_bytes": info.uordblks + info.hblkhd, "heap_free_bytes": info.fordblks}
+
+    def sample(self) -> dict[str, int]:
+        if self._fn is None:
+            return {}
+        start = time.perf_counter()
+        if start < self._next_at:
+            return {}
+        out = self.read()
+        self._next_at = start + (time.perf_counter() - start) / self.budget_share
+        return out
