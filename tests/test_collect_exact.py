@@ -14,7 +14,7 @@ from harness.collect.read.runup import IDLE
 from harness.report.document import build_report
 
 from jobs import REAL_TRACES, REPO
-from tracebuild import GLOO, GpuRank, document, gpu_docs, run_analysis, shift_doc, step, write, x
+from tracebuild import GLOO, GpuRank, document, gpu_docs, ring_docs, run_analysis, shift_doc, step, write, x
 
 
 def test_interval_algebra() -> None:
@@ -108,6 +108,30 @@ def test_skewed_clock_is_recovered_and_verdict_unchanged(tmp_path: Path) -> None
     # without alignment rank 1 looks 50 ms late at both collectives and rank 0 seems to wait for it
     assert unaligned.stragglers.ranks[1].blame_ms == pytest.approx(2 * 50.2)
     assert unaligned.stragglers.verdict == "straggler"
+
+
+def test_clock_noise_counts_across_clocks_only(tmp_path: Path) -> None:
+    # rank 1 arrives 1.5 ms after rank 0 in each 10 ms step; its all-reduce ends with rank 0's in
+    # even steps and 1.2 ms after in odd ones (woken late): its ends scatter by 0.6 ms (MAD)
+    def late(r: int, s: int) -> float:
+        return 5000.0 + (1500.0 if r == 1 else 0.0)
+
+    def woken_late(r: int, s: int) -> float:
+        return 1200.0 if r == 1 and s % 2 else 0.0
+
+    docs = ring_docs(late, 2, 10, period_us=10_000.0, hosts=["h", "h"], end_scatter_us=woken_late)
+    one = run_analysis(tmp_path / "one", docs)
+    # one host, one clock: nothing to be off, so no clock noise bound; the 1.5 ms is a straggler
+    assert one.offsets[1].spread_us == pytest.approx(600.0)
+    assert one.stragglers.bounds_ms["clock_noise"] == 0.0
+    assert [r.rank for r in one.stragglers.stragglers] == [1]
+    # the same on two hosts: rank 1's clock is estimated 0.6 ms ahead (the median end gap), its
+    # lateness is 0.9 ms on it, and 3x the scatter of its ends (1.8 ms) bounds what it can mean
+    docs = ring_docs(late, 2, 10, period_us=10_000.0, hosts=["a", "b"], end_scatter_us=woken_late)
+    two = run_analysis(tmp_path / "two", docs)
+    assert two.offsets[1].offset_us == pytest.approx(600.0)
+    assert two.stragglers.bounds_ms["clock_noise"] == pytest.approx(1.8)
+    assert two.stragglers.verdict == "balanced"
 
 
 def cpu_doc(rank: int, gloo_start: float) -> dict:
@@ -374,8 +398,6 @@ def test_releasing_what_the_analysis_read_changes_no_result(tmp_path: Path) -> N
     on two hosts (the second's clock 300 us ahead, so the ranks are shifted copies), rank 2
     computing 300 us longer in every step."""
     from harness.collect.analysis import align_ranks, analyze_aligned
-
-    from tracebuild import ring_docs
 
     docs = ring_docs(
         lambda r, s: 400.0 if r == 2 else 100.0, 4, 4, hosts=["a", "a", "b", "b"], clock_us=[0.0, 0.0, 300.0, 300.0]

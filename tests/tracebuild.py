@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,13 +113,14 @@ def ring_docs(
     transfer_us: float = 100.0,
     hosts: list[str] | None = None,
     clock_us: list[float] | None = None,
-    end_scatter_us: list[float] | None = None,
+    end_scatter_us: list[float] | Callable[[int, int], float] | None = None,
     nelems: list[int] | None = None,
 ) -> list[dict]:
     """n_ranks GPU ranks, steps 1..n_steps of `period_us` each (step s starts at t = (s-1) x
     period). In each step, rank r computes ("ampere_sgemm_128x64_nn") from t to t + a, where
     a = arrive_us(r, s), then enters one all-reduce at t + a, which ends on every rank at
-    t + max arrival + transfer_us (+ end_scatter_us[r]: a rank-specific late completion).
+    t + max arrival + transfer_us (+ end_scatter_us[r], or end_scatter_us(r, s): a rank's late
+    completion).
     Optional: hosts[r] (the harness metadata's host), clock_us[r] added to every timestamp of
     rank r (its clock's error), nelems[r] (the all-reduce's element count)."""
     docs = []
@@ -131,7 +133,8 @@ def ring_docs(
             a = arrive_us(r, s)
             events.append(step(s, t, period_us))
             g.kernel("ampere_sgemm_128x64_nn", t + 1, t, a)
-            end = t + last + transfer_us + (end_scatter_us[r] if end_scatter_us else 0.0)
+            scatter = end_scatter_us(r, s) if callable(end_scatter_us) else end_scatter_us[r] if end_scatter_us else 0.0
+            end = t + last + transfer_us + scatter
             g.allreduce(t + 2, t + a, end - t - a, nelems=nelems[r] if nelems else 1000)
         doc = document(events + g.events, r, world_size=n_ranks)
         if hosts:

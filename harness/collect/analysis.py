@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from harness.collect.align.clocks import ClockOffset, HostClock, disagreeing_clocks, estimate_offsets
+from harness.collect.align.clocks import ClockOffset, HostClock, clock_domain, disagreeing_clocks, estimate_offsets
 from harness.collect.align.matching import Instance, match_collectives
 from harness.collect.align.waits import InstanceWaits, instance_waits, instances_by_rank, op_waits
 from harness.collect.analyse.overlap import Gap, LongestGaps, StepOverlap, rank_overlap
@@ -140,7 +140,10 @@ def align_ranks(runset: RunSet, *, align: bool = True, steps: set[int] | None = 
                 )
     else:
         _, clocks = estimate_offsets([], traces)
-        offsets = {t.rank: ClockOffset(rank=t.rank, offset_us=0.0, spread_us=0.0, samples=0) for t in traces}
+        offsets = {
+            t.rank: ClockOffset(rank=t.rank, offset_us=0.0, spread_us=0.0, samples=0, clock=clock_domain(t))
+            for t in traces
+        }
     aligned = [t.shifted(offsets[t.rank].offset_us) if offsets[t.rank].offset_us else t for t in traces]
     return Alignment(
         traces=aligned, offsets=offsets, host_clocks=clocks, aligned=align and bool(instances), warnings=warnings

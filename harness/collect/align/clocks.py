@@ -21,6 +21,7 @@ class ClockOffset:
     offset_us: float  # subtract from this rank's timestamps to align it with the reference host
     spread_us: float  # median absolute deviation of (its collectives' ends - the reference rank's)
     samples: int
+    clock: str = ""  # its clock domain (`clock_domain`): ranks with the same one read one clock
 
 
 @dataclass(kw_only=True)
@@ -208,5 +209,7 @@ def estimate_offsets(
     for r in sorted(domain):
         d = rank_diffs.get(r, [])
         spread = mad(d) if d and r != ref_rank else 0.0
-        out[r] = ClockOffset(rank=r, offset_us=clocks[domain[r]].offset_us, spread_us=spread, samples=len(d))
+        out[r] = ClockOffset(
+            rank=r, offset_us=clocks[domain[r]].offset_us, spread_us=spread, samples=len(d), clock=domain[r]
+        )
     return out, [clocks[h] for h in sorted(clocks, key=lambda k: min(ranks_of[k]))]

@@ -59,7 +59,9 @@ class Thresholds:
     # speed, `speed.op_speed`, beyond the peers' own lateness, `peer_baseline`), so the bound is
     # the material one; --rel-lag-cpu widens it on a machine whose noise the other bounds miss.
     rel_lag_cpu: float = 0.08
-    noise_factor: float = 3.0  # ... this many times the collectives' end scatter (clock noise) ...
+    # ... this many times the collectives' end scatter on other clocks than the reference's
+    # (clock noise) ...
+    noise_factor: float = 3.0
     jitter_factor: float = 3.0  # ... this many times the run's step-to-step jitter ...
     # ... and on 3+ ranks: this many MADs of the lower half of the ranks' lateness (the lower
     # half: up to half of the ranks can be stragglers and still stand out).
@@ -440,7 +442,8 @@ def analyze_stragglers(
        every rank is late at some collectives: a 4-rank comm run on 2 cores had each rank 28-37%
        of the clean step behind the earliest);
     6. the bounds (`straggler_bounds`), with the clocks' noise = the median end scatter of
-       matched collectives, the peers' lateness jitter over the judged lateness of each step
+       matched collectives over the ranks on another clock than the reference rank's (0 where
+       every rank reads one clock: nothing to be off), the peers' lateness jitter over the judged lateness of each step
        (`late_jitter_ms`), and over each rank's own work per step (its step span on its
        device's timeline, `step_span_ms`, less its waiting for later peers, at its peers' speed)
        the run's jitter (`run_jitter_ms`) and the clean step the relative bound is a share of:
@@ -537,7 +540,11 @@ def analyze_stragglers(
     clean_step_ms = timed[punctual_index(len(timed))] if timed else 0.0
     timed_steps = [statistics.mean(step_span_ms[r]) for r in ranks if step_span_ms[r]]
     most = max((len(t.steps) for t in traces), default=0)
-    spreads = [o.spread_us for o in offsets.values() if o.samples and o.rank != min(ranks)]
+    # Clock noise is the error of comparing two clocks: ranks reading the reference rank's clock
+    # are compared on that one clock, where the scatter of their collectives' ends is when each
+    # was scheduled again, not a clock's error (the jitter bounds hold that).
+    ref_clock = offsets[min(ranks)].clock if min(ranks) in offsets else None
+    spreads = [o.spread_us for o in offsets.values() if o.samples and o.clock != ref_clock]
     noise_us = statistics.median(spreads) if spreads else 0.0
 
     def per_step_mean(table: dict[int, dict[int, float]], r: int) -> float:
