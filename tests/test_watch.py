@@ -356,7 +356,7 @@ class TwoRankWatch(Watch):
     """Rank 0's watch in a 2-rank job without a process group: the all-gather hands back this
     rank's table and a copy whose data phase is `slow_ms` longer (rank 1's)."""
 
-    def __init__(self, tmp_path: Path, *, slow_ms: float, capture: bool = False) -> None:
+    def __init__(self, tmp_path: Path, *, slow_ms: float, capture: bool = False, cpu: bool = False) -> None:
         cfg = build_config(
             [
                 {
@@ -377,7 +377,7 @@ class TwoRankWatch(Watch):
             rank=0,
             world_size=2,
             host="a",
-            cpu=False,
+            cpu=cpu,
             run_dir=tmp_path,
             recorder=rec,
             scalars=None,
@@ -429,6 +429,46 @@ def test_the_watch_flags_a_rank_says_when_it_recovers_and_logs_each_interval(tmp
         "captures": [],
         "flags": [{"step": 7, "rank": 1, "host": "b", "phase": "data"}],
     }
+
+
+def test_on_cpu_a_rank_over_the_material_bound_two_intervals_running_is_flagged(tmp_path: Path, capsys) -> None:
+    # CPU: the watch's bound is 35% of the 100 ms step, the material one the collector's 8%.
+    # Rank 1's data phase 20 ms longer is under the first and over the second: flagged once it
+    # has been over it in two intervals running (steps 5-7 and 8-11), not after one.
+    w = TwoRankWatch(tmp_path, slow_ms=20.0, cpu=True)
+    w.run(0, 7)
+    assert capsys.readouterr().out == "" and w.flags == []
+    w.run(8, 11)
+    w.slow_ms = 0.0
+    w.run(12, 15)
+    # over it, then not, then over it again: never two intervals running
+    for slow in (20.0, 0.0, 20.0):
+        w.slow_ms = slow
+        w.run(w._judged_through + 1, w._judged_through + 4)
+    w.slow_ms = 50.0  # over the watch's own bound: flagged in its first interval
+    w.run(28, 31)
+    w.close()
+    assert capsys.readouterr().out.splitlines() == [
+        "watch: step 11: rank 1 (b) is a straggler: data +20.0 ms/step over the other ranks' median, 20.0 ms/step "
+        "late, 20.0 beyond its peers (bound 8.0 ms, over it in this interval and the one before), late in 4/4 "
+        "steps 8-11",
+        "watch: step 15: rank 1 (b) is no longer a straggler (steps 12-15)",
+        "watch: step 31: rank 1 (b) is a straggler: data +50.0 ms/step over the other ranks' median, 50.0 ms/step "
+        "late, 50.0 beyond its peers (bound 35.0 ms), late in 4/4 steps 28-31",
+    ]
+    lines = watch_lines(tmp_path)
+    assert [line["step"] for line in lines] == [7, 11, 15, 19, 23, 27, 31]
+    assert all(line["threshold_ms"] == 35.0 and line["material_threshold_ms"] == 8.0 for line in lines)
+    assert [[s.get("sustained", False) for s in line["stragglers"]] for line in lines] == [
+        [],
+        [True],
+        [],
+        [],
+        [],
+        [],
+        [False],
+    ]
+    assert [(f["step"], f["rank"]) for f in w.summary()["flags"]] == [(11, 1), (31, 1)]
 
 
 def test_a_new_straggler_books_one_window_after_the_scheduled_one(tmp_path: Path, capsys) -> None:

@@ -35,6 +35,7 @@ from harness.train.watch_rule import (
     own_work_phases,
     pack_rows,
     step_row,
+    sustain,
     watch_thresholds,
 )
 from harness.write_faults import AppendOnlyFile, FaultLog
@@ -91,6 +92,7 @@ class Watch:
         self._recent: deque[list[float]] = deque(maxlen=2 * max(cfg.every, 1))
         self._judged_through = -1
         self.flagged: set[int] = set()  # the ranks flagged in the last judged interval
+        self._over_material: set[int] = set()  # the ranks over the material bound in it (`sustain`)
         self.intervals = 0
         self.flags: list[dict[str, Any]] = []  # every time a rank became a straggler
         self.captures: list[dict[str, Any]] = []
@@ -136,6 +138,8 @@ class Watch:
         )
         if not verdict.steps:
             return
+        verdict = sustain(verdict, self._over_material)
+        self._over_material = {r.rank for r in verdict.ranks if r.over_material}
         self._judged_through = verdict.steps[-1]
         self.intervals += 1
         self._act(step, verdict)
@@ -199,10 +203,14 @@ class Watch:
         if self.rank != 0:
             return
         for r in new:
+            bound = (
+                f"bound {verdict.material_threshold_ms:.1f} ms, over it in this interval and the one before"
+                if r.sustained
+                else f"bound {verdict.threshold_ms:.1f} ms"
+            )
             _say(
                 f"watch: step {step}: rank {r.rank} ({r.host}) is a straggler: {_where(r.phase, r.excess_ms)}, "
-                f"{r.late_ms:.1f} ms/step late, {r.beyond_peers_ms:.1f} beyond its peers "
-                f"(bound {verdict.threshold_ms:.1f} ms), "
+                f"{r.late_ms:.1f} ms/step late, {r.beyond_peers_ms:.1f} beyond its peers ({bound}), "
                 f"late in {r.steps_late}/{len(verdict.steps)} steps {verdict.steps[0]}-{verdict.steps[-1]}"
             )
         for rank in gone:
@@ -256,9 +264,12 @@ def interval_line(step: int, verdict: IntervalVerdict, capture: dict[str, Any] |
                 "beyond_peers_ms": round(r.beyond_peers_ms, 3),
                 "steps_late": r.steps_late,
             }
+            | ({"sustained": True} if r.sustained else {})
             for r in verdict.stragglers
         ],
     }
+    if verdict.material_threshold_ms < verdict.threshold_ms:  # CPU: the bound `sustain` applies
+        line["material_threshold_ms"] = round(verdict.material_threshold_ms, 3)
     if capture:
         line["capture"] = capture
     return line

@@ -61,7 +61,10 @@ COLLECTIVE_PHASES = {"ddp": ("backward",), "fsdp": ("forward", "backward"), "non
 # collector's 8%, 2 of the 8 clean runs of a 2-core campaign (bench/detection.py, seed 2027,
 # replayed offline) were flagged in some interval. On shared cores a healthy rank's own work
 # runs up to a quarter longer than its peers' for a few steps (measured on 2 cores: 20-26% of
-# the clean step); this bound sits above that. GPU jobs keep the collector's bound.
+# the clean step); this bound sits above that. GPU jobs keep the collector's bound. A rank over
+# the collector's material bound (`Thresholds.rel_lag`) in two intervals running is flagged too
+# (`sustain`): a straggler's delay recurs, a noisy interval seldom does twice (replayed over the
+# step logs of five campaigns: 58 of 97 material stragglers flagged, not 40, and no clean run).
 WATCH_REL_LAG_CPU = 0.35
 
 
@@ -83,9 +86,12 @@ class RankLateness:
     late_ms: float  # mean per step of its own work's excess over the punctual ranks'
     beyond_peers_ms: float  # late_ms less its peers' (stragglers.peer_baseline): what is judged
     steps_late: int  # steps in which its lateness beyond its peers' was over the threshold
+    steps_over_material: int  # ... over the material bound
     phase: str | None  # the own-work phase with the largest excess over the other ranks' median
     excess_ms: float | None  # that excess, per step
     straggler: bool = False
+    over_material: bool = False  # over the material bound (on GPU: the same as straggler)
+    sustained: bool = False  # flagged for being over the material bound in two intervals running
 
 
 @dataclass(kw_only=True)
@@ -94,6 +100,7 @@ class IntervalVerdict:
     ranks: list[RankLateness]
     threshold_ms: float = 0.0
     bounds_ms: dict[str, float] = field(default_factory=dict)
+    material_threshold_ms: float = 0.0  # the bound with the collector's relative share
 
     @property
     def stragglers(self) -> list[RankLateness]:
@@ -148,10 +155,13 @@ def judge_interval(
        itself: no clocks are compared); steps_late = steps whose lateness beyond that step's
        `peer_baseline` exceeds the threshold; a straggler's beyond_peers_ms exceeds every bound,
        and on CPU its steps_late is at least MIN_LATE_STEPS (all the steps where fewer: one
-       stall is not a straggler where ranks time-share cores);
-    5. per straggler (the MAX_PHASED with the largest late_ms) and phase of step 2 (own-work by
-       wall time, held by CPU time): excess = the mean per step of its time minus the median of
-       the other ranks' time; the largest positive one names the phase.
+       stall is not a straggler where ranks time-share cores); over_material: the same against
+       the bounds with the collector's relative share (`th.rel_lag`) in place of the watch's
+       wider one on CPU, for `sustain`;
+    5. per straggler or rank over the material bound (the MAX_PHASED with the largest
+       beyond_peers_ms) and phase of step 2 (own-work by wall time, held by CPU time): excess =
+       the mean per step of its time minus the median of the other ranks' time; the largest
+       positive one names the phase.
     """
     n_ranks = tables.shape[0]
     step_col = tables[..., 0]
@@ -197,14 +207,16 @@ def judge_interval(
         late_jitter_ms=late_jitter_of(late),
     )
     threshold = max(bounds.values())
+    material_threshold = max({**bounds, "relative": min(bounds["relative"], th.rel_lag * median_step_ms)}.values())
     lower = late.sort(dim=0).values[: max(n_ranks // 2, 1)]  # per step, the lower half's median: peer_baseline
-    steps_late = (late - median(lower, dim=0) > threshold).sum(dim=1).tolist()
-    over = {
-        r
-        for r in range(n_ranks)
-        if beyond[r] > threshold and (not cpu or steps_late[r] >= min(MIN_LATE_STEPS, len(steps)))
-    }
-    flagged = sorted(over, key=lambda r: (-beyond[r], r))
+    beyond_step = late - median(lower, dim=0)
+
+    need = min(MIN_LATE_STEPS, len(steps)) if cpu else 0
+    steps_late = (beyond_step > threshold).sum(dim=1).tolist()
+    steps_material = (beyond_step > material_threshold).sum(dim=1).tolist()
+    over = {r for r in range(n_ranks) if beyond[r] > threshold and steps_late[r] >= need}
+    material = over | {r for r in range(n_ranks) if beyond[r] > material_threshold and steps_material[r] >= need}
+    flagged = sorted(material, key=lambda r: (-beyond[r], r))
     phased = {r: _slowest_phase(r, work, names) for r in flagged[:MAX_PHASED]}
     out = [
         RankLateness(
@@ -213,13 +225,28 @@ def judge_interval(
             late_ms=late_ms[r],
             beyond_peers_ms=beyond[r],
             steps_late=int(steps_late[r]),
+            steps_over_material=int(steps_material[r]),
             phase=phased.get(r, (None, None))[0],
             excess_ms=phased.get(r, (None, None))[1],
             straggler=r in over,
+            over_material=r in material,
         )
         for r in range(n_ranks)
     ]
-    return IntervalVerdict(steps=steps, ranks=out, threshold_ms=threshold, bounds_ms=bounds)
+    return IntervalVerdict(
+        steps=steps, ranks=out, threshold_ms=threshold, bounds_ms=bounds, material_threshold_ms=material_threshold
+    )
+
+
+def sustain(verdict: IntervalVerdict, before: set[int]) -> IntervalVerdict:
+    """`verdict` with the ranks over the material bound in it and in the interval judged before
+    (`before`: the ranks over_material then) flagged as stragglers too, marked `sustained`, their
+    steps_late counted against that bound."""
+    for r in verdict.ranks:
+        if r.over_material and r.rank in before and not r.straggler:
+            r.straggler = r.sustained = True
+            r.steps_late = r.steps_over_material
+    return verdict
 
 
 def phase_speed(cpu_ms: torch.Tensor) -> torch.Tensor:
