@@ -46,7 +46,9 @@ TWO_HOST_EVERY = 5
 CASES_PER_CONFIG = 4
 
 
-def real_campaign(seed: int, runs: int, work: Path, say: Any, keep: bool = False) -> list[dict[str, Any]]:
+def real_campaign(
+    seed: int, runs: int, work: Path, say: Any, keep: bool = False, window_steps: int = real.WINDOW_STEPS
+) -> list[dict[str, Any]]:
     """`runs` real jobs: per configuration its clean run, then up to CASES_PER_CONFIG faults."""
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
@@ -54,14 +56,16 @@ def real_campaign(seed: int, runs: int, work: Path, say: Any, keep: bool = False
     while len(rows) < runs:
         cfg = real.draw_config(rng, two_hosts=n_cfg % TWO_HOST_EVERY == TWO_HOST_EVERY - 1)
         n_cfg += 1
-        row, clean_ms = real.run_case(cfg, real.Fault(kind="clean"), None, work, f"c{n_cfg:03d}-clean", keep)
+        name = f"c{n_cfg:03d}-clean"
+        row, clean_ms = real.run_case(cfg, real.Fault(kind="clean"), None, work, name, keep, window_steps)
         rows.append(row)
         say(_line(row))
         if clean_ms is None:
             continue
         for k in range(min(CASES_PER_CONFIG, runs - len(rows))):
             fault = real.draw_fault(rng, cfg)
-            row, _ = real.run_case(cfg, fault, clean_ms, work, f"c{n_cfg:03d}-{k}-{fault.kind}", keep)
+            name = f"c{n_cfg:03d}-{k}-{fault.kind}"
+            row, _ = real.run_case(cfg, fault, clean_ms, work, name, keep, window_steps)
             rows.append(row)
             say(_line(row))
     return rows
@@ -162,6 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="write the figures and every case here")
     p.add_argument("--work", type=Path, default=None, help="where the jobs write (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep every real run's folder under --work (to re-collect them)")
+    p.add_argument(
+        "--window-steps",
+        type=int,
+        default=real.WINDOW_STEPS,
+        help=f"steps each real run's profiler window records, from step 11 (default {real.WINDOW_STEPS}; "
+        "the harness's default is 3)",
+    )
     p.add_argument("--smoke", action="store_true", help="one real and one generated case (CI)")
     p.add_argument("-q", "--quiet", action="store_true", help="no line per real case")
     args = p.parse_args(argv)
@@ -170,13 +181,15 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name} must be >= 0")
     if args.generated_ranks is not None and args.generated_ranks < 2:
         p.error("--generated-ranks must be >= 2")
+    if not 1 <= args.window_steps <= real.STEPS - 11:
+        p.error(f"--window-steps must be 1 to {real.STEPS - 11} (the runs are {real.STEPS} steps, traced from step 11)")
     runs, generated = (1, 1) if args.smoke else (args.runs, args.generated)
     say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
     work = args.work or Path(tempfile.mkdtemp(prefix="detection-"))
     work.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"seed": args.seed}
+    result: dict[str, Any] = {"seed": args.seed, "window_steps": args.window_steps}
     t0 = time.perf_counter()
-    real_rows = real_campaign(args.seed, runs, work, say, args.keep) if runs else []
+    real_rows = real_campaign(args.seed, runs, work, say, args.keep, args.window_steps) if runs else []
     real_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     gen_rows = generated_campaign(args.seed, generated, args.generated_ranks, work, say) if generated else []

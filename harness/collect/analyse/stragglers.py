@@ -531,8 +531,8 @@ def analyze_stragglers(
     # and its wait for a core
     own_ms = {
         r: [
-            (ms - step_wait.get(st.number, {}).get(r, 0.0) / 1e3 - (core_wait_ms[r][i] if queues else 0.0)) / speed[r]
-            for i, (st, ms) in enumerate(zip(by_rank[r].steps, step_span_ms[r]))
+            (ms - step_wait.get(st.number, {}).get(r, 0.0) / 1e3 - core) / speed[r]
+            for st, ms, core in zip(by_rank[r].steps, step_span_ms[r], core_wait_ms[r] or itertools.repeat(0.0))
         ]
         for r in ranks
     }
