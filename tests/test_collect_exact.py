@@ -14,7 +14,19 @@ from harness.collect.read.runup import IDLE
 from harness.report.document import build_report
 
 from jobs import REAL_TRACES, REPO
-from tracebuild import GLOO, GpuRank, document, gpu_docs, ring_docs, run_analysis, shift_doc, step, write, x
+from tracebuild import (
+    GLOO,
+    GpuRank,
+    cpu_ring_docs,
+    document,
+    gpu_docs,
+    ring_docs,
+    run_analysis,
+    shift_doc,
+    step,
+    write,
+    x,
+)
 
 
 def test_interval_algebra() -> None:
@@ -110,7 +122,7 @@ def test_skewed_clock_is_recovered_and_verdict_unchanged(tmp_path: Path) -> None
     assert unaligned.stragglers.verdict == "straggler"
 
 
-def test_clock_noise_counts_across_clocks_only(tmp_path: Path) -> None:
+def test_gpu_clock_noise_counts_across_clocks_only(tmp_path: Path) -> None:
     # rank 1 arrives 1.5 ms after rank 0 in each 10 ms step; its all-reduce ends with rank 0's in
     # even steps and 1.2 ms after in odd ones (woken late): its ends scatter by 0.6 ms (MAD)
     def late(r: int, s: int) -> float:
@@ -132,6 +144,38 @@ def test_clock_noise_counts_across_clocks_only(tmp_path: Path) -> None:
     assert two.offsets[1].offset_us == pytest.approx(600.0)
     assert two.stragglers.bounds_ms["clock_noise"] == pytest.approx(1.8)
     assert two.stragglers.verdict == "balanced"
+
+
+def test_cpu_end_scatter_bounds_lateness_on_one_clock(tmp_path: Path) -> None:
+    # two CPU ranks on one host; rank 1 sleeps 0.3 ms a step (2.4 ms of work: 12.5%, over the
+    # 8% bound) ...
+    def sleep(r: int, s: int) -> float:
+        return 300.0 if r == 1 else 0.0
+
+    def one_host(docs: list[dict]) -> list[dict]:
+        for r, d in enumerate(docs):
+            d["harness"] = {"host": "h", "rank": r}
+        return docs
+
+    quiet = run_analysis(tmp_path / "quiet", one_host(cpu_ring_docs(2, 10, sleep_us=sleep)))
+    assert quiet.stragglers.bounds_ms["clock_noise"] == 0.0
+    assert [r.rank for r in quiet.stragglers.stragglers] == [1]
+
+    # ... and is woken 0.9 ms after its all-reduce ends in odd steps, which its next arrival
+    # carries: late 0.3 ms in odd steps, 1.2 in even ones, 0.75 a step. Its ends trail rank 0's
+    # by 0.9 ms or 0 (MAD 0.45): on one clock that scatter is how noisy its arrivals are, and
+    # 3x of it (1.35 ms) bounds what its lateness can mean
+    def woken_late(r: int, s: int) -> float:
+        return 900.0 if r == 1 and s % 2 else 0.0
+
+    noisy = run_analysis(tmp_path / "noisy", one_host(cpu_ring_docs(2, 10, sleep_us=sleep, wake_us=woken_late)))
+    assert noisy.offsets[1].offset_us == 0.0
+    assert noisy.offsets[1].spread_us == pytest.approx(450.0)
+    assert noisy.stragglers.bounds_ms["clock_noise"] == pytest.approx(1.35)
+    rank1 = noisy.stragglers.ranks[1]
+    assert rank1.late_ms == pytest.approx(0.75)
+    assert rank1.steps_late == 0
+    assert noisy.stragglers.verdict == "balanced"
 
 
 def cpu_doc(rank: int, gloo_start: float) -> dict:

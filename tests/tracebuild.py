@@ -157,16 +157,19 @@ def cpu_ring_docs(
     transfer_us: float = 200.0,
     forward_range: bool = False,
     core_wait_us: Any = None,
+    wake_us: Any = None,
 ) -> list[dict]:
-    """n_ranks CPU (gloo) ranks, steps 1..n_steps. Step s starts at t, where step s-1's all-reduce
-    ended (the first at 0). In it rank r runs CPU_OPS from t, each op and each CPU_GAP_US after
-    it taking speed[r] times as long (a busier core), and longer still by core_wait_us(r, s)
-    spread over them in proportion (time the rank waited for a core: preempted anywhere, in
-    ops and between them alike), then an "aten::mm" of extra_mm_us(r, s) (extra work, at any
-    speed), then sleeps sleep_us(r, s) (no op), and arrives at one all-reduce (gloo:all_reduce
-    on a gloo thread), which ends on every rank at t + the last arrival + transfer_us, the
-    step's end. So a rank's run-up to each all-reduce is its own work of that step. With
-    `forward_range`, a harness:forward range spans its CPU_OPS and their gaps."""
+    """n_ranks CPU (gloo) ranks, steps 1..n_steps. Rank r's step s starts where its all-reduce of
+    step s-1 ended (the first at 0). In it rank r runs CPU_OPS from there, each op and each
+    CPU_GAP_US after it taking speed[r] times as long (a busier core), and longer still by
+    core_wait_us(r, s) spread over them in proportion (time the rank waited for a core:
+    preempted anywhere, in ops and between them alike), then an "aten::mm" of extra_mm_us(r, s)
+    (extra work, at any speed), then sleeps sleep_us(r, s) (no op), and arrives at one
+    all-reduce (gloo:all_reduce on a gloo thread), which ends at the last arrival + transfer_us,
+    on rank r wake_us(r, s) later still (its thread scheduled again late), its step's end. So a
+    rank's run-up to each all-reduce is its own work of that step, and a late wake-up delays
+    its next arrival. With `forward_range`, a harness:forward range spans its CPU_OPS and their
+    gaps."""
     base_us = sum(us + CPU_GAP_US for _, us in CPU_OPS)
 
     def k(r: int, s: int) -> float:
@@ -178,11 +181,13 @@ def cpu_ring_docs(
         return work + (extra_mm_us(r, s) if extra_mm_us else 0.0) + (sleep_us(r, s) if sleep_us else 0.0)
 
     events: list[list[dict[str, Any]]] = [[] for _ in range(n_ranks)]
-    t = 0.0
+    start = [0.0] * n_ranks
     for s in range(1, n_steps + 1):
-        end = t + max(arrival(q, s) for q in range(n_ranks)) + transfer_us
+        done = max(start[q] + arrival(q, s) for q in range(n_ranks)) + transfer_us
         for r in range(n_ranks):
             ev = events[r]
+            t = start[r]
+            end = done + (wake_us(r, s) if wake_us else 0.0)
             ev.append(step(s, t, end - t))
             at = t
             for name, us in CPU_OPS:
@@ -194,5 +199,5 @@ def cpu_ring_docs(
                 ev.append(x("aten::mm", "cpu_op", at, extra_mm_us(r, s)))
             a = t + arrival(r, s)
             ev.append(x("gloo:all_reduce", "user_annotation", a, end - a, GLOO))
-        t = end
+            start[r] = end
     return [document(ev, r, world_size=n_ranks, base_ns=None) for r, ev in enumerate(events)]

@@ -60,7 +60,7 @@ class Thresholds:
     # the material one; --rel-lag-cpu widens it on a machine whose noise the other bounds miss.
     rel_lag_cpu: float = 0.08
     # ... this many times the collectives' end scatter on other clocks than the reference's
-    # (clock noise) ...
+    # (clock noise; on CPU on every rank, the wake-up noise of its arrivals) ...
     noise_factor: float = 3.0
     jitter_factor: float = 3.0  # ... this many times the run's step-to-step jitter ...
     # ... and on 3+ ranks: this many MADs of the lower half of the ranks' lateness (the lower
@@ -442,8 +442,10 @@ def analyze_stragglers(
        every rank is late at some collectives: a 4-rank comm run on 2 cores had each rank 28-37%
        of the clean step behind the earliest);
     6. the bounds (`straggler_bounds`), with the clocks' noise = the median end scatter of
-       matched collectives over the ranks on another clock than the reference rank's (0 where
-       every rank reads one clock: nothing to be off), the peers' lateness jitter over the judged lateness of each step
+       matched collectives over the ranks on another clock than the reference rank's (on GPU
+       traces 0 where every rank reads one clock: nothing to be off), over every rank but the
+       reference on CPU-only traces (a rank's wake-up delay after a collective, which its next
+       arrival carries), the peers' lateness jitter over the judged lateness of each step
        (`late_jitter_ms`), and over each rank's own work per step (its step span on its
        device's timeline, `step_span_ms`, less its waiting for later peers, at its peers' speed)
        the run's jitter (`run_jitter_ms`) and the clean step the relative bound is a share of:
@@ -540,11 +542,17 @@ def analyze_stragglers(
     clean_step_ms = timed[punctual_index(len(timed))] if timed else 0.0
     timed_steps = [statistics.mean(step_span_ms[r]) for r in ranks if step_span_ms[r]]
     most = max((len(t.steps) for t in traces), default=0)
-    # Clock noise is the error of comparing two clocks: ranks reading the reference rank's clock
-    # are compared on that one clock, where the scatter of their collectives' ends is when each
-    # was scheduled again, not a clock's error (the jitter bounds hold that).
+    # Clock noise is the error of comparing two clocks, so on GPU traces it counts only for ranks
+    # on another clock than the reference rank's (a collective's kernels end together on one
+    # clock). On CPU it counts for every rank: a gloo collective ends on each rank when its
+    # thread is scheduled again, its next run-up starts there, and the same wake-up delay lands
+    # in its next arrival; the end scatter is the arrivals' timing noise on one clock too, which
+    # the jitter bounds (medians over steps) do not hold in short windows: a clean 6-step DDP
+    # window on 2 shared cores had a rank 1.9 ms beyond its peer, against 3 x 2.2 ms of scatter.
     ref_clock = offsets[min(ranks)].clock if min(ranks) in offsets else None
-    spreads = [o.spread_us for o in offsets.values() if o.samples and o.clock != ref_clock]
+    spreads = [
+        o.spread_us for r, o in offsets.items() if o.samples and r != min(ranks) and (cpu or o.clock != ref_clock)
+    ]
     noise_us = statistics.median(spreads) if spreads else 0.0
 
     def per_step_mean(table: dict[int, dict[int, float]], r: int) -> float:
