@@ -161,11 +161,8 @@ def swing(s: int) -> float:
 def test_host_growth_is_judged_net_of_mallocs_free_bytes(tmp_path: Path) -> None:
     # rank 0 leaks 2 MiB a step into heap its allocator held free: RSS = live + free, where the
     # live part grows by the leak and the free part swings; rank 1 holds more and more free heap
-    # (an allocator caching) with its live bytes flat
-    leak = [
-        rec(s, rss=400e6 + 2 * MiB * s + swing(s), heap_free_bytes=swing(s), heap_in_use_bytes=300e6 + 2 * MiB * s)
-        for s in STEADY
-    ]
+    # (an allocator caching) with its live bytes flat. No heap_in_use_bytes: the net series alone
+    leak = [rec(s, rss=400e6 + 2 * MiB * s + swing(s), heap_free_bytes=swing(s)) for s in STEADY]
     caching = [rec(s, rss=400e6 + 3 * MiB * s, heap_free_bytes=10e6 + 3 * MiB * s) for s in STEADY]
     write_log(tmp_path, 0, leak)
     write_log(tmp_path, 1, caching)
@@ -192,6 +189,35 @@ def test_host_growth_is_judged_net_of_mallocs_free_bytes(tmp_path: Path) -> None
     # every third: 7 points, too few for a slope (min_steps 10): judged on RSS, nothing found
     write_log(tmp_path, 0, [x if x["step"] % 3 == 0 else {**x, "heap_free_bytes": None} for x in leak])
     assert (0, "growth") not in kinds(memory_from_dirs([tmp_path]).findings)
+
+
+def test_host_growth_is_judged_on_the_heap_in_use(tmp_path: Path) -> None:
+    # rank 0 leaks 2 MiB of tensors a step: malloc's bytes in use rise by exactly that, while the
+    # memory outside malloc swings 0-60 MiB; rank 1's memory outside malloc drifts up 1.5 MiB a
+    # step with its heap in use flat (as on a healthy comm/fsdp/2 rank here); rank 2 is flat
+    def log(s: int, in_use: float, outside: float) -> dict[str, Any]:
+        return rec(s, rss=in_use + outside + 10e6, heap_free_bytes=10e6, heap_in_use_bytes=in_use)
+
+    tensors = [log(s, 150e6 + 2 * MiB * s, 250e6 + swing(s)) for s in STEADY]
+    drift = [log(s, 150e6, 250e6 + 1.5 * MiB * s) for s in STEADY]
+    write_log(tmp_path, 0, tensors)
+    write_log(tmp_path, 1, drift)
+    write_log(tmp_path, 2, [log(s, 150e6, 250e6) for s in STEADY])
+    mem = memory_from_dirs([tmp_path])
+    assert kinds(mem.findings) == [(0, "growth")]
+    ev = mem.findings[0]["evidence"]
+    assert ev["series"] == "heap_in_use" and ev["bytes_per_step"] == pytest.approx(2 * MiB)
+    assert ev["stderr_bytes_per_step"] == pytest.approx(0, abs=1e-3) and ev["steps"] == 20
+    assert mem.findings[0]["reason"].startswith("malloc's bytes in use rises 2.10 MB per step over 20 steps")
+    # without the heap in use, RSS less the free heap is judged: rank 0's leak drowns in the
+    # swing and rank 1's drift reads as a leak
+    write_log(tmp_path, 0, [{k: v for k, v in x.items() if k != "heap_in_use_bytes"} for x in tensors])
+    write_log(tmp_path, 1, [{k: v for k, v in x.items() if k != "heap_in_use_bytes"} for x in drift])
+    mem = memory_from_dirs([tmp_path])
+    assert kinds(mem.findings) == [(1, "growth")] and mem.findings[0]["evidence"]["series"] == "rss_less_heap_free"
+    # fewer than 10 steps with it (read every 3rd step in short steps): the same
+    write_log(tmp_path, 0, [x if x["step"] % 3 == 0 else {**x, "heap_in_use_bytes": None} for x in tensors])
+    assert kinds(memory_from_dirs([tmp_path]).findings) == [(1, "growth")]
 
 
 def test_growth_needs_ten_steady_steps(tmp_path: Path) -> None:
@@ -459,7 +485,7 @@ def test_real_leak_is_found_on_its_rank_only(log_dir: Path) -> None:
     if ev["series"] == "rss":
         assert ev["steps"] == 35
     else:
-        assert ev["series"] == "rss_less_heap_free" and 10 <= ev["steps"] <= 35
+        assert ev["series"] in ("heap_in_use", "rss_less_heap_free") and 10 <= ev["steps"] <= 35
     assert ev["steps_to_limit"] > 0
     if HeapStats().available:
         # the leaking rank's live heap grows by what it keeps, a 2 MB tensor a step; its peer's not
