@@ -25,7 +25,8 @@ within each repetition (paired) and their median reported: B/A (target <= 1.02),
 <= 1.02), D/B (the profiler's cost while recording), B/S (the scalars' cost), W/B (the watch's
 cost, target <= 1.005), P/B (the metrics' cost, target <= 1.005); and the watch's and the
 metrics' own time, timed inside their calls (add, after_step; step), as a share of the loop's:
-what (e) and (g) measure, without the noise of two separate runs.
+what (e) and (g) measure, without the noise of two separate runs; and the same for the harness
+itself in B (inside Run's begin/end_step and begin/end_phase): what (a) measures.
 
     python bench/overhead.py --mode torch --steps 200 --reps 7
 """
@@ -87,6 +88,10 @@ class SimulatedWatch(Watch):
 
 
 WATCH_SHARES: list[float] = []  # per W run: the watch's own time / the whole loop's time
+OWN_SHARES: list[float] = []  # per B run: the harness's own time in Run's step/phase calls / the loop's
+# Run's per-step entry points: all the harness does for a step happens inside them (the clock and
+# its phase marks, the RSS/heap/schedstat sample, the JSONL line, the scalars, the profiler's step)
+OWN_CALLS = ("begin_step", "end_step", "begin_phase", "end_phase")
 METRICS_SHARES: list[float] = []  # per P run: the metrics' own time / the whole loop's time
 
 
@@ -135,8 +140,10 @@ def time_harness(
     scalars: bool = True,
     watch: bool = False,
     metrics: bool = False,
+    own: bool = False,
 ) -> tuple[float, float]:
     """Variants B-D: Trainer.run for warmup + steps, timing only the last `steps` steps.
+    `own`: also time the harness's own work inside Run's step and phase calls (OWN_SHARES).
 
     profiler: "off" (B), "wait" (C: window placed after the run) or "record" (D: the timed steps
     are all inside the active window).
@@ -201,10 +208,16 @@ def time_harness(
                 spent[0] += time.perf_counter() - t
 
             run.metrics.step = timed_metrics  # type: ignore[method-assign]
+        inside = [0.0, 0]  # seconds inside the calls; how deep (end_step calls end_phase)
+        if own:
+            for name in OWN_CALLS:
+                setattr(run, name, _timed_call(getattr(run, name), inside))
         trainer.run(run)
         stamps.append((time.perf_counter(), time.process_time()))  # before the profiler's exit exports the trace
         if metrics:
             METRICS_SHARES.append(spent[0] / (stamps[-1][0] - stamps[0][0]))
+        if own:
+            OWN_SHARES.append(inside[0] / (stamps[-1][0] - stamps[0][0]))
     if watcher:
         if watcher.intervals == 0:
             sys.exit(
@@ -215,6 +228,22 @@ def time_harness(
         WATCH_SHARES.append(watcher.spent_s / (stamps[-1][0] - stamps[0][0]))
     (w0, c0), (w1, c1) = stamps[warmup], stamps[-1]
     return (w1 - w0) / steps * 1e3, (c1 - c0) / steps * 1e3
+
+
+def _timed_call(call: Any, inside: list) -> Any:
+    """`call`, adding the time spent in it to inside[0] unless called from another timed call."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        inside[1] += 1
+        t = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            inside[1] -= 1
+            if inside[1] == 0:
+                inside[0] += time.perf_counter() - t
+
+    return timed
 
 
 def main() -> None:
@@ -245,7 +274,7 @@ def main() -> None:
         out = Path(tmp)
         runs = {
             names[0]: lambda: time_minimal(make_trainer(base), args.steps, args.warmup),
-            names[1]: lambda: time_harness(base, args.steps, args.warmup, "off", out),
+            names[1]: lambda: time_harness(base, args.steps, args.warmup, "off", out, own=True),
             names[2]: lambda: time_harness(base, args.steps, args.warmup, "wait", out),
             names[3]: lambda: time_harness(base, args.record_steps, args.warmup, "record", out),
             names[4]: lambda: time_harness(base, args.steps, args.warmup, "off", out, scalars=False),
@@ -289,6 +318,10 @@ def main() -> None:
     print(
         f"(f) the watch's own time / the loop's: median {statistics.median(WATCH_SHARES) * 100:.3f}%, max "
         f"{max(WATCH_SHARES) * 100:.3f}% (timed inside its calls: exact where (e) is within the noise)"
+    )
+    print(
+        f"(i) the harness's own time / the loop's (B): median {statistics.median(OWN_SHARES) * 100:.3f}%, max "
+        f"{max(OWN_SHARES) * 100:.3f}% (timed inside Run's step and phase calls: what (a) measures, less the noise)"
     )
     print(
         f"(h) the metrics' own time / the loop's: median {statistics.median(METRICS_SHARES) * 100:.3f}%, max "

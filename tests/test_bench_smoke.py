@@ -71,6 +71,7 @@ SMOKE = [
             "(f) the watch's own time",
             "(g) metrics on / harness off",
             "(h) the metrics' own time",
+            "(i) the harness's own time",
         ],
     ),
     Smoke(
