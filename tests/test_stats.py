@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+import psutil
 import pytest
 
-from harness.train.stats import format_rank_table, percentile, step_statistics
+from harness.train.stats import ResidentBytes, format_rank_table, percentile, step_statistics
 
 
 def test_percentile_interpolates_linearly() -> None:
@@ -74,3 +75,21 @@ def test_table_marks_the_longest_steps() -> None:
     table = format_rank_table([{"rank": 0, "host": "a", **base}, {"rank": 1, "host": "b", **slow}])
     lines = table.splitlines()
     assert lines[2].endswith("<- longest steps") and not lines[1].endswith("<- longest steps")
+
+
+def test_resident_bytes_reads_what_psutil_reads_and_follows_growth() -> None:
+    proc = psutil.Process()
+    rss = ResidentBytes(proc)
+    try:
+        before, reference = rss.read(), proc.memory_info().rss
+        assert before is not None and abs(before - reference) < 8 * 2**20
+        held = b"\x01" * (64 * 2**20)  # every byte written: 64 MiB resident
+        after = rss.read()
+        assert after is not None and after - before >= 60 * 2**20, (before, after)
+        del held
+    finally:
+        rss.close()
+    # where the file cannot be read, psutil's reading
+    broken = ResidentBytes(proc)
+    broken._statm = False
+    assert broken.read() == pytest.approx(proc.memory_info().rss, abs=8 * 2**20)

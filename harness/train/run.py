@@ -439,6 +439,7 @@ class Run:
 
     def _close_outputs(self) -> None:
         """Write what waits in memory; say what could not be written at all."""
+        self.sampler.close()
         if self.metrics:
             self.metrics.close()
         if not self.log.close():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -97,6 +99,45 @@ def host_memory_limit() -> int | None:
     return min(limits) if limits else None
 
 
+class ResidentBytes:
+    """This process's RSS in bytes, or None where it cannot be read. On Linux one `pread` of an
+    open /proc/self/statm (its second field: resident pages); psutil's `memory_info` opens,
+    reads and closes /proc/self/statm and builds a named tuple each time, which cost 138 us a
+    step between a training step's kernels on a 2-vCPU VM (bench/RESULTS.md, overhead (i)),
+    several times one read's. Elsewhere, psutil's reading."""
+
+    def __init__(self, proc: psutil.Process) -> None:
+        self.proc = proc
+        self._fd: int | None = None
+        self._pid: int | None = None
+        self._page_bytes = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self._statm = sys.platform.startswith("linux")
+
+    def read(self) -> int | None:
+        if self._statm:
+            try:
+                if self._pid != os.getpid():  # a forked child reads its own file, not its parent's
+                    self.close()
+                    self._fd, self._pid = os.open("/proc/self/statm", os.O_RDONLY), os.getpid()
+                assert self._fd is not None
+                return int(os.pread(self._fd, 128, 0).split()[1]) * self._page_bytes
+            except (OSError, IndexError, ValueError):
+                self._statm = False
+                self.close()
+        try:
+            return self.proc.memory_info().rss
+        except (psutil.Error, OSError):  # /proc unreadable (containers, hardened kernels)
+            return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+        self._fd = self._pid = None
+
+
 class SystemSampler:
     """Memory and CPU utilisation at the end of each step.
 
@@ -123,6 +164,7 @@ class SystemSampler:
         self._cpu: dict[str, float | None] = {"host_cpu_util_pct": None, "proc_cpu_pct": None}  # no window yet
         self._limits: dict[str, int | None] = {"host_mem_total_bytes": host_memory_limit()}
         self.heap = HeapStats()
+        self.rss = ResidentBytes(self.proc)
         if self.cuda:
             self._limits["gpu_mem_total_bytes"] = torch.cuda.get_device_properties(device).total_memory
 
@@ -135,15 +177,18 @@ class SystemSampler:
                     "proc_cpu_pct": self.proc.cpu_percent(interval=None),
                 }
                 self._cpu_read_at = now
-            rss: int | None = self.proc.memory_info().rss
         except (psutil.Error, OSError):  # /proc unreadable (containers, hardened kernels): no samples
-            self._cpu, rss = {"host_cpu_util_pct": None, "proc_cpu_pct": None}, None
+            self._cpu = {"host_cpu_util_pct": None, "proc_cpu_pct": None}
+        rss = self.rss.read()
         out: dict[str, float | int | None] = {"rss_bytes": rss, **self.heap.sample(), **self._cpu, **self._limits}
         if self.cuda:
             out["gpu_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
             out["gpu_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         return out
+
+    def close(self) -> None:
+        self.rss.close()
 
 
 def _line(record: dict[str, Any]) -> bytes:
