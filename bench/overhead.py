@@ -88,11 +88,11 @@ class SimulatedWatch(Watch):
 
 
 WATCH_SHARES: list[float] = []  # per W run: the watch's own time / the whole loop's time
+METRICS_SHARES: list[float] = []  # per P run: the metrics' own time / the whole loop's time
 OWN_SHARES: list[float] = []  # per B run: the harness's own time in Run's step/phase calls / the loop's
 # Run's per-step entry points: all the harness does for a step happens inside them (the clock and
 # its phase marks, the RSS/heap/schedstat sample, the JSONL line, the scalars, the profiler's step)
 OWN_CALLS = ("begin_step", "end_step", "begin_phase", "end_phase")
-METRICS_SHARES: list[float] = []  # per P run: the metrics' own time / the whole loop's time
 
 
 def make_trainer(cfg: TrainConfig) -> Trainer:
@@ -197,27 +197,20 @@ def time_harness(
                 scalars=run.scalars,
                 faults=run.faults,
             )
+        assert not (metrics and own), "one share per run: the metrics' or the harness's"
+        spent = [0.0, 0]  # seconds inside the timed calls; how deep (end_step calls end_phase)
         if metrics:  # the metrics' own time, timed inside their per-step call
             assert run.metrics is not None
-            spent = [0.0]
-            step = run.metrics.step
-
-            def timed_metrics(rec: dict[str, Any]) -> None:
-                t = time.perf_counter()
-                step(rec)
-                spent[0] += time.perf_counter() - t
-
-            run.metrics.step = timed_metrics  # type: ignore[method-assign]
-        inside = [0.0, 0]  # seconds inside the calls; how deep (end_step calls end_phase)
+            run.metrics.step = _timed_call(run.metrics.step, spent)  # type: ignore[method-assign]
         if own:
             for name in OWN_CALLS:
-                setattr(run, name, _timed_call(getattr(run, name), inside))
+                setattr(run, name, _timed_call(getattr(run, name), spent))
         trainer.run(run)
         stamps.append((time.perf_counter(), time.process_time()))  # before the profiler's exit exports the trace
         if metrics:
             METRICS_SHARES.append(spent[0] / (stamps[-1][0] - stamps[0][0]))
         if own:
-            OWN_SHARES.append(inside[0] / (stamps[-1][0] - stamps[0][0]))
+            OWN_SHARES.append(spent[0] / (stamps[-1][0] - stamps[0][0]))
     if watcher:
         if watcher.intervals == 0:
             sys.exit(

@@ -457,11 +457,11 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
     # 1. growth
     growing: dict[int, Trend] = {}
     for r in logs.ranks:
+        if trends[(r, "heap")] is not None:
+            series[r] = "heap_in_use"
         judged = trends[(r, "heap")] or trends[(r, "host")]
         if judged is not None and _growing(judged, th):
             growing[r] = judged
-            if judged is trends[(r, "heap")]:
-                series[r] = "heap_in_use"
     for r, log in sorted(logs.ranks.items()):
         if r in growing:
             peers = by_host[log.host]
