@@ -91,5 +91,5 @@ def test_resident_bytes_reads_what_psutil_reads_and_follows_growth() -> None:
         rss.close()
     # where the file cannot be read, psutil's reading
     broken = ResidentBytes(proc)
-    broken._statm = False
+    broken._statm.broken = True
     assert broken.read() == pytest.approx(proc.memory_info().rss, abs=8 * 2**20)

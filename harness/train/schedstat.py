@@ -10,8 +10,9 @@ thread reads.
 
 from __future__ import annotations
 
-import os
 import threading
+
+from harness.train.procfile import KeptProcFile
 
 
 class RunQueueClock:
@@ -19,28 +20,10 @@ class RunQueueClock:
     schedstat (not Linux, CONFIG_SCHED_INFO off) or the file cannot be read."""
 
     def __init__(self) -> None:
-        self._fd: int | None = None
-        self._tid: int | None = None
-        self._broken = False
+        self._file = KeptProcFile(lambda: f"/proc/self/task/{threading.get_native_id()}/schedstat", 96)
 
     def read_ms(self) -> float | None:
-        if self._broken:
-            return None
-        tid = threading.get_native_id()
-        try:
-            if tid != self._tid:
-                self.close()
-                self._fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
-                self._tid = tid
-            assert self._fd is not None
-            fields = os.pread(self._fd, 96, 0).split()
-            return int(fields[1]) / 1e6
-        except (OSError, IndexError, ValueError):
-            self._broken = True
-            self.close()
-            return None
+        return self._file.read(lambda text: int(text.split()[1]) / 1e6)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-        self._fd, self._tid = None, None
+        self._file.close()

@@ -15,6 +15,7 @@ import torch
 
 from harness import text_table
 from harness.train.heap import HeapStats
+from harness.train.procfile import KeptProcFile
 from harness.write_faults import AppendOnlyFile, FaultLog
 
 
@@ -100,42 +101,32 @@ def host_memory_limit() -> int | None:
 
 
 class ResidentBytes:
-    """This process's RSS in bytes, or None where it cannot be read. On Linux one `pread` of an
-    open /proc/self/statm (its second field: resident pages); psutil's `memory_info` opens,
-    reads and closes /proc/self/statm and builds a named tuple each time, which cost 138 us a
-    step between a training step's kernels on a 2-vCPU VM (bench/RESULTS.md, overhead (i)),
-    several times one read's. Elsewhere, psutil's reading."""
+    """This process's RSS in bytes, or None where it cannot be read. On Linux the second field
+    (resident pages) of its statm, kept open (`KeptProcFile`); psutil's `memory_info` opens,
+    reads and closes the file and builds a named tuple each time, which cost 138 us a step
+    between a training step's kernels on a 2-vCPU VM (bench/RESULTS.md, overhead (i)), several
+    times one read's. Elsewhere, psutil's reading."""
 
     def __init__(self, proc: psutil.Process) -> None:
         self.proc = proc
-        self._fd: int | None = None
-        self._pid: int | None = None
-        self._page_bytes = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-        self._statm = sys.platform.startswith("linux")
+        page_bytes = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self._parse = lambda text: int(text.split()[1]) * page_bytes
+        # /proc/<pid>: a forked child reads its own file, not its parent's
+        self._statm = KeptProcFile(lambda: f"/proc/{os.getpid()}/statm")
+        if not sys.platform.startswith("linux"):
+            self._statm.broken = True
 
     def read(self) -> int | None:
-        if self._statm:
-            try:
-                if self._pid != os.getpid():  # a forked child reads its own file, not its parent's
-                    self.close()
-                    self._fd, self._pid = os.open("/proc/self/statm", os.O_RDONLY), os.getpid()
-                assert self._fd is not None
-                return int(os.pread(self._fd, 128, 0).split()[1]) * self._page_bytes
-            except (OSError, IndexError, ValueError):
-                self._statm = False
-                self.close()
+        rss = self._statm.read(self._parse)
+        if rss is not None:
+            return rss
         try:
             return self.proc.memory_info().rss
         except (psutil.Error, OSError):  # /proc unreadable (containers, hardened kernels)
             return None
 
     def close(self) -> None:
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-        self._fd = self._pid = None
+        self._statm.close()
 
 
 class SystemSampler:
