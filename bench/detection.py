@@ -148,6 +148,12 @@ def summary_lines(name: str, s: dict[str, Any]) -> list[str]:
         f"{pct(s['hang_right'])} of {s['hang_cases']}, leaks right {pct(s['leak_right'])} of {s['leak_cases']}; "
         f"errors {s['errors']}",
     ]
+    if s.get("misses"):
+        lines.insert(
+            1,
+            f"{name}: of the {s['misses']} missed, the report said one of that size passes for noise there in "
+            f"{s['misses_disclosed']}, and named its rank the latest in {s['misses_latest_right']}",
+        )
     if s.get("material_above_noise"):  # real runs: each configuration's clean run sets its noise floor
         lines.insert(
             1,

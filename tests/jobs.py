@@ -131,8 +131,8 @@ def load_trace(path: Path) -> dict[str, Any]:
         return json.load(fh)
 
 
-def collect_report(folder: Path) -> dict[str, Any]:
-    """`python -m harness.collect FOLDER -q --no-merged`, as a user runs it; its report.json."""
+def collect_quietly(folder: Path) -> subprocess.CompletedProcess[str]:
+    """`python -m harness.collect FOLDER -q --no-merged`, as a user runs it (asserted to succeed)."""
     proc = subprocess.run(
         [sys.executable, "-m", "harness.collect", str(folder), "-q", "--no-merged"],
         capture_output=True,
@@ -141,4 +141,10 @@ def collect_report(folder: Path) -> dict[str, Any]:
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def collect_report(folder: Path) -> dict[str, Any]:
+    """`collect_quietly`'s report.json."""
+    collect_quietly(folder)
     return json.loads((folder / "report" / "report.json").read_text())

@@ -65,3 +65,22 @@ def test_a_named_innocent_rank_is_found_but_not_rank_right() -> None:
     truth = Truth(kind="straggler", ranks=[2], phase="backward", cost_share=0.2)
     o = score(truth, Seen(verdict="straggler", stragglers={2: "backward", 3: "backward"}))
     assert (o.found, o.rank_right, o.phase_right, o.material) == (True, False, False, True)
+
+
+def test_a_miss_is_disclosed_when_the_report_said_a_straggler_of_its_size_passes_for_noise() -> None:
+    def missed(cost: float, seen: Seen) -> dict[str, Any]:
+        return row("c003-0-sleep", Truth(kind="straggler", ranks=[1], phase="data", cost_share=cost), seen)
+
+    rows = [
+        # 12% against a floor of 30% the report gave, rank 1 its latest: disclosed, latest right
+        missed(0.12, Seen(verdict="balanced", floor_share=0.3, latest_rank=1)),
+        # 40% against the same floor: the report's floor was below its cost, so not disclosed
+        missed(0.4, Seen(verdict="balanced", floor_share=0.3, latest_rank=0)),
+        # no noise step said (the material bound set the floor): not disclosed
+        missed(0.12, Seen(verdict="balanced", latest_rank=1)),
+        # found: neither counted
+        missed(0.2, Seen(verdict="straggler", stragglers={1: "data"}, floor_share=0.5, latest_rank=1)),
+    ]
+    s = summarize(rows)
+    assert (s["misses"], s["misses_disclosed"], s["misses_latest_right"]) == (3, 1, 2)
+    assert [r["outcome"]["miss_disclosed"] for r in rows] == [True, False, False, None]

@@ -213,6 +213,8 @@ def seen_of(doc: dict[str, Any] | None, error: str) -> Seen:
         return Seen(verdict="error", error=error or "no report")
     hang = doc.get("hang") or {}
     flags = (doc.get("watch") or {}).get("flags") or []
+    floor = doc.get("noise_floor") or {}
+    disclosed = any(n["about"] == "noise" for n in doc.get("next_steps", []))
     return Seen(
         verdict=doc["verdict"],
         stragglers={s["rank"]: s["phase"] for s in doc["stragglers"]},
@@ -223,6 +225,8 @@ def seen_of(doc: dict[str, Any] | None, error: str) -> Seen:
         late_ms={r["rank"]: r["late_ms"] for r in doc.get("ranks", [])},
         threshold_ms=doc.get("threshold_ms"),
         step_ms=(doc.get("run") or {}).get("median_step_ms"),
+        floor_share=floor.get("share") if disclosed else None,
+        latest_rank=floor.get("latest_rank"),
     )
 
 

@@ -9,7 +9,11 @@ Definitions (bench/detection.py's docstring says how each campaign sets the trut
 - *found*: the collector's verdict is straggler and it names at least one injected rank;
 - *rank right*: found, and every rank it names was injected (no innocent rank named);
 - *phase right*: rank right, and each named injected rank's phase is the injected phase;
-- *false alarm*: a clean case (nothing injected) with a straggler verdict.
+- *false alarm*: a clean case (nothing injected) with a straggler verdict;
+- a missed material straggler is *disclosed* when the balanced report said that a straggler of
+  its cost passes for noise in that run (its noise next step, harness/report/floor.py: "a
+  straggler costing under S% of the step would pass for noise here", with S above its cost),
+  and *latest right* when that report's latest rank is one it injected.
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ class Seen:
     late_ms: dict[int, float] = field(default_factory=dict)  # each rank's lateness per step (what the rule reads)
     threshold_ms: float | None = None  # the bound it must exceed
     step_ms: float | None = None  # the median step
+    # the share of the step under which the balanced report said a straggler passes for noise
+    # (None: it said no such thing), and its latest rank (the one furthest beyond its peers)
+    floor_share: float | None = None
+    latest_rank: int | None = None
 
 
 @dataclass(kw_only=True)
@@ -62,6 +70,9 @@ class Outcome:
     watch_latency_steps: int | None  # steps from the onset to the watch's first flag of an injected rank
     hang_right: bool | None
     leak_right: bool | None
+    # a missed material straggler (None otherwise): disclosed, latest rank right (module docstring)
+    miss_disclosed: bool | None = None
+    miss_latest_right: bool | None = None
 
 
 def score(truth: Truth, seen: Seen, *, onset_step: int | None = None) -> Outcome:
@@ -80,8 +91,10 @@ def score(truth: Truth, seen: Seen, *, onset_step: int | None = None) -> Outcome
     leak_right = None
     if truth.kind == "leak":
         leak_right = seen.leak_ranks == truth.ranks
+    material = truth.kind == "straggler" and truth.cost_share >= MATERIAL_SHARE
+    missed = material and not found
     return Outcome(
-        material=truth.kind == "straggler" and truth.cost_share >= MATERIAL_SHARE,
+        material=material,
         found=found,
         rank_right=rank_right,
         phase_right=phase_right,
@@ -90,6 +103,8 @@ def score(truth: Truth, seen: Seen, *, onset_step: int | None = None) -> Outcome
         watch_latency_steps=latency,
         hang_right=hang_right,
         leak_right=leak_right,
+        miss_disclosed=(seen.floor_share is not None and truth.cost_share < seen.floor_share) if missed else None,
+        miss_latest_right=(seen.latest_rank in injected) if missed else None,
     )
 
 
@@ -108,7 +123,9 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
     6. errors = cases whose job or collector failed (counted as misses above);
     7. recall_above_noise = found / material stragglers whose cost per step exceeds the bound the
        clean run of their configuration was judged against (`noise_floors`): what the rule can
-       see at all on that configuration on this machine, apart from what its noise hides."""
+       see at all on that configuration on this machine, apart from what its noise hides;
+    8. misses = material cases not found; misses_disclosed, misses_latest_right = of them, the
+       disclosed ones and those whose report's latest rank was injected (module docstring)."""
     outs = [c["outcome"] for c in cases]
     material = [o for o in outs if o["material"]]
     small = [o for c, o in zip(cases, outs) if c["truth"]["kind"] == "straggler" and not o["material"]]
@@ -147,6 +164,9 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
         "errors": sum(1 for c in cases if c.get("error")),
         "recall_above_noise": _share(sum(o["found"] for o in visible), len(visible)),
         "material_above_noise": len(visible),
+        "misses": len(material) - len(found),
+        "misses_disclosed": sum(1 for o in material if o.get("miss_disclosed")),
+        "misses_latest_right": sum(1 for o in material if o.get("miss_latest_right")),
     }
 
 

@@ -28,7 +28,7 @@ import random
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from harness.collect.analysis import analyze  # noqa: E402
 from harness.collect.read.discover import group_ranks  # noqa: E402
 from harness.collect.read.parse import parse_trace  # noqa: E402
+from harness.report.floor import floor_record, floor_step  # noqa: E402
 
 from devicesim import Sim, write_all  # noqa: E402
 
@@ -195,11 +196,15 @@ def run_case(case: SimCase, seed: int, scratch: Path) -> dict[str, Any]:
     try:
         paths = write_all(documents(case, sim, seed + 1), folder, "rank{rank}.pt.trace.json")
         a = analyze(group_ranks([parse_trace(p) for p in paths]))
+        floor = floor_record(a.stragglers)
+        said = floor_step({"verdict": a.stragglers.verdict, "noise_floor": asdict(floor) if floor else None})
         seen = Seen(
             verdict=a.stragglers.verdict,
             stragglers={s.rank: s.phase for s in a.stragglers.stragglers},
             late_ms={r.rank: r.late_ms for r in a.stragglers.ranks if r.rank in case.slow or r.straggler},
             threshold_ms=a.stragglers.threshold_ms,
+            floor_share=floor.share if floor and said else None,
+            latest_rank=floor.latest_rank if floor else None,
         )
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -22,6 +22,7 @@ from harness.collect.read.windows import window_line
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser, fail
 from harness.paths import COLLECTIVES_CSV, MERGED_TRACE, REPORT_HTML, REPORT_JSON, REPORT_MD, STEPS_CSV, TIMELINE_JSON
 from harness.report.console import console_table
+from harness.report.floor import floor_line
 from harness.report.merged import MERGED_BUDGET_BYTES, MergedChoice
 from harness.report.pipeline import Collected, CollectError, CollectOptions, collect
 
@@ -258,6 +259,8 @@ def print_result(result: Collected, args: argparse.Namespace) -> str:
     if doc["window"] and (len(doc["window"]["windows"]) > 1 or not args.quiet):
         print(f"window:  {window_line(doc['window'])}")
     print(f"\nverdict: {doc['headline']}")
+    if doc.get("noise_floor"):
+        print(f"noise:   {floor_line(doc['noise_floor'])}")
     print(f"diagnosis: {doc['diagnosis_summary']}")
     for n in doc["next_steps"]:
         print(f"next: {n['text']}")

@@ -31,7 +31,9 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
 - `collectives`: {matched, by_name: {name: count}}; `clock`: {aligned, reference_rank,
   reference_host, hosts: [`ClockHostRecord`]} (one offset per host); `threshold_ms`: the
   straggler bound applied to each rank's lateness beyond its peers' (`beyond_peers_ms`), `bounds_ms` the
-  bounds it is the largest of; `warnings`: what was missing or doubtful.
+  bounds it is the largest of; `noise_floor`: a `NoiseFloorRecord` (floor.py: that bound as a share
+  of the clean step, what sets it, the latest rank's figure), null where nothing was analysed;
+  `warnings`: what was missing or doubtful.
 - `window`: {window, windows, steps, captured}: the profiler window analysed (`--window`,
   windows.py; null for traces without harness window numbers); `merged`: what
   merged.pt.trace.json.gz holds (merged.py `merged_entry`), null without one; `watch`: the live
@@ -58,6 +60,7 @@ from harness.collect.analyse.rank_list import ranks_listed, ranks_phrase
 from harness.collect.analyse.stragglers import OUTSIDE_RANGES
 from harness.collect.analysis import Analysis
 from harness.collect.read.phases import is_data
+from harness.report.floor import floor_record, floor_step
 from harness.report.records import (
     ClockHostRecord,
     CollectiveStatRecord,
@@ -287,6 +290,7 @@ def build_report(
         "memory_timelines": memory_timelines or [],
         "threshold_ms": res.threshold_ms,
         "bounds_ms": res.bounds_ms,
+        "noise_floor": asdict(floor) if (floor := floor_record(res)) else None,
         "warnings": a.warnings,
     }
     doc["next_steps"] = next_steps(doc)
@@ -438,7 +442,8 @@ def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
     2. each straggler, with its phase's advice and its what-if; all of them together when
     there are several; 3. each memory finding (memory.py: growth, headroom, imbalance, cache);
     4. each bottleneck class of the other ranks (diagnosed on their own work),
-    with how much of their step is waiting and on whom."""
+    with how much of their step is waiting and on whom; 5. for a balanced verdict whose bound
+    the noise sets, how small a straggler passes for noise and how to tell (floor.py)."""
     out: list[dict[str, Any]] = []
     if doc["verdict"] == "inconclusive":
         out.append(
@@ -486,6 +491,9 @@ def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 "communication."
             )
         out.append({"about": kind, "ranks": ranks, "text": text})
+    noise = floor_step(doc)
+    if noise:
+        out.append(noise)
     return out
 
 

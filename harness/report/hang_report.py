@@ -85,6 +85,7 @@ def flight_only(inputs: list[str], result: dict[str, Any], ending: list[str], wa
         "clock": {"aligned": False, "reference_rank": None, "reference_host": None, "hosts": []},
         "threshold_ms": None,
         "bounds_ms": {},
+        "noise_floor": None,
         "warnings": warnings,
         "next_steps": [],
     }

@@ -287,6 +287,32 @@ class CollectiveStatRecord:
     """algbw x the collective's bus factor for its rank count, GB/s"""
 
 
+@dataclass(kw_only=True)
+class NoiseFloorRecord:
+    """`noise_floor`: how late a rank must be to be named here, and how close the latest came
+    (floor.py); null where no straggler analysis ran."""
+
+    bound_ms: float
+    """the straggler bound (threshold_ms): how much later than its peers, per step, a rank must
+    arrive to be named"""
+    clean_step_ms: float
+    """the punctual ranks' own work per step, what the shares are of"""
+    share: float | None
+    """bound_ms / clean_step_ms: the smallest straggler this run can tell, as a share of the
+    step (null without a clean step)"""
+    set_by: str
+    """the bound that sets it (a key of bounds_ms): relative (the material bound) or a noise bound"""
+    noise_limited: bool
+    """a noise bound, not the material one, sets it: a straggler between the two passes for noise here"""
+    jitter_measured: bool
+    """the run's step-to-step jitter was measured (false: too few steps; on CPU the jitter bound
+    is then a share of the step)"""
+    latest_rank: int | None
+    """the rank furthest beyond its peers, straggler or not"""
+    latest_beyond_ms: float
+    """its lateness beyond its peers per step (beyond_peers_ms)"""
+
+
 RECORDS = (
     RunRecord,
     StragglerRecord,
@@ -296,6 +322,7 @@ RECORDS = (
     ClockHostRecord,
     ProcessGroupRecord,
     CollectiveStatRecord,
+    NoiseFloorRecord,
 )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from harness import text_table
 from harness.report.document import bytes_to_mb
+from harness.report.floor import floor_line
 
 # Table columns as (key, title, format), shared by report.md and the HTML view. Every figure's title
 # says what it is over: "(mean)" or "/step" per step, "(total)" summed over the window's steps.
@@ -195,4 +196,7 @@ def no_straggler_text(doc: dict[str, Any]) -> str:
         return f"Not analysed: {doc['verdict_reason']}."
     if doc.get("threshold_ms") is None:
         return "Not analysed: no profiler trace, only Flight Recorder dumps."
-    return f"None: no rank arrives later than its peers by more than {doc['threshold_ms']:.2f} ms per step."
+    floor = doc.get("noise_floor")
+    if not floor:
+        return f"None: no rank arrives later than its peers by more than {doc['threshold_ms']:.2f} ms per step."
+    return f"None: {floor_line(floor)}."

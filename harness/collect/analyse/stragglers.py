@@ -127,6 +127,8 @@ class StragglerResult:
     replayed_step_ms: float | None = None  # the replay with nothing changed (the model's fidelity)
     whatif_all_fixed_step_ms: float | None = None
     notes: list[str] = field(default_factory=list)  # what the bounds could not be estimated from
+    clean_step_ms: float = 0.0  # the punctual ranks' own work per step (what the relative bound is a share of)
+    jitter_measured: bool = True  # False: too few steps for the run's jitter (the jitter bound is then a floor)
 
     @property
     def stragglers(self) -> list[RankBlame]:
@@ -671,6 +673,8 @@ def analyze_stragglers(
         replayed_step_ms=replayed,
         whatif_all_fixed_step_ms=replay.step_ms(set(flagged)) if flagged else None,
         notes=notes,
+        clean_step_ms=clean_step_ms,
+        jitter_measured=most >= min_jitter_steps,
     )
 
 

@@ -1,0 +1,112 @@
+"""How sure a verdict is: the noise floor of the straggler rule, in figures and in words. Pure.
+
+A "balanced" verdict means no rank was late beyond the bound (stragglers.py), and that bound is
+the largest of a material share of the step and the run's measured noise. Where the noise sets
+it, a straggler that costs less than the bound passes for noise: on 2 shared CPU cores the
+bound stood at 10-60% of the clean step (bench/RESULTS.md, "Detection"). Of the 46 material
+stragglers the rule left balanced in eight campaigns there, 42 were the latest rank and beyond
+the material share all the same; so was the latest rank of 35 of 102 clean runs. That is a
+hint, not a verdict: the report gives the bound as a share of the step, what sets it and the
+latest rank's figure, and says how small a straggler passes for noise and how to tell, rather
+than a bare "balanced".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.collect.analyse.stragglers import MIN_JITTER_STEPS_CPU, StragglerResult, Thresholds
+from harness.report.records import NoiseFloorRecord
+
+# The bounds that are not about the run's noise: the material share of the step, and the floor
+# a user chose (--min-lag-ms).
+NOT_NOISE = ("relative", "min_lag")
+
+
+def floor_record(res: StragglerResult) -> NoiseFloorRecord | None:
+    """The floor of `res`, None where no straggler analysis ran (inconclusive, no bounds).
+
+    1. bound = the threshold; set_by = the bound that makes it (the largest of bounds_ms; the
+       material one, relative, where tied, since then the noise does not raise it);
+    2. share = bound / the clean step (the punctual ranks' own work per step);
+    3. noise_limited = a noise bound sets it (not relative, not --min-lag-ms);
+    4. the latest rank = the one with the largest lateness beyond its peers (the lowest rank
+       on a tie), with that lateness."""
+    if res.verdict == "inconclusive" or not res.bounds_ms or not res.ranks:
+        return None
+    top = max(res.bounds_ms.values())
+    set_by = "relative" if res.bounds_ms.get("relative") == top else max(res.bounds_ms, key=res.bounds_ms.__getitem__)
+    latest = max(res.ranks, key=lambda r: (r.beyond_peers_ms, -r.rank))
+    return NoiseFloorRecord(
+        bound_ms=res.threshold_ms,
+        clean_step_ms=res.clean_step_ms,
+        share=res.threshold_ms / res.clean_step_ms if res.clean_step_ms > 0 else None,
+        set_by=set_by,
+        noise_limited=set_by not in NOT_NOISE,
+        jitter_measured=res.jitter_measured,
+        latest_rank=latest.rank,
+        latest_beyond_ms=latest.beyond_peers_ms,
+    )
+
+
+def bound_words(floor: dict[str, Any]) -> str:
+    """What sets the bound, in words without parentheses (they go inside one); the factors are
+    the rule's, stragglers.Thresholds."""
+    th = Thresholds()
+    if floor["set_by"] == "jitter" and not floor["jitter_measured"]:
+        return (
+            f"{th.cpu_noise_share:.0%} of the step: too few steps to measure the step-to-step jitter of "
+            "shared CPU cores"
+        )
+    return {
+        "min_lag": "--min-lag-ms",
+        "clock_noise": f"{th.noise_factor:g}x the scatter of the collectives' ends: the clocks' noise, on CPU "
+        "the ranks' wake-up delays",
+        "jitter": f"{th.jitter_factor:g}x the step-to-step jitter of the ranks' own work",
+        "late_jitter": f"{th.jitter_factor:g}x the step-to-step swing of the punctual ranks' lateness",
+        "relative": "the material bound, the share of the clean step --rel-lag sets, --rel-lag-cpu on CPU",
+        "outlier": f"{th.mad_factor:g} MADs of the ranks' lateness: how far apart the peers are",
+    }.get(floor["set_by"], floor["set_by"])
+
+
+def _share_words(floor: dict[str, Any]) -> str:
+    if floor["share"] is None:
+        return ""
+    return f"{floor['share']:.0%} of the {floor['clean_step_ms']:.2f} ms clean step; "
+
+
+def floor_line(floor: dict[str, Any]) -> str:
+    """One line: the bound, its share of the step, what sets it, and the latest rank's figure."""
+    line = (
+        f"a straggler must arrive {floor['bound_ms']:.2f} ms a step later than its peers here "
+        f"({_share_words(floor)}{bound_words(floor)})"
+    )
+    if floor["latest_rank"] is not None:
+        line += f"; the latest, rank {floor['latest_rank']}, is {floor['latest_beyond_ms']:.2f} ms beyond its peers"
+    return line
+
+
+def floor_step(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The next step of a balanced verdict whose bound the noise sets: how small a straggler
+    passes for noise here, and how to tell; None otherwise."""
+    floor = doc.get("noise_floor")
+    if doc["verdict"] != "balanced" or not floor or not floor["noise_limited"] or floor["share"] is None:
+        return None
+    text = (
+        f"Balanced within this run's noise: a straggler costing under {floor['share']:.0%} of the step would "
+        f"pass for noise here (the bound is {bound_words(floor)}; the latest, rank {floor['latest_rank']}, is "
+        f"{floor['latest_beyond_ms']:.2f} ms a step beyond its peers)."
+    )
+    if floor["set_by"] == "jitter" and not floor["jitter_measured"]:
+        text += f" Profile {MIN_JITTER_STEPS_CPU} or more steps (--active 8) for a bound from the run's own jitter."
+    else:
+        if floor["set_by"] in ("jitter", "late_jitter"):
+            text += (
+                " Steadier steps lower it: look for what makes them uneven (the input pipeline, other work on "
+                "the hosts, garbage collection)."
+            )
+        text += (
+            " To tell, profile several windows (--repeat 3) and collect each (--window 1, 2, ...): a rank that "
+            "is the latest in every window is a straggler; noise moves from rank to rank."
+        )
+    return {"about": "noise", "ranks": [floor["latest_rank"]], "text": text}

@@ -1,0 +1,91 @@
+"""How sure a balanced verdict is (harness/report/floor.py): the bound as a share of the clean
+step, what sets it, the latest rank, and the next step where the noise sets it; exact figures
+on hand-built traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.report.document import build_report
+
+from jobs import collect_quietly
+from tracebuild import GLOO, cpu_ring_docs, document, ring_docs, run_analysis, step, x
+
+
+def _noise_steps(doc: dict) -> list[dict]:
+    return [n for n in doc["next_steps"] if n["about"] == "noise"]
+
+
+def test_a_bound_set_by_measured_jitter_is_given_with_the_latest_rank(tmp_path: Path) -> None:
+    """2 CPU ranks, 6 steps of 2.4 ms of ops; both run 0.4 ms more in odd steps, rank 1 sleeps
+    0.3 ms before every all-reduce. Own work: rank 0 2.6 ms + 0.4 in odd steps (its step less
+    its 0.3 ms wait), median 2.8 ms, MAD 0.2 ms; so the jitter bound is 3 x 0.2 = 0.6 ms, above
+    the material 8% of the 2.8 ms clean step (0.224 ms): rank 1's 0.3 ms is noise here, and a
+    straggler under 0.6 / 2.8 = 21% of the step would be too."""
+    docs = cpu_ring_docs(2, 6, extra_mm_us=lambda r, s: 400.0 * (s % 2), sleep_us=lambda r, s: 300.0 * r)
+    doc = build_report(run_analysis(tmp_path, docs), ["x"])
+    assert doc["verdict"] == "balanced"
+    floor = doc["noise_floor"]
+    assert floor["bound_ms"] == pytest.approx(0.6) and floor["clean_step_ms"] == pytest.approx(2.8)
+    assert floor["share"] == pytest.approx(0.6 / 2.8)
+    assert floor["set_by"] == "jitter" and floor["noise_limited"] and floor["jitter_measured"]
+    assert floor["latest_rank"] == 1 and floor["latest_beyond_ms"] == pytest.approx(0.3)
+    [noise] = _noise_steps(doc)
+    assert noise["ranks"] == [1]
+    assert "a straggler costing under 21% of the step would pass for noise here" in noise["text"]
+    assert "3x the step-to-step jitter of the ranks' own work" in noise["text"]
+    assert "--repeat 3" in noise["text"] and "--active" not in noise["text"]
+
+
+def test_a_bound_set_by_the_material_share_needs_no_next_step(tmp_path: Path) -> None:
+    """Steady steps, rank 1 sleeping 0.15 ms: no jitter, the bound is 8% of the 2.6 ms clean
+    step (0.208 ms); rank 1 is under it and nothing smaller than material passes for noise."""
+    docs = cpu_ring_docs(2, 6, sleep_us=lambda r, s: 150.0 * r)
+    doc = build_report(run_analysis(tmp_path, docs), ["x"])
+    floor = doc["noise_floor"]
+    assert doc["verdict"] == "balanced" and floor["set_by"] == "relative" and not floor["noise_limited"]
+    assert floor["bound_ms"] == pytest.approx(0.208) and floor["share"] == pytest.approx(0.08)
+    assert floor["latest_rank"] == 1 and floor["latest_beyond_ms"] == pytest.approx(0.15)
+    assert _noise_steps(doc) == []
+
+
+def _one_step_cpu() -> list[dict]:
+    """2 CPU ranks, one 45 ms step: rank 0 arrives at the all-reduce at 5 ms, rank 1 at 12 ms."""
+    docs = []
+    for rank, arrive in ((0, 5_000.0), (1, 12_000.0)):
+        ev = [
+            step(11, 0.0, 45_000.0),
+            *(x("aten::mm", "cpu_op", 100.0 + 200.0 * i, 150.0) for i in range(20)),
+            x("aten::add", "cpu_op", arrive - 100.0, 90.0),
+            x("gloo:all_reduce", "user_annotation", arrive, 12_500.0 - arrive, GLOO),
+        ]
+        docs.append(document(ev, rank, base_ns=None))
+    return docs
+
+
+def test_too_few_cpu_steps_say_so_and_what_to_profile(tmp_path: Path) -> None:
+    """One step on CPU: no jitter measured, so the jitter bound is 35% of the 45 ms step
+    (15.75 ms) against the 38 ms clean step (rank 0's 45 ms less its 7 ms wait): 41%; rank 1 is
+    7 ms beyond its peer, balanced, and the console and the next step say how to do better."""
+    doc = build_report(run_analysis(tmp_path, _one_step_cpu()), ["x"])
+    floor = doc["noise_floor"]
+    assert doc["verdict"] == "balanced" and floor["set_by"] == "jitter" and not floor["jitter_measured"]
+    assert floor["bound_ms"] == pytest.approx(0.35 * 45.0) and floor["clean_step_ms"] == pytest.approx(38.0)
+    assert floor["latest_rank"] == 1 and floor["latest_beyond_ms"] == pytest.approx(7.0)
+    [noise] = _noise_steps(doc)
+    assert "under 41% of the step" in noise["text"] and "Profile 5 or more steps (--active 8)" in noise["text"]
+    out = collect_quietly(tmp_path)
+    assert (
+        "noise:   a straggler must arrive 15.75 ms a step later than its peers here (41% of the 38.00 ms clean "
+        "step; 35% of the step: too few steps to measure the step-to-step jitter of shared CPU cores); the "
+        "latest, rank 1, is 7.00 ms beyond its peers"
+    ) in out.stdout, out.stdout
+    assert "None: a straggler must arrive 15.75 ms" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_no_floor_without_an_analysis(tmp_path: Path) -> None:
+    docs = ring_docs(lambda r, s: 500.0, 2, 2)[:1]  # one rank: inconclusive
+    doc = build_report(run_analysis(tmp_path, docs), ["x"])
+    assert doc["verdict"] == "inconclusive" and doc["noise_floor"] is None and _noise_steps(doc) == []
