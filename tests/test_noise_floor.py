@@ -79,8 +79,8 @@ def test_too_few_cpu_steps_say_so_and_what_to_profile(tmp_path: Path) -> None:
     out = collect_quietly(tmp_path)
     assert (
         "noise:   a straggler must arrive 15.75 ms a step later than its peers here (41% of the 38.00 ms clean "
-        "step; 35% of the step: too few steps to measure the step-to-step jitter of shared CPU cores); the "
-        "latest, rank 1, is 7.00 ms beyond its peers"
+        "step; 35% of the median step, waiting included: too few steps to measure the step-to-step jitter of "
+        "shared CPU cores); the latest, rank 1, is 7.00 ms beyond its peers"
     ) in out.stdout, out.stdout
     assert "None: a straggler must arrive 15.75 ms" in (tmp_path / "report" / "report.md").read_text()
 

@@ -55,8 +55,8 @@ def bound_words(floor: dict[str, Any]) -> str:
     th = Thresholds()
     if floor["set_by"] == "jitter" and not floor["jitter_measured"]:
         return (
-            f"{th.cpu_noise_share:.0%} of the step: too few steps to measure the step-to-step jitter of "
-            "shared CPU cores"
+            f"{th.cpu_noise_share:.0%} of the median step, waiting included: too few steps to measure the "
+            "step-to-step jitter of shared CPU cores"
         )
     return {
         "min_lag": "--min-lag-ms",
