@@ -180,3 +180,30 @@ def test_accelerate_configs(config: str, log_dir: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     info = json.loads((log_dir / config / "run.json").read_text())
     assert (info["parallel"], info["world_size"], info["backend"]) == (config, 2, "gloo")
+
+
+def test_gpu_check_runs_each_stage_within_its_budget(fakes: Path, tmp_path: Path) -> None:
+    """launch/gpu_check.sh with a fake python that logs each call: the self-check, the overhead
+    bench, the lab sweep and pytest -m gpu in that order, each with its exit in summary.log; with
+    too little budget left every stage is skipped and said so."""
+    calls = tmp_path / "calls"
+    fake = fakes / "pyall"
+    fake.write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\n')
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    proc, _ = launch("gpu_check.sh", [], fakes, PYTHON=str(fake), OUT=str(out), BUDGET_S="540")
+    assert proc.returncode == 0, proc.stderr
+    stages = [line.split()[0] for line in calls.read_text().splitlines() if not line.startswith("-c")]
+    assert stages == ["-m", "bench/overhead.py", "-m", "-m"], calls.read_text()
+    modules = [line.split()[1] for line in calls.read_text().splitlines() if line.startswith("-m")]
+    assert modules == ["harness.selfcheck", "harness.lab", "pytest"]
+    summary = (out / "summary.log").read_text().splitlines()
+    assert [s.split(":")[0] for s in summary] == ["selfcheck", "overhead", "lab", "pytest_gpu"]
+    assert all(": exit 0 in " in s for s in summary), summary
+    assert "NVIDIA H100" in (out / "device.txt").read_text()
+    calls.unlink()
+    short = tmp_path / "short"
+    proc, _ = launch("gpu_check.sh", [], fakes, PYTHON=str(fake), OUT=str(short), BUDGET_S="35")
+    assert proc.returncode == 0, proc.stderr
+    assert all("skipped" in s for s in (short / "summary.log").read_text().splitlines())
+    assert [line for line in calls.read_text().splitlines() if not line.startswith("-c")] == []
