@@ -77,13 +77,11 @@ def _share_words(floor: dict[str, Any]) -> str:
 
 def floor_line(floor: dict[str, Any]) -> str:
     """One line: the bound, its share of the step, what sets it, and the latest rank's figure."""
-    line = (
+    return (
         f"a straggler must arrive {floor['bound_ms']:.2f} ms a step later than its peers here "
-        f"({_share_words(floor)}{bound_words(floor)})"
+        f"({_share_words(floor)}{bound_words(floor)}); the latest, rank {floor['latest_rank']}, is "
+        f"{floor['latest_beyond_ms']:.2f} ms beyond its peers"
     )
-    if floor["latest_rank"] is not None:
-        line += f"; the latest, rank {floor['latest_rank']}, is {floor['latest_beyond_ms']:.2f} ms beyond its peers"
-    return line
 
 
 def floor_step(doc: dict[str, Any]) -> dict[str, Any] | None:

@@ -307,7 +307,7 @@ class NoiseFloorRecord:
     jitter_measured: bool
     """the run's step-to-step jitter was measured (false: too few steps; on CPU the jitter bound
     is then a share of the step)"""
-    latest_rank: int | None
+    latest_rank: int
     """the rank furthest beyond its peers, straggler or not"""
     latest_beyond_ms: float
     """its lateness beyond its peers per step (beyond_peers_ms)"""

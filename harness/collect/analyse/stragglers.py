@@ -566,11 +566,12 @@ def analyze_stragglers(
     baseline_ms = peer_baseline(list(judged_ms.values()))
     beyond_peers_ms = {r: judged_ms[r] - baseline_ms for r in ranks}
     min_jitter_steps = MIN_JITTER_STEPS_CPU if cpu else MIN_JITTER_STEPS
+    jitter_measured = most >= min_jitter_steps
     bounds = straggler_bounds(
         judged_ms,
         median_step_ms=clean_step_ms,
         clock_noise_ms=noise_us / 1e3,
-        jitter_ms=run_jitter_ms([own_ms[r] for r in ranks]) if most >= min_jitter_steps else None,
+        jitter_ms=run_jitter_ms([own_ms[r] for r in ranks]) if jitter_measured else None,
         cpu=cpu,
         th=th,
         step_ms=statistics.median(timed_steps) if timed_steps else 0.0,
@@ -579,7 +580,7 @@ def analyze_stragglers(
         ),
     )
     notes = []
-    if reason is None and most < min_jitter_steps:
+    if reason is None and not jitter_measured:
         floor = (
             f"{th.cpu_noise_share:.0%} of the median step (the noise of shared cores)"
             if cpu
@@ -674,7 +675,7 @@ def analyze_stragglers(
         whatif_all_fixed_step_ms=replay.step_ms(set(flagged)) if flagged else None,
         notes=notes,
         clean_step_ms=clean_step_ms,
-        jitter_measured=most >= min_jitter_steps,
+        jitter_measured=jitter_measured,
     )
 
 
