@@ -63,8 +63,7 @@ def test_injected_straggler_is_named_with_its_phase(
             "--hidden",
             # 4 ranks on 2 cores: a healthy rank on the busier core trails its peers, which the
             # rule takes out by its speed factor (speed.op_speed); that needs 3 op names of 1 ms+
-            # each, which the 128-wide model's 6 steps do not reach (a healthy rank 3.6 ms beyond
-            # its peers was named beside the sleeper when the machine was loaded: 1 run in 13)
+            # each, which the 128-wide model's 6 steps do not reach
             "512" if nproc == 4 else "128",
             "--micro-ops",
             "10",
