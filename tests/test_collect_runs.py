@@ -33,7 +33,9 @@ def collect(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def report_of(run_dir: Path) -> dict:
-    doc = json.loads((run_dir / "report" / "report.json").read_text())
+    """The report.json of `run_dir`'s report folder (or of `run_dir` itself when that is one)."""
+    path = run_dir / "report.json" if (run_dir / "report.json").is_file() else run_dir / "report" / "report.json"
+    doc = json.loads(path.read_text())
     check_report(doc)  # the accounting identities hold on every real run
     return doc
 
@@ -91,13 +93,27 @@ def test_injected_straggler_is_named_with_its_phase(
     assert all(abs(r["clock_offset_ms"]) < 10 for r in doc["ranks"])  # one host: near 0
 
 
+# The same 6-step window three times (each run is 2 + 3 x (3 + 1 + 6) steps).
+THREE_WINDOWS = ["--steps", "32", *STEPS[2:], "--repeat", "3"]
+
+
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_clean_runs_are_balanced(parallel: str, log_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    run = run_harness(["--mode", "baseline", "--parallel", parallel, *STEPS, "--hidden", "128"], log_dir)
-    collect(str(run.dir))
-    doc = report_of(run.dir)
-    assert doc["verdict"] == "balanced", json.dumps(doc["ranks"], indent=1)
-    assert doc["stragglers"] == []
+    """No rank of a clean run is a straggler in every window. One window is not enough to say so
+    on these shared cores: a healthy rank of this 2.5 ms-step DDP job is late beyond the bound in
+    2 of a window's 6 steps now and then (23 of 180 windows here, fsdp 0 of 40), on whichever
+    rank the noise hits, as the report's advice for a balanced verdict says (collect several
+    windows: noise moves from rank to rank); a straggler is late in each (no rank of those 60 runs
+    was flagged in two of its three windows)."""
+    run = run_harness(["--mode", "baseline", "--parallel", parallel, *THREE_WINDOWS, "--hidden", "128"], log_dir)
+    flagged = []
+    for window in ("1", "2", "3"):
+        # the latest window (3) goes to the default report folder, checked below
+        collect(str(run.dir), "--window", window, *(["-o", str(run.dir / f"report{window}")] if window != "3" else []))
+        doc = report_of(run.dir / f"report{window}" if window != "3" else run.dir)
+        assert doc["verdict"] in ("balanced", "straggler") and doc["window"]["window"] == int(window)
+        flagged.append({s["rank"] for s in doc["stragglers"]})
+    assert not set.intersection(*flagged), (flagged, json.dumps(doc["ranks"], indent=1))
     out = run.dir / "report"
     assert (out / "report.md").read_text().startswith("# Straggler and overlap report")
     rows = (out / "steps.csv").read_text().splitlines()
