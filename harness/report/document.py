@@ -60,7 +60,7 @@ from harness.collect.analyse.rank_list import ranks_listed, ranks_phrase
 from harness.collect.analyse.stragglers import OUTSIDE_RANGES
 from harness.collect.analysis import Analysis
 from harness.collect.read.phases import is_data
-from harness.report.floor import floor_record, floor_step
+from harness.report.floor import TELL_BY_WINDOWS, floor_record, floor_step
 from harness.report.records import (
     ClockHostRecord,
     CollectiveStatRecord,
@@ -411,7 +411,7 @@ def _straggler_advice(s: dict[str, Any]) -> str:
     if s["pattern"] == "intermittent":
         text += (
             f" It is late in {s['steps_late']} of {s['steps']} steps only: look for what those steps do "
-            "differently (periodic work, uneven batches, a neighbour's load)."
+            f"differently (periodic work, uneven batches, a neighbour's load). To tell it from noise, {TELL_BY_WINDOWS}"
         )
     return text
 

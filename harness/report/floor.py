@@ -21,6 +21,11 @@ from harness.report.records import NoiseFloorRecord
 # The bounds that are not about the run's noise: the material share of the step, and the floor
 # a user chose (--min-lag-ms).
 NOT_NOISE = ("relative", "min_lag")
+# How a user tells a straggler from noise that one window cannot: more windows, independent samples.
+TELL_BY_WINDOWS = (
+    "profile several windows (--repeat 3) and collect each (--window 1, 2, ...): a rank that is the latest in "
+    "every window is a straggler; noise moves from rank to rank."
+)
 
 
 def floor_record(res: StragglerResult) -> NoiseFloorRecord | None:
@@ -103,8 +108,5 @@ def floor_step(doc: dict[str, Any]) -> dict[str, Any] | None:
                 " Steadier steps lower it: look for what makes them uneven (the input pipeline, other work on "
                 "the hosts, garbage collection)."
             )
-        text += (
-            " To tell, profile several windows (--repeat 3) and collect each (--window 1, 2, ...): a rank that "
-            "is the latest in every window is a straggler; noise moves from rank to rank."
-        )
+        text += f" To tell, {TELL_BY_WINDOWS}"
     return {"about": "noise", "ranks": [floor["latest_rank"]], "text": text}
