@@ -84,6 +84,9 @@ REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
 STEPS_CSV = "steps.csv"
 COLLECTIVES_CSV = "collectives.csv"
+# --window each: each window's report folder inside the report folder, and their comparison
+WINDOW_REPORT_TEMPLATE = "window-{window}"
+WINDOWS_JSON = "windows.json"
 
 # Lab sweeps: <log-dir>/lab/<sweep>-<time>/ holds timings.csv, summary.md, the charts, and one
 # harness run folder (plus its torchrun log) per row under runs/.

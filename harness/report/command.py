@@ -20,8 +20,20 @@ from harness.collect.analyse.stragglers import Thresholds
 from harness.collect.progress import Progress
 from harness.collect.read.windows import window_line
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser, fail
-from harness.paths import COLLECTIVES_CSV, MERGED_TRACE, REPORT_HTML, REPORT_JSON, REPORT_MD, STEPS_CSV, TIMELINE_JSON
+from harness.paths import (
+    COLLECTIVES_CSV,
+    MERGED_TRACE,
+    REPORT_HTML,
+    REPORT_JSON,
+    REPORT_MD,
+    STEPS_CSV,
+    TIMELINE_JSON,
+    WINDOW_REPORT_TEMPLATE,
+    WINDOWS_JSON,
+)
+from harness.report.across_windows import summary_lines
 from harness.report.console import console_table
+from harness.report.each_window import collect_each
 from harness.report.floor import floor_line
 from harness.report.merged import MERGED_BUDGET_BYTES, MergedChoice
 from harness.report.pipeline import Collected, CollectError, CollectOptions, collect
@@ -61,10 +73,10 @@ def parse_merged(spec: str) -> MergedChoice:
 
 
 def parse_window(spec: str) -> str:
-    """'latest', 'all' or a window number (1, 2, ...)."""
-    if spec in ("latest", "all") or (spec.isdigit() and int(spec) >= 1):
+    """'latest', 'all', 'each' or a window number (1, 2, ...)."""
+    if spec in ("latest", "all", "each") or (spec.isdigit() and int(spec) >= 1):
         return spec
-    raise argparse.ArgumentTypeError(f"invalid --window {spec!r}; use latest, all or a window number such as 2")
+    raise argparse.ArgumentTypeError(f"invalid --window {spec!r}; use latest, all, each or a window number such as 2")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="latest",
         help="profiler window to analyse: latest (default), all, or its number (the N in "
         "<trace>.000N.pt.trace.json.gz): a run's windows, the scheduled ones and those the live watch "
-        "captured, are analysed one at a time",
+        "captured, are analysed one at a time; each: every window into its own folder "
+        f"({WINDOW_REPORT_TEMPLATE.format(window='N')}/), compared in {WINDOWS_JSON} (a straggler is one in "
+        "most windows; noise moves from rank to rank)",
     )
     p.add_argument(
         "--attempt",
@@ -214,6 +228,14 @@ def main(argv: list[str] | None = None) -> None:
     ok, message = False, "stopped"
     try:
         try:
+            if args.window == "each":
+                across, base = collect_each(options_from(args), pool, reporter)
+                for line in summary_lines(across):
+                    print(line)
+                print(f"compared in {base / WINDOWS_JSON}")
+                message = f"across windows: {across.verdict}"
+                ok = True
+                return
             result = collect(options_from(args), pool, reporter)
         except CollectError as exc:
             for line in exc.memory_lines:  # on stdout: what the step logs still tell
