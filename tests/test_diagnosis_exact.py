@@ -72,7 +72,7 @@ def test_intermittent_straggler(tmp_path: Path) -> None:
     doc = build_report(a, ["x"])
     assert "late in 1 of 3 steps" in doc["headline"]
     assert "late in 1 of 3 steps only" in doc["next_steps"][0]["text"]
-    assert "collect each (--window 1, 2, ...)" in doc["next_steps"][0]["text"]  # how to tell it from noise
+    assert "collect them with --window each" in doc["next_steps"][0]["text"]  # how to tell it from noise
 
 
 def test_short_steps_lag_is_not_hidden_by_a_floor(tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ from harness.report.records import NoiseFloorRecord
 NOT_NOISE = ("relative", "min_lag")
 # How a user tells a straggler from noise that one window cannot: more windows, independent samples.
 TELL_BY_WINDOWS = (
-    "profile several windows (--repeat 3) and collect each (--window 1, 2, ...): a rank that is the latest in "
-    "every window is a straggler; noise moves from rank to rank."
+    "profile several windows (--repeat 3) and collect them with --window each: a rank late in most windows, "
+    "in one phase, is a straggler; noise moves from rank to rank."
 )
 
 
