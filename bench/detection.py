@@ -47,9 +47,16 @@ CASES_PER_CONFIG = 4
 
 
 def real_campaign(
-    seed: int, runs: int, work: Path, say: Any, keep: bool = False, window_steps: int = real.WINDOW_STEPS
+    seed: int,
+    runs: int,
+    work: Path,
+    say: Any,
+    keep: bool = False,
+    window_steps: int = real.WINDOW_STEPS,
+    windows: int = 1,
 ) -> list[dict[str, Any]]:
-    """`runs` real jobs: per configuration its clean run, then up to CASES_PER_CONFIG faults."""
+    """`runs` real jobs: per configuration its clean run, then up to CASES_PER_CONFIG faults; the
+    clean and straggler jobs record `windows` profiler windows, judged across them."""
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
     n_cfg = 0
@@ -57,7 +64,7 @@ def real_campaign(
         cfg = real.draw_config(rng, two_hosts=n_cfg % TWO_HOST_EVERY == TWO_HOST_EVERY - 1)
         n_cfg += 1
         name = f"c{n_cfg:03d}-clean"
-        row, clean_ms = real.run_case(cfg, real.Fault(kind="clean"), None, work, name, keep, window_steps)
+        row, clean_ms = real.run_case(cfg, real.Fault(kind="clean"), None, work, name, keep, window_steps, windows)
         rows.append(row)
         say(_line(row))
         if clean_ms is None:
@@ -65,7 +72,7 @@ def real_campaign(
         for k in range(min(CASES_PER_CONFIG, runs - len(rows))):
             fault = real.draw_fault(rng, cfg)
             name = f"c{n_cfg:03d}-{k}-{fault.kind}"
-            row, _ = real.run_case(cfg, fault, clean_ms, work, name, keep, window_steps)
+            row, _ = real.run_case(cfg, fault, clean_ms, work, name, keep, window_steps, windows)
             rows.append(row)
             say(_line(row))
     return rows
@@ -179,6 +186,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"steps each real run's profiler window records, from step 11 (default {real.WINDOW_STEPS}; "
         "the harness's default is 3)",
     )
+    p.add_argument(
+        "--windows",
+        type=int,
+        default=1,
+        help="profiler windows each clean and straggler run records, judged across them with the "
+        "collector's --window each (default 1: one window, its own verdict)",
+    )
     p.add_argument("--smoke", action="store_true", help="one real and one generated case (CI)")
     p.add_argument("-q", "--quiet", action="store_true", help="no line per real case")
     args = p.parse_args(argv)
@@ -189,13 +203,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--generated-ranks must be >= 2")
     if not 1 <= args.window_steps <= real.STEPS - 11:
         p.error(f"--window-steps must be 1 to {real.STEPS - 11} (the runs are {real.STEPS} steps, traced from step 11)")
+    if not 1 <= args.windows <= 5:
+        p.error("--windows must be 1 to 5")
     runs, generated = (1, 1) if args.smoke else (args.runs, args.generated)
     say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
     work = args.work or Path(tempfile.mkdtemp(prefix="detection-"))
     work.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"seed": args.seed, "window_steps": args.window_steps}
+    result: dict[str, Any] = {"seed": args.seed, "window_steps": args.window_steps, "windows": args.windows}
     t0 = time.perf_counter()
-    real_rows = real_campaign(args.seed, runs, work, say, args.keep, args.window_steps) if runs else []
+    real_rows = real_campaign(args.seed, runs, work, say, args.keep, args.window_steps, args.windows) if runs else []
     real_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     gen_rows = generated_campaign(args.seed, generated, args.generated_ranks, work, say) if generated else []

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from detect.score import Seen, Truth, case_row, score
+from harness.paths import REPORT_JSON, WINDOW_REPORT_TEMPLATE, WINDOWS_JSON
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
@@ -47,10 +48,16 @@ WATCH_EVERY = 5
 WINDOW_STEPS = 8
 
 
-def base_args(window_steps: int = WINDOW_STEPS) -> list[str]:
-    """A straggler or clean case's flags: the run's length and its profiler window."""
+def base_args(window_steps: int = WINDOW_STEPS, windows: int = 1) -> list[str]:
+    """A straggler or clean case's flags: the run's length and its profiler window; with
+    `windows` > 1 that window as many times (each cycle waits its 10 steps again), in a run long
+    enough to hold them."""
     profile = ["--wait", "10", "--warmup", "1", "--active", str(window_steps)]
-    return ["--steps", str(STEPS), "--warmup-steps", str(WARMUP_STEPS), "--batch-size", "16", *profile]
+    steps = STEPS
+    if windows > 1:
+        profile += ["--repeat", str(windows)]
+        steps = max(STEPS, windows * (11 + window_steps))
+    return ["--steps", str(steps), "--warmup-steps", str(WARMUP_STEPS), "--batch-size", "16", *profile]
 
 
 HANG_TIMEOUT_S = 20
@@ -152,8 +159,12 @@ def launch(cfg: JobConfig, args: list[str], log_dir: Path, run_name: str) -> tup
     return (failed[0][0], failed[0][1][-3000:]) if failed else (0, outs[0][-3000:])
 
 
-def collect(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
-    """`python -m harness.collect RUN -q --no-merged`, as a user runs it: (report.json or None, stderr)."""
+def collect(run_dir: Path, windows: int = 1) -> tuple[dict[str, Any] | None, str]:
+    """`python -m harness.collect RUN -q --no-merged`, as a user runs it: (report.json or None,
+    stderr). With `windows` > 1, `--window each`: the latest window's report.json, its verdict
+    and stragglers replaced by windows.json's (the ranks that recur across the windows)."""
+    if windows > 1:
+        return _collect_each(run_dir, windows)
     proc = subprocess.run(
         [sys.executable, "-m", "harness.collect", str(run_dir), "-q", "--no-merged"],
         capture_output=True,
@@ -165,6 +176,25 @@ def collect(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
     if proc.returncode != 0 or not path.exists():
         return None, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
     return json.loads(path.read_text()), ""
+
+
+def _collect_each(run_dir: Path, windows: int) -> tuple[dict[str, Any] | None, str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.collect", str(run_dir), "-q", "--no-merged", "--window", "each"],
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
+        cwd=REPO,
+    )
+    report = run_dir / "report"
+    latest = report / WINDOW_REPORT_TEMPLATE.format(window=windows) / REPORT_JSON
+    if proc.returncode != 0 or not latest.exists():
+        return None, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+    across = json.loads((report / WINDOWS_JSON).read_text())
+    doc = json.loads(latest.read_text())
+    doc["verdict"] = across["verdict"]
+    doc["stragglers"] = [{"rank": r["rank"], "phase": r["phase"]} for r in across["ranks"] if r["recurs"]]
+    return doc, ""
 
 
 def clean_step_ms(run_dir: Path) -> float:
@@ -238,18 +268,21 @@ def run_case(
     name: str,
     keep: bool = False,
     window_steps: int = WINDOW_STEPS,
+    windows: int = 1,
 ) -> tuple[dict[str, Any], float | None]:
     """One job with `fault` (kind "clean": none), collected and scored: its row for the
     campaign's JSON, and for a clean job its clean step (None when the job failed; `clean_ms` is
     then not needed, else it sizes the fault). The run's folder is removed unless `keep` or the
-    case failed."""
-    args = [*base_args(window_steps), *fault_args(fault, clean_ms or 0.0)]
+    case failed. A straggler or clean case records `windows` windows and is judged across them
+    (`--window each`); hangs and leaks keep their one window."""
+    windows = windows if fault.kind in ("clean", "sleep", "compute") else 1
+    args = [*base_args(window_steps, windows), *fault_args(fault, clean_ms or 0.0)]
     if fault.kind == "leak":  # the memory rule reads the step logs' RSS over many steps
         args = ["--steps", "40", "--warmup-steps", "5", "--batch-size", "16", "--wait", "1", "--warmup", "1"]
         args += ["--active", "2", *fault_args(fault, 0.0)]
     code, tail = launch(cfg, args, work, name)
     run_dir = work / name
-    doc, error = collect(run_dir) if run_dir.exists() else (None, "no run folder")
+    doc, error = collect(run_dir, windows) if run_dir.exists() else (None, "no run folder")
     if code != 0 and fault.kind != "hang" and not error:
         error = f"job exited {code}: {tail.strip().splitlines()[-1] if tail.strip() else ''}"
         doc = None
