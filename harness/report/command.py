@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         "<trace>.000N.pt.trace.json.gz): a run's windows, the scheduled ones and those the live watch "
         "captured, are analysed one at a time; each: every window into its own folder "
         f"({WINDOW_REPORT_TEMPLATE.format(window='N')}/), compared in {WINDOWS_JSON} (a straggler is one in "
-        "most windows; noise moves from rank to rank)",
+        "most windows, in one phase; noise moves from rank to rank)",
     )
     p.add_argument(
         "--attempt",
