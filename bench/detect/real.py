@@ -163,37 +163,23 @@ def collect(run_dir: Path, windows: int = 1) -> tuple[dict[str, Any] | None, str
     """`python -m harness.collect RUN -q --no-merged`, as a user runs it: (report.json or None,
     stderr). With `windows` > 1, `--window each`: the latest window's report.json, its verdict
     and stragglers replaced by windows.json's (the ranks that recur across the windows)."""
-    if windows > 1:
-        return _collect_each(run_dir, windows)
+    each = ["--window", "each"] if windows > 1 else []
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.collect", str(run_dir), "-q", "--no-merged"],
-        capture_output=True,
-        text=True,
-        timeout=JOB_TIMEOUT_S,
-        cwd=REPO,
-    )
-    path = run_dir / "report" / "report.json"
-    if proc.returncode != 0 or not path.exists():
-        return None, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
-    return json.loads(path.read_text()), ""
-
-
-def _collect_each(run_dir: Path, windows: int) -> tuple[dict[str, Any] | None, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.collect", str(run_dir), "-q", "--no-merged", "--window", "each"],
+        [sys.executable, "-m", "harness.collect", str(run_dir), "-q", "--no-merged", *each],
         capture_output=True,
         text=True,
         timeout=JOB_TIMEOUT_S,
         cwd=REPO,
     )
     report = run_dir / "report"
-    latest = report / WINDOW_REPORT_TEMPLATE.format(window=windows) / REPORT_JSON
-    if proc.returncode != 0 or not latest.exists():
+    path = report / WINDOW_REPORT_TEMPLATE.format(window=windows) / REPORT_JSON if each else report / REPORT_JSON
+    if proc.returncode != 0 or not path.exists():
         return None, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
-    across = json.loads((report / WINDOWS_JSON).read_text())
-    doc = json.loads(latest.read_text())
-    doc["verdict"] = across["verdict"]
-    doc["stragglers"] = [{"rank": r["rank"], "phase": r["phase"]} for r in across["ranks"] if r["recurs"]]
+    doc = json.loads(path.read_text())
+    if each:
+        across = json.loads((report / WINDOWS_JSON).read_text())
+        doc["verdict"] = across["verdict"]
+        doc["stragglers"] = [{"rank": r["rank"], "phase": r["phase"]} for r in across["ranks"] if r["recurs"]]
     return doc, ""
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
 
@@ -39,7 +38,6 @@ def collect_each(
     options: CollectOptions,
     pool: Executor | None = None,
     reporter: Progress | None = None,
-    warn: Callable[[str], None] | None = None,
 ) -> tuple[AcrossWindows, Path]:
     """Each window collected with `options` (its own folder under the report folder); a window
     that cannot be analysed counts as inconclusive, with why in place of its folder. Returns the
@@ -62,7 +60,7 @@ def collect_each(
     for w in windows:
         one = dataclasses.replace(options, window=str(w), output=base / WINDOW_REPORT_TEMPLATE.format(window=w))
         try:
-            got = collect(one, pool, reporter, warn) if warn else collect(one, pool, reporter)
+            got = collect(one, pool, reporter)
         except CollectError as exc:
             verdicts.append(
                 WindowVerdict(window=w, verdict="inconclusive", steps=None, stragglers={}, report=f"none ({exc})")
