@@ -131,10 +131,11 @@ def load_trace(path: Path) -> dict[str, Any]:
         return json.load(fh)
 
 
-def collect_quietly(folder: Path) -> subprocess.CompletedProcess[str]:
-    """`python -m harness.collect FOLDER -q --no-merged`, as a user runs it (asserted to succeed)."""
+def collect_quietly(folder: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`python -m harness.collect FOLDER -q --no-merged [FLAGS]`, as a user runs it (asserted to
+    succeed)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.collect", str(folder), "-q", "--no-merged"],
+        [sys.executable, "-m", "harness.collect", str(folder), "-q", "--no-merged", *flags],
         capture_output=True,
         text=True,
         timeout=300,

@@ -12,7 +12,7 @@ import pytest
 
 from harness.report.across_windows import WindowVerdict, across_windows, recurs, summary_lines
 
-from jobs import REPO, run_harness
+from jobs import REPO, collect_quietly, run_harness
 
 
 def wv(window: int, verdict: str, stragglers: dict[int, str | None] | None = None) -> WindowVerdict:
@@ -90,14 +90,7 @@ def test_each_window_of_a_run_is_collected_and_compared(tmp_path: Path) -> None:
     steps = ["--steps", "32", "--warmup-steps", "2", "--wait", "3", "--warmup", "1", "--active", "6", "--repeat", "3"]
     args = ["--mode", "baseline", *steps, "--batch-size", "16", "--hidden", "128"]
     run = run_harness([*args, "--straggler-rank", "1", "--straggler-ms", "30", "--straggler-phase", "data"], tmp_path)
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.collect", str(run.dir), "--window", "each", "-q", "--no-merged"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = collect_quietly(run.dir, "--window", "each")
     out = run.dir / "report"
     doc = json.loads((out / "windows.json").read_text())
     assert doc["verdict"] == "straggler"
