@@ -67,9 +67,9 @@ class SimulatedWatch(Watch):
         super().__init__(*args, **kwargs)
         self.spent_s = 0.0  # time inside add() and after_step(): the watch's own cost, timed directly
 
-    def _connect(self, host: str, timeout: datetime.timedelta) -> dict[int, str]:
+    def _connect(self, host: str, arrivals: bool, timeout: datetime.timedelta) -> tuple[dict[int, str], bool]:
         self.group = dist.new_group(backend="gloo", timeout=timeout)
-        return dict.fromkeys(range(self.world_size), host)
+        return dict.fromkeys(range(self.world_size), host), arrivals
 
     def _all_gather(self, rows: torch.Tensor) -> list[torch.Tensor]:
         one = [torch.empty_like(rows)]

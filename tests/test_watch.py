@@ -352,6 +352,24 @@ def test_a_clean_run_raises_no_flag(log_dir: Path) -> None:
     assert len(list(run.dir.glob("*.pt.trace.json.gz"))) == 4  # the scheduled window only
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("parallel", "phase"), [("ddp", "backward"), ("fsdp", "forward")])
+def test_a_rank_sleeping_inside_a_phase_that_holds_collectives_is_flagged_there(
+    log_dir: Path, parallel: str, phase: str
+) -> None:
+    # Its phase ends with its peers' at their collective and its CPU time does not grow: the
+    # watch sees it by its arrivals (the Flight Recorder's, on in the lab). 60 ms a step against
+    # a 35%-of-the-step bound of 10-25 ms on these jobs.
+    run = run_harness(
+        f"--mode baseline --parallel {parallel} --steps 40 --watch-every 10 --no-profile --straggler-rank 1 "
+        f"--straggler-ms 60 --straggler-phase {phase} --straggler-kind sleep".split(),
+        log_dir,
+        nproc=2,
+    )
+    flagged = [(s["rank"], s["phase"]) for line in watch_lines(run.dir) for s in line["stragglers"]]
+    assert flagged and set(flagged) == {(1, phase)}
+
+
 class TwoRankWatch(Watch):
     """Rank 0's watch in a 2-rank job without a process group: the all-gather hands back this
     rank's table and a copy whose data phase is `slow_ms` longer (rank 1's)."""

@@ -221,6 +221,7 @@ class Run:
                 scalars=self.scalars,
                 faults=faults,
                 metrics=self.metrics,
+                flight_on=self.flight_on,
             )
             # the watch reads a CPU rank's own work in the phases that hold collectives from its CPU time
             self.clock.thread_time = self.watch.on and self.device.type == "cpu"

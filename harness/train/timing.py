@@ -18,7 +18,9 @@ Algorithm for one step on GPU:
 On CPU the same quantities come from the host clock; with `thread_time` on (the live watch), also
 `phases_cpu_ms`: the calling thread's CPU time in each phase. Waiting in a gloo collective blocks
 the thread off its core, so in a phase that holds collectives this is the rank's own work there,
-which the phase's wall time, ending with every rank's at the same collective, is not. On CPU
+which the phase's wall time, ending with every rank's at the same collective, is not. With it
+`phases_span_ns`: each phase's [start, end] on the epoch clock, the Flight Recorder's, which
+places the rank's arrivals at collectives in its phases (arrivals.py). On CPU
 always (where Linux keeps schedstat): `runq_ms` and `phases_runq_ms`, the calling thread's time
 runnable but waiting for a core in the step and in each phase (schedstat.py): time-sharing's
 share of them, which the collector takes out of a rank's lateness.
@@ -42,6 +44,7 @@ class _PendingStep:
     extra: dict[str, Any]
     host_marks: list[tuple[str, float]] = field(default_factory=list)
     cpu_marks: list[float] = field(default_factory=list)
+    epoch_marks: list[int] = field(default_factory=list)
     runq_marks: list[float | None] = field(default_factory=list)
     events: list[tuple[str, Any]] = field(default_factory=list)
 
@@ -69,6 +72,7 @@ class StepClock:
         cur.host_marks.append((label, time.perf_counter()))
         if self.thread_time:
             cur.cpu_marks.append(time.thread_time())
+            cur.epoch_marks.append(time.time_ns())
         if self._runq is not None:
             cur.runq_marks.append(self._runq.read_ms())
         if self.cuda:
@@ -128,6 +132,11 @@ class StepClock:
         if len(cpu) == len(host):
             extra["phases_cpu_ms"] = {
                 label: (b - a) * 1e3 for a, b, (label, _) in zip(cpu[:-1], cpu[1:], host[1:]) if label != "end"
+            }
+        epoch = p.epoch_marks
+        if len(epoch) == len(host):
+            extra["phases_span_ns"] = {
+                label: [a, b] for a, b, (label, _) in zip(epoch[:-1], epoch[1:], host[1:]) if label != "end"
             }
         runq = [m for m in p.runq_marks if m is not None]
         if len(runq) == len(host):

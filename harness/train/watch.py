@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import statistics
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ import torch.distributed as dist
 
 from harness.paths import watch_path
 from harness.scalars import ScalarWriter
+from harness.train.arrivals import HeldArrivals, my_arrivals, recorder_entries
 from harness.train.config import WatchConfig
 from harness.train.metrics import Metrics
 from harness.train.profiling import TraceRecorder
@@ -65,9 +68,11 @@ class Watch:
         scalars: ScalarWriter | None,
         faults: FaultLog,
         metrics: Metrics | None = None,
+        flight_on: bool = False,
     ) -> None:
         """`steps`: the run's length (None: not known), `parallel` (ddp, fsdp, none): which
-        phases hold collectives."""
+        phases hold collectives; `flight_on`: torch's Flight Recorder is on in this process
+        (on CPU the watch reads the ranks' arrivals at collectives from it, arrivals.py)."""
         self.cfg = cfg
         self.on = (
             cfg.every > 0
@@ -98,25 +103,36 @@ class Watch:
         self.captures: list[dict[str, Any]] = []
         self._log: AppendOnlyFile | None = None
         self.hosts: dict[int, str] = {}
+        # step -> phase -> [start_ns, end_ns] of the phases that hold collectives, for `_arrivals`
+        self._spans: dict[int, dict[str, list[int]]] = {}
+        self.read_arrivals = False  # every rank's arrivals are read (CPU, recorders on): `_connect`
         if not self.on:
             return
-        self.hosts = self._connect(host, datetime.timedelta(seconds=collective_timeout_s))
+        self.hosts, self.read_arrivals = self._connect(
+            host, cpu and flight_on and bool(self.held_phases), datetime.timedelta(seconds=collective_timeout_s)
+        )
         if rank == 0:
             self._log = AppendOnlyFile(watch_path(run_dir), faults, "watch log")
 
-    def _connect(self, host: str, timeout: datetime.timedelta) -> dict[int, str]:
+    def _connect(self, host: str, arrivals: bool, timeout: datetime.timedelta) -> tuple[dict[int, str], bool]:
         """The watch's own gloo group (timing out like the training's collectives, so a rank that
-        hangs leaves the others in this exchange no longer than in a training collective), and
-        every rank's host."""
+        hangs leaves the others in this exchange no longer than in a training collective), every
+        rank's host, and whether every rank can read its arrivals (`arrivals`): all or none
+        exchange them."""
         self.group = dist.new_group(backend="gloo", timeout=timeout, group_desc="harness_watch")
-        hosts: list[Any] = [None] * self.world_size
-        dist.all_gather_object(hosts, host, group=self.group)
-        return dict(enumerate(hosts))
+        each: list[Any] = [None] * self.world_size
+        dist.all_gather_object(each, (host, arrivals), group=self.group)
+        return {r: h for r, (h, _) in enumerate(each)}, all(a for _, a in each)
 
     def add(self, record: dict[str, Any]) -> None:
         """A step record from the step clock (warm-up steps are not judged: first-step costs)."""
         if self.on and record["step"] >= self.warmup_steps:
             self._recent.append(step_row(record))
+            if self.read_arrivals:
+                spans = record.get("phases_span_ns") or {}
+                self._spans[record["step"]] = {p: spans[p] for p in self.held_phases if p in spans}
+                for old in [s for s in self._spans if s < record["step"] - (self._recent.maxlen or 1)]:
+                    del self._spans[old]
 
     def due(self, step: int) -> bool:
         """Whether the ranks exchange after `step` (every `every` steps)."""
@@ -127,6 +143,7 @@ class Watch:
         if not self.due(step):
             return
         tables = torch.stack(self._all_gather(pack_rows(list(self._recent), self._recent.maxlen or 1)))
+        arrivals = self._arrivals(time.time_ns()) if self.read_arrivals else None
         verdict = judge_interval(
             tables,
             self.hosts,
@@ -135,6 +152,7 @@ class Watch:
             th=self.th,
             after_step=self._judged_through,
             held_phases=self.held_phases,
+            arrivals=arrivals,
         )
         if not verdict.steps:
             return
@@ -143,6 +161,30 @@ class Watch:
         self._judged_through = verdict.steps[-1]
         self.intervals += 1
         self._act(step, verdict)
+
+    def _arrivals(self, left_ns: int) -> HeldArrivals | None:
+        """Every rank's arrivals at collectives in the held phases of its recent steps, gathered
+        (a second all-gather on the watch's group, right after the tables'), or None where a rank's
+        recorder could not be read. `left_ns`: when this rank left the tables' all-gather, which
+        every rank leaves together: ranks on another host than rank 0's get their host's median
+        difference as their clock's offset (one host, one clock: none)."""
+        spans = {s: p for s, p in self._spans.items() if s > self._judged_through}
+        entries = recorder_entries()
+        mine = None if entries is None else (spans, my_arrivals(entries, spans, self.held_phases), left_ns)
+        each: list[Any] = [None] * self.world_size
+        self._all_gather_object(each, mine)
+        if any(e is None for e in each):
+            return None
+        left = [e[2] for e in each]
+        ref = statistics.median(left[r] for r in range(self.world_size) if self.hosts.get(r) == self.hosts.get(0))
+        by_host: dict[str, float] = {}
+        for h in {self.hosts.get(r) for r in range(self.world_size)} - {self.hosts.get(0)}:
+            by_host[str(h)] = statistics.median(left[r] for r in range(self.world_size) if self.hosts.get(r) == h) - ref
+        offsets = [by_host.get(str(self.hosts.get(r)), 0.0) for r in range(self.world_size)]
+        return HeldArrivals(spans_ns=[e[0] for e in each], arrivals=[e[1] for e in each], offsets_ns=offsets)
+
+    def _all_gather_object(self, out: list[Any], obj: Any) -> None:
+        dist.all_gather_object(out, obj, group=self.group)
 
     def _all_gather(self, rows: torch.Tensor) -> list[torch.Tensor]:
         gathered = [torch.empty_like(rows) for _ in range(self.world_size)]

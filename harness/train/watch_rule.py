@@ -10,12 +10,14 @@ FSDP) lasts about as long on every rank (the slow one works, the others wait), s
 cause from a victim by nothing; the phases that hold no collective do ("own work"). A rank's
 lateness at the next collective is then how much longer its own work took than the punctual
 ranks' (the collector's punctual mark, the lower quartile), and the collector's rule
-(`straggler_bounds`) decides. Inside a phase that holds collectives a CPU rank's own work is its
-CPU time there (timing.py: waiting in a gloo collective blocks it off its core), so a rank that
-computes longer there is seen too. What this cannot see: a GPU rank slow inside such a phase, or
-a CPU rank that sleeps or blocks there (its CPU time does not grow): every rank's phase ends
-together. The traces see it (the collector's lateness at each collective); a scheduled or
-triggered window captures it.
+(`straggler_bounds`) decides. Inside a phase that holds collectives a CPU rank's lateness is read
+from its arrivals at those collectives (the Flight Recorder's, arrivals.py), so a rank that
+computes, sleeps or blocks longer there is seen; where they are not known (the recorder off), its
+CPU time there (timing.py: waiting in a gloo collective blocks it off its core), which sees one
+that computes longer and not one that sleeps. What this cannot see: a GPU rank slow inside such a
+phase (a GPU host issues collectives ahead of its device, so its issue times are no arrivals):
+every rank's phase ends together. The traces see it (the collector's lateness at each
+collective); a scheduled or triggered window captures it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from harness.collect.analyse.stragglers import (
     straggler_bounds,
 )
 from harness.paths import STEP_PHASES
+from harness.train.arrivals import HeldArrivals, held_lateness_ms
 
 # The table one rank sends: a row per step, [step, step_ms, one column per STEP_PHASES (wall time),
 # one per STEP_PHASES (CPU time, timing.py's phases_cpu_ms), one per STEP_PHASES (time waiting for
@@ -137,15 +140,19 @@ def judge_interval(
     th: Thresholds,
     after_step: int = -1,
     held_phases: tuple[str, ...] = (),
+    arrivals: HeldArrivals | None = None,
 ) -> IntervalVerdict:
     """Who straggled over an interval of steps, from every rank's table ([ranks, rows, COLUMNS],
     rank r's table at index r, see `pack_rows`).
 
     1. the steps judged are those after `after_step` that every rank timed;
     2. per step and rank: own = the sum of its own-work phases (`own_work_phases`; on CPU less
-       its wait for a core in them, timing.py's phases_runq_ms: time-sharing, not its work) and
-       of its CPU time in the phases that hold collectives (`held_phases`; none where not timed:
-       GPU), divided by its speed (`phase_speed`; 1 on GPU);
+       its wait for a core in them, timing.py's phases_runq_ms: time-sharing, not its work) and,
+       per phase that holds collectives (`held_phases`), of its CPU time there (none where not
+       timed: GPU) or, where every rank's arrivals at those collectives are known (`arrivals`,
+       CPU), the larger of its CPU time beyond the punctual ranks' mean there and the lateness
+       its arrivals show it added there (arrivals.held_lateness_ms: a rank that sleeps or blocks
+       there), all divided by its speed (`phase_speed`; 1 on GPU);
        lateness = own - the punctual ranks' own (the lower quartile: `punctual_index`), at
        least 0;
     3. per rank: late_ms = the mean lateness per step; beyond_peers_ms = late_ms less
@@ -189,7 +196,17 @@ def judge_interval(
     own_cols = [STEP_PHASES.index(p) for p in own_phases]
     held_cols = [STEP_PHASES.index(p) for p in held_phases]
     speed = phase_speed(cpus)[:, None, None]
-    work = torch.cat([walls[..., own_cols], cpus[..., held_cols]], dim=-1) / speed  # [ranks, steps, names]
+    held = cpus[..., held_cols]
+    if arrivals is not None and held_cols:
+        late_held = held_lateness_ms(arrivals.spans_ns, arrivals.arrivals, steps, held_phases, arrivals.offsets_ns)
+        if late_held is not None:
+            # each is a lower bound of the time a rank added there: its CPU time beyond the
+            # punctual ranks' (a constant per phase over the interval, which moves no rank's
+            # lateness or jitter) misses its sleeps, its arrivals miss all but one stretch of a
+            # slowness spread between blocking collectives (arrivals.held_lateness_ms)
+            ref = held.mean(dim=1).sort(dim=0).values[punctual_index(n_ranks)]  # [held phases]
+            held = torch.maximum(held - ref, late_held)
+    work = torch.cat([walls[..., own_cols], held], dim=-1) / speed  # [ranks, steps, names]
     own = work.sum(-1)  # [ranks, steps]
     punctual = own.sort(dim=0).values[punctual_index(n_ranks)]
     late = (own - punctual).clamp(min=0.0)

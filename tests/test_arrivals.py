@@ -1,0 +1,181 @@
+"""The live watch's reading of arrivals at collectives inside the phases that hold them
+(harness/train/arrivals.py): exact answers on hand-built arrivals, the watch's verdict with and
+without them, and the step clock's phase spans."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.collect.analyse.stragglers import Thresholds
+from harness.train.arrivals import HeldArrivals, held_lateness_ms, my_arrivals
+from harness.train.timing import StepClock
+from harness.train.watch_rule import judge_interval as judge_tables
+from harness.train.watch_rule import own_work_phases, pack_rows, step_row
+
+MS = 1_000_000  # ns
+
+
+def spans(starts_ms: list[float], phase: str = "backward", step: int = 10, length_ms: float = 100.0) -> list[dict]:
+    """One span per rank: `phase` of `step` starting at each of `starts_ms`."""
+    return [{step: {phase: [int(s * MS), int((s + length_ms) * MS)]}} for s in starts_ms]
+
+
+def arrivals(times_ms: list[list[float]], phase: str = "backward", step: int = 10, first_seq: int = 1) -> list[list]:
+    """Per rank, its arrivals at collectives first_seq, first_seq + 1, ... of group 0."""
+    return [[(step, phase, 0, first_seq + k, int(t * MS)) for k, t in enumerate(mine)] for mine in times_ms]
+
+
+def test_a_sleep_before_asynchronous_buckets_counts_once() -> None:
+    # DDP: both ranks start backward at 0 and issue buckets 5, 10 and 15 ms in; rank 1 sleeps
+    # 20 ms first, so it issues each bucket 20 ms later (the buckets do not block).
+    late = held_lateness_ms(spans([0, 0]), arrivals([[5, 10, 15], [25, 30, 35]]), [10], ["backward"])
+    assert late is not None
+    assert late.tolist() == [[[0.0]], [[20.0]]]
+
+
+def test_a_sleep_before_a_blocking_collective_counts_once() -> None:
+    # FSDP: all-gathers block. Rank 1 sleeps 20 ms at the start of forward: it issues the first
+    # all-gather at 20 (rank 0 at 0 waits for it), both are back in step and issue the next two
+    # at 25 and 30.
+    late = held_lateness_ms(
+        spans([0, 0], "forward"), arrivals([[0, 25, 30], [20, 25, 30]], "forward"), [10], ["forward"]
+    )
+    assert late is not None
+    assert late.tolist() == [[[0.0]], [[20.0]]]
+
+
+def test_lateness_a_rank_enters_the_phase_with_is_not_counted_there() -> None:
+    # Rank 1 slept in data: it starts backward 20 ms late and issues every bucket 20 ms late.
+    late = held_lateness_ms(spans([0, 20]), arrivals([[5, 10, 15], [25, 30, 35]]), [10], ["backward"])
+    assert late is not None
+    assert late.tolist() == [[[0.0]], [[0.0]]]
+
+
+def test_a_slowness_spread_over_asynchronous_buckets_adds_up() -> None:
+    # Rank 1 computes each bucket 2 ms longer: 2, 4, 6 ms late at the three buckets.
+    late = held_lateness_ms(spans([0, 0]), arrivals([[5, 10, 15], [7, 14, 21]]), [10], ["backward"])
+    assert late is not None
+    assert late.tolist() == [[[0.0]], [[6.0]]]
+
+
+def test_between_blocking_collectives_a_spread_slowness_counts_as_its_largest_stretch() -> None:
+    # Rank 1 computes each layer 2 ms longer and every all-gather puts the ranks back in step:
+    # 2 ms late at the second and at the third. Counted once (the recorder does not say when a
+    # rank left a collective); the watch's CPU-time reading counts the rest.
+    late = held_lateness_ms(spans([0, 0], "forward"), arrivals([[0, 5, 12], [0, 7, 14]], "forward"), [10], ["forward"])
+    assert late is not None
+    assert late.tolist() == [[[0.0]], [[2.0]]]
+
+
+def test_the_punctual_mark_is_the_lower_quartile_and_clocks_are_offset_per_host() -> None:
+    # 4 ranks: the punctual mark is the earliest (the lower quartile of 4). Ranks 2 and 3 read a
+    # clock 1 s ahead: their offset puts them back.
+    starts = [0.0, 0.0, 1000.0, 1000.0]
+    times = [[5.0], [8.0], [1005.0], [1035.0]]
+    late = held_lateness_ms(spans(starts), arrivals(times), [10], ["backward"], offsets_ns=[0, 0, 1000 * MS, 1000 * MS])
+    assert late is not None
+    assert late[:, 0, 0].tolist() == [0.0, 3.0, 0.0, 30.0]
+
+
+def test_only_collectives_every_rank_issued_count_and_a_missing_span_gives_none() -> None:
+    times = arrivals([[5, 10], [25, 30]])
+    times[0].append((10, "backward", 0, 99, 12 * MS))  # one rank only: not matched
+    late = held_lateness_ms(spans([0, 0]), times, [10], ["backward"])
+    assert late is not None and late.tolist() == [[[0.0]], [[20.0]]]
+    assert held_lateness_ms(spans([0, 0]), times, [10, 11], ["backward"]) is None
+
+
+def test_recorder_entries_are_placed_in_this_rank_s_phases() -> None:
+    entries = [
+        {"pg_id": 0, "collective_seq_id": 1, "time_created_ns": 5 * MS, "is_p2p": False},
+        {"pg_id": 0, "collective_seq_id": 2, "time_created_ns": 150 * MS, "is_p2p": False},  # after the phase
+        {"pg_id": 1, "collective_seq_id": 7, "time_created_ns": 6 * MS, "is_p2p": True},  # point-to-point
+        {"pg_id": 2, "collective_seq_id": 3, "time_created_ns": 50 * MS, "is_p2p": False},
+    ]
+    spans_ns = {10: {"backward": [0, 100 * MS], "data": [100 * MS, 200 * MS]}}
+    assert my_arrivals(entries, spans_ns, ["backward"]) == [
+        (10, "backward", 0, 1, 5 * MS),
+        (10, "backward", 2, 3, 50 * MS),
+    ]
+
+
+BASE = {"data": 1.0, "h2d": 0.0, "forward": 20.0, "loss": 1.0, "backward": 60.0, "optimizer": 10.0}
+
+
+def _tables(n_ranks: int, steps: list[int], cpu_backward_ms: dict[int, float] | None = None) -> torch.Tensor:
+    """Every rank's table: the same phase times and CPU times (backward's per rank if given)."""
+    out = []
+    for r in range(n_ranks):
+        cpu = {p: 0.0 for p in BASE} | {"backward": (cpu_backward_ms or {}).get(r, 20.0)}
+        recs = [{"step": s, "step_ms": 100.0, "phases_ms": dict(BASE), "phases_cpu_ms": cpu} for s in steps]
+        out.append(pack_rows([step_row(rec) for rec in recs], len(steps)))
+    return torch.stack(out)
+
+
+def _held(n_ranks: int, steps: list[int], sleeper: int, sleep_ms: float) -> HeldArrivals:
+    """DDP's backward on every step: each rank starts it at the same time and issues two buckets
+    5 and 10 ms in; `sleeper` first sleeps `sleep_ms`."""
+    spans_ns, arrived = [], []
+    for r in range(n_ranks):
+        delay = sleep_ms if r == sleeper else 0.0
+        spans_ns.append({s: {"backward": [s * 1000 * MS, (s * 1000 + 100) * MS]} for s in steps})
+        arrived.append(
+            [(s, "backward", 0, 2 * s + k, int((s * 1000 + delay + 5 * (k + 1)) * MS)) for s in steps for k in range(2)]
+        )
+    return HeldArrivals(spans_ns=spans_ns, arrivals=arrived, offsets_ns=[0.0] * n_ranks)
+
+
+def test_the_watch_names_a_rank_that_sleeps_inside_backward_from_its_arrivals() -> None:
+    # Every rank's backward lasts 60 ms and takes 20 ms of CPU time; rank 2 slept 30 ms of it
+    # before its buckets, the others waited for it. By phase times and CPU times nobody is late;
+    # by arrivals rank 2 is 30 ms late in backward every step.
+    steps = [10, 11, 12, 13]
+    tables = _tables(4, steps)
+    own = own_work_phases("ddp")
+    blind = judge_tables(tables, {}, own, cpu=True, th=Thresholds(), held_phases=("backward",))
+    assert blind.stragglers == []
+    v = judge_tables(
+        tables, {}, own, cpu=True, th=Thresholds(), held_phases=("backward",), arrivals=_held(4, steps, 2, 30.0)
+    )
+    assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 0.0, 30.0, 0.0]
+    [s] = v.stragglers
+    assert (s.rank, s.phase, s.excess_ms, s.steps_late) == (2, "backward", 30.0, 4)
+
+
+def test_with_arrivals_a_rank_computing_longer_is_still_judged_by_its_cpu_time_where_that_says_more() -> None:
+    # Rank 1 spends 50 ms of backward on its core against the others' 20, spread over its
+    # layers (its arrivals show none of it: the ranks are back in step at each collective).
+    steps = [10, 11, 12, 13]
+    v = judge_tables(
+        _tables(3, steps, {1: 50.0}),
+        {},
+        own_work_phases("fsdp"),
+        cpu=True,
+        th=Thresholds(),
+        held_phases=("forward", "backward"),
+        arrivals=HeldArrivals(
+            spans_ns=[{s: {"forward": [0, 1], "backward": [2, 3]} for s in steps}] * 3,
+            arrivals=[[], [], []],
+            offsets_ns=[0.0] * 3,
+        ),
+    )
+    assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 30.0, 0.0]
+    [s] = v.stragglers
+    assert (s.rank, s.phase, s.excess_ms) == (1, "backward", 30.0)
+
+
+def test_the_step_clock_spans_each_phase_on_the_epoch_clock_when_the_watch_is_on() -> None:
+    clock = StepClock(cuda=False, thread_time=True)
+    clock.start(0)
+    clock.mark("forward")
+    clock.mark("backward")
+    clock.finish()
+    [rec] = clock.poll()
+    span = rec["phases_span_ns"]
+    assert set(span) == {"forward", "backward"}
+    assert span["forward"][0] <= span["forward"][1] == span["backward"][0] <= span["backward"][1]
+    plain = StepClock(cuda=False)
+    plain.start(0)
+    plain.mark("forward")
+    plain.finish()
+    assert "phases_span_ns" not in plain.poll()[0]
