@@ -1,16 +1,23 @@
 """The live watch's reading of arrivals at collectives inside the phases that hold them
 (harness/train/arrivals.py): exact answers on hand-built arrivals, the watch's verdict with and
-without them, and the step clock's phase spans."""
+without them, the step clock's phase spans, and the watch's gathering of them (clock offsets per
+host)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
 from harness.collect.analyse.stragglers import Thresholds
 from harness.train.arrivals import HeldArrivals, held_lateness_ms, my_arrivals
+from harness.train.config import build_config
+from harness.train.profiling import TraceRecorder
 from harness.train.timing import StepClock
+from harness.train.watch import Watch
 from harness.train.watch_rule import judge_interval as judge_tables
 from harness.train.watch_rule import own_work_phases, pack_rows, step_row
+from harness.write_faults import FaultLog
 
 MS = 1_000_000  # ns
 
@@ -179,3 +186,50 @@ def test_the_step_clock_spans_each_phase_on_the_epoch_clock_when_the_watch_is_on
     plain.mark("forward")
     plain.finish()
     assert "phases_span_ns" not in plain.poll()[0]
+
+
+class ThreeRankWatch(Watch):
+    """Rank 0's watch in a 3-rank job over two hosts, without a process group: the arrivals'
+    all-gather hands back this rank's payload and the others' from `others`."""
+
+    def __init__(self, tmp_path: Path, others: list) -> None:
+        cfg = build_config([{"watch": {"every": 4}, "workload": {"steps": 40}, "parallel": {"parallel": "ddp"}}])
+        rec = TraceRecorder(cfg.profiler, run_dir=tmp_path, rank=0, host="a", cuda=False, metadata={})
+        super().__init__(
+            cfg.watch,
+            steps=40,
+            warmup_steps=0,
+            parallel="ddp",
+            collective_timeout_s=600.0,
+            rank=0,
+            world_size=3,
+            host="a",
+            cpu=True,
+            run_dir=tmp_path,
+            recorder=rec,
+            scalars=None,
+            faults=FaultLog(rank=0),
+        )
+        self.on, self.read_arrivals, self.hosts, self.others = True, True, {0: "a", 1: "a", 2: "b"}, others
+
+    def _all_gather_object(self, out: list, obj: object) -> None:
+        out[:] = [obj, *self.others]
+
+
+def test_the_watch_gathers_arrivals_and_puts_other_hosts_on_rank_0_s_clock(tmp_path: Path, monkeypatch) -> None:
+    # Rank 0 issued collective (0, 1) 5 ms into step 10's backward. Every rank left the tables'
+    # all-gather together: ranks 0 and 1 at 100 and 104 ns on host a's clock, rank 2 at 1 s + 100
+    # on host b's, 1 s ahead: host b's offset is 1 s less the median of host a's, 102 ns.
+    entries = [{"pg_id": 0, "collective_seq_id": 1, "time_created_ns": 5 * MS, "is_p2p": False}]
+    monkeypatch.setattr("harness.train.watch.recorder_entries", lambda: entries)
+    span = {10: {"backward": [0, 100 * MS]}}
+    others = [(span, [(10, "backward", 0, 1, 6 * MS)], 104), (span, [], 1_000_000_100)]
+    watch = ThreeRankWatch(tmp_path, others)
+    watch.add({"step": 10, "step_ms": 100.0, "phases_ms": {}, "phases_span_ns": {"backward": [0, 100 * MS]}})
+    got = watch._arrivals(100)
+    assert got is not None
+    assert got.offsets_ns == [0.0, 0.0, 1_000_000_100 - 102]
+    assert got.arrivals[0] == [(10, "backward", 0, 1, 5 * MS)]
+    assert got.spans_ns[0] == span
+    # a rank whose recorder cannot be read: no arrivals this interval (the CPU time is read)
+    assert ThreeRankWatch(tmp_path, [others[0], None])._arrivals(100) is None
