@@ -96,8 +96,8 @@ def held_lateness_ms(
        then every rank is back in step). The recorder does not say when a rank left a
        collective, so after a blocking one the next increase is counted from the lateness
        before it: one delay is counted whole either way, a slowness spread between blocking
-       collectives as at least its largest stretch (the watch takes the rank's CPU time there when that
-       says more). A phase without collectives adds nothing."""
+       collectives as at least its largest stretch (the watch takes the rank's CPU time there
+       when that says more). A phase without collectives adds nothing."""
     n = len(spans_ns)
     offsets = list(offsets_ns) if offsets_ns is not None else [0.0] * n
     out = torch.zeros((n, len(steps), len(held_phases)), dtype=torch.float64)

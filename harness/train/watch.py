@@ -18,7 +18,7 @@ import datetime
 import json
 import statistics
 import time
-from collections import deque
+from collections import defaultdict, deque
 from pathlib import Path
 from typing import Any
 
@@ -175,12 +175,12 @@ class Watch:
         self._all_gather_object(each, mine)
         if any(e is None for e in each):
             return None
-        left = [e[2] for e in each]
-        ref = statistics.median(left[r] for r in range(self.world_size) if self.hosts.get(r) == self.hosts.get(0))
-        by_host: dict[str, float] = {}
-        for h in {self.hosts.get(r) for r in range(self.world_size)} - {self.hosts.get(0)}:
-            by_host[str(h)] = statistics.median(left[r] for r in range(self.world_size) if self.hosts.get(r) == h) - ref
-        offsets = [by_host.get(str(self.hosts.get(r)), 0.0) for r in range(self.world_size)]
+        hosts = [self.hosts.get(r) for r in range(self.world_size)]
+        left: dict[str | None, list[int]] = defaultdict(list)
+        for h, e in zip(hosts, each):
+            left[h].append(e[2])
+        ref = statistics.median(left[hosts[0]])
+        offsets = [0.0 if h == hosts[0] else statistics.median(left[h]) - ref for h in hosts]
         return HeldArrivals(spans_ns=[e[0] for e in each], arrivals=[e[1] for e in each], offsets_ns=offsets)
 
     def _all_gather_object(self, out: list[Any], obj: Any) -> None:
