@@ -58,8 +58,11 @@ class Replay:
        run-up = arrival - that point; transfer = its end - the collective's last arrival;
        tail = the step's end - its last collective's end (the rest of its step);
     3. a fixed rank's run-up and transfer at each collective become the medians of the unfixed
-       participants' (its own when all participants are fixed: a late completion is part of a
-       slow rank's excess too), its tail the median tail of the unfixed ranks;
+       participants' where those are shorter (its own when all participants are fixed: a late
+       completion is part of a slow rank's excess too), its tail the median tail of the unfixed
+       ranks where that is shorter: fixing removes a rank's excess and adds none where it was
+       ahead (an intermittent straggler is early in its good steps), so as every replayed time
+       is a max and sum of these, no what-if replays slower than the replay with nothing fixed;
     4. replay from 0 on every rank: arrival = point + run-up; start = the latest arrival;
        end = start + transfer; the rank's step = its last end + its tail (a rank without
        collectives in the step: its own step duration, or the unfixed ranks' median if fixed);
@@ -143,7 +146,8 @@ def _plan(step_span_us: dict[int, tuple[float, float]], ws: list[InstanceWaits])
 
 def _with_peers_medians(values: np.ndarray, takes_part: np.ndarray, fixed: np.ndarray) -> np.ndarray:
     """`values` (collective x rank) with each collective's fixed participants' entries replaced
-    by the median of its unfixed participants' (kept where all its participants are fixed): the
+    by the median of its unfixed participants' where that is smaller (kept where all its
+    participants are fixed): the
     median as np.median takes it (the middle value, or the mean of the two middle ones), by one
     sort of all the collectives' unfixed entries."""
     unfixed = takes_part & ~fixed
@@ -156,7 +160,7 @@ def _with_peers_medians(values: np.ndarray, takes_part: np.ndarray, fixed: np.nd
     half = np.maximum(n // 2, 1)
     upper = ordered[rows, np.minimum(n // 2, values.shape[1] - 1)]
     median = np.where(n % 2 == 1, upper, (ordered[rows, half - 1] + upper) / 2)
-    return np.where(replace, median[:, None], values)
+    return np.where(replace, np.minimum(values, median[:, None]), values)
 
 
 def _replay(st: _Step, fixed: np.ndarray) -> float:
@@ -176,6 +180,6 @@ def _replay(st: _Step, fixed: np.ndarray) -> float:
     for group in (done, ~done):
         unfixed = group & ~fixed
         if unfixed.any():
-            tail[group & fixed] = np.median(st.tail_us[unfixed])
+            tail[group & fixed] = np.minimum(st.tail_us[group & fixed], np.median(st.tail_us[unfixed]))
     rank_step = np.where(done, ended + tail, tail)
     return float(rank_step.max()) if len(rank_step) else 0.0
