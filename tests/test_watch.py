@@ -103,6 +103,25 @@ def test_a_slow_data_phase_is_flagged_and_its_victims_waiting_in_backward_are_no
     assert (s.rank, s.host, s.phase, s.excess_ms, s.steps_late) == (2, "b", "data", 50.0, 4)
 
 
+def test_on_gpu_the_watch_judges_the_data_phase_the_device_saw() -> None:
+    """GPU records carry each phase's device time (timing.py's phases_device_ms) beside the host's
+    time blocked on the loader (phases_ms' data). Rank 2's host spends 50 ms more in data every
+    step, but its GPU is still busy with earlier steps (its device saw no data phase at all), and
+    rank 1's device runs a 30 ms input transform launched in data that its host time does not
+    show: the watch judges what the devices saw, so rank 1 is the straggler and rank 2 is not."""
+
+    def gpu(data_host: float, data_device: float) -> list[dict]:
+        out = steps({**BASE, "data": data_host}, step_ms=150.0)
+        for rec in out:
+            rec["phases_device_ms"] = {**rec["phases_ms"], "data": data_device}
+        return out
+
+    times = {0: gpu(1.0, 1.0), 1: gpu(1.0, 31.0), 2: gpu(51.0, 0.0), 3: gpu(1.0, 1.0)}
+    v = judge_interval(times, {r: "a" for r in times}, DDP_OWN, cpu=False, th=Thresholds())
+    assert [s.rank for s in v.stragglers] == [1] and v.stragglers[0].phase == "data"
+    assert step_row(times[2][0])[2 + STEP_PHASES.index("data")] == 0.0
+
+
 def test_a_rank_computing_longer_inside_backward_is_seen_by_its_cpu_time() -> None:
     # DDP on CPU: every rank's backward lasts 60 ms (the slow one computes, the others wait for it
     # in the all-reduce), but rank 1 spends 50 ms of it on its core and the others 20 ms: its own
@@ -462,7 +481,7 @@ def test_on_cpu_a_rank_over_the_material_bound_two_intervals_running_is_flagged(
     # over it, then not, then over it again: never two intervals running
     for slow in (20.0, 0.0, 20.0):
         w.slow_ms = slow
-        w.run(w._judged_through + 1, w._judged_through + 4)
+        w.run(w.judge.judged_through + 1, w.judge.judged_through + 4)
     w.slow_ms = 50.0  # over the watch's own bound: flagged in its first interval
     w.run(28, 31)
     w.close()

@@ -10,7 +10,9 @@ once, at the end of the run.
 
 Algorithm for one step on GPU:
 1. `data_ms` is host time blocked in the DataLoader (host-side by nature).
-2. every other phase is the device-stream time between consecutive events.
+2. every other phase is the device-stream time between consecutive events; `phases_device_ms`
+   holds every phase so, data included (the time the device waited for the loader, or spent
+   on work launched in the data phase), which the live watch judges.
 3. `step_ms` is the device-stream time from this step's start event to its end event. The start
    event completes when the previous step's work has drained, so steps never overlap in it.
 4. `outside_step_ms` is host time between the previous step's end and this step's start (the
@@ -124,11 +126,15 @@ class StepClock:
             step_ms = (host[-1][1] - host[0][1]) * 1e3
         outside_ms = 0.0 if self._last_end_host is None else (host[0][1] - self._last_end_host) * 1e3
         self._last_end_host = host[-1][1]
+        extra = dict(p.extra)
+        if self.cuda:
+            # what the device spent in each phase, data included: the time its stream idled for
+            # the loader (none when it was still busy with earlier steps: a host running ahead)
+            extra["phases_device_ms"] = dict(phases_ms)
         # Data wait is host time blocked on the loader, on either device.
         data_ms = next(((b - a) * 1e3 for (_, a), (label, b) in zip(host[:-1], host[1:]) if label == "data"), 0.0)
         phases_ms["data"] = data_ms
         cpu = p.cpu_marks
-        extra = dict(p.extra)
         if len(cpu) == len(host):
             extra["phases_cpu_ms"] = {
                 label: (b - a) * 1e3 for a, b, (label, _) in zip(cpu[:-1], cpu[1:], host[1:]) if label != "end"

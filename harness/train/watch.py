@@ -34,11 +34,11 @@ from harness.train.profiling import TraceRecorder
 from harness.train.watch_rule import (
     COLLECTIVE_PHASES,
     IntervalVerdict,
-    judge_interval,
+    Judgement,
+    WatchJudge,
     own_work_phases,
     pack_rows,
     step_row,
-    sustain,
     watch_thresholds,
 )
 from harness.write_faults import AppendOnlyFile, FaultLog
@@ -95,9 +95,7 @@ class Watch:
         self.th = watch_thresholds(cfg.min_lag_ms)
         # Twice the interval: steps a rank timed late (GPU) are still there at the next exchange.
         self._recent: deque[list[float]] = deque(maxlen=2 * max(cfg.every, 1))
-        self._judged_through = -1
-        self.flagged: set[int] = set()  # the ranks flagged in the last judged interval
-        self._over_material: set[int] = set()  # the ranks over the material bound in it (`sustain`)
+        self.judge = WatchJudge(own_phases=self.own_phases, held_phases=self.held_phases, cpu=cpu, th=self.th)
         self.intervals = 0
         self.flags: list[dict[str, Any]] = []  # every time a rank became a straggler
         self.captures: list[dict[str, Any]] = []
@@ -144,23 +142,11 @@ class Watch:
             return
         tables = torch.stack(self._all_gather(pack_rows(list(self._recent), self._recent.maxlen or 1)))
         arrivals = self._arrivals(time.time_ns()) if self.read_arrivals else None
-        verdict = judge_interval(
-            tables,
-            self.hosts,
-            self.own_phases,
-            cpu=self.cpu,
-            th=self.th,
-            after_step=self._judged_through,
-            held_phases=self.held_phases,
-            arrivals=arrivals,
-        )
-        if not verdict.steps:
+        judged = self.judge.judge(tables, self.hosts, arrivals)
+        if judged is None:
             return
-        verdict = sustain(verdict, self._over_material)
-        self._over_material = {r.rank for r in verdict.ranks if r.over_material}
-        self._judged_through = verdict.steps[-1]
         self.intervals += 1
-        self._act(step, verdict)
+        self._act(step, judged)
 
     def _arrivals(self, left_ns: int) -> HeldArrivals | None:
         """Every rank's arrivals at collectives in the held phases of its recent steps, gathered
@@ -168,7 +154,7 @@ class Watch:
         recorder could not be read. `left_ns`: when this rank left the tables' all-gather, which
         every rank leaves together: ranks on another host than rank 0's get their host's median
         difference as their clock's offset (one host, one clock: none)."""
-        spans = {s: p for s, p in self._spans.items() if s > self._judged_through}
+        spans = {s: p for s, p in self._spans.items() if s > self.judge.judged_through}
         entries = recorder_entries()
         mine = None if entries is None else (spans, my_arrivals(entries, spans, self.held_phases), left_ns)
         each: list[Any] = [None] * self.world_size
@@ -219,11 +205,8 @@ class Watch:
     def _broadcast(self, message: torch.Tensor) -> None:
         dist.broadcast(message, src=0, group=self.group)
 
-    def _act(self, step: int, verdict: IntervalVerdict) -> None:
-        now = {r.rank for r in verdict.stragglers}
-        new = [r for r in verdict.stragglers if r.rank not in self.flagged]
-        gone = sorted(self.flagged - now)
-        self.flagged = now
+    def _act(self, step: int, judged: Judgement) -> None:
+        verdict, new, gone = judged.verdict, judged.new, judged.gone
         for r in new:
             self.flags.append({"step": step, "rank": r.rank, "host": r.host, "phase": r.phase})
         capture = None

@@ -112,8 +112,11 @@ class IntervalVerdict:
 
 
 def step_row(record: dict) -> list[float]:
-    """A step record (harness/train/timing.py) as a row of the exchanged table."""
-    phases = record.get("phases_ms") or {}
+    """A step record (harness/train/timing.py) as a row of the exchanged table: its phase times
+    on the device where timed there (GPU: the data phase too, as its device waited for it or
+    worked in it, not the host's time blocked on the loader, which a host running ahead of its
+    GPU hides), else its phase times."""
+    phases = record.get("phases_device_ms") or record.get("phases_ms") or {}
     cpu = record.get("phases_cpu_ms") or {}
     runq = record.get("phases_runq_ms") or {}
     return [
@@ -265,6 +268,58 @@ def sustain(verdict: IntervalVerdict, before: set[int]) -> IntervalVerdict:
             r.straggler = r.sustained = True
             r.steps_late = r.steps_over_material
     return verdict
+
+
+@dataclass(kw_only=True)
+class Judgement:
+    verdict: IntervalVerdict
+    new: list[RankLateness]  # the stragglers not flagged in the interval before
+    gone: list[int]  # the ranks flagged then and not now
+
+
+@dataclass(kw_only=True)
+class WatchJudge:
+    """What the watch carries from one interval to the next, and the judging of each: the live
+    watch's (watch.py) and the detection campaign's on generated GPU jobs (bench/detect/sim.py),
+    which judge the tables a run's ranks would exchange.
+
+    1. `judge_interval` over the steps after the last one judged;
+    2. `sustain` against the ranks over the material bound in the interval before;
+    3. new = its stragglers not flagged in the interval before, gone = those flagged then and
+       not now. An interval without a step every rank has timed (on GPU, events not yet
+       complete) judges nothing and changes nothing."""
+
+    own_phases: tuple[str, ...]
+    held_phases: tuple[str, ...]
+    cpu: bool
+    th: Thresholds
+    judged_through: int = -1
+    over_material: set[int] = field(default_factory=set)
+    flagged: set[int] = field(default_factory=set)
+
+    def judge(
+        self, tables: torch.Tensor, hosts: dict[int, str], arrivals: HeldArrivals | None = None
+    ) -> Judgement | None:
+        verdict = judge_interval(
+            tables,
+            hosts,
+            self.own_phases,
+            cpu=self.cpu,
+            th=self.th,
+            after_step=self.judged_through,
+            held_phases=self.held_phases,
+            arrivals=arrivals,
+        )
+        if not verdict.steps:
+            return None
+        verdict = sustain(verdict, self.over_material)
+        self.over_material = {r.rank for r in verdict.ranks if r.over_material}
+        self.judged_through = verdict.steps[-1]
+        now = {r.rank for r in verdict.stragglers}
+        new = [r for r in verdict.stragglers if r.rank not in self.flagged]
+        gone = sorted(self.flagged - now)
+        self.flagged = now
+        return Judgement(verdict=verdict, new=new, gone=gone)
 
 
 def phase_speed(cpu_ms: torch.Tensor) -> torch.Tensor:
