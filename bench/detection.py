@@ -14,7 +14,9 @@ Two campaigns, scored alike (detect/score.py):
   is two torchrun agents on loopback with a host name each;
 - generated (detect/sim.py): `--generated` GPU-shaped jobs from the device-queue simulator at
   8 to 1024 ranks (`--generated-ranks` fixes the count), with per-kernel jitter and per-host clock
-  skew, whose truth is exact (each case simulated with and without its injection).
+  skew, whose truth is exact (each case simulated with and without its injection); each case's
+  job is also run 25 steps long for the live watch (detect/gpu_watch.py: the step timings
+  timing.py would record on each GPU, judged every 5 steps as the watch does).
 Everything is drawn from `--seed`: the same seed gives the same cases.
 
 Output: a table per case kind and the summary on stdout; with `--json FILE`, `{recall,
@@ -37,7 +39,7 @@ from typing import Any
 
 from detect import real
 from detect import sim as gen
-from detect.score import MATERIAL_SHARE, summarize
+from detect.score import MATERIAL_SHARE, summarize, summarize_watch
 
 # One configuration in this many is two torchrun agents with a host name each.
 TWO_HOST_EVERY = 5
@@ -140,6 +142,25 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def watch_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The watch's run of each generated case, one line per injection and phase: material cases
+    and of them flagged (on the injected rank), and the cases below material it flagged."""
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        w = r.get("watch")
+        if w and w["truth"]["kind"] == "straggler":
+            by_kind[f"{r['kind']} in {w['truth']['phase']}"].append(w)
+    out = [f"  {'watch: injected':52} {'material':>8} {'flagged':>8} {'below':>6} {'flagged':>8}"]
+    for kind in sorted(by_kind):
+        big = [w for w in by_kind[kind] if w["material"]]
+        small = [w for w in by_kind[kind] if not w["material"]]
+        out.append(
+            f"  {kind:52} {len(big):8d} {sum(w['latency_steps'] is not None for w in big):8d} "
+            f"{len(small):6d} {sum(w['latency_steps'] is not None for w in small):8d}"
+        )
+    return out
+
+
 def summary_lines(name: str, s: dict[str, Any]) -> list[str]:
     def pct(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.1%}"
@@ -155,6 +176,14 @@ def summary_lines(name: str, s: dict[str, Any]) -> list[str]:
         f"{pct(s['hang_right'])} of {s['hang_cases']}, leaks right {pct(s['leak_right'])} of {s['leak_cases']}; "
         f"errors {s['errors']}",
     ]
+    if s.get("watch_material_cases") is not None:  # generated: the watch's own runs of the jobs
+        lines[-1] = (
+            f"{name}: watch flagged {pct(s['watch_recall'])} of {s['watch_material_cases']} material stragglers "
+            f"({s['watch_unjudged']} missed judged no step after the onset: a host ahead of its GPU), "
+            f"latency median {s['watch_latency_steps_median']} steps after onset; false alarms "
+            f"{s['watch_false_alarms']} of {s['watch_clean_runs']} clean runs; an innocent rank flagged beside "
+            f"in {s['watch_innocent_flagged']}"
+        )
     if s.get("misses"):
         lines.insert(
             1,
@@ -225,9 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         ranks = sorted({r["ranks"] for r in gen_rows})
         print(f"generated ({len(gen_rows)} cases at {ranks[0]}-{ranks[-1]} ranks, {gen_s:.0f} s):")
         print("\n".join(table(gen_rows)))
-        g = summarize(gen_rows)
+        g = {**summarize(gen_rows), **summarize_watch(gen_rows)}
         result["generated"] = {**g, "seconds": round(gen_s, 1), "ranks": ranks, "cases": gen_rows}
         print("\n".join(summary_lines("generated", g)))
+        print("\n".join(watch_table(gen_rows)))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
         print(f"json: {args.json}")

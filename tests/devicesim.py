@@ -52,7 +52,7 @@ the main thread, and one GPU, device index 0):
    its start + dur; a collective's end once every participant's start is. Anything left then
    (a host still blocked, an op that never ends) raises `DeadlockError` naming who waits for what.
 8. Ground truth: `Sim.truth()` per rank: device ops (name, kind, stream, launch step, launch,
-   start, end), host step intervals, blocking calls; `write_all` writes the documents.
+   start, end), host step intervals, blocking calls, ranges; `write_all` writes the documents.
 """
 
 from __future__ import annotations
@@ -278,12 +278,20 @@ class SyncTruth:
 
 
 @dataclass(frozen=True)
+class RangeTruth:
+    name: str
+    start_us: float
+    end_us: float
+
+
+@dataclass(frozen=True)
 class RankTruth:
     rank: int
     ops: list[OpTruth]  # in launch order
     steps: list[StepTruth]
     syncs: list[SyncTruth]
     host_end_us: float  # the host clock once its program is done
+    ranges: list[RangeTruth] = field(default_factory=list)  # `range()`s, in the order they opened
 
 
 class HostRank:
@@ -582,7 +590,12 @@ class HostRank:
         ]
         steps = [StepTruth(n, s.start_us, s.end_us) for n, s in self.steps]
         syncs = [SyncTruth(b.call.name, b.reason, b.call.step, b.call.start_us, b.call.end_us) for b in self.blocks]
-        return RankTruth(self.rank, ops, steps, syncs, self.t)
+        ranges = [
+            RangeTruth(s.name, s.start_us, s.end_us)
+            for s in self.spans
+            if s.cat == "user_annotation" and not s.name.startswith("ProfilerStep#")
+        ]
+        return RankTruth(self.rank, ops, steps, syncs, self.t, ranges)
 
     def document(self) -> dict[str, Any]:
         """This rank's Kineto-shaped trace (module docstring, 6)."""

@@ -10,7 +10,7 @@ from jobs import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 
-from detect.score import Seen, Truth, score, summarize  # noqa: E402
+from detect.score import Seen, Truth, score, summarize, summarize_watch  # noqa: E402
 
 
 def row(run: str, truth: Truth, seen: Seen, clean_step_ms: float = 100.0) -> dict[str, Any]:
@@ -84,3 +84,41 @@ def test_a_miss_is_disclosed_when_the_report_said_a_straggler_of_its_size_passes
     s = summarize(rows)
     assert (s["misses"], s["misses_disclosed"], s["misses_latest_right"]) == (3, 1, 2)
     assert [r["outcome"]["miss_disclosed"] for r in rows] == [True, False, False, None]
+
+
+def test_the_watch_on_generated_jobs_is_summarized_from_its_own_runs() -> None:
+    """Four watch runs: a material straggler flagged 1 step after onset with an innocent rank
+    beside it, a material one never judged after its onset (the last judged step 7 < onset 8),
+    one below material it did not flag, and a clean job it flagged."""
+
+    def watch(kind: str, material: bool, latency: int | None, judged: int, innocent: list[int]) -> dict[str, Any]:
+        truth = {"kind": kind, "ranks": [3] if kind == "straggler" else [], "phase": "data", "cost_share": 0.2}
+        return {
+            "watch": {
+                "truth": truth,
+                "material": material,
+                "latency_steps": latency,
+                "false_alarm": kind == "clean",  # the clean job below was flagged
+                "innocent_flagged": innocent,
+                "judged_through": judged,
+                "onset": 8,
+            }
+        }
+
+    rows = [
+        watch("straggler", True, 1, 24, [5]),
+        watch("straggler", True, None, 7, []),
+        watch("straggler", False, None, 24, []),
+        watch("clean", False, None, 24, []),
+    ]
+    s = summarize_watch(rows)
+    assert s == {
+        "watch_recall": 0.5,
+        "watch_material_cases": 2,
+        "watch_missed": 1,
+        "watch_latency_steps_median": 1,
+        "watch_false_alarms": 1,
+        "watch_clean_runs": 1,
+        "watch_innocent_flagged": 1,
+        "watch_unjudged": 1,
+    }

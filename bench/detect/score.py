@@ -170,6 +170,32 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def summarize_watch(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """The watch's figures over generated case rows that carry its run ("watch", as
+    detect/gpu_watch.py's `watch_case` makes it), under the same keys as `summarize`'s:
+    1. watch_recall = material cases (by the watch run's own cost) whose injected rank it
+       flagged / material cases; watch_missed, those it did not flag;
+    2. watch_latency_steps_median over the flagged ones (steps from the onset to the first flag);
+    3. watch_false_alarms = clean cases it flagged; watch_innocent_flagged = straggler cases
+       where it also flagged a rank nothing was injected into;
+    4. watch_unjudged = missed material cases where it judged no step from the onset on before
+       the job ended (a host running ahead of its GPU: no such step was complete at an exchange)."""
+    runs = [c["watch"] for c in cases if c.get("watch")]
+    material = [w for w in runs if w["material"]]
+    flagged = [w for w in material if w["latency_steps"] is not None]
+    latencies = [w["latency_steps"] for w in runs if w["latency_steps"] is not None]
+    return {
+        "watch_recall": _share(len(flagged), len(material)),
+        "watch_material_cases": len(material),
+        "watch_missed": len(material) - len(flagged),
+        "watch_latency_steps_median": statistics.median(latencies) if latencies else None,
+        "watch_false_alarms": sum(1 for w in runs if w["false_alarm"]),
+        "watch_clean_runs": sum(1 for w in runs if w["truth"]["kind"] == "clean"),
+        "watch_innocent_flagged": sum(1 for w in runs if w["innocent_flagged"]),
+        "watch_unjudged": sum(1 for w in material if w["latency_steps"] is None and w["judged_through"] < w["onset"]),
+    }
+
+
 def config_key(case: dict[str, Any]) -> str | None:
     """The configuration a real case ran in: its run name's first part (c003-2-sleep -> c003)."""
     run = case.get("run")

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from detect.gpu_watch import watch_case
 from detect.score import Seen, Truth, case_row, score
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ from harness.collect.read.discover import group_ranks  # noqa: E402
 from harness.collect.read.parse import parse_trace  # noqa: E402
 from harness.report.floor import floor_record, floor_step  # noqa: E402
 
-from devicesim import Sim, write_all  # noqa: E402
+from devicesim import COMPUTE_STREAM, Sim, write_all  # noqa: E402
 
 GEMM = "ampere_sgemm_128x64_nn"
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -181,8 +182,9 @@ def documents(case: SimCase, sim: Sim, skew_seed: int) -> list[dict[str, Any]]:
     return docs
 
 
-def run_case(case: SimCase, seed: int, scratch: Path) -> dict[str, Any]:
-    """Simulate, analyse and score one case; its row for the campaign's JSON."""
+def run_case(case: SimCase, seed: int, scratch: Path, watch: bool = True) -> dict[str, Any]:
+    """Simulate, analyse and score one case; its row for the campaign's JSON, with the live
+    watch's run of the same job (detect/gpu_watch.py) under "watch" when `watch`."""
     clean, clean_end = simulate(case, seed, inject=False)
     sim, end = (clean, clean_end) if case.kind == "clean" else simulate(case, seed, inject=True)
     clean_step = clean_end / case.steps
@@ -211,4 +213,8 @@ def run_case(case: SimCase, seed: int, scratch: Path) -> dict[str, Any]:
     params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in case.__dict__.items()}
     params["seed"] = seed
     params["clean_step_ms"] = round(clean_step / 1e3, 3)
-    return case_row({"campaign": "generated", **params}, truth, seen, score(truth, seen))
+    row = case_row({"campaign": "generated", **params}, truth, seen, score(truth, seen))
+    if watch:
+        hosts = {r: f"node{r // GPUS_PER_HOST:03d}" for r in range(case.ranks)}
+        row["watch"] = watch_case(case, seed, simulate, hosts, COMPUTE_STREAM)
+    return row

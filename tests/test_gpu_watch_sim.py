@@ -1,0 +1,120 @@
+"""The detection campaign's watch on generated GPU jobs (bench/detect/gpu_watch.py): the step
+records timing.py would write on a GPU, exact on a hand-computed program, and the watch's
+verdicts on whole simulated jobs."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from devicesim import COMPUTE_STREAM, Sim
+from jobs import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+
+from detect import sim as gen  # noqa: E402
+from detect.gpu_watch import WATCH_ONSET, step_records, watch_case  # noqa: E402
+
+GEMM = "ampere_sgemm_128x64_nn"
+
+
+def test_step_records_are_the_compute_streams_events() -> None:
+    """Two ranks, one step, the simulator's defaults (launch call 5 us, latency 5 us, sync 2 us);
+    rank 1's backward kernel is 100 us longer. Host: data [0, 100]; forward launches at 100
+    (kernel 105-305); backward launches at 105 (kernel from 305: 605 / 705) and the all-reduce at
+    110 (from 605 / 705, ends 755 on both); optimizer launches at 115 (from 755 to 795); item()
+    copies 795-797 and returns at 797. Events: start 0, data 100 (nothing launched yet),
+    forward 305, backward 755 (the all-reduce, which DDP makes the stream wait for), optimizer
+    795, end 797. Both ranks' records are the same: a rank slower inside the phase that holds the
+    all-reduce is not in its phase times on a GPU."""
+    sim = Sim(world_size=2)
+    for r in range(2):
+        h = sim.rank(r)
+        with h.step(1):
+            with h.range("data"):
+                h.cpu(100.0, "aten::copy_")
+            with h.range("forward"):
+                h.launch(GEMM, 200.0)
+            with h.range("backward"):
+                last = h.launch(GEMM, 300.0 + 100.0 * r)
+                reduced = h.collective("allreduce", 50.0, after=last)
+            with h.range("optimizer"):
+                h.launch("void at::native::multi_tensor_apply_kernel", 40.0, after=reduced)
+            h.item()
+    sim.run()
+    for t in sim.truth():
+        [(done_us, record)] = step_records(t, COMPUTE_STREAM)
+        assert done_us == 797.0
+        assert record["step"] == 1 and record["step_ms"] == pytest.approx(0.797)
+        expected = {"data": 0.1, "forward": 0.205, "backward": 0.45, "optimizer": 0.04}
+        assert record["phases_ms"] == pytest.approx(expected)
+        assert record["phases_device_ms"] == pytest.approx(expected)  # the stream idled for the whole data phase
+
+
+def test_a_host_running_ahead_hides_its_data_phase_from_the_device() -> None:
+    """Two steps, no loss read: step 1 as above without item() (its optimizer runs 655-695 on
+    the device, its host is done at 120); step 2's data phase is host time 120-220, while the
+    stream is still busy until 695: its start and data events both complete at 695, so the
+    device spent nothing on step 2's data (phases_device_ms) though the host spent 100 us
+    (phases_ms), and its forward kernel, launched at 220, runs 695-895."""
+    sim = Sim(world_size=2)
+    for r in range(2):
+        h = sim.rank(r)
+        for n in (1, 2):
+            with h.step(n):
+                with h.range("data"):
+                    h.cpu(100.0, "aten::copy_")
+                with h.range("forward"):
+                    h.launch(GEMM, 200.0)
+                with h.range("backward"):
+                    last = h.launch(GEMM, 300.0)
+                    reduced = h.collective("allreduce", 50.0, after=last)
+                with h.range("optimizer"):
+                    h.launch("void at::native::multi_tensor_apply_kernel", 40.0, after=reduced)
+    sim.run()
+    for t in sim.truth():
+        _, second = step_records(t, COMPUTE_STREAM)[1]
+        assert second["phases_device_ms"]["data"] == 0.0 and second["phases_ms"]["data"] == pytest.approx(0.1)
+        assert second["phases_device_ms"]["forward"] == pytest.approx(0.2)
+
+
+def case(**over: object) -> gen.SimCase:
+    base = dict(
+        ranks=8,
+        steps=8,
+        data_us=1000.0,
+        fwd_kernels=4,
+        kernel_us=800.0,
+        transfer_us=600.0,
+        opt_us=500.0,
+        sync_each_step=True,
+        jitter=0.01,
+        skew_ms=0.0,
+        kind="sleep",
+        slow=(3,),
+        phase="data",
+        size=0.3,
+        every=1,
+        onset=2,
+    )
+    return gen.SimCase(**{**base, **over})  # type: ignore[arg-type]
+
+
+def run(c: gen.SimCase) -> dict:
+    hosts = {r: "node000" for r in range(c.ranks)}
+    return watch_case(c, 11, gen.simulate, hosts, COMPUTE_STREAM)
+
+
+def test_the_watch_flags_a_host_sleep_in_data_in_the_interval_of_its_onset() -> None:
+    """Rank 3 sleeps 30% of the step in data from step 8 (WATCH_ONSET) with the loop reading the
+    loss each step: its device idles that long before its forward, every step, and the exchange
+    after step 9 (steps 5-9, two of them slowed) flags it alone."""
+    w = run(case())
+    assert w["material"] and w["flags"] == [[9, 3]]
+    assert w["latency_steps"] == 9 - WATCH_ONSET
+
+
+def test_a_clean_job_is_not_flagged() -> None:
+    w = run(case(kind="clean", slow=(), phase=None, size=0.0))
+    assert w["flags"] == [] and not w["false_alarm"] and w["truth"]["kind"] == "clean"
