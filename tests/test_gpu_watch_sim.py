@@ -103,7 +103,7 @@ def case(**over: object) -> gen.SimCase:
 
 def run(c: gen.SimCase) -> dict:
     hosts = {r: "node000" for r in range(c.ranks)}
-    return watch_case(c, 11, gen.simulate, hosts, COMPUTE_STREAM)
+    return watch_case(c, 11, gen.simulate_with_truth, hosts, COMPUTE_STREAM)
 
 
 def test_the_watch_flags_a_host_sleep_in_data_in_the_interval_of_its_onset() -> None:

@@ -140,25 +140,31 @@ def test_the_replay_over_arrays_equals_the_loop_over_ranks(run: tuple) -> None:
         assert replay.step_ms(fixed) == _replay_loop(traces, waits, fixed), fixed
 
 
-def test_a_fixed_straggler_arrives_with_its_peers() -> None:
-    """Two collectives, three ranks; rank 2 arrives 300 us late at the first. Fixed, its run-up
-    becomes the median of ranks 0 and 1 (100 and 120: 110), everything else unchanged: exact."""
+def op(start: float, end: float) -> CommOp:
+    """An all-reduce of step 1 on one rank."""
+    return CommOp(name="allreduce", pg="0", start_us=start, end_us=end, step=1)
 
-    def op(start: float, end: float) -> CommOp:
-        return CommOp(name="allreduce", pg="0", start_us=start, end_us=end, step=1)
 
-    traces = [
+def one_step(ranks: int) -> list[RankTrace]:
+    """`ranks` GPU ranks with one step, 0-1000 us."""
+    return [
         RankTrace(
             rank=r,
-            world_size=3,
+            world_size=ranks,
             host="h",
             run_id=None,
             device="gpu",
             comms=[],
             steps=[Step(number=1, start_us=0.0, end_us=1000.0)],
         )
-        for r in range(3)
+        for r in range(ranks)
     ]
+
+
+def test_a_fixed_straggler_arrives_with_its_peers() -> None:
+    """Two collectives, three ranks; rank 2 arrives 300 us late at the first. Fixed, its run-up
+    becomes the median of ranks 0 and 1 (100 and 120: 110), everything else unchanged: exact."""
+    traces = one_step(3)
     first = Instance(
         key=(0,), name="allreduce", pg="0", step=1, ops={0: op(100.0, 450.0), 1: op(120.0, 450.0), 2: op(400.0, 450.0)}
     )
@@ -194,22 +200,7 @@ def test_a_fixed_rank_keeps_a_run_up_shorter_than_its_peers() -> None:
     before A ends (its run-up counts from that arrival); rank 0 issues B 50 us after A ends at
     200 (from that end), last at 250. Fixed, rank 0 keeps its 50 us: taking rank 1's 90 us from
     its own point (A's end) would put it at 290 and the step at 1040 us, slower than measured."""
-
-    def op(start: float, end: float) -> CommOp:
-        return CommOp(name="allreduce", pg="0", start_us=start, end_us=end, step=1)
-
-    traces = [
-        RankTrace(
-            rank=r,
-            world_size=2,
-            host="h",
-            run_id=None,
-            device="gpu",
-            comms=[],
-            steps=[Step(number=1, start_us=0.0, end_us=1000.0)],
-        )
-        for r in range(2)
-    ]
+    traces = one_step(2)
     a = Instance(key=(0,), name="allreduce", pg="0", step=1, ops={0: op(100.0, 200.0), 1: op(100.0, 200.0)})
     b = Instance(key=(1,), name="allreduce", pg="0", step=1, ops={0: op(250.0, 300.0), 1: op(190.0, 300.0)})
     replay = Replay(traces, instance_waits([a, b]))

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from detect.score import Seen, Truth, score
+from detect.score import Seen, score
 from harness.train.watch_rule import (
     COLLECTIVE_PHASES,
     WatchJudge,
@@ -116,17 +116,10 @@ def watch_case(case: Any, noise_seed: int, simulate: Any, hosts: dict[int, str],
     onset on, over the clean step), judged and scored (`score`: latency from the onset, a clean
     case's flag a false alarm). A host that never waits for its GPU (no loss read) can run the
     whole job's launches ahead of it, so that no step after the onset is complete at any
-    exchange: `judged_through` says so. `simulate(case, seed, inject)` is detect/sim.py's."""
+    exchange: `judged_through` says so. `simulate(case, seed, cost_steps)` is detect/sim.py's
+    `simulate_with_truth`."""
     long = replace(case, steps=WATCH_STEPS, onset=WATCH_ONSET)
-    clean, clean_end = simulate(long, noise_seed, inject=False)
-    sim, end = (clean, clean_end) if long.kind == "clean" else simulate(long, noise_seed, inject=True)
-    clean_step = clean_end / long.steps
-    truth = Truth(
-        kind="clean" if long.kind == "clean" else "straggler",
-        ranks=list(long.slow),
-        phase=long.phase,
-        cost_share=round((end - clean_end) / (long.steps - long.onset + 1) / clean_step, 4),
-    )
+    sim, truth, _ = simulate(long, noise_seed, long.steps - long.onset + 1)
     flags, judged_through = watch_flags(sim.truth(), hosts, compute_stream)
     seen = Seen(verdict="", watch_flags=flags)
     outcome = score(truth, seen, onset_step=WATCH_ONSET)

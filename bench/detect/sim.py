@@ -182,9 +182,10 @@ def documents(case: SimCase, sim: Sim, skew_seed: int) -> list[dict[str, Any]]:
     return docs
 
 
-def run_case(case: SimCase, seed: int, scratch: Path, watch: bool = True) -> dict[str, Any]:
-    """Simulate, analyse and score one case; its row for the campaign's JSON, with the live
-    watch's run of the same job (detect/gpu_watch.py) under "watch" when `watch`."""
+def simulate_with_truth(case: SimCase, seed: int, cost_steps: int) -> tuple[Sim, Truth, float]:
+    """The case's job simulated as injected, its truth and its clean step (us): the job also
+    simulated without the injection (the same noise), the cost per step = how much later the
+    last all-reduce ends, over `cost_steps` steps, as a share of the clean step."""
     clean, clean_end = simulate(case, seed, inject=False)
     sim, end = (clean, clean_end) if case.kind == "clean" else simulate(case, seed, inject=True)
     clean_step = clean_end / case.steps
@@ -192,8 +193,15 @@ def run_case(case: SimCase, seed: int, scratch: Path, watch: bool = True) -> dic
         kind="clean" if case.kind == "clean" else "straggler",
         ranks=list(case.slow),
         phase=case.phase,
-        cost_share=round((end - clean_end) / case.steps / clean_step, 4),
+        cost_share=round((end - clean_end) / cost_steps / clean_step, 4),
     )
+    return sim, truth, clean_step
+
+
+def run_case(case: SimCase, seed: int, scratch: Path, watch: bool = True) -> dict[str, Any]:
+    """Simulate, analyse and score one case; its row for the campaign's JSON, with the live
+    watch's run of the same job (detect/gpu_watch.py) under "watch" when `watch`."""
+    sim, truth, clean_step = simulate_with_truth(case, seed, case.steps)
     folder = Path(tempfile.mkdtemp(prefix="case-", dir=scratch))
     try:
         paths = write_all(documents(case, sim, seed + 1), folder, "rank{rank}.pt.trace.json")
@@ -216,5 +224,5 @@ def run_case(case: SimCase, seed: int, scratch: Path, watch: bool = True) -> dic
     row = case_row({"campaign": "generated", **params}, truth, seen, score(truth, seen))
     if watch:
         hosts = {r: f"node{r // GPUS_PER_HOST:03d}" for r in range(case.ranks)}
-        row["watch"] = watch_case(case, seed, simulate, hosts, COMPUTE_STREAM)
+        row["watch"] = watch_case(case, seed, simulate_with_truth, hosts, COMPUTE_STREAM)
     return row
