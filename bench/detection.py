@@ -100,9 +100,8 @@ def _line(row: dict[str, Any]) -> str:
         truth = f"{t['kind']} {t['ranks'] or ''}".strip()
     mark = "ok" if _right(row) else "MISS"
     got = row["error"] or f"{s['verdict']} {s['stragglers'] or ''}".strip()
-    return f"  {mark:4} {what:24} {truth:44} -> {got}" + (
-        f" (watch +{o['watch_latency_steps']} steps)" if o["watch_latency_steps"] is not None else ""
-    )
+    latency = o["watch_latency_steps"] if "watch" not in row else row["watch"]["latency_steps"]
+    return f"  {mark:4} {what:24} {truth:44} -> {got}" + (f" (watch +{latency} steps)" if latency is not None else "")
 
 
 def _right(row: dict[str, Any]) -> bool:
