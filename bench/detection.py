@@ -175,7 +175,7 @@ def summary_lines(name: str, s: dict[str, Any]) -> list[str]:
         f"{pct(s['hang_right'])} of {s['hang_cases']}, leaks right {pct(s['leak_right'])} of {s['leak_cases']}; "
         f"errors {s['errors']}",
     ]
-    if s.get("watch_material_cases") is not None:  # generated: the watch's own runs of the jobs
+    if s.get("watch_material_cases") or s.get("watch_clean_runs"):  # generated: the watch's own runs
         lines[-1] = (
             f"{name}: watch flagged {pct(s['watch_recall'])} of {s['watch_material_cases']} material stragglers "
             f"({s['watch_unjudged']} missed judged no step after the onset: a host ahead of its GPU), "

@@ -14,7 +14,8 @@ from jobs import REPO
 sys.path.insert(0, str(REPO / "bench"))
 
 from detect import sim as gen  # noqa: E402
-from detect.gpu_watch import WATCH_ONSET, step_records, watch_case  # noqa: E402
+from detect.gpu_watch import step_records, watch_case  # noqa: E402
+from detect.real import ONSET_STEP  # noqa: E402
 
 GEMM = "ampere_sgemm_128x64_nn"
 
@@ -24,10 +25,11 @@ def test_step_records_are_the_compute_streams_events() -> None:
     rank 1's backward kernel is 100 us longer. Host: data [0, 100]; forward launches at 100
     (kernel 105-305); backward launches at 105 (kernel from 305: 605 / 705) and the all-reduce at
     110 (from 605 / 705, ends 755 on both); optimizer launches at 115 (from 755 to 795); item()
-    copies 795-797 and returns at 797. Events: start 0, data 100 (nothing launched yet),
-    forward 305, backward 755 (the all-reduce, which DDP makes the stream wait for), optimizer
-    795, end 797. Both ranks' records are the same: a rank slower inside the phase that holds the
-    all-reduce is not in its phase times on a GPU."""
+    copies 795-797 and returns at 797. Events (a mark's own 5 us to the device on an idle
+    stream): start 5, data 105 (nothing launched yet), forward 305, backward 755 (the
+    all-reduce, which DDP makes the stream wait for), optimizer 795, end 802. Both ranks' records
+    are the same: a rank slower inside the phase that holds the all-reduce is not in its phase
+    times on a GPU. The simulator's step 1 is the harness's step 0."""
     sim = Sim(world_size=2)
     for r in range(2):
         h = sim.rank(r)
@@ -44,10 +46,10 @@ def test_step_records_are_the_compute_streams_events() -> None:
             h.item()
     sim.run()
     for t in sim.truth():
-        [(done_us, record)] = step_records(t, COMPUTE_STREAM)
-        assert done_us == 797.0
-        assert record["step"] == 1 and record["step_ms"] == pytest.approx(0.797)
-        expected = {"data": 0.1, "forward": 0.205, "backward": 0.45, "optimizer": 0.04}
+        [(done_us, record)] = step_records(t, COMPUTE_STREAM, sim.launch_latency_us)
+        assert done_us == 802.0
+        assert record["step"] == 0 and record["step_ms"] == pytest.approx(0.797)
+        expected = {"data": 0.1, "forward": 0.2, "backward": 0.45, "optimizer": 0.04}
         assert record["phases_ms"] == pytest.approx(expected)
         assert record["phases_device_ms"] == pytest.approx(expected)  # the stream idled for the whole data phase
 
@@ -55,7 +57,7 @@ def test_step_records_are_the_compute_streams_events() -> None:
 def test_a_host_running_ahead_hides_its_data_phase_from_the_device() -> None:
     """Two steps, no loss read: step 1 as above without item() (its optimizer runs 655-695 on
     the device, its host is done at 120); step 2's data phase is host time 120-220, while the
-    stream is still busy until 695: its start and data events both complete at 695, so the
+    stream is still busy until 695: its start and data events both complete then, so the
     device spent nothing on step 2's data (phases_device_ms) though the host spent 100 us
     (phases_ms), and its forward kernel, launched at 220, runs 695-895."""
     sim = Sim(world_size=2)
@@ -74,7 +76,7 @@ def test_a_host_running_ahead_hides_its_data_phase_from_the_device() -> None:
                     h.launch("void at::native::multi_tensor_apply_kernel", 40.0, after=reduced)
     sim.run()
     for t in sim.truth():
-        _, second = step_records(t, COMPUTE_STREAM)[1]
+        _, second = step_records(t, COMPUTE_STREAM, sim.launch_latency_us)[1]
         assert second["phases_device_ms"]["data"] == 0.0 and second["phases_ms"]["data"] == pytest.approx(0.1)
         assert second["phases_device_ms"]["forward"] == pytest.approx(0.2)
 
@@ -106,13 +108,16 @@ def run(c: gen.SimCase) -> dict:
     return watch_case(c, 11, gen.simulate_with_truth, hosts, COMPUTE_STREAM)
 
 
-def test_the_watch_flags_a_host_sleep_in_data_in_the_interval_of_its_onset() -> None:
-    """Rank 3 sleeps 30% of the step in data from step 8 (WATCH_ONSET) with the loop reading the
-    loss each step: its device idles that long before its forward, every step, and the exchange
-    after step 9 (steps 5-9, two of them slowed) flags it alone."""
+def test_the_watch_flags_a_host_sleep_in_data_in_the_first_interval_it_fills() -> None:
+    """Rank 3 sleeps 30% of the step in data from the harness's step 8 (ONSET_STEP), the loop
+    reading the loss each step: its device idles that long before its forward, every step. The
+    exchange after step 4 has no step past the warm-up complete (step 4's end event is still on
+    its way to the device); the one after step 9 judges steps 4-8, one of them slowed (6% of the
+    step a step, under the 8% bound); the one after step 14 judges 9-13, all slowed, and flags
+    rank 3 alone: 6 steps after the onset."""
     w = run(case())
-    assert w["material"] and w["flags"] == [[9, 3]]
-    assert w["latency_steps"] == 9 - WATCH_ONSET
+    assert w["material"] and w["flags"] == [[14, 3]]
+    assert w["latency_steps"] == 14 - ONSET_STEP
 
 
 def test_a_clean_job_is_not_flagged() -> None:

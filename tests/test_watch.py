@@ -192,6 +192,42 @@ def test_the_step_clock_takes_the_thread_s_cpu_time_per_phase() -> None:
     assert "phases_cpu_ms" not in _one_step(StepClock(cuda=False))
 
 
+def test_on_gpu_the_step_clock_writes_each_phase_as_its_device_saw_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """StepClock on GPU with torch.cuda.Event standing in: each mark's event completes at the
+    device time scripted for it (ms). The host spends 20 ms in data while its device, still busy,
+    reaches the start and data events at the same 10 ms: phases_device_ms' data is 0 (what the
+    watch judges), phases_ms' data and data_ms the host's time blocked on the loader; the other
+    phases are the device's in both."""
+    device_ms = iter([10.0, 10.0, 30.0, 31.0])  # start, data, forward, end
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.at_ms = 0.0
+
+        def record(self) -> None:
+            self.at_ms = next(device_ms)
+
+        def query(self) -> bool:
+            return True
+
+        def elapsed_time(self, other: Event) -> float:
+            return other.at_ms - self.at_ms
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    clock = StepClock(cuda=True)
+    clock.start(0)
+    time.sleep(0.02)
+    clock.mark("data")
+    clock.mark("forward")
+    clock.finish()
+    [rec] = clock.poll()
+    assert rec["phases_device_ms"] == {"data": 0.0, "forward": 20.0}
+    assert rec["phases_ms"]["forward"] == 20.0 and rec["step_ms"] == 21.0
+    assert rec["phases_ms"]["data"] == rec["data_ms"] > 10.0  # wide margin: a 20 ms sleep
+    assert step_row(rec)[2 + STEP_PHASES.index("data")] == 0.0
+    assert "phases_device_ms" not in _one_step(StepClock(cuda=False))
+
+
 def _one_step(clock: StepClock) -> dict:
     clock.start(0)
     clock.mark("forward")

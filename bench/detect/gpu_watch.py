@@ -4,32 +4,40 @@ write on each rank's GPU, exchanged and judged every WATCH_EVERY steps as the wa
 
 Step records, as timing.py's StepClock makes them on GPU:
 1. each phase boundary records a CUDA event on the compute stream at the host's mark; a stream
-   runs its work in order, so the event completes when the stream has done everything launched
-   before the mark, or at the mark itself when the stream is idle by then:
-   E(T) = max(T, the end of the last compute-stream op launched before T);
+   runs its work in order, so the event completes once the stream has done everything launched
+   before the mark and the event itself has reached the device (the simulator's launch latency):
+   E(T) = max(T + latency, the end of the last compute-stream op launched before T), and no
+   earlier than the event before it;
 2. DDP's backward ends by making the compute stream wait for the gradients' all-reduce (the
    reducer's finalize waits on each bucket's work on the current stream), so the backward mark's
-   event also waits for the step's all-reduce;
+   event, and every one after it, also waits for the step's all-reduce;
 3. phases_device_ms: each phase = the difference of consecutive events (the data phase's, the
    time the stream idled for the host's loader or ran work launched there); phases_ms the same
    with the data phase as the host's time in it (timing.py: blocked on the loader); step_ms =
    the end event less the start event;
-4. a record reaches the watch at the rank's first exchange after its end event completed, on
-   its own clock (the host polls the clock at each step's end, then exchanges when due): a host
-   running ahead of its GPU judges its steps an interval late.
-The exchange's all-gather, which holds every host until the last arrives, is not simulated: it
-is host time at an interval's end, of the order of the hosts' own step-to-step scatter.
+4. the host polls its clock at each step's end, right after recording the step's end event,
+   then exchanges when due: a record reaches the watch at the first exchange after its end event
+   completed, on its own clock. A step is never complete at its own end (its end event is still
+   on its way to the device), so each exchange judges up to the step before it, as the live
+   watch on a GPU does; a host running ahead of its GPU is judged later still.
+Steps carry the harness's numbers (the simulator's step n is the harness's n - 1), the first
+WARMUP_STEPS are not judged (`Watch.add`), and an exchange follows step s when (s + 1) %
+WATCH_EVERY == 0 (`Watch.due`), all as in the real runs (detect/real.py). The exchange's
+all-gather, which holds every host until the last arrives, is not simulated: it is host time at
+an interval's end, of the order of the hosts' own step-to-step scatter.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import torch
 
-from detect.score import Seen, score
+from detect.real import ONSET_STEP, WARMUP_STEPS, WATCH_EVERY
+from detect.score import Seen, Truth, score
 from harness.train.watch_rule import (
     COLLECTIVE_PHASES,
     WatchJudge,
@@ -39,25 +47,25 @@ from harness.train.watch_rule import (
     watch_thresholds,
 )
 
-# The real campaign's cadence and onset (detect/real.py): an exchange every 5 steps, the first
-# slowed step mid-run after the first interval; 25 steps leave three intervals after the onset.
-WATCH_EVERY = 5
+from devicesim import RankTruth, Sim
+
+# 25 steps (the harness's 0-24) leave three intervals after the real runs' onset.
 WATCH_STEPS = 25
-WATCH_ONSET = 8
 PARALLEL = "ddp"  # the generated jobs all-reduce their gradients after backward (detect/sim.py)
 PHASES = ("data", "forward", "backward", "optimizer")
 
 
-def step_records(truth: Any, compute_stream: int) -> list[tuple[float, dict[str, Any]]]:
-    """One rank's (when its end event completed, its step record) per step (module docstring,
-    1-3), from the simulator's truth (`devicesim.RankTruth`, one clock for host and device)."""
+def step_records(truth: RankTruth, compute_stream: int, latency_us: float) -> list[tuple[float, dict[str, Any]]]:
+    """One rank's (when its end event completed, its step record) per step, under the harness's
+    step number (module docstring, 1-3), from the simulator's truth (one clock for host and
+    device; `latency_us`: its launch latency, an event's way to the device)."""
     compute = [op for op in truth.ops if op.stream == compute_stream]
     launched = [op.launch_us for op in compute]
     ends = [op.end_us for op in compute]
 
-    def event_us(mark_us: float) -> float:
+    def event_us(mark_us: float, after_us: float) -> float:
         i = bisect.bisect_left(launched, mark_us)  # a launch at the mark itself comes after it
-        return max(mark_us, ends[i - 1]) if i else mark_us
+        return max(mark_us + latency_us, ends[i - 1] if i else 0.0, after_us)
 
     reduced: dict[int, float] = {}
     for op in truth.ops:
@@ -67,27 +75,33 @@ def step_records(truth: Any, compute_stream: int) -> list[tuple[float, dict[str,
     out = []
     for step in truth.steps:
         inside = {r.name: r for r in ranges if step.start_us <= r.start_us and r.end_us <= step.end_us}
-        marks = [event_us(step.start_us)]
+        marks = [event_us(step.start_us, 0.0)]
         for name in PHASES:
-            at = event_us(inside[name].end_us)
-            if name == "backward" and step.number in reduced:
-                at = max(at, reduced[step.number])
-            marks.append(at)
-        end = event_us(step.end_us)
+            waits = reduced.get(step.number, 0.0) if name == "backward" else 0.0
+            marks.append(event_us(inside[name].end_us, max(marks[-1], waits)))
+        end = event_us(step.end_us, marks[-1])
         device_ms = {name: (b - a) / 1e3 for name, a, b in zip(PHASES, marks[:-1], marks[1:])}
         phases_ms = {**device_ms, "data": (inside["data"].end_us - inside["data"].start_us) / 1e3}
-        record = {"step": step.number, "step_ms": (end - marks[0]) / 1e3, "phases_ms": phases_ms}
+        record = {"step": step.number - 1, "step_ms": (end - marks[0]) / 1e3, "phases_ms": phases_ms}
         out.append((end, {**record, "phases_device_ms": device_ms}))
     return out
 
 
-def watch_flags(truths: list[Any], hosts: dict[int, str], compute_stream: int) -> tuple[list[tuple[int, int]], int]:
+def watch_flags(sim: Sim, hosts: dict[int, str], compute_stream: int) -> tuple[list[tuple[int, int]], int]:
     """(exchange step, rank) each time the watch flags a rank anew (module docstring, 4), and the
-    last step it judged (-1: none): per exchange after step s ((s + 1) % WATCH_EVERY == 0, the
-    watch's `due`), every rank's table of its latest 2 x WATCH_EVERY records complete by its
-    host's end of step s, judged together."""
-    records = [step_records(t, compute_stream) for t in truths]
-    step_end = [{s.number: s.end_us for s in t.steps} for t in truths]
+    last step it judged (-1: none): per exchange after step s, every rank's table of its latest
+    2 x WATCH_EVERY records past the warm-up complete by its host's end of step s, judged
+    together."""
+    truths = sim.truth()
+    records = [
+        [
+            (done, rec)
+            for done, rec in step_records(t, compute_stream, sim.launch_latency_us)
+            if rec["step"] >= WARMUP_STEPS
+        ]
+        for t in truths
+    ]
+    step_end = [{s.number - 1: s.end_us for s in t.steps} for t in truths]
     judge = WatchJudge(
         own_phases=own_work_phases(PARALLEL),
         held_phases=COLLECTIVE_PHASES[PARALLEL],
@@ -110,23 +124,29 @@ def watch_flags(truths: list[Any], hosts: dict[int, str], compute_stream: int) -
     return flags, judge.judged_through
 
 
-def watch_case(case: Any, noise_seed: int, simulate: Any, hosts: dict[int, str], compute_stream: int) -> dict[str, Any]:
-    """The watch's run of a generated case: the same job WATCH_STEPS long with its onset at
-    WATCH_ONSET, simulated with and without the injection (the truth: its cost per step from the
-    onset on, over the clean step), judged and scored (`score`: latency from the onset, a clean
-    case's flag a false alarm). A host that never waits for its GPU (no loss read) can run the
-    whole job's launches ahead of it, so that no step after the onset is complete at any
-    exchange: `judged_through` says so. `simulate(case, seed, cost_steps)` is detect/sim.py's
-    `simulate_with_truth`."""
-    long = replace(case, steps=WATCH_STEPS, onset=WATCH_ONSET)
+def watch_case(
+    case: Any,
+    noise_seed: int,
+    simulate: Callable[[Any, int, int], tuple[Sim, Truth, float]],
+    hosts: dict[int, str],
+    compute_stream: int,
+) -> dict[str, Any]:
+    """The watch's run of a generated case (a detect/sim.py SimCase): the same job WATCH_STEPS
+    long, slowed from the real runs' ONSET_STEP on, simulated with and without the injection
+    (the truth: its cost per step from the onset on, over the clean step), judged and scored
+    (`score`: latency from the onset, a clean case's flag a false alarm). A host that never
+    waits for its GPU (no loss read) can run the whole job's launches ahead of it, so that no
+    step after the onset is complete at any exchange: `judged_through` says so.
+    `simulate(case, seed, cost_steps)` is detect/sim.py's `simulate_with_truth`."""
+    long = replace(case, steps=WATCH_STEPS, onset=ONSET_STEP + 1)  # the simulator counts from 1
     sim, truth, _ = simulate(long, noise_seed, long.steps - long.onset + 1)
-    flags, judged_through = watch_flags(sim.truth(), hosts, compute_stream)
+    flags, judged_through = watch_flags(sim, hosts, compute_stream)
     seen = Seen(verdict="", watch_flags=flags)
-    outcome = score(truth, seen, onset_step=WATCH_ONSET)
+    outcome = score(truth, seen, onset_step=ONSET_STEP)
     injected = set(long.slow)
     return {
         "steps": WATCH_STEPS,
-        "onset": WATCH_ONSET,
+        "onset": ONSET_STEP,
         "truth": {"kind": truth.kind, "ranks": truth.ranks, "phase": truth.phase, "cost_share": truth.cost_share},
         "flags": [list(f) for f in flags],
         "judged_through": judged_through,  # the last step the watch judged before the job ended

@@ -172,7 +172,8 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
 
 def summarize_watch(cases: list[dict[str, Any]]) -> dict[str, Any]:
     """The watch's figures over generated case rows that carry its run ("watch", as
-    detect/gpu_watch.py's `watch_case` makes it), under the same keys as `summarize`'s:
+    detect/gpu_watch.py's `watch_case` makes it): `summarize`'s watch keys, which it replaces
+    for the generated campaign, and keys of its own:
     1. watch_recall = material cases (by the watch run's own cost) whose injected rank it
        flagged / material cases; watch_missed, those it did not flag;
     2. watch_latency_steps_median over the flagged ones (steps from the onset to the first flag);

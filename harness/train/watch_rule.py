@@ -280,8 +280,8 @@ class Judgement:
 @dataclass(kw_only=True)
 class WatchJudge:
     """What the watch carries from one interval to the next, and the judging of each: the live
-    watch's (watch.py) and the detection campaign's on generated GPU jobs (bench/detect/sim.py),
-    which judge the tables a run's ranks would exchange.
+    watch's (watch.py) and the detection campaign's on generated GPU jobs
+    (bench/detect/gpu_watch.py), which judges the tables a simulated run's ranks would exchange.
 
     1. `judge_interval` over the steps after the last one judged;
     2. `sustain` against the ranks over the material bound in the interval before;

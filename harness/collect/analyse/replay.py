@@ -65,7 +65,8 @@ class Replay:
        is a max and sum of these, no what-if replays slower than the replay with nothing fixed;
     4. replay from 0 on every rank: arrival = point + run-up; start = the latest arrival;
        end = start + transfer; the rank's step = its last end + its tail (a rank without
-       collectives in the step: its own step duration, or the unfixed ranks' median if fixed);
+       collectives in the step: its own step duration, or if fixed the unfixed ranks' median
+       where that is shorter);
     5. the step's replayed duration is the longest rank's (the next step's first collective
        waits for it); the run's, their mean over the steps.
     With `fixed` empty this reproduces the measured steps up to the model's assumptions
@@ -147,9 +148,8 @@ def _plan(step_span_us: dict[int, tuple[float, float]], ws: list[InstanceWaits])
 def _with_peers_medians(values: np.ndarray, takes_part: np.ndarray, fixed: np.ndarray) -> np.ndarray:
     """`values` (collective x rank) with each collective's fixed participants' entries replaced
     by the median of its unfixed participants' where that is smaller (kept where all its
-    participants are fixed): the
-    median as np.median takes it (the middle value, or the mean of the two middle ones), by one
-    sort of all the collectives' unfixed entries."""
+    participants are fixed): the median as np.median takes it (the middle value, or the mean of
+    the two middle ones), by one sort of all the collectives' unfixed entries."""
     unfixed = takes_part & ~fixed
     n = unfixed.sum(axis=1)
     replace = takes_part & fixed & (n > 0)[:, None]
