@@ -8,16 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from watch_stub import GrouplessWatch
 
 from harness.collect.analyse.stragglers import Thresholds
 from harness.train.arrivals import HeldArrivals, held_lateness_ms, my_arrivals
-from harness.train.config import build_config
-from harness.train.profiling import TraceRecorder
 from harness.train.timing import StepClock
-from harness.train.watch import Watch
 from harness.train.watch_rule import judge_interval as judge_tables
 from harness.train.watch_rule import own_work_phases, pack_rows, step_row
-from harness.write_faults import FaultLog
 
 MS = 1_000_000  # ns
 
@@ -188,29 +185,13 @@ def test_the_step_clock_spans_each_phase_on_the_epoch_clock_when_the_watch_is_on
     assert "phases_span_ns" not in plain.poll()[0]
 
 
-class ThreeRankWatch(Watch):
+class ThreeRankWatch(GrouplessWatch):
     """Rank 0's watch in a 3-rank job over two hosts, without a process group: the arrivals'
     all-gather hands back this rank's payload and the others' from `others`."""
 
     def __init__(self, tmp_path: Path, others: list) -> None:
-        cfg = build_config([{"watch": {"every": 4}, "workload": {"steps": 40}, "parallel": {"parallel": "ddp"}}])
-        rec = TraceRecorder(cfg.profiler, run_dir=tmp_path, rank=0, host="a", cuda=False, metadata={})
-        super().__init__(
-            cfg.watch,
-            steps=40,
-            warmup_steps=0,
-            parallel="ddp",
-            collective_timeout_s=600.0,
-            rank=0,
-            world_size=3,
-            host="a",
-            cpu=True,
-            run_dir=tmp_path,
-            recorder=rec,
-            scalars=None,
-            faults=FaultLog(rank=0),
-        )
-        self.on, self.read_arrivals, self.hosts, self.others = True, True, {0: "a", 1: "a", 2: "b"}, others
+        super().__init__(tmp_path, hosts={0: "a", 1: "a", 2: "b"}, warmup_steps=0, cpu=True)
+        self.read_arrivals, self.others = True, others
 
     def _all_gather_object(self, out: list, obj: object) -> None:
         out[:] = [obj, *self.others]

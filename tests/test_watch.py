@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from watch_stub import GrouplessWatch
 
 from harness.collect.analyse.stragglers import Thresholds, run_jitter_ms, straggler_bounds
 from harness.collect.read.discover import InputError
 from harness.collect.read.watch_log import read_watch, watch_line
 from harness.collect.read.windows import pick_window, trace_window
 from harness.paths import STEP_PHASES, watch_path
-from harness.train.config import ProfilerConfig, build_config
+from harness.train.config import ProfilerConfig
 from harness.train.profiling import TraceRecorder
 from harness.train.timing import StepClock
-from harness.train.watch import Watch
 from harness.train.watch_rule import (
     jitter_ms,
     median,
@@ -32,7 +32,7 @@ from harness.train.watch_rule import (
     watch_thresholds,
 )
 from harness.train.watch_rule import judge_interval as judge_tables
-from harness.write_faults import AppendOnlyFile, FaultLog
+from harness.write_faults import AppendOnlyFile
 
 from jobs import REPO, run_harness
 
@@ -425,38 +425,13 @@ def test_a_rank_sleeping_inside_a_phase_that_holds_collectives_is_flagged_there(
     assert flagged and set(flagged) == {(1, phase)}
 
 
-class TwoRankWatch(Watch):
+class TwoRankWatch(GrouplessWatch):
     """Rank 0's watch in a 2-rank job without a process group: the all-gather hands back this
     rank's table and a copy whose data phase is `slow_ms` longer (rank 1's)."""
 
     def __init__(self, tmp_path: Path, *, slow_ms: float, capture: bool = False, cpu: bool = False) -> None:
-        cfg = build_config(
-            [
-                {
-                    "watch": {"every": 4, "capture_on_straggler": capture},
-                    "workload": {"steps": 40},
-                    "parallel": {"parallel": "ddp"},
-                }
-            ]
-        )
-        self.recorder_cfg = cfg.profiler
-        rec = TraceRecorder(cfg.profiler, run_dir=tmp_path, rank=0, host="a", cuda=False, metadata={})
-        super().__init__(
-            cfg.watch,
-            steps=cfg.workload.steps,
-            warmup_steps=cfg.workload.warmup_steps,
-            parallel="ddp",
-            collective_timeout_s=600.0,
-            rank=0,
-            world_size=2,
-            host="a",
-            cpu=cpu,
-            run_dir=tmp_path,
-            recorder=rec,
-            scalars=None,
-            faults=FaultLog(rank=0),
-        )
-        self.on, self.hosts, self.slow_ms = True, {0: "a", 1: "b"}, slow_ms
+        super().__init__(tmp_path, hosts={0: "a", 1: "b"}, cpu=cpu, capture=capture)
+        self.slow_ms = slow_ms
         self._log = AppendOnlyFile(watch_path(tmp_path), self.faults, "watch log")
 
     def _all_gather(self, rows: torch.Tensor) -> list[torch.Tensor]:

@@ -198,9 +198,9 @@ def simulate_with_truth(case: SimCase, seed: int, cost_steps: int) -> tuple[Sim,
     return sim, truth, clean_step
 
 
-def run_case(case: SimCase, seed: int, scratch: Path, watch: bool = True) -> dict[str, Any]:
+def run_case(case: SimCase, seed: int, scratch: Path) -> dict[str, Any]:
     """Simulate, analyse and score one case; its row for the campaign's JSON, with the live
-    watch's run of the same job (detect/gpu_watch.py) under "watch" when `watch`."""
+    watch's run of the same job (detect/gpu_watch.py) under "watch"."""
     sim, truth, clean_step = simulate_with_truth(case, seed, case.steps)
     folder = Path(tempfile.mkdtemp(prefix="case-", dir=scratch))
     try:
@@ -222,7 +222,6 @@ def run_case(case: SimCase, seed: int, scratch: Path, watch: bool = True) -> dic
     params["seed"] = seed
     params["clean_step_ms"] = round(clean_step / 1e3, 3)
     row = case_row({"campaign": "generated", **params}, truth, seen, score(truth, seen))
-    if watch:
-        hosts = {r: f"node{r // GPUS_PER_HOST:03d}" for r in range(case.ranks)}
-        row["watch"] = watch_case(case, seed, simulate_with_truth, hosts, COMPUTE_STREAM)
+    hosts = {r: f"node{r // GPUS_PER_HOST:03d}" for r in range(case.ranks)}
+    row["watch"] = watch_case(case, seed, simulate_with_truth, hosts, COMPUTE_STREAM)
     return row
