@@ -14,10 +14,14 @@ ranks' (the collector's punctual mark, the lower quartile), and the collector's 
 from its arrivals at those collectives (the Flight Recorder's, arrivals.py), so a rank that
 computes, sleeps or blocks longer there is seen; where they are not known (the recorder off), its
 CPU time there (timing.py: waiting in a gloo collective blocks it off its core), which sees one
-that computes longer and not one that sleeps. What this cannot see: a GPU rank slow inside such a
-phase (a GPU host issues collectives ahead of its device, so its issue times are no arrivals):
-every rank's phase ends together. The traces see it (the collector's lateness at each
-collective); a scheduled or triggered window captures it.
+that computes longer and not one that sleeps. A GPU host issues collectives ahead of its device,
+so its issue times are no arrivals; under DDP a GPU rank's own work in backward is its device's
+time there until its last gradient (`Run.watch_gradients`, grads_ready.py): DDP's all-reduces run
+beside backward on their own stream, and the compute stream waits for them only at backward's
+end. What this cannot see: a GPU rank slow inside FSDP's forward or backward (its all-gathers
+hold the compute stream between the phase's layers, so no one event splits work from waiting),
+or inside DDP's backward in a loop that did not hook its gradients. The traces see it (the
+collector's lateness at each collective); a scheduled or triggered window captures it.
 """
 
 from __future__ import annotations
@@ -41,10 +45,11 @@ from harness.paths import STEP_PHASES
 from harness.train.arrivals import HeldArrivals, held_lateness_ms
 
 # The table one rank sends: a row per step, [step, step_ms, one column per STEP_PHASES (wall time),
-# one per STEP_PHASES (CPU time, timing.py's phases_cpu_ms), one per STEP_PHASES (time waiting for
-# a core, timing.py's phases_runq_ms)]; NaN pads the rows a rank has not timed yet (on GPU a step
-# is timed once its CUDA events complete), the phases a step did not have and the CPU times and
-# waits a rank did not take (GPU ranks).
+# one per STEP_PHASES (its own work there: on CPU its CPU time, timing.py's phases_cpu_ms; on GPU,
+# in a phase that holds DDP's all-reduce, its device's time there until its last gradient,
+# phases_own_device_ms), one per STEP_PHASES (time waiting for a core, timing.py's
+# phases_runq_ms)]; NaN pads the rows a rank has not timed yet (on GPU a step is timed once its
+# CUDA events complete), the phases a step did not have and the times a rank did not take.
 PHASES = len(STEP_PHASES)
 COLUMNS = 2 + 3 * PHASES
 # At most this many stragglers get a phase per interval (the most late): each phase compares a rank
@@ -115,9 +120,11 @@ def step_row(record: dict) -> list[float]:
     """A step record (harness/train/timing.py) as a row of the exchanged table: its phase times
     on the device where timed there (GPU: the data phase too, as its device waited for it or
     worked in it, not the host's time blocked on the loader, which a host running ahead of its
-    GPU hides), else its phase times."""
+    GPU hides), else its phase times; its own work per phase: its CPU time (CPU) or, in a phase
+    that holds collectives, its device's time there until its last gradient (GPU, where marked:
+    timing.py's phases_own_device_ms)."""
     phases = record.get("phases_device_ms") or record.get("phases_ms") or {}
-    cpu = record.get("phases_cpu_ms") or {}
+    cpu = record.get("phases_cpu_ms") or record.get("phases_own_device_ms") or {}
     runq = record.get("phases_runq_ms") or {}
     return [
         record["step"],
@@ -151,11 +158,12 @@ def judge_interval(
     1. the steps judged are those after `after_step` that every rank timed;
     2. per step and rank: own = the sum of its own-work phases (`own_work_phases`; on CPU less
        its wait for a core in them, timing.py's phases_runq_ms: time-sharing, not its work) and,
-       per phase that holds collectives (`held_phases`), of its CPU time there (none where not
-       timed: GPU) or, where every rank's arrivals at those collectives are known (`arrivals`,
-       CPU), the larger of its CPU time beyond the punctual ranks' mean there and the lateness
-       its arrivals show it added there (arrivals.held_lateness_ms: a rank that sleeps or blocks
-       there), all divided by its speed (`phase_speed`; 1 on GPU);
+       per phase that holds collectives (`held_phases`), of its own work there (`step_row`: CPU
+       time on CPU; on GPU its device's time until its last gradient, none where not marked) or,
+       where every rank's arrivals at those collectives are known (`arrivals`, CPU), the larger
+       of its CPU time beyond the punctual ranks' mean there and the lateness its arrivals show
+       it added there (arrivals.held_lateness_ms: a rank that sleeps or blocks there), all
+       divided by its speed (`phase_speed` on CPU; 1 on GPU);
        lateness = own - the punctual ranks' own (the lower quartile: `punctual_index`), at
        least 0;
     3. per rank: late_ms = the mean lateness per step; beyond_peers_ms = late_ms less
@@ -198,7 +206,8 @@ def judge_interval(
     names = own_phases + held_phases
     own_cols = [STEP_PHASES.index(p) for p in own_phases]
     held_cols = [STEP_PHASES.index(p) for p in held_phases]
-    speed = phase_speed(cpus)[:, None, None]
+    # a GPU's own work is device time: no core's speed to take out of it
+    speed = (phase_speed(cpus) if cpu else torch.ones(n_ranks, dtype=cpus.dtype))[:, None, None]
     held = cpus[..., held_cols]
     if arrivals is not None and held_cols:
         late_held = held_lateness_ms(arrivals.spans_ns, arrivals.arrivals, steps, held_phases, arrivals.offsets_ns)
