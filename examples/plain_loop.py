@@ -89,6 +89,7 @@ def main() -> None:
         job_name="plain-fsdp" if args.fsdp else "plain-ddp",
         **options,
     ) as run:
+        run.watch_gradients(model)  # harness: on a GPU under DDP, the watch sees a rank slow in backward
         batches = iter(loader)
         for step in range(args.steps):
             with run.step():  # harness

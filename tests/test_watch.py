@@ -122,6 +122,32 @@ def test_on_gpu_the_watch_judges_the_data_phase_the_device_saw() -> None:
     assert step_row(times[2][0])[2 + STEP_PHASES.index("data")] == 0.0
 
 
+def test_on_gpu_a_rank_computing_longer_inside_backward_is_seen_by_its_work_before_its_last_gradient() -> None:
+    """DDP on GPU: every rank's backward lasts 60 ms on its device (rank 1 computes 50 ms of it,
+    the others 20 ms and then wait for its last bucket), so backward's device time tells nothing.
+    The event at each rank's last gradient (timing.py's phases_own_device_ms) does: rank 1's own
+    work is 32 + 50 ms against 32 + 20, 30 ms late each step, flagged in backward. Without the
+    event (a loop that did not call `Run.watch_gradients`) no rank is."""
+
+    def gpu(own_backward_ms: float | None) -> list[dict]:
+        out = steps(BASE, step_ms=100.0)
+        for rec in out:
+            rec["phases_device_ms"] = dict(rec["phases_ms"])
+            if own_backward_ms is not None:
+                rec["phases_own_device_ms"] = {"backward": own_backward_ms}
+        return out
+
+    hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
+    times = {0: gpu(20.0), 1: gpu(50.0), 2: gpu(20.0), 3: gpu(20.0)}
+    v = judge_interval(times, hosts, DDP_OWN, cpu=False, th=Thresholds(), held_phases=("backward",))
+    assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 30.0, 0.0, 0.0]
+    [s] = v.stragglers
+    assert (s.rank, s.phase, s.excess_ms, s.steps_late) == (1, "backward", 30.0, 4)
+    assert step_row(times[1][0])[2 + len(STEP_PHASES) + STEP_PHASES.index("backward")] == 50.0
+    blind = {r: gpu(None) for r in hosts}
+    assert judge_interval(blind, hosts, DDP_OWN, cpu=False, th=Thresholds(), held_phases=("backward",)).stragglers == []
+
+
 def test_a_rank_computing_longer_inside_backward_is_seen_by_its_cpu_time() -> None:
     # DDP on CPU: every rank's backward lasts 60 ms (the slow one computes, the others wait for it
     # in the all-reduce), but rank 1 spends 50 ms of it on its core and the others 20 ms: its own
@@ -226,6 +252,46 @@ def test_on_gpu_the_step_clock_writes_each_phase_as_its_device_saw_it(monkeypatc
     assert rec["phases_ms"]["data"] == rec["data_ms"] > 10.0  # wide margin: a 20 ms sleep
     assert step_row(rec)[2 + STEP_PHASES.index("data")] == 0.0
     assert "phases_device_ms" not in _one_step(StepClock(cuda=False))
+
+
+def test_on_gpu_the_step_clock_ends_a_phases_own_work_where_it_is_marked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """StepClock on GPU with torch.cuda.Event standing in (device times in ms, in record order):
+    backward opens at 10 ms, the last gradient's event (`mark_own_end`, twice: the last counts)
+    completes at 25 ms and backward's end at 40 ms: its own work is 15 ms of its 30. A mark
+    outside a step, and one on CPU, record nothing."""
+    device_ms = iter([0.0, 10.0, 20.0, 25.0, 40.0, 41.0])  # start, forward, own end x2, backward, end
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.at_ms = 0.0
+
+        def record(self) -> None:
+            self.at_ms = next(device_ms)
+
+        def query(self) -> bool:
+            return True
+
+        def elapsed_time(self, other: Event) -> float:
+            return other.at_ms - self.at_ms
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    clock = StepClock(cuda=True)
+    clock.mark_own_end()  # no step open: nothing recorded
+    clock.start(0)
+    clock.mark("forward")
+    clock.mark_own_end()
+    clock.mark_own_end()
+    clock.mark("backward")
+    clock.finish()
+    [rec] = clock.poll()
+    assert rec["phases_device_ms"] == {"forward": 10.0, "backward": 30.0}
+    assert rec["phases_own_device_ms"] == {"backward": 15.0}
+    cpu_clock = StepClock(cuda=False)
+    cpu_clock.start(0)
+    cpu_clock.mark_own_end()
+    cpu_clock.mark("backward")
+    cpu_clock.finish()
+    assert "phases_own_device_ms" not in cpu_clock.poll()[0]
 
 
 def _one_step(clock: StepClock) -> dict:

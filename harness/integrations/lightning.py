@@ -32,6 +32,7 @@ class HarnessCallback(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
         self.run = Run(device=pl_module.device, **{"steps": steps, "job_name": "lightning", **self.settings}).start()
+        self.run.watch_gradients(pl_module)
         self.run.begin_step()
         self.run.begin_phase("data")
 

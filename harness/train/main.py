@@ -59,6 +59,7 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
     with Run(
         settings=cfg.run_settings(), device=device, record=cfg.to_dict(), flight_recorder=recorder_on, prog=PROG
     ) as run:
+        run.watch_gradients(model)
         trainer.run(run)
 
 

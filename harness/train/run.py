@@ -40,6 +40,7 @@ from harness.paths import RUN_FILE, run_file, scalars_dir, steps_path, watch_pat
 from harness.scalars import ScalarWriter, step_scalars
 from harness.train import flight
 from harness.train.config import LaunchEnv
+from harness.train.grads_ready import GradientsReady
 from harness.train.metrics import Metrics, metrics_target
 from harness.train.profiling import TraceRecorder
 from harness.train.ranges import phase_range
@@ -132,6 +133,7 @@ class Run:
         self._started = False
         self._closed = False
         self._sigterm_before: Any = None
+        self._grads: GradientsReady | None = None
 
     # -- start and end -----------------------------------------------------------------------
 
@@ -231,6 +233,27 @@ class Run:
             raise
         return self
 
+    def watch_gradients(self, model: torch.nn.Module) -> bool:
+        """Let the live watch see this rank slow inside backward on a GPU under DDP: an event when
+        the model's last gradient of each backward is ready (grads_ready.py) splits the phase
+        into the rank's own work and its wait for the all-reduce (timing.py's
+        phases_own_device_ms), which ends together on every rank. Call it once after start()
+        with the model (wrapped or not); True where hooked. Nothing on CPU (the watch reads CPU
+        time and arrivals there), with the watch off, or under FSDP (its all-gathers hold the
+        compute stream inside backward, so the last gradient includes waiting too)."""
+        if not self._started:
+            raise RuntimeError("harness.Run: watch_gradients() after start()")
+        watch = self.watch
+        if self._grads is not None or self.device.type != "cuda" or not (watch and watch.on):
+            return False
+        if self.cfg.job.parallel != "ddp":
+            return False
+        grads = GradientsReady(self.clock.mark_own_end)
+        if not grads.attach(model):
+            return False
+        self._grads = grads
+        return True
+
     def note(self, **fields: Any) -> None:
         """Fields added to this rank's row in run.json (e.g. the final loss)."""
         self.extra_row.update(fields)
@@ -254,6 +277,7 @@ class Run:
     def _finish(self) -> None:
         if self._in_step:
             self.end_step()
+        self._unhook()
         for rec in self.clock.drain():
             self._write(rec)
         if self.cfg.profiler.cuda_profiler_api and self.device.type == "cuda" and self._steps_marked:
@@ -295,6 +319,7 @@ class Run:
                 report(self.prog, self.ident, rows, self.run_json, watch.summary(), notes)
 
     def _fail(self, exc: BaseException) -> None:
+        self._unhook()
         with sigterm_deferred():  # torchrun's SIGTERM after a peer failed must not cut this short
             try:
                 self.recorder.__exit__(type(exc), exc, None)
@@ -415,6 +440,11 @@ class Run:
             self._steps_marked -= 1
 
     # -- inside ------------------------------------------------------------------------------
+
+    def _unhook(self) -> None:
+        if self._grads is not None:
+            self._grads.detach()
+            self._grads = None
 
     def _write(self, rec: dict[str, Any]) -> None:
         job = self.cfg.job

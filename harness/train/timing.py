@@ -13,9 +13,12 @@ Algorithm for one step on GPU:
 2. every other phase is the device-stream time between consecutive events; `phases_device_ms`
    holds every phase so, data included (the time the device waited for the loader, or spent
    on work launched in the data phase), which the live watch judges.
-3. `step_ms` is the device-stream time from this step's start event to its end event. The start
+3. `phases_own_device_ms`: in a phase where `mark_own_end` was called (a DDP rank's backward,
+   when its last gradient is ready: grads_ready.py), the device-stream time from the phase's
+   start to that event: the rank's own work there, before it waits for its peers' all-reduce;
+4. `step_ms` is the device-stream time from this step's start event to its end event. The start
    event completes when the previous step's work has drained, so steps never overlap in it.
-4. `outside_step_ms` is host time between the previous step's end and this step's start (the
+5. `outside_step_ms` is host time between the previous step's end and this step's start (the
    profiler's step bookkeeping and trace export land there, not inside any step).
 On CPU the same quantities come from the host clock; with `thread_time` on (the live watch), also
 `phases_cpu_ms`: the calling thread's CPU time in each phase. Waiting in a gloo collective blocks
@@ -49,6 +52,8 @@ class _PendingStep:
     epoch_marks: list[int] = field(default_factory=list)
     runq_marks: list[float | None] = field(default_factory=list)
     events: list[tuple[str, Any]] = field(default_factory=list)
+    own_end: Any = None  # the open phase's latest `mark_own_end` event
+    own_events: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # phase -> (its start, own end)
 
 
 class StepClock:
@@ -78,9 +83,24 @@ class StepClock:
         if self._runq is not None:
             cur.runq_marks.append(self._runq.read_ms())
         if self.cuda:
+            if cur.own_end is not None and cur.events:
+                cur.own_events[label] = (cur.events[-1][1], cur.own_end)
+                cur.own_end = None
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             cur.events.append((label, event))
+
+    def mark_own_end(self) -> None:
+        """Where the open phase's own work ends on the device (GPU; nothing on CPU, where the
+        watch reads CPU time, nor outside a step): an event on the current stream, the last one
+        before the phase's end counting. Called from autograd's thread (grads_ready.py) while
+        the loop's thread waits in backward."""
+        cur = self._current
+        if not self.cuda or cur is None:
+            return
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        cur.own_end = event
 
     def finish(self, **extra: Any) -> None:
         """Close the step; `extra` fields are passed through to its record."""
@@ -131,6 +151,8 @@ class StepClock:
             # what the device spent in each phase, data included: the time its stream idled for
             # the loader (none when it was still busy with earlier steps: a host running ahead)
             extra["phases_device_ms"] = dict(phases_ms)
+            if p.own_events:
+                extra["phases_own_device_ms"] = {label: a.elapsed_time(b) for label, (a, b) in p.own_events.items()}
         # Data wait is host time blocked on the loader, on either device.
         data_ms = next(((b - a) * 1e3 for (_, a), (label, b) in zip(host[:-1], host[1:]) if label == "data"), 0.0)
         phases_ms["data"] = data_ms
