@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.paths import REPORT_DIR, REPORT_JSON, STEPS_DIR
+from harness.paths import REPORT_DIR, REPORT_JSON, RUN_FILE, STEPS_DIR
 
 # Shares of a step that a report's parts must add up to (compute + exposed communication +
 # copies + idle = the step's device window): rounding of the report's ms to 3 decimals only.
@@ -27,6 +27,10 @@ IDENTITY_TOLERANCE = 0.01
 # work lengthens its traced steps a little: 25% tells a clock that measures something else (a
 # host time on a GPU, a step off by one) from the two views of one step.
 TIMING_TOLERANCE = 0.25
+# Backward's own work (to the last gradient's event) against the phase (to backward's end event):
+# two events on one stream in that order, so never longer, but for the events' resolution (CUDA
+# documents about 0.5 us).
+OWN_TOLERANCE_MS = 0.01
 
 
 class CheckFailed(Exception):
@@ -274,6 +278,33 @@ def flight_on_timeout(ctx: Context) -> str:
     return f"{len(dumps)} dumps; {hang.get('headline') or 'rank 1 never entered the collective'}"
 
 
+def backward_own_work(ctx: Context) -> str:
+    """The live watch on GPU inside DDP's backward (Run.watch_gradients): every step record
+    carries backward's own work, the device time to the last gradient, within the phase; with a
+    GPU per rank (NCCL), rank 1's extra 20 ms of backward matmuls from step 10 is flagged in
+    backward. Two ranks sharing one GPU (gloo) time-slice it, so there the slower rank's kernels
+    hold up its peer's too and the flag is reported, not required."""
+    nproc = 2
+    args = ["--mode", "torch", "--steps", "30", "--warmup-steps", "5", "--no-profile", "--watch-every", "5"]
+    args += ["--backend", "nccl" if ctx.gpus >= nproc else "gloo"]
+    args += ["--straggler-rank", "1", "--straggler-phase", "backward", "--straggler-kind", "compute"]
+    args += ["--straggler-ms", "20", "--straggler-from", "10"]
+    run = train(ctx, "backward-own", args, nproc=nproc)
+    timed = [r for r in step_records(run) if not r.get("warmup") and "phases_device_ms" in r]
+    own = [r for r in timed if "backward" in (r.get("phases_own_device_ms") or {})]
+    if not timed or len(own) < len(timed):
+        raise CheckFailed(f"{len(own)} of {len(timed)} timed steps carry backward's own work (phases_own_device_ms)")
+    worst = max(r["phases_own_device_ms"]["backward"] - r["phases_device_ms"]["backward"] for r in own)
+    if worst > OWN_TOLERANCE_MS:
+        raise CheckFailed(f"backward's own work exceeds the phase by up to {worst:.3f} ms")
+    flags = (json.loads((run / RUN_FILE).read_text()).get("watch") or {}).get("flags") or []
+    named = sorted({(f["rank"], f.get("phase")) for f in flags})
+    said = f"{len(own)} rank-steps with backward's own work within the phase; watch flagged {named or 'nobody'}"
+    if ctx.gpus >= nproc and (1, "backward") not in named:
+        raise CheckFailed(f"rank 1's slower backward was not flagged: {said}")
+    return said
+
+
 # What each lab mode is built to be bound by, and what the collector should say of it on CPU
 # (docs/lab.md); on GPU the same, which is what this check is for on a new cluster.
 EXPECTED_BOTTLENECK = {"data": "data-bound", "torch": "launch-bound", "comm": "comm-exposed"}
@@ -315,6 +346,7 @@ CHECKS = (
     Check("AMP fp16 + GradScaler", "cuda", "autocast fp16 with GradScaler", amp_fp16),
     Check("torch.compile", "cuda", "torch.compile on the GPU", compiled),
     Check("NCCL across GPUs", "2 gpus", "one rank per GPU over NCCL, matched", nccl),
+    Check("watch in DDP backward", "cuda", "backward's own work on the GPU, a slower rank flagged", backward_own_work),
     Check("Flight Recorder on NCCL timeout", "2 gpus", "dumps on a timeout, the hang named", flight_on_timeout),
     Check("Nsight", "nsys", "Nsight Systems installed", nsight),
 )
