@@ -27,9 +27,11 @@ def test_step_records_are_the_compute_streams_events() -> None:
     110 (from 605 / 705, ends 755 on both); optimizer launches at 115 (from 755 to 795); item()
     copies 795-797 and returns at 797. Events (a mark's own 5 us to the device on an idle
     stream): start 5, data 105 (nothing launched yet), forward 305, backward 755 (the
-    all-reduce, which DDP makes the stream wait for), optimizer 795, end 802. Both ranks' records
-    are the same: a rank slower inside the phase that holds the all-reduce is not in its phase
-    times on a GPU. The simulator's step 1 is the harness's step 0."""
+    all-reduce, which DDP makes the stream wait for), optimizer 795, end 802. Both ranks' phase
+    times are the same: a rank slower inside the phase that holds the all-reduce is not in them
+    on a GPU. Its last gradient's event, recorded as the host launches the all-reduce (110),
+    completes after the backward kernel (605 / 705): backward's own work is 300 / 400 us. The
+    simulator's step 1 is the harness's step 0."""
     sim = Sim(world_size=2)
     for r in range(2):
         h = sim.rank(r)
@@ -52,6 +54,7 @@ def test_step_records_are_the_compute_streams_events() -> None:
         expected = {"data": 0.1, "forward": 0.2, "backward": 0.45, "optimizer": 0.04}
         assert record["phases_ms"] == pytest.approx(expected)
         assert record["phases_device_ms"] == pytest.approx(expected)  # the stream idled for the whole data phase
+        assert record["phases_own_device_ms"] == pytest.approx({"backward": 0.3 + 0.1 * t.rank})
 
 
 def test_a_host_running_ahead_hides_its_data_phase_from_the_device() -> None:
@@ -118,6 +121,14 @@ def test_the_watch_flags_a_host_sleep_in_data_in_the_first_interval_it_fills() -
     w = run(case())
     assert w["material"] and w["flags"] == [[14, 3]]
     assert w["latency_steps"] == 14 - ONSET_STEP
+
+
+def test_the_watch_flags_a_slower_gpu_in_backward_by_its_work_before_its_last_gradient() -> None:
+    """Rank 3's backward kernels take 30% of the step longer from step 8: every rank's backward
+    ends at the same all-reduce, but rank 3's last gradient is ready that much later than its
+    peers' (phases_own_device_ms), flagged by the same exchange as the data sleep above."""
+    w = run(case(kind="compute", phase="backward"))
+    assert w["material"] and w["flags"] == [[14, 3]]
 
 
 def test_a_clean_job_is_not_flagged() -> None:

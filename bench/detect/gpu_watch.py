@@ -14,7 +14,9 @@ Step records, as timing.py's StepClock makes them on GPU:
 3. phases_device_ms: each phase = the difference of consecutive events (the data phase's, the
    time the stream idled for the host's loader or ran work launched there); phases_ms the same
    with the data phase as the host's time in it (timing.py: blocked on the loader); step_ms =
-   the end event less the start event;
+   the end event less the start event; phases_own_device_ms: backward's own work, from its
+   start event to the event the gradients-ready hook records when the host has launched the
+   last gradient's kernels (harness/train/grads_ready.py), i.e. at the all-reduce's launch;
 4. the host polls its clock at each step's end, right after recording the step's end event,
    then exchanges when due: a record reaches the watch at the first exchange after its end event
    completed, on its own clock. A step is never complete at its own end (its end event is still
@@ -68,9 +70,11 @@ def step_records(truth: RankTruth, compute_stream: int, latency_us: float) -> li
         return max(mark_us + latency_us, ends[i - 1] if i else 0.0, after_us)
 
     reduced: dict[int, float] = {}
+    issued: dict[int, float] = {}  # the step's all-reduce launch: its gradients are all ready
     for op in truth.ops:
         if op.coll == "allreduce" and op.step is not None:
             reduced[op.step] = max(reduced.get(op.step, 0.0), op.end_us)
+            issued[op.step] = max(issued.get(op.step, 0.0), op.launch_us)
     ranges = [r for r in truth.ranges if r.name in PHASES]
     out = []
     for step in truth.steps:
@@ -83,7 +87,10 @@ def step_records(truth: RankTruth, compute_stream: int, latency_us: float) -> li
         device_ms = {name: (b - a) / 1e3 for name, a, b in zip(PHASES, marks[:-1], marks[1:])}
         phases_ms = {**device_ms, "data": (inside["data"].end_us - inside["data"].start_us) / 1e3}
         record = {"step": step.number - 1, "step_ms": (end - marks[0]) / 1e3, "phases_ms": phases_ms}
-        out.append((end, {**record, "phases_device_ms": device_ms}))
+        backward_at = marks[PHASES.index("backward")]  # the event that opens backward
+        ready = event_us(issued[step.number], backward_at)
+        own = {"backward": (ready - backward_at) / 1e3}
+        out.append((end, {**record, "phases_device_ms": device_ms, "phases_own_device_ms": own}))
     return out
 
 
