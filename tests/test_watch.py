@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -218,28 +219,37 @@ def test_the_step_clock_takes_the_thread_s_cpu_time_per_phase() -> None:
     assert "phases_cpu_ms" not in _one_step(StepClock(cuda=False))
 
 
+class ScriptedEvent:
+    """torch.cuda.Event standing in: each record() completes at the next scripted device time (ms)."""
+
+    times: Iterator[float] = iter(())
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.at_ms = 0.0
+
+    def record(self) -> None:
+        self.at_ms = next(ScriptedEvent.times)
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, other: ScriptedEvent) -> float:
+        return other.at_ms - self.at_ms
+
+
+def scripted_events(monkeypatch: pytest.MonkeyPatch, device_ms: list[float]) -> None:
+    """CUDA events whose records complete at `device_ms`, in record order."""
+    monkeypatch.setattr(ScriptedEvent, "times", iter(device_ms))
+    monkeypatch.setattr(torch.cuda, "Event", ScriptedEvent)
+
+
 def test_on_gpu_the_step_clock_writes_each_phase_as_its_device_saw_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """StepClock on GPU with torch.cuda.Event standing in: each mark's event completes at the
     device time scripted for it (ms). The host spends 20 ms in data while its device, still busy,
     reaches the start and data events at the same 10 ms: phases_device_ms' data is 0 (what the
     watch judges), phases_ms' data and data_ms the host's time blocked on the loader; the other
     phases are the device's in both."""
-    device_ms = iter([10.0, 10.0, 30.0, 31.0])  # start, data, forward, end
-
-    class Event:
-        def __init__(self, enable_timing: bool = False) -> None:
-            self.at_ms = 0.0
-
-        def record(self) -> None:
-            self.at_ms = next(device_ms)
-
-        def query(self) -> bool:
-            return True
-
-        def elapsed_time(self, other: Event) -> float:
-            return other.at_ms - self.at_ms
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
+    scripted_events(monkeypatch, [10.0, 10.0, 30.0, 31.0])  # start, data, forward, end
     clock = StepClock(cuda=True)
     clock.start(0)
     time.sleep(0.02)
@@ -259,22 +269,7 @@ def test_on_gpu_the_step_clock_ends_a_phases_own_work_where_it_is_marked(monkeyp
     backward opens at 10 ms, the last gradient's event (`mark_own_end`, twice: the last counts)
     completes at 25 ms and backward's end at 40 ms: its own work is 15 ms of its 30. A mark
     outside a step, and one on CPU, record nothing."""
-    device_ms = iter([0.0, 10.0, 20.0, 25.0, 40.0, 41.0])  # start, forward, own end x2, backward, end
-
-    class Event:
-        def __init__(self, enable_timing: bool = False) -> None:
-            self.at_ms = 0.0
-
-        def record(self) -> None:
-            self.at_ms = next(device_ms)
-
-        def query(self) -> bool:
-            return True
-
-        def elapsed_time(self, other: Event) -> float:
-            return other.at_ms - self.at_ms
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
+    scripted_events(monkeypatch, [0.0, 10.0, 20.0, 25.0, 40.0, 41.0])  # start, forward, own end x2, backward, end
     clock = StepClock(cuda=True)
     clock.mark_own_end()  # no step open: nothing recorded
     clock.start(0)
