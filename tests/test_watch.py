@@ -147,6 +147,12 @@ def test_on_gpu_a_rank_computing_longer_inside_backward_is_seen_by_its_work_befo
     assert step_row(times[1][0])[2 + len(STEP_PHASES) + STEP_PHASES.index("backward")] == 50.0
     blind = {r: gpu(None) for r in hosts}
     assert judge_interval(blind, hosts, DDP_OWN, cpu=False, th=Thresholds(), held_phases=("backward",)).stragglers == []
+    # one rank without the event in step 11 (a step its hook did not mark): that step's backward
+    # counts for no rank, rather than making that rank the punctual mark and the others late
+    times = {0: gpu(20.0), 1: gpu(20.0), 2: gpu(20.0), 3: gpu(20.0)}
+    del times[3][1]["phases_own_device_ms"]
+    v = judge_interval(times, hosts, DDP_OWN, cpu=False, th=Thresholds(), held_phases=("backward",))
+    assert v.stragglers == [] and [r.late_ms for r in v.ranks] == [0.0] * 4
 
 
 def test_a_rank_computing_longer_inside_backward_is_seen_by_its_cpu_time() -> None:

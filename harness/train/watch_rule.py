@@ -159,7 +159,8 @@ def judge_interval(
     2. per step and rank: own = the sum of its own-work phases (`own_work_phases`; on CPU less
        its wait for a core in them, timing.py's phases_runq_ms: time-sharing, not its work) and,
        per phase that holds collectives (`held_phases`), of its own work there (`step_row`: CPU
-       time on CPU; on GPU its device's time until its last gradient, none where not marked) or,
+       time on CPU; on GPU its device's time until its last gradient; none in a step where some
+       rank lacks it) or,
        where every rank's arrivals at those collectives are known (`arrivals`, CPU), the larger
        of its CPU time beyond the punctual ranks' mean there and the lateness its arrivals show
        it added there (arrivals.held_lateness_ms: a rank that sleeps or blocks there), all
@@ -200,7 +201,10 @@ def judge_interval(
     if not steps or n_ranks < 2:
         return IntervalVerdict(steps=steps, ranks=[])
     walls = torch.nan_to_num(table[..., 2 : 2 + PHASES], nan=0.0)
-    cpus = torch.nan_to_num(table[..., 2 + PHASES : 2 + 2 * PHASES], nan=0.0)
+    cpus = table[..., 2 + PHASES : 2 + 2 * PHASES]
+    # own work in a phase counts in a step only where every rank has it: a rank without it (a
+    # GPU step its gradient hook did not mark) would be the punctual mark and make the rest late
+    cpus = torch.where(torch.isnan(cpus).any(dim=0, keepdim=True), 0.0, cpus)
     waits = torch.nan_to_num(table[..., 2 + 2 * PHASES :], nan=0.0)
     walls = (walls - waits).clamp(min=0.0)  # the time it wanted a core and had none is not its work
     names = own_phases + held_phases
