@@ -61,6 +61,22 @@ def test_a_pass_that_reaches_part_of_the_model_calls_at_its_own_last_gradient() 
     assert len(w.calls) == 3 and w.calls[-1] == [True] * 6
 
 
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_under_activation_checkpointing_the_last_call_has_every_gradient(reentrant: bool) -> None:
+    """A reentrant checkpoint runs its segment's backward as a pass of its own, inside the outer
+    one: each pass calls at its own last gradient, and the last call (the one the step clock
+    keeps) comes once every gradient is in."""
+    from torch.utils.checkpoint import checkpoint
+
+    m = three_layers()
+    w = Watcher(m)
+    x = torch.randn(2, 4, requires_grad=True)
+    m[2](checkpoint(m[1], m[0](x), use_reentrant=reentrant)).sum().backward()
+    assert len(w.calls) == (2 if reentrant else 1)
+    assert w.calls[-1] == [True] * 6
+    assert w.ready._passes == {}
+
+
 def test_frozen_parameters_are_not_waited_for_and_detach_removes_the_hooks() -> None:
     m = three_layers()
     m[0].requires_grad_(False)

@@ -23,12 +23,16 @@ which is the forward's: the stream the step clock records on in a loop that uses
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+
+# autograd's own: the running backward pass's id, and whether it will run a node
+_graph_task = torch._C._current_graph_task_id
+_will_run = torch._C._will_engine_execute_node
 
 
 def _accumulator(param: torch.Tensor) -> Any:
@@ -45,8 +49,8 @@ class GradientsReady:
         self.on_ready = on_ready
         self._handles: list[Any] = []
         self._accumulators: list[Any] = []  # held: a parameter keeps only a weak reference to its node
-        self._counts: dict[int, tuple[int, int]] = {}  # graph task -> (expected, seen)
-        self._lock = threading.Lock()
+        # graph task -> (the gradients it will accumulate, a counter of those it has)
+        self._passes: dict[int, tuple[int, Iterator[int]]] = {}
 
     def attach(self, model: nn.Module) -> int:
         """Hook `model`'s parameters that need gradients; how many (0: nothing to watch)."""
@@ -60,18 +64,17 @@ class GradientsReady:
         for h in self._handles:
             h.remove()
         self._handles, self._accumulators = [], []
-        self._counts.clear()
+        self._passes.clear()
 
     def _hook(self, _param: torch.Tensor) -> None:
-        task = torch._C._current_graph_task_id()
-        with self._lock:
-            expected, seen = self._counts.get(task, (0, 0))
-            if seen == 0:
-                will_run = torch._C._will_engine_execute_node
-                expected = sum(1 for node in self._accumulators if will_run(node))
-            seen += 1
-            if seen < expected:
-                self._counts[task] = (expected, seen)
-                return
-            self._counts.pop(task, None)
-        self.on_ready()
+        # No lock (one costs as much as the rest of the hook): each step below is one call into C
+        # under the GIL, so hooks of one pass on two threads (parameters on two devices) still
+        # count each gradient once and call once.
+        task = _graph_task()
+        state = self._passes.get(task)
+        if state is None:  # the pass's first gradient: how many it will accumulate
+            state = self._passes.setdefault(task, (sum(map(_will_run, self._accumulators)), itertools.count(1)))
+        expected, seen = state
+        if next(seen) == expected:
+            self._passes.pop(task, None)
+            self.on_ready()
