@@ -110,6 +110,11 @@ SMOKE = [
         ],
     ),
     Smoke(
+        "grads_hook.py",
+        ["--layers", "4", "--reps", "2", "--passes", "2"],
+        ["4 layers, 8 parameters", "backward without hooks", "hooks:"],
+    ),
+    Smoke(
         "detection.py",
         ["--smoke", "--seed", "2"],
         ["real runs (1 cases", "generated (1 cases", "real: recall", "generated: false alarms"],
