@@ -89,6 +89,29 @@ def test_frozen_parameters_are_not_waited_for_and_detach_removes_the_hooks() -> 
     assert len(w.calls) == 1
 
 
+class FailingBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("out of memory (a batch the loop skips)")
+
+
+def test_a_pass_that_raised_leaves_a_count_that_the_next_step_drops() -> None:
+    m = three_layers()
+    w = Watcher(m)
+    x = torch.randn(2, 4)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        m[2](FailingBackward.apply(m[1](m[0](x)))).sum().backward()  # the last layer's gradients only
+    assert w.calls == [] and len(w.ready._passes) == 1
+    w.ready.new_step()
+    assert w.ready._passes == {}
+    m(x).sum().backward()
+    assert len(w.calls) == 1 and w.ready._passes == {}
+
+
 def test_under_ddp_it_calls_once_per_backward_beside_the_reducers_hooks() -> None:
     """A one-rank gloo group: DDP's reducer hooks the same gradient accumulators; the pass still
     calls once, with every gradient in place, and DDP's all-reduce still averages them."""

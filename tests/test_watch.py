@@ -243,10 +243,14 @@ class ScriptedEvent:
         return other.at_ms - self.at_ms
 
 
-def scripted_events(monkeypatch: pytest.MonkeyPatch, device_ms: list[float]) -> None:
-    """CUDA events whose records complete at `device_ms`, in record order."""
+def scripted_events(monkeypatch: pytest.MonkeyPatch, device_ms: list[float]) -> list[int]:
+    """CUDA events whose records complete at `device_ms`, in record order, on CUDA device 0; the
+    current device is the returned list's only item (set it to another to switch)."""
+    current = [0]
     monkeypatch.setattr(ScriptedEvent, "times", iter(device_ms))
     monkeypatch.setattr(torch.cuda, "Event", ScriptedEvent)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    return current
 
 
 def test_on_gpu_the_step_clock_writes_each_phase_as_its_device_saw_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -274,19 +278,27 @@ def test_on_gpu_the_step_clock_ends_a_phases_own_work_where_it_is_marked(monkeyp
     """StepClock on GPU with torch.cuda.Event standing in (device times in ms, in record order):
     backward opens at 10 ms, the last gradient's event (`mark_own_end`, twice: the last counts)
     completes at 25 ms and backward's end at 40 ms: its own work is 15 ms of its 30. A mark
-    outside a step, and one on CPU, record nothing."""
-    scripted_events(monkeypatch, [0.0, 10.0, 20.0, 25.0, 40.0, 41.0])  # start, forward, own end x2, backward, end
+    outside a step, one from another GPU, one outside any phase and one on CPU record nothing."""
+    # start, forward, own end x2, backward, end; step 1: start, own end, end
+    device = scripted_events(monkeypatch, [0.0, 10.0, 20.0, 25.0, 40.0, 41.0, 50.0, 55.0, 60.0])
     clock = StepClock(cuda=True)
     clock.mark_own_end()  # no step open: nothing recorded
     clock.start(0)
     clock.mark("forward")
     clock.mark_own_end()
     clock.mark_own_end()
+    device[0] = 1
+    clock.mark_own_end()  # a gradient on another GPU: nothing recorded
+    device[0] = 0
     clock.mark("backward")
     clock.finish()
-    [rec] = clock.poll()
+    clock.start(1)
+    clock.mark_own_end()  # outside any phase: the step's end takes no own work
+    clock.finish()
+    rec, outside = clock.poll()
     assert rec["phases_device_ms"] == {"forward": 10.0, "backward": 30.0}
     assert rec["phases_own_device_ms"] == {"backward": 15.0}
+    assert "phases_own_device_ms" not in outside
     cpu_clock = StepClock(cuda=False)
     cpu_clock.start(0)
     cpu_clock.mark_own_end()

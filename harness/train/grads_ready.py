@@ -16,9 +16,13 @@ handed the parameter, not the gradient. Algorithm, per backward pass (autograd's
    will run in this pass (a loss of part of the model, `inputs=`, unused parameters: fewer);
 2. each hook call counts one; the call that reaches `expected` is the pass's last gradient:
    `on_ready()`.
-With gradient accumulation every pass calls it, and the last call in a step counts.
-Hooks run on autograd's thread for the device (on CUDA not the loop's), on its current stream,
-which is the forward's: the stream the step clock records on in a loop that uses one stream.
+With gradient accumulation every pass calls it, and the last call in a step counts. A pass that
+raised before its last gradient leaves a count behind: `new_step` drops them.
+Hooks run on autograd's thread for the device (on CUDA not the loop's), on the stream of the
+parameter's gradient accumulator (the stream current when it was made: the loop's own, unless
+the model was wrapped under another, as Lightning does). Either way the event cannot end after
+backward's: autograd makes the caller's stream wait for the accumulators' streams before
+`backward()` returns.
 """
 
 from __future__ import annotations
@@ -59,6 +63,11 @@ class GradientsReady:
             self._accumulators = [_accumulator(p) for p in params]
         self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in params]
         return len(params)
+
+    def new_step(self) -> None:
+        """Forget passes that never reached their last gradient (one that raised): a pass does
+        not outlive its step."""
+        self._passes.clear()
 
     def detach(self) -> None:
         for h in self._handles:

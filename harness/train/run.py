@@ -239,14 +239,19 @@ class Run:
         into the rank's own work and its wait for the all-reduce (timing.py's
         phases_own_device_ms), which ends together on every rank. Call it once after start()
         with the model (wrapped or not); True where hooked. Nothing on CPU (the watch reads CPU
-        time and arrivals there), with the watch off, or under FSDP (its all-gathers hold the
-        compute stream inside backward, so the last gradient includes waiting too)."""
+        time and arrivals there), with the watch off, under FSDP (its all-gathers hold the
+        compute stream inside backward, so the last gradient includes waiting too), or for a
+        model with a parameter off the device the step clock times (its events could not be
+        compared with the clock's)."""
         if not self._started:
             raise RuntimeError("harness.Run: watch_gradients() after start()")
         watch = self.watch
         if self._grads is not None or self.device.type != "cuda" or not (watch and watch.on):
             return False
         if self.cfg.job.parallel != "ddp":
+            return False
+        clock_device = torch.cuda.current_device() if self.device.index is None else self.device.index
+        if any(p.device != torch.device("cuda", clock_device) for p in model.parameters() if p.requires_grad):
             return False
         grads = GradientsReady(self.clock.mark_own_end)
         if not grads.attach(model):
@@ -374,6 +379,8 @@ class Run:
         self._annotate = self._profiler_state == "record"
         self.progress.step, self.progress.phase = step, None
         self.clock.start(step)
+        if self._grads is not None:
+            self._grads.new_step()
         return step
 
     def end_step(self, **fields: Any) -> None:

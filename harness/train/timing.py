@@ -52,6 +52,7 @@ class _PendingStep:
     epoch_marks: list[int] = field(default_factory=list)
     runq_marks: list[float | None] = field(default_factory=list)
     events: list[tuple[str, Any]] = field(default_factory=list)
+    device: int | None = None  # the CUDA device its events are recorded on (GPU)
     own_end: Any = None  # the open phase's latest `mark_own_end` event
     own_events: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # phase -> (its start, own end)
 
@@ -69,7 +70,7 @@ class StepClock:
         self._last_end_host: float | None = None
 
     def start(self, step: int) -> None:
-        self._current = _PendingStep(step=step, extra={})
+        self._current = _PendingStep(step=step, extra={}, device=torch.cuda.current_device() if self.cuda else None)
         self.mark("start")
 
     def mark(self, label: str) -> None:
@@ -83,9 +84,9 @@ class StepClock:
         if self._runq is not None:
             cur.runq_marks.append(self._runq.read_ms())
         if self.cuda:
-            if cur.own_end is not None and cur.events:
+            if cur.own_end is not None and cur.events and label != "end":
                 cur.own_events[label] = (cur.events[-1][1], cur.own_end)
-                cur.own_end = None
+            cur.own_end = None  # a phase's own: never the next phase's, nor outside any phase
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             cur.events.append((label, event))
@@ -94,9 +95,11 @@ class StepClock:
         """Where the open phase's own work ends on the device (GPU; nothing on CPU, where the
         watch reads CPU time, nor outside a step): an event on the current stream, the last one
         before the phase's end counting. Called from autograd's thread (grads_ready.py) while
-        the loop's thread waits in backward."""
+        the loop's thread waits in backward, whose current device is the gradient's: on another
+        device than the step's events (a model not on the loop's current device) it records
+        nothing, as two devices' events have no time between them."""
         cur = self._current
-        if not self.cuda or cur is None:
+        if not self.cuda or cur is None or torch.cuda.current_device() != cur.device:
             return
         event = torch.cuda.Event(enable_timing=True)
         event.record()
@@ -151,8 +154,14 @@ class StepClock:
             # what the device spent in each phase, data included: the time its stream idled for
             # the loader (none when it was still busy with earlier steps: a host running ahead)
             extra["phases_device_ms"] = dict(phases_ms)
-            if p.own_events:
-                extra["phases_own_device_ms"] = {label: a.elapsed_time(b) for label, (a, b) in p.own_events.items()}
+            own = {}
+            for label, (a, b) in p.own_events.items():
+                try:
+                    own[label] = a.elapsed_time(b)
+                except RuntimeError:  # events CUDA cannot compare: no own work, the step timed all the same
+                    continue
+            if own:
+                extra["phases_own_device_ms"] = own
         # Data wait is host time blocked on the loader, on either device.
         data_ms = next(((b - a) * 1e3 for (_, a), (label, b) in zip(host[:-1], host[1:]) if label == "data"), 0.0)
         phases_ms["data"] = data_ms

@@ -20,7 +20,8 @@ time there until its last gradient (`Run.watch_gradients`, grads_ready.py): DDP'
 beside backward on their own stream, and the compute stream waits for them only at backward's
 end. What this cannot see: a GPU rank slow inside FSDP's forward or backward (its all-gathers
 hold the compute stream between the phase's layers, so no one event splits work from waiting),
-or inside DDP's backward in a loop that did not hook its gradients. The traces see it (the
+inside a DDP backward that waits for peers before its last gradient (SyncBatchNorm, tensor- or
+expert-parallel collectives), or inside DDP's backward in a loop that did not hook its gradients. The traces see it (the
 collector's lateness at each collective); a scheduled or triggered window captures it.
 """
 
