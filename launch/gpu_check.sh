@@ -42,7 +42,8 @@ stage() {
     "$PY" -c "import torch; c = torch.cuda.is_available(); print('torch', torch.__version__, 'cuda', c, torch.cuda.get_device_name(0) if c else '')"
     command -v nsys ncu 2>&1
 } > "$OUT/device.txt" 2>&1
-stage selfcheck 300 "$PY" -m harness.selfcheck --out "$WORK/selfcheck"
+# 360 s: its GPU checks are the core (the lab sweep and pytest -m gpu after it repeat parts of it)
+stage selfcheck 360 "$PY" -m harness.selfcheck --out "$WORK/selfcheck"
 cp "$WORK/selfcheck/selfcheck.json" "$OUT/" 2>/dev/null
 stage overhead 120 "$PY" bench/overhead.py --mode torch --steps 200 --reps 3
 stage lab 120 "$PY" -m harness.lab three-run --log-dir "$WORK/lab" --row-timeout-s 100

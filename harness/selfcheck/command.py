@@ -70,13 +70,16 @@ def run_checks(checks: list[Check], ctx: Context, have: dict[str, Any], say: Any
                 result, detail = "failed", str(exc)
             except Exception as exc:  # noqa: BLE001 - a check that breaks is a failed check, said in one line
                 result, detail = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        seconds = round(time.monotonic() - started, 1)
+        if not why:  # as it ends: a run cut short by its time limit keeps what it found
+            say(f"{PROG}: {check.name}: {result} in {seconds} s: {detail}", flush=True)
         rows.append(
             {
                 "check": check.name,
                 "needs": check.needs,
                 "what": check.what,
                 "result": result,
-                "seconds": round(time.monotonic() - started, 1),
+                "seconds": seconds,
                 "detail": detail,
             }
         )
