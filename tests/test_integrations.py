@@ -84,3 +84,21 @@ def test_a_framework_jobs_slow_rank_is_named(framework: str, tmp_path: Path) -> 
         # own loading is about a third of its ~5 ms of own work, on either side of the data-bound
         # rule's 30% on two shared cores: a fresh-clone CI read 39% once.)
         assert victim["bottleneck"] != "data-bound", victim["reason"]
+
+
+def test_the_lightning_callback_tells_the_watch_its_strategys_collectives() -> None:
+    """The watch's `parallel` from the strategy: DDP's all-reduces hold backward; FSDP,
+    model-parallel and DeepSpeed gather parameters in forward and backward (DeepSpeedStrategy is a
+    DDPStrategy subclass: its name decides); one device holds none."""
+    import torch
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
+
+    from harness.integrations.lightning import parallel_of
+
+    class DeepSpeedStrategy(DDPStrategy):  # the real one needs deepspeed installed
+        pass
+
+    assert parallel_of(DDPStrategy()) == "ddp"
+    assert parallel_of(FSDPStrategy()) == parallel_of(ModelParallelStrategy()) == "fsdp"
+    assert parallel_of(DeepSpeedStrategy()) == "fsdp"
+    assert parallel_of(SingleDeviceStrategy(torch.device("cpu"))) == "none"

@@ -12,7 +12,8 @@ What its hooks map to (Lightning's fit loop, automatic optimisation):
    `optimizer` until `on_train_batch_end`;
 3. on_train_end: the step opened after the last one (it never ran) is dropped and the run ends;
    on_exception: the run ends with the exception (its status says how and where).
-Keyword arguments are `harness.Run`'s settings (names of harness.train's flags).
+Keyword arguments are `harness.Run`'s settings (names of harness.train's flags); `parallel`, which
+tells the watch which phases hold collectives, defaults to the strategy's (`parallel_of`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,22 @@ import lightning.pytorch as pl
 
 from harness.train.run import Run
 
+# Strategies that gather parameters inside forward and backward, as FSDP does (ModelParallelStrategy
+# is FSDP2 with tensor parallelism; DeepSpeed's ZeRO-3 gathers there too, and for its stages 1-2,
+# whose forward holds none, a held forward only hides a straggler there, while taking a phase that
+# holds collectives for own work would name its victims). DeepSpeedStrategy subclasses DDPStrategy.
+FSDP_LIKE = {"FSDPStrategy", "ModelParallelStrategy", "DeepSpeedStrategy"}
+
+
+def parallel_of(strategy: Any) -> str:
+    """The watch's `parallel` (ddp, fsdp, none) for a Lightning strategy, by its class and bases:
+    FSDP-like (FSDP_LIKE) -> fsdp; any other strategy over several processes -> ddp; one device ->
+    none."""
+    names = {c.__name__ for c in type(strategy).__mro__}
+    if names & FSDP_LIKE:
+        return "fsdp"
+    return "ddp" if "ParallelStrategy" in names else "none"
+
 
 class HarnessCallback(pl.Callback):
     def __init__(self, **settings: Any) -> None:
@@ -31,7 +48,8 @@ class HarnessCallback(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
-        self.run = Run(device=pl_module.device, **{"steps": steps, "job_name": "lightning", **self.settings}).start()
+        settings = {"steps": steps, "job_name": "lightning", "parallel": parallel_of(trainer.strategy), **self.settings}
+        self.run = Run(device=pl_module.device, **settings).start()
         self.run.watch_gradients(pl_module)
         self.run.begin_step()
         self.run.begin_phase("data")
