@@ -250,8 +250,8 @@ class Run:
             return False
         if self.cfg.job.parallel != "ddp":
             return False
-        clock_device = torch.cuda.current_device() if self.device.index is None else self.device.index
-        if any(p.device != torch.device("cuda", clock_device) for p in model.parameters() if p.requires_grad):
+        clock_device = torch.device("cuda", torch.cuda.current_device())  # where StepClock records
+        if any(p.device != clock_device for p in model.parameters() if p.requires_grad):
             return False
         grads = GradientsReady(self.clock.mark_own_end)
         if not grads.attach(model):

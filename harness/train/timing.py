@@ -84,7 +84,7 @@ class StepClock:
         if self._runq is not None:
             cur.runq_marks.append(self._runq.read_ms())
         if self.cuda:
-            if cur.own_end is not None and cur.events and label != "end":
+            if cur.own_end is not None and label != "end":  # never set before the step's start mark
                 cur.own_events[label] = (cur.events[-1][1], cur.own_end)
             cur.own_end = None  # a phase's own: never the next phase's, nor outside any phase
             event = torch.cuda.Event(enable_timing=True)

@@ -21,8 +21,9 @@ beside backward on their own stream, and the compute stream waits for them only 
 end. What this cannot see: a GPU rank slow inside FSDP's forward or backward (its all-gathers
 hold the compute stream between the phase's layers, so no one event splits work from waiting),
 inside a DDP backward that waits for peers before its last gradient (SyncBatchNorm, tensor- or
-expert-parallel collectives), or inside DDP's backward in a loop that did not hook its gradients. The traces see it (the
-collector's lateness at each collective); a scheduled or triggered window captures it.
+expert-parallel collectives), or inside DDP's backward in a loop that did not hook its
+gradients. The traces see it (the collector's lateness at each collective); a scheduled or
+triggered window captures it.
 """
 
 from __future__ import annotations
@@ -161,11 +162,10 @@ def judge_interval(
        its wait for a core in them, timing.py's phases_runq_ms: time-sharing, not its work) and,
        per phase that holds collectives (`held_phases`), of its own work there (`step_row`: CPU
        time on CPU; on GPU its device's time until its last gradient; none in a step where some
-       rank lacks it) or,
-       where every rank's arrivals at those collectives are known (`arrivals`, CPU), the larger
-       of its CPU time beyond the punctual ranks' mean there and the lateness its arrivals show
-       it added there (arrivals.held_lateness_ms: a rank that sleeps or blocks there), all
-       divided by its speed (`phase_speed` on CPU; 1 on GPU);
+       rank lacks it) or, where every rank's arrivals at those collectives are known
+       (`arrivals`, CPU), the larger of its CPU time beyond the punctual ranks' mean there and
+       the lateness its arrivals show it added there (arrivals.held_lateness_ms: a rank that
+       sleeps or blocks there), all divided by its speed (`phase_speed` on CPU; 1 on GPU);
        lateness = own - the punctual ranks' own (the lower quartile: `punctual_index`), at
        least 0;
     3. per rank: late_ms = the mean lateness per step; beyond_peers_ms = late_ms less
