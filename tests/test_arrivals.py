@@ -25,8 +25,9 @@ def spans(starts_ms: list[float], phase: str = "backward", step: int = 10, lengt
 
 
 def arrivals(times_ms: list[list[float]], phase: str = "backward", step: int = 10, first_seq: int = 1) -> list[list]:
-    """Per rank, its arrivals at collectives first_seq, first_seq + 1, ... of group 0."""
-    return [[(step, phase, 0, first_seq + k, int(t * MS)) for k, t in enumerate(mine)] for mine in times_ms]
+    """Per rank, its arrivals at collectives first_seq, first_seq + 1, ... of group 0 (CPU: issued
+    when arrived)."""
+    return [[(step, phase, 0, first_seq + k, int(t * MS), int(t * MS)) for k, t in enumerate(ts)] for ts in times_ms]
 
 
 def test_a_sleep_before_asynchronous_buckets_counts_once() -> None:
@@ -83,7 +84,7 @@ def test_the_punctual_mark_is_the_lower_quartile_and_clocks_are_offset_per_host(
 
 def test_only_collectives_every_rank_issued_count_and_a_missing_span_gives_none() -> None:
     times = arrivals([[5, 10], [25, 30]])
-    times[0].append((10, "backward", 0, 99, 12 * MS))  # one rank only: not matched
+    times[0].append((10, "backward", 0, 99, 12 * MS, 12 * MS))  # one rank only: not matched
     late = held_lateness_ms(spans([0, 0]), times, [10], ["backward"])
     assert late is not None and late.tolist() == [[[0.0]], [[20.0]]]
     assert held_lateness_ms(spans([0, 0]), times, [10, 11], ["backward"]) is None
@@ -98,8 +99,8 @@ def test_recorder_entries_are_placed_in_this_rank_s_phases() -> None:
     ]
     spans_ns = {10: {"backward": [0, 100 * MS], "data": [100 * MS, 200 * MS]}}
     assert my_arrivals(entries, spans_ns, ["backward"]) == [
-        (10, "backward", 0, 1, 5 * MS),
-        (10, "backward", 2, 3, 50 * MS),
+        (10, "backward", 0, 1, 5 * MS, 5 * MS),
+        (10, "backward", 2, 3, 50 * MS, 50 * MS),
     ]
 
 
@@ -123,9 +124,8 @@ def _held(n_ranks: int, steps: list[int], sleeper: int, sleep_ms: float) -> Held
     for r in range(n_ranks):
         delay = sleep_ms if r == sleeper else 0.0
         spans_ns.append({s: {"backward": [s * 1000 * MS, (s * 1000 + 100) * MS]} for s in steps})
-        arrived.append(
-            [(s, "backward", 0, 2 * s + k, int((s * 1000 + delay + 5 * (k + 1)) * MS)) for s in steps for k in range(2)]
-        )
+        times = [(s, k, int((s * 1000 + delay + 5 * (k + 1)) * MS)) for s in steps for k in range(2)]
+        arrived.append([(s, "backward", 0, 2 * s + k, t, t) for s, k, t in times])
     return HeldArrivals(spans_ns=spans_ns, arrivals=arrived, offsets_ns=[0.0] * n_ranks)
 
 
@@ -202,15 +202,131 @@ def test_the_watch_gathers_arrivals_and_puts_other_hosts_on_rank_0_s_clock(tmp_p
     # all-gather together: ranks 0 and 1 at 100 and 104 ns on host a's clock, rank 2 at 1 s + 100
     # on host b's, 1 s ahead: host b's offset is 1 s less the median of host a's, 102 ns.
     entries = [{"pg_id": 0, "collective_seq_id": 1, "time_created_ns": 5 * MS, "is_p2p": False}]
-    monkeypatch.setattr("harness.train.watch.recorder_entries", lambda: entries)
+    monkeypatch.setattr("harness.train.watch.recorder_entries", lambda backend: entries)
     span = {10: {"backward": [0, 100 * MS]}}
-    others = [(span, [(10, "backward", 0, 1, 6 * MS)], 104), (span, [], 1_000_000_100)]
+    others = [(span, [(10, "backward", 0, 1, 6 * MS, 6 * MS)], 104), (span, [], 1_000_000_100)]
     watch = ThreeRankWatch(tmp_path, others)
     watch.add({"step": 10, "step_ms": 100.0, "phases_ms": {}, "phases_span_ns": {"backward": [0, 100 * MS]}})
     got = watch._arrivals(100)
     assert got is not None
     assert got.offsets_ns == [0.0, 0.0, 1_000_000_100 - 102]
-    assert got.arrivals[0] == [(10, "backward", 0, 1, 5 * MS)]
+    assert got.arrivals[0] == [(10, "backward", 0, 1, 5 * MS, 5 * MS)]
     assert got.spans_ns[0] == span
     # a rank whose recorder cannot be read: no arrivals this interval (the CPU time is read)
     assert ThreeRankWatch(tmp_path, [others[0], None])._arrivals(100) is None
+
+
+def device(durations_ms: list[list[float]], phase: str = "forward", step: int = 10, issued_ms: float = 1.0) -> list:
+    """Per rank, its arrivals at collectives 1, 2, ... of group 0 as NCCL times them on GPU: each
+    issued by the host `issued_ms` apart, arrived at -duration."""
+    return [
+        [(step, phase, 0, 1 + k, int((k + 1) * issued_ms * MS), -int(d * MS)) for k, d in enumerate(mine)]
+        for mine in durations_ms
+    ]
+
+
+def test_on_gpu_a_rank_s_arrival_is_its_collective_s_end_less_its_duration() -> None:
+    # FSDP forward, three all-gathers ending together on both ranks. Rank 1's layer before the
+    # second ran 4 ms longer: it started that all-gather 4 ms after rank 0, whose kernel waited
+    # for it (6 ms against 2); they are back in step at the third.
+    late = held_lateness_ms(spans([0, 0], "forward"), device([[2, 6, 2], [2, 2, 2]]), [10], ["forward"], device=True)
+    assert late is not None
+    assert late.tolist() == [[[0.0]], [[4.0]]]
+    # What a rank entered the phase with shows at its first collective and is not counted here
+    # (the phases before, on its device, hold it): 3 ms late there, 4 ms at the second, which
+    # counts as the 1 ms increase (a lower bound, as after any blocking collective).
+    late = held_lateness_ms(spans([0, 0], "forward"), device([[5, 6, 2], [2, 2, 2]]), [10], ["forward"], device=True)
+    assert late is not None
+    assert late.tolist() == [[[0.0]], [[1.0]]]
+
+
+def test_on_gpu_collectives_are_taken_in_the_order_the_hosts_issued_them() -> None:
+    # The same collectives listed in another order, and host clocks 1 s apart on rank 1 (its
+    # offset): the order is the punctual issue, the durations need no clock.
+    times = device([[2, 6, 2], [2, 2, 2]])
+    times = [list(reversed(mine)) for mine in times]
+    times[1] = [(s, p, g, q, i + 1000 * MS, a) for s, p, g, q, i, a in times[1]]
+    starts = spans([0, 1000], "forward")
+    late = held_lateness_ms(starts, times, [10], ["forward"], offsets_ns=[0, 1000 * MS], device=True)
+    assert late is not None
+    assert late.tolist() == [[[0.0]], [[4.0]]]
+
+
+def test_on_gpu_the_recorder_s_durations_are_arrivals_and_an_untimed_collective_is_left_out() -> None:
+    entries = [
+        {"pg_id": 0, "collective_seq_id": 1, "time_created_ns": 5 * MS, "is_p2p": False, "duration_ms": 2.5},
+        {"pg_id": 0, "collective_seq_id": 2, "time_created_ns": 6 * MS, "is_p2p": False, "duration_ms": None},
+        {"pg_id": 0, "collective_seq_id": 3, "time_created_ns": 7 * MS, "is_p2p": False},
+    ]
+    spans_ns = {10: {"backward": [0, 100 * MS]}}
+    assert my_arrivals(entries, spans_ns, ["backward"], device=True) == [(10, "backward", 0, 1, 5 * MS, -2_500_000)]
+    assert len(my_arrivals(entries, spans_ns, ["backward"])) == 3  # CPU: every issue is an arrival
+
+
+def _gpu_tables(n_ranks: int, steps: list[int]) -> torch.Tensor:
+    """Every rank's GPU table: the same device time in every phase, no own work measured."""
+    out = []
+    for _ in range(n_ranks):
+        recs = [{"step": s, "step_ms": 100.0, "phases_ms": dict(BASE), "phases_device_ms": dict(BASE)} for s in steps]
+        out.append(pack_rows([step_row(rec) for rec in recs], len(steps)))
+    return torch.stack(out)
+
+
+def test_the_watch_names_a_gpu_rank_slow_inside_fsdp_s_forward_from_nccl_s_durations() -> None:
+    # 4 FSDP ranks, every phase as long on each device (the slow one works, the others wait).
+    # Rank 3 computes each step's second layer 10 ms longer (10% of the 100 ms step, over the
+    # 8% bound): it starts the third all-gather 10 ms after the others, whose kernels wait 10 ms
+    # longer for it.
+    steps = [10, 11, 12, 13]
+    arrived, spans_ns = [], []
+    for r in range(4):
+        mine = []
+        for s in steps:
+            durations = [2.0, 2.0, 2.0, 2.0] if r == 3 else [2.0, 2.0, 12.0, 2.0]
+            mine += device([durations], step=s)[0]
+        arrived.append(mine)
+        spans_ns.append({s: {"forward": [0, 100 * MS], "backward": [100 * MS, 200 * MS]} for s in steps})
+    own = own_work_phases("fsdp")
+    tables = _gpu_tables(4, steps)
+    both = ("forward", "backward")
+    assert judge_tables(tables, {}, own, cpu=False, th=Thresholds(), held_phases=both).stragglers == []
+    held = HeldArrivals(spans_ns=spans_ns, arrivals=arrived, offsets_ns=[0.0] * 4, device=True)
+    v = judge_tables(tables, {}, own, cpu=False, th=Thresholds(), held_phases=both, arrivals=held)
+    assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 0.0, 0.0, 10.0]
+    [s] = v.stragglers
+    assert (s.rank, s.phase, s.excess_ms, s.steps_late) == (3, "forward", 10.0, 4)
+
+
+def test_the_gpu_watch_reads_nccl_s_recorder_and_marks_the_arrivals_as_device_ones(tmp_path: Path, monkeypatch) -> None:
+    entries = [{"pg_id": 0, "collective_seq_id": 1, "time_created_ns": 5 * MS, "is_p2p": False, "duration_ms": 3.0}]
+    asked = []
+    monkeypatch.setattr("harness.train.watch.recorder_entries", lambda backend: asked.append(backend) or entries)
+    span = {10: {"backward": [0, 100 * MS]}}
+    watch = ThreeRankWatch(tmp_path, [(span, [], 100), (span, [], 100)])
+    watch.cpu, watch.backend = False, "nccl"
+    watch.add({"step": 10, "step_ms": 100.0, "phases_ms": {}, "phases_span_ns": {"backward": [0, 100 * MS]}})
+    got = watch._arrivals(100)
+    assert got is not None and got.device and asked == ["nccl"]
+    assert got.arrivals[0] == [(10, "backward", 0, 1, 5 * MS, -3 * MS)]
+
+
+def test_the_recorder_is_set_to_time_nccl_s_collectives_unless_the_user_chose() -> None:
+    from harness.train.flight import enable
+
+    env: dict[str, str] = {}
+    assert "TORCH_NCCL_ENABLE_TIMING" in enable(2000, "nccl", env) and env["TORCH_NCCL_ENABLE_TIMING"] == "1"
+    env = {"TORCH_NCCL_ENABLE_TIMING": "0"}
+    enable(2000, "nccl", env)
+    assert env["TORCH_NCCL_ENABLE_TIMING"] == "0"
+    env = {}
+    enable(2000, "gloo", env)
+    assert "TORCH_NCCL_ENABLE_TIMING" not in env
+
+
+def test_the_step_clock_spans_phases_when_asked_without_thread_time() -> None:
+    clock = StepClock(cuda=False, spans=True)
+    clock.start(0)
+    clock.mark("forward")
+    clock.finish()
+    [rec] = clock.poll()
+    assert set(rec["phases_span_ns"]) == {"forward"} and "phases_cpu_ms" not in rec

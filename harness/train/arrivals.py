@@ -1,13 +1,24 @@
-"""Each CPU rank's arrival at each collective, for the live watch's phases that hold collectives.
+"""Each rank's arrival at each collective, for the live watch's phases that hold collectives.
 
 Inside such a phase (DDP's backward, FSDP's forward and backward) every rank's wall time ends at
 the same collective, and a rank that sleeps or blocks there does not spend CPU time: by phase
-times it looks like the peers waiting for it. Its arrivals do not: it issues each collective
+times it looks like the peers waiting for it. Its arrivals do not: it reaches each collective
 later than they do. torch's Flight Recorder (on in the lab, `harness.enable_flight_recorder` in
 a user's job) stamps every collective a rank issues with `time_created_ns`, on the host's epoch
 clock, gloo included; the step clock stamps each phase on the same clock (timing.py,
-`phases_span_ns`). On CPU an issue is an arrival (gloo runs the collective as it is issued); on
-GPU it is not (the host enqueues ahead of its device), so this is read on CPU only.
+`phases_span_ns`), which places each collective in a step and phase.
+
+On CPU an issue is an arrival: gloo runs the collective as it is issued. On GPU it is not: the
+host enqueues ahead of its device. There the arrival is read from NCCL's timing of the
+collective (`duration_ms`, recorded when collectives are timed: TORCH_NCCL_ENABLE_TIMING, which
+`flight.enable` sets). ProcessGroupNCCL makes its stream wait for the issuing stream, then
+records a start event, then launches the kernel, then an end event. The start event fires once
+this rank's device has done the work the collective waits for (and its stream's earlier
+collectives); the kernel ends on every rank together, when the last rank has joined and the
+transfer is done. So a rank's start is the common end less its duration: the shorter its
+duration, the later it arrived, and -duration is its arrival on a scale every rank shares, with
+no clock compared. The watchdog fills `duration_ms` in when it sees the collective complete
+(every ~100 ms): the newest collectives may lack it and are left out.
 
 `held_lateness_ms` is pure; `recorder_entries` and `my_arrivals` read this process's recorder.
 """
@@ -23,10 +34,12 @@ import torch
 
 from harness.collect.analyse.stragglers import punctual_index
 
-# One arrival: (step, phase, process group id, collective sequence id, time_created_ns). A
-# collective is the same one on every rank by its group and sequence number: ranks create their
-# groups in one order and issue a group's collectives in one order.
-Arrival = tuple[int, str, int, int, int]
+# One arrival: (step, phase, process group id, collective sequence id, issued_ns, arrived_ns):
+# issued_ns is time_created_ns (the host's epoch clock), arrived_ns the same on CPU and -duration
+# on GPU (the module docstring). A collective is the same one on every rank by its group and
+# sequence number: ranks create their groups in one order and issue a group's collectives in one
+# order.
+Arrival = tuple[int, str, int, int, int, int]
 
 
 @dataclass(kw_only=True)
@@ -36,15 +49,18 @@ class HeldArrivals:
     spans_ns: list[dict[int, dict[str, list[int]]]]  # step -> phase -> [start_ns, end_ns]
     arrivals: list[list[Arrival]]
     offsets_ns: list[float]  # each rank's clock less the reference host's (0 on one host)
+    device: bool = False  # arrivals from NCCL's durations (GPU), not from issue times
 
 
-def recorder_entries() -> list[dict[str, Any]] | None:
-    """This process's Flight Recorder entries without stack traces, or None where it is off or
-    cannot be read (a torch without it). ~10 us an entry (a 2000-entry buffer: ~20 ms)."""
+def recorder_entries(backend: str | None = None) -> list[dict[str, Any]] | None:
+    """This process's Flight Recorder entries without stack traces (NCCL's recorder for `backend`
+    "nccl", which keeps its own), or None where it is off or cannot be read (a torch without
+    it). ~10 us an entry (a 2000-entry buffer: ~20 ms)."""
     try:
         from torch._C import _distributed_c10d as c10d
 
-        raw = c10d._dump_fr_trace(True, False, False)  # type: ignore[attr-defined]  # private, not in the stub
+        dump = getattr(c10d, "_dump_nccl_trace", None) if backend == "nccl" else None
+        raw = (dump or c10d._dump_fr_trace)(True, False, False)  # type: ignore[attr-defined]  # private, not in the stub
         entries = pickle.loads(raw).get("entries")  # our own process's dump
     except Exception:  # noqa: BLE001 - no recorder: the watch reads CPU time instead
         return None
@@ -52,10 +68,15 @@ def recorder_entries() -> list[dict[str, Any]] | None:
 
 
 def my_arrivals(
-    entries: Sequence[Mapping[str, Any]], spans_ns: Mapping[int, Mapping[str, Sequence[int]]], phases: Sequence[str]
+    entries: Sequence[Mapping[str, Any]],
+    spans_ns: Mapping[int, Mapping[str, Sequence[int]]],
+    phases: Sequence[str],
+    device: bool = False,
 ) -> list[Arrival]:
     """The collectives (not point-to-point) this rank issued inside `phases` of the steps in
-    `spans_ns` (step -> phase -> [start_ns, end_ns], the step clock's), as `Arrival`s."""
+    `spans_ns` (step -> phase -> [start_ns, end_ns], the step clock's), as `Arrival`s: arrived at
+    when issued (CPU) or, with `device`, at -duration (GPU: the module docstring; a collective
+    not yet timed is left out)."""
     found: list[Arrival] = []
     windows = [(s, p, a, b) for s, by_phase in spans_ns.items() for p, (a, b) in by_phase.items() if p in phases]
     for e in entries:
@@ -64,9 +85,16 @@ def my_arrivals(
         t = e.get("time_created_ns")
         if not t:
             continue
+        if device:
+            duration_ms = e.get("duration_ms")
+            if not isinstance(duration_ms, (int, float)) or duration_ms < 0:
+                continue
+            arrived = -round(duration_ms * 1e6)
+        else:
+            arrived = int(t)
         for step, phase, a, b in windows:
             if a <= t <= b:
-                found.append((step, phase, int(e["pg_id"]), int(e["collective_seq_id"]), int(t)))
+                found.append((step, phase, int(e["pg_id"]), int(e["collective_seq_id"]), int(t), arrived))
                 break
     return found
 
@@ -77,18 +105,23 @@ def held_lateness_ms(
     steps: Sequence[int],
     held_phases: Sequence[str],
     offsets_ns: Sequence[float] | None = None,
+    device: bool = False,
 ) -> torch.Tensor | None:
     """Per rank, step and phase that holds collectives: how much later than the punctual ranks it
     arrived because of what it did inside the phase ([ranks, steps, phases], ms), or None where a
     rank lacks a span of one of `steps`' held phases.
 
-    1. every time on one clock: a rank's less its host's offset (`offsets_ns`; 0 on one host);
+    1. every host time on one clock: a rank's less its host's offset (`offsets_ns`; 0 on one
+       host); arrivals from durations (`device`) need none;
     2. per step and phase: the collectives every rank issued in it (by group and sequence number),
-       in the order of their punctual arrival (the lower-quartile arrival, as the collector
+       in the order of their punctual issue (the lower-quartile issue time, as the collector
        marks punctual ranks: `punctual_index`);
-    3. per rank: the lateness it entered the phase with, e = its phase start - the punctual
-       start (at least 0: what it did before is the other phases' account), and its lateness at
-       each collective, l_k = its arrival - the punctual one (at least 0);
+    3. per rank: the lateness it entered the phase with, e, and its lateness at each collective,
+       l_k = its arrival - the punctual one (at least 0). On CPU e = its phase start - the
+       punctual start (at least 0: what it did before is the other phases' account). On GPU the
+       device's phase start is on no shared clock, so e = l_1, the lateness at the phase's first
+       collective: what it did before that is not counted here (most of it is the phases
+       before, on the device: their time is judged there);
     4. its lateness in the phase = the sum of its positive increases, l_1 - e, l_2 - l_1, ...:
        ranks stay apart over asynchronous collectives (DDP's buckets: a delay before the first
        shows at every bucket, once as an increase; one spread over the buckets adds at each),
@@ -101,11 +134,14 @@ def held_lateness_ms(
     n = len(spans_ns)
     offsets = list(offsets_ns) if offsets_ns is not None else [0.0] * n
     out = torch.zeros((n, len(steps), len(held_phases)), dtype=torch.float64)
-    by_rank: list[dict[tuple[int, str], dict[tuple[int, int], float]]] = []
+    by_rank: list[dict[tuple[int, str], dict[tuple[int, int], tuple[float, float]]]] = []
     for r, mine in enumerate(arrivals):
-        table: dict[tuple[int, str], dict[tuple[int, int], float]] = {}
-        for step, phase, pg, seq, t in mine:
-            table.setdefault((step, phase), {})[(pg, seq)] = t - offsets[r]
+        table: dict[tuple[int, str], dict[tuple[int, int], tuple[float, float]]] = {}
+        for step, phase, pg, seq, issued, arrived in mine:
+            table.setdefault((step, phase), {})[(pg, seq)] = (
+                issued - offsets[r],
+                arrived if device else arrived - offsets[r],
+            )
         by_rank.append(table)
     mark = punctual_index(n)
     for i, step in enumerate(steps):
@@ -117,13 +153,15 @@ def held_lateness_ms(
                     return None
                 starts.append(span[0] - offsets[r])
             start_mark = sorted(starts)[mark]
-            lateness = [max(s - start_mark, 0.0) for s in starts]
+            lateness: list[float | None] = [None] * n if device else [max(s - start_mark, 0.0) for s in starts]
             tables = [t.get((step, phase), {}) for t in by_rank]
             shared = set(tables[0]).intersection(*tables[1:])
-            marks = {k: sorted(t[k] for t in tables)[mark] for k in shared}
-            for k in sorted(shared, key=lambda key: (marks[key], key)):
+            order = {k: sorted(t[k][0] for t in tables)[mark] for k in shared}
+            for k in sorted(shared, key=lambda key: (order[key], key)):
+                punctual = sorted(t[k][1] for t in tables)[mark]
                 for r in range(n):
-                    late = max(tables[r][k] - marks[k], 0.0)
-                    out[r, i, j] += max(late - lateness[r], 0.0) / 1e6
+                    late = max(tables[r][k][1] - punctual, 0.0)
+                    before = lateness[r]
+                    out[r, i, j] += 0.0 if before is None else max(late - before, 0.0) / 1e6
                     lateness[r] = late
     return out

@@ -48,7 +48,11 @@ def enable(entries: int, backend: str, environ: MutableMapping[str, str] | None 
     1. TORCH_FR_BUFFER_SIZE = `entries`, unless the user set it (or its older NCCL name): the
        recorder reads it when the first process group is created, so this must run before;
     2. NCCL only: TORCH_NCCL_DUMP_ON_TIMEOUT=1 (read by the process group's constructor), so
-       its watchdog dumps every rank's recorder when a collective times out, unless set.
+       its watchdog dumps every rank's recorder when a collective times out, unless set;
+    3. NCCL only: TORCH_NCCL_ENABLE_TIMING=1 (read by the constructor too), unless set: each
+       collective also records a CUDA start event, and the recorder keeps its `duration_ms`,
+       from which the live watch reads when a GPU rank arrived at it (arrivals.py). One more
+       event record per collective, on the NCCL stream, which already records the end one.
     """
     env = os.environ if environ is None else environ
     set_now: list[str] = []
@@ -58,6 +62,9 @@ def enable(entries: int, backend: str, environ: MutableMapping[str, str] | None 
     if backend == "nccl" and entries > 0 and "TORCH_NCCL_DUMP_ON_TIMEOUT" not in env:
         env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
         set_now.append("TORCH_NCCL_DUMP_ON_TIMEOUT")
+    if backend == "nccl" and entries > 0 and "TORCH_NCCL_ENABLE_TIMING" not in env:
+        env["TORCH_NCCL_ENABLE_TIMING"] = "1"
+        set_now.append("TORCH_NCCL_ENABLE_TIMING")
     return set_now
 
 

@@ -224,9 +224,11 @@ class Run:
                 faults=faults,
                 metrics=self.metrics,
                 flight_on=self.flight_on,
+                backend=backend,
             )
             # the watch reads a CPU rank's own work in the phases that hold collectives from its CPU time
             self.clock.thread_time = self.watch.on and self.device.type == "cpu"
+            self.clock.spans = self.watch.read_arrivals
             self.recorder.__enter__()
         except BaseException as exc:
             self.close(exc)

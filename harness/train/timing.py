@@ -23,9 +23,10 @@ Algorithm for one step on GPU:
 On CPU the same quantities come from the host clock; with `thread_time` on (the live watch), also
 `phases_cpu_ms`: the calling thread's CPU time in each phase. Waiting in a gloo collective blocks
 the thread off its core, so in a phase that holds collectives this is the rank's own work there,
-which the phase's wall time, ending with every rank's at the same collective, is not. With it
-`phases_span_ns`: each phase's [start, end] on the epoch clock, the Flight Recorder's, which
-places the rank's arrivals at collectives in its phases (arrivals.py). On CPU
+which the phase's wall time, ending with every rank's at the same collective, is not. With it,
+or with `spans` on (the watch reading arrivals, on either device), `phases_span_ns`: each phase's
+[start, end] on the host's epoch clock, the Flight Recorder's, which places the collectives the
+rank issued in its phases (arrivals.py). On CPU
 always (where Linux keeps schedstat): `runq_ms` and `phases_runq_ms`, the calling thread's time
 runnable but waiting for a core in the step and in each phase (schedstat.py): time-sharing's
 share of them, which the collector takes out of a rank's lateness.
@@ -60,10 +61,11 @@ class _PendingStep:
 class StepClock:
     """Marks phase boundaries; hands back finished step timings in order."""
 
-    def __init__(self, cuda: bool, thread_time: bool = False) -> None:
+    def __init__(self, cuda: bool, thread_time: bool = False, spans: bool = False) -> None:
         self.cuda = cuda
         # each mark also reads the thread's CPU time (~1 us: a system call, not a vDSO read)
         self.thread_time = thread_time and not cuda
+        self.spans = spans  # each mark also reads the epoch clock (phases_span_ns), on either device
         self._runq = None if cuda else RunQueueClock()
         self._current: _PendingStep | None = None
         self._pending: deque[_PendingStep] = deque()
@@ -80,6 +82,7 @@ class StepClock:
         cur.host_marks.append((label, time.perf_counter()))
         if self.thread_time:
             cur.cpu_marks.append(time.thread_time())
+        if self.spans or self.thread_time:
             cur.epoch_marks.append(time.time_ns())
         if self._runq is not None:
             cur.runq_marks.append(self._runq.read_ms())

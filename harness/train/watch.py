@@ -69,10 +69,12 @@ class Watch:
         faults: FaultLog,
         metrics: Metrics | None = None,
         flight_on: bool = False,
+        backend: str | None = None,
     ) -> None:
         """`steps`: the run's length (None: not known), `parallel` (ddp, fsdp, none): which
         phases hold collectives; `flight_on`: torch's Flight Recorder is on in this process
-        (on CPU the watch reads the ranks' arrivals at collectives from it, arrivals.py)."""
+        (the watch reads the ranks' arrivals at collectives from it, arrivals.py: on CPU, and on
+        GPU where `backend`, the training's, is nccl, which times its collectives)."""
         self.cfg = cfg
         self.on = (
             cfg.every > 0
@@ -103,12 +105,12 @@ class Watch:
         self.hosts: dict[int, str] = {}
         # step -> phase -> [start_ns, end_ns] of the phases that hold collectives, for `_arrivals`
         self._spans: dict[int, dict[str, list[int]]] = {}
-        self.read_arrivals = False  # every rank's arrivals are read (CPU, recorders on): `_connect`
+        self.backend = backend
+        self.read_arrivals = False  # every rank's arrivals are read (recorders on): `_connect`
         if not self.on:
             return
-        self.hosts, self.read_arrivals = self._connect(
-            host, cpu and flight_on and bool(self.held_phases), datetime.timedelta(seconds=collective_timeout_s)
-        )
+        readable = flight_on and bool(self.held_phases) and (cpu or backend == "nccl")
+        self.hosts, self.read_arrivals = self._connect(host, readable, datetime.timedelta(seconds=collective_timeout_s))
         if rank == 0:
             self._log = AppendOnlyFile(watch_path(run_dir), faults, "watch log")
 
@@ -155,8 +157,9 @@ class Watch:
         every rank leaves together: ranks on another host than rank 0's get their host's median
         difference as their clock's offset (one host, one clock: none)."""
         spans = {s: p for s, p in self._spans.items() if s > self.judge.judged_through}
-        entries = recorder_entries()
-        mine = None if entries is None else (spans, my_arrivals(entries, spans, self.held_phases), left_ns)
+        entries = recorder_entries(self.backend)
+        device = not self.cpu
+        mine = None if entries is None else (spans, my_arrivals(entries, spans, self.held_phases, device), left_ns)
         each: list[Any] = [None] * self.world_size
         self._all_gather_object(each, mine)
         if any(e is None for e in each):
@@ -167,7 +170,9 @@ class Watch:
             left[h].append(e[2])
         ref = statistics.median(left[hosts[0]])
         offsets = [0.0 if h == hosts[0] else statistics.median(left[h]) - ref for h in hosts]
-        return HeldArrivals(spans_ns=[e[0] for e in each], arrivals=[e[1] for e in each], offsets_ns=offsets)
+        return HeldArrivals(
+            spans_ns=[e[0] for e in each], arrivals=[e[1] for e in each], offsets_ns=offsets, device=device
+        )
 
     def _all_gather_object(self, out: list[Any], obj: Any) -> None:
         dist.all_gather_object(out, obj, group=self.group)

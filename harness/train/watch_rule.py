@@ -215,7 +215,9 @@ def judge_interval(
     speed = (phase_speed(cpus) if cpu else torch.ones(n_ranks, dtype=cpus.dtype))[:, None, None]
     held = cpus[..., held_cols]
     if arrivals is not None and held_cols:
-        late_held = held_lateness_ms(arrivals.spans_ns, arrivals.arrivals, steps, held_phases, arrivals.offsets_ns)
+        late_held = held_lateness_ms(
+            arrivals.spans_ns, arrivals.arrivals, steps, held_phases, arrivals.offsets_ns, device=arrivals.device
+        )
         if late_held is not None:
             # each is a lower bound of the time a rank added there: its CPU time beyond the
             # punctual ranks' (a constant per phase over the interval, which moves no rank's
