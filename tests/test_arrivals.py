@@ -11,10 +11,10 @@ import torch
 from watch_stub import GrouplessWatch
 
 from harness.collect.analyse.stragglers import Thresholds
-from harness.train.arrivals import HeldArrivals, held_lateness_ms, my_arrivals
+from harness.train.arrivals import HeldArrivals, held_lateness_ms, my_arrivals, untimed_steps
 from harness.train.timing import StepClock
+from harness.train.watch_rule import WatchJudge, own_work_phases, pack_rows, step_row
 from harness.train.watch_rule import judge_interval as judge_tables
-from harness.train.watch_rule import own_work_phases, pack_rows, step_row
 
 MS = 1_000_000  # ns
 
@@ -204,7 +204,7 @@ def test_the_watch_gathers_arrivals_and_puts_other_hosts_on_rank_0_s_clock(tmp_p
     entries = [{"pg_id": 0, "collective_seq_id": 1, "time_created_ns": 5 * MS, "is_p2p": False}]
     monkeypatch.setattr("harness.train.watch.recorder_entries", lambda backend: entries)
     span = {10: {"backward": [0, 100 * MS]}}
-    others = [(span, [(10, "backward", 0, 1, 6 * MS, 6 * MS)], 104), (span, [], 1_000_000_100)]
+    others = [(span, [(10, "backward", 0, 1, 6 * MS, 6 * MS)], 104, []), (span, [], 1_000_000_100, [])]
     watch = ThreeRankWatch(tmp_path, others)
     watch.add({"step": 10, "step_ms": 100.0, "phases_ms": {}, "phases_span_ns": {"backward": [0, 100 * MS]}})
     got = watch._arrivals(100)
@@ -233,11 +233,17 @@ def test_on_gpu_a_rank_s_arrival_is_its_collective_s_end_less_its_duration() -> 
     assert late is not None
     assert late.tolist() == [[[0.0]], [[4.0]]]
     # What a rank entered the phase with shows at its first collective and is not counted here
-    # (the phases before, on its device, hold it): 3 ms late there, 4 ms at the second, which
-    # counts as the 1 ms increase (a lower bound, as after any blocking collective).
+    # (the phases before, on its device, hold it): 3 ms late there, 4 ms at the second.
     late = held_lateness_ms(spans([0, 0], "forward"), device([[5, 6, 2], [2, 2, 2]]), [10], ["forward"], device=True)
     assert late is not None
-    assert late.tolist() == [[[0.0]], [[1.0]]]
+    assert late.tolist() == [[[0.0]], [[4.0]]]
+    # A layer after each all-gather 3 ms slower: the punctual rank waits 3 ms at each of the
+    # three all-gathers after the first (its stream's waits, one after the other, add up).
+    late = held_lateness_ms(
+        spans([0, 0], "forward"), device([[2, 5, 5, 5], [2, 2, 2, 2]]), [10], ["forward"], device=True
+    )
+    assert late is not None
+    assert late.tolist() == [[[0.0]], [[9.0]]]
 
 
 def test_on_gpu_collectives_are_taken_in_the_order_the_hosts_issued_them() -> None:
@@ -302,12 +308,13 @@ def test_the_gpu_watch_reads_nccl_s_recorder_and_marks_the_arrivals_as_device_on
     asked = []
     monkeypatch.setattr("harness.train.watch.recorder_entries", lambda backend: asked.append(backend) or entries)
     span = {10: {"backward": [0, 100 * MS]}}
-    watch = ThreeRankWatch(tmp_path, [(span, [], 100), (span, [], 100)])
+    watch = ThreeRankWatch(tmp_path, [(span, [], 100, []), (span, [], 100, [10, 11])])
     watch.cpu, watch.backend = False, "nccl"
     watch.add({"step": 10, "step_ms": 100.0, "phases_ms": {}, "phases_span_ns": {"backward": [0, 100 * MS]}})
     got = watch._arrivals(100)
     assert got is not None and got.device and asked == ["nccl"]
     assert got.arrivals[0] == [(10, "backward", 0, 1, 5 * MS, -3 * MS)]
+    assert got.timed_through == 9  # rank 2's steps 10 and 11 wait for NCCL's timing
 
 
 def test_the_recorder_is_set_to_time_nccl_s_collectives_unless_the_user_chose() -> None:
@@ -330,3 +337,29 @@ def test_the_step_clock_spans_phases_when_asked_without_thread_time() -> None:
     clock.finish()
     [rec] = clock.poll()
     assert set(rec["phases_span_ns"]) == {"forward"} and "phases_cpu_ms" not in rec
+
+
+def test_a_step_waits_while_nccl_has_not_timed_its_collectives_and_not_for_a_group_that_never_times() -> None:
+    def entry(pg: int, seq: int, at_ms: float, duration_ms: float | None) -> dict:
+        return {"pg_id": pg, "collective_seq_id": seq, "time_created_ns": int(at_ms * MS), "duration_ms": duration_ms}
+
+    spans_ns = {s: {"backward": [s * 100 * MS, (s * 100 + 50) * MS]} for s in (1, 2, 3)}
+    entries = [
+        entry(0, 1, 110, 2.0),  # step 1, timed
+        entry(0, 2, 210, None),  # step 2: its group timed #1 and nothing later: the watchdog's lag
+        entry(0, 3, 310, None),  # step 3, the same
+        entry(1, 5, 120, None),  # a group that times nothing: never holds a step back
+        entry(2, 1, 130, None),  # a group that timed a later one: this one will not be timed
+        entry(2, 2, 140, 1.0),
+    ]
+    assert untimed_steps(entries, spans_ns, ["backward"]) == [2, 3]
+    assert untimed_steps(entries[:1] + entries[3:], spans_ns, ["backward"]) == []
+
+
+def test_the_judge_leaves_steps_after_timed_through_for_the_next_interval() -> None:
+    steps = [10, 11, 12, 13]
+    held = _held(4, steps, 2, 30.0)
+    held.timed_through = 11
+    judge = WatchJudge(own_phases=own_work_phases("ddp"), held_phases=("backward",), cpu=True, th=Thresholds())
+    got = judge.judge(_tables(4, steps), {}, held)
+    assert got is not None and got.verdict.steps == [10, 11] and judge.judged_through == 11

@@ -8,15 +8,23 @@ Step records, as timing.py's StepClock makes them on GPU:
    before the mark and the event itself has reached the device (the simulator's launch latency):
    E(T) = max(T + latency, the end of the last compute-stream op launched before T), and no
    earlier than the event before it;
-2. DDP's backward ends by making the compute stream wait for the gradients' all-reduce (the
-   reducer's finalize waits on each bucket's work on the current stream), so the backward mark's
-   event, and every one after it, also waits for the step's all-reduce;
+2. backward ends by making the compute stream wait for the gradients' collectives (DDP: the
+   reducer's finalize waits on each bucket's all-reduce; FSDP2: its final callback waits on the
+   last reduce-scatter), so the backward mark's event, and every one after it, also waits for
+   the step's last all-reduce or reduce-scatter;
 3. phases_device_ms: each phase = the difference of consecutive events (the data phase's, the
    time the stream idled for the host's loader or ran work launched there); phases_ms the same
    with the data phase as the host's time in it (timing.py: blocked on the loader); step_ms =
    the end event less the start event; phases_own_device_ms: backward's own work, from its
    start event to the event the gradients-ready hook records when the host has launched the
-   last gradient's kernels (harness/train/grads_ready.py), i.e. at the all-reduce's launch;
+   last gradient's kernels (harness/train/grads_ready.py), i.e. at the all-reduce's launch (DDP
+   only: the watch hooks gradients under DDP);
+5. FSDP: the ranks' arrivals at the collectives of forward and backward, as the watch reads them
+   from NCCL's recorder (harness/train/arrivals.py): one entry per collective, issued at its
+   launch on the host, its `duration_ms` its kernel's time (its start on that rank to the end
+   every rank shares), filled in once the watchdog saw it complete, WATCHDOG_POLL_US after its
+   end at most (taken at that worst); a step with a collective not yet timed is judged at a
+   later exchange (`untimed_steps`), as the live watch does.
 4. the host polls its clock at each step's end, right after recording the step's end event,
    then exchanges when due: a record reaches the watch at the first exchange after its end event
    completed, on its own clock. A step is never complete at its own end (its end event is still
@@ -40,6 +48,7 @@ import torch
 
 from detect.real import ONSET_STEP, WARMUP_STEPS, WATCH_EVERY
 from detect.score import Seen, Truth, score
+from harness.train.arrivals import HeldArrivals, my_arrivals, untimed_steps
 from harness.train.watch_rule import (
     COLLECTIVE_PHASES,
     WatchJudge,
@@ -53,11 +62,17 @@ from devicesim import RankTruth, Sim
 
 # 25 steps (the harness's 0-24) leave three intervals after the real runs' onset.
 WATCH_STEPS = 25
-PARALLEL = "ddp"  # the generated jobs all-reduce their gradients after backward (detect/sim.py)
 PHASES = ("data", "forward", "backward", "optimizer")
+# ProcessGroupNCCL's watchdog looks for completed collectives every 100 ms
+# (kWatchdogThreadSleepMillis) and times them then: a duration appears at most this long after
+# the collective's end.
+WATCHDOG_POLL_US = 100_000.0
+REDUCTIONS = ("allreduce", "reduce_scatter")  # what backward's end waits for (module docstring, 2)
 
 
-def step_records(truth: RankTruth, compute_stream: int, latency_us: float) -> list[tuple[float, dict[str, Any]]]:
+def step_records(
+    truth: RankTruth, compute_stream: int, latency_us: float, parallel: str = "ddp"
+) -> list[tuple[float, dict[str, Any]]]:
     """One rank's (when its end event completed, its step record) per step, under the harness's
     step number (module docstring, 1-3), from the simulator's truth (one clock for host and
     device; `latency_us`: its launch latency, an event's way to the device)."""
@@ -72,7 +87,7 @@ def step_records(truth: RankTruth, compute_stream: int, latency_us: float) -> li
     reduced: dict[int, float] = {}
     issued: dict[int, float] = {}  # the step's all-reduce launch: its gradients are all ready
     for op in truth.ops:
-        if op.coll == "allreduce" and op.step is not None:
+        if op.coll in REDUCTIONS and op.step is not None:
             reduced[op.step] = max(reduced.get(op.step, 0.0), op.end_us)
             issued[op.step] = max(issued.get(op.step, 0.0), op.launch_us)
     ranges = [r for r in truth.ranges if r.name in PHASES]
@@ -87,45 +102,82 @@ def step_records(truth: RankTruth, compute_stream: int, latency_us: float) -> li
         device_ms = {name: (b - a) / 1e3 for name, a, b in zip(PHASES, marks[:-1], marks[1:])}
         phases_ms = {**device_ms, "data": (inside["data"].end_us - inside["data"].start_us) / 1e3}
         record = {"step": step.number - 1, "step_ms": (end - marks[0]) / 1e3, "phases_ms": phases_ms}
-        backward_at = marks[PHASES.index("backward")]  # the event that opens backward
-        ready = event_us(issued[step.number], backward_at)
-        own = {"backward": (ready - backward_at) / 1e3}
-        out.append((end, {**record, "phases_device_ms": device_ms, "phases_own_device_ms": own}))
+        record["phases_device_ms"] = device_ms
+        record["phases_span_ns"] = {n: [int(inside[n].start_us * 1e3), int(inside[n].end_us * 1e3)] for n in PHASES}
+        if parallel == "ddp":
+            backward_at = marks[PHASES.index("backward")]  # the event that opens backward
+            ready = event_us(issued[step.number], backward_at)
+            record["phases_own_device_ms"] = {"backward": (ready - backward_at) / 1e3}
+        out.append((end, record))
     return out
 
 
-def watch_flags(sim: Sim, hosts: dict[int, str], compute_stream: int) -> tuple[list[tuple[int, int]], int]:
+def recorder(truth: RankTruth, now_us: float) -> list[dict[str, Any]]:
+    """One rank's Flight Recorder entries as NCCL's recorder holds them at host time `now_us`
+    (module docstring, 5): every collective it launched by then, timed once WATCHDOG_POLL_US
+    after its end."""
+    return [
+        {
+            "pg_id": int(op.pg or 0),
+            "collective_seq_id": op.seq,
+            "time_created_ns": int(op.launch_us * 1e3),
+            "is_p2p": False,
+            "duration_ms": (op.end_us - op.start_us) / 1e3 if op.end_us + WATCHDOG_POLL_US <= now_us else None,
+        }
+        for op in truth.ops
+        if op.coll is not None and op.launch_us <= now_us
+    ]
+
+
+def watch_flags(
+    sim: Sim, hosts: dict[int, str], compute_stream: int, parallel: str = "ddp"
+) -> tuple[list[tuple[int, int]], int]:
     """(exchange step, rank) each time the watch flags a rank anew (module docstring, 4), and the
     last step it judged (-1: none): per exchange after step s, every rank's table of its latest
     2 x WATCH_EVERY records past the warm-up complete by its host's end of step s, judged
-    together."""
+    together; under FSDP with every rank's arrivals in their held phases (module docstring, 5)."""
     truths = sim.truth()
     records = [
         [
             (done, rec)
-            for done, rec in step_records(t, compute_stream, sim.launch_latency_us)
+            for done, rec in step_records(t, compute_stream, sim.launch_latency_us, parallel)
             if rec["step"] >= WARMUP_STEPS
         ]
         for t in truths
     ]
+    held_phases = COLLECTIVE_PHASES[parallel]
     step_end = [{s.number - 1: s.end_us for s in t.steps} for t in truths]
-    judge = WatchJudge(
-        own_phases=own_work_phases(PARALLEL),
-        held_phases=COLLECTIVE_PHASES[PARALLEL],
-        cpu=False,
-        th=watch_thresholds(),
-    )
+    judge = WatchJudge(own_phases=own_work_phases(parallel), held_phases=held_phases, cpu=False, th=watch_thresholds())
     numbers = sorted({s for ends in step_end for s in ends})
     flags = []
     for s in numbers:
         if (s + 1) % WATCH_EVERY:
             continue
-        tables = []
+        tables, spans, arrived, waiting = [], [], [], []
         for r, mine in enumerate(records):
             now_us = step_end[r].get(s, float("inf"))
-            rows = [step_row(rec) for done_us, rec in mine if done_us <= now_us]
-            tables.append(pack_rows(rows, 2 * WATCH_EVERY))
-        judged = judge.judge(torch.stack(tables), hosts)
+            recent = [rec for done_us, rec in mine if done_us <= now_us][-2 * WATCH_EVERY :]
+            tables.append(pack_rows([step_row(rec) for rec in recent], 2 * WATCH_EVERY))
+            if parallel == "fsdp":
+                mine_spans = {
+                    rec["step"]: {p: rec["phases_span_ns"][p] for p in held_phases}
+                    for rec in recent
+                    if rec["step"] > judge.judged_through
+                }
+                entries = recorder(truths[r], now_us)
+                spans.append(mine_spans)
+                arrived.append(my_arrivals(entries, mine_spans, held_phases, device=True))
+                waiting.extend(untimed_steps(entries, mine_spans, held_phases)[:1])
+        arrivals = None
+        if parallel == "fsdp":
+            arrivals = HeldArrivals(
+                spans_ns=spans,
+                arrivals=arrived,
+                offsets_ns=[0.0] * len(truths),
+                device=True,
+                timed_through=min(waiting) - 1 if waiting else None,
+            )
+        judged = judge.judge(torch.stack(tables), hosts, arrivals)
         if judged is not None:
             flags.extend((s, x.rank) for x in judged.new)
     return flags, judge.judged_through
@@ -147,13 +199,14 @@ def watch_case(
     `simulate(case, seed, cost_steps)` is detect/sim.py's `simulate_with_truth`."""
     long = replace(case, steps=WATCH_STEPS, onset=ONSET_STEP + 1)  # the simulator counts from 1
     sim, truth, _ = simulate(long, noise_seed, long.steps - long.onset + 1)
-    flags, judged_through = watch_flags(sim, hosts, compute_stream)
+    flags, judged_through = watch_flags(sim, hosts, compute_stream, long.parallel)
     seen = Seen(verdict="", watch_flags=flags)
     outcome = score(truth, seen, onset_step=ONSET_STEP)
     injected = set(long.slow)
     return {
         "steps": WATCH_STEPS,
         "onset": ONSET_STEP,
+        "parallel": long.parallel,
         "truth": {"kind": truth.kind, "ranks": truth.ranks, "phase": truth.phase, "cost_share": truth.cost_share},
         "flags": [list(f) for f in flags],
         "judged_through": judged_through,  # the last step the watch judged before the job ended

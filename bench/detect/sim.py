@@ -3,9 +3,19 @@
 
 One case (`draw_case`, from one random generator):
 1. the job: `ranks` over hosts of 8, `steps` profiled steps; per step each rank runs a data phase
-   on the host, a forward and a backward phase of kernels (the all-reduce of the gradients is
-   launched once backward's last kernel is queued, on the comm stream), and an optimizer phase
-   whose kernels wait for the all-reduce (DDP's gradients are read only once reduced);
+   on the host, a forward and a backward phase of kernels and an optimizer phase, under DDP or
+   FSDP (`parallel`). DDP: the all-reduce of the gradients is launched once backward's last
+   kernel is queued, on the comm stream, and the optimizer's kernels wait for it (DDP's
+   gradients are read only once reduced). FSDP (FSDP2's streams): one layer per forward kernel;
+   each layer's all-gather runs on the process group's NCCL stream and waits for the copy-out
+   of the layer before it on the compute stream (FSDP2 lets one all-gather run ahead: the next
+   waits for the event recorded after the previous copy-out), the first for the compute stream
+   at forward's start (the root's pre-forward makes its streams wait for the optimizer); the
+   layer's copy-out, on the compute stream, waits for its all-gather, and its kernels follow.
+   Backward takes the layers in reverse, all-gathering each again the same way, and
+   reduce-scatters each layer's gradients once its two kernels are queued (the reduce-scatter
+   waits for the compute stream); the optimizer waits for the last reduce-scatter (FSDP2's
+   final callback makes the compute stream wait for it);
    with `sync_each_step` the loop reads the loss (`.item()`) at the end of each step, which
    keeps its host at most a step ahead of the device (otherwise the host runs ahead and a host
    delay may cost the job nothing);
@@ -15,7 +25,7 @@ One case (`draw_case`, from one random generator):
    step longer, as host time (`sleep`: a slow input pipeline, Python) or as longer kernels
    (`compute`: a slower GPU), on every step from `onset`, or every `every`-th step;
 4. the truth: the same program simulated without the injection (the same noise draws); the
-   case's cost per step is (the end of the injected job's last all-reduce - the clean job's) /
+   case's cost per step is (the end of the injected job's last collective - the clean job's) /
    steps, exact. (A delay after the last collective keeps nobody waiting; one the host hides
    by running ahead costs nothing: both are no stragglers, whatever was injected.)
 Each case's traces are written to a scratch folder, read by the collector's own parser and
@@ -46,6 +56,8 @@ from harness.report.floor import floor_record, floor_step  # noqa: E402
 from devicesim import COMPUTE_STREAM, Sim, write_all  # noqa: E402
 
 GEMM = "ampere_sgemm_128x64_nn"
+COPY_OUT = "void at::native::(anonymous namespace)::CatArrayBatchedCopy"  # FSDP's all-gather copy-out
+COPY_OUT_US = 20.0
 PHASES = ("data", "forward", "backward", "optimizer")
 GPUS_PER_HOST = 8
 # The ranks a generated job has; the small ones most often (cases per minute), 1024 for scale.
@@ -70,6 +82,7 @@ class SimCase:
     size: float  # the injected delay per slowed step / the clean step (estimate, see `clean_step_us`)
     every: int
     onset: int  # the first slowed step
+    parallel: str = "ddp"  # ddp or fsdp (module docstring, 1)
 
     def clean_step_us(self) -> float:
         """The step's length without noise and injection when the device bounds it (an estimate
@@ -114,11 +127,12 @@ def draw_case(rng: random.Random, ranks: int | None = None) -> SimCase:
         size=rng.uniform(0.05, 1.0) if kind != "clean" else 0.0,
         every=every,
         onset=rng.randint(1, 3),
+        parallel="fsdp" if rng.random() < 1 / 3 else "ddp",  # drawn last: earlier seeds' other draws stay
     )
 
 
 def simulate(case: SimCase, noise_seed: int, inject: bool) -> tuple[Sim, float]:
-    """The case's job (module docstring, 1-3); (the simulator run, the end of its last all-reduce)."""
+    """The case's job (module docstring, 1-3); (the simulator run, the end of its last collective)."""
     rng = random.Random(noise_seed)
     sim = Sim(world_size=case.ranks)
     delay_us = case.size * case.clean_step_us()
@@ -128,6 +142,7 @@ def simulate(case: SimCase, noise_seed: int, inject: bool) -> tuple[Sim, float]:
 
     for r in range(case.ranks):
         h = sim.rank(r)
+        last_compute = None  # the last op launched on the compute stream (FSDP's first all-gather waits for it)
         for n in range(1, case.steps + 1):
             extra = {p: inject and case.slowed(r, p, n) for p in PHASES}
             slow_kernels = {p: delay_us if extra[p] and case.kind == "compute" else 0.0 for p in PHASES}
@@ -137,20 +152,14 @@ def simulate(case: SimCase, noise_seed: int, inject: bool) -> tuple[Sim, float]:
                     if extra["data"] and case.kind == "sleep":
                         h.sleep(delay_us)
                     if slow_kernels["data"]:  # a GPU-side input transform, slowed
-                        h.launch("void at::native::vectorized_elementwise_kernel", slow_kernels["data"])
-                last = reduced = None
-                for phase, count in (("forward", case.fwd_kernels), ("backward", 2 * case.fwd_kernels)):
-                    with h.range(phase):
-                        for _ in range(count):
-                            stretch = slow_kernels[phase] / count
-                            last = h.launch(GEMM, noisy(case.kernel_us) + stretch)
-                        if extra[phase] and case.kind == "sleep":
-                            h.sleep(delay_us)
-                        if phase == "backward":
-                            reduced = h.collective("allreduce", case.transfer_us, after=last)
+                        last_compute = h.launch("void at::native::vectorized_elementwise_kernel", slow_kernels["data"])
+                if case.parallel == "fsdp":
+                    reduced = _fsdp_passes(h, case, noisy, slow_kernels, extra, delay_us, last_compute)
+                else:
+                    reduced = _ddp_passes(h, case, noisy, slow_kernels, extra, delay_us)
                 with h.range("optimizer"):
-                    # the optimizer reads the reduced gradients: its stream waits for the all-reduce
-                    h.launch(
+                    # the optimizer reads the reduced gradients: its stream waits for the last collective
+                    last_compute = h.launch(
                         "void at::native::multi_tensor_apply_kernel",
                         noisy(case.opt_us) + slow_kernels["optimizer"],
                         after=reduced,
@@ -161,9 +170,57 @@ def simulate(case: SimCase, noise_seed: int, inject: bool) -> tuple[Sim, float]:
                     h.item()
         h.sync(kind="device")
     sim.run()
-    # the last all-reduce ends on every rank at once: what any rank did after it kept nobody waiting
-    end = max(op.end_us for t in sim.truth() for op in t.ops if "AllReduce" in op.name)
+    # the last collective ends on every rank at once: what any rank did after it kept nobody waiting
+    end = max(op.end_us for t in sim.truth() for op in t.ops if op.coll is not None)
     return sim, end
+
+
+def _ddp_passes(
+    h: Any, case: SimCase, noisy: Any, slow_kernels: dict[str, float], extra: dict[str, bool], delay_us: float
+) -> Any:
+    """Forward and backward under DDP (module docstring, 1); the all-reduce's handle."""
+    last = reduced = None
+    for phase, count in (("forward", case.fwd_kernels), ("backward", 2 * case.fwd_kernels)):
+        with h.range(phase):
+            for _ in range(count):
+                last = h.launch(GEMM, noisy(case.kernel_us) + slow_kernels[phase] / count)
+            if extra[phase] and case.kind == "sleep":
+                h.sleep(delay_us)
+            if phase == "backward":
+                reduced = h.collective("allreduce", case.transfer_us, after=last)
+    return reduced
+
+
+def _fsdp_passes(
+    h: Any,
+    case: SimCase,
+    noisy: Any,
+    slow_kernels: dict[str, float],
+    extra: dict[str, bool],
+    delay_us: float,
+    last_compute: Any,
+) -> Any:
+    """Forward and backward under FSDP (module docstring, 1); the last reduce-scatter's handle.
+    Each all-gather moves a layer's parameters, a reduce-scatter its gradients: the all-reduce's
+    transfer split over the layers, twice over (all-gather then reduce-scatter)."""
+    layers = case.fwd_kernels
+    transfer_us = case.transfer_us / layers
+    gate = last_compute  # what the next all-gather waits for on the compute stream
+    reduced = None
+    for phase, per_layer in (("forward", 1), ("backward", 2)):
+        count = layers * per_layer
+        with h.range(phase):
+            for layer in range(layers):
+                if layer == layers // 2 and extra[phase] and case.kind == "sleep":
+                    h.sleep(delay_us)  # host time between two layers (a slow Python hook, say)
+                gathered = h.collective("allgather", transfer_us, after=gate)
+                copy_out = h.launch(COPY_OUT, COPY_OUT_US, after=gathered)
+                gate = copy_out
+                for _ in range(per_layer):
+                    last = h.launch(GEMM, noisy(case.kernel_us) + slow_kernels[phase] / count)
+                if phase == "backward":
+                    reduced = h.collective("reduce_scatter", transfer_us, after=last)
+    return reduced
 
 
 def documents(case: SimCase, sim: Sim, skew_seed: int) -> list[dict[str, Any]]:

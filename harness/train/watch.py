@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from harness.paths import watch_path
 from harness.scalars import ScalarWriter
-from harness.train.arrivals import HeldArrivals, my_arrivals, recorder_entries
+from harness.train.arrivals import HeldArrivals, my_arrivals, recorder_entries, untimed_steps
 from harness.train.config import WatchConfig
 from harness.train.metrics import Metrics
 from harness.train.profiling import TraceRecorder
@@ -74,7 +74,7 @@ class Watch:
         """`steps`: the run's length (None: not known), `parallel` (ddp, fsdp, none): which
         phases hold collectives; `flight_on`: torch's Flight Recorder is on in this process
         (the watch reads the ranks' arrivals at collectives from it, arrivals.py: on CPU, and on
-        GPU where `backend`, the training's, is nccl, which times its collectives)."""
+        GPU under FSDP where `backend`, the training's, is nccl, which times its collectives)."""
         self.cfg = cfg
         self.on = (
             cfg.every > 0
@@ -109,7 +109,9 @@ class Watch:
         self.read_arrivals = False  # every rank's arrivals are read (recorders on): `_connect`
         if not self.on:
             return
-        readable = flight_on and bool(self.held_phases) and (cpu or backend == "nccl")
+        # On GPU only under FSDP: DDP's backward is read from the gradients' event
+        # (Run.watch_gradients), exact and at once, where NCCL's timing comes ~100 ms late.
+        readable = flight_on and bool(self.held_phases) and (cpu or (backend == "nccl" and parallel == "fsdp"))
         self.hosts, self.read_arrivals = self._connect(host, readable, datetime.timedelta(seconds=collective_timeout_s))
         if rank == 0:
             self._log = AppendOnlyFile(watch_path(run_dir), faults, "watch log")
@@ -155,11 +157,16 @@ class Watch:
         (a second all-gather on the watch's group, right after the tables'), or None where a rank's
         recorder could not be read. `left_ns`: when this rank left the tables' all-gather, which
         every rank leaves together: ranks on another host than rank 0's get their host's median
-        difference as their clock's offset (one host, one clock: none)."""
+        difference as their clock's offset (one host, one clock: none). On GPU each rank also
+        says which steps NCCL has not timed yet (`untimed_steps`): the steps from the earliest
+        of them on wait for the next interval (`timed_through`)."""
         spans = {s: p for s, p in self._spans.items() if s > self.judge.judged_through}
         entries = recorder_entries(self.backend)
         device = not self.cpu
-        mine = None if entries is None else (spans, my_arrivals(entries, spans, self.held_phases, device), left_ns)
+        mine = None
+        if entries is not None:
+            untimed = untimed_steps(entries, spans, self.held_phases) if device else []
+            mine = (spans, my_arrivals(entries, spans, self.held_phases, device), left_ns, untimed)
         each: list[Any] = [None] * self.world_size
         self._all_gather_object(each, mine)
         if any(e is None for e in each):
@@ -170,8 +177,13 @@ class Watch:
             left[h].append(e[2])
         ref = statistics.median(left[hosts[0]])
         offsets = [0.0 if h == hosts[0] else statistics.median(left[h]) - ref for h in hosts]
+        waiting = [e[3][0] for e in each if e[3]]
         return HeldArrivals(
-            spans_ns=[e[0] for e in each], arrivals=[e[1] for e in each], offsets_ns=offsets, device=device
+            spans_ns=[e[0] for e in each],
+            arrivals=[e[1] for e in each],
+            offsets_ns=offsets,
+            device=device,
+            timed_through=min(waiting) - 1 if waiting else None,
         )
 
     def _all_gather_object(self, out: list[Any], obj: Any) -> None:

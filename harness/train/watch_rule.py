@@ -153,11 +153,14 @@ def judge_interval(
     after_step: int = -1,
     held_phases: tuple[str, ...] = (),
     arrivals: HeldArrivals | None = None,
+    until_step: int | None = None,
 ) -> IntervalVerdict:
     """Who straggled over an interval of steps, from every rank's table ([ranks, rows, COLUMNS],
     rank r's table at index r, see `pack_rows`).
 
-    1. the steps judged are those after `after_step` that every rank timed;
+    1. the steps judged are those after `after_step` (and up to `until_step`, where given: on GPU
+       the last step whose collectives NCCL has timed on every rank, `arrivals.untimed_steps`)
+       that every rank timed;
     2. per step and rank: own = the sum of its own-work phases (`own_work_phases`; on CPU less
        its wait for a core in them, timing.py's phases_runq_ms: time-sharing, not its work) and,
        per phase that holds collectives (`held_phases`), of its own work there (`step_row`: CPU
@@ -187,6 +190,8 @@ def judge_interval(
     n_ranks = tables.shape[0]
     step_col = tables[..., 0]
     valid = ~torch.isnan(step_col) & (step_col > after_step)
+    if until_step is not None:
+        valid &= step_col <= until_step
     filled = torch.where(valid, step_col, -1.0)
     if bool((filled == filled[0]).all()):  # every rank timed the same steps (always on CPU): no alignment
         table = tables[:, valid[0]]
@@ -299,7 +304,9 @@ class WatchJudge:
     watch's (watch.py) and the detection campaign's on generated GPU jobs
     (bench/detect/gpu_watch.py), which judges the tables a simulated run's ranks would exchange.
 
-    1. `judge_interval` over the steps after the last one judged;
+    1. `judge_interval` over the steps after the last one judged (up to the arrivals'
+       `timed_through`: on GPU a step whose collectives NCCL has not timed on every rank yet
+       waits for the next interval);
     2. `sustain` against the ranks over the material bound in the interval before;
     3. new = its stragglers not flagged in the interval before, gone = those flagged then and
        not now. An interval without a step every rank has timed (on GPU, events not yet
@@ -325,6 +332,7 @@ class WatchJudge:
             after_step=self.judged_through,
             held_phases=self.held_phases,
             arrivals=arrivals,
+            until_step=None if arrivals is None else arrivals.timed_through,
         )
         if not verdict.steps:
             return None
