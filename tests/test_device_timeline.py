@@ -280,3 +280,28 @@ def test_an_intermittent_straggler_does_not_set_its_own_bound(tmp_path: Path) ->
     assert (s.rank, s.phase, s.pattern) == (1, "forward", "intermittent")
     assert res.bounds_ms["jitter"] == pytest.approx(0.0, abs=1e-6)
     assert s.late_ms == pytest.approx(1.5, rel=0.05)
+
+
+def test_a_step_s_first_collective_that_starts_after_the_steps_before_opens_its_span(tmp_path: Path) -> None:
+    # FSDP's shape: each step all-gathers (100 us) once the previous step's optimizer (stream 7)
+    # is done, its GEMM (1000 us) waits for the all-gather, then the optimizer (200 us). Rank 1's
+    # optimizer of step 2 runs 3000 us longer. Both devices: step 1's all-gather [5, 105], GEMM
+    # [105, 1105], optimizer [1105, 1305]; step 2's all-gather [1305, 1405], GEMM [1405, 2405];
+    # rank 0's optimizer [2405, 2605], rank 1's [2405, 5605]. Step 3's all-gather: rank 0 is
+    # there at 2605 and waits for rank 1 at 5605, ends 5705; GEMM [5705, 6705], optimizer
+    # [6705, 6905]. A span opens at the step's all-gather where that starts after everything the
+    # steps before launched (not for the first step, whose elders are not in the trace): rank
+    # 0's wait for rank 1 (2605-5605) is its step 3's, where it waited, not its step 2's.
+    sim = Sim(world_size=2)
+    for r in range(2):
+        h = sim.rank(r)
+        gate = None
+        for n in range(1, 4):
+            with h.step(n):
+                gathered = h.collective("allgather", 100.0, after=gate)
+                h.launch(GEMM, 1000.0, after=gathered)
+                gate = h.launch("void at::native::multi_tensor_apply_kernel", 3200.0 if (r, n) == (1, 2) else 200.0)
+        h.sync(kind="device")
+    a = analysed(tmp_path, sim)
+    assert [(o.step, o.window_us) for o in rows_of(a, 0)] == [(1, 1200.0), (2, 1300.0), (3, 4300.0)]
+    assert [(o.step, o.window_us) for o in rows_of(a, 1)] == [(1, 1200.0), (2, 4300.0), (3, 1300.0)]

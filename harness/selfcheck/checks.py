@@ -305,6 +305,64 @@ def backward_own_work(ctx: Context) -> str:
     return said
 
 
+# A 1-rank NCCL group times its collectives (flight.enable's TORCH_NCCL_ENABLE_TIMING) and the
+# recorder gives the watch their durations (arrivals.py), once NCCL's watchdog has seen them
+# complete: it looks every ~100 ms, so the probe waits a second for it.
+NCCL_TIMING_PROBE = """
+import os, sys, time, torch, torch.distributed as dist
+from harness.train import flight
+from harness.train.arrivals import recorder_entries
+flight.enable(2000, "nccl")
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+torch.cuda.set_device(0)
+dist.init_process_group("nccl", rank=0, world_size=1)
+x = torch.ones(1 << 20, device="cuda")
+for _ in range(5):
+    dist.all_reduce(x)
+torch.cuda.synchronize()
+time.sleep(1.0)
+entries = recorder_entries("nccl") or []
+timed = [e["duration_ms"] for e in entries if isinstance(e.get("duration_ms"), (int, float))]
+print(len(entries), len(timed), max(timed, default=-1.0))
+dist.destroy_process_group()
+"""
+
+
+def nccl_timing(ctx: Context) -> str:
+    """NCCL's collectives timed in the Flight Recorder, as the live watch reads them under FSDP on
+    GPU (arrivals.py): a 1-rank NCCL group's all-reduces each carry a `duration_ms`."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.run(
+        [ctx.python, "-c", NCCL_TIMING_PROBE, str(port)], capture_output=True, text=True, timeout=120, env=_env()
+    )
+    words = (proc.stdout.strip().splitlines() or [""])[-1].split()
+    if proc.returncode != 0 or len(words) != 3:
+        raise CheckFailed(f"the NCCL timing probe failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][-300:]}")
+    entries, timed, longest = int(words[0]), int(words[1]), float(words[2])
+    if timed < 5:
+        raise CheckFailed(f"{timed} of {entries} recorder entries carry duration_ms (5 all-reduces ran)")
+    return f"{timed} of {entries} recorder entries timed, the longest {longest:.3f} ms"
+
+
+def fsdp_arrivals(ctx: Context) -> str:
+    """The live watch inside FSDP's forward on GPUs (NCCL's durations, arrivals.py): rank 1's
+    extra 20 ms of forward matmuls from step 10 is flagged in forward."""
+    args = ["--mode", "torch", "--parallel", "fsdp", "--backend", "nccl", "--steps", "40", "--warmup-steps", "5"]
+    args += ["--no-profile", "--watch-every", "5", "--straggler-rank", "1", "--straggler-phase", "forward"]
+    args += ["--straggler-kind", "compute", "--straggler-ms", "20", "--straggler-from", "10"]
+    run = train(ctx, "fsdp-arrivals", args, nproc=2)
+    flags = (json.loads((run / RUN_FILE).read_text()).get("watch") or {}).get("flags") or []
+    named = sorted({(f["rank"], f.get("phase")) for f in flags})
+    if (1, "forward") not in named:
+        raise CheckFailed(f"rank 1's slower forward was not flagged: the watch flagged {named or 'nobody'}")
+    first = min(f["step"] for f in flags if (f["rank"], f.get("phase")) == (1, "forward"))
+    return f"rank 1 flagged in forward at step {first}; all flags {named}"
+
+
 # What each lab mode is built to be bound by, and what the collector should say of it on CPU
 # (docs/lab.md); on GPU the same, which is what this check is for on a new cluster.
 EXPECTED_BOTTLENECK = {"data": "data-bound", "torch": "launch-bound", "comm": "comm-exposed"}
@@ -347,6 +405,8 @@ CHECKS = (
     Check("torch.compile", "cuda", "torch.compile on the GPU", compiled),
     Check("NCCL across GPUs", "2 gpus", "one rank per GPU over NCCL, matched", nccl),
     Check("watch in DDP backward", "cuda", "backward's own work on the GPU, a slower rank flagged", backward_own_work),
+    Check("NCCL timing", "cuda", "NCCL's collectives timed in the Flight Recorder", nccl_timing),
+    Check("watch in FSDP forward", "2 gpus", "a slower rank in FSDP's forward flagged", fsdp_arrivals),
     Check("Flight Recorder on NCCL timeout", "2 gpus", "dumps on a timeout, the hang named", flight_on_timeout),
     Check("Nsight", "nsys", "Nsight Systems installed", nsight),
 )

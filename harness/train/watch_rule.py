@@ -18,11 +18,13 @@ that computes longer and not one that sleeps. A GPU host issues collectives ahea
 so its issue times are no arrivals; under DDP a GPU rank's own work in backward is its device's
 time there until its last gradient (`Run.watch_gradients`, grads_ready.py): DDP's all-reduces run
 beside backward on their own stream, and the compute stream waits for them only at backward's
-end. What this cannot see: a GPU rank slow inside FSDP's forward or backward (its all-gathers
-hold the compute stream between the phase's layers, so no one event splits work from waiting),
-inside a DDP backward that waits for peers before its last gradient (SyncBatchNorm, tensor- or
-expert-parallel collectives), or inside DDP's backward in a loop that did not hook its
-gradients. The traces see it (the collector's lateness at each collective); a scheduled or
+end. Under FSDP no one event splits work from waiting on a GPU (its all-gathers hold the
+compute stream between the phase's layers); there a rank's arrivals come from NCCL's durations
+(arrivals.py: the kernel ends on every rank together, so the shorter its duration the later it
+arrived). What this cannot see: a GPU rank slow inside a DDP backward that waits for peers
+before its last gradient (SyncBatchNorm, tensor- or expert-parallel collectives), inside DDP's
+backward in a loop that did not hook its gradients, or inside FSDP's phases without the Flight
+Recorder. The traces see it (the collector's lateness at each collective); a scheduled or
 triggered window captures it.
 """
 

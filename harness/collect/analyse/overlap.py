@@ -124,6 +124,7 @@ def device_spans(
     own: Mapping[int, Interval],
     marks: Mapping[int, Interval] | None = None,
     starts: Mapping[int, float] | None = None,
+    comm_starts: Mapping[int, list[float]] | None = None,
 ) -> dict[int, Interval]:
     """The rank's step spans: consecutive, non-overlapping intervals of the timeline its device
     (on CPU: its main thread) works on, one per step that has one; what `cover_steps` partitions.
@@ -134,9 +135,14 @@ def device_spans(
     1. the step's device start b_N = the start of its `gpu_user_annotation` ProfilerStep where
        the trace has one (`marks`), else when its main stream starts its first kernel of the
        step (`starts`: the stream of most of its compute, parse.main_stream_starts; a side
-       stream's prefetch runs ahead of the step), else the earliest start of the device work
-       it launched (`own`: kernels, copies, memsets and collectives by launch); a stream runs
-       its work in launch order, so b grows with N;
+       stream's prefetch runs ahead of the step) or, where earlier, when one of the step's
+       collectives (`comm_starts`, by launch) starts once all the device work the steps before
+       launched has ended (not for the trace's first step, whose elders' work is not in it):
+       it runs beside nothing of theirs, and the main stream may wait for it (FSDP's first
+       all-gather, which waits for the optimizer, and the first layer for it: its wait for a
+       late peer is the step's), else the earliest start of the device
+       work it launched (`own`: kernels, copies, memsets and collectives by launch); a stream
+       runs its work in launch order, so b grows with N;
     2. over the steps in host order, b is made non-decreasing (a side stream's early start
        cannot move a step before the one launched ahead of it);
     3. span N = [b_N, b_M), M the next step with a device start; the last span ends at the
@@ -157,6 +163,8 @@ def device_spans(
         if where is None:
             continue
         begin = where[0] if s.number in marks else starts.get(s.number, where[0])
+        if s.number not in marks and comm_starts and firsts:  # the first step's elders are not in the trace
+            begin = min([begin, *(c for c in comm_starts.get(s.number, ()) if last_end <= c)])
         floor = max(floor, begin)
         firsts.append((s.number, floor))
         last_end = max(last_end, where[1], own.get(s.number, where)[1])
@@ -208,9 +216,12 @@ def cover_steps(
         owned(a, b, st)
         if st is not None and b > work_end.get(st, -math.inf):
             work_end[st] = b
+    comm_starts: dict[int, list[float]] = {}
     for c in trace.comms:
         owned(c.start_us, c.end_us, c.step)
-    spans = device_spans(trace, {k: (v[0], v[1]) for k, v in own.items()}, marks, starts)
+        if c.step is not None:
+            comm_starts.setdefault(c.step, []).append(c.start_us)
+    spans = device_spans(trace, {k: (v[0], v[1]) for k, v in own.items()}, marks, starts, comm_starts)
     every = [
         _Merged(union([(a, b) for a, b, _ in compute])),
         _Merged(union([(a, b) for a, b, _ in copies])),
