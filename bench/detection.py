@@ -148,7 +148,7 @@ def watch_table(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         w = r.get("watch")
         if w and w["truth"]["kind"] == "straggler":
-            by_kind[f"{r['kind']} in {w['truth']['phase']}"].append(w)
+            by_kind[f"{r['kind']} in {w['truth']['phase']}, {w.get('parallel', 'ddp')}"].append(w)
     out = [f"  {'watch: injected':52} {'material':>8} {'flagged':>8} {'below':>6} {'flagged':>8}"]
     for kind in sorted(by_kind):
         big = [w for w in by_kind[kind] if w["material"]]
@@ -179,7 +179,8 @@ def summary_lines(name: str, s: dict[str, Any]) -> list[str]:
         lines[-1] = (
             f"{name}: watch flagged {pct(s['watch_recall'])} of {s['watch_material_cases']} material stragglers "
             f"({s['watch_unjudged']} missed judged no step after the onset: a host ahead of its GPU), "
-            f"latency median {s['watch_latency_steps_median']} steps after onset; false alarms "
+            f"latency median {s['watch_latency_steps_median']} steps after onset, phase right "
+            f"{pct(s.get('watch_phase_right'))} of the flagged; false alarms "
             f"{s['watch_false_alarms']} of {s['watch_clean_runs']} clean runs; an innocent rank flagged beside "
             f"in {s['watch_innocent_flagged']}"
         )

@@ -102,6 +102,7 @@ def test_the_watch_on_generated_jobs_is_summarized_from_its_own_runs() -> None:
                 "innocent_flagged": innocent,
                 "judged_through": judged,
                 "onset": 8,
+                "flags": [[9, 3, "forward"], [14, 3, "data"]] if latency is not None else [],
             }
         }
 
@@ -121,4 +122,5 @@ def test_the_watch_on_generated_jobs_is_summarized_from_its_own_runs() -> None:
         "watch_clean_runs": 1,
         "watch_innocent_flagged": 1,
         "watch_unjudged": 1,
+        "watch_phase_right": 0.0,  # the first flag of rank 3 named forward, not data
     }

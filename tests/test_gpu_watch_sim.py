@@ -119,7 +119,7 @@ def test_the_watch_flags_a_host_sleep_in_data_in_the_first_interval_it_fills() -
     step a step, under the 8% bound); the one after step 14 judges 9-13, all slowed, and flags
     rank 3 alone: 6 steps after the onset."""
     w = run(case())
-    assert w["material"] and w["flags"] == [[14, 3]]
+    assert w["material"] and w["flags"] == [[14, 3, "data"]]
     assert w["latency_steps"] == 14 - ONSET_STEP
 
 
@@ -128,9 +128,42 @@ def test_the_watch_flags_a_slower_gpu_in_backward_by_its_work_before_its_last_gr
     ends at the same all-reduce, but rank 3's last gradient is ready that much later than its
     peers' (phases_own_device_ms), flagged by the same exchange as the data sleep above."""
     w = run(case(kind="compute", phase="backward"))
-    assert w["material"] and w["flags"] == [[14, 3]]
+    assert w["material"] and w["flags"] == [[14, 3, "backward"]]
 
 
 def test_a_clean_job_is_not_flagged() -> None:
     w = run(case(kind="clean", slow=(), phase=None, size=0.0))
     assert w["flags"] == [] and not w["false_alarm"] and w["truth"]["kind"] == "clean"
+
+
+@pytest.mark.parametrize(("kind", "phase"), [("compute", "forward"), ("compute", "backward"), ("sleep", "forward")])
+def test_under_fsdp_the_watch_flags_a_rank_slow_in_a_phase_of_all_gathers_by_nccl_s_durations(
+    kind: str, phase: str
+) -> None:
+    """The same job under FSDP (FSDP2's streams, detect/sim.py): rank 3 computes or sleeps (host
+    time between two layers) 30% of the step longer in forward or backward from step 8. Every
+    rank's phase lasts as long (the others wait at the all-gathers), and no event splits work
+    from waiting; the ranks' arrivals at the collectives, read from NCCL's durations, show it.
+    A 13 ms step: NCCL's watchdog times a collective up to 100 ms after its end, ~8 steps, so
+    the exchange after step 9 judges nothing (timed to step 3), the one after 14 steps 4-7, the
+    one after 19 steps 9-12 (step 8 left the tables, the latest 10 steps, before NCCL timed it):
+    flagged there, in its phase, 11 steps after the onset."""
+    w = run(case(parallel="fsdp", kind=kind, phase=phase))
+    assert w["material"] and w["flags"] == [[19, 3, phase]]
+
+
+def test_a_clean_fsdp_job_is_not_flagged() -> None:
+    w = run(case(parallel="fsdp", kind="clean", slow=(), phase=None, size=0.0))
+    assert w["flags"] == [] and not w["false_alarm"]
+
+
+def test_fsdp_step_records_carry_their_phases_spans_and_no_own_work() -> None:
+    """Under FSDP the gradients are not hooked (no phases_own_device_ms); each record spans its
+    phases on the host's clock, which places the collectives the host issued in them."""
+    c = case(parallel="fsdp", kind="clean", slow=(), phase=None, size=0.0, ranks=2)
+    sim, _, _ = gen.simulate_with_truth(c, 11, c.steps)
+    [(_, first), *_] = step_records(sim.truth()[0], COMPUTE_STREAM, sim.launch_latency_us, "fsdp")
+    assert "phases_own_device_ms" not in first
+    spans = first["phases_span_ns"]
+    assert [p for p in spans] == ["data", "forward", "backward", "optimizer"]
+    assert all(a <= b for a, b in spans.values())

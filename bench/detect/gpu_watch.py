@@ -131,8 +131,8 @@ def recorder(truth: RankTruth, now_us: float) -> list[dict[str, Any]]:
 
 def watch_flags(
     sim: Sim, hosts: dict[int, str], compute_stream: int, parallel: str = "ddp"
-) -> tuple[list[tuple[int, int]], int]:
-    """(exchange step, rank) each time the watch flags a rank anew (module docstring, 4), and the
+) -> tuple[list[tuple[int, int, str | None]], int]:
+    """(exchange step, rank, phase) each time the watch flags a rank anew (module docstring, 4), and the
     last step it judged (-1: none): per exchange after step s, every rank's table of its latest
     2 x WATCH_EVERY records past the warm-up complete by its host's end of step s, judged
     together; under FSDP with every rank's arrivals in their held phases (module docstring, 5)."""
@@ -149,7 +149,7 @@ def watch_flags(
     step_end = [{s.number - 1: s.end_us for s in t.steps} for t in truths]
     judge = WatchJudge(own_phases=own_work_phases(parallel), held_phases=held_phases, cpu=False, th=watch_thresholds())
     numbers = sorted({s for ends in step_end for s in ends})
-    flags = []
+    flags: list[tuple[int, int, str | None]] = []
     for s in numbers:
         if (s + 1) % WATCH_EVERY:
             continue
@@ -179,7 +179,7 @@ def watch_flags(
             )
         judged = judge.judge(torch.stack(tables), hosts, arrivals)
         if judged is not None:
-            flags.extend((s, x.rank) for x in judged.new)
+            flags.extend((s, x.rank, x.phase) for x in judged.new)
     return flags, judge.judged_through
 
 
@@ -200,7 +200,7 @@ def watch_case(
     long = replace(case, steps=WATCH_STEPS, onset=ONSET_STEP + 1)  # the simulator counts from 1
     sim, truth, _ = simulate(long, noise_seed, long.steps - long.onset + 1)
     flags, judged_through = watch_flags(sim, hosts, compute_stream, long.parallel)
-    seen = Seen(verdict="", watch_flags=flags)
+    seen = Seen(verdict="", watch_flags=[(step, rank) for step, rank, _ in flags])
     outcome = score(truth, seen, onset_step=ONSET_STEP)
     injected = set(long.slow)
     return {
@@ -213,5 +213,5 @@ def watch_case(
         "material": outcome.material,
         "latency_steps": outcome.watch_latency_steps,
         "false_alarm": outcome.watch_false_alarm,
-        "innocent_flagged": sorted({r for _, r in flags if r not in injected}) if truth.kind == "straggler" else [],
+        "innocent_flagged": sorted({r for _, r, _ in flags if r not in injected}) if truth.kind == "straggler" else [],
     }

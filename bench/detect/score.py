@@ -180,10 +180,16 @@ def summarize_watch(cases: list[dict[str, Any]]) -> dict[str, Any]:
     3. watch_false_alarms = clean cases it flagged; watch_innocent_flagged = straggler cases
        where it also flagged a rank nothing was injected into;
     4. watch_unjudged = missed material cases where it judged no step from the onset on before
-       the job ended (a host running ahead of its GPU: no such step was complete at an exchange)."""
+       the job ended (a host running ahead of its GPU: no such step was complete at an exchange);
+    5. watch_phase_right = flagged material cases whose first flag of an injected rank named
+       the injected phase / flagged material cases."""
     runs = [c["watch"] for c in cases if c.get("watch")]
     material = [w for w in runs if w["material"]]
     flagged = [w for w in material if w["latency_steps"] is not None]
+
+    def first_phase(w: dict[str, Any]) -> str | None:
+        return next((f[2] for f in w["flags"] if f[1] in w["truth"]["ranks"] and len(f) > 2), None)
+
     latencies = [w["latency_steps"] for w in runs if w["latency_steps"] is not None]
     return {
         "watch_recall": _share(len(flagged), len(material)),
@@ -194,6 +200,7 @@ def summarize_watch(cases: list[dict[str, Any]]) -> dict[str, Any]:
         "watch_clean_runs": sum(1 for w in runs if w["truth"]["kind"] == "clean"),
         "watch_innocent_flagged": sum(1 for w in runs if w["innocent_flagged"]),
         "watch_unjudged": sum(1 for w in material if w["latency_steps"] is None and w["judged_through"] < w["onset"]),
+        "watch_phase_right": _share(sum(first_phase(w) == w["truth"]["phase"] for w in flagged), len(flagged)),
     }
 
 
