@@ -363,3 +363,10 @@ def test_the_judge_leaves_steps_after_timed_through_for_the_next_interval() -> N
     judge = WatchJudge(own_phases=own_work_phases("ddp"), held_phases=("backward",), cpu=True, th=Thresholds())
     got = judge.judge(_tables(4, steps), {}, held)
     assert got is not None and got.verdict.steps == [10, 11] and judge.judged_through == 11
+
+
+def test_a_collective_issued_on_a_phase_boundary_is_the_ending_phase_s() -> None:
+    entries = [{"pg_id": 0, "collective_seq_id": 1, "time_created_ns": 100 * MS, "is_p2p": False}]
+    spans_ns = {10: {"forward": [0, 100 * MS], "backward": [100 * MS, 200 * MS]}}
+    assert my_arrivals(entries, spans_ns, ["forward", "backward"]) == [(10, "forward", 0, 1, 100 * MS, 100 * MS)]
+    assert my_arrivals(entries, spans_ns, ["backward"]) == [(10, "backward", 0, 1, 100 * MS, 100 * MS)]

@@ -25,6 +25,7 @@ no clock compared. The watchdog fills `duration_ms` in when it sees the collecti
 
 from __future__ import annotations
 
+import bisect
 import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -79,7 +80,8 @@ def my_arrivals(
     when issued (CPU) or, with `device`, at -duration (GPU: the module docstring; a collective
     not yet timed is left out)."""
     found: list[Arrival] = []
-    windows = [(s, p, a, b) for s, by_phase in spans_ns.items() for p, (a, b) in by_phase.items() if p in phases]
+    windows = sorted((a, b, s, p) for s, by_phase in spans_ns.items() for p, (a, b) in by_phase.items() if p in phases)
+    starts = [w[0] for w in windows]
     for e in entries:
         if e.get("is_p2p"):
             continue
@@ -93,11 +95,23 @@ def my_arrivals(
             arrived = -round(duration_ms * 1e6)
         else:
             arrived = int(t)
-        for step, phase, a, b in windows:
-            if a <= t <= b:
-                found.append((step, phase, int(e["pg_id"]), int(e["collective_seq_id"]), int(t), arrived))
-                break
+        where = _window(windows, starts, t)
+        if where is not None:
+            found.append((where[2], where[3], int(e["pg_id"]), int(e["collective_seq_id"]), int(t), arrived))
     return found
+
+
+def _window(
+    windows: Sequence[tuple[float, float, int, str]], starts: Sequence[float], t: float
+) -> tuple[float, float, int, str] | None:
+    """The (start, end, step, phase) of `windows` (sorted by start, not overlapping) holding `t`;
+    at a boundary the one that ends there."""
+    i = bisect.bisect_right(starts, t) - 1
+    if i >= 1 and windows[i - 1][1] >= t:
+        return windows[i - 1]
+    if i >= 0 and windows[i][1] >= t:
+        return windows[i]
+    return None
 
 
 def untimed_steps(
@@ -114,7 +128,8 @@ def untimed_steps(
         if not e.get("is_p2p") and isinstance(e.get("duration_ms"), (int, float)):
             pg, seq = int(e["pg_id"]), int(e["collective_seq_id"])
             timed[pg] = max(timed.get(pg, seq), seq)
-    windows = [(s, a, b) for s, by_phase in spans_ns.items() for p, (a, b) in by_phase.items() if p in phases]
+    windows = sorted((a, b, s, p) for s, by_phase in spans_ns.items() for p, (a, b) in by_phase.items() if p in phases)
+    starts = [w[0] for w in windows]
     waiting: set[int] = set()
     for e in entries:
         if e.get("is_p2p") or isinstance(e.get("duration_ms"), (int, float)):
@@ -122,7 +137,9 @@ def untimed_steps(
         pg, t = int(e["pg_id"]), e.get("time_created_ns")
         if pg not in timed or int(e["collective_seq_id"]) < timed[pg] or not t:
             continue
-        waiting.update(s for s, a, b in windows if a <= t <= b)
+        where = _window(windows, starts, t)
+        if where is not None:
+            waiting.add(where[2])
     return sorted(waiting)
 
 
