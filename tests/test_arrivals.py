@@ -82,12 +82,17 @@ def test_the_punctual_mark_is_the_lower_quartile_and_clocks_are_offset_per_host(
     assert late[:, 0, 0].tolist() == [0.0, 3.0, 0.0, 30.0]
 
 
-def test_only_collectives_every_rank_issued_count_and_a_missing_span_gives_none() -> None:
+def test_only_collectives_every_rank_issued_count_and_a_span_one_rank_lacks_gives_none() -> None:
     times = arrivals([[5, 10], [25, 30]])
     times[0].append((10, "backward", 0, 99, 12 * MS, 12 * MS))  # one rank only: not matched
     late = held_lateness_ms(spans([0, 0]), times, [10], ["backward"])
     assert late is not None and late.tolist() == [[[0.0]], [[20.0]]]
-    assert held_lateness_ms(spans([0, 0]), times, [10, 11], ["backward"]) is None
+    # step 11 has no backward on any rank: nothing there; on one rank only: not judged by arrivals
+    late = held_lateness_ms(spans([0, 0]), times, [10, 11], ["backward"])
+    assert late is not None and late.tolist() == [[[0.0], [0.0]], [[20.0], [0.0]]]
+    one_sided = spans([0, 0])
+    one_sided[0] = {**one_sided[0], 11: {"backward": [0, 1]}}
+    assert held_lateness_ms(one_sided, times, [10, 11], ["backward"]) is None
 
 
 def test_recorder_entries_are_placed_in_this_rank_s_phases() -> None:

@@ -102,3 +102,22 @@ def test_the_lightning_callback_tells_the_watch_its_strategys_collectives() -> N
     assert parallel_of(FSDPStrategy()) == parallel_of(ModelParallelStrategy()) == "fsdp"
     assert parallel_of(DeepSpeedStrategy()) == "fsdp"
     assert parallel_of(SingleDeviceStrategy(torch.device("cpu"))) == "none"
+
+
+def test_the_hf_callback_tells_the_watch_its_trainers_collectives() -> None:
+    """The watch's `parallel` from the Trainer's arguments: FSDP and DeepSpeed gather parameters
+    in forward and backward; any other distributed run all-reduces in backward; one process
+    holds none."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("transformers")
+    from transformers.training_args import ParallelMode
+
+    from harness.integrations.hf import parallel_of
+
+    assert parallel_of(SimpleNamespace(fsdp=["full_shard"], parallel_mode=ParallelMode.DISTRIBUTED)) == "fsdp"
+    assert (
+        parallel_of(SimpleNamespace(fsdp=None, deepspeed="ds.json", parallel_mode=ParallelMode.DISTRIBUTED)) == "fsdp"
+    )
+    assert parallel_of(SimpleNamespace(fsdp=None, deepspeed=None, parallel_mode=ParallelMode.DISTRIBUTED)) == "ddp"
+    assert parallel_of(SimpleNamespace(fsdp=None, deepspeed=None, parallel_mode=ParallelMode.NOT_PARALLEL)) == "none"

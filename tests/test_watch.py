@@ -19,11 +19,13 @@ from harness.collect.analyse.stragglers import Thresholds, run_jitter_ms, stragg
 from harness.collect.read.discover import InputError
 from harness.collect.read.watch_log import read_watch, watch_line
 from harness.collect.read.windows import pick_window, trace_window
-from harness.paths import STEP_PHASES, watch_path
+from harness.paths import watch_path
 from harness.train.config import ProfilerConfig
 from harness.train.profiling import TraceRecorder
 from harness.train.timing import StepClock
 from harness.train.watch_rule import (
+    COLLECTIVE_PHASES,
+    WATCH_PHASES,
     jitter_ms,
     median,
     own_work_phases,
@@ -72,7 +74,7 @@ BASE = {"data": 1.0, "h2d": 0.0, "forward": 20.0, "loss": 1.0, "backward": 60.0,
 def test_own_work_phases_leave_out_the_phases_that_hold_collectives() -> None:
     assert own_work_phases("ddp") == ("data", "h2d", "forward", "loss", "optimizer")
     assert own_work_phases("fsdp") == ("data", "h2d", "loss", "optimizer")
-    assert own_work_phases("none") == ("data", "h2d", "forward", "loss", "backward", "optimizer")
+    assert own_work_phases("none") == ("data", "h2d", "forward", "loss", "backward", "optimizer", "forward_backward")
 
 
 def test_a_slow_data_phase_is_flagged_and_its_victims_waiting_in_backward_are_not() -> None:
@@ -120,7 +122,7 @@ def test_on_gpu_the_watch_judges_the_data_phase_the_device_saw() -> None:
     times = {0: gpu(1.0, 1.0), 1: gpu(1.0, 31.0), 2: gpu(51.0, 0.0), 3: gpu(1.0, 1.0)}
     v = judge_interval(times, {r: "a" for r in times}, DDP_OWN, cpu=False, th=Thresholds())
     assert [s.rank for s in v.stragglers] == [1] and v.stragglers[0].phase == "data"
-    assert step_row(times[2][0])[2 + STEP_PHASES.index("data")] == 0.0
+    assert step_row(times[2][0])[2 + WATCH_PHASES.index("data")] == 0.0
 
 
 def test_on_gpu_a_rank_computing_longer_inside_backward_is_seen_by_its_work_before_its_last_gradient() -> None:
@@ -144,7 +146,7 @@ def test_on_gpu_a_rank_computing_longer_inside_backward_is_seen_by_its_work_befo
     assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 30.0, 0.0, 0.0]
     [s] = v.stragglers
     assert (s.rank, s.phase, s.excess_ms, s.steps_late) == (1, "backward", 30.0, 4)
-    assert step_row(times[1][0])[2 + len(STEP_PHASES) + STEP_PHASES.index("backward")] == 50.0
+    assert step_row(times[1][0])[2 + len(WATCH_PHASES) + WATCH_PHASES.index("backward")] == 50.0
     blind = {r: gpu(None) for r in hosts}
     assert judge_interval(blind, hosts, DDP_OWN, cpu=False, th=Thresholds(), held_phases=("backward",)).stragglers == []
     # one rank without the event in step 11 (a step its hook did not mark): that step's backward
@@ -200,7 +202,7 @@ def test_a_rank_slower_on_its_core_is_judged_at_its_peers_speed() -> None:
 
     times = {0: with_cpu(steps(BASE), 1.0), 1: with_cpu(steps(BASE), 1.5), 2: with_cpu(steps(BASE), 1.0, 30.0)}
     table = torch.stack([pack_rows([step_row(rec) for rec in times[r]], 4) for r in range(3)])
-    cpus = torch.nan_to_num(table[..., 2 + len(STEP_PHASES) : 2 + 2 * len(STEP_PHASES)], nan=0.0)
+    cpus = torch.nan_to_num(table[..., 2 + len(WATCH_PHASES) : 2 + 2 * len(WATCH_PHASES)], nan=0.0)
     assert phase_speed(cpus).tolist() == pytest.approx([1.0, 1.5, 1.0])
     v = judge_interval(times, {}, DDP_OWN, cpu=True, th=Thresholds(), held_phases=("backward",))
     assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 0.0, 30.0]
@@ -270,7 +272,7 @@ def test_on_gpu_the_step_clock_writes_each_phase_as_its_device_saw_it(monkeypatc
     assert rec["phases_device_ms"] == {"data": 0.0, "forward": 20.0}
     assert rec["phases_ms"]["forward"] == 20.0 and rec["step_ms"] == 21.0
     assert rec["phases_ms"]["data"] == rec["data_ms"] > 10.0  # wide margin: a 20 ms sleep
-    assert step_row(rec)[2 + STEP_PHASES.index("data")] == 0.0
+    assert step_row(rec)[2 + WATCH_PHASES.index("data")] == 0.0
     assert "phases_device_ms" not in _one_step(StepClock(cuda=False))
 
 
@@ -515,7 +517,7 @@ class TwoRankWatch(GrouplessWatch):
 
     def _all_gather(self, rows: torch.Tensor) -> list[torch.Tensor]:
         other = rows.clone()
-        other[:, 2 + STEP_PHASES.index("data")] += self.slow_ms
+        other[:, 2 + WATCH_PHASES.index("data")] += self.slow_ms
         return [rows, other]
 
     def _broadcast(self, message: torch.Tensor) -> None:
@@ -666,3 +668,27 @@ def test_the_collector_reads_the_watch_record_from_run_json_and_skips_what_is_ma
     )
     (tmp_path / "run.json").write_text(json.dumps({"watch": {"every": 0, "intervals": 0, "flags": [], "captures": []}}))
     assert read_watch([tmp_path]) is None  # the watch was off
+
+
+def test_hf_s_forward_backward_phase_holds_ddps_collectives_and_is_judged_by_own_work() -> None:
+    # A Trainer's steps: data, forward_backward (forward and backward together, holding DDP's
+    # all-reduce), optimizer. Every rank's forward_backward lasts 80 ms (the punctual ones wait
+    # in it); rank 1 spends 40 ms of CPU time there against the others' 10.
+    rows = []
+    for r in range(3):
+        cpu = {"data": 5.0, "forward_backward": 40.0 if r == 1 else 10.0, "optimizer": 5.0}
+        recs = [
+            {
+                "step": s,
+                "step_ms": 100.0,
+                "phases_ms": {"data": 10.0, "forward_backward": 80.0, "optimizer": 10.0},
+                "phases_cpu_ms": cpu,
+            }
+            for s in range(10, 18)
+        ]
+        rows.append(pack_rows([step_row(rec) for rec in recs], 8))
+    own = own_work_phases("ddp")
+    assert "forward_backward" not in own
+    v = judge_tables(torch.stack(rows), {}, own, cpu=True, th=Thresholds(), held_phases=COLLECTIVE_PHASES["ddp"])
+    [s] = v.stragglers
+    assert (s.rank, s.phase, round(s.late_ms, 6)) == (1, "forward_backward", 30.0)

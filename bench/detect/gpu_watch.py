@@ -160,7 +160,7 @@ def watch_flags(
             tables.append(pack_rows([step_row(rec) for rec in recent], 2 * WATCH_EVERY))
             if parallel == "fsdp":
                 mine_spans = {
-                    rec["step"]: {p: rec["phases_span_ns"][p] for p in held_phases}
+                    rec["step"]: {p: rec["phases_span_ns"][p] for p in held_phases if p in rec["phases_span_ns"]}
                     for rec in recent
                     if rec["step"] > judge.judged_through
                 }

@@ -13,7 +13,12 @@ What its hooks map to (the Trainer's loop, transformers/trainer.py):
    micro-batch's training_step, and gradient clipping), `optimizer` until `on_step_end`;
 3. on_train_end: the step opened after the last one (it never ran) is dropped and the run ends:
    run.json and the table on rank 0.
-Keyword arguments are `harness.Run`'s settings (names of harness.train's flags).
+Keyword arguments are `harness.Run`'s settings (names of harness.train's flags); `parallel`, which
+tells the watch which phases hold collectives (`forward_backward` under DDP and FSDP), defaults
+to the Trainer's (`parallel_of`). Under DDP on GPUs the model's gradients are hooked
+(`Run.watch_gradients`): forward_backward's own work is then its device time to the last
+gradient of the step's last micro-batch, whose backward holds the all-reduce (the others run
+under `no_sync`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,17 @@ from typing import Any
 from transformers import TrainerCallback
 
 from harness.train.run import Run
+
+
+def parallel_of(args: Any) -> str:
+    """The watch's `parallel` (ddp, fsdp, none) for a Trainer's arguments: FSDP or DeepSpeed (which
+    gathers parameters inside forward and backward at ZeRO-3; at stages 1-2 a held forward only
+    hides a straggler there, while taking a phase that holds collectives for own work would name
+    its victims) -> fsdp; any other distributed run -> ddp; else none."""
+    if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
+        return "fsdp"
+    mode = getattr(args, "parallel_mode", None)
+    return "ddp" if getattr(mode, "value", None) == "distributed" else "none"
 
 
 class HarnessCallback(TrainerCallback):
@@ -35,9 +51,12 @@ class HarnessCallback(TrainerCallback):
             "steps": state.max_steps if state.max_steps and state.max_steps > 0 else None,
             "samples_per_step": args.per_device_train_batch_size * args.gradient_accumulation_steps,
             "job_name": "hf-trainer",
+            "parallel": parallel_of(args),
             **self.settings,
         }
         self.run = Run(device=args.device, **settings).start()
+        if kwargs.get("model") is not None:
+            self.run.watch_gradients(kwargs["model"])
         self.run.begin_step()
         self.run.begin_phase("data")
 

@@ -152,8 +152,9 @@ def held_lateness_ms(
     device: bool = False,
 ) -> torch.Tensor | None:
     """Per rank, step and phase that holds collectives: how much later than the punctual ranks it
-    arrived because of what it did inside the phase ([ranks, steps, phases], ms), or None where a
-    rank lacks a span of one of `steps`' held phases.
+    arrived because of what it did inside the phase ([ranks, steps, phases], ms), or None where
+    some rank lacks a span of one of `steps`' held phases that others have (a phase no rank
+    marked adds nothing).
 
     1. every host time on one clock: a rank's less its host's offset (`offsets_ns`; 0 on one
        host); arrivals from durations (`device`) need none;
@@ -200,9 +201,11 @@ def held_lateness_ms(
     mark = punctual_index(n)
     for i, step in enumerate(steps):
         for j, phase in enumerate(held_phases):
+            spans = [spans_ns[r].get(step, {}).get(phase) for r in range(n)]
+            if all(span is None for span in spans):
+                continue  # a phase this loop does not mark
             starts = []
-            for r in range(n):
-                span = spans_ns[r].get(step, {}).get(phase)
+            for r, span in enumerate(spans):
                 if span is None:
                     return None
                 starts.append(span[0] - offsets[r])

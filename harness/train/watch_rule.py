@@ -48,13 +48,17 @@ from harness.collect.analyse.stragglers import (
 from harness.paths import STEP_PHASES
 from harness.train.arrivals import HeldArrivals, held_lateness_ms
 
-# The table one rank sends: a row per step, [step, step_ms, one column per STEP_PHASES (wall time),
-# one per STEP_PHASES (its own work there: on CPU its CPU time, timing.py's phases_cpu_ms; on GPU,
+# The phases the watch judges: the harness's, and `forward_backward`, which Hugging Face's Trainer
+# callback marks for forward and backward together (its hooks do not split them,
+# harness/integrations/hf.py); like backward it holds DDP's and FSDP's collectives.
+WATCH_PHASES = (*STEP_PHASES, "forward_backward")
+# The table one rank sends: a row per step, [step, step_ms, one column per WATCH_PHASES (wall time),
+# one per WATCH_PHASES (its own work there: on CPU its CPU time, timing.py's phases_cpu_ms; on GPU,
 # in a phase that holds DDP's all-reduce, its device's time there until its last gradient,
-# phases_own_device_ms), one per STEP_PHASES (time waiting for a core, timing.py's
+# phases_own_device_ms), one per WATCH_PHASES (time waiting for a core, timing.py's
 # phases_runq_ms)]; NaN pads the rows a rank has not timed yet (on GPU a step is timed once its
 # CUDA events complete), the phases a step did not have and the times a rank did not take.
-PHASES = len(STEP_PHASES)
+PHASES = len(WATCH_PHASES)
 COLUMNS = 2 + 3 * PHASES
 # At most this many stragglers get a phase per interval (the most late): each phase compares a rank
 # with every other rank (one straggler among 1024 ranks: 20-24 ms an interval, mostly this), so 16,
@@ -64,7 +68,11 @@ MAX_PHASED = 16
 # Phases that hold collectives, per parallel wrapper (harness/train/parallel.py): DDP all-reduces
 # gradients during backward; FSDP2 all-gathers parameters in forward and backward and
 # reduce-scatters gradients in backward. "none" holds none.
-COLLECTIVE_PHASES = {"ddp": ("backward",), "fsdp": ("forward", "backward"), "none": ()}
+COLLECTIVE_PHASES = {
+    "ddp": ("backward", "forward_backward"),
+    "fsdp": ("forward", "backward", "forward_backward"),
+    "none": (),
+}
 
 # The watch's relative bound on CPU-only jobs, a share of the median step. Its own work is taken
 # at the rank's speed from its CPU time per phase (`phase_speed`) and net of its wait for a core,
@@ -89,7 +97,7 @@ def watch_thresholds(min_lag_ms: float = 0.0) -> Thresholds:
 def own_work_phases(parallel: str) -> tuple[str, ...]:
     """The step phases that hold no collective under `parallel` (ddp, fsdp or none)."""
     held = COLLECTIVE_PHASES[parallel]
-    return tuple(p for p in STEP_PHASES if p not in held)
+    return tuple(p for p in WATCH_PHASES if p not in held)
 
 
 @dataclass(kw_only=True)
@@ -133,9 +141,9 @@ def step_row(record: dict) -> list[float]:
     return [
         record["step"],
         record["step_ms"],
-        *(phases.get(p, math.nan) for p in STEP_PHASES),
-        *(cpu.get(p, math.nan) for p in STEP_PHASES),
-        *(runq.get(p, math.nan) for p in STEP_PHASES),
+        *(phases.get(p, math.nan) for p in WATCH_PHASES),
+        *(cpu.get(p, math.nan) for p in WATCH_PHASES),
+        *(runq.get(p, math.nan) for p in WATCH_PHASES),
     ]
 
 
@@ -216,8 +224,8 @@ def judge_interval(
     waits = torch.nan_to_num(table[..., 2 + 2 * PHASES :], nan=0.0)
     walls = (walls - waits).clamp(min=0.0)  # the time it wanted a core and had none is not its work
     names = own_phases + held_phases
-    own_cols = [STEP_PHASES.index(p) for p in own_phases]
-    held_cols = [STEP_PHASES.index(p) for p in held_phases]
+    own_cols = [WATCH_PHASES.index(p) for p in own_phases]
+    held_cols = [WATCH_PHASES.index(p) for p in held_phases]
     # a GPU's own work is device time: no core's speed to take out of it
     speed = (phase_speed(cpus) if cpu else torch.ones(n_ranks, dtype=cpus.dtype))[:, None, None]
     held = cpus[..., held_cols]
