@@ -375,3 +375,9 @@ def test_a_collective_issued_on_a_phase_boundary_is_the_ending_phase_s() -> None
     spans_ns = {10: {"forward": [0, 100 * MS], "backward": [100 * MS, 200 * MS]}}
     assert my_arrivals(entries, spans_ns, ["forward", "backward"]) == [(10, "forward", 0, 1, 100 * MS, 100 * MS)]
     assert my_arrivals(entries, spans_ns, ["backward"]) == [(10, "backward", 0, 1, 100 * MS, 100 * MS)]
+
+
+def test_tables_hold_more_steps_where_nccl_s_timing_holds_them_back() -> None:
+    from harness.train.watch_rule import table_rows
+
+    assert table_rows(5, False) == 10 and table_rows(5, True) == 20 and table_rows(0, False) == 2

@@ -146,8 +146,8 @@ def test_under_fsdp_the_watch_flags_a_rank_slow_in_a_phase_of_all_gathers_by_ncc
     from waiting; the ranks' arrivals at the collectives, read from NCCL's durations, show it.
     A 13 ms step: NCCL's watchdog times a collective up to 100 ms after its end, ~8 steps, so
     the exchange after step 9 judges nothing (timed to step 3), the one after 14 steps 4-7, the
-    one after 19 steps 9-12 (step 8 left the tables, the latest 10 steps, before NCCL timed it):
-    flagged there, in its phase, 11 steps after the onset."""
+    one after 19 steps 8-12 (the tables hold the latest 20 steps where NCCL's timing holds steps
+    back: `table_rows`): flagged there, in its phase, 11 steps after the onset."""
     w = run(case(parallel="fsdp", kind=kind, phase=phase))
     assert w["material"] and w["flags"] == [[19, 3, phase]]
 

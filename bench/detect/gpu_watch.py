@@ -55,6 +55,7 @@ from harness.train.watch_rule import (
     own_work_phases,
     pack_rows,
     step_row,
+    table_rows,
     watch_thresholds,
 )
 
@@ -134,7 +135,7 @@ def watch_flags(
 ) -> tuple[list[tuple[int, int, str | None]], int]:
     """(exchange step, rank, phase) each time the watch flags a rank anew (module docstring, 4), and the
     last step it judged (-1: none): per exchange after step s, every rank's table of its latest
-    2 x WATCH_EVERY records past the warm-up complete by its host's end of step s, judged
+    `table_rows` records past the warm-up complete by its host's end of step s, judged
     together; under FSDP with every rank's arrivals in their held phases (module docstring, 5)."""
     truths = sim.truth()
     records = [
@@ -146,6 +147,7 @@ def watch_flags(
         for t in truths
     ]
     held_phases = COLLECTIVE_PHASES[parallel]
+    rows = table_rows(WATCH_EVERY, parallel == "fsdp")  # FSDP: steps wait for NCCL's timing
     step_end = [{s.number - 1: s.end_us for s in t.steps} for t in truths]
     judge = WatchJudge(own_phases=own_work_phases(parallel), held_phases=held_phases, cpu=False, th=watch_thresholds())
     numbers = sorted({s for ends in step_end for s in ends})
@@ -156,8 +158,8 @@ def watch_flags(
         tables, spans, arrived, waiting = [], [], [], []
         for r, mine in enumerate(records):
             now_us = step_end[r].get(s, float("inf"))
-            recent = [rec for done_us, rec in mine if done_us <= now_us][-2 * WATCH_EVERY :]
-            tables.append(pack_rows([step_row(rec) for rec in recent], 2 * WATCH_EVERY))
+            recent = [rec for done_us, rec in mine if done_us <= now_us][-rows:]
+            tables.append(pack_rows([step_row(rec) for rec in recent], rows))
             if parallel == "fsdp":
                 mine_spans = {
                     rec["step"]: {p: rec["phases_span_ns"][p] for p in held_phases if p in rec["phases_span_ns"]}

@@ -39,6 +39,7 @@ from harness.train.watch_rule import (
     own_work_phases,
     pack_rows,
     step_row,
+    table_rows,
     watch_thresholds,
 )
 from harness.write_faults import AppendOnlyFile, FaultLog
@@ -95,8 +96,7 @@ class Watch:
         self.faults = faults
         self.metrics = metrics
         self.th = watch_thresholds(cfg.min_lag_ms)
-        # Twice the interval: steps a rank timed late (GPU) are still there at the next exchange.
-        self._recent: deque[list[float]] = deque(maxlen=2 * max(cfg.every, 1))
+        self._recent: deque[list[float]] = deque(maxlen=table_rows(cfg.every, False))
         self.judge = WatchJudge(own_phases=self.own_phases, held_phases=self.held_phases, cpu=cpu, th=self.th)
         self.intervals = 0
         self.flags: list[dict[str, Any]] = []  # every time a rank became a straggler
@@ -113,6 +113,8 @@ class Watch:
         # (Run.watch_gradients), exact and at once, where NCCL's timing comes ~100 ms late.
         readable = flight_on and bool(self.held_phases) and (cpu or (backend == "nccl" and parallel == "fsdp"))
         self.hosts, self.read_arrivals = self._connect(host, readable, datetime.timedelta(seconds=collective_timeout_s))
+        if self.read_arrivals and not cpu:
+            self._recent = deque(maxlen=table_rows(cfg.every, True))
         if rank == 0:
             self._log = AppendOnlyFile(watch_path(run_dir), faults, "watch log")
 

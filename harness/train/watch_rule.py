@@ -89,6 +89,15 @@ COLLECTIVE_PHASES = {
 WATCH_REL_LAG_CPU = 0.35
 
 
+def table_rows(every: int, timed_by_nccl: bool) -> int:
+    """How many of its latest steps a rank sends at each exchange: twice the interval, so that
+    steps a GPU rank timed late (its events completed after an exchange) are still there at the
+    next; four times where the steps wait for NCCL's timing of their collectives (GPU arrivals,
+    arrivals.untimed_steps), which comes up to ~100 ms after them: steps shorter than that over
+    an interval shorter than that are held back over more than one exchange."""
+    return (4 if timed_by_nccl else 2) * max(every, 1)
+
+
 def watch_thresholds(min_lag_ms: float = 0.0) -> Thresholds:
     """The collector's rule as the watch applies it: its bounds, with WATCH_REL_LAG_CPU on CPU."""
     return Thresholds(min_lag_ms=min_lag_ms, rel_lag_cpu=WATCH_REL_LAG_CPU)
