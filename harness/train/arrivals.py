@@ -80,8 +80,7 @@ def my_arrivals(
     when issued (CPU) or, with `device`, at -duration (GPU: the module docstring; a collective
     not yet timed is left out)."""
     found: list[Arrival] = []
-    windows = sorted((a, b, s, p) for s, by_phase in spans_ns.items() for p, (a, b) in by_phase.items() if p in phases)
-    starts = [w[0] for w in windows]
+    windows = _PhaseWindows(spans_ns, phases)
     for e in entries:
         if e.get("is_p2p"):
             continue
@@ -89,29 +88,41 @@ def my_arrivals(
         if not t:
             continue
         if device:
-            duration_ms = e.get("duration_ms")
-            if not isinstance(duration_ms, (int, float)) or duration_ms < 0:
+            duration_ms = _duration_ms(e)
+            if duration_ms is None or duration_ms < 0:
                 continue
             arrived = -round(duration_ms * 1e6)
         else:
             arrived = int(t)
-        where = _window(windows, starts, t)
+        where = windows.find(t)
         if where is not None:
-            found.append((where[2], where[3], int(e["pg_id"]), int(e["collective_seq_id"]), int(t), arrived))
+            found.append((where[0], where[1], int(e["pg_id"]), int(e["collective_seq_id"]), int(t), arrived))
     return found
 
 
-def _window(
-    windows: Sequence[tuple[float, float, int, str]], starts: Sequence[float], t: float
-) -> tuple[float, float, int, str] | None:
-    """The (start, end, step, phase) of `windows` (sorted by start, not overlapping) holding `t`;
-    at a boundary the one that ends there."""
-    i = bisect.bisect_right(starts, t) - 1
-    if i >= 1 and windows[i - 1][1] >= t:
-        return windows[i - 1]
-    if i >= 0 and windows[i][1] >= t:
-        return windows[i]
-    return None
+class _PhaseWindows:
+    """The [start, end] windows of `phases` in `spans_ns` (step -> phase -> [start_ns, end_ns],
+    not overlapping), sorted by start: `find(t)` is the (step, phase) holding t, at a boundary
+    the one that ends there."""
+
+    def __init__(self, spans_ns: Mapping[int, Mapping[str, Sequence[int]]], phases: Sequence[str]) -> None:
+        self.windows = sorted(
+            (a, b, s, p) for s, by_phase in spans_ns.items() for p, (a, b) in by_phase.items() if p in phases
+        )
+        self.starts = [w[0] for w in self.windows]
+
+    def find(self, t: float) -> tuple[int, str] | None:
+        i = bisect.bisect_right(self.starts, t) - 1
+        for w in self.windows[max(i - 1, 0) : i + 1]:
+            if w[1] >= t:
+                return w[2], w[3]
+        return None
+
+
+def _duration_ms(entry: Mapping[str, Any]) -> float | None:
+    """A recorder entry's `duration_ms`, or None where NCCL has not timed it."""
+    d = entry.get("duration_ms")
+    return float(d) if isinstance(d, (int, float)) else None
 
 
 def untimed_steps(
@@ -125,21 +136,20 @@ def untimed_steps(
     with none timed, will not come (timing off for that group) and holds nothing back."""
     timed: dict[int, int] = {}
     for e in entries:
-        if not e.get("is_p2p") and isinstance(e.get("duration_ms"), (int, float)):
+        if not e.get("is_p2p") and _duration_ms(e) is not None:
             pg, seq = int(e["pg_id"]), int(e["collective_seq_id"])
             timed[pg] = max(timed.get(pg, seq), seq)
-    windows = sorted((a, b, s, p) for s, by_phase in spans_ns.items() for p, (a, b) in by_phase.items() if p in phases)
-    starts = [w[0] for w in windows]
+    windows = _PhaseWindows(spans_ns, phases)
     waiting: set[int] = set()
     for e in entries:
-        if e.get("is_p2p") or isinstance(e.get("duration_ms"), (int, float)):
+        if e.get("is_p2p") or _duration_ms(e) is not None:
             continue
         pg, t = int(e["pg_id"]), e.get("time_created_ns")
         if pg not in timed or int(e["collective_seq_id"]) < timed[pg] or not t:
             continue
-        where = _window(windows, starts, t)
+        where = windows.find(t)
         if where is not None:
-            waiting.add(where[2])
+            waiting.add(where[0])
     return sorted(waiting)
 
 
