@@ -57,13 +57,14 @@ the main thread, and one GPU, device index 0):
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tracebuild import write
 
@@ -126,6 +127,7 @@ class DeadlockError(RuntimeError):
     """`Sim.run()` could not finish: a host blocked, or an op that never ends; the message says which."""
 
 
+@functools.cache
 def collective_names(coll: str, dtype: str = "Float") -> tuple[str, str]:
     """(NCCL kernel name, c10d op name) for a collective as named in "Collective name":
     `allreduce` -> ncclDevKernel_AllReduce_Sum_f32_RING_LL(...), c10d::allreduce_; an unknown
@@ -139,7 +141,7 @@ def collective_names(coll: str, dtype: str = "Float") -> tuple[str, str]:
     return f"ncclDevKernel_{core}_RING_LL{NCCL_SIGNATURE}", c10d
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class DeviceOp:
     """One op queued on a device stream: the handle `launch`/`collective` return. launch_us,
     start_us and end_us are None until `Sim.run()` resolves them."""
@@ -165,7 +167,7 @@ class DeviceOp:
         return f"rank {self.rank}'s {what} on stream {self.stream}"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Instance:
     """The k-th collective of a process group: one kernel per participating rank."""
 
@@ -175,26 +177,25 @@ class _Instance:
     ranks: tuple[int, ...]
     transfer_us: float
     members: dict[int, DeviceOp] = field(default_factory=dict)
-    ended: bool = False
+    started: int = 0  # members whose kernel has started
+    latest_start_us: float = -math.inf
 
     def describe(self) -> str:
         return f"{self.coll} #{self.seq} of process group {self.pg!r}"
 
-    def try_end(self) -> bool:
-        """Once every participant's start is known: every kernel ends at the latest start + transfer."""
-        if self.ended or len(self.members) < len(self.ranks):
-            return False
-        starts = [m.start_us for m in self.members.values()]
-        if any(s is None for s in starts):
-            return False
-        end = max(starts) + self.transfer_us
-        for m in self.members.values():
-            m.end_us = end
-        self.ended = True
-        return True
+    def start(self, start_us: float) -> None:
+        """One member's kernel starts (a member starts only once launched, so once the group's
+        every member has started, every one has called): then every kernel ends at the latest
+        start + transfer. Counted, not rescanned: a rescan per start is quadratic in the ranks."""
+        self.started += 1
+        self.latest_start_us = max(self.latest_start_us, start_us)
+        if self.started == len(self.ranks):
+            end = self.latest_start_us + self.transfer_us
+            for m in self.members.values():
+                m.end_us = end
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Span:
     """A host event with extent: a cpu op or an annotation, on the main thread."""
 
@@ -205,7 +206,7 @@ class _Span:
     end_us: float | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Call:
     """A cuda_runtime call on the main thread; `op`: the device op it launches (None for a sync)."""
 
@@ -217,27 +218,27 @@ class _Call:
     end_us: float | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Advance:
     us: float
 
 
-@dataclass
+@dataclass(slots=True)
 class _Open:
     span: _Span
 
 
-@dataclass
+@dataclass(slots=True)
 class _Close:
     span: _Span
 
 
-@dataclass
+@dataclass(slots=True)
 class _Launch:
     call: _Call
 
 
-@dataclass
+@dataclass(slots=True)
 class _Block:
     """A blocking call: from host t until every op of `waits` has ended (at least sync_cost_us)."""
 
@@ -246,8 +247,7 @@ class _Block:
     reason: str  # sync / item / to_device
 
 
-@dataclass(frozen=True)
-class OpTruth:
+class OpTruth(NamedTuple):  # a tuple, not a frozen dataclass: millions are made at 1024 ranks
     name: str
     kind: str
     stream: int
@@ -324,12 +324,16 @@ class HostRank:
         if self.sim.resolved:
             raise RuntimeError("Sim.run() was called already: record everything before running")
 
-    @contextmanager
-    def _span(self, name: str, cat: str, args: dict[str, Any] | None = None) -> Iterator[_Span]:
+    def _open(self, name: str, cat: str, args: dict[str, Any] | None = None) -> _Span:
         self._check_open()
         span = _Span(name, cat, dict(args or {}))
         self.spans.append(span)
         self.program.append(_Open(span))
+        return span
+
+    @contextmanager
+    def _span(self, name: str, cat: str, args: dict[str, Any] | None = None) -> Iterator[_Span]:
+        span = self._open(name, cat, args)
         try:
             yield span
         finally:
@@ -362,8 +366,8 @@ class HostRank:
 
     def cpu(self, us: float, name: str, args: dict[str, Any] | None = None) -> None:
         """Host busy `us` inside a cpu op named `name`."""
-        with self._span(name, "cpu_op", args):
-            self.program.append(_Advance(us))
+        span = self._open(name, "cpu_op", args)
+        self.program += (_Advance(us), _Close(span))
 
     def sleep(self, us: float) -> None:
         """Host busy `us` with no event (time.sleep, Python between ops)."""
@@ -430,8 +434,8 @@ class HostRank:
         """Launch an NCCL collective (module docstring, 3). `ranks`: the process group's ranks
         (default all); `name`: the kernel's name (default `collective_names`)."""
         self._check_open()
-        members = tuple(range(self.sim.world_size)) if ranks is None else tuple(sorted(ranks))
-        if self.rank not in members:
+        members = self.sim.all_ranks if ranks is None else tuple(sorted(ranks))
+        if ranks is not None and self.rank not in members:
             raise ValueError(f"rank {self.rank} calls {coll} on process group {pg!r} of ranks {list(members)}")
         seq = self._pg_calls.get(pg, 0)
         self._pg_calls[pg] = seq + 1
@@ -444,14 +448,15 @@ class HostRank:
             "Out msg nelems": nelems,
             "dtype": dtype,
             "Group size": len(members),
-            "Process Group Ranks": str(list(members)),
+            "Process Group Ranks": self.sim.ranks_text(members),
         }
-        with self._span(c10d, "cpu_op"), self._span(PARAM_COMMS, "cpu_op", comm_args):
-            call = self._queue(name or kernel, None, stream, "kernel", after, comm_args, LAUNCH_CALL["kernel"])
-            assert call.op is not None
-            call.op.instance = instance
-            instance.members[self.rank] = call.op
-            self.program.append(_Launch(call))
+        outer = self._open(c10d, "cpu_op")
+        inner = self._open(PARAM_COMMS, "cpu_op", comm_args)
+        call = self._queue(name or kernel, None, stream, "kernel", after, comm_args, LAUNCH_CALL["kernel"])
+        assert call.op is not None
+        call.op.instance = instance
+        instance.members[self.rank] = call.op
+        self.program += (_Launch(call), _Close(inner), _Close(outer))
         return call.op
 
     def _block(self, call: _Call, waits: list[DeviceOp], reason: str) -> None:
@@ -559,7 +564,7 @@ class HostRank:
                     if op.instance is None:
                         op.end_us = op.start_us + op.dur_us
                     else:
-                        op.instance.try_end()
+                        op.instance.start(op.start_us)
                 if op.end_us is None:
                     break
                 i += 1
@@ -724,8 +729,11 @@ class Sim:
         self.hosts: dict[int, HostRank] = {}
         self.instances: dict[tuple[str, int], _Instance] = {}
         self.pg_ranks: dict[str, tuple[int, ...]] = {}
+        self.all_ranks = tuple(range(world_size))  # one tuple for every default group: compared by identity
+        self._ranks_text: dict[tuple[int, ...], str] = {}
         self.resolved = False
         self._docs: list[dict[str, Any]] | None = None
+        self._truths: list[RankTruth] | None = None
 
     def rank(self, r: int, start_us: float | None = None) -> HostRank:
         """Rank r's host program (made on the first call; its clock starts at start_us, default 0)."""
@@ -738,24 +746,32 @@ class Sim:
             raise ValueError(f"rank {r} was made with start_us={h.start_us}, not {start_us}")
         return h
 
+    def ranks_text(self, ranks: tuple[int, ...]) -> str:
+        """A group's "Process Group Ranks" argument, made once per group (1024 ranks: ~6 kB)."""
+        text = self._ranks_text.get(ranks)
+        if text is None:
+            text = self._ranks_text[ranks] = str(list(ranks))
+        return text
+
     def _instance(
         self, rank: int, pg: str, seq: int, coll: str, ranks: tuple[int, ...], transfer_us: float
     ) -> _Instance:
         """The k-th collective of `pg`, made by the first rank to call it; the others must agree."""
         known = self.pg_ranks.setdefault(pg, ranks)
-        if known != ranks:
+        if known is not ranks and known != ranks:
             raise ValueError(f"rank {rank}: process group {pg!r} has ranks {list(known)}, called with {list(ranks)}")
         inst = self.instances.get((pg, seq))
         if inst is None:
             inst = self.instances[(pg, seq)] = _Instance(pg, seq, coll, ranks, transfer_us)
             return inst
-        first = min(inst.members)
         if inst.coll != coll:
+            first = min(inst.members)
             raise ValueError(
                 f"collective #{seq} of process group {pg!r}: rank {first} calls {inst.coll}, "
                 f"rank {rank} calls {coll} (every rank must call the same sequence)"
             )
         if inst.transfer_us != transfer_us:
+            first = min(inst.members)
             raise ValueError(
                 f"{inst.describe()}: rank {first} gives transfer_us={inst.transfer_us}, rank {rank} {transfer_us}"
             )
@@ -763,8 +779,15 @@ class Sim:
 
     def run(self) -> list[dict[str, Any]]:
         """Resolve every time (module docstring, 7) and return the documents, index = rank."""
-        if self._docs is not None:
-            return self._docs
+        if self._docs is None:
+            self._resolve()
+            self._docs = [self.hosts[r].document() for r in range(self.world_size)]
+        return self._docs
+
+    def _resolve(self) -> None:
+        """Resolve every time (module docstring, 7), once; a deadlock raises DeadlockError."""
+        if self._truths is not None:
+            return
         self.resolved = True
         hosts = [self.rank(r) for r in range(self.world_size)]
         moved = True
@@ -778,13 +801,14 @@ class Sim:
             if not why:
                 why = [f"an op never ends: {_why(op, set())}" for h in hosts for op in h.ops if op.end_us is None][:1]
             raise DeadlockError("deadlock: " + "; ".join(why))
-        self._docs = [h.document() for h in hosts]
-        return self._docs
+        self._truths = [h.truth() for h in hosts]
 
     def truth(self) -> list[RankTruth]:
-        """The exact answers, per rank (index = rank); runs the simulation when not yet run."""
-        self.run()
-        return [self.hosts[r].truth() for r in range(self.world_size)]
+        """The exact answers, per rank (index = rank); resolves the simulation when not yet
+        resolved (the documents are made only by `run`)."""
+        self._resolve()
+        assert self._truths is not None
+        return self._truths
 
 
 def write_all(docs: list[dict[str, Any]], folder: Path, template: str = "rank{rank}.pt.trace.json.gz") -> list[Path]:

@@ -169,7 +169,6 @@ def simulate(case: SimCase, noise_seed: int, inject: bool) -> tuple[Sim, float]:
                 if case.sync_each_step:
                     h.item()
         h.sync(kind="device")
-    sim.run()
     # the last collective ends on every rank at once: what any rank did after it kept nobody waiting
     end = max(op.end_us for t in sim.truth() for op in t.ops if op.coll is not None)
     return sim, end
