@@ -28,12 +28,16 @@ Figures and their command: bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
+import os
 import random
 import sys
 import tempfile
 import time
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -80,15 +84,44 @@ def real_campaign(
     return rows
 
 
-def generated_campaign(seed: int, n: int, ranks: int | None, work: Path, say: Any) -> list[dict[str, Any]]:
+def generated_campaign(
+    seed: int, n: int, ranks: int | None, work: Path, say: Any, jobs: int = 1
+) -> list[dict[str, Any]]:
+    """`n` generated cases, drawn in order from `seed`, each simulated with its own noise seed, so
+    that the rows are the same whatever `jobs` (worker processes) runs them."""
     rng = random.Random(seed)
+    cases = [gen.draw_case(rng, ranks) for _ in range(n)]
+    seeds = [seed * 100_003 + i for i in range(n)]
     rows = []
-    for i in range(n):
-        case = gen.draw_case(rng, ranks)
-        rows.append(gen.run_case(case, seed * 100_003 + i, work))
-        if ranks and ranks >= 256:
-            say(_line(rows[-1]))
+    with contextlib.ExitStack() as stack:
+        if jobs > 1:
+            # spawn, not fork: the parent has imported torch, whose thread pools do not survive a fork
+            pool = stack.enter_context(ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")))
+            done = pool.map(gen.run_case, cases, seeds, [work] * n)
+        else:
+            done = map(gen.run_case, cases, seeds, [work] * n)
+        for row in done:
+            rows.append(row)
+            if ranks and ranks >= 256:
+                say(_line(row))
     return rows
+
+
+# A generated case's peak memory per rank (measured: a 1024-rank FSDP case with its 25-step watch
+# run, 3.7 GB), rounded up: what each worker may need at the campaign's largest rank count.
+CASE_BYTES_PER_RANK = 4 << 20
+
+
+def default_jobs(max_ranks: int) -> int:
+    """Worker processes for the generated campaign: one per usable core, as many as the
+    available memory holds at CASE_BYTES_PER_RANK x `max_ranks` each (at least one)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        with open("/proc/meminfo") as f:
+            avail_kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return 1
+    return max(1, min(cores, avail_kb * 1024 // (CASE_BYTES_PER_RANK * max_ranks)))
 
 
 def _line(row: dict[str, Any]) -> str:
@@ -222,6 +255,13 @@ def main(argv: list[str] | None = None) -> int:
         help="profiler windows each clean and straggler run records, judged across them with the "
         "collector's --window each (default 1: one window, its own verdict)",
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="worker processes for the generated cases (default: one per core, as many as memory holds; "
+        "the figures do not depend on it)",
+    )
     p.add_argument("--smoke", action="store_true", help="one real and one generated case (CI)")
     p.add_argument("-q", "--quiet", action="store_true", help="no line per real case")
     args = p.parse_args(argv)
@@ -230,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name} must be >= 0")
     if args.generated_ranks is not None and args.generated_ranks < 2:
         p.error("--generated-ranks must be >= 2")
+    if args.jobs is not None and args.jobs < 1:
+        p.error("--jobs must be >= 1")
     if not 1 <= args.window_steps <= real.STEPS - 11:
         p.error(f"--window-steps must be 1 to {real.STEPS - 11} (the runs are {real.STEPS} steps, traced from step 11)")
     if not 1 <= args.windows <= 5:
@@ -243,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     real_rows = real_campaign(args.seed, runs, work, say, args.keep, args.window_steps, args.windows) if runs else []
     real_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    gen_rows = generated_campaign(args.seed, generated, args.generated_ranks, work, say) if generated else []
+    jobs = args.jobs or min(default_jobs(args.generated_ranks or max(gen.RANK_CHOICES)), max(generated, 1))
+    gen_rows = generated_campaign(args.seed, generated, args.generated_ranks, work, say, jobs) if generated else []
     gen_s = time.perf_counter() - t0
     if real_rows:
         print(f"real runs ({len(real_rows)} cases, {real_s:.0f} s):")
@@ -252,10 +295,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(summary_lines("real", result)))
     if gen_rows:
         ranks = sorted({r["ranks"] for r in gen_rows})
-        print(f"generated ({len(gen_rows)} cases at {ranks[0]}-{ranks[-1]} ranks, {gen_s:.0f} s):")
+        print(f"generated ({len(gen_rows)} cases at {ranks[0]}-{ranks[-1]} ranks, {gen_s:.0f} s, {jobs} jobs):")
         print("\n".join(table(gen_rows)))
         g = {**summarize(gen_rows), **summarize_watch(gen_rows)}
-        result["generated"] = {**g, "seconds": round(gen_s, 1), "ranks": ranks, "cases": gen_rows}
+        result["generated"] = {**g, "seconds": round(gen_s, 1), "jobs": jobs, "ranks": ranks, "cases": gen_rows}
         print("\n".join(summary_lines("generated", g)))
         print("\n".join(watch_table(gen_rows)))
     if args.json:
