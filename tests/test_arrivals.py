@@ -11,7 +11,14 @@ import torch
 from watch_stub import GrouplessWatch
 
 from harness.collect.analyse.stragglers import Thresholds
-from harness.train.arrivals import HeldArrivals, held_lateness_ms, my_arrivals, untimed_steps
+from harness.train.arrivals import (
+    TIMING_PATIENCE_NS,
+    HeldArrivals,
+    TimingPatience,
+    held_lateness_ms,
+    my_arrivals,
+    untimed_steps,
+)
 from harness.train.timing import StepClock
 from harness.train.watch_rule import WatchJudge, own_work_phases, pack_rows, step_row
 from harness.train.watch_rule import judge_interval as judge_tables
@@ -359,6 +366,18 @@ def test_a_step_waits_while_nccl_has_not_timed_its_collectives_and_not_for_a_gro
     ]
     assert untimed_steps(entries, spans_ns, ["backward"]) == [2, 3]
     assert untimed_steps(entries[:1] + entries[3:], spans_ns, ["backward"]) == []
+    # at a job's start no group has a duration yet: one still awaited holds its steps back
+    assert untimed_steps(entries[3:4], spans_ns, ["backward"], expected={1}) == [1]
+    assert untimed_steps(entries[3:4], spans_ns, ["backward"], expected={0}) == []
+
+
+def test_a_group_s_first_duration_is_awaited_for_a_second_from_when_the_watch_first_saw_it() -> None:
+    patience = TimingPatience()
+    first = [{"pg_id": 0, "collective_seq_id": 1}, {"pg_id": 7, "collective_seq_id": 1, "is_p2p": True}]
+    assert patience.expected(first, now_ns=5 * MS) == {0}  # point-to-point groups are not judged
+    later = [*first, {"pg_id": 1, "collective_seq_id": 1}]
+    assert patience.expected(later, now_ns=5 * MS + TIMING_PATIENCE_NS - 1) == {0, 1}
+    assert patience.expected(later, now_ns=5 * MS + TIMING_PATIENCE_NS) == {1}
 
 
 def test_the_judge_leaves_steps_after_timed_through_for_the_next_interval() -> None:

@@ -24,7 +24,8 @@ Step records, as timing.py's StepClock makes them on GPU:
    launch on the host, its `duration_ms` its kernel's time (its start on that rank to the end
    every rank shares), filled in once the watchdog saw it complete, WATCHDOG_POLL_US after its
    end at most (taken at that worst); a step with a collective not yet timed is judged at a
-   later exchange (`untimed_steps`), as the live watch does.
+   later exchange (`untimed_steps`, a group with none timed yet awaited for its first second,
+   `TimingPatience`), as the live watch does.
 4. the host polls its clock at each step's end, right after recording the step's end event,
    then exchanges when due: a record reaches the watch at the first exchange after its end event
    completed, on its own clock. A step is never complete at its own end (its end event is still
@@ -48,7 +49,7 @@ import torch
 
 from detect.real import ONSET_STEP, WARMUP_STEPS, WATCH_EVERY
 from detect.score import Seen, Truth, score
-from harness.train.arrivals import HeldArrivals, my_arrivals, untimed_steps
+from harness.train.arrivals import HeldArrivals, TimingPatience, my_arrivals, untimed_steps
 from harness.train.watch_rule import (
     COLLECTIVE_PHASES,
     WatchJudge,
@@ -151,6 +152,7 @@ def watch_flags(
     step_end = [{s.number - 1: s.end_us for s in t.steps} for t in truths]
     judge = WatchJudge(own_phases=own_work_phases(parallel), held_phases=held_phases, cpu=False, th=watch_thresholds())
     numbers = sorted({s for ends in step_end for s in ends})
+    patience = [TimingPatience() for _ in truths]
     flags: list[tuple[int, int, str | None]] = []
     for s in numbers:
         if (s + 1) % WATCH_EVERY:
@@ -169,7 +171,8 @@ def watch_flags(
                 entries = recorder(truths[r], now_us)
                 spans.append(mine_spans)
                 arrived.append(my_arrivals(entries, mine_spans, held_phases, device=True))
-                waiting.extend(untimed_steps(entries, mine_spans, held_phases)[:1])
+                expected = patience[r].expected(entries, int(now_us * 1e3))
+                waiting.extend(untimed_steps(entries, mine_spans, held_phases, expected)[:1])
         arrivals = None
         if parallel == "fsdp":
             arrivals = HeldArrivals(

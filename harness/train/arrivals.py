@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,15 +125,43 @@ def _duration_ms(entry: Mapping[str, Any]) -> float | None:
     return float(d) if isinstance(d, (int, float)) else None
 
 
+# How long the watch waits for NCCL's first duration in a process group before it takes the
+# group for one that is not timed (created before TORCH_NCCL_ENABLE_TIMING was set, say): ten
+# times the watchdog's poll (kWatchdogThreadSleepMillis, 100 ms), which times a collective within
+# one poll of its end, and every step the watch holds has ended.
+TIMING_PATIENCE_NS = 1_000_000_000
+
+
+class TimingPatience:
+    """One rank's process groups whose first NCCL duration is still awaited (`untimed_steps`'
+    `expected`): each from when the watch first saw one of its collectives, for
+    TIMING_PATIENCE_NS."""
+
+    def __init__(self) -> None:
+        self.first_seen_ns: dict[int, int] = {}
+
+    def expected(self, entries: Sequence[Mapping[str, Any]], now_ns: int) -> set[int]:
+        for e in entries:
+            if not e.get("is_p2p"):
+                self.first_seen_ns.setdefault(int(e["pg_id"]), now_ns)
+        return {pg for pg, t in self.first_seen_ns.items() if now_ns - t < TIMING_PATIENCE_NS}
+
+
 def untimed_steps(
-    entries: Sequence[Mapping[str, Any]], spans_ns: Mapping[int, Mapping[str, Sequence[int]]], phases: Sequence[str]
+    entries: Sequence[Mapping[str, Any]],
+    spans_ns: Mapping[int, Mapping[str, Sequence[int]]],
+    phases: Sequence[str],
+    expected: Collection[int] = (),
 ) -> list[int]:
     """The steps of `spans_ns` with a collective in `phases` that NCCL has not timed yet (GPU),
     sorted: one whose `duration_ms` is missing while its process group has timed an earlier
-    one and no later one. The watchdog times a group's collectives in order as it sees them
-    complete (every ~100 ms), so such a step's arrivals are incomplete for now: the watch judges
-    it at the next interval. A missing duration after a timed one of its group, or in a group
-    with none timed, will not come (timing off for that group) and holds nothing back."""
+    one and no later one, or has timed none yet and is `expected` to (the watch's groups first
+    seen less than TIMING_PATIENCE_NS ago: at a job's start the watchdog's first durations come
+    ~100 ms after the first collectives end, several short steps later). The watchdog times a
+    group's collectives in order as it sees them complete (every ~100 ms), so such a step's
+    arrivals are incomplete for now: the watch judges it at the next interval. A missing
+    duration after a timed one of its group, or in a group with none timed that is not expected
+    to, will not come (timing off for that group) and holds nothing back."""
     timed: dict[int, int] = {}
     for e in entries:
         if not e.get("is_p2p") and _duration_ms(e) is not None:
@@ -145,7 +173,12 @@ def untimed_steps(
         if e.get("is_p2p") or _duration_ms(e) is not None:
             continue
         pg, t = int(e["pg_id"]), e.get("time_created_ns")
-        if pg not in timed or int(e["collective_seq_id"]) < timed[pg] or not t:
+        if not t:
+            continue
+        if pg in timed:
+            if int(e["collective_seq_id"]) < timed[pg]:
+                continue
+        elif pg not in expected:
             continue
         where = windows.find(t)
         if where is not None:

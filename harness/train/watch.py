@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from harness.paths import watch_path
 from harness.scalars import ScalarWriter
-from harness.train.arrivals import HeldArrivals, my_arrivals, recorder_entries, untimed_steps
+from harness.train.arrivals import HeldArrivals, TimingPatience, my_arrivals, recorder_entries, untimed_steps
 from harness.train.config import WatchConfig
 from harness.train.metrics import Metrics
 from harness.train.profiling import TraceRecorder
@@ -107,6 +107,7 @@ class Watch:
         self._spans: dict[int, dict[str, list[int]]] = {}
         self.backend = backend
         self.read_arrivals = False  # every rank's arrivals are read (recorders on): `_connect`
+        self._patience = TimingPatience()  # GPU: the groups whose first NCCL duration is awaited
         if not self.on:
             return
         # On GPU only under FSDP: DDP's backward is read from the gradients' event
@@ -167,7 +168,11 @@ class Watch:
         device = not self.cpu
         mine = None
         if entries is not None:
-            untimed = untimed_steps(entries, spans, self.held_phases) if device else []
+            untimed = (
+                untimed_steps(entries, spans, self.held_phases, self._patience.expected(entries, time.monotonic_ns()))
+                if device
+                else []
+            )
             mine = (spans, my_arrivals(entries, spans, self.held_phases, device), left_ns, untimed)
         each: list[Any] = [None] * self.world_size
         self._all_gather_object(each, mine)
