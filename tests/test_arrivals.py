@@ -258,6 +258,34 @@ def test_on_gpu_a_rank_s_arrival_is_its_collective_s_end_less_its_duration() -> 
     assert late.tolist() == [[[0.0]], [[9.0]]]
 
 
+def test_on_gpu_the_lateness_at_backward_s_first_collective_is_forward_s_tail() -> None:
+    # Forward (0-100 ms) then backward (100-200 ms) on both ranks, two collectives each (group 0,
+    # 1-2 in forward, 3-4 in backward). Rank 1 is 4 ms late at forward's second (its first layer)
+    # and 3 ms at backward's first: its last forward layer, after forward's last all-gather,
+    # which FSDP2's prefetch shows at the next phase's first collective. Backward follows forward
+    # without a gap (one mark ends one and starts the other), so those 3 ms are forward's.
+    adjacent = [{10: {"forward": [0, 100 * MS], "backward": [100 * MS, 200 * MS]}} for _ in range(2)]
+
+    def mine(durations_ms: list[float], issued_ms: list[float]) -> list:
+        phases = ["forward", "forward", "backward", "backward"]
+        return [
+            (10, p, 0, 1 + k, int(t * MS), -int(d * MS))
+            for k, (p, d, t) in enumerate(zip(phases, durations_ms, issued_ms))
+        ]
+
+    issued = [1.0, 2.0, 101.0, 102.0]
+    times = [mine([2, 6, 5, 2], issued), mine([2, 2, 2, 2], issued)]
+    late = held_lateness_ms(adjacent, times, [10], ["forward", "backward"], device=True)
+    assert late is not None
+    assert late.tolist() == [[[0.0, 0.0]], [[7.0, 0.0]]]
+    # With a gap between them (a phase of own work, judged on its own, ends forward and starts
+    # backward), backward's first is left out as before.
+    gapped = [{10: {"forward": [0, 90 * MS], "backward": [100 * MS, 200 * MS]}} for _ in range(2)]
+    late = held_lateness_ms(gapped, times, [10], ["forward", "backward"], device=True)
+    assert late is not None
+    assert late.tolist() == [[[0.0, 0.0]], [[4.0, 0.0]]]
+
+
 def test_on_gpu_collectives_are_taken_in_the_order_the_hosts_issued_them() -> None:
     # The same collectives listed in another order, and host clocks 1 s apart on rank 1 (its
     # offset): the order is the punctual issue, the durations need no clock.

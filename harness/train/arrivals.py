@@ -221,8 +221,15 @@ def held_lateness_ms(
        collectives run in order on one NCCL stream, so those waits are disjoint stretches of
        that stream's time and add up (a lateness carried over from collective k - 1 is absorbed
        where the punctual ranks' stream was still busy with it: their start at k is no earlier
-       than its end). The first collective is left out: its lateness is what the rank entered
-       the phase with, the phases before (on its device: their time is judged there). Counting
+       than its end). The lateness at the phase's first collective is what the rank entered the
+       phase with: left out where a phase of own work comes before (on its device: its time is
+       judged there), counted to the held phase it follows without a gap where there is one
+       (backward after forward): the tail of that phase's work after its last collective, which
+       nothing else judges. FSDP2 gathers one layer ahead, each all-gather waiting for the
+       layer before's copy-out, which waits for the compute before it on its stream, so a
+       forward layer's slowness shows at the all-gather two layers on and the last layers' in
+       backward (a 128-rank generated job computing 30% longer in forward, 11.9% of the step,
+       measured 7.1% against an 8% bound without it, bench/RESULTS.md). Counting
        increases, as on CPU, misses a rank slow all through FSDP's forward: its all-gathers
        hold the punctual ranks to its pace, so it is late by as much at each and its increases
        are nothing after the first (40 generated FSDP jobs side by side, bench/RESULTS.md: 16
@@ -243,15 +250,24 @@ def held_lateness_ms(
         by_rank.append(table)
     mark = punctual_index(n)
     for i, step in enumerate(steps):
-        for j, phase in enumerate(held_phases):
-            spans = [spans_ns[r].get(step, {}).get(phase) for r in range(n)]
+        by_phase = [[spans_ns[r].get(step, {}).get(phase) for r in range(n)] for phase in held_phases]
+        # every rank's end of each held phase: on GPU a phase that starts where one ends follows it without a gap
+        ends_at: dict[tuple[float, ...], int] = {}
+        for j, spans in enumerate(by_phase):
+            known = [sp for sp in spans if sp is not None]
+            if len(known) == n:
+                ends_at[tuple(sp[1] for sp in known)] = j
+        for j, (phase, spans) in enumerate(zip(held_phases, by_phase)):
             if all(span is None for span in spans):
                 continue  # a phase this loop does not mark
-            starts = []
+            starts, raw_starts = [], []
             for r, span in enumerate(spans):
                 if span is None:
                     return None
+                raw_starts.append(span[0])
                 starts.append(span[0] - offsets[r])
+            before = ends_at.get(tuple(raw_starts)) if device else None
+            before = None if before == j else before  # a phase of no length ends where it starts
             start_mark = sorted(starts)[mark]
             lateness = [max(s - start_mark, 0.0) for s in starts]
             tables = [t.get((step, phase), {}) for t in by_rank]
@@ -266,4 +282,6 @@ def held_lateness_ms(
                         lateness[r] = late
                     elif index:
                         out[r, i, j] += late / 1e6
+                    elif before is not None:
+                        out[r, i, before] += late / 1e6
     return out
