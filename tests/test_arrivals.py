@@ -20,7 +20,7 @@ from harness.train.arrivals import (
     untimed_steps,
 )
 from harness.train.timing import StepClock
-from harness.train.watch_rule import WatchJudge, own_work_phases, pack_rows, step_row
+from harness.train.watch_rule import COLLECTIVE_PHASES, WatchJudge, own_work_phases, pack_rows, step_row
 from harness.train.watch_rule import judge_interval as judge_tables
 
 MS = 1_000_000  # ns
@@ -415,6 +415,43 @@ def test_the_judge_leaves_steps_after_timed_through_for_the_next_interval() -> N
     judge = WatchJudge(own_phases=own_work_phases("ddp"), held_phases=("backward",), cpu=True, th=Thresholds())
     got = judge.judge(_tables(4, steps), {}, held)
     assert got is not None and got.verdict.steps == [10, 11] and judge.judged_through == 11
+
+
+def test_on_gpu_steps_nccl_has_not_timed_have_their_own_work_judged_now_and_held_phases_later() -> None:
+    # FSDP on 4 GPUs, 100 ms steps; from step 12 on rank 2's data phase takes 20 ms more (its
+    # device idles for its host's loader). NCCL has timed the collectives through step 11 only.
+    # Steps 10-11 are judged whole (nobody late); steps 12-13 by their own work alone (data and
+    # optimizer: CUDA events, complete at the step's end), which names rank 2 in data at once.
+    def tables(steps: list[int]) -> torch.Tensor:
+        out = []
+        for r in range(4):
+            recs = []
+            for s in steps:
+                slow = 20.0 if r == 2 and s >= 12 else 0.0
+                device = dict(BASE) | {"data": BASE["data"] + slow}
+                recs.append({"step": s, "step_ms": 100.0 + slow, "phases_device_ms": device})
+            out.append(pack_rows([step_row(rec) for rec in recs], len(steps)))
+        return torch.stack(out)
+
+    steps = [10, 11, 12, 13]
+    held = HeldArrivals(spans_ns=[{}] * 4, arrivals=[[]] * 4, offsets_ns=[0.0] * 4, device=True, timed_through=11)
+    judge = WatchJudge(
+        own_phases=own_work_phases("fsdp"), held_phases=COLLECTIVE_PHASES["fsdp"], cpu=False, th=Thresholds()
+    )
+    got = judge.judge(tables(steps), {}, held)
+    assert got is not None and got.verdict.steps == [10, 11] and got.verdict.stragglers == []
+    assert got.ahead is not None and got.ahead.steps == [12, 13] and got.ahead.own_work_only
+    [r] = got.new
+    assert (r.rank, r.phase, round(r.late_ms, 6)) == (2, "data", 20.0) and got.verdict_of(r) is got.ahead
+    assert judge.judged_through == 11  # the held phases of 12-13 are still to be judged
+    # Next interval: nothing timed beyond 11 yet, no new step: the flag stands, nothing is new.
+    again = judge.judge(tables(steps), {}, held)
+    assert again is not None and again.new == [] and again.gone == [] and judge.flagged == {2}
+    # Once timed, 12-13 are judged whole: rank 2 still late, already flagged.
+    timed = HeldArrivals(spans_ns=[{}] * 4, arrivals=[[]] * 4, offsets_ns=[0.0] * 4, device=True)
+    whole = judge.judge(tables(steps), {}, timed)
+    assert whole is not None and whole.ahead is None and whole.verdict.steps == [12, 13]
+    assert [s.rank for s in whole.verdict.stragglers] == [2] and whole.new == [] and judge.judged_through == 13
 
 
 def test_a_collective_issued_on_a_phase_boundary_is_the_ending_phase_s() -> None:

@@ -20,6 +20,7 @@ from harness.collect.read.discover import InputError
 from harness.collect.read.watch_log import read_watch, watch_line
 from harness.collect.read.windows import pick_window, trace_window
 from harness.paths import watch_path
+from harness.train.arrivals import HeldArrivals
 from harness.train.config import ProfilerConfig
 from harness.train.profiling import TraceRecorder
 from harness.train.timing import StepClock
@@ -558,6 +559,40 @@ def test_the_watch_flags_a_rank_says_when_it_recovers_and_logs_each_interval(tmp
         "captures": [],
         "flags": [{"step": 7, "rank": 1, "host": "b", "phase": "data"}],
     }
+
+
+class UntimedWatch(TwoRankWatch):
+    """TwoRankWatch on GPU reading arrivals, NCCL having timed the collectives only up to three
+    steps before each exchange's (the last three wait for its watchdog)."""
+
+    def __init__(self, tmp_path: Path, *, slow_ms: float) -> None:
+        super().__init__(tmp_path, slow_ms=slow_ms, cpu=False)
+        self.read_arrivals = True
+
+    def _arrivals(self, left_ns: int) -> HeldArrivals | None:
+        last = max((int(row[0]) for row in self._recent), default=None)
+        untimed = None if last is None else last - 3
+        return HeldArrivals(spans_ns=[{}, {}], arrivals=[[], []], offsets_ns=[0.0, 0.0], timed_through=untimed)
+
+
+def test_on_gpu_the_watch_flags_own_work_of_steps_nccl_has_not_timed_and_logs_them_apart(
+    tmp_path: Path, capsys
+) -> None:
+    w = UntimedWatch(tmp_path, slow_ms=50.0)
+    w.run(0, 11)  # intervals end at 7 (steps 5-7: none timed) and 11 (5-8 timed, 9-11 not)
+    w.close()
+    assert capsys.readouterr().out.splitlines() == [
+        "watch: step 7: rank 1 (b) is a straggler: data +50.0 ms/step over the other ranks' median, 50.0 ms/step "
+        "late, 50.0 beyond its peers (bound 8.0 ms), late in 3/3 steps 5-7, by own work alone: NCCL has not "
+        "timed their collectives yet",
+    ]
+    first, second = watch_lines(tmp_path)
+    assert first["steps"] == [5, 7] and first["own_work_only"] is True and "ahead" not in first
+    assert (
+        second["steps"] == [5, 8] and "own_work_only" not in second and [s["rank"] for s in second["stragglers"]] == [1]
+    )
+    assert second["ahead"]["steps"] == [9, 11] and second["ahead"]["own_work_only"] is True
+    assert w.flags == [{"step": 7, "rank": 1, "host": "b", "phase": "data"}]
 
 
 def test_on_cpu_a_rank_over_the_material_bound_two_intervals_running_is_flagged(tmp_path: Path, capsys) -> None:

@@ -23,9 +23,10 @@ Step records, as timing.py's StepClock makes them on GPU:
    from NCCL's recorder (harness/train/arrivals.py): one entry per collective, issued at its
    launch on the host, its `duration_ms` its kernel's time (its start on that rank to the end
    every rank shares), filled in once the watchdog saw it complete, WATCHDOG_POLL_US after its
-   end at most (taken at that worst); a step with a collective not yet timed is judged at a
-   later exchange (`untimed_steps`, a group with none timed yet awaited for its first second,
-   `TimingPatience`), as the live watch does.
+   end at most (taken at that worst); a step with a collective not yet timed has its own work
+   judged at once and the whole of it at a later exchange (`untimed_steps`, a group with none
+   timed yet awaited for its first second, `TimingPatience`; `WatchJudge`, 2), as the live
+   watch does.
 4. the host polls its clock at each step's end, right after recording the step's end event,
    then exchanges when due: a record reaches the watch at the first exchange after its end event
    completed, on its own clock. A step is never complete at its own end (its end event is still

@@ -252,15 +252,17 @@ class Watch:
         if self.rank != 0:
             return
         for r in new:
+            of = judged.verdict_of(r)
             bound = (
-                f"bound {verdict.material_threshold_ms:.1f} ms, over it in this interval and the one before"
+                f"bound {of.material_threshold_ms:.1f} ms, over it in this interval and the one before"
                 if r.sustained
-                else f"bound {verdict.threshold_ms:.1f} ms"
+                else f"bound {of.threshold_ms:.1f} ms"
             )
+            untimed = ", by own work alone: NCCL has not timed their collectives yet" if of.own_work_only else ""
             _say(
                 f"watch: step {step}: rank {r.rank} ({r.host}) is a straggler: {_where(r.phase, r.excess_ms)}, "
                 f"{r.late_ms:.1f} ms/step late, {r.beyond_peers_ms:.1f} beyond its peers ({bound}), "
-                f"late in {r.steps_late}/{len(verdict.steps)} steps {verdict.steps[0]}-{verdict.steps[-1]}"
+                f"late in {r.steps_late}/{len(of.steps)} steps {of.steps[0]}-{of.steps[-1]}{untimed}"
             )
         for rank in gone:
             _say(
@@ -279,6 +281,8 @@ class Watch:
                     "before a window fits"
                 )
         line = interval_line(step, verdict, capture)
+        if judged.ahead is not None and judged.ahead is not verdict:
+            line["ahead"] = {k: v for k, v in interval_line(step, judged.ahead, None).items() if k != "step"}
         if self._log:
             self._log.append((json.dumps(line) + "\n").encode())
 
@@ -317,6 +321,8 @@ def interval_line(step: int, verdict: IntervalVerdict, capture: dict[str, Any] |
             for r in verdict.stragglers
         ],
     }
+    if verdict.own_work_only:
+        line["own_work_only"] = True
     if verdict.material_threshold_ms < verdict.threshold_ms:  # CPU: the bound `sustain` applies
         line["material_threshold_ms"] = round(verdict.material_threshold_ms, 3)
     if capture:

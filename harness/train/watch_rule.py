@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -131,6 +131,7 @@ class IntervalVerdict:
     threshold_ms: float = 0.0
     bounds_ms: dict[str, float] = field(default_factory=dict)
     material_threshold_ms: float = 0.0  # the bound with the collector's relative share
+    own_work_only: bool = False  # steps whose collectives NCCL has not timed yet: their own work judged alone
 
     @property
     def stragglers(self) -> list[RankLateness]:
@@ -312,9 +313,15 @@ def sustain(verdict: IntervalVerdict, before: set[int]) -> IntervalVerdict:
 
 @dataclass(kw_only=True)
 class Judgement:
-    verdict: IntervalVerdict
+    verdict: IntervalVerdict  # the timed steps' (the ahead verdict where none was timed)
     new: list[RankLateness]  # the stragglers not flagged in the interval before
     gone: list[int]  # the ranks flagged then and not now
+    # the own work of the steps NCCL has not timed yet (`WatchJudge`, 2), where some were not
+    ahead: IntervalVerdict | None = None
+
+    def verdict_of(self, rank: RankLateness) -> IntervalVerdict:
+        """The verdict that named `rank` (one of `new`)."""
+        return self.ahead if self.ahead is not None and any(r is rank for r in self.ahead.ranks) else self.verdict
 
 
 @dataclass(kw_only=True)
@@ -326,10 +333,16 @@ class WatchJudge:
     1. `judge_interval` over the steps after the last one judged (up to the arrivals'
        `timed_through`: on GPU a step whose collectives NCCL has not timed on every rank yet
        waits for the next interval);
-    2. `sustain` against the ranks over the material bound in the interval before;
-    3. new = its stragglers not flagged in the interval before, gone = those flagged then and
-       not now. An interval without a step every rank has timed (on GPU, events not yet
-       complete) judges nothing and changes nothing."""
+    2. where steps wait so, `judge_interval` of their own-work phases alone (the ahead
+       verdict): those phases' times are the step's CUDA events, complete at its end, and
+       only the phases holding collectives need NCCL's durations (its watchdog times them up to
+       100 ms after they end, several intervals of short steps); its stragglers are flagged
+       now, and the steps are judged whole once timed;
+    3. `sustain` against the ranks over the material bound in the interval before;
+    4. new = the stragglers of both not flagged in the interval before, gone = those flagged
+       then and in neither now (a rank flagged ahead stays flagged until a verdict over timed
+       steps leaves it out). An interval without a step every rank has timed (on GPU, events
+       not yet complete) judges nothing and changes nothing."""
 
     own_phases: tuple[str, ...]
     held_phases: tuple[str, ...]
@@ -342,6 +355,7 @@ class WatchJudge:
     def judge(
         self, tables: torch.Tensor, hosts: dict[int, str], arrivals: HeldArrivals | None = None
     ) -> Judgement | None:
+        timed_through = None if arrivals is None else arrivals.timed_through
         verdict = judge_interval(
             tables,
             hosts,
@@ -351,18 +365,34 @@ class WatchJudge:
             after_step=self.judged_through,
             held_phases=self.held_phases,
             arrivals=arrivals,
-            until_step=None if arrivals is None else arrivals.timed_through,
+            until_step=timed_through,
         )
-        if not verdict.steps:
+        ahead = None
+        if timed_through is not None and self.own_phases:
+            ahead = judge_interval(
+                tables,
+                hosts,
+                self.own_phases,
+                cpu=self.cpu,
+                th=self.th,
+                after_step=max(self.judged_through, timed_through),
+            )
+            ahead = replace(ahead, own_work_only=True) if ahead.steps else None
+        if not verdict.steps and ahead is None:
             return None
-        verdict = sustain(verdict, self.over_material)
-        self.over_material = {r.rank for r in verdict.ranks if r.over_material}
-        self.judged_through = verdict.steps[-1]
-        now = {r.rank for r in verdict.stragglers}
-        new = [r for r in verdict.stragglers if r.rank not in self.flagged]
+        now = set(self.flagged)  # no step timed: the flags stand until one is
+        if verdict.steps:
+            verdict = sustain(verdict, self.over_material)
+            self.over_material = {r.rank for r in verdict.ranks if r.over_material}
+            self.judged_through = verdict.steps[-1]
+            now = {r.rank for r in verdict.stragglers}
+        named = {r.rank for r in verdict.stragglers} if verdict.steps else set()
+        early = [r for r in ahead.stragglers if r.rank not in named] if ahead else []
+        now |= {r.rank for r in early}
+        new = [r for r in (verdict.stragglers if verdict.steps else []) + early if r.rank not in self.flagged]
         gone = sorted(self.flagged - now)
         self.flagged = now
-        return Judgement(verdict=verdict, new=new, gone=gone)
+        return Judgement(verdict=verdict if verdict.steps or ahead is None else ahead, new=new, gone=gone, ahead=ahead)
 
 
 def phase_speed(cpu_ms: torch.Tensor) -> torch.Tensor:
