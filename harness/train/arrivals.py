@@ -253,7 +253,7 @@ def held_lateness_ms(
         by_phase = [[spans_ns[r].get(step, {}).get(phase) for r in range(n)] for phase in held_phases]
         # every rank's end of each held phase: on GPU a phase that starts where one ends follows it without a gap
         ends_at: dict[tuple[float, ...], int] = {}
-        for j, spans in enumerate(by_phase):
+        for j, spans in enumerate(by_phase if device else []):
             known = [sp for sp in spans if sp is not None]
             if len(known) == n:
                 ends_at[tuple(sp[1] for sp in known)] = j
@@ -266,7 +266,7 @@ def held_lateness_ms(
                     return None
                 raw_starts.append(span[0])
                 starts.append(span[0] - offsets[r])
-            before = ends_at.get(tuple(raw_starts)) if device else None
+            before = ends_at.get(tuple(raw_starts))
             before = None if before == j else before  # a phase of no length ends where it starts
             start_mark = sorted(starts)[mark]
             lateness = [max(s - start_mark, 0.0) for s in starts]

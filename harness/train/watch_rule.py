@@ -386,10 +386,10 @@ class WatchJudge:
             self.over_material = {r.rank for r in verdict.ranks if r.over_material}
             self.judged_through = verdict.steps[-1]
             now = {r.rank for r in verdict.stragglers}
-        named = {r.rank for r in verdict.stragglers} if verdict.steps else set()
+        named = {r.rank for r in verdict.stragglers}  # none where no step was timed
         early = [r for r in ahead.stragglers if r.rank not in named] if ahead else []
         now |= {r.rank for r in early}
-        new = [r for r in (verdict.stragglers if verdict.steps else []) + early if r.rank not in self.flagged]
+        new = [r for r in verdict.stragglers + early if r.rank not in self.flagged]
         gone = sorted(self.flagged - now)
         self.flagged = now
         return Judgement(verdict=verdict if verdict.steps or ahead is None else ahead, new=new, gone=gone, ahead=ahead)
