@@ -252,13 +252,19 @@ def test_pickle_read_only_when_allowed_and_never_loads_classes(tmp_path: Path) -
 
     folder = tmp_path / "flight"
     folder.mkdir()
-    doc = {"version": "2.10", "pg_config": {}, "entries": [entry(1), entry(2)]}
+
+    def pickled(seq: int, pg_id: int) -> dict:
+        # NCCL's pickles hold the group as a tuple (name, description); pg_id is the rank's own
+        # number for the group (it counts only the groups the rank is in), so ranks differ on it
+        return {**entry(seq), "process_group": ("3", "undefined"), "pg_id": pg_id}
+
+    doc = {"version": "2.10", "pg_config": {}, "entries": [pickled(1, 1), pickled(2, 1)]}
     (folder / "nccl_trace_rank_0").write_bytes(pickle.dumps(doc))
-    (folder / "nccl_trace_rank_1").write_bytes(pickle.dumps({**doc, "entries": [entry(1)]}))
+    (folder / "nccl_trace_rank_1").write_bytes(pickle.dumps({**doc, "entries": [pickled(1, 2)]}))
     assert collect(str(tmp_path)).returncode == 2
     out = collect(str(tmp_path), "--unpickle-nccl-dumps", "-q")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("hang: rank 1 never entered the all_reduce (collective #2")
+    assert out.stdout.startswith("hang: rank 1 never entered the all_reduce (collective #2 of process group 3")
     (folder / "nccl_trace_rank_1").write_bytes(pickle.dumps({**doc, "entries": [Path("x")]}))
     with pytest.raises(FlightError, match="refused to load"):
         read_dump(folder / "nccl_trace_rank_1", unpickle=True)

@@ -164,7 +164,9 @@ def _entry(raw: Any) -> Entry | None:
         return None
     pg = raw.get("process_group")
     pg_name, pg_desc = (
-        (str(pg[0]), str(pg[1])) if isinstance(pg, list) and len(pg) == 2 else (str(raw.get("pg_id", "")), "")
+        (str(pg[0]), str(pg[1]))
+        if isinstance(pg, (list, tuple)) and len(pg) == 2  # a tuple in NCCL's pickles, a list in JSON
+        else (str(raw.get("pg_id", "")), "")
     )
     created = raw.get("time_created_ns")
     return Entry(
