@@ -43,6 +43,7 @@ from typing import Any
 
 from detect import real
 from detect import sim as gen
+from detect.real import WATCH_EVERY
 from detect.score import MATERIAL_SHARE, summarize, summarize_watch
 
 # One configuration in this many is two torchrun agents with a host name each.
@@ -85,12 +86,13 @@ def real_campaign(
 
 
 def generated_campaign(
-    seed: int, n: int, ranks: int | None, work: Path, say: Any, jobs: int = 1
+    seed: int, n: int, ranks: int | None, work: Path, say: Any, jobs: int = 1, shapes: tuple[str, ...] = gen.SHAPES
 ) -> list[dict[str, Any]]:
-    """`n` generated cases, drawn in order from `seed`, each simulated with its own noise seed, so
-    that the rows are the same whatever `jobs` (worker processes) runs them."""
+    """`n` generated cases of the parallelisms `shapes`, drawn in order from `seed`, each simulated
+    with its own noise seed, so that the rows are the same whatever `jobs` (worker processes)
+    runs them."""
     rng = random.Random(seed)
-    cases = [gen.draw_case(rng, ranks) for _ in range(n)]
+    cases = [gen.draw_case(rng, ranks, shapes) for _ in range(n)]
     seeds = [seed * 100_003 + i for i in range(n)]
     rows = []
     with contextlib.ExitStack() as stack:
@@ -193,6 +195,29 @@ def watch_table(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def shape_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The generated cases per parallelism: material stragglers found, and of them with the rank
+    and the phase right; clean jobs with a false alarm; the watch's material cases flagged
+    within two intervals of the onset."""
+    out = []
+    for shape in gen.SHAPES:
+        group = [r for r in rows if r.get("parallel") == shape]
+        if not group:
+            continue
+        material = [r for r in group if r["outcome"]["material"]]
+        clean = [r for r in group if r["truth"]["kind"] == "clean"]
+        watched = [r["watch"] for r in group if r["watch"]["material"]]
+        soon = sum(w["latency_steps"] is not None and w["latency_steps"] <= 2 * WATCH_EVERY for w in watched)
+        out.append(
+            f"  {shape:5} {len(group):5d} cases: found {sum(r['outcome']['found'] for r in material)} of "
+            f"{len(material)} material, rank right {sum(r['outcome']['rank_right'] for r in material)}, phase right "
+            f"{sum(r['outcome']['phase_right'] for r in material)}; false alarms "
+            f"{sum(r['outcome']['false_alarm'] for r in clean)} of {len(clean)} clean; watch within two "
+            f"intervals {soon} of {len(watched)} material"
+        )
+    return out
+
+
 def summary_lines(name: str, s: dict[str, Any]) -> list[str]:
     def pct(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.1%}"
@@ -238,6 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=40, help="real torchrun jobs (default 40, ~15 min on 2 cores)")
     p.add_argument("--generated", type=int, default=1000, help="generated GPU-shaped cases (default 1000)")
     p.add_argument("--generated-ranks", type=int, default=None, help="every generated case's ranks (default: drawn)")
+    p.add_argument(
+        "--shapes",
+        default=",".join(gen.SHAPES),
+        help="the generated jobs' parallelisms, comma-separated (default all: ddp,fsdp,tp; ddp,fsdp draws "
+        "what a seed drew before tp was added)",
+    )
     p.add_argument("--json", type=Path, default=None, help="write the figures and every case here")
     p.add_argument("--work", type=Path, default=None, help="where the jobs write (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep every real run's folder under --work (to re-collect them)")
@@ -276,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--window-steps must be 1 to {real.STEPS - 11} (the runs are {real.STEPS} steps, traced from step 11)")
     if not 1 <= args.windows <= 5:
         p.error("--windows must be 1 to 5")
+    shapes = tuple(x.strip() for x in args.shapes.split(",") if x.strip())
+    if not shapes or any(x not in gen.SHAPES for x in shapes):
+        p.error(f"--shapes must be some of {','.join(gen.SHAPES)}, comma-separated (got {args.shapes!r})")
     runs, generated = (1, 1) if args.smoke else (args.runs, args.generated)
     say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
     work = args.work or Path(tempfile.mkdtemp(prefix="detection-"))
@@ -286,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     real_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     jobs = args.jobs or min(default_jobs(args.generated_ranks or max(gen.RANK_CHOICES)), max(generated, 1))
-    gen_rows = generated_campaign(args.seed, generated, args.generated_ranks, work, say, jobs) if generated else []
+    gen_rows = (
+        generated_campaign(args.seed, generated, args.generated_ranks, work, say, jobs, shapes) if generated else []
+    )
     gen_s = time.perf_counter() - t0
     if real_rows:
         print(f"real runs ({len(real_rows)} cases, {real_s:.0f} s):")
@@ -298,8 +334,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"generated ({len(gen_rows)} cases at {ranks[0]}-{ranks[-1]} ranks, {gen_s:.0f} s, {jobs} jobs):")
         print("\n".join(table(gen_rows)))
         g = {**summarize(gen_rows), **summarize_watch(gen_rows)}
-        result["generated"] = {**g, "seconds": round(gen_s, 1), "jobs": jobs, "ranks": ranks, "cases": gen_rows}
+        result["generated"] = {
+            **g,
+            "seconds": round(gen_s, 1),
+            "jobs": jobs,
+            "ranks": ranks,
+            "shapes": list(shapes),
+            "cases": gen_rows,
+        }
         print("\n".join(summary_lines("generated", g)))
+        print("\n".join(shape_lines(gen_rows)))
         print("\n".join(watch_table(gen_rows)))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -34,7 +34,7 @@ def spans(starts_ms: list[float], phase: str = "backward", step: int = 10, lengt
 def arrivals(times_ms: list[list[float]], phase: str = "backward", step: int = 10, first_seq: int = 1) -> list[list]:
     """Per rank, its arrivals at collectives first_seq, first_seq + 1, ... of group 0 (CPU: issued
     when arrived)."""
-    return [[(step, phase, 0, first_seq + k, int(t * MS), int(t * MS)) for k, t in enumerate(ts)] for ts in times_ms]
+    return [[(step, phase, "0", first_seq + k, int(t * MS), int(t * MS)) for k, t in enumerate(ts)] for ts in times_ms]
 
 
 def test_a_sleep_before_asynchronous_buckets_counts_once() -> None:
@@ -91,7 +91,7 @@ def test_the_punctual_mark_is_the_lower_quartile_and_clocks_are_offset_per_host(
 
 def test_only_collectives_every_rank_issued_count_and_a_span_one_rank_lacks_gives_none() -> None:
     times = arrivals([[5, 10], [25, 30]])
-    times[0].append((10, "backward", 0, 99, 12 * MS, 12 * MS))  # one rank only: not matched
+    times[0].append((10, "backward", "0", 99, 12 * MS, 12 * MS))  # one rank only: not matched
     late = held_lateness_ms(spans([0, 0]), times, [10], ["backward"])
     assert late is not None and late.tolist() == [[[0.0]], [[20.0]]]
     # step 11 has no backward on any rank: nothing there; on one rank only: not judged by arrivals
@@ -103,16 +103,21 @@ def test_only_collectives_every_rank_issued_count_and_a_span_one_rank_lacks_give
 
 
 def test_recorder_entries_are_placed_in_this_rank_s_phases() -> None:
+    # A collective's group is the name every rank gives it, not the recorder's pg_id, which
+    # numbers only the groups this rank is in (rank 2 of groups [0, 1] and [2, 3]: "2" is its 1);
+    # an entry without a name (an older recorder) keeps its pg_id.
     entries = [
-        {"pg_id": 0, "collective_seq_id": 1, "time_created_ns": 5 * MS, "is_p2p": False},
-        {"pg_id": 0, "collective_seq_id": 2, "time_created_ns": 150 * MS, "is_p2p": False},  # after the phase
+        {"pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": 1, "time_created_ns": 5 * MS},
+        {"pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": 2, "time_created_ns": 150 * MS},
         {"pg_id": 1, "collective_seq_id": 7, "time_created_ns": 6 * MS, "is_p2p": True},  # point-to-point
-        {"pg_id": 2, "collective_seq_id": 3, "time_created_ns": 50 * MS, "is_p2p": False},
+        {"pg_id": 1, "process_group": ("2", "undefined"), "collective_seq_id": 3, "time_created_ns": 50 * MS},
+        {"pg_id": 4, "collective_seq_id": 1, "time_created_ns": 60 * MS, "is_p2p": False},
     ]
     spans_ns = {10: {"backward": [0, 100 * MS], "data": [100 * MS, 200 * MS]}}
     assert my_arrivals(entries, spans_ns, ["backward"]) == [
-        (10, "backward", 0, 1, 5 * MS, 5 * MS),
-        (10, "backward", 2, 3, 50 * MS, 50 * MS),
+        (10, "backward", "0", 1, 5 * MS, 5 * MS),
+        (10, "backward", "2", 3, 50 * MS, 50 * MS),
+        (10, "backward", "4", 1, 60 * MS, 60 * MS),
     ]
 
 
@@ -137,7 +142,7 @@ def _held(n_ranks: int, steps: list[int], sleeper: int, sleep_ms: float) -> Held
         delay = sleep_ms if r == sleeper else 0.0
         spans_ns.append({s: {"backward": [s * 1000 * MS, (s * 1000 + 100) * MS]} for s in steps})
         times = [(s, k, int((s * 1000 + delay + 5 * (k + 1)) * MS)) for s in steps for k in range(2)]
-        arrived.append([(s, "backward", 0, 2 * s + k, t, t) for s, k, t in times])
+        arrived.append([(s, "backward", "0", 2 * s + k, t, t) for s, k, t in times])
     return HeldArrivals(spans_ns=spans_ns, arrivals=arrived, offsets_ns=[0.0] * n_ranks)
 
 
@@ -216,13 +221,13 @@ def test_the_watch_gathers_arrivals_and_puts_other_hosts_on_rank_0_s_clock(tmp_p
     entries = [{"pg_id": 0, "collective_seq_id": 1, "time_created_ns": 5 * MS, "is_p2p": False}]
     monkeypatch.setattr("harness.train.watch.recorder_entries", lambda backend: entries)
     span = {10: {"backward": [0, 100 * MS]}}
-    others = [(span, [(10, "backward", 0, 1, 6 * MS, 6 * MS)], 104, []), (span, [], 1_000_000_100, [])]
+    others = [(span, [(10, "backward", "0", 1, 6 * MS, 6 * MS)], 104, []), (span, [], 1_000_000_100, [])]
     watch = ThreeRankWatch(tmp_path, others)
     watch.add({"step": 10, "step_ms": 100.0, "phases_ms": {}, "phases_span_ns": {"backward": [0, 100 * MS]}})
     got = watch._arrivals(100)
     assert got is not None
     assert got.offsets_ns == [0.0, 0.0, 1_000_000_100 - 102]
-    assert got.arrivals[0] == [(10, "backward", 0, 1, 5 * MS, 5 * MS)]
+    assert got.arrivals[0] == [(10, "backward", "0", 1, 5 * MS, 5 * MS)]
     assert got.spans_ns[0] == span
     # a rank whose recorder cannot be read: no arrivals this interval (the CPU time is read)
     assert ThreeRankWatch(tmp_path, [others[0], None])._arrivals(100) is None
@@ -232,7 +237,7 @@ def device(durations_ms: list[list[float]], phase: str = "forward", step: int = 
     """Per rank, its arrivals at collectives 1, 2, ... of group 0 as NCCL times them on GPU: each
     issued by the host `issued_ms` apart, arrived at -duration."""
     return [
-        [(step, phase, 0, 1 + k, int((k + 1) * issued_ms * MS), -int(d * MS)) for k, d in enumerate(mine)]
+        [(step, phase, "0", 1 + k, int((k + 1) * issued_ms * MS), -int(d * MS)) for k, d in enumerate(mine)]
         for mine in durations_ms
     ]
 
@@ -269,7 +274,7 @@ def test_on_gpu_the_lateness_at_backward_s_first_collective_is_forward_s_tail() 
     def mine(durations_ms: list[float], issued_ms: list[float]) -> list:
         phases = ["forward", "forward", "backward", "backward"]
         return [
-            (10, p, 0, 1 + k, int(t * MS), -int(d * MS))
+            (10, p, "0", 1 + k, int(t * MS), -int(d * MS))
             for k, (p, d, t) in enumerate(zip(phases, durations_ms, issued_ms))
         ]
 
@@ -284,6 +289,27 @@ def test_on_gpu_the_lateness_at_backward_s_first_collective_is_forward_s_tail() 
     late = held_lateness_ms(gapped, times, [10], ["forward", "backward"], device=True)
     assert late is not None
     assert late.tolist() == [[[0.0, 0.0]], [[4.0, 0.0]]]
+
+
+def test_on_gpu_a_rank_held_by_its_tensor_parallel_peer_is_not_late_at_the_data_parallel_all_reduce() -> None:
+    # Four ranks, two hosts: tensor-parallel groups 1 (ranks 0, 1) and 2 (2, 3), data-parallel
+    # groups 3 (0, 2) and 4 (1, 3). Backward on each rank: two tensor-parallel all-reduces, then
+    # the data-parallel one. Rank 1's layer before its second runs 6 ms longer: rank 0's kernel
+    # there waits for it (8 ms against 2). Both then reach their data-parallel all-reduce 6 ms
+    # after their peers on host 1 (4 ms against 10), which waited for them: rank 0's lateness
+    # there is rank 1's, and nothing tells when it was released, so those all-reduces are left
+    # out. Rank 1: 6 ms late in backward, rank 0 nothing.
+    def mine(tp: int, dp: int, durations_ms: list[float]) -> list:
+        groups = [(str(tp), 1), (str(tp), 2), (str(dp), 1)]
+        return [
+            (10, "backward", pg, seq, int((101 + k) * MS), -int(d * MS))
+            for k, ((pg, seq), d) in enumerate(zip(groups, durations_ms))
+        ]
+
+    times = [mine(1, 3, [2, 8, 4]), mine(1, 4, [2, 2, 4]), mine(2, 3, [2, 2, 10]), mine(2, 4, [2, 2, 10])]
+    late = held_lateness_ms(spans([100] * 4), times, [10], ["backward"], device=True)
+    assert late is not None
+    assert late[:, 0, 0].tolist() == [0.0, 6.0, 0.0, 0.0]
 
 
 def test_on_gpu_collectives_are_taken_in_the_order_the_hosts_issued_them() -> None:
@@ -305,7 +331,7 @@ def test_on_gpu_the_recorder_s_durations_are_arrivals_and_an_untimed_collective_
         {"pg_id": 0, "collective_seq_id": 3, "time_created_ns": 7 * MS, "is_p2p": False},
     ]
     spans_ns = {10: {"backward": [0, 100 * MS]}}
-    assert my_arrivals(entries, spans_ns, ["backward"], device=True) == [(10, "backward", 0, 1, 5 * MS, -2_500_000)]
+    assert my_arrivals(entries, spans_ns, ["backward"], device=True) == [(10, "backward", "0", 1, 5 * MS, -2_500_000)]
     assert len(my_arrivals(entries, spans_ns, ["backward"])) == 3  # CPU: every issue is an arrival
 
 
@@ -353,7 +379,7 @@ def test_the_gpu_watch_reads_nccl_s_recorder_and_marks_the_arrivals_as_device_on
     watch.add({"step": 10, "step_ms": 100.0, "phases_ms": {}, "phases_span_ns": {"backward": [0, 100 * MS]}})
     got = watch._arrivals(100)
     assert got is not None and got.device and asked == ["nccl"]
-    assert got.arrivals[0] == [(10, "backward", 0, 1, 5 * MS, -3 * MS)]
+    assert got.arrivals[0] == [(10, "backward", "0", 1, 5 * MS, -3 * MS)]
     assert got.timed_through == 9  # rank 2's steps 10 and 11 wait for NCCL's timing
 
 
@@ -457,8 +483,8 @@ def test_on_gpu_steps_nccl_has_not_timed_have_their_own_work_judged_now_and_held
 def test_a_collective_issued_on_a_phase_boundary_is_the_ending_phase_s() -> None:
     entries = [{"pg_id": 0, "collective_seq_id": 1, "time_created_ns": 100 * MS, "is_p2p": False}]
     spans_ns = {10: {"forward": [0, 100 * MS], "backward": [100 * MS, 200 * MS]}}
-    assert my_arrivals(entries, spans_ns, ["forward", "backward"]) == [(10, "forward", 0, 1, 100 * MS, 100 * MS)]
-    assert my_arrivals(entries, spans_ns, ["backward"]) == [(10, "backward", 0, 1, 100 * MS, 100 * MS)]
+    assert my_arrivals(entries, spans_ns, ["forward", "backward"]) == [(10, "forward", "0", 1, 100 * MS, 100 * MS)]
+    assert my_arrivals(entries, spans_ns, ["backward"]) == [(10, "backward", "0", 1, 100 * MS, 100 * MS)]
 
 
 def test_tables_hold_more_steps_where_nccl_s_timing_holds_them_back() -> None:

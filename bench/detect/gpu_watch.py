@@ -70,6 +70,9 @@ PHASES = ("data", "forward", "backward", "optimizer")
 # (kWatchdogThreadSleepMillis) and times them then: a duration appears at most this long after
 # the collective's end.
 WATCHDOG_POLL_US = 100_000.0
+# The watch's `parallel` for a generated job's: tensor parallelism holds collectives in forward and
+# backward, as FSDP does (harness/integrations/lightning.py gives Lightning's ModelParallelStrategy "fsdp").
+WATCH_PARALLEL = {"ddp": "ddp", "fsdp": "fsdp", "tp": "fsdp"}
 REDUCTIONS = ("allreduce", "reduce_scatter")  # what backward's end waits for (module docstring, 2)
 
 
@@ -118,10 +121,13 @@ def step_records(
 def recorder(truth: RankTruth, now_us: float) -> list[dict[str, Any]]:
     """One rank's Flight Recorder entries as NCCL's recorder holds them at host time `now_us`
     (module docstring, 5): every collective it launched by then, timed once WATCHDOG_POLL_US
-    after its end."""
+    after its end; its group by name, as every rank names it, and by pg_id, this rank's own
+    number for it."""
+    local: dict[str, int] = {}  # torch numbers only the groups this rank is in, in the order it made them
     return [
         {
-            "pg_id": int(op.pg or 0),
+            "pg_id": local.setdefault(op.pg or "0", len(local)),
+            "process_group": (op.pg or "0", "undefined"),
             "collective_seq_id": op.seq,
             "time_created_ns": int(op.launch_us * 1e3),
             "is_p2p": False,
@@ -205,7 +211,7 @@ def watch_case(
     `simulate(case, seed, cost_steps)` is detect/sim.py's `simulate_with_truth`."""
     long = replace(case, steps=WATCH_STEPS, onset=ONSET_STEP + 1)  # the simulator counts from 1
     sim, truth, _ = simulate(long, noise_seed, long.steps - long.onset + 1)
-    flags, judged_through = watch_flags(sim, hosts, compute_stream, long.parallel)
+    flags, judged_through = watch_flags(sim, hosts, compute_stream, WATCH_PARALLEL[long.parallel])
     seen = Seen(verdict="", watch_flags=[(step, rank) for step, rank, _ in flags])
     outcome = score(truth, seen, onset_step=ONSET_STEP)
     injected = set(long.slow)

@@ -15,7 +15,13 @@ One case (`draw_case`, from one random generator):
    Backward takes the layers in reverse, all-gathering each again the same way, and
    reduce-scatters each layer's gradients once its two kernels are queued (the reduce-scatter
    waits for the compute stream); the optimizer waits for the last reduce-scatter (FSDP2's
-   final callback makes the compute stream wait for it);
+   final callback makes the compute stream wait for it). TP (Megatron's tensor parallelism with
+   data parallelism across hosts): the ranks of a host are one tensor-parallel group and the
+   ranks at one place on every host one data-parallel group; each layer's kernels end at an
+   all-reduce over the tensor-parallel group (forward one kernel a layer, backward two), which
+   the next layer's kernels wait for (its output is their input), and backward ends with the
+   gradients' all-reduce over the data-parallel group (none on one host), which the optimizer
+   waits for. Every collective has its own group's ranks, none all of the job's;
    with `sync_each_step` the loop reads the loss (`.item()`) at the end of each step, which
    keeps its host at most a step ahead of the device (otherwise the host runs ahead and a host
    delay may cost the job nothing);
@@ -38,7 +44,7 @@ import random
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +88,21 @@ class SimCase:
     size: float  # the injected delay per slowed step / the clean step (estimate, see `clean_step_us`)
     every: int
     onset: int  # the first slowed step
-    parallel: str = "ddp"  # ddp or fsdp (module docstring, 1)
+    parallel: str = "ddp"  # ddp, fsdp or tp (module docstring, 1)
 
     def clean_step_us(self) -> float:
         """The step's length without noise and injection when the device bounds it (an estimate
         for sizing the delay: the truth comes from the simulation)."""
         device = 3 * self.fwd_kernels * self.kernel_us + self.transfer_us + self.opt_us
+        if self.parallel == "tp":
+            device += 2 * self.fwd_kernels * self.tp_transfer_us()
         host = self.data_us + (3 * self.fwd_kernels + 4) * 5.0
         return max(device, host) if not self.sync_each_step else device + self.data_us
+
+    def tp_transfer_us(self) -> float:
+        """One tensor-parallel all-reduce's transfer: a layer's activations, half the gradients'
+        transfer shared over the layers (module docstring, 1)."""
+        return self.transfer_us / (2 * self.fwd_kernels)
 
     def slowed(self, rank: int, phase: str, step: int) -> bool:
         return (
@@ -101,8 +114,12 @@ class SimCase:
         )
 
 
-def draw_case(rng: random.Random, ranks: int | None = None) -> SimCase:
-    """One case's parameters (module docstring); a fifth of the cases are clean."""
+SHAPES = ("ddp", "fsdp", "tp")
+
+
+def draw_case(rng: random.Random, ranks: int | None = None, shapes: tuple[str, ...] = SHAPES) -> SimCase:
+    """One case's parameters (module docstring); a fifth of the cases are clean. `shapes`: the
+    parallelisms drawn (DDP twice as often as FSDP, a quarter of the cases TP where drawn)."""
     n = ranks or rng.choice(RANK_CHOICES)
     steps = 8
     kind = "clean" if rng.random() < 0.2 else rng.choice(("sleep", "compute"))
@@ -110,7 +127,7 @@ def draw_case(rng: random.Random, ranks: int | None = None) -> SimCase:
     if kind != "clean":
         slow = tuple(sorted(rng.sample(range(n), 2 if rng.random() < 0.25 else 1)))
     every = 1 if rng.random() < 0.6 else rng.choice((2, 3))
-    return SimCase(
+    case = SimCase(
         ranks=n,
         steps=steps,
         data_us=rng.uniform(300.0, 3000.0),
@@ -129,6 +146,12 @@ def draw_case(rng: random.Random, ranks: int | None = None) -> SimCase:
         onset=rng.randint(1, 3),
         parallel="fsdp" if rng.random() < 1 / 3 else "ddp",  # drawn last: earlier seeds' other draws stay
     )
+    # drawn after: without TP, a seed draws what it drew before TP was added
+    if "tp" in shapes and rng.random() < 0.25:
+        case = replace(case, parallel="tp")
+    if case.parallel not in shapes:
+        case = replace(case, parallel=next(p for p in ("ddp", "fsdp") if p in shapes))
+    return case
 
 
 def simulate(case: SimCase, noise_seed: int, inject: bool) -> tuple[Sim, float]:
@@ -155,6 +178,8 @@ def simulate(case: SimCase, noise_seed: int, inject: bool) -> tuple[Sim, float]:
                         last_compute = h.launch("void at::native::vectorized_elementwise_kernel", slow_kernels["data"])
                 if case.parallel == "fsdp":
                     reduced = _fsdp_passes(h, case, noisy, slow_kernels, extra, delay_us, last_compute)
+                elif case.parallel == "tp":
+                    reduced = _tp_passes(h, case, noisy, slow_kernels, extra, delay_us)
                 else:
                     reduced = _ddp_passes(h, case, noisy, slow_kernels, extra, delay_us)
                 with h.range("optimizer"):
@@ -219,6 +244,43 @@ def _fsdp_passes(
                     last = h.launch(GEMM, noisy(case.kernel_us) + slow_kernels[phase] / count)
                 if phase == "backward":
                     reduced = h.collective("reduce_scatter", transfer_us, after=last)
+    return reduced
+
+
+def tp_groups(ranks: int, r: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Rank r's tensor-parallel group (its host's ranks) and data-parallel group (the ranks at its
+    place on every host), as sorted rank tuples."""
+    host, place = divmod(r, GPUS_PER_HOST)
+    first = host * GPUS_PER_HOST
+    tp = tuple(range(first, min(first + GPUS_PER_HOST, ranks)))
+    dp = tuple(range(place, ranks, GPUS_PER_HOST))
+    return tp, dp
+
+
+def _tp_passes(
+    h: Any, case: SimCase, noisy: Any, slow_kernels: dict[str, float], extra: dict[str, bool], delay_us: float
+) -> Any:
+    """Forward and backward under TP (module docstring, 1); what the optimizer waits for (the
+    gradients' all-reduce, or on one host backward's last all-reduce). Process groups are named by
+    number, as every rank creates them in one order: 1 + host for tensor-parallel groups,
+    1 + hosts + place for data-parallel ones."""
+    tp, dp = tp_groups(case.ranks, h.rank)
+    hosts = -(-case.ranks // GPUS_PER_HOST)
+    tp_pg, dp_pg = str(1 + h.rank // GPUS_PER_HOST), str(1 + hosts + h.rank % GPUS_PER_HOST)
+    layers = case.fwd_kernels
+    reduced = None
+    for phase, per_layer in (("forward", 1), ("backward", 2)):
+        count = layers * per_layer
+        with h.range(phase):
+            for layer in range(layers):
+                if layer == layers // 2 and extra[phase] and case.kind == "sleep":
+                    h.sleep(delay_us)  # host time between two layers
+                for _ in range(per_layer):
+                    last = h.launch(GEMM, noisy(case.kernel_us) + slow_kernels[phase] / count, after=reduced)
+                    reduced = None
+                reduced = h.collective("allreduce", case.tp_transfer_us(), pg=tp_pg, ranks=tp, after=last)
+            if phase == "backward" and len(dp) > 1:
+                reduced = h.collective("allreduce", case.transfer_us, pg=dp_pg, ranks=dp, after=reduced)
     return reduced
 
 

@@ -35,12 +35,23 @@ import torch
 
 from harness.collect.analyse.stragglers import punctual_index
 
-# One arrival: (step, phase, process group id, collective sequence id, issued_ns, arrived_ns):
+# One arrival: (step, phase, process group, collective sequence id, issued_ns, arrived_ns):
 # issued_ns is time_created_ns (the host's epoch clock), arrived_ns the same on CPU and -duration
 # on GPU (the module docstring). A collective is the same one on every rank by its group and
-# sequence number: ranks create their groups in one order and issue a group's collectives in one
-# order.
-Arrival = tuple[int, str, int, int, int, int]
+# sequence number: a group's ranks issue its collectives in one order. The group is its name
+# (`group_name`), which every rank gives it alike; the recorder's pg_id is not: it numbers only
+# the groups the rank is in (with groups [0, 1] and [2, 3], pg_id 1 is the first on rank 0 and
+# the second on rank 2).
+Arrival = tuple[int, str, str, int, int, int]
+
+
+def group_name(entry: Mapping[str, Any]) -> str:
+    """A recorder entry's process group name (its `process_group` is (name, description)), or
+    its pg_id where an older recorder has no name."""
+    pg = entry.get("process_group")
+    if isinstance(pg, (list, tuple)) and pg:
+        return str(pg[0])
+    return str(entry.get("pg_id", ""))
 
 
 @dataclass(kw_only=True)
@@ -96,7 +107,7 @@ def my_arrivals(
             arrived = int(t)
         where = windows.find(t)
         if where is not None:
-            found.append((where[0], where[1], int(e["pg_id"]), int(e["collective_seq_id"]), int(t), arrived))
+            found.append((where[0], where[1], group_name(e), int(e["collective_seq_id"]), int(t), arrived))
     return found
 
 
@@ -201,11 +212,14 @@ def held_lateness_ms(
 
     1. every host time on one clock: a rank's less its host's offset (`offsets_ns`; 0 on one
        host); arrivals from durations (`device`) need none;
-    2. per step and phase: the collectives every rank issued in it (by group and sequence number),
-       in the order of their punctual issue (the lower-quartile issue time, as the collector
-       marks punctual ranks: `punctual_index`);
-    3. per rank, its lateness at each collective, l_k = its arrival - the punctual one (at least
-       0), and:
+    2. per step and phase: the collectives issued in it (by group and sequence number), each
+       with the ranks that issued it (its group's: two or more), in the order of their punctual
+       issue (the lower-quartile issue time over those ranks, as the collector marks punctual
+       ranks: `punctual_index`);
+    3. per rank, its lateness at each of its collectives, l_k = its arrival - the punctual one
+       among the collective's ranks (at least 0), left out where the ranks come from different
+       groups' collectives (`_apart`: data-parallel all-reduces after tensor-parallel ones,
+       HSDP's replicate group after its shard group), and:
     4. on CPU: its lateness in the phase = the sum of its positive increases from the lateness it
        entered the phase with, e = its phase start - the punctual start (at least 0: what it did
        before is the other phases' account): l_1 - e, l_2 - l_1, ... Ranks stay apart over
@@ -239,16 +253,16 @@ def held_lateness_ms(
     n = len(spans_ns)
     offsets = list(offsets_ns) if offsets_ns is not None else [0.0] * n
     out = torch.zeros((n, len(steps), len(held_phases)), dtype=torch.float64)
-    by_rank: list[dict[tuple[int, str], dict[tuple[int, int], tuple[float, float]]]] = []
+    by_rank: list[dict[tuple[int, str], dict[tuple[str, int], tuple[float, float]]]] = []
     for r, mine in enumerate(arrivals):
-        table: dict[tuple[int, str], dict[tuple[int, int], tuple[float, float]]] = {}
+        table: dict[tuple[int, str], dict[tuple[str, int], tuple[float, float]]] = {}
         for step, phase, pg, seq, issued, arrived in mine:
             table.setdefault((step, phase), {})[(pg, seq)] = (
                 issued - offsets[r],
                 arrived if device else arrived - offsets[r],
             )
         by_rank.append(table)
-    mark = punctual_index(n)
+    apart = _apart(arrivals)
     for i, step in enumerate(steps):
         by_phase = [[spans_ns[r].get(step, {}).get(phase) for r in range(n)] for phase in held_phases]
         # every rank's end of each held phase: on GPU a phase that starts where one ends follows it without a gap
@@ -268,20 +282,51 @@ def held_lateness_ms(
                 starts.append(span[0] - offsets[r])
             before = ends_at.get(tuple(raw_starts))
             before = None if before == j else before  # a phase of no length ends where it starts
-            start_mark = sorted(starts)[mark]
+            start_mark = sorted(starts)[punctual_index(n)]
             lateness = [max(s - start_mark, 0.0) for s in starts]
             tables = [t.get((step, phase), {}) for t in by_rank]
-            shared = set(tables[0]).intersection(*tables[1:])
-            order = {k: sorted(t[k][0] for t in tables)[mark] for k in shared}
-            for index, k in enumerate(sorted(shared, key=lambda key: (order[key], key))):
-                punctual = sorted(t[k][1] for t in tables)[mark]
-                for r in range(n):
+            members: dict[tuple[str, int], list[int]] = {}
+            for r, t in enumerate(tables):
+                for k in t:
+                    members.setdefault(k, []).append(r)
+            held = {k: m for k, m in members.items() if len(m) > 1}
+            order = {k: sorted(tables[r][k][0] for r in m)[punctual_index(len(m))] for k, m in held.items()}
+            index = [0] * n  # each rank's collectives so far in this phase
+            for k in sorted(held, key=lambda key: (order[key], key)):
+                m = held[k]
+                punctual = sorted(tables[r][k][1] for r in m)[punctual_index(len(m))]
+                for r in m:
+                    first = not index[r]
+                    index[r] += 1
+                    if k in apart:
+                        continue
                     late = max(tables[r][k][1] - punctual, 0.0)
                     if not device:
                         out[r, i, j] += max(late - lateness[r], 0.0) / 1e6
                         lateness[r] = late
-                    elif index:
+                    elif not first:
                         out[r, i, j] += late / 1e6
                     elif before is not None:
                         out[r, i, before] += late / 1e6
     return out
+
+
+def _apart(arrivals: Sequence[Sequence[Arrival]]) -> set[tuple[str, int]]:
+    """The collectives (group, sequence number) whose ranks come from different process groups'
+    collectives: each rank issued another before it, not all the same one, and some of another
+    group. A group's ranks leave each of its collectives together, so their lateness at the
+    next is what each did since; a rank held at its tensor-parallel all-reduce by a slow peer
+    reaches the data-parallel all-reduce after it late by that hold, which is the peer's, and
+    the recorder does not say when it was released (the collector, with the traces' clocks,
+    measures run-ups there: harness/collect/analyse/stragglers.fresh_lateness)."""
+    before: dict[tuple[str, int], list[tuple[str, int] | None]] = {}
+    for mine in arrivals:
+        previous = None
+        for _, _, pg, seq, _, _ in sorted(mine, key=lambda a: a[4]):
+            before.setdefault((pg, seq), []).append(previous)
+            previous = (pg, seq)
+    return {
+        k
+        for k, prev in before.items()
+        if None not in prev and len(set(prev)) > 1 and any(p[0] != k[0] for p in prev if p is not None)
+    }

@@ -331,7 +331,6 @@ class Tallies:
 def tally_once(
     waits: list[InstanceWaits],
     lateness: list[dict[int, float]],
-    marks: list[float],
     steps: list[int],
     step_us: dict[tuple[int, int], float],
     arrivals: Sequence[Mapping[int, float]] | None = None,
@@ -343,17 +342,19 @@ def tally_once(
     lateness over them counts the same milliseconds once per collective.
     1. per step, the instances in flight at the same time are grouped (`_clusters`); a group
        of one adds its figures as they are;
-    2. in a larger group, per rank: late = |union of [punctual arrival, own arrival]| over the
-       instances where it is late; wait = |union of [own arrival, last arrival]|; its delay
-       and blame shares (each a weight over [first arrival, own arrival], waits.attribute)
-       are summed and scaled by |union of those stretches| / their summed length (exact where
-       the instances' arrivals coincide, as buckets of one backward pass do);
+    2. in a larger group, per rank: late = |union of [own arrival - its lateness, own arrival]|
+       over the instances where it is late (its lateness reaches back to the punctual arrival,
+       or to where its run-up would have ended at the punctual ranks' pace: `fresh_lateness`);
+       wait = |union of [own arrival, last arrival]|; its delay and blame shares (each a
+       weight over [first arrival, own arrival], waits.attribute) are summed and scaled by
+       |union of those stretches| / their summed length (exact where the instances' arrivals
+       coincide, as buckets of one backward pass do);
     3. late, wait and cost are each at most the rank's step (`step_us`: its span on the
        device's timeline, where the step is one of its own); blame is the others' waiting, not
        capped.
     `steps[k]` is instance k's step key (an instance outside any step: a key of its own),
-    `marks[k]` its punctual arrival, `lateness[k]` each rank's lateness at it, measured from
-    `arrivals[k]` (default: the arrivals as they happened, `waits[k].arrival_us`)."""
+    `lateness[k]` each rank's lateness at it, measured from `arrivals[k]` (default: the
+    arrivals as they happened, `waits[k].arrival_us`)."""
     members: dict[int, list[int]] = defaultdict(list)
     for k, s in enumerate(steps):
         members[s].append(k)
@@ -381,13 +382,13 @@ def tally_once(
             pieces: dict[int, tuple[list, list, list]] = defaultdict(lambda: ([], [], []))
             sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
             for k in group:
-                w, mark = waits[k], marks[k]
+                w, lt = waits[k], lateness[k]
                 judged = w.arrival_us if arrivals is None else arrivals[k]
                 first, last = min(w.arrival_us.values()), w.last_arrival_us
                 for r, a in w.arrival_us.items():
                     late_p, wait_p, share_p = pieces[r]
-                    if judged[r] > mark:
-                        late_p.append((mark, judged[r]))
+                    if lt[r] > 0:
+                        late_p.append((judged[r] - lt[r], judged[r]))
                     wait_p.append((a, last))
                     share_p.append((first, a))
                     acc = sums[r]
@@ -415,6 +416,62 @@ def tally_once(
     return Tallies(late=late, wait=wait, cost=cost, blame=blame, wait_factor=factors)
 
 
+def last_syncs(waits: list[InstanceWaits]) -> list[dict[int, int] | None]:
+    """Per instance, where each of its ranks was last released, or None where they left together:
+    each rank's latest instance that ended (on its clock) by its arrival here; None when every
+    rank has one and it is the same, or each is of this instance's process group (the ranks
+    left that group's previous collective together), or some rank has none (its first), else
+    {rank: that instance}.
+
+    A process group's ranks leave each of its collectives together, so their lateness at the
+    next one is what each did since. Where ranks come from different groups' collectives
+    (tensor parallelism inside a host and data parallelism across hosts, HSDP's shard and
+    replicate groups) each left its own at its own time: a rank held at its tensor-parallel
+    all-reduce by a slow peer reaches the data-parallel all-reduce late by that hold, which is
+    the peer's lateness, not its own (`fresh_lateness`)."""
+    ends: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for k, w in enumerate(waits):
+        for r, e in w.end_us.items():
+            ends[r].append((e, k))
+    for v in ends.values():
+        v.sort()
+    times = {r: [e for e, _ in v] for r, v in ends.items()}
+    out: list[dict[int, int] | None] = []
+    for w in waits:
+        pg = w.instance.pg
+        last: dict[int, int] = {}
+        other_group = False
+        for r, a in w.arrival_us.items():
+            i = bisect.bisect_right(times[r], a)
+            if i:
+                last[r] = j = ends[r][i - 1][1]
+                other_group = other_group or waits[j].instance.pg != pg
+        apart = other_group and len(last) == len(w.arrival_us) and len(set(last.values())) > 1
+        out.append(last if apart else None)
+    return out
+
+
+def fresh_lateness(
+    arrival_us: Mapping[int, float], since: Mapping[int, int] | None, waits: list[InstanceWaits]
+) -> dict[int, float]:
+    """Each rank's lateness at one collective from its arrival (`arrival_us`, as it happened or
+    judged at its peers' speed):
+    1. ranks that left their last collective together (`since` None, `last_syncs`): its arrival
+       - the punctual ranks' (`punctual_arrival`), at least 0;
+    2. else its run-up, from the end of its last collective (`since[r]`, on its own clock) to its
+       arrival here, less the punctual ranks' run-up (the lower quartile of the run-ups), at
+       least 0: what it did since it was last released, beyond what the punctual ranks did. A
+       rank whose arrival waits for that end (an all-reduce whose input the one before it
+       produced) has a run-up of the hand-over alone whatever it was held there; the one that
+       held it was late at that collective and is counted there."""
+    if since is None:
+        mark = punctual_arrival(arrival_us)
+        return {r: max(a - mark, 0.0) for r, a in arrival_us.items()}
+    run_up = {r: a - waits[since[r]].end_us[r] for r, a in arrival_us.items()}
+    mark = punctual_arrival(run_up)
+    return {r: max(u - mark, 0.0) for r, u in run_up.items()}
+
+
 def analyze_stragglers(
     traces: list[RankTrace],
     waits: list[InstanceWaits],
@@ -428,7 +485,9 @@ def analyze_stragglers(
     1. per collective (waits.py): each rank's wait, and its share of the delay of the start
        (`delay`) and of the others' waiting (`blame`);
     2. per collective and rank: lateness = its arrival - the punctual ranks' (`punctual_arrival`),
-       at least 0; judged lateness the same over its arrival at its peers' speed: on CPU-only
+       at least 0, or where its ranks come from different process groups' collectives, its
+       run-up since the last less theirs (`last_syncs`, `fresh_lateness`); judged lateness the
+       same over its arrival at its peers' speed: on CPU-only
        traces a rank whose ops take k times its peers' (`speed.op_speed`) arrives at
        run-up start + run-up / k (the run-up: since its previous collective ended, runup.py),
        elsewhere as it arrived;
@@ -481,39 +540,31 @@ def analyze_stragglers(
     speed = op_speed(traces, queues)
     at_speed = queues is not None or any(k != 1.0 for k in speed.values())
     lateness: list[dict[int, float]] = []
-    marks: list[float] = []
     judged_arrivals: list[dict[int, float]] = []
     judged_lateness: list[dict[int, float]] = []
-    judged_marks: list[float] = []
     step_keys: list[int] = []
     taken_part: dict[int, int] = defaultdict(int)
     orphan = -1  # instances outside any step count as steps of their own, numbered below 0
-    for w in waits:
+    for w, since in zip(waits, last_syncs(waits)):
         step = w.step
         if step is None:
             step, orphan = orphan, orphan - 1
         step_keys.append(step)
-        mark = punctual_arrival(w.arrival_us)
-        marks.append(mark)
-        lateness.append({r: max(a - mark, 0.0) for r, a in w.arrival_us.items()})
+        lateness.append(fresh_lateness(w.arrival_us, since, waits))
         if at_speed:
             judged = {
                 r: _at_speed(w.instance.ops[r].run_up_start_us, a, speed[r], queues[r] if queues else None)
                 for r, a in w.arrival_us.items()
             }
-            jmark = punctual_arrival(judged)
             judged_arrivals.append(judged)
-            judged_marks.append(jmark)
-            judged_lateness.append({r: max(a - jmark, 0.0) for r, a in judged.items()})
+            judged_lateness.append(fresh_lateness(judged, since, waits))
         for r in w.arrival_us:
             taken_part[r] += 1
     step_us = {(r, s.number): ms * 1e3 for r in ranks for s, ms in zip(by_rank[r].steps, step_span_ms[r])}
-    tallies = tally_once(waits, lateness, marks, step_keys, step_us)
+    tallies = tally_once(waits, lateness, step_keys, step_us)
     step_late, step_wait, step_cost, step_blame = tallies.late, tallies.wait, tallies.cost, tallies.blame
     step_judged = (
-        tally_once(waits, judged_lateness, judged_marks, step_keys, step_us, judged_arrivals).late
-        if at_speed
-        else step_late
+        tally_once(waits, judged_lateness, step_keys, step_us, judged_arrivals).late if at_speed else step_late
     )
     wait_total: dict[int, float] = defaultdict(float)
     blame_total: dict[int, float] = defaultdict(float)

@@ -1,0 +1,114 @@
+"""Stragglers in jobs of several process groups (tensor parallelism inside a host, data
+parallelism across hosts; HSDP's shard and replicate groups have the same shape), on simulated
+GPU jobs (tests/devicesim.py) with exact answers worked out by hand in the comments."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.collect.analysis import Analysis, analyze
+from harness.collect.read.discover import group_ranks
+from harness.collect.read.parse import parse_trace
+
+from devicesim import COMM_STREAM, Sim, write_all
+from jobs import REPO
+
+GEMM = "ampere_sgemm_128x64_nn"
+ADAM = "void at::native::multi_tensor_apply_kernel"
+TP = {0: (0, 1), 1: (0, 1), 2: (2, 3), 3: (2, 3)}  # a host's two ranks
+DP = {0: (0, 2), 1: (1, 3), 2: (0, 2), 3: (1, 3)}  # one rank of each host
+
+
+def tp_dp_job(slow_rank: int, phase: str, extra_us: float, steps: int = 6) -> Sim:
+    """Four ranks on two hosts (two ranks each), every step on each rank: forward, a 1000 us GEMM
+    and an all-reduce over its host's ranks (tensor parallelism, 100 us transfer, process group
+    1 + host), which backward's 1000 us GEMM waits for; its own tensor-parallel all-reduce, then
+    the gradients' all-reduce over the ranks at its place on both hosts (data parallelism, 200
+    us, process group 3 + place, on its own stream), which the optimizer's 500 us kernel waits
+    for. `slow_rank`'s GEMM in `phase` runs `extra_us` longer every step. The loss is read at
+    each step's end, so the hosts wait for their devices: every step starts together."""
+    sim = Sim(world_size=4)
+    for r in range(4):
+        h = sim.rank(r)
+        host, place = divmod(r, 2)
+        for n in range(1, steps + 1):
+            with h.step(n):
+                reduced = None
+                for name in ("forward", "backward"):
+                    with h.range(name):
+                        us = 1000.0 + (extra_us if r == slow_rank and name == phase else 0.0)
+                        last = h.launch(GEMM, us, after=reduced)
+                        reduced = h.collective("allreduce", 100.0, pg=str(1 + host), ranks=TP[r], after=last)
+                reduced = h.collective(
+                    "allreduce", 200.0, pg=str(3 + place), ranks=DP[r], after=reduced, stream=COMM_STREAM + 1
+                )
+                with h.range("optimizer"):
+                    h.launch(ADAM, 500.0, after=reduced)
+                h.item()
+        h.sync(kind="device")
+    return sim
+
+
+def analysed(tmp_path: Path, sim: Sim) -> Analysis:
+    paths = write_all(sim.run(), tmp_path)
+    return analyze(group_ranks([parse_trace(p) for p in paths]))
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+def test_a_slow_rank_is_named_and_not_its_tensor_parallel_peer_it_held(tmp_path: Path, phase: str) -> None:
+    """Rank 1's GEMM in `phase` runs 600 us longer (the clean step is 2900 us of device work:
+    21%). It reaches its host's all-reduce after it 600 us after rank 0, which waits for it;
+    rank 0 then reaches its data-parallel all-reduce (with rank 2) 600 us after rank 2, as rank
+    1 does with rank 3. Rank 0's lateness there is the hold, not its own: both left their
+    tensor-parallel all-reduces at its end, and their run-ups from there to the data-parallel
+    one (the hand-over alone) are alike. So rank 1 alone is late, by 600 us a step, in
+    `phase`; counted against the data-parallel peers' arrivals, rank 0 was as late as rank 1."""
+    a = analysed(tmp_path, tp_dp_job(1, phase, 600.0))
+    s = a.stragglers
+    assert s.verdict == "straggler"
+    assert [(x.rank, x.phase) for x in s.stragglers] == [(1, phase)]
+    late = {x.rank: x.late_ms for x in s.ranks}
+    assert late[1] == pytest.approx(0.6, abs=0.005)
+    assert late[0] == pytest.approx(0.0, abs=0.005) and late[2] == late[3] == pytest.approx(0.0, abs=0.005)
+
+
+def test_a_clean_job_of_two_process_groups_is_balanced(tmp_path: Path) -> None:
+    s = analysed(tmp_path, tp_dp_job(1, "forward", 0.0)).stragglers
+    assert s.verdict == "balanced"
+    assert max(x.late_ms for x in s.ranks) == pytest.approx(0.0, abs=0.005)
+
+
+def test_a_generated_tensor_parallel_job_names_the_slow_rank_alone(tmp_path: Path) -> None:
+    """The detection campaign's TP job (bench/detect/sim.py: 16 ranks, tensor parallelism inside
+    each host of 8, data parallelism across the two, 1% jitter, clock skew between hosts): rank
+    3 computes 30% of the step longer in forward. Its seven host peers wait for it at every
+    layer's all-reduce and reach their data-parallel all-reduces late; the collector names rank
+    3 alone, in forward, and rank right and phase right score it so."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from detect import sim as gen
+
+    c = gen.SimCase(
+        ranks=16,
+        steps=8,
+        data_us=1000.0,
+        fwd_kernels=4,
+        kernel_us=800.0,
+        transfer_us=600.0,
+        opt_us=500.0,
+        sync_each_step=True,
+        jitter=0.01,
+        skew_ms=2.0,
+        kind="compute",
+        slow=(3,),
+        phase="forward",
+        size=0.3,
+        every=1,
+        onset=2,
+        parallel="tp",
+    )
+    row = gen.run_case(c, 11, tmp_path)
+    assert row["seen"]["stragglers"] == {"3": "forward"}
+    assert row["outcome"]["found"] and row["outcome"]["rank_right"] and row["outcome"]["phase_right"]
