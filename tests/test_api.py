@@ -162,6 +162,33 @@ def test_a_hang_in_the_plain_loop_gets_the_flight_recorder_report(tmp_path: Path
     assert report["hang"]["missing_ranks"] == [1] and report["hang"]["step"] == 8
 
 
+TP_EXAMPLE = REPO / "examples" / "tensor_parallel.py"
+
+
+@pytest.mark.slow
+def test_the_tensor_parallel_example_names_the_slow_rank_not_the_peer_it_held(tmp_path: Path) -> None:
+    """4 ranks, tensor-parallel groups (0, 1) and (2, 3), data-parallel groups (0, 2) and (1, 3):
+    rank 1's host sleeps 60 ms in the middle of forward from step 8 (several times the clean step
+    here: a wide margin on 2 shared cores). Rank 0 waits for it at the next all-reduce and then
+    reaches its data-parallel all-reduce in backward late by that wait. The watch flags rank 1
+    in forward and no other rank: it matches collectives by the Flight Recorder's group names,
+    and leaves out the data-parallel all-reduces, whose ranks come from different groups'
+    all-reduces. gloo's trace ranges name no group, so the collector cannot match the ranks'
+    collectives and says so (on GPUs NCCL's kernels name theirs: tests/test_process_groups.py)
+    instead of pairing one group's with another's, which made a 60 ms sleeper 'balanced'."""
+    args = ["--log-dir", str(tmp_path), "--run-name", "tp", "--steps", "30", "--tp", "2"]
+    args += ["--slow-rank", "1", "--slow-ms", "60", "--slow-phase", "forward", "--slow-from", "8", "--watch-every", "5"]
+    torchrun(args, nproc=4, timeout=300, script=TP_EXAMPLE)
+    run = tmp_path / "tp"
+    lines = [json.loads(line) for line in watch_path(run).read_text().splitlines()]
+    flagged = {(s["rank"], s["phase"]) for line in lines for s in line["stragglers"]}
+    assert flagged == {(1, "forward")}, lines
+    report = collect_report(run)
+    assert report["verdict"] == "inconclusive", report["headline"]
+    assert "do not say which process group each collective ran on" in report["verdict_reason"]
+    assert "[0, 1], [0, 2]" in report["verdict_reason"]
+
+
 LATE_START = """
 import sys, time
 import torch, torch.distributed as dist

@@ -11,7 +11,7 @@ import pytest
 
 from harness.collect.analysis import Analysis, analyze
 from harness.collect.read.discover import group_ranks
-from harness.collect.read.parse import parse_trace
+from harness.collect.read.parse import parse_trace, unnamed_groups
 
 from devicesim import COMM_STREAM, Sim, write_all
 from jobs import REPO
@@ -112,3 +112,18 @@ def test_a_generated_tensor_parallel_job_names_the_slow_rank_alone(tmp_path: Pat
     row = gen.run_case(c, 11, tmp_path)
     assert row["seen"]["stragglers"] == {"3": "forward"}
     assert row["outcome"]["found"] and row["outcome"]["rank_right"] and row["outcome"]["phase_right"]
+
+
+def test_groups_a_trace_cannot_tell_apart_are_those_smaller_than_the_world_but_the_harness_s() -> None:
+    """distributedInfo's pg_config as torch writes it on rank 0 of the tensor-parallel example:
+    the world's default group and the harness's watch group hold every rank; the others do not."""
+    info = {
+        "pg_config": [
+            {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0, 1, 2, 3]},
+            {"pg_name": "3", "pg_desc": "undefined", "pg_size": 2, "ranks": [2, 0]},
+            {"pg_name": "1", "pg_desc": "undefined", "pg_size": 2, "ranks": [0, 1]},
+            {"pg_name": "5", "pg_desc": "harness_watch", "pg_size": 2, "ranks": [0, 1]},
+        ]
+    }
+    assert unnamed_groups(info, 4) == [[0, 1], [0, 2]]
+    assert unnamed_groups(info, None) == [] and unnamed_groups(None, 4) == []

@@ -195,6 +195,9 @@ class RankTrace:
     # what one bare op costs on this machine under the profiler (host_ops.op_floor_us), us; None:
     # not measurable here
     op_floor_us: float | None = None
+    # groups of fewer ranks than the world this rank is in, where its collectives carry no group
+    # (gloo on CPU): its collectives are not matched across ranks (parse.unnamed_groups)
+    unnamed_groups: list[list[int]] = field(default_factory=list)
 
     def without_intervals(self) -> RankTrace:
         """A copy without its collectives and its steps' covers (what only the analysis on

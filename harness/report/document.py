@@ -57,7 +57,7 @@ from harness.collect.analyse.advisor import advice_for, as_rows, diagnose, diagn
 from harness.collect.analyse.collective_stats import collective_stats, process_groups
 from harness.collect.analyse.memory import MemoryResult, finding_text
 from harness.collect.analyse.rank_list import ranks_listed, ranks_phrase
-from harness.collect.analyse.stragglers import OUTSIDE_RANGES
+from harness.collect.analyse.stragglers import OUTSIDE_RANGES, UNNAMED_GROUPS_REASON
 from harness.collect.analysis import Analysis
 from harness.collect.read.phases import is_data
 from harness.report.floor import TELL_BY_WINDOWS, floor_record, floor_step
@@ -446,12 +446,18 @@ def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
     the noise sets, how small a straggler passes for noise and how to tell (floor.py)."""
     out: list[dict[str, Any]] = []
     if doc["verdict"] == "inconclusive":
+        reason = doc["verdict_reason"]
+        advice = (
+            ""
+            if reason.startswith(UNNAMED_GROUPS_REASON)
+            else " Collect every rank's trace over the same steps (a window that holds collectives) to compare "
+            "the ranks."
+        )
         out.append(
             {
                 "about": "inconclusive",
                 "ranks": doc["run"]["ranks_present"],
-                "text": f"No straggler analysis: {doc['verdict_reason']}. Collect every rank's trace over the same "
-                "steps (a window that holds collectives) to compare the ranks.",
+                "text": f"No straggler analysis: {reason}.{advice}",
             }
         )
     stragglers = doc["stragglers"]

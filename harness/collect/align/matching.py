@@ -23,7 +23,9 @@ class Instance:
 def match_collectives(traces: list[RankTrace]) -> tuple[list[Instance], list[str]]:
     """Match each collective instance across ranks.
 
-    1. key every op (but those of libraries whose kernels carry no group: comm_kernels.UNMATCHED)
+    1. key every op (but those of libraries whose kernels carry no group, comm_kernels.UNMATCHED,
+       and those of a rank whose collectives carry none in a job of several groups,
+       `RankTrace.unnamed_groups`)
        by (process group, step, position among that group's ops in that step) when
        every trace has ProfilerStep markers, else by (process group, position in the trace):
        per-step keys survive profiler windows that start a few ops apart on different ranks;
@@ -34,6 +36,8 @@ def match_collectives(traces: list[RankTrace]) -> tuple[list[Instance], list[str
     per_step = all(t.steps_source == "ProfilerStep" for t in traces)
     table: dict[tuple, dict[int, CommOp]] = defaultdict(dict)
     for t in traces:
+        if t.unnamed_groups:
+            continue  # its collectives carry no group in a job of several: none can be matched
         pos: dict[tuple, int] = defaultdict(int)
         for c in t.comms:
             if c.pg in UNMATCHED:  # no group args: which ranks it works with is unknown

@@ -19,6 +19,7 @@ from harness.collect.analyse.replay import Replay
 from harness.collect.analyse.runq import RunQueue, RunQueueLog, run_queues
 from harness.collect.analyse.speed import op_speed
 from harness.collect.model import RankTrace
+from harness.collect.read.parse import groups_text
 from harness.collect.read.runup import NO_PHASE, PHASE_PREFIX
 
 # A straggler is "persistent" when it is over the bound in at least this share of the analysed
@@ -273,13 +274,27 @@ def punctual_index(n: int) -> int:
     return (n - 1) // 4
 
 
+# The start of the inconclusive reason for collectives without groups in a job of several (it says
+# what to do itself: the report adds no generic advice to it).
+UNNAMED_GROUPS_REASON = "the traces do not say which process group each collective ran on"
+
+
 def inconclusive_reason(traces: list[RankTrace], waits: list[InstanceWaits]) -> str | None:
     """Why no straggler analysis can be trusted, or None: one rank only; no step to analyse;
-    no collective matched across ranks (or none inside the analysed steps)."""
+    collectives that carry no group in a job of several groups (`RankTrace.unnamed_groups`); no
+    collective matched across ranks (or none inside the analysed steps)."""
     if len(traces) < 2:
         return "one rank only: there is no peer to compare it with"
     if not any(t.steps for t in traces):
         return "no step to analyse"
+    unnamed = next((t for t in traces if t.unnamed_groups), None)
+    if unnamed is not None:
+        return (
+            f"{UNNAMED_GROUPS_REASON} (gloo's do not), and rank "
+            f"{unnamed.rank} is in groups of fewer ranks than the world ({groups_text(unnamed.unnamed_groups)}): "
+            "collectives cannot be matched across ranks; profile on GPUs with NCCL, whose kernels name "
+            "their group, or read the live watch's verdicts (it matches them by the Flight Recorder's names)"
+        )
     if not waits:
         return "no collective matched across ranks: nothing says who waited for whom"
     if not any(w.step is not None for w in waits) and any(t.steps_source == "ProfilerStep" for t in traces):

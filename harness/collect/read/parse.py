@@ -631,6 +631,13 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
             "(not counted as communication)"
         )
         comms = []
+    unnamed = unnamed_groups(doc.distributed_info, world_size) if comms and not device_comms else []
+    if unnamed:
+        warnings.append(
+            f"{path.name}: its {len(comms)} collective(s) carry no process group (gloo's trace ranges name "
+            f"none) and rank {rank} is in groups of fewer ranks than the world ({groups_text(unnamed)}): "
+            "not matched across ranks, as a collective of one cannot be told from one of another"
+        )
     comms.sort(key=lambda c: c.start_us)
     number_by_group(comms)
     set_run_ups(comms, spans, steps[0].start_us if steps else None, launch_phases, host_phases)
@@ -651,10 +658,38 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
         events=count_step_events(doc, steps),
         blocks={str(path): doc.blocks} if doc.blocks else {},
         op_floor_us=floor_us,
+        unnamed_groups=unnamed,
     )
     # the compute and copies, folded into the steps here: no rank's intervals outlive its parse
     cover_steps(trace, merged_by_step(spans), merged_by_step(copies), device_step_marks(doc), starts)
     return trace
+
+
+# The harness's own process group (the watch's exchange): all of the world's ranks.
+HARNESS_GROUP_DESC = "harness_watch"
+
+
+def unnamed_groups(info: dict[str, Any] | None, world_size: Any) -> list[list[int]]:
+    """The process groups of fewer ranks than the world that this rank is in (distributedInfo's
+    pg_config; the harness's own group left out), as sorted rank lists: where a trace's
+    collectives carry no group (gloo's ranges and c10d ops on CPU), a collective of one of them
+    cannot be told from one of another, and matching them by position across ranks pairs
+    different groups' collectives (groups [0, 1] and [2, 3]: rank 0's first with rank 2's)."""
+    if not info or not isinstance(world_size, int):
+        return []
+    out = []
+    for g in info.get("pg_config") or []:
+        if not isinstance(g, dict) or g.get("pg_desc") == HARNESS_GROUP_DESC:
+            continue
+        ranks = g.get("ranks")
+        if isinstance(ranks, list) and 1 < len(ranks) < world_size and all(isinstance(r, int) for r in ranks):
+            out.append(sorted(ranks))
+    return sorted(out)
+
+
+def groups_text(groups: list[list[int]], most: int = 3) -> str:
+    text = ", ".join(str(g) for g in groups[:most])
+    return text + (f" and {len(groups) - most} more" if len(groups) > most else "")
 
 
 def device_busy(compute: Spans, copies: Spans, comms: list[CommOp]) -> list[tuple[float, float]]:
