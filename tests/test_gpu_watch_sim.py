@@ -169,23 +169,26 @@ def test_fsdp_step_records_carry_their_phases_spans_and_no_own_work() -> None:
     assert all(a <= b for a, b in spans.values())
 
 
+@pytest.mark.parametrize("parallel", ["tp", "hsdp"])
 @pytest.mark.parametrize(("kind", "phase"), [("compute", "forward"), ("compute", "backward"), ("sleep", "forward")])
-def test_under_tensor_parallelism_the_watch_flags_the_slow_rank_not_the_peers_it_held(kind: str, phase: str) -> None:
+def test_over_two_groups_the_watch_flags_the_slow_rank_not_peers_it_held(parallel: str, kind: str, phase: str) -> None:
     """16 ranks on two hosts (detect/sim.py's TP: a host's ranks one tensor-parallel group, the
-    ranks at one place on both hosts a data-parallel one), judged as FSDP is (collectives in
-    forward and backward). Rank 3 computes or sleeps 30% of the step longer in forward or
-    backward from step 8: its host's ranks wait for it at every layer's all-reduce and then reach
-    their data-parallel all-reduce late, by its delay. Those all-reduces, whose ranks come from
+    ranks at one place on both hosts a data-parallel one; HSDP: a host's ranks one shard group,
+    the ranks at one place a replicate group), judged as FSDP is (collectives in forward and
+    backward). Rank 3 computes or sleeps 30% of the step longer in forward or backward from
+    step 8: its host's ranks wait for it at their group's collectives and then reach the
+    cross-host all-reduces late, by its delay. Those all-reduces, whose ranks come from
     different groups' collectives, are left out (arrivals._apart), so rank 3 alone is flagged,
     by the same exchange as under FSDP (NCCL's timing holds the steps back: 11 steps after the
     onset)."""
-    c = case(parallel="tp", ranks=16, kind=kind, phase=phase)
+    c = case(parallel=parallel, ranks=16, kind=kind, phase=phase)
     hosts = {r: f"node{r // 8:03d}" for r in range(c.ranks)}
     w = watch_case(c, 11, gen.simulate_with_truth, hosts, COMPUTE_STREAM)
     assert w["material"] and w["flags"] == [[19, 3, phase]]
     assert w["innocent_flagged"] == []
 
 
-def test_a_clean_tensor_parallel_job_is_not_flagged() -> None:
-    w = run(case(parallel="tp", ranks=16, kind="clean", slow=(), phase=None, size=0.0))
+@pytest.mark.parametrize("parallel", ["tp", "hsdp"])
+def test_a_clean_job_of_two_groups_is_not_flagged(parallel: str) -> None:
+    w = run(case(parallel=parallel, ranks=16, kind="clean", slow=(), phase=None, size=0.0))
     assert w["flags"] == [] and not w["false_alarm"]

@@ -81,12 +81,14 @@ def test_a_clean_job_of_two_process_groups_is_balanced(tmp_path: Path) -> None:
     assert max(x.late_ms for x in s.ranks) == pytest.approx(0.0, abs=0.005)
 
 
-def test_a_generated_tensor_parallel_job_names_the_slow_rank_alone(tmp_path: Path) -> None:
-    """The detection campaign's TP job (bench/detect/sim.py: 16 ranks, tensor parallelism inside
-    each host of 8, data parallelism across the two, 1% jitter, clock skew between hosts): rank
-    3 computes 30% of the step longer in forward. Its seven host peers wait for it at every
-    layer's all-reduce and reach their data-parallel all-reduces late; the collector names rank
-    3 alone, in forward, and rank right and phase right score it so."""
+@pytest.mark.parametrize("parallel", ["tp", "hsdp"])
+def test_a_generated_job_of_two_groups_names_the_slow_rank_alone(tmp_path: Path, parallel: str) -> None:
+    """The detection campaign's TP and HSDP jobs (bench/detect/sim.py: 16 ranks, tensor
+    parallelism or FSDP's sharding inside each host of 8, data parallelism or replication across
+    the two, 1% jitter, clock skew between hosts): rank 3 computes 30% of the step longer in
+    forward. Its seven host peers wait for it at their group's collectives and reach the
+    cross-host all-reduces late; the collector names rank 3 alone, in forward, and rank right
+    and phase right score it so."""
     sys.path.insert(0, str(REPO / "bench"))
     from detect import sim as gen
 
@@ -107,7 +109,7 @@ def test_a_generated_tensor_parallel_job_names_the_slow_rank_alone(tmp_path: Pat
         size=0.3,
         every=1,
         onset=2,
-        parallel="tp",
+        parallel=parallel,
     )
     row = gen.run_case(c, 11, tmp_path)
     assert row["seen"]["stragglers"] == {"3": "forward"}

@@ -15,7 +15,10 @@ One case (`draw_case`, from one random generator):
    Backward takes the layers in reverse, all-gathering each again the same way, and
    reduce-scatters each layer's gradients once its two kernels are queued (the reduce-scatter
    waits for the compute stream); the optimizer waits for the last reduce-scatter (FSDP2's
-   final callback makes the compute stream wait for it). TP (Megatron's tensor parallelism with
+   final callback makes the compute stream wait for it). HSDP (FSDP2 on a 2-D mesh): the same
+   with each host's ranks one shard group, whose all-gathers and reduce-scatters they are, and
+   each reduce-scatter followed by an all-reduce of its shard over the ranks at one place on
+   every host (the replicate group; none on one host). TP (Megatron's tensor parallelism with
    data parallelism across hosts): the ranks of a host are one tensor-parallel group and the
    ranks at one place on every host one data-parallel group; each layer's kernels end at an
    all-reduce over the tensor-parallel group (forward one kernel a layer, backward two), which
@@ -88,7 +91,7 @@ class SimCase:
     size: float  # the injected delay per slowed step / the clean step (estimate, see `clean_step_us`)
     every: int
     onset: int  # the first slowed step
-    parallel: str = "ddp"  # ddp, fsdp or tp (module docstring, 1)
+    parallel: str = "ddp"  # ddp, fsdp, hsdp or tp (module docstring, 1)
 
     def clean_step_us(self) -> float:
         """The step's length without noise and injection when the device bounds it (an estimate
@@ -96,6 +99,8 @@ class SimCase:
         device = 3 * self.fwd_kernels * self.kernel_us + self.transfer_us + self.opt_us
         if self.parallel == "tp":
             device += 2 * self.fwd_kernels * self.tp_transfer_us()
+        elif self.parallel == "hsdp":
+            device += self.transfer_us / GPUS_PER_HOST  # the replicate all-reduces
         host = self.data_us + (3 * self.fwd_kernels + 4) * 5.0
         return max(device, host) if not self.sync_each_step else device + self.data_us
 
@@ -114,12 +119,13 @@ class SimCase:
         )
 
 
-SHAPES = ("ddp", "fsdp", "tp")
+SHAPES = ("ddp", "fsdp", "tp", "hsdp")
 
 
 def draw_case(rng: random.Random, ranks: int | None = None, shapes: tuple[str, ...] = SHAPES) -> SimCase:
     """One case's parameters (module docstring); a fifth of the cases are clean. `shapes`: the
-    parallelisms drawn (DDP twice as often as FSDP, a quarter of the cases TP where drawn)."""
+    parallelisms drawn (DDP twice as often as FSDP, a quarter of the cases TP where drawn, half
+    of the FSDP ones HSDP where drawn)."""
     n = ranks or rng.choice(RANK_CHOICES)
     steps = 8
     kind = "clean" if rng.random() < 0.2 else rng.choice(("sleep", "compute"))
@@ -149,8 +155,10 @@ def draw_case(rng: random.Random, ranks: int | None = None, shapes: tuple[str, .
     # drawn after: without TP, a seed draws what it drew before TP was added
     if "tp" in shapes and rng.random() < 0.25:
         case = replace(case, parallel="tp")
+    if "hsdp" in shapes and case.parallel == "fsdp" and rng.random() < 0.5:  # after TP's, likewise
+        case = replace(case, parallel="hsdp")
     if case.parallel not in shapes:
-        case = replace(case, parallel=next(p for p in ("ddp", "fsdp") if p in shapes))
+        case = replace(case, parallel=next((p for p in ("ddp", "fsdp") if p in shapes), shapes[0]))
     return case
 
 
@@ -176,7 +184,7 @@ def simulate(case: SimCase, noise_seed: int, inject: bool) -> tuple[Sim, float]:
                         h.sleep(delay_us)
                     if slow_kernels["data"]:  # a GPU-side input transform, slowed
                         last_compute = h.launch("void at::native::vectorized_elementwise_kernel", slow_kernels["data"])
-                if case.parallel == "fsdp":
+                if case.parallel in ("fsdp", "hsdp"):
                     reduced = _fsdp_passes(h, case, noisy, slow_kernels, extra, delay_us, last_compute)
                 elif case.parallel == "tp":
                     reduced = _tp_passes(h, case, noisy, slow_kernels, extra, delay_us)
@@ -224,26 +232,37 @@ def _fsdp_passes(
     delay_us: float,
     last_compute: Any,
 ) -> Any:
-    """Forward and backward under FSDP (module docstring, 1); the last reduce-scatter's handle.
+    """Forward and backward under FSDP or HSDP (module docstring, 1); the last reduce-scatter's
+    handle (HSDP: the last all-reduce's, where there is one).
     Each all-gather moves a layer's parameters, a reduce-scatter its gradients: the all-reduce's
     transfer split over the layers, twice over (all-gather then reduce-scatter)."""
     layers = case.fwd_kernels
     transfer_us = case.transfer_us / layers
     gate = last_compute  # what the next all-gather waits for on the compute stream
     reduced = None
+    shard: dict[str, Any] = {}  # FSDP: the default group
+    replicate: dict[str, Any] | None = None
+    if case.parallel == "hsdp":
+        hosts = -(-case.ranks // GPUS_PER_HOST)
+        host_ranks, place_ranks = tp_groups(case.ranks, h.rank)
+        shard = {"pg": str(1 + h.rank // GPUS_PER_HOST), "ranks": host_ranks}
+        if len(place_ranks) > 1:
+            replicate = {"pg": str(1 + hosts + h.rank % GPUS_PER_HOST), "ranks": place_ranks}
     for phase, per_layer in (("forward", 1), ("backward", 2)):
         count = layers * per_layer
         with h.range(phase):
             for layer in range(layers):
                 if layer == layers // 2 and extra[phase] and case.kind == "sleep":
                     h.sleep(delay_us)  # host time between two layers (a slow Python hook, say)
-                gathered = h.collective("allgather", transfer_us, after=gate)
+                gathered = h.collective("allgather", transfer_us, after=gate, **shard)
                 copy_out = h.launch(COPY_OUT, COPY_OUT_US, after=gathered)
                 gate = copy_out
                 for _ in range(per_layer):
                     last = h.launch(GEMM, noisy(case.kernel_us) + slow_kernels[phase] / count)
                 if phase == "backward":
-                    reduced = h.collective("reduce_scatter", transfer_us, after=last)
+                    reduced = h.collective("reduce_scatter", transfer_us, after=last, **shard)
+                    if replicate is not None:
+                        reduced = h.collective("allreduce", transfer_us / GPUS_PER_HOST, after=reduced, **replicate)
     return reduced
 
 
