@@ -4,7 +4,6 @@ GPU jobs (tests/devicesim.py) with exact answers worked out by hand in the comme
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,6 @@ from harness.collect.read.discover import group_ranks
 from harness.collect.read.parse import parse_trace, unnamed_groups
 
 from devicesim import COMM_STREAM, Sim, write_all
-from jobs import REPO
 
 GEMM = "ampere_sgemm_128x64_nn"
 ADAM = "void at::native::multi_tensor_apply_kernel"
@@ -89,28 +87,9 @@ def test_a_generated_job_of_two_groups_names_the_slow_rank_alone(tmp_path: Path,
     forward. Its seven host peers wait for it at their group's collectives and reach the
     cross-host all-reduces late; the collector names rank 3 alone, in forward, and rank right
     and phase right score it so."""
-    sys.path.insert(0, str(REPO / "bench"))
-    from detect import sim as gen
+    from test_gpu_watch_sim import case, gen  # the watch's generated job; it puts bench/ on the path
 
-    c = gen.SimCase(
-        ranks=16,
-        steps=8,
-        data_us=1000.0,
-        fwd_kernels=4,
-        kernel_us=800.0,
-        transfer_us=600.0,
-        opt_us=500.0,
-        sync_each_step=True,
-        jitter=0.01,
-        skew_ms=2.0,
-        kind="compute",
-        slow=(3,),
-        phase="forward",
-        size=0.3,
-        every=1,
-        onset=2,
-        parallel=parallel,
-    )
+    c = case(ranks=16, skew_ms=2.0, kind="compute", phase="forward", parallel=parallel)
     row = gen.run_case(c, 11, tmp_path)
     assert row["seen"]["stragglers"] == {"3": "forward"}
     assert row["outcome"]["found"] and row["outcome"]["rank_right"] and row["outcome"]["phase_right"]
