@@ -122,12 +122,13 @@ def main() -> None:
     p.add_argument("--watch-every", type=int, default=None)
     args = p.parse_args()
 
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if args.tp < 1 or world % args.tp:
+        p.error(f"--tp {args.tp} does not divide the world size {world}: give a divisor of it")
     cuda = torch.cuda.is_available()
     harness.enable_flight_recorder()  # harness: the watch reads each rank's arrivals at collectives from it
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=600))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if args.tp < 1 or world % args.tp:
-        raise SystemExit(f"--tp {args.tp} does not divide the world size {world}: give a divisor of it")
+    rank = dist.get_rank()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
