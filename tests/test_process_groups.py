@@ -108,3 +108,16 @@ def test_groups_a_trace_cannot_tell_apart_are_those_smaller_than_the_world_but_t
     }
     assert unnamed_groups(info, 4) == [[0, 1], [0, 2]]
     assert unnamed_groups(info, None) == [] and unnamed_groups(None, 4) == []
+
+
+def test_a_release_read_a_hair_after_the_next_start_is_still_the_release(tmp_path: Path) -> None:
+    """A clean generated HSDP job (16 ranks, 2% jitter, hosts' clocks up to 5 ms apart; noise seed
+    17): each replicate all-reduce starts where its rank's reduce-scatter ends, but on a shifted
+    clock rank 14's end reads a float's rounding after that start. Taken as ended after it, rank
+    14's release was the all-gather before, a layer's kernels earlier, and it was named in
+    backward; within stragglers.HANDOVER_US it is the reduce-scatter, and the job is balanced."""
+    from test_gpu_watch_sim import case, gen
+
+    c = case(ranks=16, skew_ms=5.0, kind="clean", slow=(), phase=None, size=0.0, parallel="hsdp", jitter=0.02)
+    row = gen.run_case(c, 17, tmp_path)
+    assert row["seen"]["verdict"] == "balanced" and row["seen"]["stragglers"] == {}

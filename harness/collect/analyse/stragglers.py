@@ -431,9 +431,18 @@ def tally_once(
     return Tallies(late=late, wait=wait, cost=cost, blame=blame, wait_factor=factors)
 
 
+# A collective that starts where the one before it on its rank ends (queued behind it on one
+# stream, or waiting for it) can read as starting a hair before that end: a trace's start and
+# duration are rounded apart (kineto: to the ns), and a clock shift adds float error (a 5 ms host
+# skew in the generated campaign: ends 0.001 us past the next start). An end this close after an
+# arrival counts as before it; a microsecond is far below any run-up the rule judges.
+HANDOVER_US = 1.0
+
+
 def last_syncs(waits: list[InstanceWaits]) -> list[dict[int, int] | None]:
     """Per instance, where each of its ranks was last released, or None where they left together:
-    each rank's latest instance that ended (on its clock) by its arrival here; None when every
+    each rank's latest instance that ended (on its clock) by its arrival here (within
+    HANDOVER_US); None when every
     rank has one and it is the same, or each is of this instance's process group (the ranks
     left that group's previous collective together), or some rank has none (its first), else
     {rank: that instance}.
@@ -457,7 +466,7 @@ def last_syncs(waits: list[InstanceWaits]) -> list[dict[int, int] | None]:
         last: dict[int, int] = {}
         other_group = False
         for r, a in w.arrival_us.items():
-            i = bisect.bisect_right(times[r], a)
+            i = bisect.bisect_right(times[r], a + HANDOVER_US)
             if i:
                 last[r] = j = ends[r][i - 1][1]
                 other_group = other_group or waits[j].instance.pg != pg
