@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.paths import watch_path
+from harness.paths import WATCH_GROUP_DESC, watch_path
 from harness.scalars import ScalarWriter
 from harness.train.arrivals import HeldArrivals, TimingPatience, my_arrivals, recorder_entries, untimed_steps
 from harness.train.config import WatchConfig
@@ -124,7 +124,7 @@ class Watch:
         hangs leaves the others in this exchange no longer than in a training collective), every
         rank's host, and whether every rank can read its arrivals (`arrivals`): all or none
         exchange them."""
-        self.group = dist.new_group(backend="gloo", timeout=timeout, group_desc="harness_watch")
+        self.group = dist.new_group(backend="gloo", timeout=timeout, group_desc=WATCH_GROUP_DESC)
         each: list[Any] = [None] * self.world_size
         dist.all_gather_object(each, (host, arrivals), group=self.group)
         return {r: h for r, (h, _) in enumerate(each)}, all(a for _, a in each)

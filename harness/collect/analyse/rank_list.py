@@ -65,6 +65,12 @@ def ranks_phrase(ranks: Iterable[int], present: Iterable[int] = ()) -> str:
     return f"{len(rs)} ranks [{_runs_text(runs)}]"
 
 
+def groups_text(groups: list[list[int]], most: int = 3) -> str:
+    """Process groups by their ranks, the first `most` and how many more ("[0, 1], [0, 2]")."""
+    text = ", ".join(str(g) for g in groups[:most])
+    return text + (f" and {len(groups) - most} more" if len(groups) > most else "")
+
+
 def ranks_listed(ranks: Iterable[int]) -> str:
     """'rank(s) 2, 5' (up to SPELLED ranks, in the order given), else as `ranks_phrase`."""
     given = list(ranks)

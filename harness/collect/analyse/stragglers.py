@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 from harness.collect.align.clocks import ClockOffset, mad
 from harness.collect.align.waits import InstanceWaits
+from harness.collect.analyse.rank_list import groups_text
 from harness.collect.analyse.replay import Replay
 from harness.collect.analyse.runq import RunQueue, RunQueueLog, run_queues
 from harness.collect.analyse.speed import op_speed
 from harness.collect.model import RankTrace
-from harness.collect.read.parse import groups_text
 from harness.collect.read.runup import NO_PHASE, PHASE_PREFIX
 
 # A straggler is "persistent" when it is over the bound in at least this share of the analysed

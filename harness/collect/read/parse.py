@@ -34,6 +34,7 @@ from typing import Any, cast
 import numpy as np
 
 from harness.collect.analyse.overlap import cover_steps
+from harness.collect.analyse.rank_list import groups_text
 from harness.collect.model import CommOp, RankTrace, Step, number_by_group
 from harness.collect.read.comm_kernels import classify as classify_kernel
 from harness.collect.read.comm_kernels import looks_like_comm
@@ -61,7 +62,7 @@ from harness.collect.read.host_ops import (
 )
 from harness.collect.read.phases import is_model, phase_name, top_level
 from harness.collect.read.runup import NO_PHASE, NO_STEP, Spans, merged_by_step, merged_pieces, set_run_ups
-from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_PATTERN, WORKER_RANK_PATTERN
+from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_PATTERN, WATCH_GROUP_DESC, WORKER_RANK_PATTERN
 
 __all__ = ["TraceError", "load_json", "parse_trace"]
 
@@ -665,10 +666,6 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
     return trace
 
 
-# The harness's own process group (the watch's exchange): all of the world's ranks.
-HARNESS_GROUP_DESC = "harness_watch"
-
-
 def unnamed_groups(info: dict[str, Any] | None, world_size: Any) -> list[list[int]]:
     """The process groups of fewer ranks than the world that this rank is in (distributedInfo's
     pg_config; the harness's own group left out), as sorted rank lists: where a trace's
@@ -679,17 +676,12 @@ def unnamed_groups(info: dict[str, Any] | None, world_size: Any) -> list[list[in
         return []
     out = []
     for g in info.get("pg_config") or []:
-        if not isinstance(g, dict) or g.get("pg_desc") == HARNESS_GROUP_DESC:
+        if not isinstance(g, dict) or g.get("pg_desc") == WATCH_GROUP_DESC:
             continue
         ranks = g.get("ranks")
         if isinstance(ranks, list) and 1 < len(ranks) < world_size and all(isinstance(r, int) for r in ranks):
             out.append(sorted(ranks))
     return sorted(out)
-
-
-def groups_text(groups: list[list[int]], most: int = 3) -> str:
-    text = ", ".join(str(g) for g in groups[:most])
-    return text + (f" and {len(groups) - most} more" if len(groups) > most else "")
 
 
 def device_busy(compute: Spans, copies: Spans, comms: list[CommOp]) -> list[tuple[float, float]]:
