@@ -41,6 +41,11 @@ STEP_PHASES = ("data", "h2d", "forward", "loss", "backward", "optimizer")
 # The watch's own process group's description (distributedInfo's pg_config in every trace): all of
 # the world's ranks, never one of the job's groups.
 WATCH_GROUP_DESC = "harness_watch"
+DEFAULT_GROUP_DESC = "default_pg"  # torch's description of the world's default group
+# Beside a trace window of a gloo job with the Flight Recorder on: the recorder's entries issued
+# in the window (harness/collect/read/gloo_groups.py), which name each collective's process group
+# where gloo's trace ranges name none. The trace's own name plus this suffix, like a summary's.
+GROUPS_SUFFIX = ".groups.json"
 
 STEPS_DIR = "steps"
 STEPS_TEMPLATE = "rank{rank}.jsonl"
@@ -126,6 +131,14 @@ def partial_path(final: Path) -> Path:
 
 def summary_path(trace: Path) -> Path:
     return trace.with_name(trace.name + SUMMARY_SUFFIX)
+
+
+def groups_path(trace: Path) -> Path:
+    return trace.with_name(trace.name + GROUPS_SUFFIX)
+
+
+def is_groups(path: Path) -> bool:
+    return path.name.endswith(GROUPS_SUFFIX)
 
 
 def is_summary(path: Path) -> bool:

@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.paths import flight_path, run_file, scalars_dir, status_path, steps_path, watch_path
+from harness.paths import (
+    flight_path,
+    groups_path,
+    list_traces,
+    run_file,
+    scalars_dir,
+    status_path,
+    steps_path,
+    watch_path,
+)
 from harness.train.config import ConfigError
 from harness.train.run_config import load_run_config
 
@@ -173,9 +182,10 @@ def test_the_tensor_parallel_example_names_the_slow_rank_not_the_peer_it_held(tm
     reaches its data-parallel all-reduce in backward late by that wait. The watch flags rank 1
     in forward and no other rank: it matches collectives by the Flight Recorder's group names,
     and leaves out the data-parallel all-reduces, whose ranks come from different groups'
-    all-reduces. gloo's trace ranges name no group, so the collector cannot match the ranks'
-    collectives and says so (on GPUs NCCL's kernels name theirs: tests/test_process_groups.py)
-    instead of pairing one group's with another's, which made a 60 ms sleeper 'balanced'."""
+    all-reduces. gloo's trace ranges name no group: each trace window has the recorder's
+    entries beside it (`<trace>.groups.json`), from which the collector gives every collective
+    its group, and names rank 1 in forward too (without them it paired one group's
+    all-reduces with another's, and a 60 ms sleeper read 'balanced')."""
     args = ["--log-dir", str(tmp_path), "--run-name", "tp", "--steps", "30", "--tp", "2"]
     args += ["--slow-rank", "1", "--slow-ms", "60", "--slow-phase", "forward", "--slow-from", "8", "--watch-every", "5"]
     torchrun(args, nproc=4, timeout=300, script=TP_EXAMPLE)
@@ -183,10 +193,11 @@ def test_the_tensor_parallel_example_names_the_slow_rank_not_the_peer_it_held(tm
     lines = [json.loads(line) for line in watch_path(run).read_text().splitlines()]
     flagged = {(s["rank"], s["phase"]) for line in lines for s in line["stragglers"]}
     assert flagged == {(1, "forward")}, lines
+    assert all(groups_path(p).is_file() for p in list_traces(run))
     report = collect_report(run)
-    assert report["verdict"] == "inconclusive", report["headline"]
-    assert "do not say which process group each collective ran on" in report["verdict_reason"]
-    assert "[0, 1], [0, 2]" in report["verdict_reason"]
+    assert report["verdict"] == "straggler", report["headline"]
+    named = {(s["rank"], s["phase"]) for s in report["stragglers"]}
+    assert named == {(1, "forward")}, report["headline"]
 
 
 LATE_START = """

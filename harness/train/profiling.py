@@ -22,7 +22,15 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
-from harness.paths import TRACE_METADATA_KEY, memory_timeline_path, partial_path, summary_path, trace_path
+from harness.atomic import write_text_atomic
+from harness.paths import (
+    TRACE_METADATA_KEY,
+    groups_path,
+    memory_timeline_path,
+    partial_path,
+    summary_path,
+    trace_path,
+)
 from harness.train.config import ProfilerConfig
 from harness.write_faults import FaultLog, is_disk_full
 
@@ -69,6 +77,7 @@ class TraceRecorder:
         cuda: bool,
         metadata: dict[str, Any],
         faults: FaultLog | None = None,
+        collective_groups: bool = False,
     ) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
@@ -92,6 +101,11 @@ class TraceRecorder:
         # the wait/warmup/active/repeat schedule, made as the profiler starts
         self._scheduled: Callable[[int], ProfilerAction] | None = None
         self.captures: list[Capture] = []
+        # gloo with the Flight Recorder on: each window's recorder entries go beside its trace
+        # (paths.groups_path), from the start of the step before its first recorded one
+        self.collective_groups = collective_groups
+        self._boundaries_ns = (time.time_ns(), time.time_ns())  # the last two step boundaries
+        self._groups_from_ns = self._boundaries_ns[0]
 
     @property
     def enabled(self) -> bool:
@@ -171,6 +185,7 @@ class TraceRecorder:
         """Mark a step boundary (closes `ProfilerStep#N`, may finish a window)."""
         if self._prof is None:
             return
+        self._boundaries_ns = (self._boundaries_ns[1], time.time_ns())
         with warnings.catch_warnings():
             # torch says once, as a second window starts, that each window holds its own events:
             # what the harness wants (one file per window), so not worth a line in the job's log.
@@ -184,6 +199,7 @@ class TraceRecorder:
         assert self._prof is not None
         window = self._windows + 1
         if self._prof.current_action in _RECORDING and self._stamped_window != window:
+            self._groups_from_ns = self._boundaries_ns[0]
             meta = {**self.metadata, "window": window}
             step = self._prof.step_num
             trigger = next((c for c in self.captures if c.start <= step <= c.last), None)
@@ -244,6 +260,8 @@ class TraceRecorder:
             self._skip(window, reason)
             return
         self.written.append(final)
+        if self.collective_groups:
+            self._write_groups(final, window)
         if self.cfg.profile_memory:
             self._write_memory_timeline(prof, window)
         try:
@@ -270,6 +288,22 @@ class TraceRecorder:
                     window=window,
                 )
             self.summary_s += time.perf_counter() - started
+
+    def _write_groups(self, trace: Path, window: int) -> None:
+        """The Flight Recorder's entries issued in the window (gloo_groups.sidecar_doc) beside its
+        trace, which name the process group of each of its gloo collectives (the trace's ranges
+        name none); nothing where the recorder cannot be read or holds no entry of the window.
+        Never raises into the training loop. ~10 us an entry read (2000: ~20 ms a window)."""
+        from harness.collect.read.gloo_groups import sidecar_doc
+        from harness.train.arrivals import recorder_entries
+
+        path = groups_path(trace)
+        try:
+            doc = sidecar_doc(self._groups_from_ns, recorder_entries() or [])
+            if doc["entries"]:
+                write_text_atomic(path, json.dumps(doc))
+        except Exception as exc:  # noqa: BLE001 - without the file the collector says it cannot match
+            self.faults.report("collective groups", exc, f"window {window} has no groups file; training goes on", path)
 
     def _write_memory_timeline(self, prof: profile, window: int) -> None:
         """torch's memory timeline of the window ([times, sizes by category], gzip JSON) next to its

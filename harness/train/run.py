@@ -190,6 +190,7 @@ class Run:
             cuda=self.device.type == "cuda",
             metadata=metadata,
             faults=faults,
+            collective_groups=bool(self.flight_on and backend and "gloo" in backend),
         )
         target = metrics_target(
             cfg.output.metrics_port,

@@ -292,8 +292,9 @@ def inconclusive_reason(traces: list[RankTrace], waits: list[InstanceWaits]) -> 
         return (
             f"{UNNAMED_GROUPS_REASON} (gloo's do not), and rank "
             f"{unnamed.rank} is in groups of fewer ranks than the world ({groups_text(unnamed.unnamed_groups)}): "
-            "collectives cannot be matched across ranks; profile on GPUs with NCCL, whose kernels name "
-            "their group, or read the live watch's verdicts (it matches them by the Flight Recorder's names)"
+            "collectives cannot be matched across ranks; turn the Flight Recorder on in the job "
+            "(harness.enable_flight_recorder() before init_process_group), whose entries the harness writes "
+            "beside each trace window to name the groups, or profile on GPUs with NCCL, whose kernels name theirs"
         )
     if not waits:
         return "no collective matched across ranks: nothing says who waited for whom"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from harness.paths import (
     RUN_FILE,
     STATUS_DIR,
     TRACE_PATTERN,
+    is_groups,
     is_summary,
     trace_of_summary,
 )
@@ -63,14 +65,15 @@ def find_trace_files(inputs: list[str], summaries: bool = True) -> list[Path]:
 
 
 def _traces_in(folder: Path) -> list[Path]:
-    # Not the report's files, Flight Recorder dumps or status files, and not a later elastic
-    # attempt's (restart-N/: run_state.py picks one).
+    # Not the report's files, Flight Recorder dumps, status files or a window's groups file
+    # (paths.GROUPS_SUFFIX), and not a later elastic attempt's (restart-N/: run_state.py picks one).
     candidates = [
         p
         for p in folder.rglob("*")
         if p.is_file()
         and p.name not in NOT_TRACES
         and p.name.endswith(TRACE_SUFFIXES)
+        and not is_groups(p)
         and not any(
             d in (REPORT_DIR, FLIGHT_DIR, STATUS_DIR) or ATTEMPT_PATTERN.match(d)
             for d in p.relative_to(folder).parts[:-1]
@@ -175,6 +178,8 @@ def _merge_windows(parts: list[RankTrace]) -> RankTrace:
         json_bytes=sum(p.json_bytes for p in parts),
         events=sum(p.events for p in parts),
         blocks={k: v for p in parts for k, v in p.blocks.items()},
+        op_floor_us=statistics.median(floors) if (floors := [p.op_floor_us for p in parts if p.op_floor_us]) else None,
+        unnamed_groups=sorted({tuple(g): list(g) for p in parts for g in p.unnamed_groups}.values()),
     )
     number_by_group(merged.comms)
     return merged

@@ -52,6 +52,7 @@ from harness.collect.read.decode import (
     number,
     read_bytes,
 )
+from harness.collect.read.gloo_groups import Ran, read_sidecar, thread_groups
 from harness.collect.read.host_ops import (
     attribute_syncs,
     count_host_ops,
@@ -62,7 +63,15 @@ from harness.collect.read.host_ops import (
 )
 from harness.collect.read.phases import is_model, phase_name, top_level
 from harness.collect.read.runup import NO_PHASE, NO_STEP, Spans, merged_by_step, merged_pieces, set_run_ups
-from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_PATTERN, WATCH_GROUP_DESC, WORKER_RANK_PATTERN
+from harness.paths import (
+    DEFAULT_GROUP_DESC,
+    RANGE_PREFIX,
+    STEP_PHASES,
+    TRACE_PATTERN,
+    WATCH_GROUP_DESC,
+    WORKER_RANK_PATTERN,
+    groups_path,
+)
 
 __all__ = ["TraceError", "load_json", "parse_trace"]
 
@@ -580,12 +589,13 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
         copies.extend(
             ts, ts + dur, index.at_each(launch_ts.times(as_numpy(doc.copies.corr), ts)), as_numpy(doc.copies.name)
         )
+    gloo: list[CommOp] = []
     for e in doc.marks:
         if e.cat != "user_annotation":
             continue
         m = GLOO_RANGE.match(e.name)
         if m:
-            comms.append(
+            gloo.append(
                 CommOp(
                     name=canonical_collective(m["coll"]),
                     pg="default",
@@ -595,6 +605,7 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
                     thread=doc.threads[e.thread],
                 )
             )
+    comms.extend(gloo)
     if not comms:
         # No NCCL kernels and no gloo worker ranges (older torch, other CPU backends): the
         # main thread's c10d ops are the only sign of communication; they span the blocking
@@ -633,6 +644,12 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
         )
         comms = []
     unnamed = unnamed_groups(doc.distributed_info, world_size) if comms and not device_comms else []
+    if unnamed and gloo and len(gloo) == len(comms):
+        named = name_gloo_groups(path, gloo, base_ns)
+        if isinstance(named, list):
+            comms, unnamed = named, []
+        else:
+            warnings.append(f"{path.name}: {named}")
     if unnamed:
         warnings.append(
             f"{path.name}: its {len(comms)} collective(s) carry no process group (gloo's trace ranges name "
@@ -682,6 +699,34 @@ def unnamed_groups(info: dict[str, Any] | None, world_size: Any) -> list[list[in
         if isinstance(ranks, list) and 1 < len(ranks) < world_size and all(isinstance(r, int) for r in ranks):
             out.append(sorted(ranks))
     return sorted(out)
+
+
+def name_gloo_groups(path: Path, gloo: list[CommOp], base_ns: float) -> list[CommOp] | str:
+    """The gloo collectives with their process groups from the Flight Recorder entries the
+    training job wrote beside the trace (gloo_groups.py), the harness watch's own left out; or
+    why they cannot be given groups. The world's default group keeps the name "default", which
+    the collectives of a trace without the file carry too."""
+    sidecar_file = groups_path(path)
+    if not sidecar_file.exists():
+        return (
+            f"no {sidecar_file.name} beside it (the training job writes one where the Flight Recorder is on: "
+            "harness.enable_flight_recorder() before init_process_group)"
+        )
+    sidecar = read_sidecar(sidecar_file)
+    if isinstance(sidecar, str):
+        return sidecar
+    ran = [Ran(c.thread, c.start_us, c.name) for c in gloo]
+    found = thread_groups(ran, sidecar.issued(base_ns))
+    if isinstance(found, str):
+        return f"{sidecar_file.name}: {found}"
+    named = []
+    for c in gloo:
+        entry = found[c.thread]
+        if entry.desc == WATCH_GROUP_DESC:
+            continue  # the harness's own exchange, not the job's communication
+        c.pg = "default" if entry.desc == DEFAULT_GROUP_DESC else entry.group
+        named.append(c)
+    return named
 
 
 def device_busy(compute: Spans, copies: Spans, comms: list[CommOp]) -> list[tuple[float, float]]:
