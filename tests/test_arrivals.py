@@ -312,6 +312,39 @@ def test_on_gpu_a_rank_held_by_its_tensor_parallel_peer_is_not_late_at_the_data_
     assert late[:, 0, 0].tolist() == [0.0, 6.0, 0.0, 0.0]
 
 
+def hsdp_cpu(forward_ms: list[list[float]]) -> list[list]:
+    """Four CPU ranks, HSDP's groups: shard groups 1 (ranks 0, 1) and 2 (2, 3), replicate
+    groups 3 (0, 2) and 4 (1, 3). Step 9's backward on each rank: a reduce-scatter over its
+    shard group, then an all-reduce over its replicate group; step 10's forward: two
+    all-gathers over its shard group, issued at `forward_ms[rank]`."""
+    shard, replicate = ("1", "1", "2", "2"), ("3", "4", "3", "4")
+    return [
+        [
+            (9, "backward", shard[r], 1, int(-20 * MS), int(-20 * MS)),
+            (9, "backward", replicate[r], 1, int(-10 * MS), int(-10 * MS)),
+            *((10, "forward", shard[r], 2 + k, int(t * MS), int(t * MS)) for k, t in enumerate(forward_ms[r])),
+        ]
+        for r in range(4)
+    ]
+
+
+def test_on_cpu_the_first_all_gather_after_another_group_s_collectives_counts_from_the_phase_start() -> None:
+    # Rank 1 sleeps 40 ms as forward starts: its first all-gather 40 ms after rank 0's, which
+    # waits; both issue the second at 45. The ranks come to that first all-gather from
+    # different replicate groups' all-reduces, but on CPU their forward starts are on one
+    # clock, after every hold before: rank 1 is 40 ms late in forward, the others nothing.
+    late = held_lateness_ms(spans([0] * 4, "forward"), hsdp_cpu([[1, 45], [41, 45], [1, 5], [1, 5]]), [10], ["forward"])
+    assert late is not None
+    assert late[:, 0, 0].tolist() == [0.0, 40.0, 0.0, 0.0]
+    # Rank 0 starts forward 30 ms late (held before it): late at the all-gather by as much as
+    # it entered forward with, which is not forward's account.
+    late = held_lateness_ms(
+        spans([30, 0, 0, 0], "forward"), hsdp_cpu([[31, 35], [1, 35], [1, 5], [1, 5]]), [10], ["forward"]
+    )
+    assert late is not None
+    assert late[:, 0, 0].tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
 def test_on_gpu_collectives_are_taken_in_the_order_the_hosts_issued_them() -> None:
     # The same collectives listed in another order, and host clocks 1 s apart on rank 1 (its
     # offset): the order is the punctual issue, the durations need no clock.

@@ -219,7 +219,10 @@ def held_lateness_ms(
     3. per rank, its lateness at each of its collectives, l_k = its arrival - the punctual one
        among the collective's ranks (at least 0), left out where the ranks come from different
        groups' collectives (`_apart`: data-parallel all-reduces after tensor-parallel ones,
-       HSDP's replicate group after its shard group), and:
+       HSDP's replicate group after its shard group), but on CPU at a rank's first collective
+       of the phase (HSDP's first all-gather of forward after the replicate all-reduces that
+       ended the step before): there (4) counts from the lateness the rank entered the phase
+       with, its phase start on the common clock, which came after every hold before it; and:
     4. on CPU: its lateness in the phase = the sum of its positive increases from the lateness it
        entered the phase with, e = its phase start - the punctual start (at least 0: what it did
        before is the other phases' account): l_1 - e, l_2 - l_1, ... Ranks stay apart over
@@ -298,7 +301,7 @@ def held_lateness_ms(
                 for r in m:
                     first = not index[r]
                     index[r] += 1
-                    if k in apart:
+                    if k in apart and (device or not first):
                         continue
                     late = max(tables[r][k][1] - punctual, 0.0)
                     if not device:
