@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from harness.collect.analyse.stragglers import punctual_index
+from harness.flight_entry import process_group
 
 # One arrival: (step, phase, process group, collective sequence id, issued_ns, arrived_ns):
 # issued_ns is time_created_ns (the host's epoch clock), arrived_ns the same on CPU and -duration
@@ -48,10 +49,8 @@ Arrival = tuple[int, str, str, int, int, int]
 def group_name(entry: Mapping[str, Any]) -> str:
     """A recorder entry's process group name (its `process_group` is (name, description)), or
     its pg_id where an older recorder has no name."""
-    pg = entry.get("process_group")
-    if isinstance(pg, (list, tuple)) and pg:
-        return str(pg[0])
-    return str(entry.get("pg_id", ""))
+    named = process_group(entry)
+    return named[0] if named else str(entry.get("pg_id", ""))
 
 
 @dataclass(kw_only=True)

@@ -25,6 +25,7 @@ from typing import Any
 
 from harness.collect.read.decode import Limits
 from harness.collect.read.run_state import last_logged_step
+from harness.flight_entry import process_group
 from harness.paths import (
     FLIGHT_DIR,
     NCCL_DUMP_PREFIX,
@@ -162,12 +163,7 @@ def _entry(raw: Any) -> Entry | None:
     name = raw.get("profiling_name")
     if not isinstance(seq, int) or isinstance(seq, bool) or seq <= 0 or not isinstance(name, str):
         return None
-    pg = raw.get("process_group")
-    pg_name, pg_desc = (
-        (str(pg[0]), str(pg[1]))
-        if isinstance(pg, (list, tuple)) and len(pg) == 2  # a tuple in NCCL's pickles, a list in JSON
-        else (str(raw.get("pg_id", "")), "")
-    )
+    pg_name, pg_desc = process_group(raw) or (str(raw.get("pg_id", "")), "")
     created = raw.get("time_created_ns")
     return Entry(
         seq=seq,

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.flight_entry import process_group
+
 FORMAT = "harness collective groups"
 VERSION = 1
 
@@ -81,9 +83,9 @@ def sidecar_doc(from_ns: int, entries: Sequence[dict[str, Any]]) -> dict[str, An
     `from_ns` (as `_dump_fr_trace` gives them), reduced to what the join reads."""
     kept = []
     for e in entries:
-        t, pg = e.get("time_created_ns"), e.get("process_group")
-        if isinstance(t, int) and t >= from_ns and isinstance(pg, list | tuple) and len(pg) == 2:
-            kept.append([t, str(e.get("profiling_name") or ""), str(pg[0]), str(pg[1])])
+        t, pg = e.get("time_created_ns"), process_group(e)
+        if isinstance(t, int) and t >= from_ns and pg is not None:
+            kept.append([t, str(e.get("profiling_name") or ""), *pg])
     return {"format": FORMAT, "version": VERSION, "from_ns": from_ns, "entries": kept}
 
 
