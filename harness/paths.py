@@ -38,6 +38,9 @@ WORKER_RANK_PATTERN = re.compile(r"^rank(?P<rank>\d+)-(?P<host>.+)$")
 TRACE_METADATA_KEY = "harness"  # top-level trace key with run id, rank, host, mode, window
 RANGE_PREFIX = "harness:"  # record_function / NVTX range = RANGE_PREFIX + phase
 STEP_PHASES = ("data", "h2d", "forward", "loss", "backward", "optimizer")
+# The live watch's exchange between steps, a range on the main thread: its collectives (on the
+# watch's own group's gloo threads) are the harness's, not the job's communication.
+WATCH_RANGE = RANGE_PREFIX + "watch"
 # The watch's own process group's description (distributedInfo's pg_config in every trace): all of
 # the world's ranks, never one of the job's groups.
 WATCH_GROUP_DESC = "harness_watch"

@@ -224,3 +224,24 @@ def test_a_rank_s_windows_merged_keep_its_groups_and_its_op_floor(tmp_path: Path
             assert [(r.rank, r.phase) for r in s.stragglers] == [(1, "forward")]
         else:
             assert rank0.unnamed_groups == [[0, 1], [0, 2]] and s.verdict == "inconclusive"
+
+
+def test_the_watch_s_exchange_is_not_the_job_s_communication(tmp_path: Path) -> None:
+    """The watch exchanges between steps, inside the main thread's `harness:watch` range, on its
+    own group's gloo thread (tid 150): its all-gathers are left out, and the range is no phase.
+    The job's own all-reduce that starts there (a bucket of its thread 101, whose other
+    all-reduce is outside) is kept."""
+    events = [
+        step(1, 0.0, 1000.0),
+        x("harness:forward", "user_annotation", 0.0, 400.0),
+        x("gloo:all_reduce", "user_annotation", 500.0, 300.0, (100, 101)),
+        step(2, 1000.0, 1000.0),
+        x("harness:watch", "user_annotation", 1000.0, 300.0),
+        x("gloo:all_gather", "user_annotation", 1010.0, 100.0, (100, 150)),
+        x("gloo:all_gather", "user_annotation", 1150.0, 100.0, (100, 150)),
+        x("gloo:all_reduce", "user_annotation", 1200.0, 50.0, (100, 101)),
+        x("harness:forward", "user_annotation", 1300.0, 400.0),
+    ]
+    trace = parse_trace(write(tmp_path / "rank0.pt.trace.json.gz", document(events, 0)))
+    assert [(c.name, c.start_us) for c in trace.comms] == [("allreduce", 500.0), ("allreduce", 1200.0)]
+    assert [sorted(s.phases_us) for s in trace.steps] == [["forward"], ["forward"]]

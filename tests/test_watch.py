@@ -727,3 +727,25 @@ def test_hf_s_forward_backward_phase_holds_ddps_collectives_and_is_judged_by_own
     v = judge_tables(torch.stack(rows), {}, own, cpu=True, th=Thresholds(), held_phases=COLLECTIVE_PHASES["ddp"])
     [s] = v.stragglers
     assert (s.rank, s.phase, round(s.late_ms, 6)) == (1, "forward_backward", 30.0)
+
+
+@pytest.mark.slow
+def test_the_watch_s_exchange_in_a_trace_window_is_marked_and_not_counted_as_the_job_s(log_dir: Path) -> None:
+    """The window traces steps 11-18; the watch exchanges after step 14, in step 15's span. Its
+    all-gathers run inside the main thread's harness:watch range, and the collector leaves them
+    out of the job's collectives (DDP's all-reduces only) and the range out of the phases."""
+    import gzip
+
+    from harness.collect.read.parse import parse_trace
+    from harness.paths import WATCH_RANGE, list_traces
+
+    args = ["--mode", "torch", "--steps", "20", "--watch-every", "5", "--wait", "10", "--warmup", "1"]
+    run = run_harness([*args, "--active", "8"], log_dir)
+    for path in list_traces(run.dir):
+        events = [e for e in json.loads(gzip.open(path).read())["traceEvents"] if e.get("ph") == "X"]
+        watch = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] == WATCH_RANGE]
+        gathers = [e["ts"] for e in events if e["name"] == "gloo:all_gather"]
+        assert len(watch) == 1 and gathers and all(watch[0][0] <= t <= watch[0][1] for t in gathers)
+        trace = parse_trace(path)
+        assert {c.name for c in trace.comms} == {"allreduce"}
+        assert all("watch" not in s.phases_us for s in trace.steps)

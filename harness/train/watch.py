@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
-from harness.paths import WATCH_GROUP_DESC, watch_path
+from harness.paths import WATCH_GROUP_DESC, WATCH_RANGE, watch_path
 from harness.scalars import ScalarWriter
 from harness.train.arrivals import HeldArrivals, TimingPatience, my_arrivals, recorder_entries, untimed_steps
 from harness.train.config import WatchConfig
@@ -147,13 +148,15 @@ class Watch:
         """Call after a step and its profiler step: exchanges and judges when `due`."""
         if not self.due(step):
             return
-        tables = torch.stack(self._all_gather(pack_rows(list(self._recent), self._recent.maxlen or 1)))
-        arrivals = self._arrivals(time.time_ns()) if self.read_arrivals else None
-        judged = self.judge.judge(tables, self.hosts, arrivals)
-        if judged is None:
-            return
-        self.intervals += 1
-        self._act(step, judged)
+        # lands in the next step's trace window: the range says whose collectives these are
+        with record_function(WATCH_RANGE):
+            tables = torch.stack(self._all_gather(pack_rows(list(self._recent), self._recent.maxlen or 1)))
+            arrivals = self._arrivals(time.time_ns()) if self.read_arrivals else None
+            judged = self.judge.judge(tables, self.hosts, arrivals)
+            if judged is None:
+                return
+            self.intervals += 1
+            self._act(step, judged)
 
     def _arrivals(self, left_ns: int) -> HeldArrivals | None:
         """Every rank's arrivals at collectives in the held phases of its recent steps, gathered

@@ -69,6 +69,7 @@ from harness.paths import (
     STEP_PHASES,
     TRACE_PATTERN,
     WATCH_GROUP_DESC,
+    WATCH_RANGE,
     WORKER_RANK_PATTERN,
     groups_path,
 )
@@ -548,7 +549,7 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
 
     in_step: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
     for e in main_marks:
-        if e.cat == "user_annotation" and not STEP_NAME.match(e.name):
+        if e.cat == "user_annotation" and not STEP_NAME.match(e.name) and e.name != WATCH_RANGE:
             st = index.at(e.ts)
             if st is not None and not (e.ts <= by_number[st].start_us and e.ts + e.dur >= by_number[st].end_us):
                 in_step[st].append((e.ts, e.ts + e.dur, e.name))  # (a range around the whole step is no phase)
@@ -605,6 +606,7 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
                     thread=doc.threads[e.thread],
                 )
             )
+    gloo = not_the_watch_s(gloo, [(e.ts, e.ts + e.dur) for e in main_marks if e.name == WATCH_RANGE])
     comms.extend(gloo)
     if not comms:
         # No NCCL kernels and no gloo worker ranges (older torch, other CPU backends): the
@@ -699,6 +701,24 @@ def unnamed_groups(info: dict[str, Any] | None, world_size: Any) -> list[list[in
         if isinstance(ranks, list) and 1 < len(ranks) < world_size and all(isinstance(r, int) for r in ranks):
             out.append(sorted(ranks))
     return sorted(out)
+
+
+def not_the_watch_s(gloo: list[CommOp], watch_spans: list[tuple[float, float]]) -> list[CommOp]:
+    """The gloo collectives but those of the harness watch's exchange: the watch's own group
+    runs on gloo worker threads of its own, whose every range starts inside one of the main
+    thread's `harness:watch` ranges (`watch_spans`); a job's thread with an asynchronous
+    collective that started there has its other ranges outside them, and is kept."""
+    if not watch_spans:
+        return gloo
+    starts = sorted(watch_spans)
+    firsts = [a for a, _ in starts]
+
+    def inside(t: float) -> bool:
+        i = bisect.bisect_right(firsts, t) - 1
+        return i >= 0 and t <= starts[i][1]
+
+    outside = {c.thread for c in gloo if not inside(c.start_us)}
+    return [c for c in gloo if c.thread in outside]
 
 
 def name_gloo_groups(path: Path, gloo: list[CommOp], base_ns: float) -> list[CommOp] | str:
