@@ -121,3 +121,32 @@ def test_a_release_read_a_hair_after_the_next_start_is_still_the_release(tmp_pat
     c = case(ranks=16, skew_ms=5.0, kind="clean", slow=(), phase=None, size=0.0, parallel="hsdp", jitter=0.02)
     row = gen.run_case(c, 17, tmp_path)
     assert row["seen"]["verdict"] == "balanced" and row["seen"]["stragglers"] == {}
+
+
+def test_a_ring_of_sends_and_receives_is_not_matched_as_a_collective(tmp_path: Path) -> None:
+    """Three GPU ranks pass a block around a ring each step (context parallelism's shape): rank r
+    receives from r - 1 and sends to r + 1, posting its receive 300 us x r into the step (its own
+    schedule, no one late), then all-reduce together. Every rank's first op of the group is a
+    receive, its second a send: matched by position, they were 'collectives' the ranks reached
+    300 us apart, and rank 0 was named a straggler 0.6 ms late a step. Each goes to one peer:
+    not matched (said in a warning), and the all-reduces, where everyone arrives together, say
+    the job is balanced."""
+    from tracebuild import GpuRank, document, run_analysis, step
+
+    docs = []
+    for r in range(3):
+        g, events = GpuRank(), []
+        for n in range(1, 7):
+            t = (n - 1) * 3000.0
+            events.append(step(n, t, 3000.0))
+            args = {"Process Group Name": "0", "In msg nelems": 1000, "Out msg nelems": 1000, "Group size": 3}
+            ring = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+            g.kernel(ring, t + 10, t + 100 + 300 * r, 200, **{"Collective name": "recv", **args})
+            g.kernel(ring, t + 20, t + 400 + 300 * r, 200, **{"Collective name": "send", **args})
+            g.kernel("volta_sgemm_128x64_nn", t + 30, t + 1200, 800)
+            g.allreduce(t + 40, t + 2000, 300)
+        docs.append(document(events + g.events, r, world_size=3))
+    a = run_analysis(tmp_path, docs)
+    assert a.stragglers.verdict == "balanced", [(x.rank, x.late_ms) for x in a.stragglers.ranks]
+    assert {i.name for i in a.instances} == {"allreduce"}
+    assert any(w.startswith("36 point-to-point op(s) (send, recv) not matched across ranks") for w in a.warnings)

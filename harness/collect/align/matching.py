@@ -20,12 +20,20 @@ class Instance:
     ops: dict[int, CommOp]  # rank -> that rank's op
 
 
+# Point-to-point ops by the names their args give them (a send, a receive; torch's
+# batch_isend_irecv): each goes to one peer, so its position among its group's ops on a rank pairs
+# it with nothing on another (a ring of sends and receives, as context parallelism's, puts every
+# rank's first receive at one position). Not matched; their time is communication all the same.
+# (`sendrecv`, a SendRecv kernel named by its name alone, is also how NCCL runs an all-to-all.)
+POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batchisendirecv"})
+
+
 def match_collectives(traces: list[RankTrace]) -> tuple[list[Instance], list[str]]:
     """Match each collective instance across ranks.
 
     1. key every op (but those of libraries whose kernels carry no group, comm_kernels.UNMATCHED,
-       and those of a rank whose collectives carry none in a job of several groups,
-       `RankTrace.unnamed_groups`)
+       point-to-point ones, `POINT_TO_POINT`, and those of a rank whose collectives carry none
+       in a job of several groups, `RankTrace.unnamed_groups`)
        by (process group, step, position among that group's ops in that step) when
        every trace has ProfilerStep markers, else by (process group, position in the trace):
        per-step keys survive profiler windows that start a few ops apart on different ranks;
@@ -35,12 +43,16 @@ def match_collectives(traces: list[RankTrace]) -> tuple[list[Instance], list[str
     """
     per_step = all(t.steps_source == "ProfilerStep" for t in traces)
     table: dict[tuple, dict[int, CommOp]] = defaultdict(dict)
+    p2p = 0
     for t in traces:
         if t.unnamed_groups:
             continue  # its collectives carry no group in a job of several: none can be matched
         pos: dict[tuple, int] = defaultdict(int)
         for c in t.comms:
             if c.pg in UNMATCHED:  # no group args: which ranks it works with is unknown
+                continue
+            if c.name in POINT_TO_POINT:
+                p2p += 1
                 continue
             key: tuple
             if per_step:
@@ -72,4 +84,9 @@ def match_collectives(traces: list[RankTrace]) -> tuple[list[Instance], list[str
         if mismatched
         else []
     )
+    if p2p:
+        warnings.append(
+            f"{p2p} point-to-point op(s) (send, recv) not matched across ranks: each goes to one peer; "
+            "their time counts as communication, their waits are not known"
+        )
     return instances, warnings
