@@ -91,7 +91,8 @@ def tp_dp_gloo_job(slow_rank: int, sleep_us: float, steps: int = 6) -> tuple[lis
     TP, on gloo threads of that group); backward's ops (3000 us) then the gradients' all-reduce
     over the ranks at its place on both hosts (group DP, its own threads). Each all-reduce ends
     200 us after its last rank arrives; the step ends with the data-parallel one, so steps end
-    together. Between steps the harness watch's all-gather (its own group and thread). Each
+    together. Between steps the harness watch's all-gather (its own group and thread, inside the
+    main thread's harness:watch range). Each
     rank's recorder entries are made ISSUE_US before each range starts. Returns the traces and
     each rank's entries [time_created_ns, profiling name, group, desc]."""
     events: list[list[dict[str, Any]]] = [[] for _ in range(4)]
@@ -120,6 +121,7 @@ def tp_dp_gloo_job(slow_rank: int, sleep_us: float, steps: int = 6) -> tuple[lis
             gloo(r, "all_reduce", DP[r][0], "dp", 301 + n % 2, bwd[r], dp_end[r])
             if n < steps:
                 gloo(r, "all_gather", "5", "harness_watch", 401, dp_end[r] + 10.0, dp_end[r] + 60.0)
+                ev.append(x("harness:watch", "user_annotation", dp_end[r] + 5.0, 60.0))
         t = max(dp_end.values()) + 100.0
     docs = []
     for r in range(4):

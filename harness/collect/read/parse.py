@@ -722,9 +722,9 @@ def not_the_watch_s(gloo: list[CommOp], watch_spans: list[tuple[float, float]]) 
 
 
 def name_gloo_groups(path: Path, gloo: list[CommOp], base_ns: float) -> list[CommOp] | str:
-    """The gloo collectives with their process groups from the Flight Recorder entries the
-    training job wrote beside the trace (gloo_groups.py), the harness watch's own left out; or
-    why they cannot be given groups. The world's default group keeps the name "default", which
+    """The gloo collectives (the watch's exchanges already left out) with their process groups
+    from the Flight Recorder entries the training job wrote beside the trace (gloo_groups.py);
+    or why they cannot be given groups. The world's default group keeps the name "default", which
     the collectives of a trace without the file carry too."""
     sidecar_file = groups_path(path)
     if not sidecar_file.exists():
@@ -736,17 +736,15 @@ def name_gloo_groups(path: Path, gloo: list[CommOp], base_ns: float) -> list[Com
     if isinstance(sidecar, str):
         return sidecar
     ran = [Ran(c.thread, c.start_us, c.name) for c in gloo]
-    found = thread_groups(ran, sidecar.issued(base_ns))
+    # the watch's exchanges are no ranges here (not_the_watch_s): their entries are no one's
+    issued = [e for e in sidecar.issued(base_ns) if e.desc != WATCH_GROUP_DESC]
+    found = thread_groups(ran, issued)
     if isinstance(found, str):
         return f"{sidecar_file.name}: {found}"
-    named = []
     for c in gloo:
         entry = found[c.thread]
-        if entry.desc == WATCH_GROUP_DESC:
-            continue  # the harness's own exchange, not the job's communication
         c.pg = "default" if entry.desc == DEFAULT_GROUP_DESC else entry.group
-        named.append(c)
-    return named
+    return gloo
 
 
 def device_busy(compute: Spans, copies: Spans, comms: list[CommOp]) -> list[tuple[float, float]]:
