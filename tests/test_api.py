@@ -4,6 +4,7 @@ those of the lab (which runs on the same class: every lab test tests it too)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -185,15 +186,18 @@ def test_the_tensor_parallel_example_names_the_slow_rank_not_the_peer_it_held(tm
     all-reduces. gloo's trace ranges name no group: each trace window has the recorder's
     entries beside it (`<trace>.groups.json`), from which the collector gives every collective
     its group, and names rank 1 in forward too (without them it paired one group's
-    all-reduces with another's, and a 60 ms sleeper read 'balanced')."""
+    all-reduces with another's, and a 60 ms sleeper read 'balanced'). The watch exchanges every
+    3 steps, so the traced window holds an exchange, whose entries have no ranges left."""
     args = ["--log-dir", str(tmp_path), "--run-name", "tp", "--steps", "30", "--tp", "2"]
-    args += ["--slow-rank", "1", "--slow-ms", "60", "--slow-phase", "forward", "--slow-from", "8", "--watch-every", "5"]
+    args += ["--slow-rank", "1", "--slow-ms", "60", "--slow-phase", "forward", "--slow-from", "8", "--watch-every", "3"]
     torchrun(args, nproc=4, timeout=300, script=TP_EXAMPLE)
     run = tmp_path / "tp"
     lines = [json.loads(line) for line in watch_path(run).read_text().splitlines()]
     flagged = {(s["rank"], s["phase"]) for line in lines for s in line["stragglers"]}
     assert flagged == {(1, "forward")}, lines
     assert all(groups_path(p).is_file() for p in list_traces(run))
+    # the window (steps 11-13) holds the watch's exchange after step 11, whose entries have no ranges
+    assert all(b'"harness:watch"' in gzip.open(p).read() for p in list_traces(run))
     report = collect_report(run)
     assert report["verdict"] == "straggler", report["headline"]
     named = {(s["rank"], s["phase"]) for s in report["stragglers"]}

@@ -294,7 +294,8 @@ def inconclusive_reason(traces: list[RankTrace], waits: list[InstanceWaits]) -> 
             f"{unnamed.rank} is in groups of fewer ranks than the world ({groups_text(unnamed.unnamed_groups)}): "
             "collectives cannot be matched across ranks; turn the Flight Recorder on in the job "
             "(harness.enable_flight_recorder() before init_process_group), whose entries the harness writes "
-            "beside each trace window to name the groups, or profile on GPUs with NCCL, whose kernels name theirs"
+            "beside each trace window to name the groups (the warnings say why a window's could not), "
+            "or profile on GPUs with NCCL, whose kernels name theirs"
         )
     if not waits:
         return "no collective matched across ranks: nothing says who waited for whom"
