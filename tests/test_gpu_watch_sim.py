@@ -169,12 +169,13 @@ def test_fsdp_step_records_carry_their_phases_spans_and_no_own_work() -> None:
     assert all(a <= b for a, b in spans.values())
 
 
-@pytest.mark.parametrize("parallel", ["tp", "hsdp"])
+@pytest.mark.parametrize("parallel", ["tp", "hsdp", "ep"])
 @pytest.mark.parametrize(("kind", "phase"), [("compute", "forward"), ("compute", "backward"), ("sleep", "forward")])
 def test_over_two_groups_the_watch_flags_the_slow_rank_not_peers_it_held(parallel: str, kind: str, phase: str) -> None:
     """16 ranks on two hosts (detect/sim.py's TP: a host's ranks one tensor-parallel group, the
     ranks at one place on both hosts a data-parallel one; HSDP: a host's ranks one shard group,
-    the ranks at one place a replicate group), judged as FSDP is (collectives in forward and
+    the ranks at one place a replicate group; EP: a host's ranks one expert-parallel group, its
+    all-to-alls dispatching and combining each layer's tokens), judged as FSDP is (collectives in forward and
     backward). Rank 3 computes or sleeps 30% of the step longer in forward or backward from
     step 8: its host's ranks wait for it at their group's collectives and then reach the
     cross-host all-reduces late, by its delay. Those all-reduces, whose ranks come from
@@ -188,7 +189,7 @@ def test_over_two_groups_the_watch_flags_the_slow_rank_not_peers_it_held(paralle
     assert w["innocent_flagged"] == []
 
 
-@pytest.mark.parametrize("parallel", ["tp", "hsdp"])
+@pytest.mark.parametrize("parallel", ["tp", "hsdp", "ep"])
 def test_a_clean_job_of_two_groups_is_not_flagged(parallel: str) -> None:
     w = run(case(parallel=parallel, ranks=16, kind="clean", slow=(), phase=None, size=0.0))
     assert w["flags"] == [] and not w["false_alarm"]

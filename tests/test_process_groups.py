@@ -79,11 +79,11 @@ def test_a_clean_job_of_two_process_groups_is_balanced(tmp_path: Path) -> None:
     assert max(x.late_ms for x in s.ranks) == pytest.approx(0.0, abs=0.005)
 
 
-@pytest.mark.parametrize("parallel", ["tp", "hsdp"])
+@pytest.mark.parametrize("parallel", ["tp", "hsdp", "ep"])
 def test_a_generated_job_of_two_groups_names_the_slow_rank_alone(tmp_path: Path, parallel: str) -> None:
-    """The detection campaign's TP and HSDP jobs (bench/detect/sim.py: 16 ranks, tensor
-    parallelism or FSDP's sharding inside each host of 8, data parallelism or replication across
-    the two, 1% jitter, clock skew between hosts): rank 3 computes 30% of the step longer in
+    """The detection campaign's TP, HSDP and EP jobs (bench/detect/sim.py: 16 ranks, tensor
+    parallelism, FSDP's sharding or experts' all-to-alls inside each host of 8, data parallelism
+    or replication across the two, 1% jitter, clock skew between hosts): rank 3 computes 30% of the step longer in
     forward. Its seven host peers wait for it at their group's collectives and reach the
     cross-host all-reduces late; the collector names rank 3 alone, in forward, and rank right
     and phase right score it so."""

@@ -70,10 +70,11 @@ PHASES = ("data", "forward", "backward", "optimizer")
 # (kWatchdogThreadSleepMillis) and times them then: a duration appears at most this long after
 # the collective's end.
 WATCHDOG_POLL_US = 100_000.0
-# The watch's `parallel` for a generated job's: tensor parallelism holds collectives in forward and
-# backward, as FSDP does (harness/integrations/lightning.py gives Lightning's ModelParallelStrategy "fsdp").
-WATCH_PARALLEL = {"ddp": "ddp", "fsdp": "fsdp", "tp": "fsdp", "hsdp": "fsdp"}
-REDUCTIONS = ("allreduce", "reduce_scatter")  # what backward's end waits for (module docstring, 2)
+# The watch's `parallel` for a generated job's: tensor and expert parallelism hold collectives in
+# forward and backward, as FSDP does (harness/integrations/lightning.py gives Lightning's ModelParallelStrategy "fsdp").
+WATCH_PARALLEL = {"ddp": "ddp", "fsdp": "fsdp", "tp": "fsdp", "hsdp": "fsdp", "ep": "fsdp"}
+# what backward's end waits for (module docstring, 2): EP's last all-to-all on one host
+REDUCTIONS = ("allreduce", "reduce_scatter", "alltoall")
 
 
 def step_records(

@@ -24,7 +24,13 @@ One case (`draw_case`, from one random generator):
    all-reduce over the tensor-parallel group (forward one kernel a layer, backward two), which
    the next layer's kernels wait for (its output is their input), and backward ends with the
    gradients' all-reduce over the data-parallel group (none on one host), which the optimizer
-   waits for. Every collective has its own group's ranks, none all of the job's;
+   waits for. EP (a mixture of experts with expert parallelism): the same groups, each host's
+   ranks one expert-parallel group; each layer's dense kernels end at an all-to-all over it that
+   dispatches the tokens to the experts, whose kernels wait for it and end at a second all-to-all
+   that combines the tokens (each half a tensor-parallel all-reduce's transfer), which the next
+   layer waits for; backward takes each layer the same way with twice the kernels, and ends with
+   the gradients' all-reduce over the data-parallel group. Every collective has its own group's
+   ranks, none all of the job's;
    with `sync_each_step` the loop reads the loss (`.item()`) at the end of each step, which
    keeps its host at most a step ahead of the device (otherwise the host runs ahead and a host
    delay may cost the job nothing);
@@ -91,13 +97,13 @@ class SimCase:
     size: float  # the injected delay per slowed step / the clean step (estimate, see `clean_step_us`)
     every: int
     onset: int  # the first slowed step
-    parallel: str = "ddp"  # ddp, fsdp, hsdp or tp (module docstring, 1)
+    parallel: str = "ddp"  # ddp, fsdp, hsdp, tp or ep (module docstring, 1)
 
     def clean_step_us(self) -> float:
         """The step's length without noise and injection when the device bounds it (an estimate
         for sizing the delay: the truth comes from the simulation)."""
         device = 3 * self.fwd_kernels * self.kernel_us + self.transfer_us + self.opt_us
-        if self.parallel == "tp":
+        if self.parallel in ("tp", "ep"):  # EP: two all-to-alls a layer, each half the transfer
             device += 2 * self.fwd_kernels * self.tp_transfer_us()
         elif self.parallel == "hsdp":
             device += self.transfer_us / GPUS_PER_HOST  # the replicate all-reduces
@@ -119,13 +125,13 @@ class SimCase:
         )
 
 
-SHAPES = ("ddp", "fsdp", "tp", "hsdp")
+SHAPES = ("ddp", "fsdp", "tp", "hsdp", "ep")
 
 
 def draw_case(rng: random.Random, ranks: int | None = None, shapes: tuple[str, ...] = SHAPES) -> SimCase:
     """One case's parameters (module docstring); a fifth of the cases are clean. `shapes`: the
     parallelisms drawn (DDP twice as often as FSDP, a quarter of the cases TP where drawn, half
-    of the FSDP ones HSDP where drawn)."""
+    of the FSDP ones HSDP where drawn, half of the TP ones EP where drawn)."""
     n = ranks or rng.choice(RANK_CHOICES)
     steps = 8
     kind = "clean" if rng.random() < 0.2 else rng.choice(("sleep", "compute"))
@@ -157,6 +163,8 @@ def draw_case(rng: random.Random, ranks: int | None = None, shapes: tuple[str, .
         case = replace(case, parallel="tp")
     if "hsdp" in shapes and case.parallel == "fsdp" and rng.random() < 0.5:  # after TP's, likewise
         case = replace(case, parallel="hsdp")
+    if "ep" in shapes and case.parallel == "tp" and rng.random() < 0.5:  # after HSDP's, likewise
+        case = replace(case, parallel="ep")
     if case.parallel not in shapes:
         case = replace(case, parallel=next((p for p in ("ddp", "fsdp") if p in shapes), shapes[0]))
     return case
@@ -188,6 +196,8 @@ def simulate(case: SimCase, noise_seed: int, inject: bool) -> tuple[Sim, float]:
                     reduced = _fsdp_passes(h, case, noisy, slow_kernels, extra, delay_us, last_compute)
                 elif case.parallel == "tp":
                     reduced = _tp_passes(h, case, noisy, slow_kernels, extra, delay_us)
+                elif case.parallel == "ep":
+                    reduced = _ep_passes(h, case, noisy, slow_kernels, extra, delay_us)
                 else:
                     reduced = _ddp_passes(h, case, noisy, slow_kernels, extra, delay_us)
                 with h.range("optimizer"):
@@ -298,6 +308,34 @@ def _tp_passes(
                     last = h.launch(GEMM, noisy(case.kernel_us) + slow_kernels[phase] / count, after=reduced)
                     reduced = None
                 reduced = h.collective("allreduce", case.tp_transfer_us(), pg=tp_pg, ranks=tp, after=last)
+            if phase == "backward" and len(dp) > 1:
+                reduced = h.collective("allreduce", case.transfer_us, pg=dp_pg, ranks=dp, after=reduced)
+    return reduced
+
+
+def _ep_passes(
+    h: Any, case: SimCase, noisy: Any, slow_kernels: dict[str, float], extra: dict[str, bool], delay_us: float
+) -> Any:
+    """Forward and backward under expert parallelism (module docstring, 1); what the optimizer
+    waits for. Groups and their names as TP's (`_tp_passes`): the expert-parallel group is the
+    host's ranks."""
+    ep, dp = tp_groups(case.ranks, h.rank)
+    hosts = -(-case.ranks // GPUS_PER_HOST)
+    ep_pg, dp_pg = str(1 + h.rank // GPUS_PER_HOST), str(1 + hosts + h.rank % GPUS_PER_HOST)
+    layers = case.fwd_kernels
+    reduced = None
+    for phase, per_layer in (("forward", 1), ("backward", 2)):
+        count = 2 * layers * per_layer  # a layer's dense kernels, then its experts'
+        with h.range(phase):
+            for layer in range(layers):
+                if layer == layers // 2 and extra[phase] and case.kind == "sleep":
+                    h.sleep(delay_us)  # host time between two layers
+                for _ in ("dense, then dispatch", "experts, then combine"):
+                    for _ in range(per_layer):
+                        us = noisy(case.kernel_us / 2) + slow_kernels[phase] / count
+                        last = h.launch(GEMM, us, after=reduced)
+                        reduced = None
+                    reduced = h.collective("alltoall", case.tp_transfer_us() / 2, pg=ep_pg, ranks=ep, after=last)
             if phase == "backward" and len(dp) > 1:
                 reduced = h.collective("allreduce", case.transfer_us, pg=dp_pg, ranks=dp, after=reduced)
     return reduced
