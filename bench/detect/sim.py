@@ -253,11 +253,11 @@ def _fsdp_passes(
     shard: dict[str, Any] = {}  # FSDP: the default group
     replicate: dict[str, Any] | None = None
     if case.parallel == "hsdp":
-        hosts = -(-case.ranks // GPUS_PER_HOST)
         host_ranks, place_ranks = tp_groups(case.ranks, h.rank)
-        shard = {"pg": str(1 + h.rank // GPUS_PER_HOST), "ranks": host_ranks}
+        host_pg, place_pg = group_names(case.ranks, h.rank)
+        shard = {"pg": host_pg, "ranks": host_ranks}
         if len(place_ranks) > 1:
-            replicate = {"pg": str(1 + hosts + h.rank % GPUS_PER_HOST), "ranks": place_ranks}
+            replicate = {"pg": place_pg, "ranks": place_ranks}
     for phase, per_layer in (("forward", 1), ("backward", 2)):
         count = layers * per_layer
         with h.range(phase):
@@ -286,16 +286,20 @@ def tp_groups(ranks: int, r: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tp, dp
 
 
+def group_names(ranks: int, r: int) -> tuple[str, str]:
+    """The names of rank r's `tp_groups`, by number, as every rank creates them in one order:
+    1 + host for a host's group, 1 + hosts + place for a place's."""
+    hosts = -(-ranks // GPUS_PER_HOST)
+    return str(1 + r // GPUS_PER_HOST), str(1 + hosts + r % GPUS_PER_HOST)
+
+
 def _tp_passes(
     h: Any, case: SimCase, noisy: Any, slow_kernels: dict[str, float], extra: dict[str, bool], delay_us: float
 ) -> Any:
     """Forward and backward under TP (module docstring, 1); what the optimizer waits for (the
-    gradients' all-reduce, or on one host backward's last all-reduce). Process groups are named by
-    number, as every rank creates them in one order: 1 + host for tensor-parallel groups,
-    1 + hosts + place for data-parallel ones."""
+    gradients' all-reduce, or on one host backward's last all-reduce)."""
     tp, dp = tp_groups(case.ranks, h.rank)
-    hosts = -(-case.ranks // GPUS_PER_HOST)
-    tp_pg, dp_pg = str(1 + h.rank // GPUS_PER_HOST), str(1 + hosts + h.rank % GPUS_PER_HOST)
+    tp_pg, dp_pg = group_names(case.ranks, h.rank)
     layers = case.fwd_kernels
     reduced = None
     for phase, per_layer in (("forward", 1), ("backward", 2)):
@@ -317,11 +321,9 @@ def _ep_passes(
     h: Any, case: SimCase, noisy: Any, slow_kernels: dict[str, float], extra: dict[str, bool], delay_us: float
 ) -> Any:
     """Forward and backward under expert parallelism (module docstring, 1); what the optimizer
-    waits for. Groups and their names as TP's (`_tp_passes`): the expert-parallel group is the
-    host's ranks."""
+    waits for. Groups as TP's: the expert-parallel group is the host's ranks."""
     ep, dp = tp_groups(case.ranks, h.rank)
-    hosts = -(-case.ranks // GPUS_PER_HOST)
-    ep_pg, dp_pg = str(1 + h.rank // GPUS_PER_HOST), str(1 + hosts + h.rank % GPUS_PER_HOST)
+    ep_pg, dp_pg = group_names(case.ranks, h.rank)
     layers = case.fwd_kernels
     reduced = None
     for phase, per_layer in (("forward", 1), ("backward", 2)):
