@@ -111,14 +111,16 @@ LOOKS_LIKE_COMM = re.compile(
 @dataclass(frozen=True)
 class Found:
     family: str
-    collective: str  # letters only, lower case (parse.canonical_collective's form)
+    collective: str  # letters only, lower case (`canonical_collective`)
 
 
 def plain(kernel: str) -> str:
     return VOID.sub("", kernel, count=1)
 
 
-def _letters(name: str) -> str:
+def canonical_collective(name: str) -> str:
+    """`all_reduce`, `AllReduce`, `allreduce` -> `allreduce` (letters only, lower case): how the
+    collector names a collective, whatever named it (args, a kernel, a gloo range, a recorder entry)."""
     return re.sub(r"[^a-z]", "", name.lower())
 
 
@@ -131,14 +133,14 @@ def classify(kernel: str, user: re.Pattern[str] | None = None) -> Found | None:
         m = user.search(kernel) or user.search(name)
         if m:
             group = next((g for g in m.groups() if g), None) if m.groups() else None
-            return Found(USER_FAMILY, _letters(group) or "comm" if group else "comm")
+            return Found(USER_FAMILY, canonical_collective(group) or "comm" if group else "comm")
     for f in FAMILIES:
         m = f.pattern.search(name)
         if m:
             coll = m.groupdict().get("coll")
             if coll:
                 coll = SHORT.get(coll, coll)
-            return Found(f.name, _letters(coll or f.collective) or _letters(f.name))
+            return Found(f.name, canonical_collective(coll or f.collective) or canonical_collective(f.name))
     return None
 
 

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import bisect
 import json
-import re
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.collect.read.comm_kernels import canonical_collective
 from harness.flight_entry import process_group
 
 FORMAT = "harness collective groups"
@@ -73,9 +73,9 @@ class Sidecar:
 
 
 def collective(profiling_name: str) -> str:
-    """`gloo:all_reduce` -> `allreduce`: the backend's prefix dropped, letters only, lower case
-    (as parse.canonical_collective names a range's)."""
-    return re.sub(r"[^a-z]", "", profiling_name.rpartition(":")[2].lower())
+    """`gloo:all_reduce` -> `allreduce`: the backend's prefix dropped, then named as a range's
+    collective is (`canonical_collective`)."""
+    return canonical_collective(profiling_name.rpartition(":")[2])
 
 
 def sidecar_doc(from_ns: int, entries: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -36,8 +36,8 @@ import numpy as np
 from harness.collect.analyse.overlap import cover_steps
 from harness.collect.analyse.rank_list import groups_text
 from harness.collect.model import CommOp, RankTrace, Step, number_by_group
+from harness.collect.read.comm_kernels import canonical_collective, looks_like_comm
 from harness.collect.read.comm_kernels import classify as classify_kernel
-from harness.collect.read.comm_kernels import looks_like_comm
 from harness.collect.read.comm_kernels import plain as plain_kernel
 from harness.collect.read.decode import (
     NO_ARGS,
@@ -95,11 +95,6 @@ NO_KERNELS = (
     "host's ops as if on CPU"
 )
 COMM_OP = re.compile(r"^(?:c10d::|record_param_comms|nccl:|gloo:)")
-
-
-def canonical_collective(name: str) -> str:
-    """`all_reduce`, `AllReduce`, `allreduce` -> `allreduce` (letters only, lower case)."""
-    return re.sub(r"[^a-z]", "", name.lower())
 
 
 def load_json(path: Path) -> dict[str, Any]:
