@@ -29,6 +29,10 @@ the main thread, and one GPU, device index 0):
    group on each rank is one instance: its ranks must agree on the collective, the group's ranks
    and transfer_us (`ValueError` at the call otherwise); a rank that never makes the call leaves
    the others waiting (a deadlock, 7).
+3b. `p2p(kind, peer, transfer_us, ...)`: a send to `peer` or a receive from it, launched as 3
+   (`c10d::send` / `c10d::recv_`, an `ncclDevKernel_SendRecv` kernel, args as 3 with "Src Rank"
+   and "Dst Rank"); the k-th send from a to b and the k-th receive on b from a are one instance
+   of ranks (a, b), which ends as a collective's does (NCCL's point-to-point kernels meet).
 4. Blocking calls, each at least `sync_cost_us` (host t -> max(t + sync_cost_us, the latest end
    it waits for)), t moved to its end: `sync()` = `cudaStreamSynchronize` on every op launched
    so far on the stream (kind "device": `cudaDeviceSynchronize`, all streams; kind "event":
@@ -121,6 +125,7 @@ COLLECTIVES = {
     "alltoallbase": ("SendRecv", "c10d::alltoall_base_"),
     "barrier": ("AllReduce_Sum_u8", "c10d::barrier"),
 }
+P2P_KERNEL = f"ncclDevKernel_SendRecv{NCCL_SIGNATURE}"  # NCCL runs a send and a receive as one kernel
 
 
 class DeadlockError(RuntimeError):
@@ -453,6 +458,54 @@ class HostRank:
         outer = self._open(c10d, "cpu_op")
         inner = self._open(PARAM_COMMS, "cpu_op", comm_args)
         call = self._queue(name or kernel, None, stream, "kernel", after, comm_args, LAUNCH_CALL["kernel"])
+        assert call.op is not None
+        call.op.instance = instance
+        instance.members[self.rank] = call.op
+        self.program += (_Launch(call), _Close(inner), _Close(outer))
+        return call.op
+
+    def p2p(
+        self,
+        kind: str,
+        peer: int,
+        transfer_us: float,
+        pg: str = "0",
+        ranks: Sequence[int] | None = None,
+        stream: int = COMM_STREAM,
+        after: DeviceOp | None = None,
+        nelems: int = 1000,
+        dtype: str = "Float",
+    ) -> DeviceOp:
+        """Launch an NCCL point-to-point op (module docstring, 3b): `kind` "send" to `peer` or
+        "recv" from it, on process group `pg` of `ranks` (default all)."""
+        if kind not in ("send", "recv"):
+            raise ValueError(f"p2p kind must be send or recv, not {kind!r}")
+        if peer == self.rank:
+            raise ValueError(f"rank {self.rank} sends to or receives from itself")
+        members = self.sim.all_ranks if ranks is None else tuple(sorted(ranks))
+        if self.rank not in members or peer not in members:
+            raise ValueError(
+                f"rank {self.rank}: {kind} with rank {peer} on process group {pg!r} of ranks {list(members)}"
+            )
+        src, dst = (self.rank, peer) if kind == "send" else (peer, self.rank)
+        key = f"{pg}:{src}->{dst}"  # the k-th send from src to dst meets the k-th receive on dst from src
+        seq = self._pg_calls.get(key, 0)
+        self._pg_calls[key] = seq + 1
+        instance = self.sim._instance(self.rank, key, seq, "p2p", tuple(sorted((src, dst))), transfer_us)
+        comm_args = {
+            "Collective name": kind,
+            "Process Group Name": pg,
+            "In msg nelems": nelems,
+            "Out msg nelems": nelems,
+            "dtype": dtype,
+            "Group size": len(members),
+            "Process Group Ranks": self.sim.ranks_text(members),
+            "Src Rank": src,
+            "Dst Rank": dst,
+        }
+        outer = self._open(f"c10d::{kind}" if kind == "send" else "c10d::recv_", "cpu_op")
+        inner = self._open(PARAM_COMMS, "cpu_op", comm_args)
+        call = self._queue(P2P_KERNEL, None, stream, "kernel", after, comm_args, LAUNCH_CALL["kernel"])
         assert call.op is not None
         call.op.instance = instance
         instance.members[self.rank] = call.op

@@ -136,7 +136,9 @@ def align_ranks(runset: RunSet, *, align: bool = True, steps: set[int] | None = 
             if c.samples == 0:
                 warnings.append(
                     f"host {c.host} (rank(s) {', '.join(map(str, c.ranks))}) shares no collective with "
-                    f"the reference host {clocks[0].host}: its clock is not aligned"
+                    f"the reference host {clocks[0].host}, directly or through other hosts: its clock, and "
+                    "those of the hosts aligned to it, are not aligned with the reference's (their ranks "
+                    "are compared only with each other)"
                 )
     else:
         _, clocks = estimate_offsets([], traces)

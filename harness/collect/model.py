@@ -100,6 +100,9 @@ class CommOp:
     # time by "op:<kernel or op name>" and the idle time in it.
     run_up_start_us: float | None = None
     run_up_us: Mapping[str, float] = field(default_factory=dict)  # a Named once compacted (compact)
+    # The part of that run-up it spent waiting at point-to-point ops for their peers (runup.py,
+    # `p2p_wait_us`): a pipeline stage waiting for its neighbour's activations is not late itself.
+    p2p_wait_us: float = 0.0
 
     @property
     def dur_us(self) -> float:

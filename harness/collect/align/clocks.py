@@ -127,41 +127,16 @@ def mad(xs: list[float]) -> float:
     return statistics.median(abs(x - med) for x in xs)
 
 
-def estimate_offsets(
-    instances: list[Instance], traces: list[RankTrace], own_clock: frozenset[int] = frozenset()
-) -> tuple[dict[int, ClockOffset], list[HostClock]]:
-    """Per-host clock offsets, and each rank's end-time scatter (the timing noise at collectives).
-
-    A blocking collective ends at nearly the same instant on every participant, so (a rank in
-    `own_clock` is a host of its own, `disagreeing_clocks`):
-    1. reference host = the host of the lowest rank; its offset is 0;
-    2. repeat until no host is added: for each host h not yet aligned, over every instance that
-       has ranks of h and of an aligned host A: d = median(ends on h) - median(ends on A - offset_A);
-       offset_h = median(d) (robust to the odd late completion), spread_h = median |d - offset_h|;
-       the host with the most such instances is aligned next (ties: by name);
-    3. a host sharing no instance with an aligned host keeps offset 0 with samples 0;
-    4. every rank takes its host's offset; its own spread is the median absolute deviation of
-       (its end - the lowest rank's end) over the instances they share, after offsets.
-    """
-    domain = {t.rank: clock_domain(t, own_clock) for t in traces}
-    ranks_of: dict[str, list[int]] = defaultdict(list)
-    for r in sorted(domain):
-        ranks_of[domain[r]].append(r)
-    ref_rank = min(domain)
-    ref = domain[ref_rank]
-    offset: dict[str, float] = {ref: 0.0}
-    clocks: dict[str, HostClock] = {
-        ref: HostClock(host=ref, ranks=ranks_of[ref], offset_us=0.0, spread_us=0.0, samples=0)
-    }
-    # Per instance, once: each host's ends and their median; the aligned ends (end - offset of
-    # the aligned hosts) grow as hosts are aligned, and their median is the instance's anchor.
-    # (Recomputing these for every host added made 128 hosts x 1024 ranks take seconds.)
-    per_host = []
-    for inst in instances:
-        ends: dict[str, list[float]] = defaultdict(list)
-        for r, op in inst.ops.items():
-            ends[domain[r]].append(op.end_us)
-        per_host.append((ends, {h: statistics.median(e) for h, e in ends.items()}))
+def _align_component(
+    ref: str,
+    per_host: list[tuple[dict[str, list[float]], dict[str, float]]],
+    offset: dict[str, float],
+    clocks: dict[str, HostClock],
+    ranks_of: dict[str, list[int]],
+    component_rank: dict[str, int],
+) -> None:
+    """`estimate_offsets`' step 2 from the host `ref` (already placed): aligns, in `offset` and
+    `clocks`, every host that reaches it through shared instances."""
     aligned: list[list[float]] = [list(ends.get(ref, [])) for ends, _ in per_host]
     anchors = [statistics.median(a) if a else None for a in aligned]
     while True:
@@ -173,10 +148,11 @@ def estimate_offsets(
                 if h not in offset:
                     diffs[h].append(median_end[h] - anchor)
         if not diffs:
-            break
+            return
         h = max(sorted(diffs), key=lambda k: len(diffs[k]))
         med = statistics.median(diffs[h])
         offset[h] = med
+        component_rank[h] = component_rank[ref]
         via = {
             g
             for (ends, _), anchor in zip(per_host, anchors)
@@ -196,19 +172,66 @@ def estimate_offsets(
             if h in ends:
                 aligned[k].extend(e - med for e in ends[h])
                 anchors[k] = statistics.median(aligned[k])
-    for h, rs in ranks_of.items():
-        clocks.setdefault(h, HostClock(host=h, ranks=rs, offset_us=0.0, spread_us=0.0, samples=0))
+
+
+def estimate_offsets(
+    instances: list[Instance], traces: list[RankTrace], own_clock: frozenset[int] = frozenset()
+) -> tuple[dict[int, ClockOffset], list[HostClock]]:
+    """Per-host clock offsets, and each rank's end-time scatter (the timing noise at collectives).
+
+    A blocking collective ends at nearly the same instant on every participant, so (a rank in
+    `own_clock` is a host of its own, `disagreeing_clocks`):
+    1. reference host = the host of the lowest rank; its offset is 0;
+    2. repeat until no host is added: for each host h not yet aligned, over every instance that
+       has ranks of h and of an aligned host A: d = median(ends on h) - median(ends on A - offset_A);
+       offset_h = median(d) (robust to the odd late completion), spread_h = median |d - offset_h|;
+       the host with the most such instances is aligned next (ties: by name);
+    3. hosts left share no instance with an aligned one, directly or through others: the host
+       of the lowest rank left is the reference of its own component (offset 0, samples 0), and
+       2 aligns the hosts that reach it; and so on until every host is placed. The components'
+       clocks stay apart, which nothing compares: no collective spans two (a pipeline's stages
+       on hosts of their own, whose point-to-point ops are not matched, share no collective);
+    4. every rank takes its host's offset; its own spread is the median absolute deviation of
+       (its end - its component reference's lowest rank's end) over the instances they share,
+       after offsets.
+    """
+    domain = {t.rank: clock_domain(t, own_clock) for t in traces}
+    ranks_of: dict[str, list[int]] = defaultdict(list)
+    for r in sorted(domain):
+        ranks_of[domain[r]].append(r)
+    # Per instance, once: each host's ends and their median; the aligned ends (end - offset of
+    # the aligned hosts) grow as hosts are aligned, and their median is the instance's anchor.
+    # (Recomputing these for every host added made 128 hosts x 1024 ranks take seconds.)
+    per_host = []
+    for inst in instances:
+        ends: dict[str, list[float]] = defaultdict(list)
+        for r, op in inst.ops.items():
+            ends[domain[r]].append(op.end_us)
+        per_host.append((ends, {h: statistics.median(e) for h, e in ends.items()}))
+    offset: dict[str, float] = {}
+    clocks: dict[str, HostClock] = {}
+    component_rank: dict[str, int] = {}  # host -> the lowest rank of its component's reference host
+    for first in sorted(domain):
+        ref = domain[first]
+        if ref in offset:
+            continue
+        offset[ref] = 0.0
+        clocks[ref] = HostClock(host=ref, ranks=ranks_of[ref], offset_us=0.0, spread_us=0.0, samples=0)
+        component_rank[ref] = first
+        _align_component(ref, per_host, offset, clocks, ranks_of, component_rank)
     rank_diffs: dict[int, list[float]] = defaultdict(list)
     for inst in instances:
-        if ref_rank not in inst.ops:
-            continue
-        end_ref = inst.ops[ref_rank].end_us
+        by_ref: dict[int, float] = {}
         for r, op in inst.ops.items():
-            rank_diffs[r].append(op.end_us - clocks[domain[r]].offset_us - end_ref)
+            ref_r = component_rank[domain[r]]
+            if ref_r not in by_ref and ref_r in inst.ops:
+                by_ref[ref_r] = inst.ops[ref_r].end_us
+            if ref_r in by_ref:
+                rank_diffs[r].append(op.end_us - clocks[domain[r]].offset_us - by_ref[ref_r])
     out = {}
     for r in sorted(domain):
         d = rank_diffs.get(r, [])
-        spread = mad(d) if d and r != ref_rank else 0.0
+        spread = mad(d) if d and r != component_rank[domain[r]] else 0.0
         out[r] = ClockOffset(
             rank=r, offset_us=clocks[domain[r]].offset_us, spread_us=spread, samples=len(d), clock=domain[r]
         )

@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from harness.collect.model import CommOp, RankTrace
-from harness.collect.read.comm_kernels import UNMATCHED
+from harness.collect.read.comm_kernels import POINT_TO_POINT, UNMATCHED
 
 
 @dataclass(kw_only=True)
@@ -18,14 +18,6 @@ class Instance:
     pg: str
     step: int | None
     ops: dict[int, CommOp]  # rank -> that rank's op
-
-
-# Point-to-point ops by the names their args give them (a send, a receive; torch's
-# batch_isend_irecv): each goes to one peer, so its position among its group's ops on a rank pairs
-# it with nothing on another (a ring of sends and receives, as context parallelism's, puts every
-# rank's first receive at one position). Not matched; their time is communication all the same.
-# (`sendrecv`, a SendRecv kernel named by its name alone, is also how NCCL runs an all-to-all.)
-POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batchisendirecv"})
 
 
 def match_collectives(traces: list[RankTrace]) -> tuple[list[Instance], list[str]]:

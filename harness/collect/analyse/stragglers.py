@@ -241,20 +241,29 @@ def straggler_bounds(
     return bounds
 
 
-def _at_speed(run_up_start_us: float | None, arrival_us: float, speed: float, queue: RunQueue | None = None) -> float:
-    """When a rank whose ops take `speed` times its peers' would have arrived at its peers'
-    speed: its run-up (since `run_up_start_us`, when its previous collective ended) divided by
-    `speed`; as it arrived where the run-up is not known. The whole run-up, not its ops alone:
-    the interpreter's time between ops runs on the same core and slows alike (on 2 shared cores
-    the ops alone left a healthy rank 10-16% of its step behind, the whole run-up 1-6%). Time
-    the rank spent blocked (a sleep, the loader) is divided too; where ranks block that much
-    their cores are not contended and their speeds stay within a few per cent of each other
-    (the data lab mode here: 0.98-1.02), so that error is a few per cent of the blocked time.
-    With the rank's wait for a core known (`queue`, runq.py), that wait is taken out of the
-    run-up first: time it was ready to run and the scheduler ran another."""
-    if run_up_start_us is None or (speed == 1.0 and queue is None):
+def _at_speed(
+    run_up_start_us: float | None,
+    arrival_us: float,
+    speed: float,
+    queue: RunQueue | None = None,
+    p2p_wait_us: float = 0.0,
+) -> float:
+    """When a rank whose ops take `speed` times its peers' would have arrived at its peers' speed and
+    without waiting at point-to-point ops: its run-up (since `run_up_start_us`, when its
+    previous collective ended) less `p2p_wait_us` (runup.p2p_wait: a pipeline stage waiting for
+    its neighbour's activations or gradients waits for that neighbour, which is where a delay is
+    the neighbour's own), divided by `speed`; as it arrived where the run-up is not known. The
+    whole run-up, not its ops alone: the interpreter's time between ops runs on the same core
+    and slows alike (on 2 shared cores the ops alone left a healthy rank 10-16% of its step
+    behind, the whole run-up 1-6%). Time the rank spent blocked (a sleep, the loader) is divided
+    too; where ranks block that much their cores are not contended and their speeds stay within
+    a few per cent of each other (the data lab mode here: 0.98-1.02), so that error is a few per
+    cent of the blocked time. With the rank's wait for a core known (`queue`, runq.py), that
+    wait is taken out of the run-up first: time it was ready to run and the scheduler ran
+    another."""
+    if run_up_start_us is None or (speed == 1.0 and queue is None and not p2p_wait_us):
         return arrival_us
-    run_up_us = arrival_us - run_up_start_us
+    run_up_us = arrival_us - run_up_start_us - p2p_wait_us
     if queue is not None:
         run_up_us -= queue.between_us(run_up_start_us, arrival_us)
     return run_up_start_us + run_up_us / speed
@@ -513,10 +522,10 @@ def analyze_stragglers(
     2. per collective and rank: lateness = its arrival - the punctual ranks' (`punctual_arrival`),
        at least 0, or where its ranks come from different process groups' collectives, its
        run-up since the last less theirs (`last_syncs`, `fresh_lateness`); judged lateness the
-       same over its arrival at its peers' speed: on CPU-only
-       traces a rank whose ops take k times its peers' (`speed.op_speed`) arrives at
-       run-up start + run-up / k (the run-up: since its previous collective ended, runup.py),
-       elsewhere as it arrived;
+       same over its arrival at its peers' speed and without its waiting at point-to-point ops
+       (`_at_speed`): a rank whose ops take k times its peers' (on CPU-only traces,
+       `speed.op_speed`; else k = 1) arrives at run-up start + (run-up - that waiting) / k (the
+       run-up: since its previous collective ended, runup.py);
     3. per step and rank: late = its lateness; cost = its delay shares (how much later the
        collectives started because of it: what fixing it alone buys is less when another rank
        is as late), wait and blame likewise, each stretch of time counted once where
@@ -564,7 +573,11 @@ def analyze_stragglers(
     cpu = all(t.device == "cpu" for t in traces)
     queues = run_queues(traces, runq)
     speed = op_speed(traces, queues)
-    at_speed = queues is not None or any(k != 1.0 for k in speed.values())
+    at_speed = (
+        queues is not None
+        or any(k != 1.0 for k in speed.values())
+        or any(op.p2p_wait_us for w in waits for op in w.instance.ops.values())
+    )
     lateness: list[dict[int, float]] = []
     judged_arrivals: list[dict[int, float]] = []
     judged_lateness: list[dict[int, float]] = []
@@ -579,7 +592,13 @@ def analyze_stragglers(
         lateness.append(fresh_lateness(w.arrival_us, since, waits))
         if at_speed:
             judged = {
-                r: _at_speed(w.instance.ops[r].run_up_start_us, a, speed[r], queues[r] if queues else None)
+                r: _at_speed(
+                    w.instance.ops[r].run_up_start_us,
+                    a,
+                    speed[r],
+                    queues[r] if queues else None,
+                    w.instance.ops[r].p2p_wait_us,
+                )
                 for r, a in w.arrival_us.items()
             }
             judged_arrivals.append(judged)
@@ -609,10 +628,15 @@ def analyze_stragglers(
         for r in ranks
     }
     # each rank's own work per step, at its peers' speed: its step less its waiting for later peers
-    # and its wait for a core
+    # (at collectives, and at point-to-point ops in the collectives' run-ups) and its wait for a core
+    p2p_ms: dict[tuple[int, int | None], float] = defaultdict(float)
+    for t in traces:
+        for c in t.comms:
+            if c.p2p_wait_us:
+                p2p_ms[(t.rank, c.step)] += c.p2p_wait_us / 1e3
     own_ms = {
         r: [
-            (ms - step_wait.get(st.number, {}).get(r, 0.0) / 1e3 - core) / speed[r]
+            (ms - step_wait.get(st.number, {}).get(r, 0.0) / 1e3 - p2p_ms.get((r, st.number), 0.0) - core) / speed[r]
             for st, ms, core in zip(by_rank[r].steps, step_span_ms[r], core_wait_ms[r] or itertools.repeat(0.0))
         ]
         for r in ranks

@@ -118,6 +118,15 @@ def plain(kernel: str) -> str:
     return VOID.sub("", kernel, count=1)
 
 
+# Point-to-point ops by the names their args give them (a send, a receive; torch's
+# batch_isend_irecv), canonical: each goes to one peer, so its position among its group's ops on
+# a rank pairs it with nothing on another (a ring of sends and receives, as context parallelism's,
+# puts every rank's first receive at one position). Not matched across ranks (matching.py), and
+# no release of a rank (runup.py: a rank waiting at one waits for its one peer, not its group).
+# (`sendrecv`, a SendRecv kernel named by its name alone, is also how NCCL runs an all-to-all.)
+POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batchisendirecv"})
+
+
 def canonical_collective(name: str) -> str:
     """`all_reduce`, `AllReduce`, `allreduce` -> `allreduce` (letters only, lower case): how the
     collector names a collective, whatever named it (args, a kernel, a gloo range, a recorder entry)."""

@@ -655,7 +655,9 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
         )
     comms.sort(key=lambda c: c.start_us)
     number_by_group(comms)
-    set_run_ups(comms, spans, steps[0].start_us if steps else None, launch_phases, host_phases)
+    set_run_ups(
+        comms, spans, steps[0].start_us if steps else None, launch_phases, host_phases, blocking_p2p=not len(kernels)
+    )
     trace = RankTrace(
         rank=rank,
         world_size=world_size if isinstance(world_size, int) else None,

@@ -12,8 +12,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness.collect.model import CommOp
+from harness.collect.read.comm_kernels import POINT_TO_POINT
 
 IDLE = "idle (waiting on the host)"
+# The run-up's waiting at point-to-point ops (`p2p_wait_us`), a key of run_up_us of its own:
+# neither the host's time in a phase nor compute.
+P2P_WAIT = "waiting at point-to-point ops"
+# A GPU kernel gated on another stream's op (a CUDA event wait) starts within a few microseconds
+# of that op's end (the event's signal and the block scheduler's pick-up); a compute stream
+# that resumes within this long of a receive's end was waiting for it. A host-bound gap ends at
+# a launch instead, which is as likely to fall in any 50 us as in any other: a stretch the rule
+# could mistake is at most the gap's own length, and only where a receive ended 50 us before.
+P2P_HANDOVER_US = 50.0
+# Two ops on one stream, the second queued behind the first: it starts where the first ends, up
+# to the trace's rounding (kineto writes microseconds with three decimals).
+HANDOVER_US = 1.0
 OP_PREFIX = "op:"
 # A GPU collective's run-up by phase (`set_run_ups`, 4): the keys are this prefix and the phase.
 PHASE_PREFIX = "phase:"
@@ -74,15 +87,19 @@ def set_run_ups(
     first_step_start_us: float | None,
     launch_phases: Spans | None = None,
     host_phases: list[tuple[str, float, float]] | None = None,
+    blocking_p2p: bool = False,
 ) -> None:
-    """Set every op's `run_up_start_us` and `run_up_us`.
+    """Set every op's `run_up_start_us`, `run_up_us` and `p2p_wait_us`.
 
     1. run-up window = [lo, hi]: hi = the op's start; lo = the latest end among the rank's
-       collectives that ended by then, else the first step's start, else the op's start;
+       collectives that ended by then, else the first step's start, else the op's start
+       (point-to-point ops, comm_kernels.POINT_TO_POINT, are no collectives here: each ties a
+       rank to one peer, and its group's ranks leave it at their own times);
     2. run_up_us["op:<name>"] = the time compute spans of that name overlap the window (summed
        in span order, names in order of first appearance);
     3. run_up_us[IDLE] = window length - the union of all compute spans inside it (the device,
-       or on CPU the main thread, neither computing nor in a collective's run-up work);
+       or on CPU the main thread, neither computing nor in a collective's run-up work) - step 5's
+       waiting;
     4. GPU traces with phase ranges (`launch_phases`: the compute kernels again, each named by
        the phase range its launch was made in, NO_PHASE for none; `host_phases`: the host's
        phase ranges): run_up_us["phase:<phase>"] = the kernel time of that phase's launches in
@@ -90,16 +107,25 @@ def set_run_ups(
        that the host spent in that phase: a device idle while its host works in a phase waits
        for that phase's launches. The host runs ahead of its GPU, so the host's ranges at the
        device's times say nothing of the device's work; the launches and the idle do. The
-       "phase:" values add up to the window length where no two kernels overlap.
-    `spans` are the trace's compute intervals by kernel (GPU) or aten op (CPU) name."""
+       "phase:" values and step 5's waiting add up to the window length where no two kernels
+       overlap;
+    5. p2p_wait_us (`p2p_wait`) = the part of the idle spent waiting at point-to-point ops, kept
+       under P2P_WAIT in run_up_us and out of steps 3 and 4 (op:, IDLE and P2P_WAIT add up to the
+       window where no two spans overlap). Point-to-point ops get no run-up of their own.
+    `spans` are the trace's compute intervals by kernel (GPU) or aten op (CPU) name;
+    `blocking_p2p`: the trace's point-to-point ops block the thread that calls them (CPU: gloo's
+    send and receive return once the data moved), else they are device ops (NCCL kernels)."""
     if not comms:
         return
     by_phase = _PhaseRunUps(launch_phases, host_phases or []) if launch_phases is not None else None
-    ends = sorted(c.end_us for c in comms)
+    ends = sorted(c.end_us for c in comms if c.name not in POINT_TO_POINT)
+    p2p = P2POps([(c.start_us, c.end_us) for c in comms if c.name in POINT_TO_POINT])
     starts, stops, _, names = spans.columns()
     # Spans that overlap [lo, hi] start in [lo - longest span, hi): only those are visited.
     longest_us = float(np.max(stops - starts)) if len(starts) else 0.0
     for op in comms:
+        if op.name in POINT_TO_POINT:  # no collective matched across ranks: nothing reads its run-up
+            continue
         hi = op.start_us
         i = bisect.bisect_right(ends, hi) - 1
         lo = ends[i] if i >= 0 else (first_step_start_us if first_step_start_us is not None else hi)
@@ -112,10 +138,96 @@ def set_run_ups(
         by_name = {OP_PREFIX + spans.names[ids[k]]: float(totals[k]) for k in np.argsort(first, kind="stable")}
         p, q = merged_pieces(x, y)
         by_name[IDLE] = (hi - lo) - sum((q - p).tolist())
+        waits = p2p_wait(lo, hi, p, q, p2p, blocking_p2p) if len(p2p) else []
         if by_phase is not None:
-            by_name.update(by_phase.run_up(lo, hi, p, q))
+            by_name.update(by_phase.run_up(lo, hi, p, q, waits))
+        waited = sum(b - a for a, b in waits)
+        if waited > 0:
+            by_name[IDLE] -= waited
+            by_name[P2P_WAIT] = waited
         op.run_up_start_us = lo
         op.run_up_us = by_name
+        op.p2p_wait_us = waited
+
+
+def p2p_wait(
+    lo: float,
+    hi: float,
+    busy_lo: np.ndarray,
+    busy_hi: np.ndarray,
+    p2p: P2POps,
+    blocking: bool,
+) -> list[tuple[float, float]]:
+    """The stretches of a run-up [lo, hi] its rank spent waiting at point-to-point ops, disjoint,
+    by start, inside the idle (the window less the busy pieces [busy_lo, busy_hi], disjoint).
+
+    1. `blocking` (CPU): a send or receive holds its calling thread until its peer's data moved,
+       so every idle stretch inside a p2p op is waiting;
+    2. else (GPU): a receive runs on a stream of its own and the compute stream waits for it
+       only where its work reads the data, so an idle gap is waiting where it ends within
+       P2P_HANDOVER_US after a p2p op ends: from the later of the gap's start and that op's
+       start, or the start of the ops it queued behind (each ending where the next starts: a
+       receive behind a send to the same peer, on one stream, waits for that send too); of
+       several such ops, the earliest start. A gap that ends at a launch was the host's; a
+       receive posted early spins through host-bound gaps too, so being inside one is not
+       enough."""
+    edges = [lo, *np.ravel(np.column_stack((busy_lo, busy_hi))).tolist(), hi]
+    out: list[tuple[float, float]] = []
+    for i in range(0, len(edges), 2):
+        g0, g1 = edges[i], edges[i + 1]
+        if g1 <= g0:
+            continue
+        if blocking:
+            out.extend(p2p.inside(g0, g1))
+        elif g1 < hi:  # a gap ending at the collective's own start is not a receive's
+            start = p2p.chain_start(g1)
+            if start is not None and g1 > max(start, g0):
+                out.append((max(start, g0), g1))
+    return out
+
+
+class P2POps:
+    """A rank's point-to-point ops' intervals, by end (GPU: `chain_start`) and merged by start
+    (CPU: `inside`)."""
+
+    def __init__(self, ops: list[tuple[float, float]]) -> None:
+        by_end = sorted(ops, key=lambda ab: (ab[1], ab[0]))
+        self.starts = [a for a, _ in by_end]
+        self.ends = [b for _, b in by_end]
+        by_start = sorted(ops)
+        lo, hi = merged_pieces(np.array([a for a, _ in by_start]), np.array([b for _, b in by_start]))
+        self.piece_lo, self.piece_hi = lo.tolist(), hi.tolist()
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def inside(self, g0: float, g1: float) -> list[tuple[float, float]]:
+        """The parts of [g0, g1] inside the ops, disjoint, by start."""
+        out = []
+        k = bisect.bisect_right(self.piece_hi, g0)
+        while k < len(self.piece_hi) and self.piece_lo[k] < g1:
+            a, b = max(self.piece_lo[k], g0), min(self.piece_hi[k], g1)
+            if b > a:
+                out.append((a, b))
+            k += 1
+        return out
+
+    def chain_start(self, t: float) -> float | None:
+        """The earliest start of the ops ending in [t - P2P_HANDOVER_US, t], each taken back
+        through the ops it queued behind (one ending within HANDOVER_US of its start); None
+        when no op ends there."""
+        a = bisect.bisect_left(self.ends, t - P2P_HANDOVER_US)
+        b = bisect.bisect_right(self.ends, t + HANDOVER_US)
+        if a >= b:
+            return None
+        start = min(self.starts[a:b])
+        while True:
+            j = bisect.bisect_left(self.ends, start - HANDOVER_US)
+            k = bisect.bisect_right(self.ends, start + HANDOVER_US)
+            before = [self.starts[x] for x in range(j, k) if self.starts[x] < start]
+            if not before:
+                return start
+            start = min(before)
 
 
 class _PhaseRunUps:
@@ -130,7 +242,11 @@ class _PhaseRunUps:
         self.host = [(str(n), float(a), float(b)) for n, a, b in ranges]
         self.host_starts = [a for _, a, _ in self.host]
 
-    def run_up(self, lo: float, hi: float, busy_lo: np.ndarray, busy_hi: np.ndarray) -> dict[str, float]:
+    def run_up(
+        self, lo: float, hi: float, busy_lo: np.ndarray, busy_hi: np.ndarray, waits: list[tuple[float, float]]
+    ) -> dict[str, float]:
+        """`set_run_ups`' step 4 for the window [lo, hi] with its busy pieces; the idle stretches
+        in `waits` (`p2p_wait`) go to no phase."""
         out: dict[str, float] = {}
         a, b = np.searchsorted(self.start, [lo - self.longest_us, hi], side="left")
         keep = self.stop[a:b] > lo
@@ -139,8 +255,13 @@ class _PhaseRunUps:
         for k in np.flatnonzero(totals).tolist():  # one per phase range in the window
             key = PHASE_PREFIX + self.names[k]
             out[key] = out.get(key, 0.0) + float(totals[k])
-        # the idle: the window less the busy pieces, each stretch given to the host's phase then
-        edges = [lo, *np.ravel(np.column_stack((busy_lo, busy_hi))).tolist(), hi]
+        # the idle: the window less the busy pieces and the waits, each stretch given to the
+        # host's phase then
+        cut_lo = np.concatenate((busy_lo, [a for a, _ in waits]))
+        cut_hi = np.concatenate((busy_hi, [b for _, b in waits]))
+        order = np.argsort(cut_lo, kind="stable")
+        p, q = merged_pieces(cut_lo[order], cut_hi[order])
+        edges = [lo, *np.ravel(np.column_stack((p, q))).tolist(), hi]
         for i in range(0, len(edges), 2):
             g0, g1 = edges[i], edges[i + 1]
             if g1 > g0:
