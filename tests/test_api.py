@@ -204,6 +204,34 @@ def test_the_tensor_parallel_example_names_the_slow_rank_not_the_peer_it_held(tm
     assert named == {(1, "forward")}, report["headline"]
 
 
+PP_EXAMPLE = REPO / "examples" / "pipeline_parallel.py"
+
+
+@pytest.mark.slow
+def test_the_pipeline_example_names_the_slow_stage_not_the_stage_it_held_up(tmp_path: Path) -> None:
+    """4 ranks, two pipelines of two stages (ranks 0 and 2, ranks 1 and 3), each stage's ranks
+    all-reducing their gradients (groups (0, 1) and (2, 3)): rank 0 sleeps 60 ms before its
+    forward from step 8 (several times the clean step here: a wide margin on 2 shared cores).
+    Rank 2 waits for its activations in gloo's blocking receive and reaches its stage's all-reduce
+    about as late as rank 0 reaches its own; its waiting at the receive is taken out of its
+    lateness (runup.p2p_wait), so the collector names rank 0 alone, in forward (before: both).
+    gloo's send and receive ranges get no group from the recorder's entries, which hold none
+    (before: the groups were refused and the verdict inconclusive). The watch, which reads CPU
+    time inside phases that hold communication and so cannot see a sleep there, flags no one."""
+    args = ["--log-dir", str(tmp_path), "--run-name", "pp", "--steps", "30", "--slow-rank", "0"]
+    args += ["--slow-ms", "60", "--slow-from", "8", "--watch-every", "3"]
+    torchrun(args, nproc=4, timeout=300, script=PP_EXAMPLE)
+    run = tmp_path / "pp"
+    report = collect_report(run)
+    assert report["verdict"] == "straggler", report["headline"]
+    assert {(s["rank"], s["phase"]) for s in report["stragglers"]} == {(0, "forward")}, report["headline"]
+    by = {r["rank"]: r for r in report["ranks"]}
+    assert by[2]["late_ms"] > 30.0 and by[2]["beyond_peers_ms"] < 15.0, by[2]
+    lines = [json.loads(line) for line in watch_path(run).read_text().splitlines()]
+    flagged = {(s["rank"], s["phase"]) for line in lines for s in line["stragglers"]}
+    assert flagged <= {(0, "forward")}, lines
+
+
 LATE_START = """
 import sys, time
 import torch, torch.distributed as dist

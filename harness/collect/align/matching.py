@@ -79,6 +79,7 @@ def match_collectives(traces: list[RankTrace]) -> tuple[list[Instance], list[str
     if p2p:
         warnings.append(
             f"{p2p} point-to-point op(s) (send, recv) not matched across ranks: each goes to one peer; "
-            "their time counts as communication, their waits are not known"
+            "their time counts as communication, and a rank's waiting at them is taken out of its lateness "
+            "at the next collective (runup.p2p_wait)"
         )
     return instances, warnings

@@ -36,7 +36,7 @@ import numpy as np
 from harness.collect.analyse.overlap import cover_steps
 from harness.collect.analyse.rank_list import groups_text
 from harness.collect.model import CommOp, RankTrace, Step, number_by_group
-from harness.collect.read.comm_kernels import canonical_collective, looks_like_comm
+from harness.collect.read.comm_kernels import POINT_TO_POINT, canonical_collective, looks_like_comm
 from harness.collect.read.comm_kernels import classify as classify_kernel
 from harness.collect.read.comm_kernels import plain as plain_kernel
 from harness.collect.read.decode import (
@@ -732,13 +732,16 @@ def name_gloo_groups(path: Path, gloo: list[CommOp], base_ns: float) -> list[Com
     sidecar = read_sidecar(sidecar_file)
     if isinstance(sidecar, str):
         return sidecar
-    ran = [Ran(c.thread, c.start_us, c.name) for c in gloo]
+    # point-to-point ops (gloo's send and receive, on the calling thread) need no group: they are
+    # matched with nothing (matching.py), and the recorder's entries hold none of them
+    grouped = [c for c in gloo if c.name not in POINT_TO_POINT]
+    ran = [Ran(c.thread, c.start_us, c.name) for c in grouped]
     # the watch's exchanges are no ranges here (not_the_watch_s): their entries are no one's
     issued = [e for e in sidecar.issued(base_ns) if e.desc != WATCH_GROUP_DESC]
     found = thread_groups(ran, issued)
     if isinstance(found, str):
         return f"{sidecar_file.name}: {found}"
-    for c in gloo:
+    for c in grouped:
         entry = found[c.thread]
         c.pg = "default" if entry.desc == DEFAULT_GROUP_DESC else entry.group
     return gloo
