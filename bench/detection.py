@@ -266,8 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--shapes",
         default=",".join(gen.SHAPES),
-        help="the generated jobs' parallelisms, comma-separated (default all: ddp,fsdp,tp,hsdp,ep; ddp,fsdp,tp,hsdp "
-        "draws what a seed drew before ep was added, ddp,fsdp,tp before hsdp, ddp,fsdp before tp)",
+        help="the generated jobs' parallelisms, comma-separated (default all: ddp,fsdp,tp,hsdp,ep,pp; "
+        "ddp,fsdp,tp,hsdp,ep draws what a seed drew before pp was added, ddp,fsdp,tp,hsdp before ep, "
+        "ddp,fsdp,tp before hsdp, ddp,fsdp before tp)",
     )
     p.add_argument("--json", type=Path, default=None, help="write the figures and every case here")
     p.add_argument("--work", type=Path, default=None, help="where the jobs write (default: a temporary folder)")

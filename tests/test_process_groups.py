@@ -79,14 +79,17 @@ def test_a_clean_job_of_two_process_groups_is_balanced(tmp_path: Path) -> None:
     assert max(x.late_ms for x in s.ranks) == pytest.approx(0.0, abs=0.005)
 
 
-@pytest.mark.parametrize("parallel", ["tp", "hsdp", "ep"])
+@pytest.mark.parametrize("parallel", ["tp", "hsdp", "ep", "pp"])
 def test_a_generated_job_of_two_groups_names_the_slow_rank_alone(tmp_path: Path, parallel: str) -> None:
     """The detection campaign's TP, HSDP and EP jobs (bench/detect/sim.py: 16 ranks, tensor
     parallelism, FSDP's sharding or experts' all-to-alls inside each host of 8, data parallelism
-    or replication across the two, 1% jitter, clock skew between hosts): rank 3 computes 30% of the step longer in
-    forward. Its seven host peers wait for it at their group's collectives and reach the
-    cross-host all-reduces late; the collector names rank 3 alone, in forward, and rank right
-    and phase right score it so."""
+    or replication across the two, 1% jitter, clock skew between hosts): rank 3 computes 30% of
+    the step longer in forward. Its seven host peers wait for it at their group's collectives
+    and reach the cross-host all-reduces late; the collector names rank 3 alone, in forward, and
+    rank right and phase right score it so. The PP job (two stages, a host each, 1F1B over four
+    microbatches, each stage's ranks all-reducing their gradients): rank 11, the second stage of
+    rank 3's pipeline, waits for its activations and reaches its stage's all-reduce late; its
+    waiting at the receives is taken out (tests/test_pipeline.py), and rank 3 alone is named."""
     from test_gpu_watch_sim import case, gen  # the watch's generated job; it puts bench/ on the path
 
     c = case(ranks=16, skew_ms=2.0, kind="compute", phase="forward", parallel=parallel)

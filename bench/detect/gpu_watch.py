@@ -72,7 +72,7 @@ PHASES = ("data", "forward", "backward", "optimizer")
 WATCHDOG_POLL_US = 100_000.0
 # The watch's `parallel` for a generated job's: tensor and expert parallelism hold collectives in
 # forward and backward, as FSDP does (harness/integrations/lightning.py gives Lightning's ModelParallelStrategy "fsdp").
-WATCH_PARALLEL = {"ddp": "ddp", "fsdp": "fsdp", "tp": "fsdp", "hsdp": "fsdp", "ep": "fsdp"}
+WATCH_PARALLEL = {"ddp": "ddp", "fsdp": "fsdp", "tp": "fsdp", "hsdp": "fsdp", "ep": "fsdp", "pp": "fsdp"}
 # what backward's end waits for (module docstring, 2): EP's last all-to-all on one host
 REDUCTIONS = ("allreduce", "reduce_scatter", "alltoall")
 

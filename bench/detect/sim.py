@@ -29,8 +29,15 @@ One case (`draw_case`, from one random generator):
    dispatches the tokens to the experts, whose kernels wait for it and end at a second all-to-all
    that combines the tokens (each half a tensor-parallel all-reduce's transfer), which the next
    layer waits for; backward takes each layer the same way with twice the kernels, and ends with
-   the gradients' all-reduce over the data-parallel group. Every collective has its own group's
-   ranks, none all of the job's;
+   the gradients' all-reduce over the data-parallel group. PP (pipeline parallelism, `pp_layout`,
+   `pp_groups`): 2 stages under 32 ranks, else 4, each stage a contiguous block of ranks that
+   all-reduces its gradients at the end of backward (none where a stage has one rank); each
+   pipeline (the ranks at one place in every stage) runs 1F1B (`one_f_one_b`) over twice as many
+   microbatches as stages, a microbatch's forward one kernel through the stage's layers and its
+   backward two, each pass receiving its input from the stage before (activations) or after
+   (gradients) and sending its output on, NCCL sends and receives on a stream per peer and
+   direction, each receive posted as the host gets to it (its kernel waits for the data, and the
+   pass's kernels wait for it). Every collective has its own group's ranks, none all of the job's;
    with `sync_each_step` the loop reads the loss (`.item()`) at the end of each step, which
    keeps its host at most a step ahead of the device (otherwise the host runs ahead and a host
    delay may cost the job nothing);
@@ -97,7 +104,7 @@ class SimCase:
     size: float  # the injected delay per slowed step / the clean step (estimate, see `clean_step_us`)
     every: int
     onset: int  # the first slowed step
-    parallel: str = "ddp"  # ddp, fsdp, hsdp, tp or ep (module docstring, 1)
+    parallel: str = "ddp"  # ddp, fsdp, hsdp, tp, ep or pp (module docstring, 1)
 
     def clean_step_us(self) -> float:
         """The step's length without noise and injection when the device bounds it (an estimate
@@ -105,6 +112,10 @@ class SimCase:
         device = 3 * self.fwd_kernels * self.kernel_us + self.transfer_us + self.opt_us
         if self.parallel in ("tp", "ep"):  # EP: two all-to-alls a layer, each half the transfer
             device += 2 * self.fwd_kernels * self.tp_transfer_us()
+        elif self.parallel == "pp":  # a stage's share of the gradients; 1F1B's bubble
+            stages, micro = pp_layout(self.ranks)
+            compute = 3 * self.fwd_kernels * self.kernel_us * (micro + stages - 1) / micro
+            device = compute + self.transfer_us * (1 / stages + (stages - 1) / micro) + self.opt_us
         elif self.parallel == "hsdp":
             device += self.transfer_us / GPUS_PER_HOST  # the replicate all-reduces
         host = self.data_us + (3 * self.fwd_kernels + 4) * 5.0
@@ -125,13 +136,14 @@ class SimCase:
         )
 
 
-SHAPES = ("ddp", "fsdp", "tp", "hsdp", "ep")
+SHAPES = ("ddp", "fsdp", "tp", "hsdp", "ep", "pp")
 
 
 def draw_case(rng: random.Random, ranks: int | None = None, shapes: tuple[str, ...] = SHAPES) -> SimCase:
     """One case's parameters (module docstring); a fifth of the cases are clean. `shapes`: the
     parallelisms drawn (DDP twice as often as FSDP, a quarter of the cases TP where drawn, half
-    of the FSDP ones HSDP where drawn, half of the TP ones EP where drawn)."""
+    of the FSDP ones HSDP where drawn, half of the TP ones EP where drawn, a quarter of the DDP
+    ones PP where drawn)."""
     n = ranks or rng.choice(RANK_CHOICES)
     steps = 8
     kind = "clean" if rng.random() < 0.2 else rng.choice(("sleep", "compute"))
@@ -165,6 +177,8 @@ def draw_case(rng: random.Random, ranks: int | None = None, shapes: tuple[str, .
         case = replace(case, parallel="hsdp")
     if "ep" in shapes and case.parallel == "tp" and rng.random() < 0.5:  # after HSDP's, likewise
         case = replace(case, parallel="ep")
+    if "pp" in shapes and case.parallel == "ddp" and rng.random() < 0.25:  # after EP's, likewise
+        case = replace(case, parallel="pp")
     if case.parallel not in shapes:
         case = replace(case, parallel=next((p for p in ("ddp", "fsdp") if p in shapes), shapes[0]))
     return case
@@ -198,6 +212,8 @@ def simulate(case: SimCase, noise_seed: int, inject: bool) -> tuple[Sim, float]:
                     reduced = _tp_passes(h, case, noisy, slow_kernels, extra, delay_us)
                 elif case.parallel == "ep":
                     reduced = _ep_passes(h, case, noisy, slow_kernels, extra, delay_us)
+                elif case.parallel == "pp":
+                    reduced = _pp_passes(h, case, noisy, slow_kernels, extra, delay_us)
                 else:
                     reduced = _ddp_passes(h, case, noisy, slow_kernels, extra, delay_us)
                 with h.range("optimizer"):
@@ -341,6 +357,79 @@ def _ep_passes(
             if phase == "backward" and len(dp) > 1:
                 reduced = h.collective("allreduce", case.transfer_us, pg=dp_pg, ranks=dp, after=reduced)
     return reduced
+
+
+def pp_layout(ranks: int) -> tuple[int, int]:
+    """A pipeline-parallel job's (stages, microbatches): 2 stages under 32 ranks, else 4; twice
+    as many microbatches as stages (1F1B's bubble then costs (stages - 1) / microbatches of the
+    step)."""
+    stages = 2 if ranks < 32 else 4
+    return stages, 2 * stages
+
+
+def pp_groups(ranks: int, r: int) -> tuple[tuple[int, ...], tuple[int, ...], str, str]:
+    """Rank r's data-parallel group (its stage's ranks, a contiguous block), its pipeline (the
+    ranks at its place in every stage's block) and the two groups' names (by number, as every rank
+    creates them in one order: 1 + stage, then 1 + stages + place)."""
+    stages, _ = pp_layout(ranks)
+    per_stage = ranks // stages
+    stage, place = divmod(r, per_stage)
+    dp = tuple(range(stage * per_stage, (stage + 1) * per_stage))
+    pipe = tuple(range(place, ranks, per_stage))
+    return dp, pipe, str(1 + stage), str(1 + stages + place)
+
+
+def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
+    """1F1B's order of a stage's passes: ("forward" | "backward", microbatch): as many forwards
+    as stages after it first (the warm-up), then one forward and one backward in turn, then the
+    backwards left."""
+    warmup = min(stages - 1 - stage, microbatches)
+    order = [("forward", m) for m in range(warmup)]
+    for k in range(microbatches - warmup):
+        order += [("forward", warmup + k), ("backward", k)]
+    return order + [("backward", m) for m in range(microbatches - warmup, microbatches)]
+
+
+# The pipeline's point-to-point streams: one per peer and direction, so that each stream's ops
+# meet one peer's in order (NCCL runs each peer's sends and receives on a stream of its own).
+RECV_PREV, RECV_NEXT, SEND_NEXT, SEND_PREV = 21, 22, 23, 24
+
+
+def _pp_passes(
+    h: Any, case: SimCase, noisy: Any, slow_kernels: dict[str, float], extra: dict[str, bool], delay_us: float
+) -> Any:
+    """Forward and backward under pipeline parallelism (module docstring, 1); what the optimizer
+    waits for (the stage's gradients' all-reduce, or with one rank a stage its last kernel)."""
+    stages, micro = pp_layout(case.ranks)
+    dp, pipe, dp_pg, pipe_pg = pp_groups(case.ranks, h.rank)
+    stage = pipe.index(h.rank)
+    prev_rank = pipe[stage - 1] if stage else None
+    next_rank = pipe[stage + 1] if stage + 1 < stages else None
+    layer_us = case.fwd_kernels * case.kernel_us / micro  # a microbatch through the stage's layers
+    hop_us = case.transfer_us / (2 * micro)  # one microbatch's activations (or their gradients)
+    slept = {"forward": False, "backward": False}
+    last = None
+    for phase, _m in one_f_one_b(stage, stages, micro):
+        per_pass = 1 if phase == "forward" else 2
+        source, sink = (prev_rank, next_rank) if phase == "forward" else (next_rank, prev_rank)
+        with h.range(phase):
+            if extra[phase] and case.kind == "sleep" and not slept[phase]:
+                h.sleep(delay_us)  # host time before the phase's first pass (a slow Python hook, say)
+                slept[phase] = True
+            got = None
+            if source is not None:
+                stream = RECV_PREV if phase == "forward" else RECV_NEXT
+                got = h.p2p("recv", source, hop_us, pg=pipe_pg, ranks=pipe, stream=stream)
+            for _ in range(per_pass):
+                us = noisy(layer_us) + slow_kernels[phase] / (micro * per_pass)
+                last = h.launch(GEMM, us, after=got)
+                got = None
+            if sink is not None:
+                stream = SEND_NEXT if phase == "forward" else SEND_PREV
+                h.p2p("send", sink, hop_us, pg=pipe_pg, ranks=pipe, stream=stream, after=last)
+    if len(dp) > 1:
+        return h.collective("allreduce", case.transfer_us / stages, pg=dp_pg, ranks=dp, after=last)
+    return last
 
 
 def documents(case: SimCase, sim: Sim, skew_seed: int) -> list[dict[str, Any]]:
