@@ -30,9 +30,10 @@ the main thread, and one GPU, device index 0):
    and transfer_us (`ValueError` at the call otherwise); a rank that never makes the call leaves
    the others waiting (a deadlock, 7).
 3b. `p2p(kind, peer, transfer_us, ...)`: a send to `peer` or a receive from it, launched as 3
-   (`c10d::send` / `c10d::recv_`, an `ncclDevKernel_SendRecv` kernel, args as 3 with "Src Rank"
-   and "Dst Rank"); the k-th send from a to b and the k-th receive on b from a are one instance
-   of ranks (a, b), which ends as a collective's does (NCCL's point-to-point kernels meet).
+   (`c10d::send` / `c10d::recv_`, an `ncclDevKernel_SendRecv` kernel, args as 3 with "Dst Rank"
+   on a send and "Src Rank" on a receive, global ranks, as torch writes them); the k-th send
+   from a to b and the k-th receive on b from a are one instance of ranks (a, b), which ends as
+   a collective's does (NCCL's point-to-point kernels meet).
 4. Blocking calls, each at least `sync_cost_us` (host t -> max(t + sync_cost_us, the latest end
    it waits for)), t moved to its end: `sync()` = `cudaStreamSynchronize` on every op launched
    so far on the stream (kind "device": `cudaDeviceSynchronize`, all streams; kind "event":
@@ -446,6 +447,23 @@ class HostRank:
         self._pg_calls[pg] = seq + 1
         instance = self.sim._instance(self.rank, pg, seq, coll, members, transfer_us)
         kernel, c10d = collective_names(coll, dtype)
+        return self._launch_comm(instance, name or kernel, c10d, coll, pg, members, nelems, dtype, stream, after, {})
+
+    def _launch_comm(
+        self,
+        instance: _Instance,
+        kernel: str,
+        c10d: str,
+        coll: str,
+        pg: str,
+        members: tuple[int, ...],
+        nelems: int,
+        dtype: str,
+        stream: int,
+        after: DeviceOp | None,
+        extra_args: dict[str, Any],
+    ) -> DeviceOp:
+        """The host ops and the kernel of one member of `instance` (module docstring, 3)."""
         comm_args = {
             "Collective name": coll,
             "Process Group Name": pg,
@@ -454,10 +472,11 @@ class HostRank:
             "dtype": dtype,
             "Group size": len(members),
             "Process Group Ranks": self.sim.ranks_text(members),
+            **extra_args,
         }
         outer = self._open(c10d, "cpu_op")
         inner = self._open(PARAM_COMMS, "cpu_op", comm_args)
-        call = self._queue(name or kernel, None, stream, "kernel", after, comm_args, LAUNCH_CALL["kernel"])
+        call = self._queue(kernel, None, stream, "kernel", after, comm_args, LAUNCH_CALL["kernel"])
         assert call.op is not None
         call.op.instance = instance
         instance.members[self.rank] = call.op
@@ -492,25 +511,9 @@ class HostRank:
         seq = self._pg_calls.get(key, 0)
         self._pg_calls[key] = seq + 1
         instance = self.sim._instance(self.rank, key, seq, "p2p", tuple(sorted((src, dst))), transfer_us)
-        comm_args = {
-            "Collective name": kind,
-            "Process Group Name": pg,
-            "In msg nelems": nelems,
-            "Out msg nelems": nelems,
-            "dtype": dtype,
-            "Group size": len(members),
-            "Process Group Ranks": self.sim.ranks_text(members),
-            "Src Rank": src,
-            "Dst Rank": dst,
-        }
-        outer = self._open(f"c10d::{kind}" if kind == "send" else "c10d::recv_", "cpu_op")
-        inner = self._open(PARAM_COMMS, "cpu_op", comm_args)
-        call = self._queue(P2P_KERNEL, None, stream, "kernel", after, comm_args, LAUNCH_CALL["kernel"])
-        assert call.op is not None
-        call.op.instance = instance
-        instance.members[self.rank] = call.op
-        self.program += (_Launch(call), _Close(inner), _Close(outer))
-        return call.op
+        c10d = "c10d::send" if kind == "send" else "c10d::recv_"
+        peer_arg = {"Dst Rank": dst} if kind == "send" else {"Src Rank": src}  # torch writes the peer's only
+        return self._launch_comm(instance, P2P_KERNEL, c10d, kind, pg, members, nelems, dtype, stream, after, peer_arg)
 
     def _block(self, call: _Call, waits: list[DeviceOp], reason: str) -> None:
         b = _Block(call, waits, reason)
