@@ -10,7 +10,8 @@ import pytest
 
 from harness.collect.analysis import Analysis, analyze
 from harness.collect.read.discover import group_ranks
-from harness.collect.read.parse import parse_trace, unnamed_groups
+from harness.collect.read.gloo_groups import unnamed_groups
+from harness.collect.read.parse import parse_trace
 
 from devicesim import COMM_STREAM, Sim, write_all
 

@@ -733,11 +733,13 @@ def test_hf_s_forward_backward_phase_holds_ddps_collectives_and_is_judged_by_own
 def test_the_watch_s_exchange_in_a_trace_window_is_marked_and_not_counted_as_the_job_s(log_dir: Path) -> None:
     """The window traces steps 11-18; the watch exchanges after step 14, in step 15's span. Its
     all-gathers run inside the main thread's harness:watch range, and the collector leaves them
-    out of the job's collectives (DDP's all-reduces only) and the range out of the phases."""
+    out of the job's collectives (DDP's all-reduces only) and the range out of the phases. The
+    recorder is on (the watch reads it), but the job has no group smaller than the world but the
+    watch's, so no window has a groups file beside it: the collector would not read one."""
     import gzip
 
     from harness.collect.read.parse import parse_trace
-    from harness.paths import WATCH_RANGE, list_traces
+    from harness.paths import WATCH_RANGE, groups_path, list_traces
 
     args = ["--mode", "torch", "--steps", "20", "--watch-every", "5", "--wait", "10", "--warmup", "1"]
     run = run_harness([*args, "--active", "8"], log_dir)
@@ -749,3 +751,4 @@ def test_the_watch_s_exchange_in_a_trace_window_is_marked_and_not_counted_as_the
         trace = parse_trace(path)
         assert {c.name for c in trace.comms} == {"allreduce"}
         assert all("watch" not in s.phases_us for s in trace.steps)
+        assert not groups_path(path).exists()

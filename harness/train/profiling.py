@@ -292,12 +292,22 @@ class TraceRecorder:
     def _write_groups(self, trace: Path, window: int) -> None:
         """The Flight Recorder's entries issued in the window (gloo_groups.sidecar_doc) beside its
         trace, which name the process group of each of its gloo collectives (the trace's ranges
-        name none); nothing where the recorder cannot be read or holds no entry of the window.
-        Never raises into the training loop. ~10 us an entry read (2000: ~20 ms a window)."""
-        from harness.collect.read.gloo_groups import sidecar_doc
+        name none); nothing where the recorder cannot be read or holds no entry of the window,
+        nor where the job has no group of fewer ranks than the world but the watch's
+        (`gloo_groups.unnamed_groups` over torch's pg_config_info, which the trace's
+        distributedInfo holds too: the collector reads the file only then). Never raises into
+        the training loop. ~10 us an entry read (2000: ~20 ms a window)."""
+        from harness.collect.read.gloo_groups import sidecar_doc, unnamed_groups
         from harness.train.arrivals import recorder_entries
 
         path = groups_path(trace)
+        try:
+            c10d = torch.distributed.distributed_c10d
+            groups = {"pg_config": c10d._world.pg_config_info}
+            if not unnamed_groups(groups, c10d.get_world_size()):
+                return
+        except Exception:  # noqa: BLE001 - torch's private registry moved: write the file, as before
+            pass
         try:
             doc = sidecar_doc(self._groups_from_ns, recorder_entries() or [])
             if doc["entries"]:

@@ -30,9 +30,28 @@ from typing import Any
 
 from harness.collect.read.comm_kernels import canonical_collective
 from harness.flight_entry import process_group
+from harness.paths import WATCH_GROUP_DESC
 
 FORMAT = "harness collective groups"
 VERSION = 1
+
+
+def unnamed_groups(info: dict[str, Any] | None, world_size: Any) -> list[list[int]]:
+    """The process groups of fewer ranks than the world that this rank is in (distributedInfo's
+    pg_config; the harness's own group left out), as sorted rank lists: where a trace's
+    collectives carry no group (gloo's ranges and c10d ops on CPU), a collective of one of them
+    cannot be told from one of another, and matching them by position across ranks pairs
+    different groups' collectives (groups [0, 1] and [2, 3]: rank 0's first with rank 2's)."""
+    if not info or not isinstance(world_size, int):
+        return []
+    out = []
+    for g in info.get("pg_config") or []:
+        if not isinstance(g, dict) or g.get("pg_desc") == WATCH_GROUP_DESC:
+            continue
+        ranks = g.get("ranks")
+        if isinstance(ranks, list) and 1 < len(ranks) < world_size and all(isinstance(r, int) for r in ranks):
+            out.append(sorted(ranks))
+    return sorted(out)
 
 
 @dataclass(frozen=True)

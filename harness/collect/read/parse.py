@@ -52,7 +52,7 @@ from harness.collect.read.decode import (
     number,
     read_bytes,
 )
-from harness.collect.read.gloo_groups import Ran, read_sidecar, thread_groups
+from harness.collect.read.gloo_groups import Ran, read_sidecar, thread_groups, unnamed_groups
 from harness.collect.read.host_ops import (
     attribute_syncs,
     count_host_ops,
@@ -680,24 +680,6 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
     # the compute and copies, folded into the steps here: no rank's intervals outlive its parse
     cover_steps(trace, merged_by_step(spans), merged_by_step(copies), device_step_marks(doc), starts)
     return trace
-
-
-def unnamed_groups(info: dict[str, Any] | None, world_size: Any) -> list[list[int]]:
-    """The process groups of fewer ranks than the world that this rank is in (distributedInfo's
-    pg_config; the harness's own group left out), as sorted rank lists: where a trace's
-    collectives carry no group (gloo's ranges and c10d ops on CPU), a collective of one of them
-    cannot be told from one of another, and matching them by position across ranks pairs
-    different groups' collectives (groups [0, 1] and [2, 3]: rank 0's first with rank 2's)."""
-    if not info or not isinstance(world_size, int):
-        return []
-    out = []
-    for g in info.get("pg_config") or []:
-        if not isinstance(g, dict) or g.get("pg_desc") == WATCH_GROUP_DESC:
-            continue
-        ranks = g.get("ranks")
-        if isinstance(ranks, list) and 1 < len(ranks) < world_size and all(isinstance(r, int) for r in ranks):
-            out.append(sorted(ranks))
-    return sorted(out)
 
 
 def not_the_watch_s(gloo: list[CommOp], watch_spans: list[tuple[float, float]]) -> list[CommOp]:
