@@ -141,3 +141,21 @@ def test_cpu_waiting_is_the_idle_inside_a_blocking_send_or_receive() -> None:
     ops = P2POps([(20.0, 70.0)])
     lo, hi = np.array([0.0, 50.0]), np.array([10.0, 100.0])
     assert p2p_wait(0.0, 100.0, lo, hi, ops, blocking=True) == [(20.0, 50.0)]
+
+
+def test_a_stage_s_waiting_survives_its_in_job_summary(tmp_path: Path) -> None:
+    """The run-ups' waiting is parsed once, at the rank: an in-job summary carries it
+    (CommOp.p2p_wait_us), and the collector reads the same straggler from the summaries."""
+    from harness.collect.read.summary import read_summary, write_summary
+    from harness.paths import summary_path
+
+    sim = pipeline_job(0, 600.0)
+    paths = write_all(sim.run(), tmp_path)
+    parsed = [parse_trace(p) for p in paths]
+    assert any(c.p2p_wait_us > 0 for t in parsed for c in t.comms)
+    back = [read_summary(write_summary(t, summary_path(p))) for t, p in zip(parsed, paths)]
+    for b, t in zip(back, parsed):
+        b.paths = t.paths
+        assert b == t
+    s = analyze(group_ranks(back)).stragglers
+    assert [(x.rank, x.phase) for x in s.stragglers] == [(0, "forward")]
