@@ -109,6 +109,8 @@ def test_the_slow_stage_is_named_and_not_the_stage_it_held_up(tmp_path: Path) ->
     assert by[0].beyond_peers_ms == pytest.approx(1.2, abs=0.01)
     assert by[2].beyond_peers_ms == pytest.approx(0.0, abs=0.01)
     assert a.offsets[3].offset_us - a.offsets[2].offset_us == pytest.approx(-5000.0, abs=1.0)
+    # rank 2 is its component's reference: no sample of the clocks' noise (its 0 is by definition)
+    assert a.offsets[2].samples == 0 and a.offsets[3].samples == 6 and a.offsets[1].samples == 6
     assert any("node1" in w and "shares no collective with the reference host" in w for w in a.warnings)
 
 

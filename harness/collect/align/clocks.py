@@ -231,8 +231,12 @@ def estimate_offsets(
     out = {}
     for r in sorted(domain):
         d = rank_diffs.get(r, [])
-        spread = mad(d) if d and r != component_rank[domain[r]] else 0.0
+        own_ref = r == component_rank[domain[r]]
+        spread = mad(d) if d and not own_ref else 0.0
+        # a component's reference is measured against nothing (its 0 is no sample), as its host's
+        # clock is not; the whole job's reference keeps its count, as before
+        samples = 0 if own_ref and r != min(domain) else len(d)
         out[r] = ClockOffset(
-            rank=r, offset_us=clocks[domain[r]].offset_us, spread_us=spread, samples=len(d), clock=domain[r]
+            rank=r, offset_us=clocks[domain[r]].offset_us, spread_us=spread, samples=samples, clock=domain[r]
         )
     return out, [clocks[h] for h in sorted(clocks, key=lambda k: min(ranks_of[k]))]
