@@ -494,9 +494,13 @@ class HostRank:
         after: DeviceOp | None = None,
         nelems: int = 1000,
         dtype: str = "Float",
+        batched: bool = False,
     ) -> DeviceOp:
         """Launch an NCCL point-to-point op (module docstring, 3b): `kind` "send" to `peer` or
-        "recv" from it, on process group `pg` of `ranks` (default all)."""
+        "recv" from it, on process group `pg` of `ranks` (default all). `batched`: as
+        `batch_isend_irecv` of this one op launches it, its kernel with no args under a cpu_op
+        `nccl:coalesced` and no `record_param_comms` around the launch (torch's ncclGroupEnd runs
+        after the op's own record scope ended: pytorch/pytorch#194693)."""
         if kind not in ("send", "recv"):
             raise ValueError(f"p2p kind must be send or recv, not {kind!r}")
         if peer == self.rank:
@@ -511,6 +515,14 @@ class HostRank:
         seq = self._pg_calls.get(key, 0)
         self._pg_calls[key] = seq + 1
         instance = self.sim._instance(self.rank, key, seq, "p2p", tuple(sorted((src, dst))), transfer_us)
+        if batched:
+            outer = self._open("nccl:coalesced", "cpu_op")
+            call = self._queue(P2P_KERNEL, None, stream, "kernel", after, {}, LAUNCH_CALL["kernel"])
+            assert call.op is not None
+            call.op.instance = instance
+            instance.members[self.rank] = call.op
+            self.program += (_Launch(call), _Close(outer))
+            return call.op
         c10d = "c10d::send" if kind == "send" else "c10d::recv_"
         peer_arg = {"Dst Rank": dst} if kind == "send" else {"Src Rank": src}  # torch writes the peer's only
         return self._launch_comm(instance, P2P_KERNEL, c10d, kind, pg, members, nelems, dtype, stream, after, peer_arg)

@@ -25,7 +25,7 @@ RECV_PREV, RECV_NEXT, SEND_NEXT, SEND_PREV = 21, 22, 23, 24  # a stream per peer
 HOSTS = {0: ("node0", 0.0), 1: ("node0", 0.0), 2: ("node1", 3000.0), 3: ("node2", -2000.0)}
 
 
-def pipeline_job(slow_rank: int | None, extra_us: float, steps: int = 6) -> Sim:
+def pipeline_job(slow_rank: int | None, extra_us: float, steps: int = 6, batched: bool = False) -> Sim:
     """Four ranks, two pipelines of two stages (ranks 0 and 2, ranks 1 and 3), two microbatches
     a step, all forwards then all backwards (GPipe). Stage 0 per microbatch: a 1000 us forward
     GEMM, then a send of its activations to stage 1 (100 us); then per microbatch a receive of
@@ -34,13 +34,15 @@ def pipeline_job(slow_rank: int | None, extra_us: float, steps: int = 6) -> Sim:
     backward GEMM (2000 us) and a send of the gradients back. Each stage's ranks then all-reduce
     their gradients (200 us, process group 5 + stage), which the optimizer (500 us) waits for,
     and read the loss. Every receive is posted as the host gets to it, ahead of its data.
-    `slow_rank`'s forward GEMMs run `extra_us` longer."""
+    `slow_rank`'s forward GEMMs run `extra_us` longer. `batched`: each send and receive launched
+    as `batch_isend_irecv` launches it (devicesim: no args on its kernel, no record_param_comms
+    around its launch)."""
     sim = Sim(world_size=4)
     for r in range(4):
         h = sim.rank(r)
         stage = PIPE[r].index(r)
         peer = PIPE[r][1 - stage]
-        pipe_pg = str(3 + PIPE[r][0])
+        pipe = {"pg": str(3 + PIPE[r][0]), "ranks": PIPE[r], "batched": batched}
         for n in range(1, steps + 1):
             with h.step(n):
                 last = None
@@ -49,20 +51,20 @@ def pipeline_job(slow_rank: int | None, extra_us: float, steps: int = 6) -> Sim:
                         for _ in range(2):
                             us = 1000.0 + (extra_us if r == slow_rank else 0.0)
                             last = h.launch(GEMM, us)
-                            h.p2p("send", peer, 100.0, pg=pipe_pg, ranks=PIPE[r], stream=SEND_NEXT, after=last)
+                            h.p2p("send", peer, 100.0, stream=SEND_NEXT, after=last, **pipe)
                     with h.range("backward"):
                         for _ in range(2):
-                            got = h.p2p("recv", peer, 100.0, pg=pipe_pg, ranks=PIPE[r], stream=RECV_NEXT)
+                            got = h.p2p("recv", peer, 100.0, stream=RECV_NEXT, **pipe)
                             last = h.launch(GEMM, 2000.0, after=got)
                 else:
                     for _ in range(2):
                         with h.range("forward"):
-                            got = h.p2p("recv", peer, 100.0, pg=pipe_pg, ranks=PIPE[r], stream=RECV_PREV)
+                            got = h.p2p("recv", peer, 100.0, stream=RECV_PREV, **pipe)
                             us = 1000.0 + (extra_us if r == slow_rank else 0.0)
                             h.launch(GEMM, us, after=got)
                         with h.range("backward"):
                             last = h.launch(GEMM, 2000.0)
-                            h.p2p("send", peer, 100.0, pg=pipe_pg, ranks=PIPE[r], stream=SEND_PREV, after=last)
+                            h.p2p("send", peer, 100.0, stream=SEND_PREV, after=last, **pipe)
                 reduced = h.collective("allreduce", 200.0, pg=str(5 + stage), ranks=DP[r], after=last)
                 with h.range("optimizer"):
                     h.launch(ADAM, 500.0, after=reduced)
@@ -112,6 +114,22 @@ def test_the_slow_stage_is_named_and_not_the_stage_it_held_up(tmp_path: Path) ->
     # rank 2 is its component's reference: no sample of the clocks' noise (its 0 is by definition)
     assert a.offsets[2].samples == 0 and a.offsets[3].samples == 6 and a.offsets[1].samples == 6
     assert any("node1" in w and "shares no collective with the reference host" in w for w in a.warnings)
+
+
+def test_batched_sends_and_receives_are_point_to_point_too(tmp_path: Path) -> None:
+    """The same job with every send and receive launched as batch_isend_irecv launches it: a
+    SendRecv kernel with no args, outside every record_param_comms op, while the all-reduces
+    carry theirs. Read as all-to-alls of the default group, they were matched across all four
+    ranks by position; they are batches of point-to-point ops, left unmatched, and the waiting
+    at them is taken out as before: rank 0 alone, in forward, 1.2 ms beyond its peers."""
+    a = analysed(tmp_path, pipeline_job(0, 600.0, batched=True))
+    s = a.stragglers
+    assert [(x.rank, x.phase) for x in s.stragglers] == [(0, "forward")]
+    by = {x.rank: x for x in s.ranks}
+    assert by[0].beyond_peers_ms == pytest.approx(1.2, abs=0.01)
+    assert by[2].beyond_peers_ms == pytest.approx(0.0, abs=0.01)
+    assert {w.instance.name for w in s.waits} == {"allreduce"}
+    assert any(w.startswith("96 point-to-point op(s)") for w in a.warnings)
 
 
 def test_a_clean_pipeline_is_balanced(tmp_path: Path) -> None:

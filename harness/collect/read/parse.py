@@ -461,6 +461,8 @@ def _device_work(
         if kind.family == "NCCL":
             args = doc.args[extra] if extra >= 0 else _launching_comms(param_comms, launch_ts, kernels.corr[i])
             coll = args.collective or kind.collective
+            if _point_to_point_batch(kind.collective, args, param_comms):
+                coll = BATCH_P2P
             pg = "default" if args.process_group is None else args.process_group
             nelems, dtype = _int(args.in_nelems), _str(args.dtype)
         else:  # no args: the name is all there is; the family is its own group
@@ -796,6 +798,27 @@ def count_step_events(doc: Trace, steps: list[Step]) -> int:
     for step in steps:
         step.events = sum(bisect.bisect_left(ts, step.end_us) - bisect.bisect_left(ts, step.start_us) for ts in starts)
     return sum(len(ts) for ts in starts)
+
+
+# What a batch of point-to-point ops is named (comm_kernels.POINT_TO_POINT: not matched).
+BATCH_P2P = "batchisendirecv"
+
+
+def _point_to_point_batch(kernel_collective: str, args: Args, param_comms: _ParamComms | None) -> bool:
+    """Whether an NCCL SendRecv kernel (NCCL runs point-to-point ops and all-to-alls alike) is a
+    batch of sends and receives (`batch_isend_irecv`, pipeline schedules' default): it says so
+    ("coalesced", torch's name for the batch), or it carries no collective args and was launched
+    inside no `record_param_comms` op in a trace whose such ops carry them. torch launches a
+    batch's one kernel in ncclGroupEnd, after each send's and receive's own record scope ended
+    (pytorch/pytorch#194693), while an all-to-all's kernel carries its args or runs inside its
+    op. In older traces those ops carry no args at all (`_ParamComms` is empty), and a bare
+    SendRecv kernel there is an all-to-all (torchrec's: c10d::alltoall_base_), as before.
+    Not yet checked on a real batched trace (this machine has no GPU)."""
+    if kernel_collective != "sendrecv":
+        return False
+    if args.collective is not None:
+        return canonical_collective(str(args.collective)) == "coalesced"
+    return args.process_group is None and param_comms is not None and bool(param_comms.by_thread)
 
 
 def _launching_comms(param_comms: _ParamComms | None, launch_ts: _LaunchTimes, corr: int) -> Args:
