@@ -119,7 +119,7 @@ def test_a_release_read_a_hair_after_the_next_start_is_still_the_release(tmp_pat
     17): each replicate all-reduce starts where its rank's reduce-scatter ends, but on a shifted
     clock rank 14's end reads a float's rounding after that start. Taken as ended after it, rank
     14's release was the all-gather before, a layer's kernels earlier, and it was named in
-    backward; within stragglers.HANDOVER_US it is the reduce-scatter, and the job is balanced."""
+    backward; within runup.HANDOVER_US it is the reduce-scatter, and the job is balanced."""
     from test_gpu_watch_sim import case, gen
 
     c = case(ranks=16, skew_ms=5.0, kind="clean", slow=(), phase=None, size=0.0, parallel="hsdp", jitter=0.02)

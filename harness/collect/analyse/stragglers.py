@@ -20,7 +20,7 @@ from harness.collect.analyse.replay import Replay
 from harness.collect.analyse.runq import RunQueue, RunQueueLog, run_queues
 from harness.collect.analyse.speed import op_speed
 from harness.collect.model import RankTrace
-from harness.collect.read.runup import NO_PHASE, PHASE_PREFIX
+from harness.collect.read.runup import HANDOVER_US, NO_PHASE, PHASE_PREFIX
 
 # A straggler is "persistent" when it is over the bound in at least this share of the analysed
 # steps (two in three: a majority that survives one noisy step in three), else "intermittent".
@@ -440,14 +440,6 @@ def tally_once(
                 if cap is not None and v > cap:
                     per_rank[r] = cap
     return Tallies(late=late, wait=wait, cost=cost, blame=blame, wait_factor=factors)
-
-
-# A collective that starts where the one before it on its rank ends (queued behind it on one
-# stream, or waiting for it) can read as starting a hair before that end: a trace's start and
-# duration are rounded apart (kineto: to the ns), and a clock shift adds float error (a 5 ms host
-# skew in the generated campaign: ends 0.001 us past the next start). An end this close after an
-# arrival counts as before it; a microsecond is far below any run-up the rule judges.
-HANDOVER_US = 1.0
 
 
 def last_syncs(waits: list[InstanceWaits]) -> list[dict[int, int] | None]:

@@ -124,7 +124,8 @@ def plain(kernel: str) -> str:
 # puts every rank's first receive at one position). Not matched across ranks (matching.py), and
 # no release of a rank (runup.py: a rank waiting at one waits for its one peer, not its group).
 # (`sendrecv`, a SendRecv kernel named by its name alone, is also how NCCL runs an all-to-all.)
-POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batchisendirecv"})
+BATCH_P2P = "batchisendirecv"  # a batch of them (parse._point_to_point_batch names NCCL's so)
+POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", BATCH_P2P})
 
 
 def canonical_collective(name: str) -> str:

@@ -36,7 +36,7 @@ import numpy as np
 from harness.collect.analyse.overlap import cover_steps
 from harness.collect.analyse.rank_list import groups_text
 from harness.collect.model import CommOp, RankTrace, Step, number_by_group
-from harness.collect.read.comm_kernels import POINT_TO_POINT, canonical_collective, looks_like_comm
+from harness.collect.read.comm_kernels import BATCH_P2P, POINT_TO_POINT, canonical_collective, looks_like_comm
 from harness.collect.read.comm_kernels import classify as classify_kernel
 from harness.collect.read.comm_kernels import plain as plain_kernel
 from harness.collect.read.decode import (
@@ -798,10 +798,6 @@ def count_step_events(doc: Trace, steps: list[Step]) -> int:
     for step in steps:
         step.events = sum(bisect.bisect_left(ts, step.end_us) - bisect.bisect_left(ts, step.start_us) for ts in starts)
     return sum(len(ts) for ts in starts)
-
-
-# What a batch of point-to-point ops is named (comm_kernels.POINT_TO_POINT: not matched).
-BATCH_P2P = "batchisendirecv"
 
 
 def _point_to_point_batch(kernel_collective: str, args: Args, param_comms: _ParamComms | None) -> bool:

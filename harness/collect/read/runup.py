@@ -24,8 +24,11 @@ P2P_WAIT = "waiting at point-to-point ops"
 # a launch instead, which is as likely to fall in any 50 us as in any other: a stretch the rule
 # could mistake is at most the gap's own length, and only where a receive ended 50 us before.
 P2P_HANDOVER_US = 50.0
-# Two ops on one stream, the second queued behind the first: it starts where the first ends, up
-# to the trace's rounding (kineto writes microseconds with three decimals).
+# An op queued behind another on one stream (or waiting for it) starts where that one ends, but
+# can read as starting a hair before or after it: a trace's start and duration are rounded apart
+# (kineto: to the ns), and a clock shift adds float error (a 5 ms host skew in the generated
+# campaign: ends 0.001 us past the next start). Within this long, one ends where the next starts;
+# a microsecond is far below any run-up or wait the rules judge. (stragglers.last_syncs too.)
 HANDOVER_US = 1.0
 OP_PREFIX = "op:"
 # A GPU collective's run-up by phase (`set_run_ups`, 4): the keys are this prefix and the phase.
@@ -150,6 +153,13 @@ def set_run_ups(
         op.p2p_wait_us = waited
 
 
+def idle_gaps(lo: float, hi: float, busy_lo: np.ndarray, busy_hi: np.ndarray) -> list[tuple[float, float]]:
+    """The window [lo, hi] less the busy pieces [busy_lo, busy_hi] (disjoint, by start, inside
+    the window): its idle gaps of positive length, by start."""
+    edges = [lo, *np.ravel(np.column_stack((busy_lo, busy_hi))).tolist(), hi]
+    return [(edges[i], edges[i + 1]) for i in range(0, len(edges), 2) if edges[i + 1] > edges[i]]
+
+
 def p2p_wait(
     lo: float,
     hi: float,
@@ -171,12 +181,8 @@ def p2p_wait(
        several such ops, the earliest start. A gap that ends at a launch was the host's; a
        receive posted early spins through host-bound gaps too, so being inside one is not
        enough."""
-    edges = [lo, *np.ravel(np.column_stack((busy_lo, busy_hi))).tolist(), hi]
     out: list[tuple[float, float]] = []
-    for i in range(0, len(edges), 2):
-        g0, g1 = edges[i], edges[i + 1]
-        if g1 <= g0:
-            continue
+    for g0, g1 in idle_gaps(lo, hi, busy_lo, busy_hi):
         if blocking:
             out.extend(p2p.inside(g0, g1))
         elif g1 < hi:  # a gap ending at the collective's own start is not a receive's
@@ -261,12 +267,9 @@ class _PhaseRunUps:
         cut_hi = np.concatenate((busy_hi, [b for _, b in waits]))
         order = np.argsort(cut_lo, kind="stable")
         p, q = merged_pieces(cut_lo[order], cut_hi[order])
-        edges = [lo, *np.ravel(np.column_stack((p, q))).tolist(), hi]
-        for i in range(0, len(edges), 2):
-            g0, g1 = edges[i], edges[i + 1]
-            if g1 > g0:
-                for name, t in self._host_overlap(g0, g1).items():
-                    out[PHASE_PREFIX + name] = out.get(PHASE_PREFIX + name, 0.0) + t
+        for g0, g1 in idle_gaps(lo, hi, p, q):
+            for name, t in self._host_overlap(g0, g1).items():
+                out[PHASE_PREFIX + name] = out.get(PHASE_PREFIX + name, 0.0) + t
         return out
 
     def _host_overlap(self, lo: float, hi: float) -> dict[str, float]:
