@@ -87,6 +87,31 @@ def test_a_loop_that_marks_nothing_is_told(tmp_path: Path) -> None:
     assert len(steps_path(tmp_path / "steps", 0).read_text().splitlines()) == 3
 
 
+def test_a_loop_that_accumulates_gradients_times_every_pass_of_its_phases(tmp_path: Path) -> None:
+    """Three micro-batches a step, each marking forward and backward (5 ms sleeps each): the step
+    log's phases add up to the step (before: the last pass's alone, a third of it). Margins wide:
+    the parts miss only the step's tail after its last phase."""
+    code = (
+        "import time, harness\n"
+        f"with harness.Run(log_dir={str(tmp_path)!r}, run_name='accum', profile=False, steps=4) as run:\n"
+        "    for _ in range(4):\n"
+        "        with run.step():\n"
+        "            for _ in range(3):\n"
+        "                with run.phase('forward'):\n"
+        "                    time.sleep(0.005)\n"
+        "                with run.phase('backward'):\n"
+        "                    time.sleep(0.005)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(line) for line in steps_path(tmp_path / "accum", 0).read_text().splitlines()]
+    assert len(records) == 4
+    for rec in records:
+        phases = rec["phases_ms"]
+        assert phases["forward"] > 12.0 and phases["backward"] > 12.0, rec  # three 5 ms sleeps each
+        assert 0.8 * rec["step_ms"] < sum(phases.values()) <= rec["step_ms"], rec
+
+
 def torchrun(
     args: list[str], nproc: int = 2, timeout: float = 300, check: bool = True, script: Path = EXAMPLE
 ) -> subprocess.CompletedProcess:

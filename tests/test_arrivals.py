@@ -79,6 +79,35 @@ def test_between_blocking_collectives_a_spread_slowness_counts_as_its_largest_st
     assert late.tolist() == [[[0.0]], [[2.0]]]
 
 
+def test_each_pass_of_a_phase_is_entered_anew() -> None:
+    # FSDP with two micro-batches: backward from 0 to 20 ms and from 40 to 60 ms (forward
+    # between). Rank 1 computes its second forward 6 ms longer: it enters the second backward
+    # 6 ms late and issues its all-gathers there 6 ms late, at 46 and 51: forward's to account,
+    # not backward's. In the first pass it sleeps 3 ms before its second all-gather (at 8, rank
+    # 0 at 5): 3 ms of backward's.
+    two_passes = [
+        {10: {"backward": [0, 20 * MS, 40 * MS, 60 * MS]}},
+        {10: {"backward": [0, 20 * MS, 46 * MS, 66 * MS]}},
+    ]
+    late = held_lateness_ms(two_passes, arrivals([[0, 5, 40, 45], [0, 8, 46, 51]]), [10], ["backward"])
+    assert late is not None
+    assert late.tolist() == [[[0.0]], [[3.0]]]
+
+    # on GPU (arrivals at -duration: rank 0's all-gathers take 9 ms, rank 1's 9 and 6 in the
+    # first pass, 3 and 9 in the second) a pass's first collective carries what the rank
+    # entered the pass with (6 ms): not counted; the 3 ms it added in the first pass are
+    def device(issued_ms: list[float], durations_ms: list[float]) -> list:
+        return [
+            (10, "backward", "0", k + 1, int(t * MS), -int(d * MS))
+            for k, (t, d) in enumerate(zip(issued_ms, durations_ms))
+        ]
+
+    on_gpu = [device([0, 5, 40, 45], [9, 9, 9, 9]), device([0, 8, 46, 51], [9, 6, 3, 9])]
+    late = held_lateness_ms(two_passes, on_gpu, [10], ["backward"], device=True)
+    assert late is not None
+    assert late.tolist() == [[[0.0]], [[3.0]]]
+
+
 def test_the_punctual_mark_is_the_lower_quartile_and_clocks_are_offset_per_host() -> None:
     # 4 ranks: the punctual mark is the earliest (the lower quartile of 4). Ranks 2 and 3 read a
     # clock 1 s ahead: their offset puts them back.
@@ -524,3 +553,17 @@ def test_tables_hold_more_steps_where_nccl_s_timing_holds_them_back() -> None:
     from harness.train.watch_rule import table_rows
 
     assert table_rows(5, False) == 10 and table_rows(5, True) == 20 and table_rows(0, False) == 2
+
+
+def test_collectives_in_every_pass_of_a_phase_that_comes_back_are_placed() -> None:
+    # gradient accumulation: forward and backward twice in step 10 (a span pair per pass)
+    entries = [
+        {"pg_id": 0, "collective_seq_id": 1, "time_created_ns": 15 * MS, "is_p2p": False},
+        {"pg_id": 0, "collective_seq_id": 2, "time_created_ns": 35 * MS, "is_p2p": False},
+        {"pg_id": 0, "collective_seq_id": 3, "time_created_ns": 55 * MS, "is_p2p": False},
+    ]
+    spans_ns = {10: {"forward": [0, 10 * MS, 20 * MS, 30 * MS], "backward": [10 * MS, 20 * MS, 30 * MS, 40 * MS]}}
+    assert my_arrivals(entries, spans_ns, ["backward"]) == [
+        (10, "backward", "0", 1, 15 * MS, 15 * MS),
+        (10, "backward", "0", 2, 35 * MS, 35 * MS),
+    ]

@@ -310,6 +310,57 @@ def test_on_gpu_the_step_clock_ends_a_phases_own_work_where_it_is_marked(monkeyp
     assert "phases_own_device_ms" not in cpu_clock.poll()[0]
 
 
+def test_a_phase_that_comes_back_within_a_step_is_timed_over_all_its_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gradient accumulation marks forward and backward once per micro-batch. Host clocks scripted
+    (ms; CPU time and epoch ns alike): start 0, data 2, forward 12, backward 30, forward 40,
+    backward 58, end 60. Each phase is the sum of its passes (forward 10 + 10, backward 18 + 18),
+    so the phases add up to the step less its 2 ms tail; each span is one pair per pass."""
+    marks = iter([0.0, 2.0, 12.0, 30.0, 40.0, 58.0, 60.0])
+    now = [0.0]
+
+    def tick() -> float:
+        now[0] = next(marks)
+        return now[0] / 1e3
+
+    monkeypatch.setattr(time, "perf_counter", tick)
+    monkeypatch.setattr(time, "thread_time", lambda: now[0] / 1e3)
+    monkeypatch.setattr(time, "time_ns", lambda: int(now[0] * 1e6))
+    clock = StepClock(cuda=False, thread_time=True)
+    clock._runq = None  # no run queue read: the scripted clocks are the only ones
+    clock.start(0)
+    for label in ("data", "forward", "backward", "forward", "backward"):
+        clock.mark(label)
+    clock.finish()
+    [rec] = clock.poll()
+    assert rec["phases_ms"] == {"data": 2.0, "forward": 20.0, "backward": 36.0}
+    assert rec["phases_cpu_ms"] == {"data": 2.0, "forward": 20.0, "backward": 36.0}
+    assert rec["step_ms"] == 60.0 == sum(rec["phases_ms"].values()) + 2.0
+    ms = 1_000_000
+    assert rec["phases_span_ns"] == {
+        "data": [0, 2 * ms],
+        "forward": [2 * ms, 12 * ms, 30 * ms, 40 * ms],
+        "backward": [12 * ms, 30 * ms, 40 * ms, 58 * ms],
+    }
+
+
+def test_on_gpu_each_pass_of_a_phase_adds_its_device_time_and_own_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two micro-batches (device ms in record order): start 0, forward 10, own end 15, backward
+    20, forward 30, own end 36, backward 40, end 41: forward 10 + 10, backward 10 + 10 with own
+    work 5 + 6."""
+    scripted_events(monkeypatch, [0.0, 10.0, 15.0, 20.0, 30.0, 36.0, 40.0, 41.0])
+    clock = StepClock(cuda=True)
+    clock.start(0)
+    for _ in range(2):
+        clock.mark("forward")
+        clock.mark_own_end()
+        clock.mark("backward")
+    clock.finish()
+    [rec] = clock.poll()
+    assert rec["phases_device_ms"] == {"forward": 20.0, "backward": 20.0}
+    assert rec["phases_own_device_ms"] == {"backward": 11.0}
+    assert rec["step_ms"] == 41.0
+
+
 def _one_step(clock: StepClock) -> dict:
     clock.start(0)
     clock.mark("forward")

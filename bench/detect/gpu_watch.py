@@ -11,9 +11,11 @@ Step records, as timing.py's StepClock makes them on GPU:
 2. backward ends by making the compute stream wait for the gradients' collectives (DDP: the
    reducer's finalize waits on each bucket's all-reduce; FSDP2: its final callback waits on the
    last reduce-scatter), so the backward mark's event, and every one after it, also waits for
-   the step's last all-reduce or reduce-scatter;
+   the step's last all-reduce or reduce-scatter launched by then (a pipeline's stage launches
+   its gradients' all-reduce after its last backward pass: none);
 3. phases_device_ms: each phase = the difference of consecutive events (the data phase's, the
-   time the stream idled for the host's loader or ran work launched there); phases_ms the same
+   time the stream idled for the host's loader or ran work launched there), summed over a
+   phase's occurrences in the step (a pipeline's passes, one mark at each's end); phases_ms the same
    with the data phase as the host's time in it (timing.py: blocked on the loader); step_ms =
    the end event less the start event; phases_own_device_ms: backward's own work, from its
    start event to the event the gradients-ready hook records when the host has launched the
@@ -91,28 +93,39 @@ def step_records(
         i = bisect.bisect_left(launched, mark_us)  # a launch at the mark itself comes after it
         return max(mark_us + latency_us, ends[i - 1] if i else 0.0, after_us)
 
-    reduced: dict[int, float] = {}
+    reductions = sorted(
+        (op.launch_us, op.end_us, op.step) for op in truth.ops if op.coll in REDUCTIONS and op.step is not None
+    )
     issued: dict[int, float] = {}  # the step's all-reduce launch: its gradients are all ready
-    for op in truth.ops:
-        if op.coll in REDUCTIONS and op.step is not None:
-            reduced[op.step] = max(reduced.get(op.step, 0.0), op.end_us)
-            issued[op.step] = max(issued.get(op.step, 0.0), op.launch_us)
-    ranges = [r for r in truth.ranges if r.name in PHASES]
+    for launch_us, _, step_number in reductions:
+        issued[step_number] = max(issued.get(step_number, 0.0), launch_us)
+    ranges = sorted((r for r in truth.ranges if r.name in PHASES), key=lambda r: r.start_us)
     out = []
     for step in truth.steps:
-        inside = {r.name: r for r in ranges if step.start_us <= r.start_us and r.end_us <= step.end_us}
+        # a phase may come back within a step (a pipeline's passes): one mark at each one's end
+        inside = [r for r in ranges if step.start_us <= r.start_us and r.end_us <= step.end_us]
         marks = [event_us(step.start_us, 0.0)]
-        for name in PHASES:
-            waits = reduced.get(step.number, 0.0) if name == "backward" else 0.0
-            marks.append(event_us(inside[name].end_us, max(marks[-1], waits)))
+        for r in inside:
+            # backward's end waits for the step's reductions launched by then (2)
+            waits = max(
+                (end_us for launch_us, end_us, n in reductions if n == step.number and launch_us <= r.end_us),
+                default=0.0,
+            )
+            marks.append(event_us(r.end_us, max(marks[-1], waits if r.name == "backward" else 0.0)))
         end = event_us(step.end_us, marks[-1])
-        device_ms = {name: (b - a) / 1e3 for name, a, b in zip(PHASES, marks[:-1], marks[1:])}
-        phases_ms = {**device_ms, "data": (inside["data"].end_us - inside["data"].start_us) / 1e3}
+        device_ms: dict[str, float] = {}
+        phases_ms: dict[str, float] = {}
+        spans: dict[str, list[int]] = {}
+        for r, a, b in zip(inside, marks[:-1], marks[1:]):
+            device_ms[r.name] = device_ms.get(r.name, 0.0) + (b - a) / 1e3
+            host_ms = (r.end_us - r.start_us) / 1e3 if r.name == "data" else (b - a) / 1e3
+            phases_ms[r.name] = phases_ms.get(r.name, 0.0) + host_ms
+            spans.setdefault(r.name, []).extend((int(r.start_us * 1e3), int(r.end_us * 1e3)))
         record = {"step": step.number - 1, "step_ms": (end - marks[0]) / 1e3, "phases_ms": phases_ms}
         record["phases_device_ms"] = device_ms
-        record["phases_span_ns"] = {n: [int(inside[n].start_us * 1e3), int(inside[n].end_us * 1e3)] for n in PHASES}
+        record["phases_span_ns"] = spans
         if parallel == "ddp":
-            backward_at = marks[PHASES.index("backward")]  # the event that opens backward
+            backward_at = marks[next(i for i, r in enumerate(inside) if r.name == "backward")]  # opens backward
             ready = event_us(issued[step.number], backward_at)
             record["phases_own_device_ms"] = {"backward": (ready - backward_at) / 1e3}
         out.append((end, record))

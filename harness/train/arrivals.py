@@ -35,6 +35,7 @@ import torch
 
 from harness.collect.analyse.stragglers import punctual_index
 from harness.flight_entry import process_group
+from harness.train.timing import span_pairs
 
 # One arrival: (step, phase, process group, collective sequence id, issued_ns, arrived_ns):
 # issued_ns is time_created_ns (the host's epoch clock), arrived_ns the same on CPU and -duration
@@ -57,7 +58,7 @@ def group_name(entry: Mapping[str, Any]) -> str:
 class HeldArrivals:
     """Every rank's arrivals and phase spans, as the watch's exchange gathers them (index = rank)."""
 
-    spans_ns: list[dict[int, dict[str, list[int]]]]  # step -> phase -> [start_ns, end_ns]
+    spans_ns: list[dict[int, dict[str, list[int]]]]  # step -> phase -> [start_ns, end_ns, ...] (a pair per occurrence)
     arrivals: list[list[Arrival]]
     offsets_ns: list[float]  # each rank's clock less the reference host's (0 on one host)
     device: bool = False  # arrivals from NCCL's durations (GPU), not from issue times
@@ -86,9 +87,9 @@ def my_arrivals(
     device: bool = False,
 ) -> list[Arrival]:
     """The collectives (not point-to-point) this rank issued inside `phases` of the steps in
-    `spans_ns` (step -> phase -> [start_ns, end_ns], the step clock's), as `Arrival`s: arrived at
-    when issued (CPU) or, with `device`, at -duration (GPU: the module docstring; a collective
-    not yet timed is left out)."""
+    `spans_ns` (step -> phase -> [start_ns, end_ns, ...], a pair per occurrence: the step
+    clock's), as `Arrival`s: arrived at when issued (CPU) or, with `device`, at -duration (GPU:
+    the module docstring; a collective not yet timed is left out)."""
     found: list[Arrival] = []
     windows = _PhaseWindows(spans_ns, phases)
     for e in entries:
@@ -111,13 +112,17 @@ def my_arrivals(
 
 
 class _PhaseWindows:
-    """The [start, end] windows of `phases` in `spans_ns` (step -> phase -> [start_ns, end_ns],
-    not overlapping), sorted by start: `find(t)` is the (step, phase) holding t, at a boundary
-    the one that ends there."""
+    """The [start, end] windows of `phases` in `spans_ns` (step -> phase -> [start_ns, end_ns,
+    ...], a pair per occurrence; none overlapping), sorted by start: `find(t)` is the (step,
+    phase) holding t, at a boundary the one that ends there."""
 
     def __init__(self, spans_ns: Mapping[int, Mapping[str, Sequence[int]]], phases: Sequence[str]) -> None:
         self.windows = sorted(
-            (a, b, s, p) for s, by_phase in spans_ns.items() for p, (a, b) in by_phase.items() if p in phases
+            (a, b, s, p)
+            for s, by_phase in spans_ns.items()
+            for p, span in by_phase.items()
+            if p in phases
+            for a, b in span_pairs(span)
         )
         self.starts = [w[0] for w in self.windows]
 
@@ -251,6 +256,11 @@ def held_lateness_ms(
        are nothing after the first (40 generated FSDP jobs side by side, bench/RESULTS.md: 16
        of 21 material stragglers in forward and backward found that way, 20 this way, no false
        flag either way in 11 clean jobs).
+    A phase marked more than once in a step (gradient accumulation: a pass per micro-batch;
+    timing.py keeps a span per pass) is taken pass by pass: a collective belongs to the pass its
+    issue falls in, the pass's first is the rank's first in 3-5, and the lateness it enters the
+    pass with (its pass start - the punctual one) is what the phases between brought, judged
+    there (where ranks marked it a different number of times, as one pass from its first start).
     A phase without collectives adds nothing."""
     n = len(spans_ns)
     offsets = list(offsets_ns) if offsets_ns is not None else [0.0] * n
@@ -267,25 +277,32 @@ def held_lateness_ms(
     apart = _apart(arrivals)
     for i, step in enumerate(steps):
         by_phase = [[spans_ns[r].get(step, {}).get(phase) for r in range(n)] for phase in held_phases]
-        # every rank's end of each held phase: on GPU a phase that starts where one ends follows it without a gap
+        # every rank's ends of each held phase (one per occurrence, timing.py): on GPU a phase
+        # that starts where one ends follows it without a gap
         ends_at: dict[tuple[float, ...], int] = {}
         for j, spans in enumerate(by_phase if device else []):
             known = [sp for sp in spans if sp is not None]
             if len(known) == n:
-                ends_at[tuple(sp[1] for sp in known)] = j
+                for end in range(1, min(len(sp) for sp in known), 2):
+                    ends_at[tuple(sp[end] for sp in known)] = j
         for j, (phase, spans) in enumerate(zip(held_phases, by_phase)):
             if all(span is None for span in spans):
                 continue  # a phase this loop does not mark
-            starts, raw_starts = [], []
-            for r, span in enumerate(spans):
-                if span is None:
-                    return None
-                raw_starts.append(span[0])
-                starts.append(span[0] - offsets[r])
-            before = ends_at.get(tuple(raw_starts))
-            before = None if before == j else before  # a phase of no length ends where it starts
-            start_mark = sorted(starts)[punctual_index(n)]
-            lateness = [max(s - start_mark, 0.0) for s in starts]
+            marked = [span for span in spans if span is not None]
+            if len(marked) < n:
+                return None
+            # a phase marked more than once in the step (gradient accumulation): each pass is
+            # entered anew, with the lateness the phases between brought (theirs to account)
+            passes = min(len(span) // 2 for span in marked)
+            if any(len(span) // 2 != passes for span in marked):
+                passes = 1  # ranks marking it a different number of times: taken as one pass
+            starts = [[span[2 * o] - offsets[r] for o in range(passes)] for r, span in enumerate(marked)]
+            entering, before = [], []
+            for o in range(passes):
+                mark = sorted(st[o] for st in starts)[punctual_index(n)]
+                entering.append([max(st[o] - mark, 0.0) for st in starts])
+                follows = ends_at.get(tuple(span[2 * o] for span in marked))
+                before.append(None if follows == j else follows)  # a phase of no length ends where it starts
             tables = [t.get((step, phase), {}) for t in by_rank]
             members: dict[tuple[str, int], list[int]] = {}
             for r, t in enumerate(tables):
@@ -293,13 +310,16 @@ def held_lateness_ms(
                     members.setdefault(k, []).append(r)
             held = {k: m for k, m in members.items() if len(m) > 1}
             order = {k: sorted(tables[r][k][0] for r in m)[punctual_index(len(m))] for k, m in held.items()}
-            index = [0] * n  # each rank's collectives so far in this phase
+            current = [-1] * n  # the pass each rank's last collective was in
+            lateness = [0.0] * n
             for k in sorted(held, key=lambda key: (order[key], key)):
                 m = held[k]
                 punctual = sorted(tables[r][k][1] for r in m)[punctual_index(len(m))]
                 for r in m:
-                    first = not index[r]
-                    index[r] += 1
+                    o = max(bisect.bisect_right(starts[r], tables[r][k][0]) - 1, 0)
+                    first = o != current[r]
+                    if first:
+                        current[r], lateness[r] = o, entering[o][r]
                     if k in apart and (device or not first):
                         continue
                     late = max(tables[r][k][1] - punctual, 0.0)
@@ -308,8 +328,8 @@ def held_lateness_ms(
                         lateness[r] = late
                     elif not first:
                         out[r, i, j] += late / 1e6
-                    elif before is not None:
-                        out[r, i, before] += late / 1e6
+                    elif before[o] is not None:
+                        out[r, i, before[o]] += late / 1e6
     return out
 
 

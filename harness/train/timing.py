@@ -8,6 +8,11 @@ event has completed on the device. That costs no per-step synchronisation: the h
 enqueuing the next step while the previous one is resolved (`poll`), and `drain` synchronises
 once, at the end of the run.
 
+A phase may come back within a step (gradient accumulation: forward and backward once per
+micro-batch; a pipeline's 1F1B schedule): each per-phase figure below is the sum over its
+occurrences, so the phases still add up to the step, and its span is one [start, end] pair per
+occurrence, in order.
+
 Algorithm for one step on GPU:
 1. `data_ms` is host time blocked in the DataLoader (host-side by nature).
 2. every other phase is the device-stream time between consecutive events; `phases_device_ms`
@@ -25,17 +30,18 @@ On CPU the same quantities come from the host clock; with `thread_time` on (the 
 the thread off its core, so in a phase that holds collectives this is the rank's own work there,
 which the phase's wall time, ending with every rank's at the same collective, is not. With it,
 or with `spans` on (the watch reading arrivals, on either device), `phases_span_ns`: each phase's
-[start, end] on the host's epoch clock, the Flight Recorder's, which places the collectives the
-rank issued in its phases (arrivals.py). On CPU
-always (where Linux keeps schedstat): `runq_ms` and `phases_runq_ms`, the calling thread's time
-runnable but waiting for a core in the step and in each phase (schedstat.py): time-sharing's
-share of them, which the collector takes out of a rank's lateness.
+[start, end] on the host's epoch clock (a pair per occurrence), the Flight Recorder's, which
+places the collectives the rank issued in its phases (arrivals.py). On CPU always (where Linux
+keeps schedstat): `runq_ms` and `phases_runq_ms`, the calling thread's time runnable but waiting
+for a core in the step and in each phase (schedstat.py): time-sharing's share of them, which the
+collector takes out of a rank's lateness.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +61,7 @@ class _PendingStep:
     events: list[tuple[str, Any]] = field(default_factory=list)
     device: int | None = None  # the CUDA device its events are recorded on (GPU)
     own_end: Any = None  # the open phase's latest `mark_own_end` event
-    own_events: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # phase -> (its start, own end)
+    own_events: list[tuple[str, Any, Any]] = field(default_factory=list)  # (phase, its start, own end) per occurrence
 
 
 class StepClock:
@@ -88,7 +94,7 @@ class StepClock:
             cur.runq_marks.append(self._runq.read_ms())
         if self.cuda:
             if cur.own_end is not None and label != "end":  # never set before the step's start mark
-                cur.own_events[label] = (cur.events[-1][1], cur.own_end)
+                cur.own_events.append((label, cur.events[-1][1], cur.own_end))
             cur.own_end = None  # a phase's own: never the next phase's, nor outside any phase
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -138,17 +144,13 @@ class StepClock:
 
     def _resolve(self, p: _PendingStep) -> dict[str, Any]:
         host = p.host_marks
-        phases_ms: dict[str, float] = {}
+        labels = [label for label, _ in host[1:]]  # the phase each mark closes ("end": none)
         if self.cuda:
             ev = p.events
-            for (_, a), (label, b) in zip(ev[:-1], ev[1:]):
-                if label != "end":
-                    phases_ms[label] = a.elapsed_time(b)
+            phases_ms = _per_phase(labels, [a.elapsed_time(b) for (_, a), (_, b) in zip(ev[:-1], ev[1:])])
             step_ms = ev[0][1].elapsed_time(ev[-1][1])
         else:
-            for (_, a), (label, b) in zip(host[:-1], host[1:]):
-                if label != "end":
-                    phases_ms[label] = (b - a) * 1e3
+            phases_ms = _per_phase(labels, [(b - a) * 1e3 for (_, a), (_, b) in zip(host[:-1], host[1:])])
             step_ms = (host[-1][1] - host[0][1]) * 1e3
         outside_ms = 0.0 if self._last_end_host is None else (host[0][1] - self._last_end_host) * 1e3
         self._last_end_host = host[-1][1]
@@ -157,33 +159,32 @@ class StepClock:
             # what the device spent in each phase, data included: the time its stream idled for
             # the loader (none when it was still busy with earlier steps: a host running ahead)
             extra["phases_device_ms"] = dict(phases_ms)
-            own = {}
-            for label, (a, b) in p.own_events.items():
+            own: dict[str, float] = {}
+            for label, a, b in p.own_events:
                 try:
-                    own[label] = a.elapsed_time(b)
+                    own[label] = own.get(label, 0.0) + a.elapsed_time(b)
                 except RuntimeError:  # events CUDA cannot compare: no own work, the step timed all the same
                     continue
             if own:
                 extra["phases_own_device_ms"] = own
         # Data wait is host time blocked on the loader, on either device.
-        data_ms = next(((b - a) * 1e3 for (_, a), (label, b) in zip(host[:-1], host[1:]) if label == "data"), 0.0)
+        host_ms = _per_phase(labels, [(b - a) * 1e3 for (_, a), (_, b) in zip(host[:-1], host[1:])])
+        data_ms = host_ms.get("data", 0.0)
         phases_ms["data"] = data_ms
         cpu = p.cpu_marks
         if len(cpu) == len(host):
-            extra["phases_cpu_ms"] = {
-                label: (b - a) * 1e3 for a, b, (label, _) in zip(cpu[:-1], cpu[1:], host[1:]) if label != "end"
-            }
+            extra["phases_cpu_ms"] = _per_phase(labels, [(b - a) * 1e3 for a, b in zip(cpu[:-1], cpu[1:])])
         epoch = p.epoch_marks
         if len(epoch) == len(host):
-            extra["phases_span_ns"] = {
-                label: [a, b] for a, b, (label, _) in zip(epoch[:-1], epoch[1:], host[1:]) if label != "end"
-            }
+            spans: dict[str, list[int]] = {}
+            for a, b, label in zip(epoch[:-1], epoch[1:], labels):
+                if label != "end":
+                    spans.setdefault(label, []).extend((a, b))
+            extra["phases_span_ns"] = spans
         runq = [m for m in p.runq_marks if m is not None]
         if len(runq) == len(host):
             extra["runq_ms"] = runq[-1] - runq[0]
-            extra["phases_runq_ms"] = {
-                label: b - a for a, b, (label, _) in zip(runq[:-1], runq[1:], host[1:]) if label != "end"
-            }
+            extra["phases_runq_ms"] = _per_phase(labels, [b - a for a, b in zip(runq[:-1], runq[1:])])
         return {
             "step": p.step,
             "step_ms": step_ms,
@@ -192,3 +193,18 @@ class StepClock:
             "phases_ms": phases_ms,
             **extra,
         }
+
+
+def _per_phase(labels: list[str], durations: list[float]) -> dict[str, float]:
+    """Each phase's total over its occurrences (`labels[i]` closed the interval of
+    `durations[i]`; "end" closes the step's tail after its last phase, in no phase)."""
+    out: dict[str, float] = {}
+    for label, d in zip(labels, durations):
+        if label != "end":
+            out[label] = out.get(label, 0.0) + d
+    return out
+
+
+def span_pairs(span: Sequence[int]) -> list[tuple[int, int]]:
+    """A phase's `phases_span_ns` entry as its [start, end] pairs, one per occurrence."""
+    return list(zip(span[::2], span[1::2]))

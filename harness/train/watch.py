@@ -104,7 +104,8 @@ class Watch:
         self.captures: list[dict[str, Any]] = []
         self._log: AppendOnlyFile | None = None
         self.hosts: dict[int, str] = {}
-        # step -> phase -> [start_ns, end_ns] of the phases that hold collectives, for `_arrivals`
+        # step -> phase -> [start_ns, end_ns, ...] (a pair per occurrence) of the phases that
+        # hold collectives, for `_arrivals`
         self._spans: dict[int, dict[str, list[int]]] = {}
         self.backend = backend
         self.read_arrivals = False  # every rank's arrivals are read (recorders on): `_connect`
