@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -241,8 +242,10 @@ def test_the_pipeline_example_names_the_slow_stage_not_the_stage_it_held_up(tmp_
     about as late as rank 0 reaches its own; its waiting at the receive is taken out of its
     lateness (runup.p2p_wait), so the collector names rank 0 alone, in forward (before: both).
     gloo's send and receive ranges get no group from the recorder's entries, which hold none
-    (before: the groups were refused and the verdict inconclusive). The watch, which reads CPU
-    time inside phases that hold communication and so cannot see a sleep there, flags no one."""
+    (before: the groups were refused and the verdict inconclusive). The step logs hold each
+    phase's waiting at point-to-point ops (p2p_wait.py): rank 2's forward, rank 0's sleep. The
+    watch, which reads CPU time inside phases that hold communication and so cannot see a sleep
+    there, flags no one."""
     args = ["--log-dir", str(tmp_path), "--run-name", "pp", "--steps", "30", "--slow-rank", "0"]
     args += ["--slow-ms", "60", "--slow-from", "8", "--watch-every", "3"]
     torchrun(args, nproc=4, timeout=300, script=PP_EXAMPLE)
@@ -252,6 +255,12 @@ def test_the_pipeline_example_names_the_slow_stage_not_the_stage_it_held_up(tmp_
     assert {(s["rank"], s["phase"]) for s in report["stragglers"]} == {(0, "forward")}, report["headline"]
     by = {r["rank"]: r for r in report["ranks"]}
     assert by[2]["late_ms"] > 30.0 and by[2]["beyond_peers_ms"] < 15.0, by[2]
+    # the step logs' waiting at the receives: rank 2's forward holds rank 0's sleep, rank 0's not
+    held = {}
+    for rank in (0, 2):
+        records = [json.loads(line) for line in steps_path(run, rank).read_text().splitlines()]
+        held[rank] = statistics.median((r.get("phases_p2p_ms") or {}).get("forward", 0.0) for r in records[10:])
+    assert held[2] > 30.0 and held[0] < 15.0, held
     lines = [json.loads(line) for line in watch_path(run).read_text().splitlines()]
     flagged = {(s["rank"], s["phase"]) for line in lines for s in line["stragglers"]}
     assert flagged <= {(0, "forward")}, lines

@@ -38,6 +38,7 @@ def test_step_scalars_have_units_and_throughput() -> None:
         "rss_bytes": 1000,
         "host_cpu_util_pct": None,
         "phases_ms": {"data": 10.0, "forward": 20.0},
+        "phases_p2p_ms": {"forward": 7.5},
     }
     assert step_scalars(rec) == {
         "step/time_ms": 50.0,
@@ -45,6 +46,7 @@ def test_step_scalars_have_units_and_throughput() -> None:
         "step/outside_step_ms": 0.5,
         "memory/host_rss_bytes": 1000.0,
         "phase/forward_ms": 20.0,
+        "p2p_wait/forward_ms": 7.5,
         "step/throughput_samples_per_s": 320.0,
     }
 

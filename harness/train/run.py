@@ -42,6 +42,7 @@ from harness.train import flight
 from harness.train.config import LaunchEnv
 from harness.train.grads_ready import GradientsReady
 from harness.train.metrics import Metrics, metrics_target
+from harness.train.p2p_wait import P2PWaitTimer
 from harness.train.profiling import TraceRecorder
 from harness.train.ranges import phase_range
 from harness.train.run_config import RunConfig, load_run_config
@@ -134,6 +135,7 @@ class Run:
         self._closed = False
         self._sigterm_before: Any = None
         self._grads: GradientsReady | None = None
+        self._p2p: P2PWaitTimer | None = None
 
     # -- start and end -----------------------------------------------------------------------
 
@@ -230,6 +232,9 @@ class Run:
             # the watch reads a CPU rank's own work in the phases that hold collectives from its CPU time
             self.clock.thread_time = self.watch.on and self.device.type == "cpu"
             self.clock.spans = self.watch.read_arrivals
+            if env.distributed:  # each phase's waiting at point-to-point ops: phases_p2p_ms
+                self._p2p = P2PWaitTimer(self.device.type == "cuda", self.clock.add_p2p_wait)
+                self._p2p.install()
             self.recorder.__enter__()
         except BaseException as exc:
             self.close(exc)
@@ -452,6 +457,9 @@ class Run:
     # -- inside ------------------------------------------------------------------------------
 
     def _unhook(self) -> None:
+        if self._p2p is not None:
+            self._p2p.uninstall()
+            self._p2p = None
         if self._grads is not None:
             self._grads.detach()
             self._grads = None

@@ -62,6 +62,8 @@ class _PendingStep:
     device: int | None = None  # the CUDA device its events are recorded on (GPU)
     own_end: Any = None  # the open phase's latest `mark_own_end` event
     own_events: list[tuple[str, Any, Any]] = field(default_factory=list)  # (phase, its start, own end) per occurrence
+    p2p_open: list[Any] = field(default_factory=list)  # the open phase's point-to-point waits (ms, or event pairs)
+    p2p: list[tuple[str, list[Any]]] = field(default_factory=list)  # (phase, its waits) per occurrence
 
 
 class StepClock:
@@ -92,6 +94,10 @@ class StepClock:
             cur.epoch_marks.append(time.time_ns())
         if self._runq is not None:
             cur.runq_marks.append(self._runq.read_ms())
+        if cur.p2p_open:
+            if label not in ("start", "end"):
+                cur.p2p.append((label, cur.p2p_open))
+            cur.p2p_open = []
         if self.cuda:
             if cur.own_end is not None and label != "end":  # never set before the step's start mark
                 cur.own_events.append((label, cur.events[-1][1], cur.own_end))
@@ -113,6 +119,12 @@ class StepClock:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         cur.own_end = event
+
+    def add_p2p_wait(self, wait: float | tuple[Any, Any]) -> None:
+        """A wait at a point-to-point op (p2p_wait.py) in the open phase: its ms (CPU) or the
+        CUDA events before and after it on the current stream (GPU); nothing outside a step."""
+        if self._current is not None:
+            self._current.p2p_open.append(wait)
 
     def finish(self, **extra: Any) -> None:
         """Close the step; `extra` fields are passed through to its record."""
@@ -167,6 +179,16 @@ class StepClock:
                     continue
             if own:
                 extra["phases_own_device_ms"] = own
+        p2p: dict[str, float] = {}
+        for label, waits in p.p2p:
+            for w in waits:
+                try:
+                    ms = w[0].elapsed_time(w[1]) if isinstance(w, tuple) else w
+                except RuntimeError:  # events CUDA cannot compare (another device's): not counted
+                    continue
+                p2p[label] = p2p.get(label, 0.0) + ms
+        if p2p:
+            extra["phases_p2p_ms"] = p2p
         # Data wait is host time blocked on the loader, on either device.
         host_ms = _per_phase(labels, [(b - a) * 1e3 for (_, a), (_, b) in zip(host[:-1], host[1:])])
         data_ms = host_ms.get("data", 0.0)
