@@ -12,8 +12,9 @@ and sends the activations to its stage-1 peer, which receives them, finishes the
 and its loss, runs backward and sends the activations' gradients back; stage 0 receives them
 and runs its own backward. Each stage's ranks then all-reduce their gradients (data
 parallelism) and step their optimizer. --slow-rank R --slow-ms MS makes rank R's host sleep MS
-before its forward each step from --slow-from: its pipeline peer waits for it at the receives
-and reaches its stage's all-reduce late by that wait.
+at the start of its --slow-phase (forward or backward) each step from --slow-from: its pipeline
+peer waits for it at the receives (a slow stage 0 holds stage 1's forward, a slow stage 1 holds
+stage 0's backward) and reaches its stage's all-reduce late by that wait.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def main() -> None:
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--slow-from", type=int, default=0, help="the first slowed step")
+    p.add_argument("--slow-phase", choices=("forward", "backward"), default="forward")
     p.add_argument("--watch-every", type=int, default=None)
     args = p.parse_args()
 
@@ -111,9 +113,10 @@ def main() -> None:
                     x = torch.randn(args.batch_size, args.width, generator=data).to(device)
                     y = torch.randint(0, 10, (args.batch_size,), generator=data).to(device)
                 kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+                slowed = slow_s if step >= args.slow_from else 0.0
                 with run.phase("forward"):  # harness
-                    if slow_s and step >= args.slow_from:
-                        time.sleep(slow_s)
+                    if slowed and args.slow_phase == "forward":
+                        time.sleep(slowed)
                     for m in range(args.microbatches):
                         if stage == 0:
                             out = model(x[m * micro : (m + 1) * micro])
@@ -126,6 +129,8 @@ def main() -> None:
                             loss = loss_fn(model(act), y[m * micro : (m + 1) * micro])
                             kept.append((act, loss))
                 with run.phase("backward"):  # harness
+                    if slowed and args.slow_phase == "backward":
+                        time.sleep(slowed)
                     for inp, out in kept:
                         if stage == 0:
                             grad = torch.empty_like(out)

@@ -31,20 +31,23 @@ STEP_TAGS = {
 }
 THROUGHPUT_TAG = "step/throughput_samples_per_s"
 PHASE_TAG = "phase/{phase}_ms"
-P2P_WAIT_TAG = "p2p_wait/{phase}_ms"  # the phase's waiting at point-to-point ops (p2p_wait.py)
+P2P_WAIT_TAG = "p2p_wait/{phase}_ms"  # the phase's waiting at point-to-point ops (comm_wait.py)
+COLLECTIVE_WAIT_TAG = "collective_wait/{phase}_ms"  # ... and at collectives waited on from Python
 _counter = itertools.count()
 
 
 def step_scalars(record: dict[str, Any]) -> dict[str, float]:
     """The scalars of one step record: every `STEP_TAGS` key present with a number, each
-    phase's duration but data's, each phase's waiting at point-to-point ops where it waited, and
-    throughput = samples / step time."""
+    phase's duration but data's, each phase's waiting at point-to-point ops and at collectives
+    where it waited (comm_wait.py), and throughput = samples / step time."""
     out = {tag: float(record[key]) for key, tag in STEP_TAGS.items() if isinstance(record.get(key), (int, float))}
     for phase, ms in (record.get("phases_ms") or {}).items():
         if phase != "data":  # already step/data_wait_ms
             out[PHASE_TAG.format(phase=phase)] = float(ms)
     for phase, ms in (record.get("phases_p2p_ms") or {}).items():
         out[P2P_WAIT_TAG.format(phase=phase)] = float(ms)
+    for phase, ms in (record.get("phases_collective_wait_ms") or {}).items():
+        out[COLLECTIVE_WAIT_TAG.format(phase=phase)] = float(ms)
     step_ms, samples = record.get("step_ms"), record.get("samples")
     if isinstance(step_ms, (int, float)) and step_ms > 0 and isinstance(samples, (int, float)):
         out[THROUGHPUT_TAG] = samples / (step_ms / 1e3)

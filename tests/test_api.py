@@ -234,36 +234,50 @@ PP_EXAMPLE = REPO / "examples" / "pipeline_parallel.py"
 
 
 @pytest.mark.slow
-def test_the_pipeline_example_names_the_slow_stage_not_the_stage_it_held_up(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("slow_rank", "phase", "held"), [(0, "forward", 2), (2, "backward", 0)])
+def test_the_pipeline_example_names_the_slow_stage_not_the_stage_it_held_up(
+    slow_rank: int, phase: str, held: int, tmp_path: Path
+) -> None:
     """4 ranks, two pipelines of two stages (ranks 0 and 2, ranks 1 and 3), each stage's ranks
-    all-reducing their gradients (groups (0, 1) and (2, 3)): rank 0 sleeps 60 ms before its
-    forward from step 8 (several times the clean step here: a wide margin on 2 shared cores).
-    Rank 2 waits for its activations in gloo's blocking receive and reaches its stage's all-reduce
-    about as late as rank 0 reaches its own; its waiting at the receive is taken out of its
-    lateness (runup.p2p_wait), so the collector names rank 0 alone, in forward (before: both).
-    gloo's send and receive ranges get no group from the recorder's entries, which hold none
-    (before: the groups were refused and the verdict inconclusive). The step logs hold each
-    phase's waiting at point-to-point ops (p2p_wait.py): rank 2's forward, rank 0's sleep. The
-    watch, which reads CPU time inside phases that hold communication and so cannot see a sleep
-    there, flags no one."""
-    args = ["--log-dir", str(tmp_path), "--run-name", "pp", "--steps", "30", "--slow-rank", "0"]
-    args += ["--slow-ms", "60", "--slow-from", "8", "--watch-every", "3"]
+    all-reducing their gradients at backward's end (groups (0, 1) and (2, 3)): a rank sleeps 60
+    ms at the start of its forward or backward from step 8 (several times the clean step here:
+    a wide margin on 2 shared cores). Rank 0 slow in forward holds rank 2 at its receives of
+    the activations; rank 2 slow in backward holds rank 0 at its receives of the gradients. The
+    held rank reaches its stage's all-reduce about as late as the slow one reaches its own.
+    - The collector takes the waiting at the receives out of its lateness (runup.p2p_wait) and
+      names the slow rank alone, in its phase. gloo's send and receive ranges get no group from
+      the recorder's entries, which hold none.
+    - The step logs hold each phase's waiting at point-to-point ops and collectives
+      (comm_wait.py): the held rank's at its receives, the slow rank's stage peer's at their
+      all-reduce.
+    - The watch flags the slow rank alone, in its phase, from the first interval after the
+      onset (steps 9-11): forward holds no collective, so its wall time less the waits is own
+      work; the held rank's waiting at the receives is taken out of its arrival at the all-reduce;
+      each rank is judged against its own stage's ranks (watch_rule.stages). Before: forward's
+      sleep passed the watch by, and a sleep in backward flagged the held rank too."""
+    args = ["--log-dir", str(tmp_path), "--run-name", "pp", "--steps", "30", "--slow-rank", str(slow_rank)]
+    args += ["--slow-ms", "60", "--slow-from", "8", "--slow-phase", phase, "--watch-every", "3"]
     torchrun(args, nproc=4, timeout=300, script=PP_EXAMPLE)
     run = tmp_path / "pp"
     report = collect_report(run)
     assert report["verdict"] == "straggler", report["headline"]
-    assert {(s["rank"], s["phase"]) for s in report["stragglers"]} == {(0, "forward")}, report["headline"]
+    assert {(s["rank"], s["phase"]) for s in report["stragglers"]} == {(slow_rank, phase)}, report["headline"]
     by = {r["rank"]: r for r in report["ranks"]}
-    assert by[2]["late_ms"] > 30.0 and by[2]["beyond_peers_ms"] < 15.0, by[2]
-    # the step logs' waiting at the receives: rank 2's forward holds rank 0's sleep, rank 0's not
-    held = {}
-    for rank in (0, 2):
-        records = [json.loads(line) for line in steps_path(run, rank).read_text().splitlines()]
-        held[rank] = statistics.median((r.get("phases_p2p_ms") or {}).get("forward", 0.0) for r in records[10:])
-    assert held[2] > 30.0 and held[0] < 15.0, held
+    assert by[held]["late_ms"] > 30.0 and by[held]["beyond_peers_ms"] < 15.0, by[held]
+    waited, at_all_reduce = {}, {}
+    for rank in (slow_rank, held, slow_rank + 1):  # slow_rank + 1: its stage's other rank
+        records = [json.loads(line) for line in steps_path(run, rank).read_text().splitlines()][10:]
+        waited[rank] = statistics.median((r.get("phases_p2p_ms") or {}).get(phase, 0.0) for r in records)
+        at_all_reduce[rank] = statistics.median(
+            (r.get("phases_collective_wait_ms") or {}).get("backward", 0.0) for r in records
+        )
+    assert waited[held] > 30.0 and waited[slow_rank] < 15.0, waited
+    assert at_all_reduce[slow_rank + 1] > 30.0 and at_all_reduce[slow_rank] < 15.0, at_all_reduce
     lines = [json.loads(line) for line in watch_path(run).read_text().splitlines()]
     flagged = {(s["rank"], s["phase"]) for line in lines for s in line["stragglers"]}
-    assert flagged <= {(0, "forward")}, lines
+    assert flagged == {(slow_rank, phase)}, lines
+    first = min(line["step"] for line in lines if line["stragglers"])
+    assert first <= 14, lines  # within two intervals of the onset
 
 
 LATE_START = """

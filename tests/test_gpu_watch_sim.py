@@ -193,3 +193,32 @@ def test_over_two_groups_the_watch_flags_the_slow_rank_not_peers_it_held(paralle
 def test_a_clean_job_of_two_groups_is_not_flagged(parallel: str) -> None:
     w = run(case(parallel=parallel, ranks=16, kind="clean", slow=(), phase=None, size=0.0))
     assert w["flags"] == [] and not w["false_alarm"]
+
+
+@pytest.mark.parametrize(
+    ("slow", "kind", "phase"), [(3, "sleep", "forward"), (11, "compute", "forward"), (3, "compute", "backward")]
+)
+def test_in_a_pipeline_the_watch_flags_the_slow_stage_not_the_stages_it_held(slow: int, kind: str, phase: str) -> None:
+    """16 ranks in two pipeline stages (ranks 0-7 and 8-15, rank r + 8 receiving rank r's
+    activations; 1F1B over four micro-batches, detect/sim.py): a rank of either stage sleeps or
+    computes 30% of the step longer in forward or backward from step 8. Its pipeline peer waits
+    for it at its receives, which each rank's records hold per phase (the stream's stall after
+    each receive, `receives`) and the watch takes out; forward and backward hold no collective
+    (the stage's all-reduce comes after backward), so they are judged as own work, each rank
+    against its own stage's. The slow rank alone is flagged, in its phase."""
+    c = case(parallel="pp", ranks=16, kind=kind, slow=(slow,), phase=phase)
+    w = run(c)
+    assert w["material"] and {(rank, p) for _, rank, p in w["flags"]} == {(slow, phase)}, w["flags"]
+    assert w["innocent_flagged"] == []
+
+
+def test_a_clean_pipeline_is_not_flagged_and_its_records_say_whom_each_stage_receives_from() -> None:
+    c = case(parallel="pp", ranks=16, kind="clean", slow=(), phase=None, size=0.0)
+    assert run(c)["flags"] == []
+    sim, _, _ = gen.simulate_with_truth(c, 11, c.steps)
+    truths = sim.truth()
+    [(_, first), *_] = step_records(truths[11], COMPUTE_STREAM, sim.launch_latency_us, "fsdp")
+    assert first["phases_recv_from"] == {"forward": [3]}  # stage 1: activations from stage 0
+    [(_, first), *_] = step_records(truths[3], COMPUTE_STREAM, sim.launch_latency_us, "fsdp")
+    assert first["phases_recv_from"] == {"backward": [11]}  # stage 0: gradients from stage 1
+    assert first["phases_p2p_ms"]["backward"] > 0.0

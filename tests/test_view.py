@@ -39,6 +39,7 @@ def test_step_scalars_have_units_and_throughput() -> None:
         "host_cpu_util_pct": None,
         "phases_ms": {"data": 10.0, "forward": 20.0},
         "phases_p2p_ms": {"forward": 7.5},
+        "phases_collective_wait_ms": {"optimizer": 2.5},
     }
     assert step_scalars(rec) == {
         "step/time_ms": 50.0,
@@ -47,6 +48,7 @@ def test_step_scalars_have_units_and_throughput() -> None:
         "memory/host_rss_bytes": 1000.0,
         "phase/forward_ms": 20.0,
         "p2p_wait/forward_ms": 7.5,
+        "collective_wait/optimizer_ms": 2.5,
         "step/throughput_samples_per_s": 320.0,
     }
 

@@ -11,8 +11,8 @@ Step records, as timing.py's StepClock makes them on GPU:
 2. backward ends by making the compute stream wait for the gradients' collectives (DDP: the
    reducer's finalize waits on each bucket's all-reduce; FSDP2: its final callback waits on the
    last reduce-scatter), so the backward mark's event, and every one after it, also waits for
-   the step's last all-reduce or reduce-scatter launched by then (a pipeline's stage launches
-   its gradients' all-reduce after its last backward pass: none);
+   the step's last all-reduce or reduce-scatter launched before it (a pipeline's stage
+   launches its gradients' all-reduce after its last backward pass: none);
 3. phases_device_ms: each phase = the difference of consecutive events (the data phase's, the
    time the stream idled for the host's loader or ran work launched there), summed over a
    phase's occurrences in the step (a pipeline's passes, one mark at each's end); phases_ms the same
@@ -28,7 +28,10 @@ Step records, as timing.py's StepClock makes them on GPU:
    end at most (taken at that worst); a step with a collective not yet timed has its own work
    judged at once and the whole of it at a later exchange (`untimed_steps`, a group with none
    timed yet awaited for its first second, `TimingPatience`; `WatchJudge`, 2), as the live
-   watch does.
+   watch does; sends and receives are entries too, marked point-to-point (`is_p2p`);
+6. a pipeline's receives and its stage's gradient all-reduce (harness/train/comm_wait.py on
+   GPU): the host waits on each right after launching it, between two CUDA events on the
+   compute stream: `python_waits`.
 4. the host polls its clock at each step's end, right after recording the step's end event,
    then exchanges when due: a record reaches the watch at the first exchange after its end event
    completed, on its own clock. A step is never complete at its own end (its end event is still
@@ -75,12 +78,17 @@ WATCHDOG_POLL_US = 100_000.0
 # The watch's `parallel` for a generated job's: tensor and expert parallelism hold collectives in
 # forward and backward, as FSDP does (harness/integrations/lightning.py gives Lightning's ModelParallelStrategy "fsdp").
 WATCH_PARALLEL = {"ddp": "ddp", "fsdp": "fsdp", "tp": "fsdp", "hsdp": "fsdp", "ep": "fsdp", "pp": "fsdp"}
+# The collectives a generated job's loop waits on from Python, which comm_wait.py times (module
+# docstring, 6): a pipeline stage's gradient all-reduce after its passes (`dist.all_reduce`, as
+# examples/pipeline_parallel.py and Megatron's finalize_model_grads do). DDP's all-reduces are
+# its reducer's (C++) and FSDP2's collectives are waited on by stream events: none timed.
+PYTHON_WAITED = {"pp": ("allreduce",)}
 # what backward's end waits for (module docstring, 2): EP's last all-to-all on one host
 REDUCTIONS = ("allreduce", "reduce_scatter", "alltoall")
 
 
 def step_records(
-    truth: RankTruth, compute_stream: int, latency_us: float, parallel: str = "ddp"
+    truth: RankTruth, compute_stream: int, latency_us: float, parallel: str = "ddp", waited: tuple[str, ...] = ()
 ) -> list[tuple[float, dict[str, Any]]]:
     """One rank's (when its end event completed, its step record) per step, under the harness's
     step number (module docstring, 1-3), from the simulator's truth (one clock for host and
@@ -108,7 +116,7 @@ def step_records(
         for r in inside:
             # backward's end waits for the step's reductions launched by then (2)
             waits = max(
-                (end_us for launch_us, end_us, n in reductions if n == step.number and launch_us <= r.end_us),
+                (end_us for launch_us, end_us, n in reductions if n == step.number and launch_us < r.end_us),
                 default=0.0,
             )
             marks.append(event_us(r.end_us, max(marks[-1], waits if r.name == "backward" else 0.0)))
@@ -124,12 +132,54 @@ def step_records(
         record = {"step": step.number - 1, "step_ms": (end - marks[0]) / 1e3, "phases_ms": phases_ms}
         record["phases_device_ms"] = device_ms
         record["phases_span_ns"] = spans
+        p2p, collective, sources = python_waits(truth, inside, event_us, waited)
+        if p2p:
+            record["phases_p2p_ms"] = p2p
+        if collective:
+            record["phases_collective_wait_ms"] = collective
+        if sources:
+            record["phases_recv_from"] = sources
         if parallel == "ddp":
             backward_at = marks[next(i for i, r in enumerate(inside) if r.name == "backward")]  # opens backward
             ready = event_us(issued[step.number], backward_at)
             record["phases_own_device_ms"] = {"backward": (ready - backward_at) / 1e3}
         out.append((end, record))
     return out
+
+
+def python_waits(
+    truth: RankTruth, inside: list[Any], event_us: Callable[[float, float], float], waited: tuple[str, ...] = ()
+) -> tuple[dict[str, float], dict[str, float], dict[str, list[int]]]:
+    """A step's waits on communication per phase as comm_wait.py times them on GPU (module
+    docstring, 6): at its receives and at the collectives named in `waited`, and its receives'
+    sources. Each launched in the step (`inside`: its phase ranges), waited on at once: the
+    event before the wait completes at E(its launch) (`event_us`), the one after it once the op
+    has ended too, so the stall is max(0, the op's end - E(its launch)); it belongs to the range
+    open at its launch, or to the next one where it falls between two (the step clock counts a
+    gap in the phase whose mark ends it); a receive's source from its group key ("pg:src->dst")."""
+    p2p: dict[str, float] = {}
+    collective: dict[str, float] = {}
+    sources: dict[str, list[int]] = {}
+    if not inside:
+        return p2p, collective, sources
+    lo, hi = inside[0].start_us, inside[-1].end_us
+    for op in truth.ops:
+        if op.coll is None or op.pg is None or not lo <= op.launch_us < hi:
+            continue
+        if op.coll == "p2p":
+            src, dst = (int(x) for x in op.pg.rsplit(":", 1)[1].split("->"))
+            if dst != truth.rank:
+                continue  # a send: the compute stream does not wait for it
+            into = p2p
+        elif op.coll in waited:
+            into, src = collective, -1
+        else:
+            continue
+        phase = next(r.name for r in inside if op.launch_us < r.end_us)
+        into[phase] = into.get(phase, 0.0) + max(op.end_us - event_us(op.launch_us, 0.0), 0.0) / 1e3
+        if into is p2p and src not in sources.setdefault(phase, []):
+            sources[phase].append(src)
+    return p2p, collective, {phase: sorted(ranks) for phase, ranks in sources.items()}
 
 
 def recorder(truth: RankTruth, now_us: float) -> list[dict[str, Any]]:
@@ -143,8 +193,10 @@ def recorder(truth: RankTruth, now_us: float) -> list[dict[str, Any]]:
             "pg_id": local.setdefault(op.pg or "0", len(local)),
             "process_group": (op.pg or "0", "undefined"),
             "collective_seq_id": op.seq,
-            "time_created_ns": int(op.launch_us * 1e3),
-            "is_p2p": False,
+            # NCCL stamps the entry inside the launching call, after any phase mark the host made
+            # before the call: 1 ns on, where the simulator has the two at one time
+            "time_created_ns": int(op.launch_us * 1e3) + 1,
+            "is_p2p": op.coll == "p2p",  # NCCL's recorder marks sends and receives so
             "duration_ms": (op.end_us - op.start_us) / 1e3 if op.end_us + WATCHDOG_POLL_US <= now_us else None,
         }
         for op in truth.ops
@@ -153,7 +205,7 @@ def recorder(truth: RankTruth, now_us: float) -> list[dict[str, Any]]:
 
 
 def watch_flags(
-    sim: Sim, hosts: dict[int, str], compute_stream: int, parallel: str = "ddp"
+    sim: Sim, hosts: dict[int, str], compute_stream: int, parallel: str = "ddp", waited: tuple[str, ...] = ()
 ) -> tuple[list[tuple[int, int, str | None]], int]:
     """(exchange step, rank, phase) each time the watch flags a rank anew (module docstring, 4), and the
     last step it judged (-1: none): per exchange after step s, every rank's table of its latest
@@ -163,7 +215,7 @@ def watch_flags(
     records = [
         [
             (done, rec)
-            for done, rec in step_records(t, compute_stream, sim.launch_latency_us, parallel)
+            for done, rec in step_records(t, compute_stream, sim.launch_latency_us, parallel, waited)
             if rec["step"] >= WARMUP_STEPS
         ]
         for t in truths
@@ -225,7 +277,9 @@ def watch_case(
     `simulate(case, seed, cost_steps)` is detect/sim.py's `simulate_with_truth`."""
     long = replace(case, steps=WATCH_STEPS, onset=ONSET_STEP + 1)  # the simulator counts from 1
     sim, truth, _ = simulate(long, noise_seed, long.steps - long.onset + 1)
-    flags, judged_through = watch_flags(sim, hosts, compute_stream, WATCH_PARALLEL[long.parallel])
+    flags, judged_through = watch_flags(
+        sim, hosts, compute_stream, WATCH_PARALLEL[long.parallel], PYTHON_WAITED.get(long.parallel, ())
+    )
     seen = Seen(verdict="", watch_flags=[(step, rank) for step, rank, _ in flags])
     outcome = score(truth, seen, onset_step=ONSET_STEP)
     injected = set(long.slow)

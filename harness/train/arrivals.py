@@ -208,6 +208,7 @@ def held_lateness_ms(
     held_phases: Sequence[str],
     offsets_ns: Sequence[float] | None = None,
     device: bool = False,
+    groups: Sequence[int] | None = None,
 ) -> torch.Tensor | None:
     """Per rank, step and phase that holds collectives: how much later than the punctual ranks it
     arrived because of what it did inside the phase ([ranks, steps, phases], ms), or None where
@@ -229,7 +230,9 @@ def held_lateness_ms(
        with, its phase start on the common clock, which came after every hold before it; and:
     4. on CPU: its lateness in the phase = the sum of its positive increases from the lateness it
        entered the phase with, e = its phase start - the punctual start (at least 0: what it did
-       before is the other phases' account): l_1 - e, l_2 - l_1, ... Ranks stay apart over
+       before is the other phases' account; the punctual start over its `groups` peers where
+       given, a pipeline stage's ranks, whose phases start apart from other stages' by design):
+       l_1 - e, l_2 - l_1, ... Ranks stay apart over
        asynchronous collectives (DDP's buckets: a delay before the first shows at every bucket,
        once as an increase; one spread over the buckets adds at each), and leave a blocking one
        together (FSDP's all-gathers: a delay shows at the next one, then every rank is back in
@@ -299,8 +302,8 @@ def held_lateness_ms(
             starts = [[span[2 * o] - offsets[r] for o in range(passes)] for r, span in enumerate(marked)]
             entering, before = [], []
             for o in range(passes):
-                mark = sorted(st[o] for st in starts)[punctual_index(n)]
-                entering.append([max(st[o] - mark, 0.0) for st in starts])
+                marks = _punctual_per_group([st[o] for st in starts], groups)
+                entering.append([max(st[o] - mark, 0.0) for st, mark in zip(starts, marks)])
                 follows = ends_at.get(tuple(span[2 * o] for span in marked))
                 before.append(None if follows == j else follows)  # a phase of no length ends where it starts
             tables = [t.get((step, phase), {}) for t in by_rank]
@@ -331,6 +334,17 @@ def held_lateness_ms(
                     elif before[o] is not None:
                         out[r, i, before[o]] += late / 1e6
     return out
+
+
+def _punctual_per_group(values: Sequence[float], groups: Sequence[int] | None) -> list[float]:
+    """Each rank's punctual mark of `values` (one per rank): the lower quartile over the ranks of
+    its group (all ranks where `groups` is None)."""
+    keys = list(groups) if groups is not None else [0] * len(values)
+    mark: dict[int, float] = {}
+    for g in set(keys):
+        members = sorted(v for v, h in zip(values, keys) if h == g)
+        mark[g] = members[punctual_index(len(members))]
+    return [mark[g] for g in keys]
 
 
 def _apart(arrivals: Sequence[Sequence[Arrival]]) -> set[tuple[str, int]]:

@@ -39,10 +39,10 @@ from harness.collect.read.watch_log import watch_line
 from harness.paths import RUN_FILE, run_file, scalars_dir, steps_path, watch_path
 from harness.scalars import ScalarWriter, step_scalars
 from harness.train import flight
+from harness.train.comm_wait import CommWaitTimer
 from harness.train.config import LaunchEnv
 from harness.train.grads_ready import GradientsReady
 from harness.train.metrics import Metrics, metrics_target
-from harness.train.p2p_wait import P2PWaitTimer
 from harness.train.profiling import TraceRecorder
 from harness.train.ranges import phase_range
 from harness.train.run_config import RunConfig, load_run_config
@@ -135,7 +135,7 @@ class Run:
         self._closed = False
         self._sigterm_before: Any = None
         self._grads: GradientsReady | None = None
-        self._p2p: P2PWaitTimer | None = None
+        self._comm: CommWaitTimer | None = None
 
     # -- start and end -----------------------------------------------------------------------
 
@@ -232,9 +232,11 @@ class Run:
             # the watch reads a CPU rank's own work in the phases that hold collectives from its CPU time
             self.clock.thread_time = self.watch.on and self.device.type == "cpu"
             self.clock.spans = self.watch.read_arrivals
-            if env.distributed:  # each phase's waiting at point-to-point ops: phases_p2p_ms
-                self._p2p = P2PWaitTimer(self.device.type == "cuda", self.clock.add_p2p_wait)
-                self._p2p.install()
+            if env.distributed:  # each phase's waiting for communication: phases_p2p_ms, phases_collective_wait_ms
+                self._comm = CommWaitTimer(
+                    self.device.type == "cuda", self.clock.add_comm_wait, self.clock.add_p2p_source
+                )
+                self._comm.install()
             self.recorder.__enter__()
         except BaseException as exc:
             self.close(exc)
@@ -457,9 +459,9 @@ class Run:
     # -- inside ------------------------------------------------------------------------------
 
     def _unhook(self) -> None:
-        if self._p2p is not None:
-            self._p2p.uninstall()
-            self._p2p = None
+        if self._comm is not None:
+            self._comm.uninstall()
+            self._comm = None
         if self._grads is not None:
             self._grads.detach()
             self._grads = None

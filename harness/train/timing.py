@@ -62,8 +62,11 @@ class _PendingStep:
     device: int | None = None  # the CUDA device its events are recorded on (GPU)
     own_end: Any = None  # the open phase's latest `mark_own_end` event
     own_events: list[tuple[str, Any, Any]] = field(default_factory=list)  # (phase, its start, own end) per occurrence
-    p2p_open: list[Any] = field(default_factory=list)  # the open phase's point-to-point waits (ms, or event pairs)
-    p2p: list[tuple[str, list[Any]]] = field(default_factory=list)  # (phase, its waits) per occurrence
+    # the open phase's waits on communication ((ms or event pairs, point-to-point or not)), and each phase's
+    waits_open: list[tuple[Any, bool]] = field(default_factory=list)
+    waits: list[tuple[str, list[tuple[Any, bool]]]] = field(default_factory=list)  # (phase, its waits) per occurrence
+    sources_open: set[int] = field(default_factory=set)  # the open phase's receives' sources (global ranks)
+    sources: dict[str, set[int]] = field(default_factory=dict)  # phase -> its receives' sources
 
 
 class StepClock:
@@ -94,10 +97,11 @@ class StepClock:
             cur.epoch_marks.append(time.time_ns())
         if self._runq is not None:
             cur.runq_marks.append(self._runq.read_ms())
-        if cur.p2p_open:
+        if cur.waits_open or cur.sources_open:
             if label not in ("start", "end"):
-                cur.p2p.append((label, cur.p2p_open))
-            cur.p2p_open = []
+                cur.waits.append((label, cur.waits_open))
+                cur.sources.setdefault(label, set()).update(cur.sources_open)
+            cur.waits_open, cur.sources_open = [], set()
         if self.cuda:
             if cur.own_end is not None and label != "end":  # never set before the step's start mark
                 cur.own_events.append((label, cur.events[-1][1], cur.own_end))
@@ -120,11 +124,17 @@ class StepClock:
         event.record()
         cur.own_end = event
 
-    def add_p2p_wait(self, wait: float | tuple[Any, Any]) -> None:
-        """A wait at a point-to-point op (p2p_wait.py) in the open phase: its ms (CPU) or the
-        CUDA events before and after it on the current stream (GPU); nothing outside a step."""
+    def add_comm_wait(self, wait: float | tuple[Any, Any], p2p: bool) -> None:
+        """A wait on communication (comm_wait.py) in the open phase: its ms (CPU) or the CUDA
+        events before and after it on the current stream (GPU), at a point-to-point op or a
+        collective; nothing outside a step."""
         if self._current is not None:
-            self._current.p2p_open.append(wait)
+            self._current.waits_open.append((wait, p2p))
+
+    def add_p2p_source(self, rank: int) -> None:
+        """A receive from global rank `rank` in the open phase (comm_wait.py)."""
+        if self._current is not None:
+            self._current.sources_open.add(rank)
 
     def finish(self, **extra: Any) -> None:
         """Close the step; `extra` fields are passed through to its record."""
@@ -179,16 +189,20 @@ class StepClock:
                     continue
             if own:
                 extra["phases_own_device_ms"] = own
-        p2p: dict[str, float] = {}
-        for label, waits in p.p2p:
-            for w in waits:
+        waited: dict[bool, dict[str, float]] = {True: {}, False: {}}  # point-to-point or not -> phase -> ms
+        for label, waits in p.waits:
+            for w, p2p in waits:
                 try:
                     ms = w[0].elapsed_time(w[1]) if isinstance(w, tuple) else w
                 except RuntimeError:  # events CUDA cannot compare (another device's): not counted
                     continue
-                p2p[label] = p2p.get(label, 0.0) + ms
-        if p2p:
-            extra["phases_p2p_ms"] = p2p
+                waited[p2p][label] = waited[p2p].get(label, 0.0) + ms
+        if waited[True]:
+            extra["phases_p2p_ms"] = waited[True]
+        if waited[False]:
+            extra["phases_collective_wait_ms"] = waited[False]
+        if any(p.sources.values()):
+            extra["phases_recv_from"] = {label: sorted(ranks) for label, ranks in p.sources.items() if ranks}
         # Data wait is host time blocked on the loader, on either device.
         host_ms = _per_phase(labels, [(b - a) * 1e3 for (_, a), (_, b) in zip(host[:-1], host[1:])])
         data_ms = host_ms.get("data", 0.0)

@@ -26,6 +26,15 @@ before its last gradient (SyncBatchNorm, tensor- or expert-parallel collectives)
 backward in a loop that did not hook its gradients, or inside FSDP's phases without the Flight
 Recorder. The traces see it (the collector's lateness at each collective); a scheduled or
 triggered window captures it.
+
+Pipelines. A stage waits at its receives for its neighbour (comm_wait.py times that per phase),
+longer for a slow one, and its stages do different work by design. So: waiting at point-to-point
+ops is no phase's own work; a phase that held such waits and no collective (a pipeline's
+forward, with the Flight Recorder saying which phases held collectives) is judged by its wall
+time less them, as a phase of own work is; a rank held at its receives reaches its stage's
+all-reduce late by that hold, which is taken out of its arrivals there; and each rank is
+compared with the ranks of its own stage (`stages`, from where each rank's forward received its
+activations), as the collector compares a stage's data-parallel ranks at their all-reduce.
 """
 
 from __future__ import annotations
@@ -56,10 +65,15 @@ WATCH_PHASES = (*STEP_PHASES, "forward_backward")
 # one per WATCH_PHASES (its own work there: on CPU its CPU time, timing.py's phases_cpu_ms; on GPU,
 # in a phase that holds DDP's all-reduce, its device's time there until its last gradient,
 # phases_own_device_ms), one per WATCH_PHASES (time waiting for a core, timing.py's
-# phases_runq_ms)]; NaN pads the rows a rank has not timed yet (on GPU a step is timed once its
-# CUDA events complete), the phases a step did not have and the times a rank did not take.
+# phases_runq_ms), one per WATCH_PHASES (time held at point-to-point ops, phases_p2p_ms, 0 where
+# none), one per WATCH_PHASES (time held at collectives waited on from Python,
+# phases_collective_wait_ms, 0 where none), forward's source (the lowest global rank it received
+# forward's activations from, phases_recv_from: its place in a pipeline, `stages`)]; NaN pads the
+# rows a rank has not timed yet (on GPU a step is timed once its CUDA events complete), the
+# phases a step did not have, the times a rank did not take and a forward with no receive.
 PHASES = len(WATCH_PHASES)
-COLUMNS = 2 + 3 * PHASES
+COLUMNS = 2 + 5 * PHASES + 1
+SOURCE_COLUMN = COLUMNS - 1
 # At most this many stragglers get a phase per interval (the most late): each phase compares a rank
 # with every other rank (one straggler among 1024 ranks: 20-24 ms an interval, mostly this), so 16,
 # two 8-GPU nodes' worth like the collector's MAX_CAUSES, bounds it; the rest are flagged unnamed.
@@ -144,16 +158,23 @@ def step_row(record: dict) -> list[float]:
     worked in it, not the host's time blocked on the loader, which a host running ahead of its
     GPU hides), else its phase times; its own work per phase: its CPU time (CPU) or, in a phase
     that holds collectives, its device's time there until its last gradient (GPU, where marked:
-    timing.py's phases_own_device_ms)."""
+    timing.py's phases_own_device_ms); its wait for a core, at point-to-point ops and at
+    collectives per phase; where forward received its activations from."""
     phases = record.get("phases_device_ms") or record.get("phases_ms") or {}
     cpu = record.get("phases_cpu_ms") or record.get("phases_own_device_ms") or {}
     runq = record.get("phases_runq_ms") or {}
+    p2p = record.get("phases_p2p_ms") or {}
+    held = record.get("phases_collective_wait_ms") or {}
+    sources = (record.get("phases_recv_from") or {}).get("forward") or []
     return [
         record["step"],
         record["step_ms"],
         *(phases.get(p, math.nan) for p in WATCH_PHASES),
         *(cpu.get(p, math.nan) for p in WATCH_PHASES),
         *(runq.get(p, math.nan) for p in WATCH_PHASES),
+        *(p2p.get(p, 0.0) for p in WATCH_PHASES),
+        *(held.get(p, 0.0) for p in WATCH_PHASES),
+        min(sources) if sources else math.nan,
     ]
 
 
@@ -181,16 +202,22 @@ def judge_interval(
     1. the steps judged are those after `after_step` (and up to `until_step`, where given: on GPU
        the last step whose collectives NCCL has timed on every rank, `arrivals.untimed_steps`)
        that every rank timed;
-    2. per step and rank: own = the sum of its own-work phases (`own_work_phases`; on CPU less
-       its wait for a core in them, timing.py's phases_runq_ms: time-sharing, not its work) and,
-       per phase that holds collectives (`held_phases`), of its own work there (`step_row`: CPU
-       time on CPU; on GPU its device's time until its last gradient; none in a step where some
-       rank lacks it) or, where every rank's arrivals at those collectives are known
-       (`arrivals`, CPU), the larger of its CPU time beyond the punctual ranks' mean there and
-       the lateness its arrivals show it added there (arrivals.held_lateness_ms: a rank that
-       sleeps or blocks there), all divided by its speed (`phase_speed` on CPU; 1 on GPU);
-       lateness = own - the punctual ranks' own (the lower quartile: `punctual_index`), at
-       least 0;
+    2. per step and rank: own = the sum of its own-work phases (`own_work_phases`; less its
+       wait for a core in them, timing.py's phases_runq_ms: time-sharing, not its work, and its
+       waits at point-to-point ops and collectives, phases_p2p_ms and
+       phases_collective_wait_ms: a pipeline neighbour's, a slow peer's) and, per phase that
+       holds collectives (`held_phases`), of its own work there (`step_row`: CPU time on CPU; on
+       GPU its device's time until its last gradient; none in a step where some rank lacks it)
+       or, where every rank's arrivals at those collectives are known (`arrivals`), the larger
+       of its CPU time beyond its stage's punctual ranks' mean there and the lateness its
+       arrivals show it added there (arrivals.held_lateness_ms: a rank that sleeps or blocks
+       there) less its waits at point-to-point ops there beyond its stage's punctual ranks'
+       (a stage held at its receives of a slow neighbour's gradients), or, in a held phase that
+       waited at point-to-point ops and held no collective (`point_to_point_phases`), its wall
+       time as in an own-work phase; all divided by its speed (`phase_speed` on CPU; 1 on
+       GPU); lateness = own - the punctual ranks' own among the ranks of its pipeline stage
+       (the lower quartile: `punctual_index`; `stages`: all ranks where there is no pipeline),
+       at least 0;
     3. per rank: late_ms = the mean lateness per step; beyond_peers_ms = late_ms less
        `peer_baseline` of the ranks' late_ms;
     4. the collector's rule (`straggler_bounds`): the median rank's mean step time, the run's
@@ -204,8 +231,8 @@ def judge_interval(
        wider one on CPU, for `sustain`;
     5. per straggler or rank over the material bound (the MAX_PHASED with the largest
        beyond_peers_ms) and phase of step 2 (own-work by wall time, held by CPU time): excess =
-       the mean per step of its time minus the median of the other ranks' time; the largest
-       positive one names the phase.
+       the mean per step of its time minus the median of its stage's other ranks' time; the
+       largest positive one names the phase.
     """
     n_ranks = tables.shape[0]
     step_col = tables[..., 0]
@@ -231,8 +258,13 @@ def judge_interval(
     # own work in a phase counts in a step only where every rank has it: a rank without it (a
     # GPU step its gradient hook did not mark) would be the punctual mark and make the rest late
     cpus = torch.where(torch.isnan(cpus).any(dim=0, keepdim=True), 0.0, cpus)
-    waits = torch.nan_to_num(table[..., 2 + 2 * PHASES :], nan=0.0)
-    walls = (walls - waits).clamp(min=0.0)  # the time it wanted a core and had none is not its work
+    waits = torch.nan_to_num(table[..., 2 + 2 * PHASES : 2 + 3 * PHASES], nan=0.0)
+    p2p = torch.nan_to_num(table[..., 2 + 3 * PHASES : 2 + 4 * PHASES], nan=0.0)
+    collective = torch.nan_to_num(table[..., 2 + 4 * PHASES : 2 + 5 * PHASES], nan=0.0)
+    # the time it wanted a core and had none, or waited for a pipeline neighbour or for the
+    # peers of a collective it waited on, is not its work
+    walls = (walls - waits - p2p - collective).clamp(min=0.0)
+    groups = stages(table[..., SOURCE_COLUMN])
     names = own_phases + held_phases
     own_cols = [WATCH_PHASES.index(p) for p in own_phases]
     held_cols = [WATCH_PHASES.index(p) for p in held_phases]
@@ -241,19 +273,31 @@ def judge_interval(
     held = cpus[..., held_cols]
     if arrivals is not None and held_cols:
         late_held = held_lateness_ms(
-            arrivals.spans_ns, arrivals.arrivals, steps, held_phases, arrivals.offsets_ns, device=arrivals.device
+            arrivals.spans_ns,
+            arrivals.arrivals,
+            steps,
+            held_phases,
+            arrivals.offsets_ns,
+            device=arrivals.device,
+            groups=groups,
         )
         if late_held is not None:
+            # a rank held at its receives (a pipeline stage waiting for a slow neighbour's
+            # gradients) reaches the collective after them late by that hold: its waiting there
+            # beyond its stage's punctual ranks' is taken out (the collector's runup.p2p_wait)
+            waited = p2p[..., held_cols]
+            late_held = (late_held - (waited - punctual_of(waited, groups)).clamp(min=0.0)).clamp(min=0.0)
             # each is a lower bound of the time a rank added there: its CPU time beyond the
             # punctual ranks' (a constant per phase over the interval, which moves no rank's
             # lateness or jitter) misses its sleeps, its arrivals miss all but one stretch of a
             # slowness spread between blocking collectives (arrivals.held_lateness_ms)
-            ref = held.mean(dim=1).sort(dim=0).values[punctual_index(n_ranks)]  # [held phases]
-            held = torch.maximum(held - ref, late_held)
+            ref = punctual_of(held.mean(dim=1), groups)  # [ranks, held phases]
+            held = torch.maximum(held - ref[:, None, :], late_held)
+        for k in point_to_point_phases(held_phases, p2p[..., held_cols], arrivals, steps):
+            held[..., k] = walls[..., held_cols[k]]
     work = torch.cat([walls[..., own_cols], held], dim=-1) / speed  # [ranks, steps, names]
     own = work.sum(-1)  # [ranks, steps]
-    punctual = own.sort(dim=0).values[punctual_index(n_ranks)]
-    late = (own - punctual).clamp(min=0.0)
+    late = (own - punctual_of(own, groups)).clamp(min=0.0)
     late_ms = dict(enumerate(late.mean(dim=1).tolist()))
     baseline = peer_baseline(list(late_ms.values()))
     beyond = {r: v - baseline for r, v in late_ms.items()}
@@ -279,7 +323,7 @@ def judge_interval(
     over = {r for r in range(n_ranks) if beyond[r] > threshold and steps_late[r] >= need}
     material = over | {r for r in range(n_ranks) if beyond[r] > material_threshold and steps_material[r] >= need}
     flagged = sorted(material, key=lambda r: (-beyond[r], r))
-    phased = {r: _slowest_phase(r, work, names) for r in flagged[:MAX_PHASED]}
+    phased = {r: _slowest_phase(r, work, names, groups) for r in flagged[:MAX_PHASED]}
     out = [
         RankLateness(
             rank=r,
@@ -395,6 +439,65 @@ class WatchJudge:
         return Judgement(verdict=verdict if verdict.steps or ahead is None else ahead, new=new, gone=gone, ahead=ahead)
 
 
+def stages(sources: torch.Tensor) -> list[int]:
+    """Each rank's place in a pipeline, from where it received forward's activations ([ranks,
+    steps], global ranks, NaN where none; `step_row`): a pipeline's stages do different work by
+    design (the last one's loss and head, say), so a rank is judged against its own stage's
+    ranks (its data-parallel peers), not the whole job's.
+    1. a rank's source: its last step's that has one (none: it receives no activations, a first
+       stage or a job with no pipeline);
+    2. its place: 0 without a source, else its source's place + 1, following the chain;
+    3. ranks on a cycle of sources (an interleaved schedule: the last stage feeds the first's
+       next chunk) or with a source that is not a rank here share one place, -1.
+    A job with no pipeline: every rank in place 0, one group, as before stages were told apart."""
+    n = sources.shape[0]
+    steps = torch.arange(sources.shape[1]).expand_as(sources)
+    last = torch.where(torch.isnan(sources), -1, steps).max(dim=1).values  # each rank's last step with one
+    latest = sources.gather(1, last.clamp(min=0)[:, None]).squeeze(1).tolist()
+    source = [int(v) if i >= 0 else None for i, v in zip(last.tolist(), latest)]
+    places = []
+    for r in range(n):
+        place, at, seen = 0, r, {r}
+        while (up := source[at]) is not None:
+            if not 0 <= up < n or up in seen:
+                place = -1
+                break
+            seen.add(up)
+            place, at = place + 1, up
+        places.append(place)
+    return places
+
+
+def punctual_of(x: torch.Tensor, groups: list[int]) -> torch.Tensor:
+    """Each rank's punctual mark of `x` ([ranks, ...]): the lower quartile (`punctual_index`)
+    over the ranks of its group (`stages`), along the ranks."""
+    if len(set(groups)) == 1:
+        return x.sort(dim=0).values[punctual_index(len(groups))].expand_as(x)
+    out = torch.empty_like(x)
+    for g in set(groups):
+        members = [r for r, h in enumerate(groups) if h == g]
+        out[members] = x[members].sort(dim=0).values[punctual_index(len(members))]
+    return out
+
+
+def point_to_point_phases(
+    held_phases: tuple[str, ...], p2p: torch.Tensor, arrivals: HeldArrivals | None, steps: list[int]
+) -> list[int]:
+    """The indices of `held_phases` that held point-to-point waits (`p2p`: [ranks, steps, held
+    phases], phases_p2p_ms) over these steps and no collective on any rank (a pipeline's forward:
+    sends and receives alone, which the recorder's arrivals leave out). There a rank's wall time
+    less its waits is its own work, as in a phase that holds nothing; the waits are what its
+    neighbours cost it. Only where the arrivals say which phases held collectives (the recorder
+    on): without them a phase with waits may hold a collective too, whose wait its wall time
+    would keep."""
+    if arrivals is None:
+        return []
+    judged = set(steps)
+    held_collectives = {a[1] for mine in arrivals.arrivals for a in mine if a[0] in judged}
+    waited = (p2p > 0).flatten(0, 1).any(dim=0).tolist()
+    return [k for k, phase in enumerate(held_phases) if waited[k] and phase not in held_collectives]
+
+
 def phase_speed(cpu_ms: torch.Tensor) -> torch.Tensor:
     """Each rank's speed factor from its CPU time per phase ([ranks, steps, PHASES], 0 where not
     taken): the collector's `speed.op_speed` with phases for op names.
@@ -446,9 +549,16 @@ def median(x: torch.Tensor, dim: int) -> torch.Tensor:
     return upper if n % 2 else (ordered.narrow(dim, n // 2 - 1, 1).squeeze(dim) + upper) / 2
 
 
-def _slowest_phase(rank: int, work: torch.Tensor, names: tuple[str, ...]) -> tuple[str | None, float | None]:
-    """Of `work` ([ranks, steps, names]), the name where `rank` spends most over the others' median."""
-    others = torch.cat([work[:rank], work[rank + 1 :]])  # [ranks - 1, steps, names]
+def _slowest_phase(
+    rank: int, work: torch.Tensor, names: tuple[str, ...], groups: list[int]
+) -> tuple[str | None, float | None]:
+    """Of `work` ([ranks, steps, names]), the name where `rank` spends most over its peers'
+    median: the other ranks of its place in the pipeline (`stages`), every other rank where it
+    is alone there."""
+    peers = [r for r, g in enumerate(groups) if g == groups[rank] and r != rank]
+    if not peers:
+        peers = [r for r in range(len(groups)) if r != rank]
+    others = work[peers]  # [peers, steps, names]
     excess = (work[rank] - median(others, dim=0)).mean(dim=0).tolist()
     best = max(range(len(names)), key=lambda i: (excess[i], -i))
     if excess[best] <= 0:
