@@ -115,6 +115,11 @@ SMOKE = [
         ["4 layers, 8 parameters", "backward without hooks", "hooks:"],
     ),
     Smoke(
+        "comm_wait.py",
+        ["--reps", "1", "--waits", "100", "--calls", "10"],
+        ["wait() on a completed Work", "blocking all_reduce of 16 floats"],
+    ),
+    Smoke(
         "detection.py",
         ["--smoke", "--seed", "2"],
         ["real runs (1 cases", "generated (1 cases", "real: recall", "generated: false alarms"],
