@@ -53,18 +53,25 @@ def test_each_phase_adds_up_the_waits_made_in_it() -> None:
     assert "phases_p2p_ms" not in quiet and "phases_collective_wait_ms" not in quiet
 
 
-def test_each_phase_says_whom_it_received_from() -> None:
+def test_each_phase_says_whom_it_received_from_and_the_step_where_it_began() -> None:
     clock = StepClock(cuda=False)
     clock.start(0)
-    clock.add_p2p_source(3)
-    clock.add_p2p_source(1)
-    clock.add_p2p_source(3)
+    clock.add_p2p_op(3)
+    clock.add_p2p_op(1)
+    clock.add_p2p_op(None)  # a send
+    clock.add_p2p_op(3)
     clock.mark("forward")
-    clock.add_comm_wait(1.0, True)  # a send's wait: no source
+    clock.add_p2p_op(-1)  # a receive whose source torch could not map
     clock.mark("backward")
     clock.finish()
-    [rec] = clock.poll()
-    assert rec["phases_recv_from"] == {"forward": [1, 3]}
+    clock.start(1)  # a first stage: it sends before it receives
+    clock.add_p2p_op(None)
+    clock.add_p2p_op(2)
+    clock.mark("forward")
+    clock.finish()
+    first, sender = clock.poll()
+    assert first["phases_recv_from"] == {"forward": [1, 3]} and first["first_recv_from"] == 3
+    assert sender["phases_recv_from"] == {"forward": [2]} and "first_recv_from" not in sender
 
 
 def test_on_gpu_a_wait_is_the_stall_between_its_events(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,10 +112,10 @@ def test_a_cpu_wait_is_its_wall_time() -> None:
 
 
 def test_install_wraps_torch_s_wait_once_and_uninstall_puts_it_back() -> None:
-    own = (dist.Work.wait, dist.batch_isend_irecv, dist.ProcessGroup.recv)
-
     def current() -> tuple:
-        return (dist.Work.wait, dist.batch_isend_irecv, dist.ProcessGroup.recv)
+        return (dist.Work.wait, dist.batch_isend_irecv, dist.ProcessGroup.send, dist.ProcessGroup.recv)
+
+    own = current()
 
     first = CommWaitTimer(cuda=False, on_wait=lambda ms, p2p: None)
     second = CommWaitTimer(cuda=False, on_wait=lambda ms, p2p: None)

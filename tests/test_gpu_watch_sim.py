@@ -219,6 +219,8 @@ def test_a_clean_pipeline_is_not_flagged_and_its_records_say_whom_each_stage_rec
     truths = sim.truth()
     [(_, first), *_] = step_records(truths[11], COMPUTE_STREAM, sim.launch_latency_us, "fsdp")
     assert first["phases_recv_from"] == {"forward": [3]}  # stage 1: activations from stage 0
+    assert first["first_recv_from"] == 3  # ... which begin its step
     [(_, first), *_] = step_records(truths[3], COMPUTE_STREAM, sim.launch_latency_us, "fsdp")
     assert first["phases_recv_from"] == {"backward": [11]}  # stage 0: gradients from stage 1
+    assert "first_recv_from" not in first  # stage 0 sends first
     assert first["phases_p2p_ms"]["backward"] > 0.0

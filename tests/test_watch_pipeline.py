@@ -49,8 +49,8 @@ def job(
                 "phases_cpu_ms": {"data": 1.0, "forward": 10.0, "backward": 10.0, "optimizer": 2.0},
                 "phases_p2p_ms": {"forward": forward_p2p_ms[r], "backward": backward_p2p_ms[r]},
             }
-            if r >= 2 and sources:
-                record["phases_recv_from"] = {"forward": [r - 2]}
+            if r >= 2 and sources:  # stage 1 begins each step receiving stage 0's activations
+                record["first_recv_from"] = r - 2
             mine_rows.append(step_row(record))
             mine_spans[step] = {
                 "forward": [int((t0 + 1) * MS), int(fwd_end * MS)],

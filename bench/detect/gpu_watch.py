@@ -132,13 +132,15 @@ def step_records(
         record = {"step": step.number - 1, "step_ms": (end - marks[0]) / 1e3, "phases_ms": phases_ms}
         record["phases_device_ms"] = device_ms
         record["phases_span_ns"] = spans
-        p2p, collective, sources = python_waits(truth, inside, event_us, waited)
+        p2p, collective, sources, first = python_waits(truth, inside, event_us, waited)
         if p2p:
             record["phases_p2p_ms"] = p2p
         if collective:
             record["phases_collective_wait_ms"] = collective
         if sources:
             record["phases_recv_from"] = sources
+        if first is not None:
+            record["first_recv_from"] = first
         if parallel == "ddp":
             backward_at = marks[next(i for i, r in enumerate(inside) if r.name == "backward")]  # opens backward
             ready = event_us(issued[step.number], backward_at)
@@ -149,25 +151,32 @@ def step_records(
 
 def python_waits(
     truth: RankTruth, inside: list[Any], event_us: Callable[[float, float], float], waited: tuple[str, ...] = ()
-) -> tuple[dict[str, float], dict[str, float], dict[str, list[int]]]:
+) -> tuple[dict[str, float], dict[str, float], dict[str, list[int]], int | None]:
     """A step's waits on communication per phase as comm_wait.py times them on GPU (module
-    docstring, 6): at its receives and at the collectives named in `waited`, and its receives'
-    sources. Each launched in the step (`inside`: its phase ranges), waited on at once: the
-    event before the wait completes at E(its launch) (`event_us`), the one after it once the op
-    has ended too, so the stall is max(0, the op's end - E(its launch)); it belongs to the range
-    open at its launch, or to the next one where it falls between two (the step clock counts a
-    gap in the phase whose mark ends it); a receive's source from its group key ("pg:src->dst")."""
+    docstring, 6): at its receives and at the collectives named in `waited`; its receives'
+    sources per phase; the source of its first point-to-point op where that was a receive
+    (first_recv_from; None where it sent first or had none). Each launched in the step
+    (`inside`: its phase ranges), waited on at once: the event before the wait completes at
+    E(its launch) (`event_us`), the one after it once the op has ended too, so the stall is
+    max(0, the op's end - E(its launch)); it belongs to the range open at its launch, or to the
+    next one where it falls between two (the step clock counts a gap in the phase whose mark
+    ends it); a receive's source from its group key ("pg:src->dst")."""
     p2p: dict[str, float] = {}
     collective: dict[str, float] = {}
     sources: dict[str, list[int]] = {}
+    first: int | None = None
+    seen_p2p = False
     if not inside:
-        return p2p, collective, sources
+        return p2p, collective, sources, first
     lo, hi = inside[0].start_us, inside[-1].end_us
-    for op in truth.ops:
+    for op in truth.ops:  # in launch order
         if op.coll is None or op.pg is None or not lo <= op.launch_us < hi:
             continue
         if op.coll == "p2p":
             src, dst = (int(x) for x in op.pg.rsplit(":", 1)[1].split("->"))
+            if not seen_p2p:
+                seen_p2p = True
+                first = src if dst == truth.rank else None
             if dst != truth.rank:
                 continue  # a send: the compute stream does not wait for it
             into = p2p
@@ -179,7 +188,7 @@ def python_waits(
         into[phase] = into.get(phase, 0.0) + max(op.end_us - event_us(op.launch_us, 0.0), 0.0) / 1e3
         if into is p2p and src not in sources.setdefault(phase, []):
             sources[phase].append(src)
-    return p2p, collective, {phase: sorted(ranks) for phase, ranks in sources.items()}
+    return p2p, collective, {phase: sorted(ranks) for phase, ranks in sources.items()}, first
 
 
 def recorder(truth: RankTruth, now_us: float) -> list[dict[str, Any]]:

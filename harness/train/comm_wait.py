@@ -25,10 +25,12 @@ the thread that marks the steps is timed:
    or RECVANYSOURCE, or under NCCL the one COALESCED Work of a `batch_isend_irecv` batch
    (`torch.distributed.batch_isend_irecv` is wrapped too, to note its batches), else as a
    collective's.
-Each receive's source is noted too (`ProcessGroup.recv`, which every receive above calls from
-Python, wrapped likewise), as a global rank, per phase: where a rank receives its forward's
-activations from is its place in a pipeline (the watch compares a stage's ranks with each other,
-watch_rule.stages).
+Each send and receive is noted too, in the order issued (`ProcessGroup.send` and `recv`, which
+every one of them above calls from Python, wrapped likewise), a receive with its source as a
+global rank: a pipeline stage's first point-to-point op in a step is a receive of its
+activations from the stage before it, a first stage's a send, so the step's first op gives each
+rank its place in the pipeline (the watch compares a stage's ranks with each other,
+watch_rule.stages), whatever the loop's phases are called.
 What it does not see: waits done in C++ (DDP's reducer, FSDP's stream waits, a backend's own
 threads) and batches from a `batch_isend_irecv` a module bound before the Run opened (`from
 torch.distributed import batch_isend_irecv`: NCCL's COALESCED Work is then not told from a
@@ -58,33 +60,34 @@ Wait = float | tuple[Any, Any]
 
 class CommWaitTimer:
     """Hands this process's waits on communication to `on_wait(wait, p2p)` while installed
-    (StepClock.add_comm_wait) and its receives' sources to `on_recv`; one at a time per
+    (StepClock.add_comm_wait) and its sends and receives to `on_p2p`; one at a time per
     process."""
 
     def __init__(
         self,
         cuda: bool,
         on_wait: Callable[[Wait, bool], None],
-        on_recv: Callable[[int], None] = lambda src: None,
+        on_p2p: Callable[[int | None], None] = lambda src: None,
     ) -> None:
         self.cuda = cuda
         self.on_wait = on_wait
-        self.on_recv = on_recv  # each receive's source, a global rank (StepClock.add_p2p_source)
+        self.on_p2p = on_p2p  # each send (None) and receive (its source, a global rank): StepClock.add_p2p_op
         self.thread = threading.get_ident()
         self._batches: dict[int, Any] = {}  # id -> Work of batch_isend_irecv's, held until waited
         op_type = getattr(torch._C._distributed_c10d, "OpType", None)
         # Work._get_op_type() gives the OpType's number, not the enum
         self._p2p = {int(getattr(op_type, n)) for n in P2P_OP_NAMES if hasattr(op_type, n)}
         self._batch = int(getattr(op_type, BATCH_OP_NAME)) if hasattr(op_type, BATCH_OP_NAME) else None
-        self._installed: tuple[Any, Any, Any] | None = None
+        self._installed: tuple[Any, Any, Any, Any] | None = None
 
     def install(self) -> bool:
-        """Wrap `Work.wait`, `batch_isend_irecv` and `ProcessGroup.recv`; False where this
-        torch has no Work op types or another timer is installed."""
+        """Wrap `Work.wait`, `batch_isend_irecv`, `ProcessGroup.send` and `ProcessGroup.recv`;
+        False where this torch has no Work op types or another timer is installed."""
         global _active
         if _active is not None or not self._p2p or not dist.is_available():
             return False
-        work_wait, batch, pg_recv = dist.Work.wait, dist.batch_isend_irecv, dist.ProcessGroup.recv
+        work_wait, batch = dist.Work.wait, dist.batch_isend_irecv
+        pg_send, pg_recv = dist.ProcessGroup.send, dist.ProcessGroup.recv
         timer = self
 
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
@@ -101,6 +104,12 @@ class CommWaitTimer:
                 timer._note_batch(works)
             return works
 
+        def send(group: Any, *args: Any, **kwargs: Any) -> Any:
+            work = pg_send(group, *args, **kwargs)
+            if _active is timer and threading.get_ident() == timer.thread:
+                timer.on_p2p(None)
+            return work
+
         def recv(group: Any, tensors: Any, src: int, *args: Any, **kwargs: Any) -> Any:
             work = pg_recv(group, tensors, src, *args, **kwargs)
             if _active is timer and threading.get_ident() == timer.thread:
@@ -109,8 +118,9 @@ class CommWaitTimer:
 
         dist.Work.wait = wait  # type: ignore[method-assign,assignment]
         dist.batch_isend_irecv = batch_isend_irecv
+        dist.ProcessGroup.send = send  # type: ignore[method-assign,assignment]
         dist.ProcessGroup.recv = recv  # type: ignore[method-assign,assignment]
-        self._installed = (work_wait, batch, pg_recv)
+        self._installed = (work_wait, batch, pg_send, pg_recv)
         _active = self
         return True
 
@@ -119,9 +129,10 @@ class CommWaitTimer:
         global _active
         if self._installed is None:
             return
-        work_wait, batch, pg_recv = self._installed
+        work_wait, batch, pg_send, pg_recv = self._installed
         dist.Work.wait = work_wait  # type: ignore[method-assign]
         dist.batch_isend_irecv = batch
+        dist.ProcessGroup.send = pg_send  # type: ignore[method-assign]
         dist.ProcessGroup.recv = pg_recv  # type: ignore[method-assign]
         self._installed = None
         self._batches.clear()
@@ -131,9 +142,10 @@ class CommWaitTimer:
     def _note_source(self, group: Any, src: int) -> None:
         """A receive's source as a global rank (a group's ranks are numbered within it)."""
         try:
-            self.on_recv(dist.get_global_rank(group, int(src)))
+            source = dist.get_global_rank(group, int(src))
         except Exception:  # noqa: BLE001 - a group torch cannot map (not registered): its source unknown
-            return
+            source = -1
+        self.on_p2p(source)
 
     def _note_batch(self, works: Any) -> None:
         """Hold batch_isend_irecv's COALESCED Works (NCCL's) until waited; gloo's are SEND and

@@ -233,9 +233,7 @@ class Run:
             self.clock.thread_time = self.watch.on and self.device.type == "cpu"
             self.clock.spans = self.watch.read_arrivals
             if env.distributed:  # each phase's waiting for communication: phases_p2p_ms, phases_collective_wait_ms
-                self._comm = CommWaitTimer(
-                    self.device.type == "cuda", self.clock.add_comm_wait, self.clock.add_p2p_source
-                )
+                self._comm = CommWaitTimer(self.device.type == "cuda", self.clock.add_comm_wait, self.clock.add_p2p_op)
                 self._comm.install()
             self.recorder.__enter__()
         except BaseException as exc:

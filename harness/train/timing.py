@@ -67,6 +67,7 @@ class _PendingStep:
     waits: list[tuple[str, list[tuple[Any, bool]]]] = field(default_factory=list)  # (phase, its waits) per occurrence
     sources_open: set[int] = field(default_factory=set)  # the open phase's receives' sources (global ranks)
     sources: dict[str, set[int]] = field(default_factory=dict)  # phase -> its receives' sources
+    first_p2p: int | None = None  # the step's first point-to-point op: its source (a receive) or -1 (a send)
 
 
 class StepClock:
@@ -131,10 +132,16 @@ class StepClock:
         if self._current is not None:
             self._current.waits_open.append((wait, p2p))
 
-    def add_p2p_source(self, rank: int) -> None:
-        """A receive from global rank `rank` in the open phase (comm_wait.py)."""
-        if self._current is not None:
-            self._current.sources_open.add(rank)
+    def add_p2p_op(self, source: int | None) -> None:
+        """A send (None) or a receive from global rank `source` (-1: not known) in the open phase
+        (comm_wait.py)."""
+        cur = self._current
+        if cur is None:
+            return
+        if cur.first_p2p is None:
+            cur.first_p2p = -1 if source is None else source
+        if source is not None and source >= 0:
+            cur.sources_open.add(source)
 
     def finish(self, **extra: Any) -> None:
         """Close the step; `extra` fields are passed through to its record."""
@@ -203,6 +210,8 @@ class StepClock:
             extra["phases_collective_wait_ms"] = waited[False]
         if any(p.sources.values()):
             extra["phases_recv_from"] = {label: sorted(ranks) for label, ranks in p.sources.items() if ranks}
+        if p.first_p2p is not None and p.first_p2p >= 0:
+            extra["first_recv_from"] = p.first_p2p  # the step began its point-to-point ops with this receive
         # Data wait is host time blocked on the loader, on either device.
         host_ms = _per_phase(labels, [(b - a) * 1e3 for (_, a), (_, b) in zip(host[:-1], host[1:])])
         data_ms = host_ms.get("data", 0.0)

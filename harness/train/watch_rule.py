@@ -33,8 +33,8 @@ ops is no phase's own work; a phase that held such waits and no collective (a pi
 forward, with the Flight Recorder saying which phases held collectives) is judged by its wall
 time less them, as a phase of own work is; a rank held at its receives reaches its stage's
 all-reduce late by that hold, which is taken out of its arrivals there; and each rank is
-compared with the ranks of its own stage (`stages`, from where each rank's forward received its
-activations), as the collector compares a stage's data-parallel ranks at their all-reduce.
+compared with the ranks of its own stage (`stages`, from where each step's first receive came,
+before any send), as the collector compares a stage's data-parallel ranks at their all-reduce.
 """
 
 from __future__ import annotations
@@ -67,10 +67,11 @@ WATCH_PHASES = (*STEP_PHASES, "forward_backward")
 # phases_own_device_ms), one per WATCH_PHASES (time waiting for a core, timing.py's
 # phases_runq_ms), one per WATCH_PHASES (time held at point-to-point ops, phases_p2p_ms, 0 where
 # none), one per WATCH_PHASES (time held at collectives waited on from Python,
-# phases_collective_wait_ms, 0 where none), forward's source (the lowest global rank it received
-# forward's activations from, phases_recv_from: its place in a pipeline, `stages`)]; NaN pads the
+# phases_collective_wait_ms, 0 where none), the source of the step's first point-to-point op
+# where that was a receive (first_recv_from: its place in a pipeline, `stages`)]; NaN pads the
 # rows a rank has not timed yet (on GPU a step is timed once its CUDA events complete), the
-# phases a step did not have, the times a rank did not take and a forward with no receive.
+# phases a step did not have, the times a rank did not take and a step that received nothing
+# before it sent.
 PHASES = len(WATCH_PHASES)
 COLUMNS = 2 + 5 * PHASES + 1
 SOURCE_COLUMN = COLUMNS - 1
@@ -159,13 +160,13 @@ def step_row(record: dict) -> list[float]:
     GPU hides), else its phase times; its own work per phase: its CPU time (CPU) or, in a phase
     that holds collectives, its device's time there until its last gradient (GPU, where marked:
     timing.py's phases_own_device_ms); its wait for a core, at point-to-point ops and at
-    collectives per phase; where forward received its activations from."""
+    collectives per phase; where its first point-to-point op received from."""
     phases = record.get("phases_device_ms") or record.get("phases_ms") or {}
     cpu = record.get("phases_cpu_ms") or record.get("phases_own_device_ms") or {}
     runq = record.get("phases_runq_ms") or {}
     p2p = record.get("phases_p2p_ms") or {}
     held = record.get("phases_collective_wait_ms") or {}
-    sources = (record.get("phases_recv_from") or {}).get("forward") or []
+    source = record.get("first_recv_from")
     return [
         record["step"],
         record["step_ms"],
@@ -174,7 +175,7 @@ def step_row(record: dict) -> list[float]:
         *(runq.get(p, math.nan) for p in WATCH_PHASES),
         *(p2p.get(p, 0.0) for p in WATCH_PHASES),
         *(held.get(p, 0.0) for p in WATCH_PHASES),
-        min(sources) if sources else math.nan,
+        math.nan if source is None else source,
     ]
 
 
@@ -440,12 +441,14 @@ class WatchJudge:
 
 
 def stages(sources: torch.Tensor) -> list[int]:
-    """Each rank's place in a pipeline, from where it received forward's activations ([ranks,
-    steps], global ranks, NaN where none; `step_row`): a pipeline's stages do different work by
-    design (the last one's loss and head, say), so a rank is judged against its own stage's
-    ranks (its data-parallel peers), not the whole job's.
-    1. a rank's source: its last step's that has one (none: it receives no activations, a first
-       stage or a job with no pipeline);
+    """Each rank's place in a pipeline, from the source of each step's first point-to-point op
+    where that was a receive ([ranks, steps], global ranks, NaN where none; `step_row`): a stage
+    begins a step by receiving its activations from the stage before it, a first stage by
+    sending. A pipeline's stages do different work by design (the last one's loss and head,
+    say), so a rank is judged against its own stage's ranks (its data-parallel peers), not the
+    whole job's.
+    1. a rank's source: its last step's that has one (none: it sends before it receives, a first
+       stage, or a job with no pipeline);
     2. its place: 0 without a source, else its source's place + 1, following the chain;
     3. ranks on a cycle of sources (an interleaved schedule: the last stage feeds the first's
        next chunk) or with a source that is not a rank here share one place, -1.
