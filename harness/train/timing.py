@@ -34,7 +34,10 @@ or with `spans` on (the watch reading arrivals, on either device), `phases_span_
 places the collectives the rank issued in its phases (arrivals.py). On CPU always (where Linux
 keeps schedstat): `runq_ms` and `phases_runq_ms`, the calling thread's time runnable but waiting
 for a core in the step and in each phase (schedstat.py): time-sharing's share of them, which the
-collector takes out of a rank's lateness.
+collector takes out of a rank's lateness. In a distributed run, from comm_wait.py's timer: per
+phase the time waiting at point-to-point ops (`phases_p2p_ms`) and at collectives waited on from
+Python (`phases_collective_wait_ms`), the ranks received from (`phases_recv_from`), and where the
+step's first point-to-point op was a receive, its source (`first_recv_from`).
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ class _PendingStep:
     device: int | None = None  # the CUDA device its events are recorded on (GPU)
     own_end: Any = None  # the open phase's latest `mark_own_end` event
     own_events: list[tuple[str, Any, Any]] = field(default_factory=list)  # (phase, its start, own end) per occurrence
-    # the open phase's waits on communication ((ms or event pairs, point-to-point or not)), and each phase's
+    # the open phase's waits on communication: (its ms or CUDA event pair, at a point-to-point op)
     waits_open: list[tuple[Any, bool]] = field(default_factory=list)
     waits: list[tuple[str, list[tuple[Any, bool]]]] = field(default_factory=list)  # (phase, its waits) per occurrence
     sources_open: set[int] = field(default_factory=set)  # the open phase's receives' sources (global ranks)
@@ -174,12 +177,13 @@ class StepClock:
     def _resolve(self, p: _PendingStep) -> dict[str, Any]:
         host = p.host_marks
         labels = [label for label, _ in host[1:]]  # the phase each mark closes ("end": none)
+        host_ms = _per_phase(labels, [(b - a) * 1e3 for (_, a), (_, b) in zip(host[:-1], host[1:])])
         if self.cuda:
             ev = p.events
             phases_ms = _per_phase(labels, [a.elapsed_time(b) for (_, a), (_, b) in zip(ev[:-1], ev[1:])])
             step_ms = ev[0][1].elapsed_time(ev[-1][1])
         else:
-            phases_ms = _per_phase(labels, [(b - a) * 1e3 for (_, a), (_, b) in zip(host[:-1], host[1:])])
+            phases_ms = dict(host_ms)
             step_ms = (host[-1][1] - host[0][1]) * 1e3
         outside_ms = 0.0 if self._last_end_host is None else (host[0][1] - self._last_end_host) * 1e3
         self._last_end_host = host[-1][1]
@@ -213,7 +217,6 @@ class StepClock:
         if p.first_p2p is not None and p.first_p2p >= 0:
             extra["first_recv_from"] = p.first_p2p  # the step began its point-to-point ops with this receive
         # Data wait is host time blocked on the loader, on either device.
-        host_ms = _per_phase(labels, [(b - a) * 1e3 for (_, a), (_, b) in zip(host[:-1], host[1:])])
         data_ms = host_ms.get("data", 0.0)
         phases_ms["data"] = data_ms
         cpu = p.cpu_marks
