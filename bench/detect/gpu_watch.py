@@ -101,12 +101,14 @@ def step_records(
         i = bisect.bisect_left(launched, mark_us)  # a launch at the mark itself comes after it
         return max(mark_us + latency_us, ends[i - 1] if i else 0.0, after_us)
 
-    reductions = sorted(
-        (op.launch_us, op.end_us, op.step) for op in truth.ops if op.coll in REDUCTIONS and op.step is not None
-    )
-    issued: dict[int, float] = {}  # the step's all-reduce launch: its gradients are all ready
-    for launch_us, _, step_number in reductions:
-        issued[step_number] = max(issued.get(step_number, 0.0), launch_us)
+    reductions: dict[int, list[tuple[float, float]]] = {}  # step -> its reductions' (launch, end)
+    for op in truth.ops:
+        if op.coll in REDUCTIONS and op.step is not None:
+            reductions.setdefault(op.step, []).append((op.launch_us, op.end_us))
+    # the step's last reduction's launch: its gradients are all ready
+    issued = {n: max(launch_us for launch_us, _ in ops) for n, ops in reductions.items()}
+    comm = [op for op in truth.ops if op.coll is not None and op.pg is not None]  # in launch order
+    comm_launched = [op.launch_us for op in comm]
     ranges = sorted((r for r in truth.ranges if r.name in PHASES), key=lambda r: r.start_us)
     out = []
     for step in truth.steps:
@@ -116,7 +118,7 @@ def step_records(
         for r in inside:
             # backward's end waits for the step's reductions launched by then (2)
             waits = max(
-                (end_us for launch_us, end_us, n in reductions if n == step.number and launch_us < r.end_us),
+                (end_us for launch_us, end_us in reductions.get(step.number, ()) if launch_us < r.end_us),
                 default=0.0,
             )
             marks.append(event_us(r.end_us, max(marks[-1], waits if r.name == "backward" else 0.0)))
@@ -132,7 +134,11 @@ def step_records(
         record = {"step": step.number - 1, "step_ms": (end - marks[0]) / 1e3, "phases_ms": phases_ms}
         record["phases_device_ms"] = device_ms
         record["phases_span_ns"] = spans
-        p2p, collective, sources, first = python_waits(truth, inside, event_us, waited)
+        if inside:
+            i, j = (bisect.bisect_left(comm_launched, t) for t in (inside[0].start_us, inside[-1].end_us))
+            p2p, collective, sources, first = python_waits(truth.rank, comm[i:j], inside, event_us, waited)
+        else:
+            p2p, collective, sources, first = {}, {}, {}, None
         if p2p:
             record["phases_p2p_ms"] = p2p
         if collective:
@@ -150,13 +156,18 @@ def step_records(
 
 
 def python_waits(
-    truth: RankTruth, inside: list[Any], event_us: Callable[[float, float], float], waited: tuple[str, ...] = ()
+    rank: int,
+    comm: list[Any],
+    inside: list[Any],
+    event_us: Callable[[float, float], float],
+    waited: tuple[str, ...] = (),
 ) -> tuple[dict[str, float], dict[str, float], dict[str, list[int]], int | None]:
     """A step's waits on communication per phase as comm_wait.py times them on GPU (module
     docstring, 6): at its receives and at the collectives named in `waited`; its receives'
     sources per phase; the source of its first point-to-point op where that was a receive
-    (first_recv_from; None where it sent first or had none). Each launched in the step
-    (`inside`: its phase ranges), waited on at once: the event before the wait completes at
+    (first_recv_from; None where it sent first or had none). `comm`: `rank`'s communication ops
+    launched in the step's phase ranges (`inside`, not empty), in launch order; each waited on
+    at once: the event before the wait completes at
     E(its launch) (`event_us`), the one after it once the op has ended too, so the stall is
     max(0, the op's end - E(its launch)); it belongs to the range open at its launch, or to the
     next one where it falls between two (the step clock counts a gap in the phase whose mark
@@ -166,18 +177,13 @@ def python_waits(
     sources: dict[str, list[int]] = {}
     first: int | None = None
     seen_p2p = False
-    if not inside:
-        return p2p, collective, sources, first
-    lo, hi = inside[0].start_us, inside[-1].end_us
-    for op in truth.ops:  # in launch order
-        if op.coll is None or op.pg is None or not lo <= op.launch_us < hi:
-            continue
+    for op in comm:
         if op.coll == "p2p":
             src, dst = (int(x) for x in op.pg.rsplit(":", 1)[1].split("->"))
             if not seen_p2p:
                 seen_p2p = True
-                first = src if dst == truth.rank else None
-            if dst != truth.rank:
+                first = src if dst == rank else None
+            if dst != rank:
                 continue  # a send: the compute stream does not wait for it
             into = p2p
         elif op.coll in waited:
