@@ -302,8 +302,8 @@ def held_lateness_ms(
             starts = [[span[2 * o] - offsets[r] for o in range(passes)] for r, span in enumerate(marked)]
             entering, before = [], []
             for o in range(passes):
-                marks = _punctual_per_group([st[o] for st in starts], groups)
-                entering.append([max(st[o] - mark, 0.0) for st, mark in zip(starts, marks)])
+                at = torch.tensor([st[o] for st in starts], dtype=torch.float64)
+                entering.append((at - punctual_of(at, groups)).clamp(min=0.0).tolist())
                 follows = ends_at.get(tuple(span[2 * o] for span in marked))
                 before.append(None if follows == j else follows)  # a phase of no length ends where it starts
             tables = [t.get((step, phase), {}) for t in by_rank]
@@ -336,15 +336,17 @@ def held_lateness_ms(
     return out
 
 
-def _punctual_per_group(values: Sequence[float], groups: Sequence[int] | None) -> list[float]:
-    """Each rank's punctual mark of `values` (one per rank): the lower quartile over the ranks of
-    its group (all ranks where `groups` is None)."""
-    keys = list(groups) if groups is not None else [0] * len(values)
-    mark: dict[int, float] = {}
-    for g in set(keys):
-        members = sorted(v for v, h in zip(values, keys) if h == g)
-        mark[g] = members[punctual_index(len(members))]
-    return [mark[g] for g in keys]
+def punctual_of(x: torch.Tensor, groups: Sequence[int] | None) -> torch.Tensor:
+    """Each rank's punctual mark of `x` ([ranks, ...]): the lower quartile (`punctual_index`)
+    over the ranks of its group (watch_rule.stages: a pipeline's stage; every rank where
+    `groups` is None or all one), along the ranks."""
+    if groups is None or len(set(groups)) == 1:
+        return x.sort(dim=0).values[punctual_index(x.shape[0])].expand_as(x)
+    out = torch.empty_like(x)
+    for g in set(groups):
+        members = [r for r, h in enumerate(groups) if h == g]
+        out[members] = x[members].sort(dim=0).values[punctual_index(len(members))]
+    return out
 
 
 def _apart(arrivals: Sequence[Sequence[Arrival]]) -> set[tuple[str, int]]:

@@ -51,11 +51,10 @@ from harness.collect.analyse.stragglers import (
     MIN_LATE_STEPS,
     Thresholds,
     peer_baseline,
-    punctual_index,
     straggler_bounds,
 )
 from harness.paths import STEP_PHASES
-from harness.train.arrivals import HeldArrivals, held_lateness_ms
+from harness.train.arrivals import HeldArrivals, held_lateness_ms, punctual_of
 
 # The phases the watch judges: the harness's, and `forward_backward`, which Hugging Face's Trainer
 # callback marks for forward and backward together (its hooks do not split them,
@@ -469,18 +468,6 @@ def stages(sources: torch.Tensor) -> list[int]:
             place, at = place + 1, up
         places.append(place)
     return places
-
-
-def punctual_of(x: torch.Tensor, groups: list[int]) -> torch.Tensor:
-    """Each rank's punctual mark of `x` ([ranks, ...]): the lower quartile (`punctual_index`)
-    over the ranks of its group (`stages`), along the ranks."""
-    if len(set(groups)) == 1:
-        return x.sort(dim=0).values[punctual_index(len(groups))].expand_as(x)
-    out = torch.empty_like(x)
-    for g in set(groups):
-        members = [r for r, h in enumerate(groups) if h == g]
-        out[members] = x[members].sort(dim=0).values[punctual_index(len(members))]
-    return out
 
 
 def point_to_point_phases(
