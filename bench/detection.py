@@ -225,7 +225,12 @@ def summary_lines(name: str, s: dict[str, Any]) -> list[str]:
     lines = [
         f"{name}: recall {pct(s['recall'])} of {s['material_cases']} material stragglers (cost >= "
         f"{MATERIAL_SHARE:.0%} of the clean step); below that {pct(s['below_material_recall'])} of "
-        f"{s['below_material_cases']}",
+        f"{s['below_material_cases']}"
+        + (
+            f"; by the traced window alone {pct(s['recall_trace_alone'])}, false alarms {s['false_alarms_trace_alone']}"
+            if s.get("recall_trace_alone") is not None and s["recall_trace_alone"] != s["recall"]
+            else ""
+        ),
         f"{name}: false alarms {s['false_alarms']} of {s['clean_runs']} clean runs; rank right "
         f"{pct(s['rank_right'])}, phase right {pct(s['phase_right'])} of the found",
         f"{name}: watch latency median {s['watch_latency_steps_median']} steps after onset "

@@ -11,7 +11,7 @@ from jobs import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 
-from detect.score import Seen, Truth, score, summarize, summarize_watch  # noqa: E402
+from detect.score import Seen, Truth, case_row, score, summarize, summarize_watch  # noqa: E402
 
 
 def row(run: str, truth: Truth, seen: Seen, clean_step_ms: float = 100.0) -> dict[str, Any]:
@@ -135,3 +135,17 @@ def test_the_generated_campaign_gives_the_same_rows_with_worker_processes(tmp_pa
     pooled = generated_campaign(5, 3, 8, tmp_path, print, jobs=2)
     assert pooled == alone
     assert [r["seed"] for r in alone] == [500_015, 500_016, 500_017]
+
+
+def test_the_campaign_counts_the_report_s_verdict_and_the_window_s_alone_apart() -> None:
+    truth = Truth(kind="straggler", ranks=[1], phase="backward", cost_share=0.2)
+    by_watch = Seen(verdict="straggler", stragglers={1: "backward"}, trace_verdict="balanced", trace_stragglers={})
+    by_both = Seen(verdict="straggler", stragglers={1: "backward"})
+    clean = Truth(kind="clean")
+    watch_false = Seen(verdict="straggler", stragglers={0: "data"}, trace_verdict="balanced", trace_stragglers={})
+    outs = [score(truth, by_watch), score(truth, by_both), score(clean, watch_false)]
+    assert [(o.found, o.found_by_trace) for o in outs[:2]] == [(True, False), (True, True)]
+    assert outs[2].false_alarm and not outs[2].false_alarm_by_trace
+    rows = [case_row({}, t, s, o) for t, s, o in zip((truth, truth, clean), (by_watch, by_both, watch_false), outs)]
+    s = summarize(rows)
+    assert (s["recall"], s["recall_trace_alone"], s["false_alarms"], s["false_alarms_trace_alone"]) == (1.0, 0.5, 1, 0)

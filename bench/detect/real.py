@@ -180,6 +180,10 @@ def collect(run_dir: Path, windows: int = 1) -> tuple[dict[str, Any] | None, str
         across = json.loads((report / WINDOWS_JSON).read_text())
         doc["verdict"] = across["verdict"]
         doc["stragglers"] = [{"rank": r["rank"], "phase": r["phase"]} for r in across["ranks"] if r["recurs"]]
+        doc["watch_stragglers"] = across.get("watch_stragglers", [])
+        doc.pop("trace_verdict", None)
+        if across.get("windows_verdict"):
+            doc["trace_verdict"] = across["windows_verdict"]
     return doc, ""
 
 
@@ -231,9 +235,13 @@ def seen_of(doc: dict[str, Any] | None, error: str) -> Seen:
     flags = (doc.get("watch") or {}).get("flags") or []
     floor = doc.get("noise_floor") or {}
     disclosed = any(n["about"] == "noise" for n in doc.get("next_steps", []))
+    trace = {s["rank"]: s["phase"] for s in doc["stragglers"]}
+    watched = {s["rank"]: s["phase"] for s in doc.get("watch_stragglers", [])}
     return Seen(
         verdict=doc["verdict"],
-        stragglers={s["rank"]: s["phase"] for s in doc["stragglers"]},
+        stragglers=trace | watched,
+        trace_verdict=doc.get("trace_verdict") if doc["verdict"] == "straggler" else None,
+        trace_stragglers=trace if watched else None,
         watch_flags=[(int(f["step"]), int(f["rank"])) for f in flags],
         hang_missing=hang.get("missing_ranks"),
         hang_step=hang.get("step"),

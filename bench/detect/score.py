@@ -6,7 +6,9 @@ Definitions (bench/detection.py's docstring says how each campaign sets the trut
 - a case's *cost* is the time the injection adds to the job's step, per step, on average over
   the analysed steps; it is *material* when the cost is at least MATERIAL_SHARE of the clean step
   (recall counts those; smaller ones are reported apart, as "below material");
-- *found*: the collector's verdict is straggler and it names at least one injected rank;
+- *found*: the collector's verdict is straggler and it names at least one injected rank (the
+  report's verdict: the traced window's with the live watch's flags, harness/report/
+  watch_verdict.py; *found by the trace alone*: the same over the window's own verdict);
 - *rank right*: found, and every rank it names was injected (no innocent rank named);
 - *phase right*: rank right, and each named injected rank's phase is the injected phase;
 - *false alarm*: a clean case (nothing injected) with a straggler verdict;
@@ -57,6 +59,10 @@ class Seen:
     # (None: it said no such thing), and its latest rank (the one furthest beyond its peers)
     floor_share: float | None = None
     latest_rank: int | None = None
+    # the traced window's own verdict and stragglers where the live watch's flags joined the
+    # report's (None: the report's are the window's)
+    trace_verdict: str | None = None
+    trace_stragglers: dict[int, str | None] | None = None
 
 
 @dataclass(kw_only=True)
@@ -73,6 +79,8 @@ class Outcome:
     # a missed material straggler (None otherwise): disclosed, latest rank right (module docstring)
     miss_disclosed: bool | None = None
     miss_latest_right: bool | None = None
+    found_by_trace: bool = False  # found by the traced window's own verdict
+    false_alarm_by_trace: bool = False
 
 
 def score(truth: Truth, seen: Seen, *, onset_step: int | None = None) -> Outcome:
@@ -80,6 +88,9 @@ def score(truth: Truth, seen: Seen, *, onset_step: int | None = None) -> Outcome
     named = set(seen.stragglers)
     injected = set(truth.ranks)
     found = truth.kind == "straggler" and seen.verdict == "straggler" and bool(named & injected)
+    trace_verdict = seen.trace_verdict or seen.verdict
+    trace_named = set(seen.stragglers if seen.trace_stragglers is None else seen.trace_stragglers)
+    found_by_trace = truth.kind == "straggler" and trace_verdict == "straggler" and bool(trace_named & injected)
     rank_right = found and named <= injected
     phase_right = rank_right and all(seen.stragglers[r] == truth.phase for r in named)
     latency = None
@@ -105,6 +116,8 @@ def score(truth: Truth, seen: Seen, *, onset_step: int | None = None) -> Outcome
         leak_right=leak_right,
         miss_disclosed=(seen.floor_share is not None and truth.cost_share < seen.floor_share) if missed else None,
         miss_latest_right=(seen.latest_rank in injected) if missed else None,
+        found_by_trace=found_by_trace,
+        false_alarm_by_trace=truth.kind == "clean" and trace_verdict == "straggler",
     )
 
 
@@ -125,7 +138,8 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
        clean run of their configuration was judged against (`noise_floors`): what the rule can
        see at all on that configuration on this machine, apart from what its noise hides;
     8. misses = material cases not found; misses_disclosed, misses_latest_right = of them, the
-       disclosed ones and those whose report's latest rank was injected (module docstring)."""
+       disclosed ones and those whose report's latest rank was injected (module docstring);
+    9. recall_trace_alone, false_alarms_trace_alone: 1 and 3 over the traced window's own verdict."""
     outs = [c["outcome"] for c in cases]
     material = [o for o in outs if o["material"]]
     small = [o for c, o in zip(cases, outs) if c["truth"]["kind"] == "straggler" and not o["material"]]
@@ -167,6 +181,8 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
         "misses": len(material) - len(found),
         "misses_disclosed": sum(1 for o in material if o.get("miss_disclosed")),
         "misses_latest_right": sum(1 for o in material if o.get("miss_latest_right")),
+        "recall_trace_alone": _share(sum(o.get("found_by_trace", False) for o in material), len(material)),
+        "false_alarms_trace_alone": sum(o.get("false_alarm_by_trace", False) for o in outs),
     }
 
 
@@ -226,4 +242,6 @@ def case_row(case: dict[str, Any], truth: Truth, seen: Seen, outcome: Outcome) -
     seen_row = asdict(seen)
     seen_row["stragglers"] = {str(r): p for r, p in seen.stragglers.items()}
     seen_row["late_ms"] = {str(r): round(v, 3) for r, v in seen.late_ms.items()}
+    if seen.trace_stragglers is not None:
+        seen_row["trace_stragglers"] = {str(r): p for r, p in seen.trace_stragglers.items()}
     return {**case, "truth": asdict(truth), "seen": seen_row, "outcome": asdict(outcome), "error": seen.error}

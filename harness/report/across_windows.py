@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from harness.report.watch_verdict import OVERRIDDEN, watch_stragglers
+
 JUDGED = ("straggler", "balanced")
 
 
@@ -40,9 +42,12 @@ class RankRecurrence:
 
 @dataclass(kw_only=True)
 class AcrossWindows:
-    verdict: str  # straggler (a rank recurs), balanced, or inconclusive (fewer than 2 windows judged)
+    verdict: str  # straggler (a rank recurs, or the live watch flagged one), balanced, or inconclusive
     windows: list[WindowVerdict]
     ranks: list[RankRecurrence] = field(default_factory=list)
+    # ranks the live watch flagged over the whole run that recur in no window (watch_verdict.py)
+    watch_stragglers: list[dict[str, Any]] = field(default_factory=list)
+    windows_verdict: str | None = None  # the windows' own verdict, where the watch's flags override it
 
     def to_dict(self) -> dict[str, Any]:
         """windows.json: this, with each window's stragglers as [{rank, phase}] (JSON keys are strings)."""
@@ -53,11 +58,12 @@ class AcrossWindows:
 
 
 def window_verdict(window: int, doc: dict[str, Any], report: str) -> WindowVerdict:
-    """A window's report.json, reduced to what the comparison reads."""
+    """A window's report.json, reduced to what the comparison reads: its own verdict, the trace's
+    where the live watch's flags made it a straggler (a hang's stays: it judged no one)."""
     entry = doc.get("window") or {}
     return WindowVerdict(
         window=window,
-        verdict=doc["verdict"],
+        verdict=doc.get("trace_verdict", doc["verdict"]) if doc["verdict"] == "straggler" else doc["verdict"],
         steps=entry.get("steps"),
         stragglers={s["rank"]: s["phase"] for s in doc.get("stragglers", [])},
         report=report,
@@ -74,14 +80,18 @@ def recurs(flagged: int, judged: int) -> bool:
     return judged >= 2 and 2 * flagged > judged
 
 
-def across_windows(verdicts: list[WindowVerdict]) -> AcrossWindows:
-    """The verdict over several windows:
+def across_windows(verdicts: list[WindowVerdict], watch: dict[str, Any] | None = None) -> AcrossWindows:
+    """The verdict over several windows, and over the run where the live watch ran (`watch`,
+    report.json's record of it):
     1. judged windows: those whose verdict is straggler or balanced (an inconclusive window, or
        a hang, says nothing about who is slow);
     2. per rank flagged in any judged window: the windows it was flagged in, its phases there,
        its most frequent phase, and whether it `recurs` (counting the windows in that phase);
     3. verdict: inconclusive with fewer than 2 judged windows; straggler when a rank recurs;
-       else balanced (one-off flags are the noise a single window cannot rule out).
+       else balanced (one-off flags are the noise a single window cannot rule out);
+    4. the ranks the watch flagged that recur in no window; where there are some and the
+       windows' verdict is balanced or inconclusive, that moves to `windows_verdict` and the
+       verdict is straggler (watch_verdict.py: the watch judged every step of the run).
     Ranks are listed most windows first, then by rank."""
     ordered = sorted(verdicts, key=lambda v: v.window)
     judged = [v for v in ordered if v.verdict in JUDGED]
@@ -107,7 +117,15 @@ def across_windows(verdicts: list[WindowVerdict]) -> AcrossWindows:
         verdict = "inconclusive"
     else:
         verdict = "straggler" if any(r.recurs for r in ranks) else "balanced"
-    return AcrossWindows(verdict=verdict, windows=ordered, ranks=ranks)
+    found = watch_stragglers(watch, {r.rank for r in ranks if r.recurs})
+    overridden = verdict if found and verdict in OVERRIDDEN else None
+    return AcrossWindows(
+        verdict="straggler" if overridden else verdict,
+        windows=ordered,
+        ranks=ranks,
+        watch_stragglers=found,
+        windows_verdict=overridden,
+    )
 
 
 def _phases(phases: list[str | None]) -> str:
@@ -116,18 +134,32 @@ def _phases(phases: list[str | None]) -> str:
 
 
 def summary_lines(result: AcrossWindows) -> list[str]:
-    """The console's account: one line per window, then the verdict across them."""
+    """The console's account: one line per window, the verdict across them, then the ranks the
+    live watch flagged that recur in no window."""
     lines = []
     for v in result.windows:
         steps = f" (steps {v.steps[0]}-{v.steps[1]})" if v.steps else ""
         who = ", ".join(f"rank {r}" + (f" ({p})" if p else "") for r, p in sorted(v.stragglers.items()))
         lines.append(f"window {v.window}{steps}: {v.verdict}{': ' + who if who else ''}; report in {v.report}")
-    n = sum(1 for v in result.windows if v.verdict in JUDGED)
-    if result.verdict == "inconclusive":
-        lines.append(
-            f"across windows: inconclusive: {n} window(s) judged, 2 needed to compare (profile more with --repeat 3)"
+    lines += _windows_lines(result)
+    if result.watch_stragglers:
+        who = "; ".join(
+            f"rank {s['rank']}" + (f" ({s['phase']})" if s.get("phase") else "") + f" at step {s['steps'][0]}"
+            for s in result.watch_stragglers
         )
-        return lines
+        verdict = "straggler over the whole run" if result.windows_verdict else "also flagged"
+        lines.append(f"live watch: {verdict}: {who} (recurring in no window)")
+    return lines
+
+
+def _windows_lines(result: AcrossWindows) -> list[str]:
+    """The windows' own verdict across them, and the ranks flagged without recurring."""
+    n = sum(1 for v in result.windows if v.verdict in JUDGED)
+    if (result.windows_verdict or result.verdict) == "inconclusive":
+        return [
+            f"across windows: inconclusive: {n} window(s) judged, 2 needed to compare (profile more with --repeat 3)"
+        ]
+    lines = []
     recurring = [r for r in result.ranks if r.recurs]
     once = [r for r in result.ranks if not r.recurs]
     if recurring:

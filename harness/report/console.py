@@ -25,7 +25,8 @@ def console_table(doc: dict[str, Any]) -> str:
         cols.insert(-1, ("speed", "op time vs median", "{:.2f}x"))
     if any(r.get("core_wait_ms") is not None for r in doc["ranks"]):  # CPU-only traces with step logs
         cols.insert(-1, ("core_wait_ms", "waited for a core ms/step", "{:.2f}"))
-    straggling = {s["rank"] for s in doc["stragglers"]}
-    table = text_table.render(doc["ranks"], cols, lambda r: "  <- straggler" if r["rank"] in straggling else "")
+    straggling = {s["rank"]: "  <- straggler" for s in doc["stragglers"]}
+    straggling |= {s["rank"]: "  <- straggler (live watch)" for s in doc.get("watch_stragglers", [])}
+    table = text_table.render(doc["ranks"], cols, lambda r: straggling.get(r["rank"], ""))
     memory = [f"memory: rank {f['rank']} {f['kind']}: {f['reason']}" for f in doc.get("memory_findings", [])]
     return "\n".join([table, *memory])

@@ -39,7 +39,9 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   merged.pt.trace.json.gz holds (merged.py `merged_entry`), null without one; `watch`: the live
   straggler watch's record from run.json ({every, intervals, flags: [{step, rank, host, phase}],
   captures: [{first, last, watch_step, ranks}]}, watch_log.py), null when it was off or there is
-  no run.json.
+  no run.json; `watch_stragglers`: [{rank, host, phase, steps}] the ranks the watch flagged that
+  the window did not name (watch_verdict.py); where the window was balanced or inconclusive and
+  the watch flagged a rank, `verdict` is "straggler" and `trace_verdict` keeps the window's.
 - `hang`, `other_hangs`, `mismatches`, `flight`, `trace_verdict`: from the Flight Recorder dumps
   (hang_report.py); with a hang `verdict` is "hang" (a mismatch alone: "mismatch").
 """

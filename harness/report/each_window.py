@@ -57,6 +57,7 @@ def collect_each(
         )
     base = options.output or default_out
     verdicts = []
+    watch = None  # the run's, in every window's report alike
     for w in windows:
         one = dataclasses.replace(options, window=str(w), output=base / WINDOW_REPORT_TEMPLATE.format(window=w))
         try:
@@ -67,7 +68,8 @@ def collect_each(
             )
             continue
         verdicts.append(window_verdict(w, got.doc, str(got.out)))
-    result = across_windows(verdicts)
+        watch = got.doc.get("watch") or watch
+    result = across_windows(verdicts, watch)
     base.mkdir(parents=True, exist_ok=True)
     write_text_atomic(base / WINDOWS_JSON, json.dumps(result.to_dict(), indent=1) + "\n")
     return result, base

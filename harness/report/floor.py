@@ -90,13 +90,17 @@ def floor_line(floor: dict[str, Any]) -> str:
 
 
 def floor_step(doc: dict[str, Any]) -> dict[str, Any] | None:
-    """The next step of a balanced verdict whose bound the noise sets: how small a straggler
-    passes for noise here, and how to tell; None otherwise."""
+    """The next step of a window judged balanced whose bound the noise sets: how small a straggler
+    passes for noise here, and how to tell; None otherwise. The window's verdict is its own, where
+    the Flight Recorder or the live watch lead the report's (`trace_verdict`)."""
     floor = doc.get("noise_floor")
-    if doc["verdict"] != "balanced" or not floor or not floor["noise_limited"] or floor["share"] is None:
+    if doc.get("trace_verdict", doc["verdict"]) != "balanced" or not floor or not floor["noise_limited"]:
         return None
+    if floor["share"] is None:
+        return None
+    balanced = "Balanced" if doc["verdict"] == "balanced" else "The traced window alone is balanced"
     text = (
-        f"Balanced within this run's noise: a straggler costing under {floor['share']:.0%} of the step would "
+        f"{balanced} within this run's noise: a straggler costing under {floor['share']:.0%} of the step would "
         f"pass for noise here (the bound is {bound_words(floor)}; the latest, rank {floor['latest_rank']}, is "
         f"{floor['latest_beyond_ms']:.2f} ms a step beyond its peers)."
     )

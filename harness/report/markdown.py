@@ -25,6 +25,7 @@ from harness.report.tables import (
     pg_rows,
     scope_line,
     straggler_rows,
+    watch_straggler_text,
 )
 
 
@@ -56,6 +57,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
             )
     else:
         lines.append(no_straggler_text(doc))
+    watched = watch_straggler_text(doc)
+    if watched:
+        lines.append(f"\n{watched}")
     lines += ["", f"## Diagnosis: {doc['diagnosis_summary']}", ""]
     lines += text_table.markdown(doc["diagnosis"], DIAGNOSIS_COLUMNS)
     lines += ["", "## Memory", ""] + memory_lines(doc)

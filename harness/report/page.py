@@ -44,6 +44,7 @@ from harness.report.tables import (
     pg_rows,
     scope_line,
     straggler_rows,
+    watch_straggler_text,
 )
 
 GAPS_SHOWN = 20
@@ -183,6 +184,9 @@ def _body(doc: dict[str, Any], title: str) -> str:
         stragglers = html_table(straggler_rows(doc), STRAGGLER_COLUMNS, "stragglers")
     else:
         stragglers = f'<p id="stragglers">{html.escape(no_straggler_text(doc))}</p>'
+    watched = watch_straggler_text(doc)
+    if watched:
+        stragglers += f'<p id="watch-stragglers">{html.escape(watched)}</p>'
     parts.append(_section("Stragglers", stragglers, "sec-stragglers"))
     if doc.get("diagnosis"):
         parts.append(

@@ -8,7 +8,8 @@ with the input. The command (report/command.py) turns options into `CollectOptio
    else the error, with what the step logs still say about memory;
 4. clocks aligned, collectives matched, the analysis; the merged trace written on the pool
    meanwhile;
-5. report.json built from the analysis, memory, Flight Recorder dumps, the window and the watch,
+5. report.json built from the analysis, memory, Flight Recorder dumps, the window and the watch
+   (whose flags join the verdict: watch_verdict.py),
    then every file of the report folder written (`report_folder`: one rule for where).
 """
 
@@ -49,6 +50,7 @@ from harness.report.merged import MergedChoice, MergedResult, MergedWriting, fin
 from harness.report.merged import window_for as merged_window_for
 from harness.report.tb_scalars import write_scalars
 from harness.report.timeline import build_timeline
+from harness.report.watch_verdict import attach_watch
 
 
 class CollectError(InputError):
@@ -242,6 +244,7 @@ def collect(
     watch = read_watch(dirs)
     doc["window"] = window_entry(window, runset, watch)
     doc["watch"] = watch
+    attach_watch(doc)
     write_report(doc, out, collective_rows(analysis))
     write_view(doc, build_timeline(analysis), out)
     write_scalars(doc, out)

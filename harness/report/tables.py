@@ -192,7 +192,8 @@ def memory_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def no_straggler_text(doc: dict[str, Any]) -> str:
-    if doc["verdict"] == "inconclusive":
+    """Why the window names no straggler (its own verdict: a hang or the watch may lead the report's)."""
+    if doc.get("trace_verdict", doc["verdict"]) == "inconclusive":
         return f"Not analysed: {doc['verdict_reason']}."
     if doc.get("threshold_ms") is None:
         return "Not analysed: no profiler trace, only Flight Recorder dumps."
@@ -200,3 +201,19 @@ def no_straggler_text(doc: dict[str, Any]) -> str:
     if not floor:
         return f"None: no rank arrives later than its peers by more than {doc['threshold_ms']:.2f} ms per step."
     return f"None: {floor_line(floor)}."
+
+
+def watch_straggler_text(doc: dict[str, Any]) -> str | None:
+    """The ranks the live watch flagged and the window did not name (watch_verdict.py), in one
+    sentence; None when there are none."""
+    found = doc.get("watch_stragglers") or []
+    if not found:
+        return None
+    named = "; ".join(
+        f"rank {s['rank']}"
+        + (f" on {s['host']}" if s.get("host") else "")
+        + (f" ({s['phase']})" if s.get("phase") else "")
+        + f" at step{'s' if len(s['steps']) > 1 else ''} {', '.join(map(str, s['steps']))}"
+        for s in found
+    )
+    return f"Flagged by the live watch over the whole run, not named in the traced window: {named}."

@@ -1,0 +1,134 @@
+"""The run's straggler verdict from both of its judges: the traced window's and the live watch's. Pure.
+
+The collector judges the steps of one profiler window (3 by default, 8 in the detection
+campaign). The live watch judges every interval of the whole run with the collector's rule
+(harness/train/watch_rule.py), and flags a rank only over the bound in one interval or over the
+material share of the step in two running. Where the hosts are noisy, a few steps cannot tell a
+straggler of a tenth of the step from the noise, and more of them can: on 2 shared CPU cores the
+watch flagged 53 of 55 material stragglers with no false flag in 24 clean runs, where the
+window named 41 of them (bench/RESULTS.md, "Detection": seeds 5006-5008). A report that says
+"balanced" after the watch printed "straggler" during the same run leaves the user to choose
+between them; so the report carries both, and its verdict is the run's.
+
+report.json (added to the schema in document.py):
+- `watch_stragglers`: [{rank, host, phase, steps}], the ranks the watch flagged that the
+  window's verdict did not name (`steps`: the exchanges it flagged them at), empty when it
+  flagged none or was off;
+- where the window's verdict was balanced or inconclusive and that list is not empty, `verdict`
+  becomes straggler and `headline` says by whom; the window's verdict is kept in
+  `trace_verdict` (as a hang keeps it: hang_report.py). A hang or a mismatch still leads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.collect.analyse.rank_list import ranks_phrase
+from harness.report.floor import floor_step
+
+# The window's verdicts the watch's flags override: neither names a rank. A hang or a mismatch
+# (hang_report.py) is about a job that stopped, which leads whatever was slow before it.
+OVERRIDDEN = ("balanced", "inconclusive")
+# Ranks named one by one in the headline; beyond, as a phrase of ranks (document.LISTED's size).
+LISTED = 4
+# What to do to see a watch-flagged straggler in a trace: the window that traces the steps after a
+# flag (harness.train's flag; harness.Run's watch option of the same name).
+CAPTURE_HINT = (
+    "to see it in a trace, let the watch trace the steps after a flag (--capture-on-straggler; "
+    "harness.Run(capture_on_straggler=True))"
+)
+
+
+def watch_stragglers(watch: dict[str, Any] | None, named: set[int]) -> list[dict[str, Any]]:
+    """The ranks the live watch flagged that the window did not name:
+    1. the watch's flags ({step, rank, host, phase}, in the order it raised them) grouped by
+       rank, ranks in the order first flagged (a rank flagged again after it recovered has a
+       flag each time);
+    2. ranks in `named` left out;
+    3. per rank: its host and phase at its first flag, and the steps of all its flags."""
+    out: dict[int, dict[str, Any]] = {}
+    for f in (watch or {}).get("flags", []):
+        rank = f["rank"]
+        if rank in named:
+            continue
+        entry = out.setdefault(rank, {"rank": rank, "host": f.get("host"), "phase": f.get("phase"), "steps": []})
+        entry["steps"].append(f["step"])
+    return list(out.values())
+
+
+def _steps_words(steps: list[int]) -> str:
+    return f"step {steps[0]}" if len(steps) == 1 else "steps " + ", ".join(map(str, steps))
+
+
+def _one(s: dict[str, Any], flagged: str = ", flagged") -> str:
+    where = f" on {s['host']}" if s.get("host") else ""
+    phase = f" in its {s['phase']} phase" if s.get("phase") else ""
+    return f"rank {s['rank']}{where}{phase}{flagged} at {_steps_words(s['steps'])}"
+
+
+def _window_words(doc: dict[str, Any], trace_verdict: str) -> str:
+    """What the window's own verdict said, for the headline."""
+    if trace_verdict == "inconclusive":
+        return f"the traces could not be compared: {doc.get('verdict_reason')}"
+    steps = (doc.get("window") or {}).get("steps")
+    span = f" (steps {steps[0]}-{steps[-1]})" if steps else ""
+    return f"the traced window{span} alone kept it within its noise"
+
+
+def watch_headline(doc: dict[str, Any], found: list[dict[str, Any]], trace_verdict: str) -> str:
+    """The verdict in one sentence when the watch's flags override the window's."""
+    who = (
+        "; ".join(_one(s) for s in found)
+        if len(found) <= LISTED
+        else f"{ranks_phrase([s['rank'] for s in found])}, first flagged at step {min(s['steps'][0] for s in found)}"
+    )
+    return f"straggler, by the live watch over the whole run: {who}; {_window_words(doc, trace_verdict)}"
+
+
+def watch_step(found: list[dict[str, Any]], overridden: bool) -> dict[str, Any]:
+    """The next step for the watch's stragglers: who, when, why the window did not name them,
+    and how to trace them."""
+    ranks = [s["rank"] for s in found]
+    many = len(found) > 1
+    who = "; ".join(_one(s, "") for s in found) if len(found) <= LISTED else ranks_phrase(ranks)
+    why = (
+        "the traced window's steps alone did not tell "
+        + ("them" if many else "it")
+        + " from the noise (the watch judged every interval of the run with the same rule)"
+        if overridden
+        else "the traced window did not name " + ("them" if many else "it")
+    )
+    text = (
+        f"The live watch flagged {who}: {why}. Compare {'their' if many else 'its'} hardware and inputs with "
+        f"the peers'; {CAPTURE_HINT}."
+    )
+    return {"about": "straggler", "ranks": ranks, "text": text[:1].upper() + text[1:]}
+
+
+def attach_watch(doc: dict[str, Any]) -> dict[str, Any]:
+    """Add the watch's stragglers to a report document (its `watch` already read, its next steps
+    already made):
+    1. `watch_stragglers` (`watch_stragglers`, the window's stragglers left out);
+    2. none: nothing else changes;
+    3. the window's verdict balanced or inconclusive: it moves to `trace_verdict`, the verdict
+       becomes straggler, the headline says by whom, their next step comes first, and the noise
+       step (floor.py) says it is the window's;
+    4. else (the window named others, or a hang leads): their next step comes after the
+       window's straggler steps."""
+    found = watch_stragglers(doc.get("watch"), {s["rank"] for s in doc.get("stragglers", [])})
+    doc["watch_stragglers"] = found
+    if not found:
+        return doc
+    overridden = doc["verdict"] in OVERRIDDEN
+    step = watch_step(found, overridden)
+    if overridden:
+        doc["trace_verdict"] = doc["verdict"]
+        doc["verdict"] = "straggler"
+        doc["headline"] = watch_headline(doc, found, doc["trace_verdict"])
+        doc["next_steps"] = [step, *(floor_step(doc) or n if n["about"] == "noise" else n for n in doc["next_steps"])]
+        return doc
+    at = max(
+        (i + 1 for i, n in enumerate(doc["next_steps"]) if n["about"] in ("straggler", "hang", "mismatch")), default=0
+    )
+    doc["next_steps"] = [*doc["next_steps"][:at], step, *doc["next_steps"][at:]]
+    return doc

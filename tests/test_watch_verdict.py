@@ -1,0 +1,152 @@
+"""The run's verdict from the traced window and the live watch together
+(harness/report/watch_verdict.py): exact documents, the windows' comparison, and
+`python -m harness.collect` on hand-built traces with the watch's record in run.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.report.across_windows import WindowVerdict, across_windows, summary_lines, window_verdict
+from harness.report.document import build_report
+from harness.report.watch_verdict import attach_watch, watch_stragglers
+
+from jobs import collect_quietly
+from tracebuild import cpu_ring_docs, run_analysis
+
+
+def flag(step: int, rank: int, phase: str | None = "forward", host: str = "a") -> dict[str, Any]:
+    return {"step": step, "rank": rank, "host": host, "phase": phase}
+
+
+def watch_of(*flags: dict[str, Any]) -> dict[str, Any]:
+    return {"every": 5, "intervals": 5, "flags": list(flags), "captures": []}
+
+
+def doc_of(verdict: str, stragglers: list[int], watch: dict[str, Any] | None, **more: Any) -> dict[str, Any]:
+    """The fields attach_watch reads, as build_report and hang_report leave them."""
+    next_steps = [{"about": "straggler", "ranks": [r], "text": f"Rank {r}: ..."} for r in stragglers]
+    next_steps.append({"about": "noise", "ranks": [1], "text": "Balanced within this run's noise: ..."})
+    return {
+        "verdict": verdict,
+        "headline": f"{verdict}: ...",
+        "verdict_reason": more.pop("reason", None),
+        "stragglers": [{"rank": r, "phase": "data"} for r in stragglers],
+        "next_steps": next_steps,
+        "watch": watch,
+        "window": {"steps": [11, 18]},
+        **more,
+    }
+
+
+def test_the_watch_s_flags_are_grouped_by_rank_without_the_window_s_stragglers() -> None:
+    watch = watch_of(flag(14, 1, "backward"), flag(19, 3, None, "b"), flag(29, 1, "forward"), flag(14, 0))
+    assert watch_stragglers(watch, {0}) == [
+        {"rank": 1, "host": "a", "phase": "backward", "steps": [14, 29]},  # its phase at its first flag
+        {"rank": 3, "host": "b", "phase": None, "steps": [19]},
+    ]
+    assert watch_stragglers(None, set()) == [] and watch_stragglers(watch_of(), set()) == []
+
+
+def test_a_balanced_window_becomes_a_straggler_the_watch_flagged() -> None:
+    doc = attach_watch(doc_of("balanced", [], watch_of(flag(14, 1, "backward"))))
+    assert doc["verdict"] == "straggler" and doc["trace_verdict"] == "balanced"
+    assert doc["watch_stragglers"] == [{"rank": 1, "host": "a", "phase": "backward", "steps": [14]}]
+    assert doc["headline"] == (
+        "straggler, by the live watch over the whole run: rank 1 on a in its backward phase, flagged at step 14; "
+        "the traced window (steps 11-18) alone kept it within its noise"
+    )
+    first, noise = doc["next_steps"]
+    assert first["about"] == "straggler" and first["ranks"] == [1]
+    assert first["text"].startswith("The live watch flagged rank 1 on a in its backward phase at step 14: ")
+    assert "did not tell it from the noise" in first["text"] and "--capture-on-straggler" in first["text"]
+    assert noise["about"] == "noise"  # why the window alone did not name it stays
+
+
+def test_an_inconclusive_window_says_why_beside_the_watch_s_straggler() -> None:
+    doc = attach_watch(doc_of("inconclusive", [], watch_of(flag(9, 2, None)), reason="one rank"))
+    assert doc["verdict"] == "straggler" and doc["trace_verdict"] == "inconclusive"
+    assert doc["headline"].endswith("rank 2 on a, flagged at step 9; the traces could not be compared: one rank")
+
+
+def test_a_window_that_named_a_straggler_keeps_its_verdict_and_the_watch_s_others_follow() -> None:
+    doc = attach_watch(doc_of("straggler", [0], watch_of(flag(14, 0), flag(14, 3, "data"), flag(24, 3, "data"))))
+    assert doc["verdict"] == "straggler" and "trace_verdict" not in doc and doc["headline"] == "straggler: ..."
+    assert doc["watch_stragglers"] == [{"rank": 3, "host": "a", "phase": "data", "steps": [14, 24]}]
+    assert [n["ranks"] for n in doc["next_steps"]] == [[0], [3], [1]]
+    assert "the traced window did not name it" in doc["next_steps"][1]["text"]
+
+
+def test_a_hang_leads_and_the_watch_s_straggler_follows_it() -> None:
+    doc = doc_of("hang", [], watch_of(flag(14, 1)), trace_verdict="balanced")
+    doc["next_steps"].insert(0, {"about": "hang", "ranks": [1], "text": "Rank 1 never entered ..."})
+    attach_watch(doc)
+    assert doc["verdict"] == "hang" and doc["trace_verdict"] == "balanced"
+    assert [n["about"] for n in doc["next_steps"]] == ["hang", "straggler", "noise"]
+
+
+def test_without_the_watch_or_its_flags_nothing_changes() -> None:
+    for watch in (None, watch_of(), watch_of(flag(14, 0))):
+        before = doc_of("balanced" if watch is None or not watch["flags"] else "straggler", [0], watch)
+        after = attach_watch(json.loads(json.dumps(before)))
+        assert after == {**before, "watch_stragglers": []}
+
+
+def _window_doc(window: int, verdict: str, stragglers: list[int], watch: dict[str, Any]) -> dict[str, Any]:
+    return attach_watch(doc_of(verdict, stragglers, watch) | {"window": {"steps": [window * 10, window * 10 + 7]}})
+
+
+def test_across_windows_the_watch_names_a_straggler_the_windows_left_balanced() -> None:
+    watch = watch_of(flag(14, 1, "backward"))
+    docs = [
+        _window_doc(w, v, s, watch) for w, v, s in ((1, "balanced", []), (2, "straggler", [0]), (3, "balanced", []))
+    ]
+    verdicts = [window_verdict(w, d, f"r/window-{w}") for w, d in enumerate(docs, 1)]
+    # each window is compared by the trace's own verdict, not the one the watch gave its report
+    assert [v.verdict for v in verdicts] == ["balanced", "straggler", "balanced"]
+    res = across_windows(verdicts, watch)
+    assert res.verdict == "straggler" and res.windows_verdict == "balanced"
+    assert res.watch_stragglers == [{"rank": 1, "host": "a", "phase": "backward", "steps": [14]}]
+    lines = summary_lines(res)
+    assert (
+        lines[3] == "across windows: balanced: no rank is a straggler in one phase in more than half of the 3 windows"
+    )
+    assert (
+        lines[-1] == "live watch: straggler over the whole run: rank 1 (backward) at step 14 (recurring in no window)"
+    )
+
+
+def test_across_windows_a_recurring_rank_the_watch_flagged_too_is_named_once() -> None:
+    watch = watch_of(flag(14, 1, "data"))
+
+    def wv(window: int) -> WindowVerdict:
+        return WindowVerdict(window=window, verdict="straggler", steps=None, stragglers={1: "data"}, report="r")
+
+    res = across_windows([wv(1), wv(2)], watch)
+    assert res.verdict == "straggler" and res.windows_verdict is None and res.watch_stragglers == []
+    assert across_windows([wv(1), wv(2)]).to_dict()["watch_stragglers"] == []
+
+
+def test_the_collector_names_the_straggler_the_watch_flagged_in_a_window_it_found_balanced(tmp_path: Path) -> None:
+    """test_noise_floor's jittery window (rank 1 0.3 ms late a step against a 0.6 ms noise
+    bound: balanced), with a run.json whose watch flagged rank 1 in forward at step 14: the
+    report's verdict is the watch's straggler, the window's kept beside it, on every output."""
+    docs = cpu_ring_docs(2, 6, extra_mm_us=lambda r, s: 400.0 * (s % 2), sleep_us=lambda r, s: 300.0 * r)
+    assert build_report(run_analysis(tmp_path, docs), ["x"])["verdict"] == "balanced"
+    (tmp_path / "run.json").write_text(json.dumps({"watch": watch_of(flag(14, 1, "forward", "node1"))}))
+    out = collect_quietly(tmp_path)
+    doc = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert doc["verdict"] == "straggler" and doc["trace_verdict"] == "balanced" and doc["stragglers"] == []
+    assert doc["watch_stragglers"] == [{"rank": 1, "host": "node1", "phase": "forward", "steps": [14]}]
+    assert [n["about"] for n in doc["next_steps"]][:1] == ["straggler"]
+    assert "noise" in [n["about"] for n in doc["next_steps"]]
+    assert (
+        "verdict: straggler, by the live watch over the whole run: rank 1 on node1 in its forward phase" in out.stdout
+    )
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert (
+        "Flagged by the live watch over the whole run, not named in the traced window: rank 1 on node1 (forward) "
+        "at step 14." in md
+    )
+    assert 'id="watch-stragglers"' in (tmp_path / "report" / "report.html").read_text()
