@@ -30,6 +30,14 @@ def doc_of(verdict: str, stragglers: list[int], watch: dict[str, Any] | None, **
     next_steps.append({"about": "noise", "ranks": [1], "text": "Balanced within this run's noise: ..."})
     return {
         "verdict": verdict,
+        "noise_floor": {
+            "noise_limited": more.pop("noise_limited", True),
+            "share": 0.21,
+            "set_by": "jitter",
+            "jitter_measured": True,
+            "latest_rank": 1,
+            "latest_beyond_ms": 0.3,
+        },
         "headline": f"{verdict}: ...",
         "verdict_reason": more.pop("reason", None),
         "stragglers": [{"rank": r, "phase": "data"} for r in stragglers],
@@ -61,7 +69,14 @@ def test_a_balanced_window_becomes_a_straggler_the_watch_flagged() -> None:
     assert first["about"] == "straggler" and first["ranks"] == [1]
     assert first["text"].startswith("The live watch flagged rank 1 on a in its backward phase at step 14: ")
     assert "did not tell it from the noise" in first["text"] and "--capture-on-straggler" in first["text"]
-    assert noise["about"] == "noise"  # why the window alone did not name it stays
+    assert noise["about"] == "noise"  # why the window alone did not name it stays, as the window's
+    assert noise["text"].startswith("The traced window alone is balanced within this run's noise: a straggler costing")
+
+
+def test_a_window_whose_bound_the_material_share_set_did_not_name_it_and_says_no_more() -> None:
+    doc = attach_watch(doc_of("balanced", [], watch_of(flag(24, 1, "data")), noise_limited=False))
+    assert doc["headline"].endswith("flagged at step 24; the traced window (steps 11-18) alone did not name it")
+    assert "the traced window did not name it (it holds a few of the run's steps)" in doc["next_steps"][0]["text"]
 
 
 def test_an_inconclusive_window_says_why_beside_the_watch_s_straggler() -> None:
@@ -87,10 +102,32 @@ def test_a_hang_leads_and_the_watch_s_straggler_follows_it() -> None:
 
 
 def test_without_the_watch_or_its_flags_nothing_changes() -> None:
-    for watch in (None, watch_of(), watch_of(flag(14, 0))):
-        before = doc_of("balanced" if watch is None or not watch["flags"] else "straggler", [0], watch)
+    for watch, verdict, named in (
+        (None, "straggler", [0]),
+        (watch_of(), "balanced", []),
+        (watch_of(flag(14, 0)), "straggler", [0]),
+    ):
+        before = doc_of(verdict, named, watch)
         after = attach_watch(json.loads(json.dumps(before)))
         assert after == {**before, "watch_stragglers": []}
+
+
+def test_a_window_s_straggler_the_watch_judged_and_never_flagged_is_said_to_be_unconfirmed() -> None:
+    doc = attach_watch(doc_of("straggler", [0, 2], watch_of(flag(14, 2))))
+    assert doc["verdict"] == "straggler" and doc["watch_stragglers"] == []
+    assert [(n["about"], n["ranks"]) for n in doc["next_steps"]] == [
+        ("straggler", [0]),
+        ("straggler", [2]),
+        ("noise", [0]),
+        ("noise", [1]),
+    ]
+    assert doc["next_steps"][2]["text"].startswith(
+        "The live watch judged 5 interval(s) of 5 steps over the run and did not flag rank 0: it is slow in this "
+        "window only, or this window's noise. To tell, profile several windows (--repeat 3)"
+    )
+    # a watch that judged no interval says nothing of anyone
+    quiet = attach_watch(doc_of("straggler", [0], watch_of() | {"intervals": 0}))
+    assert [n["about"] for n in quiet["next_steps"]] == ["straggler", "noise"]
 
 
 def _window_doc(window: int, verdict: str, stragglers: list[int], watch: dict[str, Any]) -> dict[str, Any]:

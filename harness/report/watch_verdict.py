@@ -16,7 +16,9 @@ report.json (added to the schema in document.py):
   flagged none or was off;
 - where the window's verdict was balanced or inconclusive and that list is not empty, `verdict`
   becomes straggler and `headline` says by whom; the window's verdict is kept in
-  `trace_verdict` (as a hang keeps it: hang_report.py). A hang or a mismatch still leads.
+  `trace_verdict` (as a hang keeps it: hang_report.py). A hang or a mismatch still leads;
+- a straggler the window named and the watch, having judged the run, never flagged keeps the
+  window's verdict, with a next step saying so (`unconfirmed_step`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.collect.analyse.rank_list import ranks_phrase
-from harness.report.floor import floor_step
+from harness.report.floor import TELL_BY_WINDOWS, floor_step
 
 # The window's verdicts the watch's flags override: neither names a rank. A hang or a mismatch
 # (hang_report.py) is about a job that stopped, which leads whatever was slow before it.
@@ -72,7 +74,13 @@ def _window_words(doc: dict[str, Any], trace_verdict: str) -> str:
         return f"the traces could not be compared: {doc.get('verdict_reason')}"
     steps = (doc.get("window") or {}).get("steps")
     span = f" (steps {steps[0]}-{steps[-1]})" if steps else ""
-    return f"the traced window{span} alone kept it within its noise"
+    return f"the traced window{span} alone {'kept it within its noise' if _noise_limited(doc) else 'did not name it'}"
+
+
+def _noise_limited(doc: dict[str, Any]) -> bool:
+    """Whether the window's bound was its noise (floor.py), not the material share of the step:
+    then what it passed over may be a straggler under that noise; else one not late in its steps."""
+    return bool((doc.get("noise_floor") or {}).get("noise_limited"))
 
 
 def watch_headline(doc: dict[str, Any], found: list[dict[str, Any]], trace_verdict: str) -> str:
@@ -85,24 +93,47 @@ def watch_headline(doc: dict[str, Any], found: list[dict[str, Any]], trace_verdi
     return f"straggler, by the live watch over the whole run: {who}; {_window_words(doc, trace_verdict)}"
 
 
-def watch_step(found: list[dict[str, Any]], overridden: bool) -> dict[str, Any]:
+def watch_step(doc: dict[str, Any], found: list[dict[str, Any]], overridden: bool) -> dict[str, Any]:
     """The next step for the watch's stragglers: who, when, why the window did not name them,
     and how to trace them."""
     ranks = [s["rank"] for s in found]
     many = len(found) > 1
+    them = "them" if many else "it"
     who = "; ".join(_one(s, "") for s in found) if len(found) <= LISTED else ranks_phrase(ranks)
-    why = (
-        "the traced window's steps alone did not tell "
-        + ("them" if many else "it")
-        + " from the noise (the watch judged every interval of the run with the same rule)"
-        if overridden
-        else "the traced window did not name " + ("them" if many else "it")
-    )
+    if overridden and _noise_limited(doc):
+        why = (
+            f"the traced window's steps alone did not tell {them} from the noise (the watch judged every interval "
+            "of the run with the same rule)"
+        )
+    else:
+        why = f"the traced window did not name {them} (it holds a few of the run's steps)"
     text = (
         f"The live watch flagged {who}: {why}. Compare {'their' if many else 'its'} hardware and inputs with "
         f"the peers'; {CAPTURE_HINT}."
     )
     return {"about": "straggler", "ranks": ranks, "text": text[:1].upper() + text[1:]}
+
+
+def unconfirmed_step(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The next step for the window's stragglers the watch never flagged, where it judged any
+    interval of the run (None otherwise): a straggler whose cause lasts is flagged by the watch
+    too (it judges every step with the same rule), so one it passed over is slow in this window
+    only, or this window's noise, and more windows tell which. The verdict stays the window's: a
+    slowdown lasting one interval at under the single-interval bound is the window's to find."""
+    watch = doc.get("watch") or {}
+    if not watch.get("intervals"):
+        return None
+    flagged = {f["rank"] for f in watch.get("flags", [])}
+    ranks = [s["rank"] for s in doc.get("stragglers", []) if s["rank"] not in flagged]
+    if not ranks:
+        return None
+    many = len(ranks) > 1
+    text = (
+        f"The live watch judged {watch['intervals']} interval(s) of {watch['every']} steps over the run and did "
+        f"not flag {ranks_phrase(ranks)}: {'they are' if many else 'it is'} slow in this window only, or this "
+        f"window's noise. To tell, {TELL_BY_WINDOWS}"
+    )
+    return {"about": "noise", "ranks": ranks, "text": text}
 
 
 def attach_watch(doc: dict[str, Any]) -> dict[str, Any]:
@@ -114,21 +145,31 @@ def attach_watch(doc: dict[str, Any]) -> dict[str, Any]:
        becomes straggler, the headline says by whom, their next step comes first, and the noise
        step (floor.py) says it is the window's;
     4. else (the window named others, or a hang leads): their next step comes after the
-       window's straggler steps."""
+       window's straggler steps;
+    5. the window's stragglers the watch never flagged get a next step saying so
+       (`unconfirmed_step`), after the window's straggler steps."""
     found = watch_stragglers(doc.get("watch"), {s["rank"] for s in doc.get("stragglers", [])})
     doc["watch_stragglers"] = found
+    unconfirmed = unconfirmed_step(doc)
+    if unconfirmed:
+        at = _after_stragglers(doc["next_steps"])
+        doc["next_steps"] = [*doc["next_steps"][:at], unconfirmed, *doc["next_steps"][at:]]
     if not found:
         return doc
     overridden = doc["verdict"] in OVERRIDDEN
-    step = watch_step(found, overridden)
+    step = watch_step(doc, found, overridden)
     if overridden:
         doc["trace_verdict"] = doc["verdict"]
         doc["verdict"] = "straggler"
         doc["headline"] = watch_headline(doc, found, doc["trace_verdict"])
         doc["next_steps"] = [step, *(floor_step(doc) or n if n["about"] == "noise" else n for n in doc["next_steps"])]
         return doc
-    at = max(
-        (i + 1 for i, n in enumerate(doc["next_steps"]) if n["about"] in ("straggler", "hang", "mismatch")), default=0
-    )
+    at = _after_stragglers(doc["next_steps"])
     doc["next_steps"] = [*doc["next_steps"][:at], step, *doc["next_steps"][at:]]
     return doc
+
+
+def _after_stragglers(next_steps: list[dict[str, Any]]) -> int:
+    """Where a next step about stragglers goes: after those of the window's stragglers (and of a
+    hang or mismatch, which lead)."""
+    return max((i + 1 for i, n in enumerate(next_steps) if n["about"] in ("straggler", "hang", "mismatch")), default=0)
