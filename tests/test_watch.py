@@ -27,6 +27,7 @@ from harness.train.timing import StepClock
 from harness.train.watch_rule import (
     COLLECTIVE_PHASES,
     WATCH_PHASES,
+    WatchJudge,
     jitter_ms,
     median,
     own_work_phases,
@@ -403,6 +404,29 @@ def test_only_steps_every_rank_timed_are_judged() -> None:
     assert v.steps == [11, 13, 14]
     assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, round(40 / 3, 6)]
     assert judge_interval({0: steps(BASE)}, {}, DDP_OWN, cpu=False, th=Thresholds()).ranks == []
+
+
+def test_on_cpu_an_interval_of_fewer_steps_than_a_straggler_needs_late_waits_for_the_next() -> None:
+    """A warm-up that ends one step before an exchange leaves that exchange one step (7) to
+    judge; on CPU a straggler must be late in 2 steps (one stall is not one where ranks
+    time-share cores), so that step waits and is judged with the next interval's (7-11). Rank 1
+    stalls 50 ms in step 7 alone (over the 35 ms bound of its 100 ms step): never flagged. A rank
+    50 ms late in every step from 7 is flagged at the next exchange, over steps 7-11."""
+
+    def tables(last: int, bump: dict[int, dict[str, float]]) -> torch.Tensor:
+        recs = [steps(BASE, first=7, n=last - 6), steps(BASE, first=7, n=last - 6, bump=bump)]
+        return torch.stack([pack_rows([step_row(r) for r in rec], 8) for rec in recs])
+
+    for bump, flagged in (({7: {"data": 50.0}}, []), ({s: {"data": 50.0} for s in range(7, 12)}, [1])):
+        judge = WatchJudge(own_phases=DDP_OWN, held_phases=COLLECTIVE_PHASES["ddp"], cpu=True, th=watch_thresholds())
+        assert judge.judge(tables(7, bump), {0: "a", 1: "b"}) is None and judge.judged_through == -1
+        judged = judge.judge(tables(11, bump), {0: "a", 1: "b"})
+        assert judged is not None and judged.verdict.steps == [7, 8, 9, 10, 11]
+        assert [r.rank for r in judged.new] == flagged
+    # on GPU one step is judged as it comes (the two-late-steps rule is CPU's)
+    judge = WatchJudge(own_phases=DDP_OWN, held_phases=COLLECTIVE_PHASES["ddp"], cpu=False, th=watch_thresholds())
+    judged = judge.judge(tables(7, {7: {"data": 50.0}}), {0: "a", 1: "b"})
+    assert judged is not None and judged.verdict.steps == [7] and [r.rank for r in judged.new] == [1]
 
 
 def test_trace_window_numbers_come_from_harness_names_only() -> None:

@@ -376,7 +376,10 @@ class WatchJudge:
 
     1. `judge_interval` over the steps after the last one judged (up to the arrivals'
        `timed_through`: on GPU a step whose collectives NCCL has not timed on every rank yet
-       waits for the next interval);
+       waits for the next interval); on CPU fewer than MIN_LATE_STEPS steps wait too (a
+       straggler there must be late in that many: one stall is not one where ranks time-share
+       cores; such an interval is the first after a warm-up that ends one step before an
+       exchange);
     2. where steps wait so, `judge_interval` of their own-work phases alone (the ahead
        verdict): those phases' times are the step's CUDA events, complete at its end, and
        only the phases holding collectives need NCCL's durations (its watchdog times them up to
@@ -411,6 +414,8 @@ class WatchJudge:
             arrivals=arrivals,
             until_step=timed_through,
         )
+        if self.cpu and len(verdict.steps) < MIN_LATE_STEPS:
+            verdict = IntervalVerdict(steps=[], ranks=[])  # the tables hold them for the next (`table_rows`)
         ahead = None
         if timed_through is not None and self.own_phases:
             ahead = judge_interval(
