@@ -7,8 +7,8 @@ material share of the step in two running. Where the hosts are noisy, a few step
 straggler of a tenth of the step from the noise, and more of them can: on 2 shared CPU cores the
 watch flagged 53 of 55 material stragglers with no false flag in 24 clean runs, where the
 window named 41 of them (bench/RESULTS.md, "Detection": seeds 5006-5008); with its flags in the
-verdict three fresh seeds found 72 of 73, where the windows alone found 53, and the watch added
-one false alarm in their 24 clean runs (the windows' own: 2). A report that says
+verdict four fresh seeds found 96 of 97, where the windows alone found 70, and the watch added
+two false alarms in their 32 clean runs (the windows' own: 2). A report that says
 "balanced" after the watch printed "straggler" during the same run leaves the user to choose
 between them; so the report carries both, and its verdict is the run's.
 
