@@ -11,7 +11,9 @@ Two campaigns, scored alike (detect/score.py):
   configuration's clean run first (a false-alarm case that sizes the injections), then drawn
   faults: stragglers (sleep or compute, any phase, 5-100% of the clean step, persistent or every
   k-th step, mid-run onset, one or two ranks), hangs and leaks; about one configuration in five
-  is two torchrun agents on loopback with a host name each;
+  is two torchrun agents on loopback with a host name each, about one in six the 4-rank
+  pipeline of examples/pipeline_parallel.py (`--parallels`; its stragglers sleep or compute in
+  forward or backward);
 - generated (detect/sim.py): `--generated` GPU-shaped jobs from the device-queue simulator at
   8 to 1024 ranks (`--generated-ranks` fixes the count), with per-kernel jitter and per-host clock
   skew, whose truth is exact (each case simulated with and without its injection); each case's
@@ -61,14 +63,16 @@ def real_campaign(
     keep: bool = False,
     window_steps: int = real.WINDOW_STEPS,
     windows: int = 1,
+    parallels: tuple[str, ...] = real.PARALLELS,
 ) -> list[dict[str, Any]]:
-    """`runs` real jobs: per configuration its clean run, then up to CASES_PER_CONFIG faults; the
-    clean and straggler jobs record `windows` profiler windows, judged across them."""
+    """`runs` real jobs of `parallels`: per configuration its clean run, then up to
+    CASES_PER_CONFIG faults; the clean and straggler jobs record `windows` profiler windows,
+    judged across them."""
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
     n_cfg = 0
     while len(rows) < runs:
-        cfg = real.draw_config(rng, two_hosts=n_cfg % TWO_HOST_EVERY == TWO_HOST_EVERY - 1)
+        cfg = real.draw_config(rng, two_hosts=n_cfg % TWO_HOST_EVERY == TWO_HOST_EVERY - 1, parallels=parallels)
         n_cfg += 1
         name = f"c{n_cfg:03d}-clean"
         row, clean_ms = real.run_case(cfg, real.Fault(kind="clean"), None, work, name, keep, window_steps, windows)
@@ -275,6 +279,12 @@ def main(argv: list[str] | None = None) -> int:
         "ddp,fsdp,tp,hsdp,ep draws what a seed drew before pp was added, ddp,fsdp,tp,hsdp before ep, "
         "ddp,fsdp,tp before hsdp, ddp,fsdp before tp)",
     )
+    p.add_argument(
+        "--parallels",
+        default=",".join(real.PARALLELS),
+        help="the real jobs' parallelisms, comma-separated (default ddp,fsdp,pp; ddp,fsdp draws what a seed "
+        "drew before pp was added)",
+    )
     p.add_argument("--json", type=Path, default=None, help="write the figures and every case here")
     p.add_argument("--work", type=Path, default=None, help="where the jobs write (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep every real run's folder under --work (to re-collect them)")
@@ -316,13 +326,18 @@ def main(argv: list[str] | None = None) -> int:
     shapes = tuple(x.strip() for x in args.shapes.split(",") if x.strip())
     if not shapes or any(x not in gen.SHAPES for x in shapes):
         p.error(f"--shapes must be some of {','.join(gen.SHAPES)}, comma-separated (got {args.shapes!r})")
+    parallels = tuple(x.strip() for x in args.parallels.split(",") if x.strip())
+    if not parallels or any(x not in real.PARALLELS for x in parallels):
+        p.error(f"--parallels must be some of {','.join(real.PARALLELS)}, comma-separated (got {args.parallels!r})")
     runs, generated = (1, 1) if args.smoke else (args.runs, args.generated)
     say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
     work = args.work or Path(tempfile.mkdtemp(prefix="detection-"))
     work.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"seed": args.seed, "window_steps": args.window_steps, "windows": args.windows}
     t0 = time.perf_counter()
-    real_rows = real_campaign(args.seed, runs, work, say, args.keep, args.window_steps, args.windows) if runs else []
+    real_rows = (
+        real_campaign(args.seed, runs, work, say, args.keep, args.window_steps, args.windows, parallels) if runs else []
+    )
     real_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     jobs = args.jobs or min(default_jobs(args.generated_ranks or max(gen.RANK_CHOICES)), max(generated, 1))

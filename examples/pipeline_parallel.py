@@ -12,7 +12,8 @@ and sends the activations to its stage-1 peer, which receives them, finishes the
 and its loss, runs backward and sends the activations' gradients back; stage 0 receives them
 and runs its own backward. Each stage's ranks then all-reduce their gradients (data
 parallelism) and step their optimizer. --slow-rank R --slow-ms MS makes rank R's host sleep MS
-at the start of its --slow-phase (forward or backward) each step from --slow-from: its pipeline
+(--slow-kind compute: run matmuls on its device for MS instead) at the start of its --slow-phase
+(forward or backward) each step from --slow-from (every --slow-every-th step): its pipeline
 peer waits for it at the receives (a slow stage 0 holds stage 1's forward, a slow stage 1 holds
 stage 0's backward) and reaches its stage's all-reduce late by that wait.
 """
@@ -29,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 import harness  # harness
+from harness.train.faults import ComputeDelay  # the lab's injected compute: matmuls on a device
 
 
 def stage_layers(stage: int, width: int, depth: int) -> nn.Sequential:
@@ -66,12 +68,16 @@ def main() -> None:
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--slow-from", type=int, default=0, help="the first slowed step")
     p.add_argument("--slow-phase", choices=("forward", "backward"), default="forward")
+    p.add_argument("--slow-kind", choices=("sleep", "compute"), default="sleep")
+    p.add_argument("--slow-every", type=int, default=1, help="slow every k-th step from --slow-from")
     p.add_argument("--watch-every", type=int, default=None)
     args = p.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", 1))
     if world < 2 or world % 2:
         p.error(f"two stages need an even world size of 2 or more, got {world}: run 2, 4, ... ranks")
+    if args.slow_every < 1:
+        p.error(f"--slow-every must be 1 or more, got {args.slow_every}")
     if args.microbatches < 1 or args.batch_size % args.microbatches:
         p.error(f"--microbatches {args.microbatches} must divide --batch-size {args.batch_size}")
     cuda = torch.cuda.is_available()
@@ -95,7 +101,18 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
     data = torch.Generator().manual_seed(place)  # a pipeline's two stages read the same batch
     micro = args.batch_size // args.microbatches
-    slow_s = args.slow_ms / 1e3 if rank == args.slow_rank else 0.0
+    slow_ms = args.slow_ms if rank == args.slow_rank else 0.0
+    compute = ComputeDelay(device) if args.slow_kind == "compute" else None
+
+    def slow_down(step: int, phase: str) -> None:
+        """The injected slowness, where this rank, step and phase have it."""
+        due = step >= args.slow_from and (step - args.slow_from) % args.slow_every == 0
+        if not slow_ms or phase != args.slow_phase or not due:
+            return
+        if compute is not None:
+            compute.spend(slow_ms)
+        else:
+            time.sleep(slow_ms / 1e3)
 
     options = {"watch_every": args.watch_every} if args.watch_every is not None else {}
     with harness.Run(
@@ -113,10 +130,8 @@ def main() -> None:
                     x = torch.randn(args.batch_size, args.width, generator=data).to(device)
                     y = torch.randint(0, 10, (args.batch_size,), generator=data).to(device)
                 kept: list[tuple[torch.Tensor, torch.Tensor]] = []
-                slowed = slow_s if step >= args.slow_from else 0.0
                 with run.phase("forward"):  # harness
-                    if slowed and args.slow_phase == "forward":
-                        time.sleep(slowed)
+                    slow_down(step, "forward")
                     for m in range(args.microbatches):
                         if stage == 0:
                             out = model(x[m * micro : (m + 1) * micro])
@@ -129,8 +144,7 @@ def main() -> None:
                             loss = loss_fn(model(act), y[m * micro : (m + 1) * micro])
                             kept.append((act, loss))
                 with run.phase("backward"):  # harness
-                    if slowed and args.slow_phase == "backward":
-                        time.sleep(slowed)
+                    slow_down(step, "backward")
                     for inp, out in kept:
                         if stage == 0:
                             grad = torch.empty_like(out)

@@ -234,16 +234,20 @@ PP_EXAMPLE = REPO / "examples" / "pipeline_parallel.py"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("slow_rank", "phase", "held"), [(0, "forward", 2), (2, "backward", 0)])
+@pytest.mark.parametrize(
+    ("slow_rank", "phase", "held", "kind"),
+    [(0, "forward", 2, "sleep"), (2, "backward", 0, "sleep"), (2, "backward", 0, "compute")],
+)
 def test_the_pipeline_example_names_the_slow_stage_not_the_stage_it_held_up(
-    slow_rank: int, phase: str, held: int, tmp_path: Path
+    slow_rank: int, phase: str, held: int, kind: str, tmp_path: Path
 ) -> None:
     """4 ranks, two pipelines of two stages (ranks 0 and 2, ranks 1 and 3), each stage's ranks
     all-reducing their gradients at backward's end (groups (0, 1) and (2, 3)): a rank sleeps 60
     ms at the start of its forward or backward from step 8 (several times the clean step here:
     a wide margin on 2 shared cores). Rank 0 slow in forward holds rank 2 at its receives of
-    the activations; rank 2 slow in backward holds rank 0 at its receives of the gradients. The
-    held rank reaches its stage's all-reduce about as late as the slow one reaches its own.
+    the activations; rank 2 slow in backward holds rank 0 at its receives of the gradients,
+    sleeping or computing (`--slow-kind compute`: matmuls for 60 ms). The held rank reaches its
+    stage's all-reduce about as late as the slow one reaches its own.
     - The collector takes the waiting at the receives out of its lateness (runup.p2p_wait) and
       names the slow rank alone, in its phase. gloo's send and receive ranges get no group from
       the recorder's entries, which hold none.
@@ -256,7 +260,7 @@ def test_the_pipeline_example_names_the_slow_stage_not_the_stage_it_held_up(
       each rank is judged against its own stage's ranks (watch_rule.stages). Before: forward's
       sleep passed the watch by, and a sleep in backward flagged the held rank too."""
     args = ["--log-dir", str(tmp_path), "--run-name", "pp", "--steps", "30", "--slow-rank", str(slow_rank)]
-    args += ["--slow-ms", "60", "--slow-from", "8", "--slow-phase", phase, "--watch-every", "3"]
+    args += ["--slow-ms", "60", "--slow-from", "8", "--slow-phase", phase, "--slow-kind", kind, "--watch-every", "3"]
     torchrun(args, nproc=4, timeout=300, script=PP_EXAMPLE)
     run = tmp_path / "pp"
     report = collect_report(run)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -149,3 +150,37 @@ def test_the_campaign_counts_the_report_s_verdict_and_the_window_s_alone_apart()
     rows = [case_row({}, t, s, o) for t, s, o in zip((truth, truth, clean), (by_watch, by_both, watch_false), outs)]
     s = summarize(rows)
     assert (s["recall"], s["recall_trace_alone"], s["false_alarms"], s["false_alarms_trace_alone"]) == (1.0, 0.5, 1, 0)
+
+
+def test_the_real_campaign_draws_pipelines_apart_and_without_them_as_before() -> None:
+    """`draw_config` with ddp,fsdp draws what a seed drew before pp was added (the lab's
+    configurations, drawn from the same calls); with pp about one configuration in PP_EVERY is
+    the pipeline example's 4-rank job, whose faults are one slow rank in forward or backward; its
+    flags go to the example as its own and harness.Run's HARNESS_* variables."""
+    from detect import real
+
+    def before(rng: random.Random, two_hosts: bool) -> tuple[int, int, str, str]:
+        mode = rng.choices(real.MODES, real.MODE_WEIGHTS)[0]
+        if two_hosts:
+            return 1, 2, rng.choice(("ddp", "fsdp")), mode
+        return rng.choice((2, 2, 4)), 1, rng.choice(("ddp", "fsdp")), mode
+
+    a, b = random.Random(5), random.Random(5)
+    for i in range(60):
+        c = real.draw_config(a, i % 5 == 4, ("ddp", "fsdp"))
+        assert (c.nproc, c.nodes, c.parallel, c.mode) == before(b, i % 5 == 4)
+    rng = random.Random(6001)
+    drawn = [real.draw_config(rng, i % 5 == 4) for i in range(60)]
+    pp = [c for c in drawn if c.parallel == "pp"]
+    assert pp and all(c.label() == "pipeline/pp/4" for c in pp) and all(c.nodes == 1 for c in pp)
+    faults = [real.draw_fault(rng, pp[0]) for _ in range(40)]
+    assert {f.kind for f in faults} == {"sleep", "compute"} and {f.phase for f in faults} == {"forward", "backward"}
+    assert all(len(f.ranks) == 1 and 0 <= f.ranks[0] < 4 for f in faults)
+    fault = real.Fault(kind="compute", ranks=(2,), phase="backward", size=0.3, every=2)
+    argv, env = real.example_command([*real.base_args(), *real.fault_args(fault, 50.0, pp=True)])
+    assert argv == [
+        *("--steps", "30", "--batch-size", "16", "--slow-rank", "2", "--slow-ms", "15.00"),
+        *("--slow-phase", "backward", "--slow-kind", "compute", "--slow-every", "2", "--slow-from", "8"),
+        *("--watch-every", "5"),
+    ]
+    assert env == {"HARNESS_WARMUP_STEPS": "4", "HARNESS_WAIT": "10", "HARNESS_WARMUP": "1", "HARNESS_ACTIVE": "8"}

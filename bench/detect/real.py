@@ -3,7 +3,9 @@ fault injected (harness.train's --straggler-*, --hang-*, --leak-* flags), the co
 each as a user runs it, scored against what was injected.
 
 A campaign draws job configurations (`draw_config`: 2 or 4 ranks, or two torchrun agents on
-loopback with a host name each; DDP or FSDP2; a lab mode) and, per configuration:
+loopback with a host name each; DDP or FSDP2; a lab mode; or, one in PP_EVERY, the 4-rank
+pipeline of examples/pipeline_parallel.py, two stages of two data-parallel ranks) and, per
+configuration:
 1. a clean run (nothing injected): a false-alarm case, and its mean step (the median over the
    ranks of run.json's mean_step_ms) is the clean step the injections are sized from;
 2. injected cases drawn for it (`draw_fault`): a straggler (sleep or compute, in data, forward,
@@ -36,6 +38,12 @@ sys.path.insert(0, str(REPO / "tests"))
 from jobs import free_port, job_env  # noqa: E402  (the tests' own: the environment every job runs in)
 
 MODES = ("baseline", "torch", "kernel", "comm", "data")
+PARALLELS = ("ddp", "fsdp", "pp")
+# The pipeline configuration: the example's job (the lab has no stage split), its stragglers in
+# the phases a stage's neighbours wait for it in (it injects no hang or leak).
+PP_EXAMPLE = REPO / "examples" / "pipeline_parallel.py"
+PP_PHASES = ("forward", "backward")
+PP_EVERY = 6  # about one configuration in this many, where pp is among the parallels drawn
 MODE_WEIGHTS = (3, 3, 2, 2, 1)  # data's steps are ~20x the others' (its loader sleeps): drawn least
 PHASES = ("data", "forward", "backward", "optimizer")
 STEPS = 30
@@ -90,15 +98,29 @@ class Fault:
     hang_step: int | None = None
 
 
-def draw_config(rng: random.Random, two_hosts: bool) -> JobConfig:
+def draw_config(rng: random.Random, two_hosts: bool, parallels: tuple[str, ...] = PARALLELS) -> JobConfig:
+    """A configuration of `parallels` (without pp the draws are those of a seed before pp was
+    added: ddp and fsdp are drawn as they were)."""
+    if "pp" in parallels and not two_hosts and rng.random() < 1 / PP_EVERY:
+        return JobConfig(nproc=4, nodes=1, parallel="pp", mode="pipeline")
+    lab = tuple(p for p in parallels if p != "pp") or ("ddp",)
     mode = rng.choices(MODES, MODE_WEIGHTS)[0]
     if two_hosts:
-        return JobConfig(nproc=1, nodes=2, parallel=rng.choice(("ddp", "fsdp")), mode=mode)
-    return JobConfig(nproc=rng.choice((2, 2, 4)), nodes=1, parallel=rng.choice(("ddp", "fsdp")), mode=mode)
+        return JobConfig(nproc=1, nodes=2, parallel=rng.choice(lab), mode=mode)
+    return JobConfig(nproc=rng.choice((2, 2, 4)), nodes=1, parallel=rng.choice(lab), mode=mode)
 
 
 def draw_fault(rng: random.Random, cfg: JobConfig) -> Fault:
-    """A straggler most often; a hang or a leak one case in eight each."""
+    """A straggler most often; a hang or a leak one case in eight each (a pipeline: stragglers
+    only, in forward or backward)."""
+    if cfg.parallel == "pp":
+        return Fault(
+            kind=rng.choice(("sleep", "compute")),
+            ranks=(rng.randrange(cfg.world),),
+            phase=rng.choice(PP_PHASES),
+            size=round(rng.uniform(0.05, 1.0), 3),
+            every=1 if rng.random() < 0.6 else rng.choice((2, 3)),
+        )
     u = rng.random()
     if u < 0.125 and cfg.nodes == 1:
         return Fault(kind="hang", ranks=(rng.randrange(cfg.world),), phase=rng.choice(PHASES), hang_step=20)
@@ -118,8 +140,39 @@ def _can_unshare() -> bool:
     return subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0
 
 
+# The pipeline example's own flags; harness.train's others reach its harness.Run as HARNESS_*
+# variables (run_config.py: a variable is named after the flag).
+EXAMPLE_FLAGS = ("--steps", "--batch-size", "--watch-every", "--log-dir", "--run-name")
+
+
+def example_command(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """harness.train's flags for a job (flag, value pairs) as the pipeline example takes them: its
+    own and its --slow-* flags as they are, the profiler's and the warm-up as variables."""
+    argv: list[str] = []
+    env: dict[str, str] = {}
+    for flag, value in zip(args[::2], args[1::2]):
+        if flag in EXAMPLE_FLAGS or flag.startswith("--slow-"):
+            argv += [flag, value]
+        else:
+            env["HARNESS_" + flag[2:].upper().replace("-", "_")] = value
+    return argv, env
+
+
 def launch(cfg: JobConfig, args: list[str], log_dir: Path, run_name: str) -> tuple[int, str]:
-    """Run harness.train as `cfg` says; (exit code of the first agent that failed, else 0, its output tail)."""
+    """Run harness.train (the pipeline example for pp) as `cfg` says; (exit code of the first
+    agent that failed, else 0, its output tail)."""
+    if cfg.parallel == "pp":
+        argv, env = example_command([*args, "--log-dir", str(log_dir), "--run-name", run_name])
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.nproc}"]
+        proc = subprocess.run(
+            [*cmd, str(PP_EXAMPLE), *argv],
+            capture_output=True,
+            text=True,
+            timeout=JOB_TIMEOUT_S,
+            env={**job_env(), **env},
+            cwd=REPO,
+        )
+        return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
     harness_args = ["--parallel", cfg.parallel, "--mode", cfg.mode, *args, "--log-dir", str(log_dir)]
     harness_args += ["--run-name", run_name]
     if cfg.nodes == 1:
@@ -193,8 +246,15 @@ def clean_step_ms(run_dir: Path) -> float:
     return steps[len(steps) // 2]
 
 
-def fault_args(fault: Fault, clean_ms: float) -> list[str]:
-    """harness.train's flags for `fault` in a job whose clean step is `clean_ms`."""
+def fault_args(fault: Fault, clean_ms: float, pp: bool = False) -> list[str]:
+    """harness.train's flags for `fault` in a job whose clean step is `clean_ms` (`pp`: the
+    pipeline example's, one slow rank)."""
+    if fault.kind in ("sleep", "compute") and pp:
+        return [
+            *("--slow-rank", str(fault.ranks[0]), "--slow-ms", f"{fault.size * clean_ms:.2f}"),
+            *("--slow-phase", str(fault.phase), "--slow-kind", fault.kind, "--slow-every", str(fault.every)),
+            *("--slow-from", str(ONSET_STEP), "--watch-every", str(WATCH_EVERY)),
+        ]
     if fault.kind in ("sleep", "compute"):
         return [
             "--straggler-rank",
@@ -270,7 +330,7 @@ def run_case(
     case failed. A straggler or clean case records `windows` windows and is judged across them
     (`--window each`); hangs and leaks keep their one window."""
     windows = windows if fault.kind in ("clean", "sleep", "compute") else 1
-    args = [*base_args(window_steps, windows), *fault_args(fault, clean_ms or 0.0)]
+    args = [*base_args(window_steps, windows), *fault_args(fault, clean_ms or 0.0, pp=cfg.parallel == "pp")]
     if fault.kind == "leak":  # the memory rule reads the step logs' RSS over many steps
         args = ["--steps", "40", "--warmup-steps", "5", "--batch-size", "16", "--wait", "1", "--warmup", "1"]
         args += ["--active", "2", *fault_args(fault, 0.0)]
