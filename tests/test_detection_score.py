@@ -173,6 +173,7 @@ def test_the_real_campaign_draws_pipelines_apart_and_without_them_as_before() ->
     drawn = [real.draw_config(rng, i % 5 == 4) for i in range(60)]
     pp = [c for c in drawn if c.parallel == "pp"]
     assert pp and all(c.label() == "pipeline/pp/4" for c in pp) and all(c.nodes == 1 for c in pp)
+    assert {real.draw_config(rng, i % 5 == 4, ("pp",)).label() for i in range(10)} == {"pipeline/pp/4"}
     faults = [real.draw_fault(rng, pp[0]) for _ in range(40)]
     assert {f.kind for f in faults} == {"sleep", "compute"} and {f.phase for f in faults} == {"forward", "backward"}
     assert all(len(f.ranks) == 1 and 0 <= f.ranks[0] < 4 for f in faults)

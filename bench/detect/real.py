@@ -100,10 +100,10 @@ class Fault:
 
 def draw_config(rng: random.Random, two_hosts: bool, parallels: tuple[str, ...] = PARALLELS) -> JobConfig:
     """A configuration of `parallels` (without pp the draws are those of a seed before pp was
-    added: ddp and fsdp are drawn as they were)."""
-    if "pp" in parallels and not two_hosts and rng.random() < 1 / PP_EVERY:
+    added: ddp and fsdp are drawn as they were; pp alone: every one a pipeline, on one host)."""
+    lab = tuple(p for p in parallels if p != "pp")
+    if "pp" in parallels and (not lab or (not two_hosts and rng.random() < 1 / PP_EVERY)):
         return JobConfig(nproc=4, nodes=1, parallel="pp", mode="pipeline")
-    lab = tuple(p for p in parallels if p != "pp") or ("ddp",)
     mode = rng.choices(MODES, MODE_WEIGHTS)[0]
     if two_hosts:
         return JobConfig(nproc=1, nodes=2, parallel=rng.choice(lab), mode=mode)
