@@ -158,34 +158,31 @@ def example_command(args: list[str]) -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
+def _standalone(nproc: int, target: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+    """`torchrun --standalone --nproc_per_node NPROC TARGET...` in the tests' job environment
+    (with `env` on top): its exit code and output tail."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    proc = subprocess.run(
+        [*cmd, *target],
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
+        env={**job_env(), **(env or {})},
+        cwd=REPO,
+    )
+    return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+
+
 def launch(cfg: JobConfig, args: list[str], log_dir: Path, run_name: str) -> tuple[int, str]:
     """Run harness.train (the pipeline example for pp) as `cfg` says; (exit code of the first
     agent that failed, else 0, its output tail)."""
     if cfg.parallel == "pp":
         argv, env = example_command([*args, "--log-dir", str(log_dir), "--run-name", run_name])
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.nproc}"]
-        proc = subprocess.run(
-            [*cmd, str(PP_EXAMPLE), *argv],
-            capture_output=True,
-            text=True,
-            timeout=JOB_TIMEOUT_S,
-            env={**job_env(), **env},
-            cwd=REPO,
-        )
-        return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+        return _standalone(cfg.nproc, [str(PP_EXAMPLE), *argv], env)
     harness_args = ["--parallel", cfg.parallel, "--mode", cfg.mode, *args, "--log-dir", str(log_dir)]
     harness_args += ["--run-name", run_name]
     if cfg.nodes == 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.nproc}"]
-        proc = subprocess.run(
-            [*cmd, "-m", "harness.train", *harness_args],
-            capture_output=True,
-            text=True,
-            timeout=JOB_TIMEOUT_S,
-            env=job_env(),
-            cwd=REPO,
-        )
-        return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+        return _standalone(cfg.nproc, ["-m", "harness.train", *harness_args])
     port = free_port()
     hosts = ["nodea", "nodeb"] if _can_unshare() else [socket.gethostname()] * 2
     procs = []

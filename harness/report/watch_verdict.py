@@ -28,13 +28,12 @@ from __future__ import annotations
 from typing import Any
 
 from harness.collect.analyse.rank_list import ranks_phrase
+from harness.report.document import LISTED
 from harness.report.floor import TELL_BY_WINDOWS, floor_step
 
 # The window's verdicts the watch's flags override: neither names a rank. A hang or a mismatch
 # (hang_report.py) is about a job that stopped, which leads whatever was slow before it.
 OVERRIDDEN = ("balanced", "inconclusive")
-# Ranks named one by one in the headline; beyond, as a phrase of ranks (document.LISTED's size).
-LISTED = 4
 # What to do to see a watch-flagged straggler in a trace: the window that traces the steps after a
 # flag (harness.train's flag; harness.Run's watch option of the same name).
 CAPTURE_HINT = (
