@@ -548,6 +548,8 @@ def test_view_in_chromium_through_tensorboard(server: str, browser: Any, logdir:
     plugin_frame = wait_for(browser, "return document.querySelector('iframe')")
     browser.switch_to.frame(plugin_frame)
     view_frame = wait_for(browser, "return document.getElementById('view')")
+    # the bar and the frame are drawn before ./runs answers; the options come with the answer
+    wait_for(browser, "return document.querySelectorAll('#run option').length")
     options = [o.text for o in browser.find_elements(By.CSS_SELECTOR, "#run option")]
     assert "ddp" in options and "fsdp (no report)" in options
     assert browser.find_element(By.ID, "run").get_attribute("value") == "ddp"
