@@ -14,9 +14,10 @@ from harness.collect.analysis import analyze
 from harness.collect.read.discover import find_trace_files, group_ranks
 from harness.collect.read.gloo_groups import Issued, Ran, collective, sidecar_doc, thread_groups
 from harness.collect.read.parse import parse_trace
+from harness.collect.read.runup import IDLE
 from harness.paths import groups_path
 
-from tracebuild import document, shift_doc, step, write, x
+from tracebuild import document, gpu_docs, shift_doc, step, write, x
 
 
 def test_a_thread_s_group_is_the_one_most_of_its_ranges_were_issued_by() -> None:
@@ -247,3 +248,31 @@ def test_the_watch_s_exchange_is_not_the_job_s_communication(tmp_path: Path) -> 
     trace = parse_trace(write(tmp_path / "rank0.pt.trace.json.gz", document(events, 0)))
     assert [(c.name, c.start_us) for c in trace.comms] == [("allreduce", 500.0), ("allreduce", 1200.0)]
     assert [sorted(s.phases_us) for s in trace.steps] == [["forward"], ["forward"]]
+
+
+def test_the_watch_s_exchange_ends_a_cpu_run_up_as_a_collective_does(tmp_path: Path) -> None:
+    """Every rank leaves the watch's all-gather together, so what a rank did before it is not its
+    run-up to the next collective: here it waited 550 us in the exchange for a later peer (in
+    the main thread's harness:watch range, 1000-1600), then ran 200 us of ops and arrived at its
+    all-reduce at 1900. The run-up starts at 1600: 200 us of aten::mm and 100 us idle, not the
+    wait (from the all-reduce's end at 500 it would be 1400 us with 1200 idle). On a GPU the host
+    runs ahead of its device, whose run-ups a host-side wait does not bound: there the run-up
+    still starts at the previous all-reduce's end."""
+    events = [
+        step(1, 0.0, 1000.0),
+        x("aten::mm", "cpu_op", 0.0, 300.0),
+        x("gloo:all_reduce", "user_annotation", 400.0, 100.0, (100, 101)),
+        step(2, 1000.0, 1000.0),
+        x("harness:watch", "user_annotation", 1000.0, 600.0),
+        x("gloo:all_gather", "user_annotation", 1550.0, 40.0, (100, 150)),
+        x("aten::mm", "cpu_op", 1650.0, 200.0),
+        x("gloo:all_reduce", "user_annotation", 1900.0, 50.0, (100, 101)),
+    ]
+    trace = parse_trace(write(tmp_path / "rank0.pt.trace.json.gz", document(events, 0)))
+    last = trace.comms[-1]
+    assert [c.start_us for c in trace.comms] == [400.0, 1900.0]
+    assert last.run_up_start_us == 1600.0 and dict(last.run_up_us) == {"op:aten::mm": 200.0, IDLE: 100.0}
+    gpu = gpu_docs()[0]
+    gpu["traceEvents"].append(x("harness:watch", "user_annotation", 1005.0, 100.0))
+    trace = parse_trace(write(tmp_path / "gpu0.pt.trace.json.gz", gpu))
+    assert [(c.start_us, c.run_up_start_us) for c in trace.comms] == [(300.0, 0.0), (1300.0, 700.0)]

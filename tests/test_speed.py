@@ -108,6 +108,20 @@ def test_op_speed_needs_cpu_ranks_and_enough_names(tmp_path: Path) -> None:
     assert op_speed(cpu) == {0: pytest.approx(1 / 1.25), 1: pytest.approx(1.5 / 1.25)}
 
 
+def test_one_preempted_step_is_not_a_slower_core(tmp_path: Path) -> None:
+    # Rank 1 waits 2400 us for a core in step 3 of 8 (its ops and gaps twice as long there): its
+    # ops' totals are 9/8 of rank 0's. Step by step every name's ratio is 1 in seven steps of
+    # eight, so both ranks run at 1.0 and their run-ups are judged as they were (over the totals
+    # rank 0 came out at 0.941 and was judged 7% of every run-up behind rank 1). Of four ranks,
+    # the same: the other three are the median.
+    for n in (2, 4):
+        docs = cpu_ring_docs(n, 8, core_wait_us=lambda r, s: 2400.0 if (r, s) == (1, 3) else 0.0)
+        res = run_analysis(tmp_path / str(n), docs).stragglers
+        assert [r.speed for r in res.ranks] == [1.0] * n
+        assert res.ranks[1].late_ms == pytest.approx(0.3) and res.ranks[1].steps_late == 1
+        assert [r.steps_late for r in res.ranks if r.rank != 1] == [0] * (n - 1) and res.verdict == "balanced"
+
+
 def test_peer_baseline_is_the_median_of_the_lower_half() -> None:
     assert peer_baseline([]) == 0.0
     assert peer_baseline([5.0]) == 5.0

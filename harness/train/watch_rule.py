@@ -495,7 +495,9 @@ def point_to_point_phases(
 
 def phase_speed(cpu_ms: torch.Tensor) -> torch.Tensor:
     """Each rank's speed factor from its CPU time per phase ([ranks, steps, PHASES], 0 where not
-    taken): the collector's `speed.op_speed` with phases for op names.
+    taken): the collector's `speed.op_speed` with phases for op names, over the steps' totals
+    (the collector takes a median over steps against wall time's preempted calls; CPU time holds
+    no preemption).
     1. per rank and phase, its CPU time over the steps;
     2. the phases every rank spent at least MIN_NAME_US in;
     3. per rank and phase: its time / the median rank's;

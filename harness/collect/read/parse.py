@@ -603,7 +603,8 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
                     thread=doc.threads[e.thread],
                 )
             )
-    gloo = not_the_watch_s(gloo, [(e.ts, e.ts + e.dur) for e in main_marks if e.name == WATCH_RANGE])
+    watch_spans = [(e.ts, e.ts + e.dur) for e in main_marks if e.name == WATCH_RANGE]
+    gloo = not_the_watch_s(gloo, watch_spans)
     comms.extend(gloo)
     if not comms:
         # No NCCL kernels and no gloo worker ranges (older torch, other CPU backends): the
@@ -658,7 +659,15 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
     comms.sort(key=lambda c: c.start_us)
     number_by_group(comms)
     set_run_ups(
-        comms, spans, steps[0].start_us if steps else None, launch_phases, host_phases, blocking_p2p=not len(kernels)
+        comms,
+        spans,
+        steps[0].start_us if steps else None,
+        launch_phases,
+        host_phases,
+        blocking_p2p=not len(kernels),
+        # the watch's exchange blocks the main thread until every rank is in it; on a GPU the host
+        # runs ahead of its device, whose run-ups the host's wait does not bound
+        exchange_ends_us=[] if len(kernels) else [b for _, b in watch_spans],
     )
     trace = RankTrace(
         rank=rank,

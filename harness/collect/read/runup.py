@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,13 +92,17 @@ def set_run_ups(
     launch_phases: Spans | None = None,
     host_phases: list[tuple[str, float, float]] | None = None,
     blocking_p2p: bool = False,
+    exchange_ends_us: Sequence[float] = (),
 ) -> None:
     """Set every op's `run_up_start_us`, `run_up_us` and `p2p_wait_us`.
 
     1. run-up window = [lo, hi]: hi = the op's start; lo = the latest end among the rank's
-       collectives that ended by then, else the first step's start, else the op's start
-       (point-to-point ops, comm_kernels.POINT_TO_POINT, are no collectives here: each ties a
-       rank to one peer, and its group's ranks leave it at their own times);
+       collectives and `exchange_ends_us` that ended by then, else the first step's start, else
+       the op's start (point-to-point ops, comm_kernels.POINT_TO_POINT, are no collectives here:
+       each ties a rank to one peer, and its group's ranks leave it at their own times;
+       `exchange_ends_us` are the ends of exchanges over every rank that are not the job's
+       collectives, the harness watch's on CPU: every rank leaves one together, so the time a
+       rank spent waiting in it for a later peer is not its own run-up);
     2. run_up_us["op:<name>"] = the time compute spans of that name overlap the window (summed
        in span order, names in order of first appearance);
     3. run_up_us[IDLE] = window length - the union of all compute spans inside it (the device,
@@ -121,7 +126,7 @@ def set_run_ups(
     if not comms:
         return
     by_phase = _PhaseRunUps(launch_phases, host_phases or []) if launch_phases is not None else None
-    ends = sorted(c.end_us for c in comms if c.name not in POINT_TO_POINT)
+    ends = sorted([c.end_us for c in comms if c.name not in POINT_TO_POINT] + list(exchange_ends_us))
     p2p = P2POps([(c.start_us, c.end_us) for c in comms if c.name in POINT_TO_POINT])
     starts, stops, _, names = spans.columns()
     # Spans that overlap [lo, hi] start in [lo - longest span, hi): only those are visited.
