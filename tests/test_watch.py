@@ -559,7 +559,13 @@ def test_a_clean_run_raises_no_flag(log_dir: Path) -> None:
     lines = watch_lines(run.dir)
     assert [line["step"] for line in lines] == [9, 19, 29, 39, 49, 59]
     assert all(line["stragglers"] == [] for line in lines)
-    assert run.run_json["watch"] == {"every": 10, "intervals": 6, "flags": [], "captures": []}
+    assert run.run_json["watch"] == {
+        "every": 10,
+        "intervals": 6,
+        "judged_steps": [lines[0]["steps"][0], 59],
+        "flags": [],
+        "captures": [],
+    }
     assert "watch:   every 10 steps, 6 interval(s) judged, no straggler" in run.proc.stdout
     assert len(list(run.dir.glob("*.pt.trace.json.gz"))) == 4  # the scheduled window only
 
@@ -631,6 +637,7 @@ def test_the_watch_flags_a_rank_says_when_it_recovers_and_logs_each_interval(tmp
     assert w.summary() == {
         "every": 4,
         "intervals": 3,
+        "judged_steps": [5, 15],
         "captures": [],
         "flags": [{"step": 7, "rank": 1, "host": "b", "phase": "data"}],
     }
@@ -760,6 +767,7 @@ def test_the_collector_reads_the_watch_record_from_run_json_and_skips_what_is_ma
                 "watch": {
                     "every": 10,
                     "intervals": 4,
+                    "judged_steps": [10, 49],
                     "flags": [{"step": 49, "rank": 2, "host": "a", "phase": "data"}, {"step": "x"}, 7],
                     "captures": [{"first": 53, "last": 55, "watch_step": 49, "ranks": [2]}, {"first": 1}],
                 }
@@ -770,12 +778,16 @@ def test_the_collector_reads_the_watch_record_from_run_json_and_skips_what_is_ma
     assert watch == {
         "every": 10,
         "intervals": 4,
+        "judged_steps": [10, 49],
         "flags": [{"step": 49, "rank": 2, "host": "a", "phase": "data"}],
         "captures": [{"first": 53, "last": 55, "watch_step": 49, "ranks": [2]}],
     }
     assert watch_line(watch) == (
         "every 10 steps, 4 interval(s) judged; straggler(s): rank 2 at step 49 (data); traced steps 53-55"
     )
+    for odd in ([49, 10], [10], "10-49"):  # a hand-edited range reads as none
+        (tmp_path / "run.json").write_text(json.dumps({"watch": {"every": 10, "judged_steps": odd}}))
+        assert read_watch([tmp_path])["judged_steps"] is None  # type: ignore[index]
     (tmp_path / "run.json").write_text(json.dumps({"watch": {"every": 0, "intervals": 0, "flags": [], "captures": []}}))
     assert read_watch([tmp_path]) is None  # the watch was off
 

@@ -58,14 +58,17 @@ class AcrossWindows:
 
 
 def window_verdict(window: int, doc: dict[str, Any], report: str) -> WindowVerdict:
-    """A window's report.json, reduced to what the comparison reads: its own verdict, the trace's
-    where the live watch's flags made it a straggler (a hang's stays: it judged no one)."""
+    """A window's report.json, reduced to what the comparison reads: its own verdict and
+    stragglers, the trace's where the live watch's flags made it a straggler or set its
+    stragglers aside (watch_verdict.py; a hang's stays: it judged no one)."""
     entry = doc.get("window") or {}
+    own = doc.get("trace_verdict", doc["verdict"]) if doc["verdict"] in ("straggler", "balanced") else doc["verdict"]
+    named = [*doc.get("stragglers", []), *doc.get("unconfirmed_stragglers", [])]
     return WindowVerdict(
         window=window,
-        verdict=doc.get("trace_verdict", doc["verdict"]) if doc["verdict"] == "straggler" else doc["verdict"],
+        verdict=own,
         steps=entry.get("steps"),
-        stragglers={s["rank"]: s["phase"] for s in doc.get("stragglers", [])},
+        stragglers={s["rank"]: s["phase"] for s in named},
         report=report,
     )
 

@@ -100,6 +100,7 @@ class Watch:
         self._recent: deque[list[float]] = deque(maxlen=table_rows(cfg.every, False))
         self.judge = WatchJudge(own_phases=self.own_phases, held_phases=self.held_phases, cpu=cpu, th=self.th)
         self.intervals = 0
+        self.judged_steps: list[int] | None = None  # [first, last]: the steps the judged intervals held
         self.flags: list[dict[str, Any]] = []  # every time a rank became a straggler
         self.captures: list[dict[str, Any]] = []
         self._log: AppendOnlyFile | None = None
@@ -157,6 +158,10 @@ class Watch:
             if judged is None:
                 return
             self.intervals += 1
+            steps = judged.verdict.steps
+            if steps:
+                first = steps[0] if self.judged_steps is None else self.judged_steps[0]
+                self.judged_steps = [first, steps[-1]]
             self._act(step, judged)
 
     def _arrivals(self, left_ns: int) -> HeldArrivals | None:
@@ -295,6 +300,7 @@ class Watch:
         return {
             "every": self.cfg.every if self.on else 0,
             "intervals": self.intervals,
+            "judged_steps": self.judged_steps,
             "flags": self.flags,
             "captures": self.captures,
         }

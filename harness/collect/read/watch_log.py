@@ -11,9 +11,10 @@ from harness.paths import run_file
 
 
 def read_watch(dirs: list[Path]) -> dict[str, Any] | None:
-    """run.json's `watch` ({every, intervals, flags, captures}) from the first input folder that has
-    one (rank 0's node writes run.json), or None: no run.json (third-party traces, a run that did
-    not finish) or the watch was off."""
+    """run.json's `watch` ({every, intervals, judged_steps, flags, captures}) from the first input
+    folder that has one (rank 0's node writes run.json), or None: no run.json (third-party traces,
+    a run that did not finish) or the watch was off. `judged_steps`: [first, last] step its
+    judged intervals held, None where it judged none (or a run.json older than the field)."""
     for d in dirs:
         try:
             watch = json.loads(run_file(d).read_text()).get("watch")
@@ -23,6 +24,7 @@ def read_watch(dirs: list[Path]) -> dict[str, Any] | None:
             return {
                 "every": watch["every"],
                 "intervals": watch.get("intervals", 0),
+                "judged_steps": _step_range(watch.get("judged_steps")),
                 "flags": [f for f in watch.get("flags", []) if _has_ints(f, "rank", "step")],
                 "captures": [
                     c
@@ -31,6 +33,12 @@ def read_watch(dirs: list[Path]) -> dict[str, Any] | None:
                 ],
             }
     return None
+
+
+def _step_range(value: Any) -> list[int] | None:
+    """[first, last] steps, or None for anything else (a hand-edited file may hold anything)."""
+    ok = isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value)
+    return value if ok and value[0] <= value[1] else None
 
 
 def _has_ints(entry: Any, *keys: str) -> bool:
