@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from harness.collect.analyse.advisor import classify
 from harness.paths import trace_path
 from harness.report.across_windows import WindowVerdict, across_windows, summary_lines, window_verdict
 from harness.report.document import build_report
@@ -269,6 +270,10 @@ def test_the_collector_sets_aside_a_straggler_the_watch_judged_and_never_flagged
     assert doc["window"]["steps"] == [1, 6] and doc["run"]["device"] == "cpu"
     assert doc["verdict"] == "balanced" and doc["trace_verdict"] == "straggler" and doc["stragglers"] == []
     assert [(s["rank"], s["beyond_peers_ms"]) for s in doc["unconfirmed_stragglers"]] == [(1, 1.0)]
+    # its diagnosis is its own work's, as any other rank's, and the summary says so
+    row = doc["diagnosis"][1]
+    assert (row["bottleneck"], row["reason"]) == classify(row["evidence"]) and row["bottleneck"] != "straggler"
+    assert doc["diagnosis_summary"] == "kernel-bound (ranks 0, 1)"  # was: straggler (rank 1); kernel-bound (rank 0)
     assert (
         "verdict: balanced, by the live watch over the whole run: the traced window (steps 1-6) alone named rank 1"
         in out.stdout

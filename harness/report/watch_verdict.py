@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.collect.analyse.advisor import advice_for, bottleneck_line, classify
 from harness.collect.analyse.rank_list import ranks_phrase
 from harness.report.document import LISTED
 from harness.report.floor import TELL_BY_WINDOWS, floor_step
@@ -189,6 +190,19 @@ def unconfirmed_step(doc: dict[str, Any]) -> dict[str, Any] | None:
     return {"about": "noise", "ranks": ranks, "text": text}
 
 
+def rediagnose(doc: dict[str, Any], ranks: set[int]) -> None:
+    """The diagnosis rows of `ranks`, set aside, judged on their own work as any other rank's
+    (advisor.classify over the same evidence: a straggler's row holds it too), and the summary
+    line again."""
+    rows = doc.get("diagnosis") or []
+    for d in rows:
+        if d["rank"] in ranks and d["bottleneck"] == "straggler":
+            kind, reason = classify(d["evidence"])
+            d["bottleneck"], d["reason"], d["advice"] = kind, reason, advice_for(kind, d["evidence"])
+    if rows:
+        doc["diagnosis_summary"] = bottleneck_line([(d["rank"], d["bottleneck"]) for d in rows])
+
+
 def aside_headline(doc: dict[str, Any]) -> str:
     """The verdict in one sentence when every straggler the window named was set aside."""
     return (
@@ -202,7 +216,8 @@ def attach_watch(doc: dict[str, Any]) -> dict[str, Any]:
     already made):
     1. `watch_stragglers` (`watch_stragglers`, the window's stragglers left out);
     2. `unconfirmed_stragglers` (`set_aside`): they leave `stragglers` and the next steps about
-       them; where the window's verdict was straggler and none is left, it moves to
+       them, their diagnosis is their own work's (`rediagnose`); where the window's verdict was
+       straggler and none is left, it moves to
        `trace_verdict`, the verdict becomes balanced and the headline says why;
     3. no watch straggler: nothing else changes;
     4. the verdict balanced or inconclusive: it moves to `trace_verdict` (unless step 2 put the
@@ -220,6 +235,7 @@ def attach_watch(doc: dict[str, Any]) -> dict[str, Any]:
         out = {s["rank"] for s in aside}
         doc["stragglers"] = [s for s in doc["stragglers"] if s["rank"] not in out]
         doc["next_steps"] = [n for n in doc["next_steps"] if not (n["about"] == "straggler" and out & set(n["ranks"]))]
+        rediagnose(doc, out)
         if not doc["stragglers"] and doc["verdict"] == "straggler":
             doc["trace_verdict"] = doc["verdict"]
             doc["verdict"] = "balanced"

@@ -604,9 +604,14 @@ def as_rows(diagnoses: list[Diagnosis]) -> list[dict[str, Any]]:
 
 def diagnosis_line(diagnoses: list[Diagnosis]) -> str:
     """'launch-bound (ranks 0, 1)' style, most common first; many ranks in runs (`ranks_phrase`)."""
+    return bottleneck_line([(d.rank, d.bottleneck) for d in diagnoses])
+
+
+def bottleneck_line(pairs: list[tuple[int, str]]) -> str:
+    """`diagnosis_line` of (rank, bottleneck) pairs (report.json's diagnosis rows)."""
     by: dict[str, list[int]] = {}
-    for d in diagnoses:
-        by.setdefault(d.bottleneck, []).append(d.rank)
+    for rank, kind in pairs:
+        by.setdefault(kind, []).append(rank)
     parts = sorted(by.items(), key=lambda kv: (-len(kv[1]), BOTTLENECKS.index(kv[0])))
-    present = [d.rank for d in diagnoses]
+    present = [rank for rank, _ in pairs]
     return "; ".join(f"{k} ({ranks_phrase(v, present)})" for k, v in parts)
