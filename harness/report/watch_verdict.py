@@ -23,7 +23,7 @@ report.json (added to the schema in document.py):
   those the watch judged in every one of the window's steps and never flagged over the run. They
   leave `stragglers` and their next steps; where none is left the verdict becomes balanced, the
   window's kept in `trace_verdict`. On 2 shared cores the window named 6 ranks that were not
-  slow (2 in 32 clean runs, 4 innocent pipeline stage peers) and 96 that were: the watch had
+  slow (2 in 38 clean runs, 4 innocent pipeline stage peers) and 96 that were: the watch had
   flagged every one of the 96 and none of the 6 (bench/RESULTS.md, "Detection");
 - any other straggler the window named and the watch, having judged the run, never flagged keeps
   the window's verdict, with a next step saying so (`unconfirmed_step`).
