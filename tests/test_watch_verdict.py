@@ -182,11 +182,13 @@ def test_the_window_s_stragglers_stand_on_gpu_or_where_the_watch_did_not_judge_i
         (judged(steps=[15, 39]), CPU),  # steps 11-14 not judged
         (judged(steps=[5, 17]), CPU),  # step 18 not judged
         (watch_of(), CPU),  # a run.json older than judged_steps
+        (judged() | {"intervals": 1}, CPU),  # one interval flags only over 35% of the step
     ):
         doc = attach_watch(doc_of("straggler", [2], watch, **more))
         assert doc["verdict"] == "straggler" and [s["rank"] for s in doc["stragglers"]] == [2], watch
         assert doc["unconfirmed_stragglers"] == []
-        assert doc["next_steps"][1]["text"].startswith("The live watch judged 5 interval(s) of 5 steps over the run")
+        intervals = doc["watch"]["intervals"]
+        assert doc["next_steps"][1]["text"].startswith(f"The live watch judged {intervals} interval(s) of 5 steps")
 
 
 def test_across_windows_a_window_compares_by_the_stragglers_it_named_set_aside_or_not() -> None:

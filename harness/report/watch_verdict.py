@@ -49,10 +49,17 @@ CAPTURE_HINT = (
 )
 
 
+# On CPU the watch flags a rank in one interval only over 35% of the step (watch_rule
+# WATCH_REL_LAG_CPU); from the material 8% up, over two intervals running (watch_rule.sustain). So
+# it can refute a material straggler only where it judged at least this many intervals.
+MIN_INTERVALS = 2
+
+
 def set_aside(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The window's stragglers (report entries) the live watch refutes:
-    1. none unless every rank ran on CPU (`run.device`) and the watch's judged steps hold every
-       step of the window (`watch.judged_steps`, `window.steps`);
+    1. none unless every rank ran on CPU (`run.device`), the watch judged MIN_INTERVALS or more
+       intervals, and its judged steps hold every step of the window (`watch.judged_steps`,
+       `window.steps`);
     2. of the window's stragglers, those the watch never flagged over the run.
     Both judged the same steps with one rule, the window on wall-clock arrivals and the watch on
     each phase's CPU time (wall time less waits where it sleeps or waits). Ranks that time-share
@@ -64,6 +71,8 @@ def set_aside(doc: dict[str, Any]) -> list[dict[str, Any]]:
     judged = watch.get("judged_steps")
     steps = (doc.get("window") or {}).get("steps")
     if (doc.get("run") or {}).get("device") != "cpu" or not judged or not steps:
+        return []
+    if watch.get("intervals", 0) < MIN_INTERVALS:
         return []
     if not judged[0] <= steps[0] or not steps[-1] <= judged[1]:
         return []
