@@ -205,6 +205,12 @@ def no_straggler_text(doc: dict[str, Any]) -> str:
     return f"None: {floor_line(floor)}."
 
 
+def _rank_words(s: dict[str, Any], with_host: bool) -> str:
+    """'rank 1 on node1 (forward)' for a straggler entry (without its host: 'rank 1 (forward)')."""
+    host = f" on {s['host']}" if with_host and s.get("host") else ""
+    return f"rank {s['rank']}{host}" + (f" ({s['phase']})" if s.get("phase") else "")
+
+
 def watch_straggler_text(doc: dict[str, Any]) -> str | None:
     """The ranks the live watch flagged and the window did not name (watch_verdict.py), in one
     sentence; None when there are none."""
@@ -212,9 +218,7 @@ def watch_straggler_text(doc: dict[str, Any]) -> str | None:
     if not found:
         return None
     named = "; ".join(
-        f"rank {s['rank']}"
-        + (f" on {s['host']}" if s.get("host") else "")
-        + (f" ({s['phase']})" if s.get("phase") else "")
+        _rank_words(s, with_host=True)
         + f" at step{'s' if len(s['steps']) > 1 else ''} {', '.join(map(str, s['steps']))}"
         for s in found
     )
@@ -228,10 +232,7 @@ def unconfirmed_text(doc: dict[str, Any]) -> str | None:
     if not aside:
         return None
     named = "; ".join(
-        f"rank {s['rank']}"
-        + (f" ({s['phase']})" if s.get("phase") else "")
-        + f", {s['beyond_peers_ms']:.2f} ms a step beyond its peers"
-        for s in aside
+        _rank_words(s, with_host=False) + f", {s['beyond_peers_ms']:.2f} ms a step beyond its peers" for s in aside
     )
     return (
         f"Named by the traced window alone, not counted: the live watch judged the same steps and never flagged "

@@ -69,13 +69,13 @@ def op_speed(traces: list[RankTrace], queues: Mapping[int, RunQueue] | None = No
     if len(traces) < 2 or any(t.device != "cpu" for t in traces):
         return ones
     by_rank = {t.rank: op_time_by_name(t, queues.get(t.rank) if queues else None) for t in traces}
-    totals = {
-        r: {n: sum(step.get(n, 0.0) for step in steps.values()) for n in {n for step in steps.values() for n in step}}
-        for r, steps in by_rank.items()
-    }
     first = by_rank[traces[0].rank]
     order = list(dict.fromkeys(n for step in first.values() for n in step))
-    names = [n for n in order if all(t.get(n, 0.0) >= MIN_NAME_US for t in totals.values())]
+    names = [
+        n
+        for n in order
+        if all(sum(step.get(n, 0.0) for step in steps.values()) >= MIN_NAME_US for steps in by_rank.values())
+    ]
     if len(names) < MIN_NAMES:
         return ones
     votes: dict[int, list[float]] = defaultdict(list)
