@@ -49,7 +49,11 @@ the main thread, and one GPU, device index 0):
 6. The document per rank: schemaVersion, deviceProperties (one H100), distributedInfo (nccl, rank,
    world size), baseTimeNanoseconds, host_name when given, and traceEvents: `ph: M` process and
    thread names first (ts = the earliest event's), then the events by ts (an outer event before
-   an inner one starting with it). Main thread: pid = tid = MAIN_BASE + rank (1000 + rank).
+   an inner one starting with it). Main thread: pid = tid = main_base + rank (default MAIN_BASE,
+   1000, + rank). `seq_args=True`: every collective's args carry "Seq", its position in its
+   process group (as torch and Kineto write it from 2026).
+9. `open_window(doc, first, last)`: a rank's document cut as a profiler window that opened as
+   its host entered ProfilerStep#first and closed as it left ProfilerStep#last.
 7. Record, then resolve: the calls only record operations; `run()` resolves them in a small
    discrete-event loop until nothing moves: each rank's host runs as far as it can (only a
    blocking call can stop it, until every end it waits for is known); an op's start is known
@@ -322,7 +326,7 @@ class HostRank:
 
     @property
     def main(self) -> tuple[int, int]:
-        return MAIN_BASE + self.rank, MAIN_BASE + self.rank
+        return self.sim.main_base + self.rank, self.sim.main_base + self.rank
 
     # -- recording -------------------------------------------------------------------------
 
@@ -472,6 +476,7 @@ class HostRank:
             "dtype": dtype,
             "Group size": len(members),
             "Process Group Ranks": self.sim.ranks_text(members),
+            **({"Seq": instance.seq} if self.sim.seq_args else {}),
             **extra_args,
         }
         outer = self._open(c10d, "cpu_op")
@@ -787,6 +792,8 @@ class Sim:
         host_name: str | None = None,
         sync_cost_us: float = 2.0,
         device_name: str = H100["name"],
+        main_base: int = MAIN_BASE,
+        seq_args: bool = False,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size {world_size}: at least 1")
@@ -794,6 +801,7 @@ class Sim:
         self.launch_latency_us, self.launch_cost_us, self.sync_cost_us = launch_latency_us, launch_cost_us, sync_cost_us
         self.gpu_step_annotations = gpu_step_annotations
         self.base_ns, self.host_name, self.device_name = base_ns, host_name, device_name
+        self.main_base, self.seq_args = main_base, seq_args
         self.hosts: dict[int, HostRank] = {}
         self.instances: dict[tuple[str, int], _Instance] = {}
         self.pg_ranks: dict[str, tuple[int, ...]] = {}
@@ -882,3 +890,31 @@ class Sim:
 def write_all(docs: list[dict[str, Any]], folder: Path, template: str = "rank{rank}.pt.trace.json.gz") -> list[Path]:
     """Write each rank's document to folder / template.format(rank=r) (gzip for .gz); the paths, by rank."""
     return [write(Path(folder) / template.format(rank=r), doc) for r, doc in enumerate(docs)]
+
+
+def open_window(doc: dict[str, Any], first: int, last: int | None = None) -> dict[str, Any]:
+    """`doc` as a profiler window that opened as the host entered ProfilerStep#first (and closed as
+    it left ProfilerStep#last; None: the end), as Kineto records one (module docstring, 9):
+    1. host events (main thread: its ops, ranges, launches and flow starts) outside [open, close]
+       are gone;
+    2. device ops (and their flow ends) that started before the window opened are gone; those
+       launched before it that started after stay, their launch not in the trace (the tail of the
+       step before, still queued when the window opened); those launched after it closed are gone."""
+    events = doc["traceEvents"]
+
+    def step_mark(n: int) -> dict[str, Any]:
+        return next(e for e in events if e.get("cat") == "user_annotation" and e.get("name") == f"ProfilerStep#{n}")
+
+    opened = step_mark(first)["ts"]
+    closed = math.inf if last is None else step_mark(last)["ts"] + step_mark(last)["dur"]
+    launched = {e["args"]["correlation"]: e["ts"] for e in events if e.get("cat") == "cuda_runtime"}
+    kept = []
+    for e in events:
+        if e.get("ph") == "M":
+            kept.append(e)
+        elif e.get("pid") != DEVICE:  # the host's
+            if opened <= e["ts"] <= closed:
+                kept.append(e)
+        elif e["ts"] >= opened and launched.get(e.get("args", {}).get("correlation", e.get("id")), 0.0) <= closed:
+            kept.append(e)
+    return {**doc, "traceEvents": kept}

@@ -100,8 +100,12 @@ def test_gpu_straggler_above_threshold(tmp_path: Path) -> None:
     # its device sat idle from 400 to 2000 before arriving, rank 0's from 400 to 300 (none)
     assert s[0].phase == "idle (waiting on the host)"
     assert s[0].phase_excess_ms == pytest.approx(1.6)
-    # median step (window 100..2900 = 2.8 ms on both) minus 1.7 ms of waiting per step
-    assert s[0].whatif_step_ms == pytest.approx(3.0 - 1.7)
+    # the replay counts steps on the device's spans, 100..3100 then 3100..5900 (its last kernel's end):
+    # 2.9 ms on average, measured and replayed alike, less rank 0's 1.7 ms of waiting per step when fixed
+    assert a.stragglers.measured_step_ms == pytest.approx(2.9)
+    assert a.stragglers.replayed_step_ms == pytest.approx(2.9)
+    assert a.stragglers.replay_faithful
+    assert s[0].whatif_step_ms == pytest.approx(2.9 - 1.7)
     report = build_report(a, ["x"])
     assert report["verdict"] == "straggler"
     assert report["stragglers"][0]["rank"] == 1

@@ -15,7 +15,7 @@ from harness.collect.analyse.collective_stats import bus_factor, collective_stat
 from harness.report.document import build_report
 
 from jobs import REPO
-from tracebuild import ring_docs, run_analysis, write
+from tracebuild import cpu_ring_docs, ring_docs, run_analysis, shift_doc, write
 
 
 def test_shares_of_one_collective() -> None:
@@ -47,20 +47,22 @@ def test_two_stragglers_on_eight_ranks(tmp_path: Path) -> None:
     for victim in (0, 2, 4, 5, 6, 7):
         assert by[victim].waits_for == [[1, 0.2], [3, 0.2]]
         assert by[victim].wait_ms == pytest.approx(1.2)
-    # what-if by replay: run-up to the all-reduce, 100 us transfer, 200 us tail; either
-    # straggler alone changes nothing (the other is still late), both: 300 + 100 + 200
-    assert res.replayed_step_ms == pytest.approx(1.0)
-    assert [s.whatif_step_ms for s in res.stragglers] == [pytest.approx(1.0), pytest.approx(1.0)]
-    assert res.whatif_all_fixed_step_ms == pytest.approx(0.6)
+    # what-if by replay, on the device's step spans (1000, 1000, then 800 us: the last ends at its
+    # all-reduce's end): run-up to the all-reduce, 100 us transfer, the rest of the span; either
+    # straggler alone changes nothing (the other is still late), both: 300 + 100 + 200 (0 in the last)
+    assert res.measured_step_ms == pytest.approx(2.8 / 3)
+    assert res.replayed_step_ms == pytest.approx(2.8 / 3)
+    assert [s.whatif_step_ms for s in res.stragglers] == [pytest.approx(2.8 / 3), pytest.approx(2.8 / 3)]
+    assert res.whatif_all_fixed_step_ms == pytest.approx(1.6 / 3)
     doc = build_report(a, ["x"])
     assert [s["rank"] for s in doc["stragglers"]] == [1, 3]
     assert "rank 1" in doc["headline"] and "rank 3" in doc["headline"]
-    assert doc["run"]["whatif_all_fixed_step_ms"] == pytest.approx(0.6)
+    assert doc["run"]["whatif_all_fixed_step_ms"] == pytest.approx(1.6 / 3)
     d0 = doc["diagnosis"][0]
     assert d0["bottleneck"] == "healthy" and d0["waits_for"] == [[1, 0.2], [3, 0.2]]
     assert "waiting on rank 1 (0.20 ms), rank 3 (0.20 ms)" in d0["reason"]
     assert [n["about"] for n in doc["next_steps"]][:3] == ["straggler", "straggler", "straggler"]
-    assert doc["next_steps"][2]["ranks"] == [1, 3] and "~0.60 ms" in doc["next_steps"][2]["text"]
+    assert doc["next_steps"][2]["ranks"] == [1, 3] and "~0.53 ms" in doc["next_steps"][2]["text"]
 
 
 def test_intermittent_straggler(tmp_path: Path) -> None:
@@ -162,8 +164,8 @@ def test_a_rank_whose_clock_disagrees_with_its_hosts_gets_its_own(tmp_path: Path
     a = run_analysis(tmp_path, docs)
     assert {r: o.offset_us for r, o in a.offsets.items()} == {0: 0.0, 1: 0.0, 2: 5000.0, 3: 5000.0, 4: 28000.0}
     assert a.warnings == [
-        "rank 4 on h1: its collectives' times are impossible on its host-mates' clock (they end "
-        "23.000 ms after theirs): aligned on a clock of its own"
+        "rank 4 on h1: its collectives end a steady 23.000 ms after its host-mates', which on one clock "
+        "they cannot (a collective ends together on every rank): aligned on a clock of its own"
     ]
     assert a.stragglers.verdict == "balanced"
     # two ranks on a host that disagree: neither can be told right, each gets its own clock
@@ -171,6 +173,22 @@ def test_a_rank_whose_clock_disagrees_with_its_hosts_gets_its_own(tmp_path: Path
     a = run_analysis(tmp_path / "two", docs)
     assert {r: o.offset_us for r, o in a.offsets.items()} == {0: 0.0, 1: 23000.0}
     assert len(a.warnings) == 2 and a.stragglers.verdict == "balanced"
+
+
+def test_a_clock_off_by_less_than_the_waits_is_still_its_own(tmp_path: Path) -> None:
+    # 4 CPU ranks on one host name, rank 3 sleeping 40 ms a step before each all-reduce; rank 2's
+    # trace is 23.4 ms ahead. Its all-reduces still overlap its peers' (they wait 40 ms), so no
+    # op is impossible on one clock, but they end a steady 23.4 ms after everyone's: its own clock.
+    # Read on the host's clock, rank 2 was a 23 ms straggler beside rank 3.
+    docs = cpu_ring_docs(4, 6, sleep_us=lambda r, s: 40000.0 if r == 3 else 0.0)
+    for r, d in enumerate(docs):
+        d["harness"] = {"host": "h0", "rank": r}
+    docs[2] = shift_doc(docs[2], 23400.0)
+    a = run_analysis(tmp_path, docs)
+    assert a.offsets[2].offset_us == pytest.approx(23400.0)
+    assert [r for r, o in a.offsets.items() if o.offset_us] == [2]
+    assert any(w.startswith("rank 2 on h0: its collectives end a steady 23.400 ms after") for w in a.warnings)
+    assert [s.rank for s in a.stragglers.stragglers] == [3]
 
 
 def test_collective_table_bus_bandwidth(tmp_path: Path) -> None:

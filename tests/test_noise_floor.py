@@ -19,12 +19,14 @@ def _noise_steps(doc: dict) -> list[dict]:
 
 
 def test_a_bound_set_by_measured_jitter_is_given_with_the_latest_rank(tmp_path: Path) -> None:
-    """2 CPU ranks, 6 steps of 2.4 ms of ops; both run 0.4 ms more in odd steps, rank 1 sleeps
-    0.3 ms before every all-reduce. Own work: rank 0 2.6 ms + 0.4 in odd steps (its step less
-    its 0.3 ms wait), median 2.8 ms, MAD 0.2 ms; so the jitter bound is 3 x 0.2 = 0.6 ms, above
-    the material 8% of the 2.8 ms clean step (0.224 ms): rank 1's 0.3 ms is noise here, and a
-    straggler under 0.6 / 2.8 = 21% of the step would be too."""
-    docs = cpu_ring_docs(2, 6, extra_mm_us=lambda r, s: 400.0 * (s % 2), sleep_us=lambda r, s: 300.0 * r)
+    """2 CPU ranks, 6 steps of 2.4 ms of ops; rank 0 runs 0.4 ms more in odd steps, rank 1 in
+    even ones, and rank 1 sleeps 0.3 ms before every all-reduce. Each step's part both ranks
+    share (their mean) taken out, their own work swings by +-0.05 ms in odd steps and -+0.35 in
+    even ones: a MAD of 0.2 ms each; so the jitter bound is 3 x 0.2 = 0.6 ms, above the material
+    8% of the 2.8 ms clean step (0.224 ms): rank 1's 0.3 ms is noise here, and a straggler under
+    0.6 / 2.8 = 21% of the step would be too. (Were both ranks 0.4 ms slower in the same steps,
+    the swing would be common to them and no noise: run_jitter_ms.)"""
+    docs = cpu_ring_docs(2, 6, extra_mm_us=lambda r, s: 400.0 * ((s + r) % 2), sleep_us=lambda r, s: 300.0 * r)
     doc = build_report(run_analysis(tmp_path, docs), ["x"])
     assert doc["verdict"] == "balanced"
     floor = doc["noise_floor"]
@@ -89,3 +91,19 @@ def test_no_floor_without_an_analysis(tmp_path: Path) -> None:
     docs = ring_docs(lambda r, s: 500.0, 2, 2)[:1]  # one rank: inconclusive
     doc = build_report(run_analysis(tmp_path, docs), ["x"])
     assert doc["verdict"] == "inconclusive" and doc["noise_floor"] is None and _noise_steps(doc) == []
+
+
+def test_a_stall_every_rank_shares_is_a_finding_not_noise(tmp_path: Path) -> None:
+    """2 CPU ranks, 5 steps; both run 50 ms more in step 2 and 3 ms more in steps 3 and 4 (what
+    every rank shares), rank 1 sleeps 2 ms before every all-reduce. Their own work alone swings
+    by a MAD of 3 ms, a 9 ms bound that kept rank 1 balanced; each step's shared part taken out,
+    nothing swings, the bound is the material 8% of the clean step (1.15 ms), and rank 1, 2 ms
+    late, is named; step 2 is said to be a stall they shared."""
+    common = {2: 50_000.0, 3: 3_000.0, 4: 3_000.0}
+    docs = cpu_ring_docs(2, 5, extra_mm_us=lambda r, s: common.get(s, 0.0), sleep_us=lambda r, s: 2000.0 * r)
+    a = run_analysis(tmp_path, docs)
+    assert [(s.rank, round(s.late_ms, 6)) for s in a.stragglers.stragglers] == [(1, 2.0)]
+    assert a.stragglers.bounds_ms["jitter"] == pytest.approx(0.0)
+    assert a.stragglers.bounds_ms["relative"] == pytest.approx(0.08 * a.stragglers.clean_step_ms)
+    [stall] = [w for w in a.warnings if "a stall they all shared" in w]
+    assert stall.startswith("step 2 was 47.00 ms longer than the median step on every rank alike")

@@ -56,6 +56,8 @@ def test_stragglers_alike_are_named_together_beyond_four() -> None:
         "diagnosis": [],
         "run": {
             "replayed_step_ms": 14.0,
+            "measured_step_ms": 14.5,
+            "replay_faithful": True,
             "median_step_ms": 16.0,
             "whatif_all_fixed_step_ms": 12.5,
             "ranks_present": list(range(1024)),
@@ -64,10 +66,10 @@ def test_stragglers_alike_are_named_together_beyond_four() -> None:
     texts = [n["text"] for n in next_steps(doc)]
     assert texts == [
         "Rank 1000: it spends longer in `gemm` than its peers: check its inputs (uneven shapes/load) and its hardware. "
-        "Fixed, the step would take ~13.50 ms instead of ~14.00 ms (both replayed; measured 16.00 ms).",
+        "Fixed, the step would take ~13.50 ms instead of ~14.00 ms (both replayed; measured 14.50 ms).",
         "128 ranks [7-1023 every 8th], each: its device idles before collectives while its host is busy: look at that "
         "rank's host side (input pipeline, Python overhead, CPU contention, syncs). Fixing one of them alone leaves "
-        "the step at ~14.00 ms (replayed; measured 16.00 ms).",
+        "the step at ~14.00 ms (replayed; measured 14.50 ms).",
         "Fixing 129 ranks [7-999 every 8th, 1000, 1007-1023 every 8th] together would bring the step from ~14.00 ms to "
         "~12.50 ms (replayed).",
     ]

@@ -239,7 +239,7 @@ def test_the_collector_names_the_straggler_the_watch_flagged_in_a_window_it_foun
     """test_noise_floor's jittery window (rank 1 0.3 ms late a step against a 0.6 ms noise
     bound: balanced), with a run.json whose watch flagged rank 1 in forward at step 14: the
     report's verdict is the watch's straggler, the window's kept beside it, on every output."""
-    docs = cpu_ring_docs(2, 6, extra_mm_us=lambda r, s: 400.0 * (s % 2), sleep_us=lambda r, s: 300.0 * r)
+    docs = cpu_ring_docs(2, 6, extra_mm_us=lambda r, s: 400.0 * ((s + r) % 2), sleep_us=lambda r, s: 300.0 * r)
     assert build_report(run_analysis(tmp_path, docs), ["x"])["verdict"] == "balanced"
     (tmp_path / "run.json").write_text(json.dumps({"watch": watch_of(flag(14, 1, "forward", "node1"))}))
     out = collect_quietly(tmp_path)

@@ -127,9 +127,9 @@ def align_ranks(runset: RunSet, *, align: bool = True, steps: set[int] | None = 
         for r, gap in off.items():
             host = next(t.host for t in traces if t.rank == r)
             warnings.append(
-                f"rank {r} on {host}: its collectives' times are impossible on its host-mates' clock (they "
-                f"end {abs(gap) / 1e3:.3f} ms {'after' if gap > 0 else 'before'} theirs): aligned on a "
-                "clock of its own"
+                f"rank {r} on {host}: its collectives end a steady {abs(gap) / 1e3:.3f} ms "
+                f"{'after' if gap > 0 else 'before'} its host-mates', which on one clock they cannot (a "
+                "collective ends together on every rank): aligned on a clock of its own"
             )
         offsets, clocks = estimate_offsets(instances, traces, frozenset(off))
         for c in clocks[1:]:
@@ -180,6 +180,10 @@ def analyze_aligned(
     step_span_ms = {
         t.rank: [(s.cover.window_us if s.cover is not None else s.dur_us) / 1e3 for s in t.steps] for t in aligned
     }
+    # and its bounds there, which the replay starts and ends each rank's step at
+    step_bounds_us = {
+        t.rank: {s.number: (s.cover.lo_us, s.cover.hi_us) for s in t.steps if s.cover is not None} for t in aligned
+    }
     for t in aligned:
         r, g = rank_overlap(t, op_waits(t.rank, taking_part.get(t.rank, [])))
         rows.extend(r)
@@ -187,7 +191,7 @@ def analyze_aligned(
         if release:
             for s in t.steps:
                 s.cover = None
-    result = analyze_stragglers(aligned, waits, offsets, step_span_ms, thresholds, runq)
+    result = analyze_stragglers(aligned, waits, offsets, step_span_ms, thresholds, runq, step_bounds_us)
     if result.reason and len(aligned) > 1:
         warnings.append(f"no straggler analysis: {result.reason}")
     warnings.extend(result.notes)

@@ -95,6 +95,8 @@ class CommOp:
     dtype: str | None = None
     step: int | None = None
     seq: int = -1  # index within its process group on this rank, set by parse
+    coll_seq: int | None = None  # the trace's own sequence number in its group (Kineto's `Seq`), where it has one
+    launched: bool = True  # False: a kernel whose launch is not in the trace (launched before its window opened)
     thread: tuple = ()  # the raw (pid, tid) it ran on, to place it in the merged trace
     # Its run-up on this rank (see runup.py): from run_up_start_us to start_us, the compute
     # time by "op:<kernel or op name>" and the idle time in it.
@@ -201,6 +203,12 @@ class RankTrace:
     # groups of fewer ranks than the world this rank is in, where its collectives carry no group
     # (gloo on CPU): its collectives are not matched across ranks (parse.unnamed_groups)
     unnamed_groups: list[list[int]] = field(default_factory=list)
+    # which process wrote it and when its first event was, wall clock (ns since the epoch): the
+    # run it belongs to, where a folder holds several (discover.split_runs); None: not in the trace
+    pid: int | None = None
+    started_ns: float | None = None
+    # what the trace shows the job already does (practices.py: torch.compile, CUDA graphs, ...)
+    practices: list[str] = field(default_factory=list)
 
     def without_intervals(self) -> RankTrace:
         """A copy without its collectives and its steps' covers (what only the analysis on

@@ -122,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
         "0 = the first, N = <run>/restart-N (default: the latest)",
     )
     p.add_argument(
+        "--run",
+        type=int,
+        metavar="N",
+        help="where the inputs hold several runs of one job (the same ranks written by other processes, "
+        "e.g. a folder a job wrote to twice), the run to analyse: 1 = the oldest (default: refuse and list them)",
+    )
+    p.add_argument(
         "--comm-kernel",
         type=_regex,
         metavar="REGEX",
@@ -208,6 +215,7 @@ def options_from(args: argparse.Namespace) -> CollectOptions:
         merged=args.merged,
         window=args.window,
         attempt=args.attempt,
+        run=args.run,
         comm_kernel=args.comm_kernel,
         from_traces=args.from_traces,
         thresholds=Thresholds(min_lag_ms=args.min_lag_ms, rel_lag=args.rel_lag, rel_lag_cpu=args.rel_lag_cpu),

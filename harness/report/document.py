@@ -63,6 +63,7 @@ from harness.collect.analyse.advisor import advice_for, as_rows, diagnose, diagn
 from harness.collect.analyse.collective_stats import collective_stats, process_groups
 from harness.collect.analyse.memory import MemoryResult, finding_text
 from harness.collect.analyse.rank_list import ranks_listed, ranks_phrase
+from harness.collect.analyse.replay import REPLAY_FIDELITY
 from harness.collect.analyse.stragglers import OUTSIDE_RANGES, UNNAMED_GROUPS_REASON
 from harness.collect.analysis import Analysis
 from harness.collect.read.phases import is_data
@@ -259,6 +260,8 @@ def build_report(
                 steps=all_steps,
                 median_step_ms=statistics.median(timed) if timed else None,
                 replayed_step_ms=res.replayed_step_ms,
+                measured_step_ms=res.measured_step_ms,
+                replay_faithful=res.replay_faithful,
                 whatif_all_fixed_step_ms=res.whatif_all_fixed_step_ms,
             )
         ),
@@ -430,8 +433,19 @@ def _straggler_step(group: list[dict[str, Any]], run: dict[str, Any]) -> str:
     else:
         text = f"{_cap(ranks_phrase([s['rank'] for s in group]))}, each: {_straggler_advice(group[0])}"
     whatif = sorted(s["whatif_step_ms"] for s in group if s["whatif_step_ms"] is not None)
-    if whatif and run.get("replayed_step_ms"):
-        now, measured = f"{run['replayed_step_ms']:.2f}", f"{run['median_step_ms']:.2f}"
+    if whatif and run.get("replayed_step_ms") and not run.get("replay_faithful"):
+        base, measured = run["replayed_step_ms"], run.get("measured_step_ms") or run["median_step_ms"]
+        shares = sorted(round(100 * (1 - w / base)) for w in whatif)
+        share = f"{shares[0]}%" if shares[0] == shares[-1] else f"{shares[0]}-{shares[-1]}%"
+        fixed = "Fixed" if len(group) == 1 else "Fixed one at a time"
+        text += (
+            f" {fixed}, the replayed step would be ~{share} shorter; the replay does not reproduce this "
+            f"run's step (~{base:.2f} ms replayed against {measured:.2f} ms measured, more than "
+            f"{round(100 * REPLAY_FIDELITY)}% apart), so no step time is given for the fix."
+        )
+    elif whatif and run.get("replayed_step_ms"):
+        now = f"{run['replayed_step_ms']:.2f}"
+        measured = f"{run.get('measured_step_ms') or run['median_step_ms']:.2f}"
         if len(group) > 1 and _range_ms(whatif) == now:
             text += f" Fixing one of them alone leaves the step at ~{now} ms (replayed; measured {measured} ms)."
         else:
@@ -474,7 +488,12 @@ def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
         )
     fixed = doc["run"].get("whatif_all_fixed_step_ms")
     present = doc["run"]["ranks_present"]
-    if len(stragglers) > 1 and fixed is not None and doc["run"].get("replayed_step_ms"):
+    if (
+        len(stragglers) > 1
+        and fixed is not None
+        and doc["run"].get("replayed_step_ms")
+        and doc["run"].get("replay_faithful")
+    ):
         ranks = [s["rank"] for s in stragglers]
         out.append(
             {

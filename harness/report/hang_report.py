@@ -69,6 +69,8 @@ def flight_only(inputs: list[str], result: dict[str, Any], ending: list[str], wa
             "steps": [],
             "median_step_ms": None,
             "replayed_step_ms": None,
+            "measured_step_ms": None,
+            "replay_faithful": False,
             "whatif_all_fixed_step_ms": None,
         },
         "stragglers": [],

@@ -54,7 +54,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
             lines.append(
                 f"\n'Step ms if fixed' replays each step's collectives with that rank as fast as its peers; "
                 f"the same replay with nothing changed gives {run['replayed_step_ms']:.2f} ms against a "
-                f"measured {run['median_step_ms']:.2f} ms."
+                f"measured {run.get('measured_step_ms') or run['median_step_ms']:.2f} ms (from the last rank's "
+                "step start to the last rank's step end, on the timeline the collectives are on)."
             )
     else:
         lines.append(no_straggler_text(doc))

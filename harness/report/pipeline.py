@@ -74,6 +74,7 @@ class CollectOptions:
     merged: MergedChoice = field(default_factory=MergedChoice)  # what the merged trace holds
     window: str = "latest"  # the profiler window: latest, all or its number
     attempt: int | None = None  # the restart attempt (None: the latest)
+    run: int | None = None  # which of several runs in the inputs (1 = the oldest; None: the only one)
     comm_kernel: re.Pattern[str] | None = None  # more GPU kernels that are communication
     from_traces: bool = False  # parse traces even where in-job summaries are next to them
     thresholds: Thresholds = field(default_factory=Thresholds)  # the straggler rule's bounds
@@ -194,7 +195,7 @@ def collect(
             warn(f"harness.collect: warning: skipped {e}")
         if not traces:
             raise InputError(f"none of the {len(files)} file(s) is a readable profiler trace (see the warnings above)")
-        runset = group_ranks(traces)
+        runset = group_ranks(traces, options.run)
         del traces  # the run set holds them now (and lets their intervals go once they are aligned)
     except CollectError:
         raise

@@ -47,6 +47,13 @@ class RunRecord:
     """the median over ranks of their mean step (per step)"""
     replayed_step_ms: float | None
     """the what-if replay with nothing changed: how well the replay reproduces the run (per step)"""
+    measured_step_ms: float | None
+    """what replayed_step_ms reproduces, measured: the mean over the replayed steps of (the last
+    rank's step end - the last rank's step start), on the timeline the collectives are on (the
+    device's on a GPU) (per step)"""
+    replay_faithful: bool
+    """whether replayed_step_ms is within 10% of measured_step_ms (replay.REPLAY_FIDELITY); where
+    not, the what-ifs are said as shares of the step, with no absolute figure"""
     whatif_all_fixed_step_ms: float | None
     """the replayed step with every straggler fixed (per step)"""
 

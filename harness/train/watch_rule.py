@@ -514,13 +514,20 @@ def phase_speed(cpu_ms: torch.Tensor) -> torch.Tensor:
 
 
 def jitter_ms(step_ms: torch.Tensor) -> float:
-    """`run_jitter_ms` (the collector's jitter) of a [ranks, steps] tensor of own work: the median
-    of the lower half of the ranks' median absolute deviations (`median`); 0 under
-    MIN_JITTER_STEPS steps."""
+    """`run_jitter_ms` (the collector's jitter) of a [ranks, steps] tensor of own work: per rank
+    the median absolute deviation of its own work, or of it less each step's part every rank
+    shares (the median over the ranks, with two ranks or more) where that is smaller; the median
+    of the lower half of those (`median`); 0 under MIN_JITTER_STEPS steps."""
     if step_ms.shape[1] < MIN_JITTER_STEPS:
         return 0.0
-    med = median(step_ms, dim=1).unsqueeze(1)
-    per_rank = median((step_ms - med).abs(), dim=1).sort().values
+
+    def mads(x: torch.Tensor) -> torch.Tensor:
+        return median((x - median(x, dim=1).unsqueeze(1)).abs(), dim=1)
+
+    per_rank = mads(step_ms)
+    if step_ms.shape[0] >= 2:
+        per_rank = torch.minimum(per_rank, mads(step_ms - median(step_ms, dim=0).unsqueeze(0)))
+    per_rank = per_rank.sort().values
     return float(median(per_rank[: max(len(per_rank) // 2, 1)], dim=0))
 
 

@@ -57,6 +57,16 @@ STEADY_SHARE = 0.25
 # The share of a rank's collectives with its host-mates that must be impossible on one clock
 # before its host name is overruled: more than half, so the odd torn timestamp does not.
 DISAGREE_SHARE = 0.5
+# A blocking collective ends at nearly the same instant on every rank of one clock, so a rank
+# whose ends come a steady gap after (or before) its host-mates' by more than this many of their
+# own scatters (median absolute deviations of their gaps: the straggler rule's noise_factor,
+# three MADs) and by more than CAUSALITY_SLACK_US reads another clock: a long wait lets ops
+# overlap, so impossibility alone never shows a clock off by less than the waits.
+SCATTER_FACTOR = 3.0
+# ... and by more than this: ten times CAUSALITY_SLACK_US, above the ends' scatter on one clock
+# (GPU kernels 20-90 us apart on the real traces in ../shared/traces; a gloo thread's wake-up on a
+# shared core, hundreds of us), below the milliseconds a container's or machine's clock is off by.
+STEADY_FLOOR_US = 1000.0
 
 
 def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace]) -> dict[int, float]:
@@ -64,15 +74,18 @@ def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace]) -> di
     collectives' ends differ from their host-mates' (median, us): a host name is a hint.
 
     A blocking collective cannot end on one rank before every rank has arrived, so on one clock
-    the ops of two participants overlap (both run at the moment the last one arrives). At each
-    matched instance, for each pair of ranks of one host:
+    the ops of two participants overlap (both run at the moment the last one arrives), and they
+    end at nearly the same instant. At each matched instance, for each pair of ranks of one host:
     1. the pair is impossible on one clock when one's op starts after the other's ends, or ends
        before the other's starts, by more than CAUSALITY_SLACK_US;
     2. a rank is impossible at the instance when it is so with more than half of its host-mates
        there (with one host-mate, with that one: then both ranks are);
-    3. a rank impossible at more than DISAGREE_SHARE of its instances with host-mates reads a
-       clock of its own (a container with its own clock, a mislabelled host, a rewritten trace),
-       and is aligned on its own; where a host's ranks split in two, each reads its own.
+    3. a rank impossible at more than DISAGREE_SHARE of its instances with host-mates, or whose
+       ends come a steady gap from its host-mates' (the median of its end minus the median of
+       theirs, per instance) beyond SCATTER_FACTOR of their own gaps' scatter and beyond
+       STEADY_FLOOR_US, reads a clock of its own (a container with its own clock, a
+       mislabelled host, a rewritten trace), and is aligned on its own; where a host's ranks
+       split in two, each reads its own.
     Only collectives every rank must enter before any can finish are read (`SYMMETRIC`): a
     broadcast's root, a reduce's senders or a p2p send can finish before a peer arrives. A clock
     off by an offset is off by the same at every collective: the rank's gaps to its host-mates'
@@ -83,6 +96,7 @@ def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace]) -> di
     impossible: dict[int, int] = defaultdict(int)
     shared: dict[int, int] = defaultdict(int)
     gaps: dict[int, list[float]] = defaultdict(list)
+    apart: dict[int, list[float]] = defaultdict(list)
     for inst in instances:
         if not inst.name.startswith(SYMMETRIC):
             continue
@@ -103,15 +117,37 @@ def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace]) -> di
                 after = len(starts) - bisect.bisect_right(starts, op.end_us + CAUSALITY_SLACK_US)
                 shared[r] += 1
                 gaps[r].append(op.end_us - _median_of_others(ends, op.end_us))
+                # against the host's median end (its own in) from three ranks on, which one rank
+                # off cannot move; with two, the other's
+                apart[r].append(
+                    op.end_us - (statistics.median(ends) if len(ends) >= 3 else _median_of_others(ends, op.end_us))
+                )
                 if before + after > (len(ranks) - 1) / 2:
                     impossible[r] += 1
-    out = {}
-    for r in sorted(impossible):
-        if impossible[r] > DISAGREE_SHARE * shared[r]:
-            gap = statistics.median(gaps[r])
-            if mad(gaps[r]) <= STEADY_SHARE * abs(gap):
-                out[r] = gap
-    return out
+    out: dict[int, float] = {}
+    by_gap: dict[int, float] = {}
+    scatter = {r: mad(g) for r, g in apart.items()}
+    for r in sorted(gaps):
+        gap, steady = statistics.median(gaps[r]), statistics.median(apart[r])
+        mates = [scatter[m] for m in _mates(r, host, gaps)]
+        if impossible[r] > DISAGREE_SHARE * shared[r] and mad(gaps[r]) <= STEADY_SHARE * abs(gap):
+            out[r] = gap
+        elif mad(apart[r]) <= STEADY_SHARE * abs(steady) and abs(steady) > max(
+            STEADY_FLOOR_US, SCATTER_FACTOR * statistics.median(mates) if mates else 0.0
+        ):
+            by_gap[r] = steady
+    # where every rank of a host is apart from the others by its gap alone (two ranks), nothing
+    # tells which clock is off: its lowest rank keeps the host's
+    for h in {host[r] for r in by_gap}:
+        on_host = [r for r in gaps if host.get(r) == h]
+        if all(r in out or r in by_gap for r in on_host):
+            by_gap.pop(min(r for r in on_host if r in by_gap))
+    return dict(sorted({**out, **by_gap}.items()))
+
+
+def _mates(r: int, host: dict[int, str], gaps: dict[int, list[float]]) -> list[int]:
+    """The ranks of r's host (but r) whose ends were compared."""
+    return [m for m in gaps if m != r and host.get(m) == host.get(r)]
 
 
 def _median_of_others(ordered: list[float], v: float) -> float:

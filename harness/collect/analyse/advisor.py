@@ -165,6 +165,7 @@ class Evidence(TypedDict, total=False):
     gemm_share: float  # matrix-math kernels' share of the model's compute
     top_compute: list[list[Any]]  # [[name, share]] the three largest compute names
     device: str  # "gpu" or "cpu"
+    practices: list[str]  # what the trace shows the job already does (practices.py)
     waits_for: list[list[Any]]  # [[rank, ms per step]] the stragglers it waited on beyond the noise
     late_ms_per_step: float  # stragglers: lateness at collectives
     cost_ms_per_step: float  # stragglers: share of the collectives' delay
@@ -312,6 +313,7 @@ def rank_evidence(
         "gemm_share": _share(gemm, total),
         "top_compute": [[k, _share(v, total)] for k, v in top],
         "device": trace.device,
+        "practices": list(trace.practices),
     }
 
 
@@ -343,10 +345,21 @@ def _largest_overhead(ev: Evidence) -> tuple[str, float]:
     return kind, parts[kind]
 
 
+def _busy_share(ev: Evidence) -> float:
+    """The device's busy share of its time: compute, exposed transfer and copies."""
+    return ev["compute_share"] + ev["exposed_transfer_share"] + ev.get("memcpy_share", 0.0)
+
+
+def _gpu_busy(ev: Evidence, rules: Rules) -> bool:
+    """A GPU busy at least gpu_bound_busy_share of its time: its host runs ahead of it, so however
+    many ops the host issues, the step waits for kernels, not for launches."""
+    return ev["device"] == "gpu" and _busy_share(ev) >= rules.gpu_bound_busy_share
+
+
 def _gpu_bound_note(ev: Evidence, rules: Rules) -> str:
     """'; GPU-bound: the device is busy 99% of its time, 3.20 ms behind its host' for a busy GPU."""
-    busy = ev["compute_share"] + ev["exposed_transfer_share"] + ev.get("memcpy_share", 0.0)
-    if ev["device"] != "gpu" or busy < rules.gpu_bound_busy_share:
+    busy = _busy_share(ev)
+    if not _gpu_busy(ev, rules):
         return ""
     lag = ev.get("device_lag_ms")
     behind = f", {lag:.2f} ms behind its host" if lag is not None and lag > 0 else ""
@@ -403,6 +416,7 @@ def classify(ev: Evidence, rules: Rules = Rules()) -> tuple[str, str]:
         ev["us_per_op"] is not None
         and ev["host_ops_per_step"] >= rules.launch_ops_per_step
         and _ops_are_overhead(ev, rules)
+        and not _gpu_busy(ev, rules)  # a device busy most of its step waits for no launch
     ):
         kind, reason = (
             "launch-bound",
@@ -504,15 +518,69 @@ def _sync_callers(by: dict[str, float], cost_ms: dict[str, float], keep: Any) ->
     return ", ".join(f"{k} {by[k]:.1f} per step ({cost_ms.get(k, 0.0):.2f} ms of device idle)" for k in callers)
 
 
+# The advice whose remedies a job may already use: (the words before the remedies, their
+# separator, the remedies as (text, the practice it is: practices.py, or None), the words after).
+# Built with no practice left out, each is its ADVICE entry (a test holds them to it).
+REMEDIES: dict[str, tuple[str, str, tuple[tuple[str, str | None], ...], str]] = {
+    "launch-bound": (
+        "eager overhead: the step is many tiny ops and the host cannot issue them fast enough: ",
+        ", ",
+        (
+            ("torch.compile (fusion)", "torch.compile"),
+            ("CUDA graphs", "CUDA graphs"),
+            ("a larger batch per step", None),
+            ("fused optimizers (foreach/fused)", "fused optimizer"),
+        ),
+        "",
+    ),
+    "kernel-bound": (
+        "memory-bound elementwise/normalisation kernels dominate: ",
+        ", ",
+        (
+            ("fuse them (torch.compile)", "torch.compile"),
+            ("use bf16/fp16", "bf16"),
+            ("fused implementations (fused layer norm, fused optimizers)", None),
+        ),
+        "",
+    ),
+    "host-bound": (
+        ADVICE["host-bound"].split("; torch.compile")[0] + "; ",
+        " or ",
+        (("torch.compile", "torch.compile"), ("CUDA graphs", "CUDA graphs")),
+        " take the host off the path",
+    ),
+}
+# What to try next where the job already uses a remedy the advice would give.
+NEXT_AFTER = {
+    "torch.compile": "it already runs torch.compile: look for graph breaks (TORCH_LOGS=graph_breaks) and the "
+    "work left outside its compiled graphs",
+    "CUDA graphs": "it already replays CUDA graphs: look at what runs outside the captured graphs",
+}
+
+
+def _advice_text(kind: str, practices: list[str]) -> str:
+    """ADVICE[kind] without the remedies the job already uses (REMEDIES), and what to try next
+    instead (NEXT_AFTER) where one was."""
+    if kind not in REMEDIES:
+        return ADVICE[kind]
+    before, sep, remedies, after = REMEDIES[kind]
+    kept = [text for text, practice in remedies if practice not in practices]
+    used = [p for _, p in remedies if p is not None and p in practices]
+    text = before + sep.join(kept) + after if kept else before.rstrip(":; ")
+    return text + "".join(f"; {NEXT_AFTER[p]}" for p in used if p in NEXT_AFTER)
+
+
 def advice_for(kind: str, ev: Evidence, rules: Rules = Rules()) -> str:
-    """ADVICE[kind], except for a sync-bound rank whose costly syncs are GradScaler's rather than
-    the training code's (classify's rule 2), and GradScaler's advice added where it syncs too."""
+    """ADVICE[kind] less the remedies the job already uses (`_advice_text`), except for a
+    sync-bound rank whose costly syncs are GradScaler's rather than the training code's
+    (classify's rule 2), and GradScaler's advice added where it syncs too."""
     by = ev.get("syncs_by_caller", {})
     scaler = by.get(GRAD_SCALER, 0) >= rules.sync_per_step
+    advice = _advice_text(kind, list(ev.get("practices", [])))
     if kind == "sync-bound" and scaler:
         user = ev.get("user_sync_cost_share", 0.0) >= rules.sync_cost_share
-        return f"{ADVICE[kind]}; {GRAD_SCALER_ADVICE}" if user else GRAD_SCALER_ADVICE
-    return ADVICE[kind]
+        return f"{advice}; {GRAD_SCALER_ADVICE}" if user else GRAD_SCALER_ADVICE
+    return advice
 
 
 def _transfer_ms_per_step(a: Analysis) -> float:

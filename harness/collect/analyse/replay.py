@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,31 +70,76 @@ class Replay:
        where that is shorter);
     5. the step's replayed duration is the longest rank's (the next step's first collective
        waits for it); the run's, their mean over the steps.
-    With `fixed` empty this reproduces the measured steps up to the model's assumptions
-    (`StragglerResult.replayed_step_ms` reports it next to the measured step)."""
+    With `fixed` empty this reproduces the measured steps up to the model's assumptions:
+    `measured_ms` is the same statistic over the measured spans, and `faithful` says whether the
+    two agree within REPLAY_FIDELITY (`StragglerResult.replayed_step_ms` and `measured_step_ms`
+    report both). The replay starts every rank's step at 0, so what it reproduces is a step
+    counted from the moment the last rank started it to the moment the last rank ended it
+    (max end - max start): a rank that started early waits at its first collective for the
+    latest starter, in the run as in the replay, and back-to-back steps make the mean of these
+    the step's period.
 
-    def __init__(self, traces: list[RankTrace], waits: list[InstanceWaits]) -> None:
-        self.steps = [_plan(spans, ws) for spans, ws in steps_to_replay(traces, waits)]
+    A rank's step is its span on the timeline its collectives are on (`step_bounds_us`: on a GPU
+    the device's step span, overlap.device_spans; the host's ProfilerStep where none is given).
+    The collectives of a GPU trace are kernels on the device, which runs a step behind its host:
+    measured from the host's step start, the first run-up would hold the device's lag, and the
+    tail after the last collective would be negative (nothing), so the replay would add the lag to
+    every step."""
+
+    def __init__(
+        self,
+        traces: list[RankTrace],
+        waits: list[InstanceWaits],
+        step_bounds_us: Mapping[int, Mapping[int, tuple[float, float]]] | None = None,
+    ) -> None:
+        planned = steps_to_replay(traces, waits, step_bounds_us)
+        self.steps = [_plan(spans, ws) for spans, ws in planned]
+        self.measured_ms = (
+            statistics.mean(
+                max(b for _, b in spans.values()) - max(a for a, _ in spans.values()) for spans, _ in planned
+            )
+            / 1e3
+            if planned
+            else None
+        )
 
     def step_ms(self, fixed: set[int]) -> float | None:
         if not self.steps:
             return None
         return statistics.mean(_replay(st, np.isin(st.ranks, list(fixed))) for st in self.steps) / 1e3
 
+    def faithful(self) -> bool:
+        """Whether the replay with nothing fixed is within REPLAY_FIDELITY of `measured_ms`."""
+        replayed = self.step_ms(set())
+        if replayed is None or not self.measured_ms:
+            return False
+        return abs(replayed / self.measured_ms - 1) <= REPLAY_FIDELITY
+
+
+# How far the replay with nothing fixed may be from the measured step before its what-ifs are given
+# no absolute figure: a what-if is read as the few percent a fix saves, so a baseline off by more
+# than 10% says the model misses something in this run (the issue's fidelity target, issue 58).
+REPLAY_FIDELITY = 0.10
+
 
 def steps_to_replay(
-    traces: list[RankTrace], waits: list[InstanceWaits]
+    traces: list[RankTrace],
+    waits: list[InstanceWaits],
+    step_bounds_us: Mapping[int, Mapping[int, tuple[float, float]]] | None = None,
 ) -> list[tuple[dict[int, tuple[float, float]], list[InstanceWaits]]]:
     """Per step with matched collectives, in step order: each rank's (start_us, end_us) of that
-    step and the step's instances."""
+    step (from `step_bounds_us` where it has the step, else the trace's step) and the step's
+    instances."""
     by_step: dict[int, list[InstanceWaits]] = defaultdict(list)
     for w in waits:
         if w.step is not None:
             by_step[w.step].append(w)
+    bounds = step_bounds_us or {}
     spans: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
     for t in traces:
+        own = bounds.get(t.rank, {})
         for s in t.steps:
-            spans[s.number][t.rank] = (s.start_us, s.end_us)
+            spans[s.number][t.rank] = own.get(s.number, (s.start_us, s.end_us))
     return [(spans[s], by_step[s]) for s in sorted(by_step) if s in spans]
 
 

@@ -126,6 +126,9 @@ class StragglerResult:
     bounds_ms: dict[str, float] = field(default_factory=dict)  # each bound that made the threshold
     waits: list[InstanceWaits] = field(default_factory=list)
     replayed_step_ms: float | None = None  # the replay with nothing changed (the model's fidelity)
+    measured_step_ms: float | None = None  # what that reproduces, measured (replay.Replay.measured_ms)
+    # whether the two agree within replay.REPLAY_FIDELITY: where not, the what-ifs are shares only
+    replay_faithful: bool = False
     whatif_all_fixed_step_ms: float | None = None
     notes: list[str] = field(default_factory=list)  # what the bounds could not be estimated from
     clean_step_ms: float = 0.0  # the punctual ranks' own work per step (what the relative bound is a share of)
@@ -154,19 +157,66 @@ MIN_JITTER_STEPS = 3
 MIN_JITTER_STEPS_CPU = 5
 
 
+def common_part_ms(step_ms_by_rank: list[list[float]]) -> list[float] | None:
+    """Each step's part that every rank shares: the median over the ranks of their own work in
+    that step; None where the ranks do not hold the same number of steps (nothing pairs them) or
+    there are fewer than two ranks."""
+    if len(step_ms_by_rank) < 2 or len({len(steps) for steps in step_ms_by_rank}) != 1:
+        return None
+    return [statistics.median(column) for column in zip(*step_ms_by_rank)]
+
+
+def common_stalls(
+    step_ms_by_rank: list[list[float]], numbers: list[int], factor: float, material_ms: float
+) -> list[str]:
+    """The steps every rank was slow in together, each said in a line (a finding, not noise):
+    1. each step's common part (`common_part_ms`: the median over the ranks of their own work);
+    2. a step is a common stall where its common part exceeds the median step's by more than
+       `factor` median absolute deviations of the common parts (the jitter bound's statistic,
+       over the steps instead of the ranks) and by `material_ms` (the straggler rule's material
+       share of the clean step: what is worth naming);
+    3. none with fewer than MIN_JITTER_STEPS steps, where the median does not stand for a
+       typical step."""
+    common = common_part_ms(step_ms_by_rank)
+    if common is None or len(common) < MIN_JITTER_STEPS or len(numbers) != len(common):
+        return []
+    typical = statistics.median(common)
+    bound = max(factor * mad(common), material_ms)
+    return [
+        f"step {n} was {c - typical:.2f} ms longer than the median step on every rank alike: a stall "
+        "they all shared (a checkpoint, a garbage collection, the file system or the network), which "
+        "makes no rank late against another and is left out of the straggler rule's noise"
+        for n, c in zip(numbers, common)
+        if c - typical > bound
+    ]
+
+
 def run_jitter_ms(step_ms_by_rank: list[list[float]]) -> float:
-    """The run's step-to-step jitter:
-    1. per rank with MIN_JITTER_STEPS+ steps, the median absolute deviation of its own work per
-       step (its step less its waiting for others);
-    2. the median of the lower half of those (at least one): up to half of the ranks can be
+    """The run's step-to-step jitter, of each rank against its peers:
+    1. per step, the part every rank shares (`common_part_ms`) is taken out of each rank's own
+       work per step (its step less its waiting for others), where the ranks hold the same steps;
+    2. per rank with MIN_JITTER_STEPS+ steps, the median absolute deviation of what is left, or
+       of its own work as it is where that is smaller: with few ranks the per-step median holds
+       the other ranks' own swings too (on two ranks it is their mean, and a straggler's swing
+       would land half on its peer), and taking it out must not add swing a rank did not have;
+    3. the median of the lower half of those (at least one): up to half of the ranks can be
        intermittent stragglers, whose own work swings by their delay, and still stand out;
-    3. 0 (not estimated) when no rank has that many steps.
-    Step to step on one rank, because the ranks' differences are what waiting makes, not noise;
-    without the waiting, because an intermittent straggler lengthens every rank's step on the
-    steps it is slow; and over the lower half, because its own swing is its signal, not the
-    run's noise (with either in, a rank slow every other step set its own bound: half its steps
-    long, half short, a MAD of half its delay, which three MADs exceed)."""
-    jitter = sorted(mad(steps) for steps in step_ms_by_rank if len(steps) >= MIN_JITTER_STEPS)
+    4. 0 (not estimated) when no rank has that many steps.
+    Against its peers, because who is late is a question about ranks relative to each other: a
+    stall every rank shares in one step (a checkpoint, a collection, a file system's hiccup)
+    moves no rank ahead of another, and would otherwise widen the bound by its own length (a
+    4-rank job with one step 230 ms longer on every rank had a bound of half its step);
+    step to step on one rank, because the ranks' differences in one step are what waiting
+    makes, not noise; without the waiting, because an intermittent straggler lengthens every
+    rank's step on the steps it is slow; and over the lower half, because its own swing is its
+    signal, not the run's noise (with either in, a rank slow every other step set its own bound:
+    half its steps long, half short, a MAD of half its delay, which three MADs exceed)."""
+    common = common_part_ms(step_ms_by_rank)
+    jitter = sorted(
+        min(mad(steps), mad([v - c for v, c in zip(steps, common)])) if common is not None else mad(steps)
+        for steps in step_ms_by_rank
+        if len(steps) >= MIN_JITTER_STEPS
+    )
     return statistics.median(jitter[: max(len(jitter) // 2, 1)]) if jitter else 0.0
 
 
@@ -506,6 +556,7 @@ def analyze_stragglers(
     step_span_ms: Mapping[int, list[float]],
     th: Thresholds | None = None,
     runq: Mapping[int, RunQueueLog] | None = None,
+    step_bounds_us: Mapping[int, Mapping[int, tuple[float, float]]] | None = None,
 ) -> StragglerResult:
     """Who everybody waits for, on aligned clocks (`traces` already shifted by `offsets`).
 
@@ -684,6 +735,15 @@ def analyze_stragglers(
             f"a straggler is late beyond its peers by more than {floor} (profile more steps for a bound from "
             "the run's own jitter)"
         )
+    if reason is None:
+        notes.extend(
+            common_stalls(
+                [own_ms[r] for r in ranks],
+                [s.number for s in by_rank[ranks[0]].steps],
+                th.jitter_factor,
+                (th.rel_lag_cpu if cpu else th.rel_lag) * clean_step_ms,
+            )
+        )
     noise_ms = max(bounds[k] for k in NOISE_BOUNDS)
     threshold = max(bounds.values())
     late_floor_us = th.noise_factor * noise_us
@@ -746,7 +806,7 @@ def analyze_stragglers(
             assert sync_costs is not None  # made whenever a rank is flagged
             rb.syncs = sync_costs.late_syncs(r, beyond_peers_ms[r])
         result.append(rb)
-    replay = Replay(traces, waits)
+    replay = Replay(traces, waits, step_bounds_us)
     replayed = replay.step_ms(set())
     for rb in result:
         if rb.straggler:
@@ -765,6 +825,8 @@ def analyze_stragglers(
         bounds_ms=bounds,
         waits=waits,
         replayed_step_ms=replayed,
+        measured_step_ms=replay.measured_ms,
+        replay_faithful=replay.faithful(),
         whatif_all_fixed_step_ms=replay.step_ms(set(flagged)) if flagged else None,
         notes=notes,
         clean_step_ms=clean_step_ms,

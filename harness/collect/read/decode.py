@@ -59,6 +59,7 @@ class Args(msgspec.Struct, gc=False):
     process_group: Any = msgspec.field(default=None, name="Process Group Name")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     dtype: Any = None
+    seq: Any = msgspec.field(default=None, name="Seq")
 
 
 NO_ARGS = Args()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
 import glob
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,11 +103,84 @@ class RunSet:
     skipped_windows: list[dict] = field(default_factory=list)  # [{rank, first, last, reason}] (run_state.py)
 
 
-def group_ranks(traces: list[RankTrace]) -> RunSet:
+def split_runs(traces: list[RankTrace]) -> list[list[RankTrace]]:
+    """The runs of one job among the traces, oldest first (one run: all of them).
+
+    1. a rank's traces are grouped by the process that wrote them (`RankTrace.pid`): a rank's
+       profiler windows all come from its one process, so two processes of one rank are two runs;
+    2. n = the most processes any rank has; with n = 1 there is one run;
+    3. each run's start = the median over the ranks with n processes of their i-th process's
+       first event (`started_ns`, processes ordered by it);
+    4. every process goes to the run whose start is nearest its own first event (a rank that
+       one run lacks has fewer processes than n)."""
+    by_rank: dict[int, dict[int | None, list[RankTrace]]] = {}
+    for t in traces:
+        by_rank.setdefault(t.rank, {}).setdefault(t.pid, []).append(t)
+    n = max((len(p) for p in by_rank.values()), default=1)
+    if n == 1:
+        return [traces]
+
+    def first_ns(ts: list[RankTrace]) -> float:
+        return min((t.started_ns for t in ts if t.started_ns is not None), default=math.inf)
+
+    full = [sorted(p.values(), key=first_ns) for p in by_rank.values() if len(p) == n]
+    starts = [statistics.median(first_ns(procs[i]) for procs in full) for i in range(n)]
+    runs: list[list[RankTrace]] = [[] for _ in range(n)]
+    for procs in by_rank.values():
+        for ts in procs.values():
+            runs[min(range(n), key=lambda i: abs(first_ns(ts) - starts[i]))].extend(ts)
+    return [r for r in runs if r]
+
+
+def describe_run(number: int, traces: list[RankTrace]) -> str:
+    """`run 2: ranks 0-3, pids 26699-26701, 26703, started 2023-11-02 20:07:08 UTC`."""
+    ranks = sorted({t.rank for t in traces})
+    pids = sorted({t.pid for t in traces if t.pid is not None})
+    started = [t.started_ns for t in traces if t.started_ns is not None]
+    text = f"run {number}: rank(s) {number_ranges(ranks)}"
+    if pids:
+        text += f", pid(s) {number_ranges(pids)}"
+    if started and min(started) > 0:
+        when = datetime.datetime.fromtimestamp(min(started) / 1e9, tz=datetime.UTC)
+        text += f", started {when:%Y-%m-%d %H:%M:%S} UTC"
+    return text + f" ({len(traces)} file(s), e.g. {Path(min(traces, key=lambda t: t.rank).paths[0]).name})"
+
+
+def number_ranges(numbers: list[int]) -> str:
+    """[1, 2, 3, 7, 9, 10] -> '1-3, 7, 9-10'."""
+    out: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if out and n == out[-1][1] + 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def pick_run(traces: list[RankTrace], run: int | None) -> tuple[list[RankTrace], list[str]]:
+    """The traces of the run asked for (`run`, 1 = the oldest; None: the only one), and a note
+    saying which was picked where there were several; InputError naming every run where there
+    are several and none was asked for, or the one asked for is not there."""
+    runs = split_runs(traces)
+    listed = "; ".join(describe_run(i + 1, r) for i, r in enumerate(runs))
+    if run is None and len(runs) > 1:
+        raise InputError(
+            f"the inputs hold {len(runs)} runs of one job ({listed}); pick one with --run N (1 = the oldest), "
+            "or put each run's files in a folder of its own"
+        )
+    if run is not None and not 1 <= run <= len(runs):
+        raise InputError(f"--run {run}: the inputs hold {len(runs)} run(s) ({listed}); pick one of 1-{len(runs)}")
+    if run is None or len(runs) == 1:
+        return traces, []
+    return runs[run - 1], [f"{len(runs)} runs in the inputs; analysing {describe_run(run, runs[run - 1])} (--run)"]
+
+
+def group_ranks(traces: list[RankTrace], run: int | None = None) -> RunSet:
     """One RankTrace per rank.
 
     1. traces naming different harness run ids, or different world sizes, are refused (two runs
-       in one folder);
+       in one folder); so are traces of one job written by several runs of its processes
+       (`split_runs`) unless `run` picks one (`pick_run`);
     2. several traces of one rank from the same run are its profiler windows: merged in time
        order; two traces of one rank with the same first step are duplicates: the first (by path)
        is kept and the others are reported;
@@ -126,6 +201,7 @@ def group_ranks(traces: list[RankTrace]) -> RunSet:
         examples = {ws: next(Path(t.paths[0]).name for t in traces if t.world_size == ws) for ws in sorted(sizes)}
         detail = ", ".join(f"world size {ws} ({name})" for ws, name in examples.items())
         raise InputError(f"traces of different runs are mixed: {detail}; collect one run at a time")
+    traces, run_notes = pick_run(traces, run)
     by_rank: dict[int, list[RankTrace]] = {}
     for t in sorted(traces, key=lambda t: t.paths):
         by_rank.setdefault(t.rank, []).append(t)
@@ -151,7 +227,7 @@ def group_ranks(traces: list[RankTrace]) -> RunSet:
         world_size=world_size,
         missing=missing,
         duplicates=duplicates,
-        warnings=warnings + duplicates,
+        warnings=run_notes + warnings + duplicates,
         run_id=next(iter(run_ids), None),
     )
 
@@ -180,6 +256,9 @@ def _merge_windows(parts: list[RankTrace]) -> RankTrace:
         blocks={k: v for p in parts for k, v in p.blocks.items()},
         op_floor_us=statistics.median(floors) if (floors := [p.op_floor_us for p in parts if p.op_floor_us]) else None,
         unnamed_groups=sorted({tuple(g): list(g) for p in parts for g in p.unnamed_groups}.values()),
+        pid=first.pid,
+        started_ns=first.started_ns,
+        practices=[x for x in dict.fromkeys(x for p in parts for x in p.practices)],
     )
     number_by_group(merged.comms)
     return merged

@@ -61,7 +61,8 @@ from harness.collect.read.host_ops import (
     op_floor_us,
     sync_costs,
 )
-from harness.collect.read.phases import is_model, phase_name, top_level
+from harness.collect.read.phases import is_model, step_phases
+from harness.collect.read.practices import practices_in
 from harness.collect.read.runup import NO_PHASE, NO_STEP, Spans, merged_by_step, merged_pieces, set_run_ups
 from harness.paths import (
     DEFAULT_GROUP_DESC,
@@ -274,13 +275,21 @@ class _LaunchTimes:
     def times(self, corr: np.ndarray, default: np.ndarray) -> np.ndarray:
         """For every correlation id in `corr`, the launch time (`default` where the trace holds
         no launch with that id, or the id is negative): what `_at` finds, for all at once."""
+        found, safe = self._found(corr)
+        return np.where(found, as_numpy(self.ts)[safe], default) if len(self.corr) else default.copy()
+
+    def held(self, corr: np.ndarray) -> np.ndarray:
+        """For every correlation id in `corr`, whether the trace holds its launch; all True in a
+        trace that holds no launch at all (then nothing says when anything was launched)."""
+        return self._found(corr)[0] if len(self.corr) else np.ones(len(corr), dtype=bool)
+
+    def _found(self, corr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids = as_numpy(self.corr)
         if not len(ids):
-            return default.copy()
+            return np.zeros(len(corr), dtype=bool), np.zeros(len(corr), dtype=np.int64)
         i = np.searchsorted(ids, corr, side="right") - 1
         safe = np.maximum(i, 0)
-        found = (corr >= 0) & (i >= 0) & (ids[safe] == corr)
-        return np.where(found, as_numpy(self.ts)[safe], default)
+        return (corr >= 0) & (i >= 0) & (ids[safe] == corr), safe
 
     def launch(self, corr: int) -> tuple[float, int] | None:
         """(host time, thread index) of the launch, None when the trace does not hold it."""
@@ -433,6 +442,9 @@ def _device_work(
     kernels, names = doc.kernels, doc.names
     ts, dur, name, corr = (as_numpy(c) for c in (kernels.ts, kernels.dur, kernels.name, kernels.corr))
     launched = launch_ts.times(corr, ts)
+    # a communication kernel whose launch the trace lacks was launched before the window opened:
+    # which call, and so which step, it belongs to is unknown (matching.match_collectives, 1)
+    held = launch_ts.held(corr)
     pos = index.positions(launched)
     step = index.numbers(pos)
     used = np.unique(name).tolist()
@@ -464,10 +476,11 @@ def _device_work(
             if _point_to_point_batch(kind.collective, args, param_comms):
                 coll = BATCH_P2P
             pg = "default" if args.process_group is None else args.process_group
-            nelems, dtype = _int(args.in_nelems), _str(args.dtype)
+            nelems, dtype, seq = _int(args.in_nelems), _str(args.dtype), _int(args.seq)
         else:  # no args: the name is all there is; the family is its own group
-            coll, pg, nelems, dtype = kind.collective, kind.family, None, None
+            coll, pg, nelems, dtype, seq = kind.collective, kind.family, None, None, None
         st = int(step[i])
+        launch_held = bool(held[i])
         comms.append(
             CommOp(
                 name=canonical_collective(str(coll)),
@@ -476,8 +489,10 @@ def _device_work(
                 end_us=float(t + d),
                 nelems=nelems,
                 dtype=dtype,
-                step=None if st == NO_STEP else st,
+                step=None if st == NO_STEP or not launch_held else st,
                 thread=doc.threads[kernels.thread[i]],
+                coll_seq=seq,
+                launched=launch_held,
             )
         )
     return comms
@@ -552,8 +567,7 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
                 in_step[st].append((e.ts, e.ts + e.dur, e.name))  # (a range around the whole step is no phase)
     for st, ranges in in_step.items():
         step = by_number[st]
-        for a, b, name in top_level(ranges):  # the step's phases: phases.py
-            phase = phase_name(name)
+        for a, b, phase in step_phases(ranges):  # the step's phases: phases.py
             step.phases_us[phase] = step.phases_us.get(phase, 0.0) + (b - a)
             step.phase_spans.append((phase, a, b))
 
@@ -687,6 +701,10 @@ def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankT
         blocks={str(path): doc.blocks} if doc.blocks else {},
         op_floor_us=floor_us,
         unnamed_groups=unnamed,
+        pid=_int(doc.threads[main][0]) if main is not None else None,
+        # ts is relative to baseTimeNanoseconds where the trace has one, else epoch microseconds
+        started_ns=base_ns + doc.first_ts * 1e3 if doc.count else None,
+        practices=practices_in([*names, *{m.name for m in doc.marks}]),
     )
     # the compute and copies, folded into the steps here: no rank's intervals outlive its parse
     cover_steps(trace, merged_by_step(spans), merged_by_step(copies), device_step_marks(doc), starts)

@@ -55,6 +55,27 @@ def phase_name(range_name: str) -> str:
     return range_name
 
 
+# Inductor's range around each compiled graph's call (torch/_inductor/output_code.py: `## Call
+# CompiledFxGraph <hash> ##`): the hash differs from rank to rank, so a phase keeps the graph's
+# place in its step instead (`step_phases`).
+COMPILED_GRAPH = re.compile(r"^## Call CompiledFxGraph \S+ ##$")
+
+
+def step_phases(ranges: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """A step's phases from its ranges (start_us, end_us, name): the top-level ones (`top_level`)
+    named by `phase_name`; a compiled graph's range (`COMPILED_GRAPH`) by its place among the
+    step's compiled graphs, `compiled graph 2`, which its peers share."""
+    out: list[tuple[float, float, str]] = []
+    compiled = 0
+    for a, b, name in top_level(ranges):
+        if COMPILED_GRAPH.match(name):
+            compiled += 1
+            out.append((a, b, f"compiled graph {compiled}"))
+        else:
+            out.append((a, b, phase_name(name)))
+    return out
+
+
 def _plain(name: str) -> str:
     return re.sub(r"[\s_\-]+", " ", name.strip().lower())
 

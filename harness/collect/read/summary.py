@@ -31,7 +31,7 @@ FORMAT = "harness rank summary"
 # Bump whenever parse.py's output changes meaning: an older summary is then refused (with the
 # advice to collect from the trace) instead of silently giving a different report, unless
 # read_summary can bring it up to date (READABLE).
-VERSION = 8  # 2: steps' syncs by caller, host ops of every model thread, copies per step; 3: events per
+VERSION = 9  # 2: steps' syncs by caller, host ops of every model thread, copies per step; 3: events per
 # step, the trace's size and block index (the merged trace's window); 4: compute and copies folded into
 # each step's cover instead of kept as intervals, the main thread's top-level op times (read by nothing)
 # dropped; 5: covers over the device's step spans (overlap.device_spans), not over windows of each
@@ -40,7 +40,8 @@ VERSION = 8  # 2: steps' syncs by caller, host ops of every model thread, copies
 # cost on the machine (RankTrace.op_floor_us), which the launch-bound rule is relative to; 7: a GPU
 # collective's run-up by the phase that launched its kernels (runup.set_run_ups, 4), step bounds over
 # the device's step spans; 8: run-ups from the last collective that is not a point-to-point op, and
-# their waiting at those (CommOp.p2p_wait_us)
+# their waiting at those (CommOp.p2p_wait_us); 9: collectives' own sequence numbers (`Seq`) and whether
+# their launch is in the trace (CommOp.coll_seq, CommOp.launched)
 
 
 class _File(msgspec.Struct):

@@ -1,0 +1,150 @@
+"""Advice that checks its own evidence, and the 2026 trace format, on simulated GPU jobs
+(tests/devicesim.py) and hand-built traces: a busy device is never launch-bound, a CUDA-graph step
+is not either, advice never prescribes what the trace shows the job already does, compiled graphs'
+phases are named by what every rank shares, and CUDA's sync rows are no device work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.collect.analyse.advisor import ADVICE, REMEDIES, advice_for, diagnose
+from harness.collect.analysis import Analysis, analyze
+from harness.collect.read.discover import group_ranks
+from harness.collect.read.parse import parse_trace
+from harness.collect.read.phases import step_phases
+from harness.collect.read.practices import practices_in
+
+from devicesim import Sim, write_all
+from tracebuild import GpuRank, document, step, write, x
+
+GEMM = "ampere_sgemm_128x64_nn"
+
+
+def analysed(tmp_path: Path, docs: list[dict]) -> Analysis:
+    return analyze(group_ranks([parse_trace(p) for p in write_all(docs, tmp_path)]))
+
+
+def test_a_busy_device_with_many_ops_is_not_launch_bound(tmp_path: Path) -> None:
+    # 1200 host ops of 2 us a step, each launching a 12 us GEMM: the host issues a step in
+    # 1200 x (2 + 5) = 8.4 ms, the device runs 14.4 ms of work back to back behind it (busy
+    # ~100%). The ops take ~12 us of step time each, under the 20 us an eager op's dispatch costs:
+    # read on the op count alone, that was launch-bound.
+    sim = Sim(world_size=1)
+    h = sim.rank(0)
+    for n in range(1, 5):
+        with h.step(n):
+            for _ in range(1200):
+                h.cpu(2.0, "aten::mm")
+                h.launch(GEMM, 12.0)
+    h.sync(kind="device")
+    [d] = diagnose(analysed(tmp_path, sim.run()))
+    ev = d.evidence
+    assert ev["host_ops_per_step"] >= 1000 and ev["us_per_op"] < 20
+    assert ev["idle_share"] < 0.01
+    assert d.bottleneck == "healthy", d.reason
+    assert "GPU-bound: the device is busy 100% of its time" in d.reason
+
+
+def graph_step_docs() -> list[dict]:
+    """One rank, 3 steps of 10 ms: each step one `cudaGraphLaunch` whose 300 graph kernels of
+    30 us (a 9 ms replay) carry its correlation id, `graph id` and `graph node id`; a `Stream
+    Sync` row on the sync virtual thread of stream 7 (tid 7 + 1000000) over the replay."""
+    events: list[dict] = []
+    for n in range(1, 4):
+        t = (n - 1) * 10_000.0
+        corr = 100 + n
+        events.append(step(n, t, 10_000.0))
+        events.append(x("cudaGraphLaunch", "cuda_runtime", t + 10, 20, correlation=corr))
+        for k in range(300):
+            events.append(
+                x(
+                    "triton_poi_fused_add_mul_0",
+                    "kernel",
+                    t + 50 + 30 * k,
+                    30,
+                    (0, 7),
+                    correlation=corr,
+                    device=0,
+                    stream=7,
+                    **{"graph id": 1, "graph node id": k},
+                )
+            )
+        events.append(x("Stream Sync", "cuda_sync", t + 50, 9000, (0, 7 + 1_000_000), device=0, stream=7))
+    return [document(events, 0, world_size=1)]
+
+
+def test_a_cuda_graph_step_is_not_launch_bound_and_no_advice_repeats_it(tmp_path: Path) -> None:
+    a = analysed(tmp_path, graph_step_docs())
+    [trace] = a.traces
+    assert trace.practices == ["torch.compile", "CUDA graphs"]
+    [d] = diagnose(a)
+    assert d.bottleneck != "launch-bound", d.reason
+    assert d.evidence["launches_per_step"] == 1.0
+    # the sync row is a host wait, not device work: 300 x 30 us of the 10 ms span is busy
+    rows = [o for o in a.overlap if o.step == 1]
+    assert rows[0].compute_us == pytest.approx(9000.0)
+    text = advice_for("launch-bound", d.evidence)
+    assert "torch.compile (fusion)" not in text and "CUDA graphs, a larger batch" not in text
+    assert "it already runs torch.compile" in text and "it already replays CUDA graphs" in text
+
+
+def test_advice_leaves_out_what_the_job_already_does() -> None:
+    ev = {"practices": ["torch.compile", "fused optimizer"]}
+    text = advice_for("launch-bound", ev)  # type: ignore[arg-type]
+    assert "torch.compile (fusion)" not in text and "fused optimizers" not in text
+    assert "CUDA graphs" in text and "graph breaks" in text
+    text = advice_for("kernel-bound", {"practices": ["torch.compile", "bf16"]})  # type: ignore[arg-type]
+    assert "fuse them" not in text and "bf16" not in text and "graph breaks" in text
+    # with nothing in use, each is the advice as it always read
+    for kind in REMEDIES:
+        assert advice_for(kind, {"practices": []}) == ADVICE[kind]  # type: ignore[arg-type]
+
+
+def test_practices_are_read_from_names() -> None:
+    assert practices_in(["aten::mm", "ampere_sgemm_128x64_nn"]) == []
+    assert practices_in(["## Call CompiledFxGraph fksa2i3a ##", "aten::_fused_adamw_", "ampere_bf16_s16816gemm"]) == [
+        "torch.compile",
+        "fused optimizer",
+        "bf16",
+    ]
+    assert practices_in(["aten::_foreach_add_", "cudaGraphLaunch"]) == ["CUDA graphs", "foreach optimizer"]
+
+
+def test_compiled_graphs_are_named_by_their_place_in_the_step() -> None:
+    ranges = [
+        (0.0, 10.0, "## Call CompiledFxGraph fksa2i3a ##"),
+        (10.0, 20.0, "## backward ##"),
+        (12.0, 14.0, "## Call CompiledFxGraph zz9 ##"),  # inside backward: backward is the phase
+        (20.0, 30.0, "## Call CompiledFxGraph q7x ##"),
+    ]
+    assert step_phases(ranges) == [
+        (0.0, 10.0, "compiled graph 1"),
+        (10.0, 20.0, "## backward ##"),
+        (20.0, 30.0, "compiled graph 2"),
+    ]
+
+
+def test_a_slow_compiled_graph_is_a_phase_its_peers_have(tmp_path: Path) -> None:
+    # 2 ranks, 4 steps: two compiled graphs (hashes differ by rank), then an all-reduce; rank 1's
+    # second graph runs 3 ms longer: it is late in `compiled graph 2`, a phase rank 0 has too
+    docs = []
+    for rank in (0, 1):
+        g, events = GpuRank(), []
+        for n in range(1, 5):
+            t = (n - 1) * 20_000.0
+            events.append(step(n, t, 20_000.0))
+            slow = 3000.0 if rank == 1 else 0.0
+            events.append(x(f"## Call CompiledFxGraph a{rank}b ##", "user_annotation", t + 1, 4000))
+            g.kernel(GEMM, t + 2, t + 10, 4000)
+            events.append(x(f"## Call CompiledFxGraph c{rank}d ##", "user_annotation", t + 4002, 4000 + slow))
+            g.kernel(GEMM, t + 4003, t + 4010, 4000 + slow)
+            g.allreduce(t + 8100 + slow, t + 8010 + slow, 12_000 - 8010 - slow + 3000 + 500)
+        docs.append(document(events + g.events, rank))
+    paths = [write(tmp_path / f"rank{r}.pt.trace.json.gz", d) for r, d in enumerate(docs)]
+    a = analyze(group_ranks([parse_trace(p) for p in paths]))
+    for t in a.traces:
+        assert sorted(t.steps[0].phases_us) == ["compiled graph 1", "compiled graph 2"]
+    [s] = a.stragglers.stragglers
+    assert (s.rank, s.phase) == (1, "compiled graph 2")
