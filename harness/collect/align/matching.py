@@ -144,6 +144,52 @@ def _keyed(by_rank: dict[int, list[CommOp]], base: tuple, *, by_steps: bool) -> 
     return table
 
 
+def _matchable(traces: list[RankTrace], per_step: bool, left: _Left) -> dict[str, dict[int, list[CommOp]]]:
+    """`match_collectives`' step 1: the ops that can be matched, per group and rank in time order;
+    what is left out is counted in `left`."""
+    groups: dict[str, dict[int, list[CommOp]]] = defaultdict(lambda: defaultdict(list))
+    before = left.before_window = {}
+    for t in traces:
+        if t.unnamed_groups:
+            continue  # its collectives carry no group in a job of several: none can be matched
+        for c in t.comms:
+            if c.pg in UNMATCHED:  # no group args: which ranks it works with is unknown
+                continue
+            if c.name in POINT_TO_POINT:
+                left.p2p += 1
+            elif not c.launched:
+                before[t.rank] = before.get(t.rank, 0) + 1
+            elif c.step is not None or not per_step:
+                groups[c.pg][t.rank].append(c)
+    return groups
+
+
+def _group_keys(
+    pg: str, by_rank: dict[int, list[CommOp]], per_step: bool
+) -> tuple[dict[tuple, dict[int, CommOp]], dict[tuple, frozenset[int]]]:
+    """`match_collectives`' step 2 for one group: its ops by key, and each key's holders (the
+    ranks that hold ops of its group, in its step where keys are per step)."""
+    if _sequenced(by_rank):
+        table: dict[tuple, dict[int, CommOp]] = defaultdict(dict)
+        for r, ops in by_rank.items():
+            for c in ops:
+                table[(pg, "seq", c.coll_seq)][r] = c
+        return table, dict.fromkeys(table, frozenset(by_rank))
+    if not per_step:
+        keyed = _keyed(by_rank, (pg,), by_steps=False)
+        return keyed, dict.fromkeys(keyed, frozenset(by_rank))
+    by_step: dict[int | None, dict[int, list[CommOp]]] = defaultdict(dict)
+    for r, ops in by_rank.items():
+        for c in ops:
+            by_step[c.step].setdefault(r, []).append(c)
+    table, holders = {}, {}
+    for st, seqs in by_step.items():
+        keyed = _keyed(seqs, (pg, st), by_steps=True)
+        table.update(keyed)
+        holders.update(dict.fromkeys(keyed, frozenset(seqs)))
+    return table, holders
+
+
 def match_collectives(traces: list[RankTrace]) -> tuple[list[Instance], list[str]]:
     """Match each collective instance across ranks.
 
@@ -163,63 +209,23 @@ def match_collectives(traces: list[RankTrace]) -> tuple[list[Instance], list[str
        are left out and counted in a warning: the order has diverged there.
     """
     per_step = all(t.steps_source == "ProfilerStep" for t in traces)
-    groups: dict[str, dict[int, list[CommOp]]] = defaultdict(lambda: defaultdict(list))
-    left = _Left(before_window={})
-    assert left.before_window is not None
-    for t in traces:
-        if t.unnamed_groups:
-            continue  # its collectives carry no group in a job of several: none can be matched
-        for c in t.comms:
-            if c.pg in UNMATCHED:  # no group args: which ranks it works with is unknown
-                continue
-            if c.name in POINT_TO_POINT:
-                left.p2p += 1
-                continue
-            if not c.launched:
-                left.before_window[t.rank] = left.before_window.get(t.rank, 0) + 1
-                continue
-            if per_step and c.step is None:
-                continue
-            groups[c.pg][t.rank].append(c)
-    table: dict[tuple, dict[int, CommOp]] = {}
-    holders: dict[tuple, frozenset[int]] = {}  # a key's (group, step): the ranks holding ops there
-    for pg, by_rank in groups.items():
-        if _sequenced(by_rank):
-            for r, ops in by_rank.items():
-                for c in ops:
-                    table.setdefault((pg, "seq", c.coll_seq), {})[r] = c
-            continue
-        if not per_step:
-            keyed = _keyed(by_rank, (pg,), by_steps=False)
-            ranks = frozenset(by_rank)
-            table.update(keyed)
-            holders.update(dict.fromkeys(keyed, ranks))
-            continue
-        by_step: dict[int | None, dict[int, list[CommOp]]] = defaultdict(dict)
-        for r, ops in by_rank.items():
-            for c in ops:
-                by_step[c.step].setdefault(r, []).append(c)
-        for st, seqs in by_step.items():
-            keyed = _keyed(seqs, (pg, st), by_steps=True)
-            ranks = frozenset(seqs)
-            table.update(keyed)
-            holders.update(dict.fromkeys(keyed, ranks))
+    left = _Left()
     instances: list[Instance] = []
-    for key, members in table.items():
-        if len(members) < 2:
-            if key in holders and len(holders[key]) > 1:
-                left.edge += 1
-            continue
-        if key in holders and len(members) < len(holders[key]):
-            left.edge += 1
-            continue
-        names = {c.name for c in members.values()}
-        sizes = {c.nelems for c in members.values() if c.nelems is not None}
-        if len(names) > 1 or len(sizes) > 1:
-            left.mismatched += 1
-            continue
-        first = members[min(members)]
-        step = key[1] if per_step and key[1] != "seq" else first.step
-        instances.append(Instance(key=key, name=first.name, pg=first.pg, step=step, ops=members))
+    for pg, by_rank in _matchable(traces, per_step, left).items():
+        table, holders = _group_keys(pg, by_rank, per_step)
+        for key, members in table.items():
+            held = len(holders.get(key, ()))
+            if len(members) < 2 or len(members) < held:
+                left.edge += held > 1
+                continue
+            if (
+                len({c.name for c in members.values()}) > 1
+                or len({c.nelems for c in members.values() if c.nelems is not None}) > 1
+            ):
+                left.mismatched += 1
+                continue
+            first = members[min(members)]
+            step = key[1] if per_step and key[1] != "seq" else first.step
+            instances.append(Instance(key=key, name=first.name, pg=first.pg, step=step, ops=members))
     instances.sort(key=lambda i: min(c.start_us for c in i.ops.values()))
     return instances, left.warnings()
