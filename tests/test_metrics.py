@@ -66,7 +66,8 @@ def test_every_rank_is_scraped_while_it_runs_and_the_straggler_is_flagged(tmp_pa
     prom.parent.mkdir()
     args = ["--mode", "torch", "--steps", "120", "--warmup-steps", "5", "--watch-every", "5", "--no-profile"]
     args += ["--straggler-rank", "1", "--straggler-ms", "40", "--straggler-phase", "data"]
-    args += ["--metrics-port", str(port), "--metrics-addr", "127.0.0.1", "--metrics-file", str(prom)]
+    # the default address (every interface), as the README shows it: scraped on loopback
+    args += ["--metrics-port", str(port), "--metrics-file", str(prom)]
     cmd = harness_cmd(args, tmp_path / "logs", run_name="metrics")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env(), cwd=REPO)
     seen: dict[int, list[dict[str, float]]] = {0: [], 1: []}

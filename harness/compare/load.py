@@ -129,7 +129,7 @@ def _steps_from_report(report: dict[str, Any], side: Side) -> None:
         side.source = "the report's traced steps"
 
 
-def load_side(text: str) -> Side:
+def load_side(text: str) -> Side:  # noqa: C901
     """The side at `text`: a run folder (steps/, run.json; its report/ read too), a report
     folder (report.json; its run's step logs read too, from the report's input folders), or a
     report.json. CompareError when it is none of those or holds no step time."""

@@ -244,7 +244,7 @@ def _noise_note(a: RowResult, b: RowResult) -> str:
     return " (within step-time noise)" if within_noise(a, b) else ""
 
 
-def ratio_lines(sweep: Sweep, results: list[RowResult]) -> list[str]:
+def ratio_lines(sweep: Sweep, results: list[RowResult]) -> list[str]:  # noqa: C901
     """The sweep's own comparisons, in words, from the measured rows only."""
     done = _by_key(results)
     lines: list[str] = []

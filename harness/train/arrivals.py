@@ -201,7 +201,7 @@ def untimed_steps(
     return sorted(waiting)
 
 
-def held_lateness_ms(
+def held_lateness_ms(  # noqa: C901
     spans_ns: Sequence[Mapping[int, Mapping[str, Sequence[float]]]],
     arrivals: Sequence[Sequence[Arrival]],
     steps: Sequence[int],

@@ -411,7 +411,9 @@ class OutputConfig:
         "(docs/metrics.md; default: off)",
         flag="--metrics-port",
     )
-    metrics_addr: str = knob("", "the address the metrics endpoints bind to (default: every interface)")
+    # 0.0.0.0, not "": prometheus_client looks the address up, and an empty name fails the lookup
+    # on some machines ("Name or service not known"), so the default served nothing there
+    metrics_addr: str = knob("0.0.0.0", "the address the metrics endpoints bind to (default 0.0.0.0: every interface)")
     metrics_file: str | None = knob(
         None,
         "write the metrics in the node exporter's textfile format to this file, one per rank ({rank} in it, "

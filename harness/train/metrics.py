@@ -124,7 +124,7 @@ class Metrics:
             except (OSError, OverflowError, ValueError) as exc:  # in use, not allowed; past 65535; a bad address
                 reason = getattr(exc, "strerror", None) or exc
                 faults.note(
-                    f"metrics: cannot serve on {target.addr or '*'}:{target.port} ({reason}); "
+                    f"metrics: cannot serve on {target.addr or '0.0.0.0'}:{target.port} ({reason}); "
                     "the job goes on without this rank's endpoint (pick another --metrics-port)"
                 )
         m._write_file(force=True)

@@ -174,7 +174,7 @@ class StepClock:
     def _complete(self, p: _PendingStep) -> bool:
         return not self.cuda or p.events[-1][1].query()
 
-    def _resolve(self, p: _PendingStep) -> dict[str, Any]:
+    def _resolve(self, p: _PendingStep) -> dict[str, Any]:  # noqa: C901
         host = p.host_marks
         labels = [label for label, _ in host[1:]]  # the phase each mark closes ("end": none)
         host_ms = _per_phase(labels, [(b - a) * 1e3 for (_, a), (_, b) in zip(host[:-1], host[1:])])

@@ -408,7 +408,7 @@ class MemoryResult:
     logs: StepLogs  # what it was computed from (the report reads traced steps' memory from it)
 
 
-def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> MemoryResult:
+def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> MemoryResult:  # noqa: C901
     """Findings, per-rank columns and heatmap rows from the ranks' steady steps.
 
     1. growth, per rank and memory (host: malloc's bytes in use where logged in enough steps,

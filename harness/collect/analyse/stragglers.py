@@ -549,7 +549,7 @@ def fresh_lateness(
     return {r: max(u - mark, 0.0) for r, u in run_up.items()}
 
 
-def analyze_stragglers(
+def analyze_stragglers(  # noqa: C901
     traces: list[RankTrace],
     waits: list[InstanceWaits],
     offsets: dict[int, ClockOffset],

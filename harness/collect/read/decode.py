@@ -330,7 +330,7 @@ class _Tables:
         self._batch = (first, last, meta)
         return True
 
-    def add(self, events: list[Event]) -> None:
+    def add(self, events: list[Event]) -> None:  # noqa: C901
         """Keep the `ph: X` events with numeric ts and a non-negative dur (others cannot be
         placed in time): cpu ops, launches and kernels as columns, annotations as `Mark`s,
         everything else only in the count and the time extent. Args are kept (in `args`) only
@@ -615,7 +615,7 @@ def _json_fault(exc: Exception, offset: int) -> Malformed | None:
     return Malformed(f"not valid JSON at byte {where} ({str(exc).split(' (byte')[0]})")
 
 
-def stream_events(
+def stream_events(  # noqa: C901
     fh: TraceStream,
     block_bytes: int,
     sink: Callable[[list[Any], bool], None],

@@ -532,7 +532,7 @@ def _say_lookalikes(
     )
 
 
-def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankTrace:
+def parse_trace(path: Path, comm_kernel: re.Pattern[str] | None = None) -> RankTrace:  # noqa: C901
     """Parse one trace file (see the module docstring for what comes from where); `comm_kernel`:
     kernels it matches are communication too (--comm-kernel, comm_kernels.py)."""
     warnings: list[str] = []
