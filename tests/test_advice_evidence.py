@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.analyse.advisor import ADVICE, REMEDIES, advice_for, diagnose
+from harness.collect.analyse.advisor import ADVICE, REMEDIES, Diagnosis, advice_for, diagnose, judged_with_peers
 from harness.collect.analysis import Analysis, analyze
 from harness.collect.read.discover import group_ranks
 from harness.collect.read.parse import parse_trace
@@ -148,3 +148,31 @@ def test_a_slow_compiled_graph_is_a_phase_its_peers_have(tmp_path: Path) -> None
         assert sorted(t.steps[0].phases_us) == ["compiled graph 1", "compiled graph 2"]
     [s] = a.stragglers.stragglers
     assert (s.rank, s.phase) == (1, "compiled graph 2")
+
+
+def _diagnosis(rank: int, kind: str, ratio: float, idle: float = 0.3) -> Diagnosis:
+    ev = {"op_cost_ratio": ratio, "idle_share": idle, "host_ops_per_step": 2000.0, "step_ms": 10.0, "practices": []}
+    return Diagnosis(rank=rank, host="h", bottleneck=kind, reason="r", evidence=ev, advice="a", waits_for=[])  # type: ignore[arg-type]
+
+
+def test_no_verdict_flips_on_a_threshold_between_ranks_whose_figures_agree() -> None:
+    # three ranks just under the launch-bound op cost (60x a bare op), one just over it: its
+    # figures are within the ranks' spread (62 against 55-58), so it is judged as they are
+    out = judged_with_peers(
+        [_diagnosis(0, "launch-bound", 55), _diagnosis(1, "launch-bound", 57), _diagnosis(2, "launch-bound", 58)]
+        + [_diagnosis(3, "healthy", 62)]
+    )
+    assert [d.bottleneck for d in out] == ["launch-bound"] * 4
+    assert (
+        out[3].reason.startswith("judged as most ranks (launch-bound)")
+        and "on its own figures alone: healthy" in out[3].reason
+    )
+    assert out[3].advice == ADVICE["launch-bound"]
+    # a rank whose figures stand out keeps its own verdict; so do two ranks alone, and no majority
+    out = judged_with_peers([_diagnosis(r, "launch-bound", 56 + r) for r in range(3)] + [_diagnosis(3, "healthy", 140)])
+    assert out[3].bottleneck == "healthy"
+    assert (
+        judged_with_peers([_diagnosis(0, "launch-bound", 58), _diagnosis(1, "healthy", 62)])[1].bottleneck == "healthy"
+    )
+    split = [_diagnosis(0, "launch-bound", 58), _diagnosis(1, "healthy", 62), _diagnosis(2, "host-bound", 60)]
+    assert [d.bottleneck for d in judged_with_peers(split)] == ["launch-bound", "healthy", "host-bound"]

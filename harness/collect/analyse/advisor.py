@@ -13,8 +13,9 @@ from __future__ import annotations
 import functools
 import re
 import statistics
-from dataclasses import asdict, dataclass
-from typing import Any, TypedDict
+from collections import Counter
+from dataclasses import asdict, dataclass, replace
+from typing import Any, TypedDict, cast
 
 from harness.collect.analyse.overlap import StepOverlap
 from harness.collect.analyse.rank_list import ranks_phrase
@@ -640,9 +641,7 @@ def diagnose(a: Analysis, rules: Rules = Rules()) -> list[Diagnosis]:
             note = waiting_note(b.waits_for, ev["step_ms"])
             if note:
                 reason = f"{note}; on its own work: {reason}"
-                advice = (
-                    f"it waits for rank(s) {', '.join(str(r) for r, _ in b.waits_for)}: fix those first; then {advice}"
-                )
+                advice = _waiting_first(b.waits_for, advice)
         out.append(
             Diagnosis(
                 rank=t.rank,
@@ -654,7 +653,77 @@ def diagnose(a: Analysis, rules: Rules = Rules()) -> list[Diagnosis]:
                 waits_for=b.waits_for,
             )
         )
-    return out
+    return judged_with_peers(out, rules)
+
+
+def _waiting_first(waits_for: list[list], advice: str) -> str:
+    """A rank that waits for others is told to fix those first."""
+    return f"it waits for rank(s) {', '.join(str(r) for r, _ in waits_for)}: fix those first; then {advice}"
+
+
+# The figures the decision tree reads (classify), compared across ranks by `judged_with_peers`.
+DECIDING = (
+    "data_share",
+    "user_sync_cost_share",
+    "host_ops_per_step",
+    "us_per_op",
+    "op_cost_ratio",
+    "launches_per_step",
+    "idle_share",
+    "transfer_share",
+    "exposed_transfer_share",
+    "compute_share",
+    "gemm_share",
+    "memcpy_share",
+)
+# A figure agrees with its peers' within this many median absolute deviations of theirs (the
+# straggler rule's outlier statistic) ...
+PEER_MADS = 3.0
+# ... or this share of their median (the material share, Thresholds.rel_lag's reasoning: a
+# difference under it is worth no different advice), or, for a share of the step, one percentage
+# point (what the reasons print it to: two figures that print alike agree).
+PEER_SHARE = 0.10
+PEER_POINT = 0.01
+
+
+def _agrees(x: float, values: list[float], share: bool) -> bool:
+    med = statistics.median(values)
+    spread = statistics.median(abs(v - med) for v in values)
+    return abs(x - med) <= max(PEER_MADS * spread, PEER_SHARE * abs(med), PEER_POINT if share else 0.0)
+
+
+def judged_with_peers(out: list[Diagnosis], rules: Rules = Rules()) -> list[Diagnosis]:
+    """No verdict flips on a threshold between ranks whose figures agree: with 3+ ranks judged on
+    their own work (stragglers aside) and a bottleneck most of them share, a rank given another
+    whose every deciding figure (`DECIDING`) agrees with the ranks' (`_agrees`) is judged as they
+    are, its own reading kept in the reason. A rank whose figures stand out keeps its verdict."""
+    judged = [d for d in out if d.bottleneck != "straggler"]
+    if len(judged) < 3:
+        return out
+    top, n = Counter(d.bottleneck for d in judged).most_common(1)[0]
+    if n <= len(judged) / 2:
+        return out
+    figures = [cast(dict[str, Any], d.evidence) for d in judged]
+    values = {k: [f[k] for f in figures if f.get(k) is not None] for k in DECIDING}
+
+    def like_peers(d: Diagnosis) -> bool:
+        ev = cast(dict[str, Any], d.evidence)
+        return all(_agrees(ev[k], values[k], k.endswith("_share")) for k in DECIDING if ev.get(k) is not None)
+
+    return [
+        replace(
+            d,
+            bottleneck=top,
+            reason=f"judged as most ranks ({top}): every figure the rules read is within the ranks' spread; "
+            f"on its own figures alone: {d.bottleneck}, {d.reason}",
+            advice=_waiting_first(d.waits_for, advice_for(top, d.evidence, rules))
+            if waiting_note(d.waits_for, d.evidence["step_ms"])
+            else advice_for(top, d.evidence, rules),
+        )
+        if d.bottleneck not in ("straggler", top) and like_peers(d)
+        else d
+        for d in out
+    ]
 
 
 def late_syncs_note(syncs: dict[str, list[float]]) -> str:

@@ -1,1 +1,1 @@
-"""Reading: the trace files of a run and each rank's trace into a `RankTrace` (see ARCHITECTURE.md)."""
+"""Reading: the trace files of a run and each rank's trace into a `RankTrace` (see docs/architecture.md)."""
