@@ -52,6 +52,7 @@ from harness.train.cli import parse_config
 from harness.train.config import LaunchEnv, TrainConfig, resolve_environment
 from harness.train.parallel import build_optimizer, wrap_model
 from harness.train.run import Run
+from harness.train.run_config import RunConfig
 from harness.train.trainer import Trainer, _endless, build_loader
 from harness.train.watch import Watch
 from harness.train.workloads import build_workload
@@ -178,7 +179,7 @@ def time_harness(
         return original(*args, **kwargs)
 
     trainer.train_step = timed_step  # type: ignore[method-assign]
-    run = Run(settings=cfg.run_settings(), device=torch.device("cpu"), record=cfg.to_dict(), quiet=True)
+    run = Run(settings=RunConfig.from_lab(cfg), device=torch.device("cpu"), record=cfg.to_dict(), quiet=True)
     with run:
         watcher = None
         if watch:  # the run's own watch is off in a world of one: 8 simulated ranks instead

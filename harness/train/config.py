@@ -47,12 +47,12 @@ def _check_choice(section: str, name: str, value: Any, choices: tuple) -> None:
         raise ConfigError(f"{section}.{name}", f"{value!r} is not allowed; use one of {', '.join(map(str, choices))}")
 
 
-def _check_min(section: str, name: str, value: float | None, minimum: float) -> None:
+def check_min(section: str, name: str, value: float | None, minimum: float) -> None:
     if value is not None and value < minimum:
         raise ConfigError(f"{section}.{name}", f"{value!r} must be >= {minimum}")
 
 
-def _check_types(obj: Any, section: str) -> None:
+def check_types(obj: Any, section: str) -> None:
     """Reject values whose type does not match the annotation (TOML and CLI both feed in).
 
     A parameterised annotation (`tuple[int, ...]`) is checked against its origin (`tuple`) only;
@@ -129,10 +129,10 @@ class WorkloadConfig:
     )
 
     def __post_init__(self) -> None:
-        _check_types(self, "workload")
+        check_types(self, "workload")
         for name in ("batch_size", "steps", "hidden", "micro_ops", "pointwise_depth", "num_tables", "table_rows"):
-            _check_min("workload", name, getattr(self, name), 1)
-        _check_min("workload", "warmup_steps", self.warmup_steps, 0)
+            check_min("workload", name, getattr(self, name), 1)
+        check_min("workload", "warmup_steps", self.warmup_steps, 0)
         if self.hidden is None:
             self.hidden = MODE_HIDDEN[self.mode]
         if self.optimizer is None:
@@ -154,10 +154,10 @@ class DataConfig:
     sample_cost: int = knob(40, "data mode: preprocessing passes per sample in Dataset.__getitem__")
 
     def __post_init__(self) -> None:
-        _check_types(self, "data")
-        _check_min("data", "num_workers", self.num_workers, 0)
-        _check_min("data", "prefetch_factor", self.prefetch_factor, 1)
-        _check_min("data", "sample_cost", self.sample_cost, 0)
+        check_types(self, "data")
+        check_min("data", "num_workers", self.num_workers, 0)
+        check_min("data", "prefetch_factor", self.prefetch_factor, 1)
+        check_min("data", "sample_cost", self.sample_cost, 0)
         if self.num_workers == 0 and self.prefetch_factor is not None:
             raise ConfigError("data.prefetch_factor", "needs --num-workers > 0")
         if self.num_workers == 0 and self.persistent_workers:
@@ -188,12 +188,12 @@ class ParallelConfig:
     )
 
     def __post_init__(self) -> None:
-        _check_types(self, "parallel")
+        check_types(self, "parallel")
         if self.bucket_cap_mb <= 0:
             raise ConfigError("parallel.bucket_cap_mb", f"{self.bucket_cap_mb!r} must be > 0")
         if self.collective_timeout <= 0:
             raise ConfigError("parallel.collective_timeout", f"{self.collective_timeout!r} must be > 0 seconds")
-        _check_min("parallel", "flight_recorder", self.flight_recorder, 0)
+        check_min("parallel", "flight_recorder", self.flight_recorder, 0)
 
 
 @dataclass(kw_only=True)
@@ -210,7 +210,7 @@ class SpeedConfig:
     sync_loss: bool = knob(False, "read loss.item() every step (the host-sync anti-pattern)")
 
     def __post_init__(self) -> None:
-        _check_types(self, "speed")
+        check_types(self, "speed")
 
 
 @dataclass(kw_only=True)
@@ -253,10 +253,10 @@ class ProfilerConfig:
     )
 
     def __post_init__(self) -> None:
-        _check_types(self, "profiler")
+        check_types(self, "profiler")
         for name in ("wait", "warmup", "repeat"):
-            _check_min("profiler", name, getattr(self, name), 0)
-        _check_min("profiler", "active", self.active, 1)
+            check_min("profiler", name, getattr(self, name), 0)
+        check_min("profiler", "active", self.active, 1)
 
 
 @dataclass(kw_only=True)
@@ -280,17 +280,17 @@ class StragglerConfig:
 
     def __post_init__(self) -> None:
         self.rank = _as_int_tuple("straggler", "rank", self.rank)
-        _check_types(self, "straggler")
+        check_types(self, "straggler")
         for rank in self.rank or ():
-            _check_min("straggler", "rank", rank, 0)
+            check_min("straggler", "rank", rank, 0)
         if self.rank is not None and len(set(self.rank)) < len(self.rank):
             twice = sorted({r for r in self.rank if self.rank.count(r) > 1})
             raise ConfigError(
                 "straggler.rank", f"rank {', '.join(map(str, twice))} listed more than once; list each rank once"
             )
-        _check_min("straggler", "ms", self.ms, 0)
-        _check_min("straggler", "every", self.every, 1)
-        _check_min("straggler", "from_step", self.from_step, 0)
+        check_min("straggler", "ms", self.ms, 0)
+        check_min("straggler", "every", self.every, 1)
+        check_min("straggler", "from_step", self.from_step, 0)
         if self.rank is None and self.ms > 0:
             raise ConfigError("straggler.rank", "--straggler-ms needs --straggler-rank")
 
@@ -335,10 +335,10 @@ class WatchConfig:
     )
 
     def __post_init__(self) -> None:
-        _check_types(self, "watch")
-        _check_min("watch", "every", self.every, 0)
-        _check_min("watch", "max_captures", self.max_captures, 1)
-        _check_min("watch", "min_lag_ms", self.min_lag_ms, 0)
+        check_types(self, "watch")
+        check_min("watch", "every", self.every, 0)
+        check_min("watch", "max_captures", self.max_captures, 1)
+        check_min("watch", "min_lag_ms", self.min_lag_ms, 0)
         if self.capture_on_straggler and self.every == 0:
             raise ConfigError(
                 "watch.capture_on_straggler", "--capture-on-straggler needs the watch; drop --watch-every 0"
@@ -362,9 +362,9 @@ class HangConfig:
     )
 
     def __post_init__(self) -> None:
-        _check_types(self, "hang")
-        _check_min("hang", "rank", self.rank, 0)
-        _check_min("hang", "step", self.step, 0)
+        check_types(self, "hang")
+        check_min("hang", "rank", self.rank, 0)
+        check_min("hang", "step", self.step, 0)
         if (self.rank is None) != (self.step is None):
             raise ConfigError(
                 "hang.rank" if self.rank is None else "hang.step", "--hang-rank and --hang-step go together"
@@ -389,9 +389,9 @@ class LeakConfig:
     )
 
     def __post_init__(self) -> None:
-        _check_types(self, "leak")
-        _check_min("leak", "rank", self.rank, 0)
-        _check_min("leak", "mb", self.mb, 0)
+        check_types(self, "leak")
+        check_min("leak", "rank", self.rank, 0)
+        check_min("leak", "mb", self.mb, 0)
         if self.rank is None and self.mb > 0:
             raise ConfigError("leak.rank", "--leak-mb needs --leak-rank")
 
@@ -422,7 +422,7 @@ class OutputConfig:
     )
 
     def __post_init__(self) -> None:
-        _check_types(self, "output")
+        check_types(self, "output")
         if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
             raise ConfigError("output.metrics_port", f"{self.metrics_port} is not a TCP port (1-65535)")
         if self.run_name is not None and (not self.run_name or "/" in self.run_name or self.run_name in (".", "..")):
@@ -482,22 +482,6 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
-
-    def run_settings(self) -> Any:
-        """The settings of the `harness.Run` the lab's loop runs on (run_config.RunConfig):
-        its profiler, watch and output sections, and the job as this config describes it."""
-        from harness.train.run_config import JobConfig, RunConfig
-
-        wl, par = self.workload, self.parallel
-        job = JobConfig(
-            steps=wl.steps,
-            warmup_steps=wl.warmup_steps,
-            samples_per_step=wl.batch_size,
-            parallel=par.parallel if par.parallel in ("ddp", "fsdp") else "none",
-            collective_timeout=par.collective_timeout,
-            name=f"{wl.mode}-{par.parallel}",
-        )
-        return RunConfig(job=job, profiler=self.profiler, watch=self.watch, output=self.output)
 
 
 def windows_fit(prof: ProfilerConfig, steps: int) -> None:

@@ -16,6 +16,7 @@ from harness.train.cli import fail_config, parse_config
 from harness.train.config import ConfigError, LaunchEnv, TrainConfig, resolve_environment
 from harness.train.parallel import build_optimizer, destroy_process_group, init_process_group, pick_device, wrap_model
 from harness.train.run import Run
+from harness.train.run_config import RunConfig
 from harness.train.run_info import check_output
 from harness.train.run_status import raise_on_sigterm
 from harness.train.trainer import Trainer, build_loader
@@ -57,7 +58,7 @@ def train(cfg: TrainConfig, env: LaunchEnv) -> None:
         rank=env.rank,
     )
     with Run(
-        settings=cfg.run_settings(), device=device, record=cfg.to_dict(), flight_recorder=recorder_on, prog=PROG
+        settings=RunConfig.from_lab(cfg), device=device, record=cfg.to_dict(), flight_recorder=recorder_on, prog=PROG
     ) as run:
         run.watch_gradients(model)
         trainer.run(run)

@@ -23,9 +23,10 @@ from harness.train.config import (
     ConfigError,
     OutputConfig,
     ProfilerConfig,
+    TrainConfig,
     WatchConfig,
-    _check_min,
-    _check_types,
+    check_min,
+    check_types,
     flag_of,
     knob,
     load_toml,
@@ -66,11 +67,11 @@ class JobConfig:
     name: str = knob("run", "the run folder's name before its time stamp, when no run_name is given", flag="--job-name")
 
     def __post_init__(self) -> None:
-        _check_types(self, "job")
-        _check_min("job", "steps", self.steps, 1)
-        _check_min("job", "warmup_steps", self.warmup_steps, 0)
-        _check_min("job", "samples_per_step", self.samples_per_step, 1)
-        _check_min("job", "collective_timeout", self.collective_timeout, 1)
+        check_types(self, "job")
+        check_min("job", "steps", self.steps, 1)
+        check_min("job", "warmup_steps", self.warmup_steps, 0)
+        check_min("job", "samples_per_step", self.samples_per_step, 1)
+        check_min("job", "collective_timeout", self.collective_timeout, 1)
 
 
 RUN_SECTIONS: dict[str, type] = {
@@ -101,6 +102,21 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_lab(cls, cfg: TrainConfig) -> RunConfig:
+        """The settings of the `harness.Run` the lab's loop runs on: the lab config's profiler,
+        watch and output sections, and the job as its workload and parallel sections describe it."""
+        wl, par = cfg.workload, cfg.parallel
+        job = JobConfig(
+            steps=wl.steps,
+            warmup_steps=wl.warmup_steps,
+            samples_per_step=wl.batch_size,
+            parallel=par.parallel if par.parallel in ("ddp", "fsdp") else "none",
+            collective_timeout=par.collective_timeout,
+            name=f"{wl.mode}-{par.parallel}",
+        )
+        return cls(job=job, profiler=cfg.profiler, watch=cfg.watch, output=cfg.output)
 
 
 def _names() -> dict[str, tuple[str, str]]:
