@@ -44,9 +44,9 @@ class _Left:
             counts = sorted(set(self.before_window.values()))
             n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
             out.append(
-                f"rank(s) {', '.join(map(str, ranks))}: {n} collective kernel(s) each launched before the trace's "
-                "window opened (their launch is not in the trace): not matched across ranks, as which call "
-                "they belong to is unknown; their device time still counts as communication"
+                f"rank(s) {', '.join(map(str, ranks))}: {n} collective kernel(s) each whose launch is not in the "
+                "trace (launched before the trace's window opened, or its record lost): not matched across "
+                "ranks, as which call they belong to is unknown; their device time still counts as communication"
             )
         if self.edge:
             out.append(
