@@ -51,7 +51,12 @@ the main thread, and one GPU, device index 0):
    thread names first (ts = the earliest event's), then the events by ts (an outer event before
    an inner one starting with it). Main thread: pid = tid = main_base + rank (default MAIN_BASE,
    1000, + rank). `seq_args=True`: every collective's args carry "Seq", its position in its
-   process group (as torch and Kineto write it from 2026).
+   process group (as torch and Kineto write it from 2026). `sync_rows=True`: each stream or
+   device sync also writes CUDA's "Stream Sync" row (`cuda_sync`) over its wait, on the virtual
+   thread stream + SYNC_THREAD named "stream N (sync)" (Kineto from 2026).
+2b. `graph(kernels, stream)`: a CUDA graph's replay: one `cudaGraphLaunch` call (launch_cost_us)
+   whose kernels run back to back on the stream from its start + launch_latency_us, each with
+   the call's correlation id, "graph id" and "graph node id".
 9. `open_window(doc, first, last)`: a rank's document cut as a profiler window that opened as
    its host entered ProfilerStep#first and closed as it left ProfilerStep#last.
 7. Record, then resolve: the calls only record operations; `run()` resolves them in a small
@@ -105,6 +110,8 @@ H100 = {
 CATEGORY = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
 LAUNCH_CALL = {"kernel": "cudaLaunchKernel", "memcpy": "cudaMemcpyAsync", "memset": "cudaMemsetAsync"}
 SYNC_CALL = {"stream": "cudaStreamSynchronize", "device": "cudaDeviceSynchronize", "event": "cudaEventSynchronize"}
+GRAPH_CALL = "cudaGraphLaunch"
+SYNC_THREAD = 1_000_000  # 2026: a stream's "Stream Sync" rows on the virtual thread stream + this
 DTYPE_SUFFIX = {
     "Float": "f32",
     "Half": "f16",
@@ -226,6 +233,7 @@ class _Call:
     step: int | None
     start_us: float | None = None
     end_us: float | None = None
+    more: list[DeviceOp] = field(default_factory=list)  # a CUDA graph's other kernels (`graph`)
 
 
 @dataclass(slots=True)
@@ -429,6 +437,35 @@ class HostRank:
         assert call.op is not None
         return call.op
 
+    def graph(
+        self, kernels: Sequence[tuple[str, float]], stream: int = COMPUTE_STREAM, graph_id: int = 1
+    ) -> list[DeviceOp]:
+        """Replay a CUDA graph (module docstring, 2b): one `cudaGraphLaunch` call whose kernels
+        `(name, dur_us)` run back to back on `stream`, each with the call's correlation id and
+        args "graph id" and "graph node id" (its place in the graph); returns their handles."""
+        (name, dur), *rest = kernels
+        call = self._queue(name, dur, stream, "kernel", None, {"graph id": graph_id, "graph node id": 0}, GRAPH_CALL)
+        assert call.op is not None
+        queue = self.streams[stream]
+        for k, (name, dur) in enumerate(rest, 1):
+            op = DeviceOp(
+                self.rank,
+                name,
+                "kernel",
+                stream,
+                dur,
+                None,
+                {"graph id": graph_id, "graph node id": k},
+                call.corr,
+                self._step,
+            )
+            op.prev = queue[-1]
+            queue.append(op)
+            self.ops.append(op)
+            call.more.append(op)
+        self.program.append(_Launch(call))
+        return [call.op, *call.more]
+
     def collective(
         self,
         coll: str,
@@ -601,6 +638,8 @@ class HostRank:
                 call.start_us = self.t
                 assert call.op is not None
                 call.op.launch_us = self.t
+                for op in call.more:
+                    op.launch_us = self.t
                 self.t += sim.launch_cost_us
                 call.end_us = self.t
             else:
@@ -690,6 +729,15 @@ class HostRank:
                 timed.append(
                     {"ph": "s", "id": c.corr, "pid": pid, "tid": tid, "ts": c.start_us, "cat": "ac2g", "name": "ac2g"}
                 )
+        sync_streams: set[int] = set()
+        if sim.sync_rows:
+            for b in self.blocks:
+                if b.call.name in (SYNC_CALL["stream"], SYNC_CALL["device"]):
+                    for w in {w.stream for w in b.waits} or {COMPUTE_STREAM}:
+                        sync_streams.add(w)
+                        args = {"device": DEVICE, "stream": w}
+                        start, end = b.call.start_us, b.call.end_us
+                        timed.append(_x("Stream Sync", "cuda_sync", start, end - start, DEVICE, w + SYNC_THREAD, args))
         for op in self.ops:
             args = {"correlation": op.corr, "device": DEVICE, "stream": op.stream, **op.args}
             timed.append(_x(op.name, CATEGORY[op.kind], op.start_us, op.end_us - op.start_us, DEVICE, op.stream, args))
@@ -728,6 +776,10 @@ class HostRank:
                 _meta("process_labels", DEVICE, 0, t0, labels=f"GPU {DEVICE}"),
             ]
             meta += [_meta("thread_name", DEVICE, s, t0, name=f"stream {s}") for s in sorted(self.streams)]
+            meta += [
+                _meta("thread_name", DEVICE, s + SYNC_THREAD, t0, name=f"stream {s} (sync)")
+                for s in sorted(sync_streams)
+            ]
         doc: dict[str, Any] = {
             "schemaVersion": 1,
             "deviceProperties": [dict(H100, name=sim.device_name)],
@@ -794,6 +846,7 @@ class Sim:
         device_name: str = H100["name"],
         main_base: int = MAIN_BASE,
         seq_args: bool = False,
+        sync_rows: bool = False,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size {world_size}: at least 1")
@@ -801,7 +854,7 @@ class Sim:
         self.launch_latency_us, self.launch_cost_us, self.sync_cost_us = launch_latency_us, launch_cost_us, sync_cost_us
         self.gpu_step_annotations = gpu_step_annotations
         self.base_ns, self.host_name, self.device_name = base_ns, host_name, device_name
-        self.main_base, self.seq_args = main_base, seq_args
+        self.main_base, self.seq_args, self.sync_rows = main_base, seq_args, sync_rows
         self.hosts: dict[int, HostRank] = {}
         self.instances: dict[tuple[str, int], _Instance] = {}
         self.pg_ranks: dict[str, tuple[int, ...]] = {}

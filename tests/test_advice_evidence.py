@@ -47,47 +47,63 @@ def test_a_busy_device_with_many_ops_is_not_launch_bound(tmp_path: Path) -> None
     assert "GPU-bound: the device is busy 100% of its time" in d.reason
 
 
-def graph_step_docs() -> list[dict]:
-    """One rank, 3 steps of 10 ms: each step one `cudaGraphLaunch` whose 300 graph kernels of
-    30 us (a 9 ms replay) carry its correlation id, `graph id` and `graph node id`; a `Stream
-    Sync` row on the sync virtual thread of stream 7 (tid 7 + 1000000) over the replay."""
-    events: list[dict] = []
-    for n in range(1, 4):
-        t = (n - 1) * 10_000.0
-        corr = 100 + n
-        events.append(step(n, t, 10_000.0))
-        events.append(x("cudaGraphLaunch", "cuda_runtime", t + 10, 20, correlation=corr))
-        for k in range(300):
-            events.append(
-                x(
-                    "triton_poi_fused_add_mul_0",
-                    "kernel",
-                    t + 50 + 30 * k,
-                    30,
-                    (0, 7),
-                    correlation=corr,
-                    device=0,
-                    stream=7,
-                    **{"graph id": 1, "graph node id": k},
-                )
-            )
-        events.append(x("Stream Sync", "cuda_sync", t + 50, 9000, (0, 7 + 1_000_000), device=0, stream=7))
-    return [document(events, 0, world_size=1)]
+def graph_job() -> Sim:
+    """One rank, 4 steps: each copies its inputs (20 us of host work), replays a CUDA graph of 300
+    compiled kernels of 30 us (9 ms of device work, one launch), and syncs its stream at the end,
+    with CUDA's "Stream Sync" rows on the stream's sync thread (2026)."""
+    sim = Sim(world_size=1, sync_rows=True)
+    h = sim.rank(0)
+    for n in range(1, 5):
+        with h.step(n):
+            h.cpu(20.0, "aten::copy_")
+            h.graph([("triton_poi_fused_add_mul_0", 30.0)] * 300)
+            h.sync()
+    return sim
 
 
 def test_a_cuda_graph_step_is_not_launch_bound_and_no_advice_repeats_it(tmp_path: Path) -> None:
-    a = analysed(tmp_path, graph_step_docs())
+    sim = graph_job()
+    docs = sim.run()
+    assert sum(e.get("cat") == "cuda_sync" for e in docs[0]["traceEvents"]) == 4
+    a = analysed(tmp_path, docs)
     [trace] = a.traces
     assert trace.practices == ["torch.compile", "CUDA graphs"]
     [d] = diagnose(a)
     assert d.bottleneck != "launch-bound", d.reason
     assert d.evidence["launches_per_step"] == 1.0
-    # the sync row is a host wait, not device work: 300 x 30 us of the 10 ms span is busy
-    rows = [o for o in a.overlap if o.step == 1]
-    assert rows[0].compute_us == pytest.approx(9000.0)
+    # the sync rows are host waits, not device work: each step's compute is its 300 x 30 us
+    truth = sim.truth()[0]
+    assert all(op.start_us is not None for op in truth.ops) and len(truth.ops) == 1200
+    for o in a.overlap:
+        assert o.compute_us == pytest.approx(9000.0)
     text = advice_for("launch-bound", d.evidence)
     assert "torch.compile (fusion)" not in text and "CUDA graphs, a larger batch" not in text
     assert "it already runs torch.compile" in text and "it already replays CUDA graphs" in text
+
+
+def test_a_stall_every_rank_shares_is_no_noise_on_a_gpu_job(tmp_path: Path) -> None:
+    """4 ranks, 6 steps of a GEMM then an all-reduce, the GEMM 0, 4, 1, 230, 3 and 0 ms longer in
+    steps 1-6 on every rank alike (step 4: a stall they share), rank 3's host 3 ms late into each
+    step's forward. Each rank's own work alone swings by a MAD of ~2 ms (a bound of ~6 ms that
+    called rank 3 balanced); each step's shared part out, nothing swings: rank 3 is named, and
+    step 4 is said to be a stall all ranks shared."""
+    common = [0.0, 4000.0, 1000.0, 230_000.0, 3000.0, 0.0]
+    sim = Sim(world_size=4)
+    for r in range(4):
+        h = sim.rank(r)
+        for n in range(1, 7):
+            with h.step(n):
+                with h.range("## forward ##"):
+                    if r == 3:
+                        h.sleep(3000.0)
+                    g = h.launch(GEMM, 10_000.0 + common[n - 1])
+                h.collective("allreduce", 200.0, after=g)
+                h.sync()
+    a = analysed(tmp_path, sim.run())
+    assert [s.rank for s in a.stragglers.stragglers] == [3]
+    assert a.stragglers.bounds_ms["jitter"] == pytest.approx(0.0, abs=1e-6)
+    [stall] = [w for w in a.warnings if "a stall they all shared" in w]
+    assert stall.startswith("step 4 was ")
 
 
 def test_advice_leaves_out_what_the_job_already_does() -> None:
