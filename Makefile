@@ -20,8 +20,8 @@ demo: setup
 	$(BIN)/torchrun --standalone --nproc_per_node $(NPROC) -m harness.train $(DEMO_ARGS) --run-name $(DEMO_RUN)
 	$(BIN)/python -m harness.collect profiler_logs/$(DEMO_RUN)
 
-# The tests run the Hugging Face and Lightning callbacks too: their extras are installed.
-test: export EXTRAS := test,hf,lightning
+# The tests run the Hugging Face and Lightning callbacks, and their trackers, too: their extras are installed.
+test: export EXTRAS := test,hf,lightning,trackers
 test: setup browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -29,7 +29,7 @@ test: setup browser
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The edit loop: every test that starts no torchrun job (the `slow` marker).
-test-quick: export EXTRAS := test,hf,lightning
+test-quick: export EXTRAS := test,hf,lightning,trackers
 test-quick: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -43,6 +43,11 @@ def main() -> None:
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--watch-every", type=int, default=None)
+    p.add_argument(
+        "--report-to",
+        default="",
+        help="comma-separated trackers the Trainer reports to (wandb, mlflow): the callback logs its summary there",
+    )
     args = p.parse_args()
     rank = int(os.environ.get("RANK", 0))
 
@@ -60,7 +65,7 @@ def main() -> None:
             output_dir=out,
             max_steps=args.steps,
             per_device_train_batch_size=args.batch_size,
-            report_to=[],
+            report_to=args.report_to.split(",") if args.report_to else [],
             save_strategy="no",
             logging_strategy="no",
             dataloader_num_workers=0,

@@ -45,6 +45,11 @@ def main() -> None:
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--watch-every", type=int, default=None)
+    p.add_argument(
+        "--report-to",
+        default="",
+        help="comma-separated trackers to log to (wandb, mlflow): the callback logs the run's summary to them",
+    )
     args = p.parse_args()
     rank = int(os.environ.get("RANK", 0))
 
@@ -65,7 +70,7 @@ def main() -> None:
         devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
         num_nodes=int(os.environ.get("WORLD_SIZE", 1)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
         strategy="ddp",
-        logger=False,
+        logger=loggers(args.report_to.split(",") if args.report_to else []) or False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -74,6 +79,23 @@ def main() -> None:
         ],
     )
     trainer.fit(Model(), loader)
+
+
+def loggers(names: list[str]) -> list:
+    """Lightning's W&B logger (offline where WANDB_MODE says so) and MLflow logger (at
+    MLFLOW_TRACKING_URI), as `--report-to` names them."""
+    out: list = []
+    if "wandb" in names:
+        from lightning.pytorch.loggers import WandbLogger
+
+        offline = os.environ.get("WANDB_MODE") == "offline"
+        # (its save_dir, "." by default, overrides WANDB_DIR)
+        out.append(WandbLogger(project="harness-example", offline=offline, save_dir=os.environ.get("WANDB_DIR", ".")))
+    if "mlflow" in names:
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        out.append(MLFlowLogger(experiment_name="harness-example", tracking_uri=os.environ.get("MLFLOW_TRACKING_URI")))
+    return out
 
 
 if __name__ == "__main__":

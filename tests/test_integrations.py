@@ -4,10 +4,13 @@ phase, by the collector (and by the live watch, every 10 steps); the outputs are
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -15,6 +18,7 @@ from harness.paths import run_file, status_path, steps_path, watch_path
 
 from identities import check_report
 from jobs import REPO, collect_report, job_env
+from trackers_read import mlflow_runs, wandb_offline_summary
 
 EXAMPLES = {"hf": REPO / "examples" / "hf_trainer.py", "lightning": REPO / "examples" / "lightning_module.py"}
 
@@ -46,7 +50,19 @@ def test_a_framework_jobs_slow_rank_is_named(framework: str, tmp_path: Path) -> 
         "--watch-every",
         "10",
     ]
-    job = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=job_env(), cwd=REPO)
+    # the trackers too, where the test set-up installed them: W&B offline, MLflow in a local store
+    trackers = importlib.util.find_spec("wandb") is not None and importlib.util.find_spec("mlflow") is not None
+    env = job_env()
+    if trackers:
+        cmd += ["--report-to", "wandb,mlflow"]
+        env |= {
+            "WANDB_MODE": "offline",
+            "WANDB_DIR": str(tmp_path),
+            "WANDB_SILENT": "true",
+            "MLFLOW_TRACKING_URI": f"file:{tmp_path / 'mlruns'}",
+            "MLFLOW_ALLOW_FILE_STORE": "true",
+        }
+    job = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=env, cwd=REPO)
     run = tmp_path / "job"
     if job.returncode != 0:
         # A process of a finished job sometimes aborts in a C++ destructor at interpreter exit (gloo,
@@ -73,6 +89,8 @@ def test_a_framework_jobs_slow_rank_is_named(framework: str, tmp_path: Path) -> 
     # (HF's Trainer all-reduces its token count while it loads: rank 0 waits for rank 1 inside
     # its own data phase, both data phases are as long, and the watch, which compares phase
     # times, sees no straggler there; the collector, which sees that all-reduce, does)
+    if trackers:
+        _check_trackers(tmp_path, doc)
     report = collect_report(run)
     check_report(report)
     assert [(s["rank"], s["phase"]) for s in report["stragglers"]] == [(1, "data")]
@@ -121,3 +139,21 @@ def test_the_hf_callback_tells_the_watch_its_trainers_collectives() -> None:
     )
     assert parallel_of(SimpleNamespace(fsdp=None, deepspeed=None, parallel_mode=ParallelMode.DISTRIBUTED)) == "ddp"
     assert parallel_of(SimpleNamespace(fsdp=None, deepspeed=None, parallel_mode=ParallelMode.NOT_PARALLEL)) == "none"
+
+
+def _check_trackers(tmp_path: Path, doc: dict) -> None:
+    """What rank 0 logged to W&B and MLflow at the end of training is Run.summary(): the live
+    watch's verdict and flags (run.json's `watch`) and the ranks' step statistics (its rows)."""
+    flags = doc["watch"]["flags"]
+    verdict = "straggler" if flags else "balanced"
+    p50 = sorted(r["p50_step_ms"] for r in doc["ranks"])
+    summary = wandb_offline_summary(tmp_path)
+    assert summary["harness/verdict"] == verdict and summary["harness/ranks"] == 2
+    assert summary["harness/step_ms_p50"] == pytest.approx(sum(p50) / 2)
+    assert summary["harness/straggler_rank"] == (flags[-1]["rank"] if flags else None)
+    assert summary["harness/exposed_comm_share"] is None  # only the traces measure it
+    with mock.patch.dict(os.environ, {"MLFLOW_ALLOW_FILE_STORE": "true"}):
+        [run] = mlflow_runs(f"file:{tmp_path / 'mlruns'}")
+    assert run.data.tags["harness/verdict"] == verdict
+    assert run.data.metrics["harness/step_ms_p50"] == pytest.approx(sum(p50) / 2)
+    assert run.data.metrics["harness/ranks"] == 2

@@ -4,14 +4,18 @@ answers are known (tests/tracebuild.py), through what the collector writes."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import harness
 from harness.report.document import build_report
-from harness.report.summary import SummaryError, SummaryRecord
+from harness.report.summary import SummaryError
+from harness.tracker_summary import SummaryRecord
 
+from jobs import REPO
 from tracebuild import ring_docs, run_analysis
 
 KEYS = [
@@ -65,3 +69,32 @@ def test_no_report_says_what_to_run(tmp_path: Path) -> None:
     (tmp_path / "report.json").write_text("{")
     with pytest.raises(SummaryError, match="not a readable report.json"):
         harness.summary(tmp_path)
+
+
+def test_a_runs_own_summary_has_the_same_keys(tmp_path: Path) -> None:
+    # one process, 6 steps of a 10 ms data phase in a 20 ms step, the watch off: no verdict to
+    # give, the step statistics and the data share the job measured itself
+    code = (
+        "import json, sys, time, harness\n"
+        f"run = harness.Run(log_dir={str(tmp_path)!r}, run_name='own', profile=False, steps=6, warmup_steps=1)\n"
+        "try:\n"
+        "    run.summary()\n"
+        "except RuntimeError as exc:\n"
+        "    print('before close:', exc)\n"
+        "with run:\n"
+        "    for _ in range(6):\n"
+        "        with run.step():\n"
+        "            with run.phase('data'):\n"
+        "                time.sleep(0.01)\n"
+        "            with run.phase('forward'):\n"
+        "                time.sleep(0.01)\n"
+        "print(json.dumps(run.summary()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "before close: Run.summary() reads the finished run" in out.stdout
+    s = json.loads(out.stdout.strip().splitlines()[-1])
+    assert list(s) == KEYS
+    assert (s["verdict"], s["stragglers"], s["straggler_rank"], s["ranks"]) == ("inconclusive", 0, None, 1)
+    assert 18.0 < s["step_ms_p50"] <= s["step_ms_p90"] < 200.0  # two 10 ms sleeps a step, a loaded machine's margin
+    assert 0.3 < s["data_share"] < 0.7 and s["exposed_comm_share"] is None and s["peak_rss_bytes"] > 0

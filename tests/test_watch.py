@@ -674,7 +674,8 @@ def test_on_gpu_the_watch_flags_own_work_of_steps_nccl_has_not_timed_and_logs_th
         second["steps"] == [5, 8] and "own_work_only" not in second and [s["rank"] for s in second["stragglers"]] == [1]
     )
     assert second["ahead"]["steps"] == [9, 11] and second["ahead"]["own_work_only"] is True
-    assert w.flags == [{"step": 7, "rank": 1, "host": "b", "phase": "data"}]
+    assert w.flags == [{"step": 7, "rank": 1, "host": "b", "phase": "data", "late_ms": 50.0}]
+    assert w.bound_ms == pytest.approx(8.0)
 
 
 def test_on_cpu_a_rank_over_the_material_bound_two_intervals_running_is_flagged(tmp_path: Path, capsys) -> None:

@@ -12,7 +12,8 @@ What its hooks map to (the Trainer's loop, transformers/trainer.py):
    saving of the step before), `forward_backward` until `on_pre_optimizer_step` (every
    micro-batch's training_step, and gradient clipping), `optimizer` until `on_step_end`;
 3. on_train_end: the step opened after the last one (it never ran) is dropped and the run ends:
-   run.json and the table on rank 0.
+   run.json and the table on rank 0; where the Trainer reports to W&B or MLflow (`report_to`),
+   rank 0 logs `Run.summary()` to their runs (trackers.py).
 Keyword arguments are `harness.Run`'s settings (names of harness.train's flags); `parallel`, which
 tells the watch which phases hold collectives (`forward_backward` under DDP and FSDP), defaults
 to the Trainer's (`parallel_of`). Under DDP on GPUs the model's gradients are hooked
@@ -27,6 +28,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from harness.integrations.trackers import TrackerRuns, active_runs, log_summary
 from harness.train.run import Run
 
 
@@ -45,6 +47,7 @@ class HarnessCallback(TrainerCallback):
     def __init__(self, **settings: Any) -> None:
         self.settings = settings
         self.run: Run | None = None
+        self.trackers = TrackerRuns()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         settings = {
@@ -55,6 +58,9 @@ class HarnessCallback(TrainerCallback):
             **self.settings,
         }
         self.run = Run(device=args.device, **settings).start()
+        report_to = args.report_to or []
+        if state.is_world_process_zero:  # (the reporting callbacks, added before a user's, have begun by now)
+            self.trackers = active_runs(wandb_on="wandb" in report_to, mlflow_on="mlflow" in report_to)
         if kwargs.get("model") is not None:
             self.run.watch_gradients(kwargs["model"])
         self.run.begin_step()
@@ -78,3 +84,5 @@ class HarnessCallback(TrainerCallback):
         if self.run is not None:
             self.run.discard_step()
             self.run.close()
+            if self.trackers:
+                log_summary(self.trackers, self.run.summary())

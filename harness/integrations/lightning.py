@@ -11,7 +11,8 @@ What its hooks map to (Lightning's fit loop, automatic optimisation):
    `on_before_backward` (training_step), `backward` until `on_before_optimizer_step`,
    `optimizer` until `on_train_batch_end`;
 3. on_train_end: the step opened after the last one (it never ran) is dropped and the run ends;
-   on_exception: the run ends with the exception (its status says how and where).
+   where the trainer has a W&B or MLflow logger, rank 0 logs `Run.summary()` to its run
+   (trackers.py); on_exception: the run ends with the exception (its status says how and where).
 Keyword arguments are `harness.Run`'s settings (names of harness.train's flags); `parallel`, which
 tells the watch which phases hold collectives, defaults to the strategy's (`parallel_of`).
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from harness.integrations.trackers import log_summary, logger_runs
 from harness.train.run import Run
 
 # Strategies that gather parameters inside forward and backward, as FSDP does (ModelParallelStrategy
@@ -80,6 +82,10 @@ class HarnessCallback(pl.Callback):
         if self.run is not None:
             self.run.discard_step()
             self.run.close()
+            if trainer.is_global_zero:
+                runs = logger_runs(trainer.loggers)
+                if runs:
+                    log_summary(runs, self.run.summary())
             self.run = None
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:

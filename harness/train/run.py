@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import sys
 import threading
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ import torch.distributed as dist
 from harness.collect.read.watch_log import watch_line
 from harness.paths import RUN_FILE, run_file, scalars_dir, steps_path, watch_path
 from harness.scalars import ScalarWriter, step_scalars
+from harness.tracker_summary import SummaryRecord, flat
 from harness.train import flight
 from harness.train.comm_wait import CommWaitTimer
 from harness.train.config import LaunchEnv
@@ -330,6 +332,59 @@ class Run:
                 )
             if not self.quiet:
                 report(self.prog, self.ident, rows, self.run_json, watch.summary(), notes)
+
+    def summary(self, *, numbers_only: bool = False) -> dict[str, Any]:
+        """The run's figures in the keys `harness.summary` gives a report (tracker_summary.py),
+        from what the job measured itself, once it is closed (the callbacks log it to W&B and
+        MLflow at the end of training; docs/own-job.md):
+        1. verdict: "straggler" where the live watch flagged a rank, "balanced" where it judged an
+           interval and flagged none, else "inconclusive"; the straggler is its latest flag, with
+           the lateness it was flagged at; noise_bound_ms its latest interval's bound;
+        2. step_ms_p50 and _p90: the median over the ranks of each rank's steady p50 and p90;
+           data_share: the median over the ranks of their data phase over their step;
+        3. peaks: the largest over the ranks; exposed_comm_share: None (the traces measure it:
+           `harness.summary` of the collector's report has it).
+        Raises RuntimeError before the run is closed."""
+        rows, watch = self.rows, getattr(self, "watch", None)  # (made by start)
+        if rows is None or watch is None:
+            raise RuntimeError("Run.summary() reads the finished run: call it after the run is closed")
+        flags = watch.flags
+        last = flags[-1] if flags else None
+        if flags:
+            verdict = "straggler"
+        else:
+            verdict = "balanced" if watch.intervals else "inconclusive"
+
+        def median_of(key: str) -> float | None:
+            values = [r[key] for r in rows if r.get(key) is not None]
+            return statistics.median(values) if values else None
+
+        def peak(key: str) -> float | None:
+            values = [r[key] for r in rows if r.get(key) is not None]
+            return max(values) if values else None
+
+        shares = [
+            r["mean_data_ms"] / r["mean_step_ms"]
+            for r in rows
+            if r.get("mean_data_ms") is not None and r.get("mean_step_ms")
+        ]
+        record = SummaryRecord(
+            verdict=verdict,
+            stragglers=len({f["rank"] for f in flags}),
+            straggler_rank=last["rank"] if last else None,
+            straggler_host=last.get("host") if last else None,
+            straggler_phase=last.get("phase") if last else None,
+            straggler_late_ms=last.get("late_ms") if last else None,
+            step_ms_p50=median_of("p50_step_ms"),
+            step_ms_p90=median_of("p90_step_ms"),
+            exposed_comm_share=None,
+            data_share=statistics.median(shares) if shares else None,
+            peak_gpu_allocated_bytes=peak("peak_gpu_allocated_bytes"),
+            peak_rss_bytes=peak("peak_rss_bytes"),
+            noise_bound_ms=watch.bound_ms,
+            ranks=len(rows),
+        )
+        return flat(record, numbers_only)
 
     def _fail(self, exc: BaseException) -> None:
         self._unhook()

@@ -100,6 +100,7 @@ class Watch:
         self._recent: deque[list[float]] = deque(maxlen=table_rows(cfg.every, False))
         self.judge = WatchJudge(own_phases=self.own_phases, held_phases=self.held_phases, cpu=cpu, th=self.th)
         self.intervals = 0
+        self.bound_ms: float | None = None  # the latest interval's bound: how late a straggler must be
         self.judged_steps: list[int] | None = None  # [first, last]: the steps the judged intervals held
         self.flags: list[dict[str, Any]] = []  # every time a rank became a straggler
         self.captures: list[dict[str, Any]] = []
@@ -240,8 +241,11 @@ class Watch:
 
     def _act(self, step: int, judged: Judgement) -> None:
         verdict, new, gone = judged.verdict, judged.new, judged.gone
+        self.bound_ms = verdict.threshold_ms
         for r in new:
-            self.flags.append({"step": step, "rank": r.rank, "host": r.host, "phase": r.phase})
+            self.flags.append(
+                {"step": step, "rank": r.rank, "host": r.host, "phase": r.phase, "late_ms": round(r.late_ms, 3)}
+            )
         capture = None
         if self.cfg.capture_on_straggler and len(self.captures) < self.cfg.max_captures:
             capture = self._agree_capture(step, [r.rank for r in new])
