@@ -544,8 +544,9 @@ def test_a_straggler_from_step_40_is_flagged_traced_and_named_by_the_collector(l
     assert line in proc.stdout
     assert doc["verdict"] == "straggler"
     assert [(s["rank"], s["phase"]) for s in doc["stragglers"]] == [(2, "data")]
+    named = flagged["stragglers"][0]
     assert doc["watch"]["flags"] == [
-        {"step": flagged["step"], "rank": 2, "host": flagged["stragglers"][0]["host"], "phase": "data"}
+        {"step": flagged["step"], "rank": 2, "host": named["host"], "phase": "data", "late_ms": named["late_ms"]}
     ]
     assert (
         "Live straggler watch during the run: every 10 steps, 7 interval(s) judged; straggler(s): rank 2 at step"
@@ -639,7 +640,7 @@ def test_the_watch_flags_a_rank_says_when_it_recovers_and_logs_each_interval(tmp
         "intervals": 3,
         "judged_steps": [5, 15],
         "captures": [],
-        "flags": [{"step": 7, "rank": 1, "host": "b", "phase": "data"}],
+        "flags": [{"step": 7, "rank": 1, "host": "b", "phase": "data", "late_ms": 50.0}],
     }
 
 
