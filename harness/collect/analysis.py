@@ -14,7 +14,7 @@ from harness.collect.analyse.runq import RunQueueLog
 from harness.collect.analyse.stragglers import StragglerResult, Thresholds, analyze_stragglers
 from harness.collect.model import CommOp, RankTrace
 from harness.collect.read.compact import EMPTY
-from harness.collect.read.discover import RunSet
+from harness.collect.read.discover import RunSet, number_ranges
 from harness.collect.read.parse import NO_KERNELS, STUB_NOTE
 
 
@@ -68,27 +68,16 @@ def trace_warnings(traces: list[RankTrace]) -> list[str]:
             else:
                 out.append(w)
     if len(ranks) > 1:
-        out.insert(0, f"rank(s) {step_ranges(ranks)}: {NO_KERNELS}")
+        out.insert(0, f"rank(s) {number_ranges(ranks)}: {NO_KERNELS}")
     elif ranks:
         out.insert(0, next(w for t in traces for w in t.warnings if w.endswith(NO_KERNELS)))
     for number, held in sorted(stubs.items()):
         out.append(
             f"rank {held[0][0]}: {held[0][1]}"
             if len(held) == 1
-            else f"rank(s) {step_ranges([r for r, _ in held])}: step {number} {STUB_NOTE}"
+            else f"rank(s) {number_ranges([r for r, _ in held])}: step {number} {STUB_NOTE}"
         )
     return out
-
-
-def step_ranges(numbers: list[int]) -> str:
-    """[1, 2, 3, 7, 9, 10] -> '1-3, 7, 9-10'."""
-    out: list[str] = []
-    for n in sorted(set(numbers)):
-        if out and n == int(out[-1].split("-")[-1]) + 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{n}"
-        else:
-            out.append(str(n))
-    return ", ".join(out)
 
 
 @dataclass
@@ -115,8 +104,8 @@ def align_ranks(runset: RunSet, *, align: bool = True, steps: set[int] | None = 
         held = sorted({s.number for t in traces for s in t.steps})
         if not set(held) & steps:
             raise NoStepsError(
-                f"none of the requested steps ({step_ranges(list(steps))}) is in the traces, which hold "
-                f"steps {step_ranges(held) or 'none'}: pick steps from those"
+                f"none of the requested steps ({number_ranges(list(steps))}) is in the traces, which hold "
+                f"steps {number_ranges(held) or 'none'}: pick steps from those"
             )
         traces = [select_steps(t, steps) for t in traces]
     warnings.extend(trace_warnings(traces))

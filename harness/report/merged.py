@@ -36,9 +36,9 @@ from harness.collect import native
 from harness.collect.align.clocks import ClockOffset
 from harness.collect.align.waits import InstanceWaits
 from harness.collect.analyse.overlap import union
-from harness.collect.analysis import step_ranges
 from harness.collect.model import Block, RankTrace
 from harness.collect.read.decode import open_trace, thread_key
+from harness.collect.read.discover import number_ranges
 from harness.collect.read.parse import load_json
 from harness.paths import MERGED_TRACE
 from harness.report.gzip_pieces import Piece, PieceWriter, write_gzip
@@ -157,7 +157,7 @@ def choose_window(traces: list[RankTrace], budget_bytes: int) -> Window:
             lo, hi = min(lo, nxt), max(hi, nxt)
     steps = common[lo : hi + 1]
     note = (
-        f"step(s) {step_ranges(steps)} of {step_ranges(common)} (~{total / 1e6:.0f} MB of JSON, budget "
+        f"step(s) {number_ranges(steps)} of {number_ranges(common)} (~{total / 1e6:.0f} MB of JSON, budget "
         f"{budget_bytes / 1e6:.0f} MB; --merged all|STEPS for others)"
     )
     if total > budget_bytes:
@@ -180,9 +180,9 @@ def window_for(choice: MergedChoice, traces: list[RankTrace]) -> Window | None:
         sizes = step_bytes(traces)
         steps = sorted(n for n in choice.steps if n in sizes)
         note = (
-            f"step(s) {step_ranges(steps)} of those asked for ({step_ranges(sorted(choice.steps))})"
+            f"step(s) {number_ranges(steps)} of those asked for ({number_ranges(sorted(choice.steps))})"
             if steps
-            else f"none of the steps asked for ({step_ranges(sorted(choice.steps))}) is in the traces"
+            else f"none of the steps asked for ({number_ranges(sorted(choice.steps))}) is in the traces"
         )
         return Window(steps=steps, estimated_bytes=int(sum(sizes[n] for n in steps)), note=note)
     return choose_window(traces, choice.budget_bytes)
