@@ -29,6 +29,7 @@ what (e) and (g) measure, without the noise of two separate runs; and the same f
 itself in B (inside Run's begin/end_step and begin/end_phase): what (a) measures.
 
     python bench/overhead.py --mode torch --steps 200 --reps 7
+    python bench/overhead.py --mode torch --device cuda   # on a GPU: the same figures, CUDA-event timing
 """
 
 from __future__ import annotations
@@ -96,9 +97,19 @@ OWN_SHARES: list[float] = []  # per B run: the harness's own time in Run's step/
 OWN_CALLS = ("begin_step", "end_step", "begin_phase", "end_phase")
 
 
+DEVICE = torch.device("cpu")  # --device: every variant runs on it
+
+
+def _sync() -> None:
+    """Wait for the device's queued work, so a clock read after it counts that work (CUDA runs
+    asynchronously: without it the last steps' kernels would still be running)."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def make_trainer(cfg: TrainConfig) -> Trainer:
     workload = build_workload(cfg.workload, cfg.data, rank=0)
-    device = torch.device("cpu")
+    device = DEVICE
     model = wrap_model(workload.model, cfg.parallel, cfg.speed, device)
     optimizer = build_optimizer(model, cfg.workload.optimizer, cfg.speed)
     return Trainer(
@@ -116,17 +127,20 @@ def time_minimal(trainer: Trainer, steps: int, warmup: int) -> tuple[float, floa
     """Variant A: the loop a person would write by hand, same model, data and optimizer."""
     model, opt, loss_fn = trainer.model, trainer.optimizer, trainer.workload.loss
     batches = _endless(trainer.loader)
-    total = torch.zeros(())
+    total = torch.zeros((), device=DEVICE)
     t0 = c0 = 0.0
     for step in range(warmup + steps):
         if step == warmup:
+            _sync()
             t0, c0 = time.perf_counter(), time.process_time()
         x, y = next(batches)
+        x, y = x.to(DEVICE), y.to(DEVICE)  # as Trainer.train_step copies them (a no-op on CPU)
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         total += loss.detach()
+    _sync()
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     total.item()
     return elapsed / steps * 1e3, cpu / steps * 1e3
@@ -175,11 +189,13 @@ def time_harness(
     original = trainer.train_step
 
     def timed_step(*args, **kwargs):  # both clocks at each step start, plus the run's end
+        if len(stamps) == warmup:  # the timed steps start with the device idle
+            _sync()
         stamps.append((time.perf_counter(), time.process_time()))
         return original(*args, **kwargs)
 
     trainer.train_step = timed_step  # type: ignore[method-assign]
-    run = Run(settings=RunConfig.from_lab(cfg), device=torch.device("cpu"), record=cfg.to_dict(), quiet=True)
+    run = Run(settings=RunConfig.from_lab(cfg), device=DEVICE, record=cfg.to_dict(), quiet=True)
     with run:
         watcher = None
         if watch:  # the run's own watch is off in a world of one: 8 simulated ranks instead
@@ -192,7 +208,7 @@ def time_harness(
                 rank=0,
                 world_size=SIMULATED_RANKS,
                 host="bench",
-                cpu=True,
+                cpu=DEVICE.type == "cpu",
                 run_dir=out / tag,
                 recorder=run.recorder,
                 scalars=run.scalars,
@@ -207,6 +223,7 @@ def time_harness(
             for name in OWN_CALLS:
                 setattr(run, name, _timed_call(getattr(run, name), spent))
         trainer.run(run)
+        _sync()
         stamps.append((time.perf_counter(), time.process_time()))  # before the profiler's exit exports the trace
         if metrics:
             METRICS_SHARES.append(spent[0] / (stamps[-1][0] - stamps[0][0]))
@@ -250,9 +267,16 @@ def main() -> None:
         "--record-steps", type=int, default=40, help="timed steps of variant D (recording holds every event in memory)"
     )
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 = least noise)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs (cuda: GPU 0)")
     args, extra = ap.parse_known_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("overhead.py: error: --device cuda but torch sees no CUDA device; use --device cpu")
+    global DEVICE
+    DEVICE = torch.device(args.device)
     torch.set_num_threads(args.threads)
-    base = resolve_environment(parse_config(["--mode", args.mode, *extra]), LaunchEnv.from_environ({}, cuda=False))
+    cuda = DEVICE.type == "cuda"
+    env = LaunchEnv.from_environ({}, cuda=cuda, device_count=1 if cuda else None)
+    base = resolve_environment(parse_config(["--mode", args.mode, *extra]), env)
     names = (
         "A minimal",
         "B harness off",
@@ -285,8 +309,8 @@ def main() -> None:
                 flush=True,
             )
     print(
-        f"\nmode={args.mode} steps={args.steps} (D: {args.record_steps}) reps={args.reps} threads={args.threads} "
-        f"torch={torch.__version__}"
+        f"\nmode={args.mode} device={args.device} steps={args.steps} (D: {args.record_steps}) reps={args.reps} "
+        f"threads={args.threads} torch={torch.__version__}"
     )
     print(f"{'variant':<20}{'wall ms/step':>14}{'min':>9}{'max':>9}{'cpu ms/step':>14}{'min':>9}{'max':>9}")
     for k, v in results.items():

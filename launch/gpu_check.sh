@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Every GPU path of the harness in one command, for a GPU machine lent for a few minutes: the
-# self-check, the overhead bench, a lab sweep and `pytest -m gpu`, most important first, each
+# self-check's GPU checks, the overhead bench, a lab sweep and the lab-modes check, most important first, each
 # cut short where the time left (BUDGET_S, default 540 s) would not hold it. Run from the repo
 # root with the machine's own python3 (the one that has PyTorch); no install is made: the
 # wheels of launch/gpu_wheels.sh (.whl/) go to /tmp/site, the checkout goes on PYTHONPATH.
 # Results go to $OUT (default profiler_logs/gpu-check/): device.txt, selfcheck.json and one log
-# per stage, 8 files at most.
+# per stage, runs.tar.gz (the runs' logs, reports and traces): 8 files. `pytest -m gpu` runs the
+# self-check's GPU checks again under pytest (tests/test_gpu.py), left out here to save the time.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-profiler_logs/gpu-check}
@@ -41,10 +42,18 @@ stage() {
     nvidia-smi -L 2>&1
     "$PY" -c "import torch; c = torch.cuda.is_available(); print('torch', torch.__version__, 'cuda', c, torch.cuda.get_device_name(0) if c else '')"
     command -v nsys ncu 2>&1
+    # the native tabler, as `pip install` builds it (optional: the collector falls back to Python)
+    timeout 90 "$PY" setup.py -q build_ext --inplace 2>&1 | tail -3
+    "$PY" -c "from harness.collect import native; print('native tabler built:', native.extension is not None)" 2>&1
 } > "$OUT/device.txt" 2>&1
-# 360 s: its GPU checks are the issue's core (the lab sweep and pytest -m gpu after it repeat parts of it)
-stage selfcheck 360 "$PY" -m harness.selfcheck --out "$WORK/selfcheck"
+# 300 s: its GPU checks are the issue's core (the lab sweep and the lab-modes check repeat parts of it)
+stage selfcheck 300 "$PY" -m harness.selfcheck --quick --out "$WORK/selfcheck"
 cp "$WORK/selfcheck/selfcheck.json" "$OUT/" 2>/dev/null
-stage overhead 120 "$PY" bench/overhead.py --mode torch --steps 200 --reps 3
-stage lab 120 "$PY" -m harness.lab three-run --log-dir "$WORK/lab" --row-timeout-s 100
-stage pytest_gpu 200 "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+stage overhead 120 "$PY" bench/overhead.py --mode torch --device cuda --steps 200 --reps 3
+stage lab 150 "$PY" -m harness.lab three-run --log-dir "$WORK/lab" --row-timeout-s 120
+stage lab_modes 120 "$PY" -m harness.selfcheck --only "lab modes" --out "$WORK/lab-modes"
+# The runs' step logs, reports and traces (the traces left out past 15 MB), to read offline.
+tar -czf "$OUT/runs.tar.gz" -C "$WORK" . 2>/dev/null
+if [ "$(stat -c %s "$OUT/runs.tar.gz" 2>/dev/null || echo 0)" -gt 15000000 ]; then
+    tar -czf "$OUT/runs.tar.gz" -C "$WORK" --exclude='*.pt.trace.json*' . 2>/dev/null
+fi

@@ -41,6 +41,7 @@ def test_every_gpu_path_of_the_issue_is_checked() -> None:
         "AMP fp16 + GradScaler",
         "torch.compile",
         "two ranks over gloo",
+        "slow rank named",
         "NCCL across GPUs",
         "Flight Recorder on NCCL timeout",
         "lab modes",

@@ -183,9 +183,10 @@ def test_accelerate_configs(config: str, log_dir: Path) -> None:
 
 
 def test_gpu_check_runs_each_stage_within_its_budget(fakes: Path, tmp_path: Path) -> None:
-    """launch/gpu_check.sh with a fake python that logs each call: the self-check, the overhead
-    bench, the lab sweep and pytest -m gpu in that order, each with its exit in summary.log; with
-    too little budget left every stage is skipped and said so."""
+    """launch/gpu_check.sh with a fake python that logs each call: the native build, then the
+    self-check, the overhead bench on the GPU, the lab sweep and the lab-modes check in that
+    order, each with its exit in summary.log, and the runs' archive; with too little budget
+    left every stage is skipped and said so."""
     calls = tmp_path / "calls"
     fake = fakes / "pyall"
     fake.write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\n')
@@ -193,17 +194,25 @@ def test_gpu_check_runs_each_stage_within_its_budget(fakes: Path, tmp_path: Path
     out = tmp_path / "out"
     proc, _ = launch("gpu_check.sh", [], fakes, PYTHON=str(fake), OUT=str(out), BUDGET_S="540")
     assert proc.returncode == 0, proc.stderr
-    stages = [line.split()[0] for line in calls.read_text().splitlines() if not line.startswith("-c")]
-    assert stages == ["-m", "bench/overhead.py", "-m", "-m"], calls.read_text()
-    modules = [line.split()[1] for line in calls.read_text().splitlines() if line.startswith("-m")]
-    assert modules == ["harness.selfcheck", "harness.lab", "pytest"]
+    lines = [line for line in calls.read_text().splitlines() if not line.startswith("-m pip")]  # .whl/ here
+    assert any(line.startswith("setup.py -q build_ext --inplace") for line in lines), lines
+    staged = [line for line in lines if not line.startswith(("-c", "setup.py"))]
+    assert [line.split()[0] for line in staged] == ["-m", "bench/overhead.py", "-m", "-m"], lines
+    assert "--device cuda" in staged[1]
+    assert [line.split()[1] for line in staged if line.startswith("-m")] == [
+        "harness.selfcheck",
+        "harness.lab",
+        "harness.selfcheck",
+    ]
     summary = (out / "summary.log").read_text().splitlines()
-    assert [s.split(":")[0] for s in summary] == ["selfcheck", "overhead", "lab", "pytest_gpu"]
+    assert [s.split(":")[0] for s in summary] == ["selfcheck", "overhead", "lab", "lab_modes"]
     assert all(": exit 0 in " in s for s in summary), summary
     assert "NVIDIA H100" in (out / "device.txt").read_text()
+    assert (out / "runs.tar.gz").is_file()
     calls.unlink()
     short = tmp_path / "short"
     proc, _ = launch("gpu_check.sh", [], fakes, PYTHON=str(fake), OUT=str(short), BUDGET_S="35")
     assert proc.returncode == 0, proc.stderr
     assert all("skipped" in s for s in (short / "summary.log").read_text().splitlines())
-    assert [line for line in calls.read_text().splitlines() if not line.startswith("-c")] == []
+    left = [line for line in calls.read_text().splitlines() if not line.startswith(("-c", "setup.py", "-m pip"))]
+    assert left == []

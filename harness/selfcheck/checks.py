@@ -208,7 +208,18 @@ def _amp(ctx: Context, dtype: str) -> str:
     run = train(
         ctx,
         f"amp-{dtype}",
-        ["--mode", "kernel", "--steps", "12", "--warmup-steps", "3", "--amp", dtype, "--no-profile"],
+        [
+            "--mode",
+            "kernel",
+            "--steps",
+            "12",
+            "--warmup-steps",
+            "3",
+            "--amp",
+            dtype,
+            "--no-profile",
+            *_two_rank_backend(ctx),
+        ],
     )
     times = [r["step_ms"] for r in step_records(run) if not r.get("warmup")]
     if not times:
@@ -229,7 +240,17 @@ def compiled(ctx: Context) -> str:
     run = train(
         ctx,
         "compile",
-        ["--mode", "kernel", "--steps", "12", "--warmup-steps", "4", "--compile", "--no-profile"],
+        [
+            "--mode",
+            "kernel",
+            "--steps",
+            "12",
+            "--warmup-steps",
+            "4",
+            "--compile",
+            "--no-profile",
+            *_two_rank_backend(ctx),
+        ],
         timeout=600,
     )
     times = [r["step_ms"] for r in step_records(run) if not r.get("warmup")]
@@ -244,6 +265,26 @@ def traced_ranks(ctx: Context, name: str, backend: str, nproc: int) -> str:
     if not matched:
         raise CheckFailed(f"no {backend} collective matched across the {nproc} ranks")
     return f"{nproc} ranks: {matched} collectives matched; {identities(report)}; verdict {report['verdict']}"
+
+
+def _two_rank_backend(ctx: Context) -> list[str]:
+    """Two ranks on fewer than two GPUs share one over gloo (NCCL refuses two ranks on a GPU)."""
+    return ["--backend", "gloo"] if ctx.cuda and ctx.gpus < 2 else []
+
+
+def slow_rank_named(ctx: Context) -> str:
+    """Two ranks (over NCCL with a GPU each, else gloo sharing one), rank 1's backward 30 ms
+    slower (its host sleeps inside the phase), traced and collected: the collector's verdict is
+    straggler and it names rank 1 in backward, late by about the delay."""
+    delay_ms = 30.0
+    args = [*TRACED, *_two_rank_backend(ctx), "--straggler-rank", "1", "--straggler-phase", "backward"]
+    args += ["--straggler-ms", f"{delay_ms:g}"]
+    report = collect(ctx, train(ctx, "slow-rank", args, nproc=2))
+    named = [(s["rank"], s.get("phase"), s.get("late_ms")) for s in report.get("stragglers") or []]
+    if report.get("verdict") != "straggler" or not named or named[0][:2] != (1, "backward"):
+        raise CheckFailed(f"verdict {report.get('verdict')}, stragglers {named or 'none'}: not rank 1 in backward")
+    late = named[0][2] or 0.0
+    return f"rank 1 named in backward, late {late:.1f} ms a step for a {delay_ms:g} ms delay"
 
 
 def two_ranks(ctx: Context) -> str:
@@ -372,7 +413,8 @@ def lab_modes(ctx: Context) -> str:
     """The lab modes the collector tells apart, classified as designed (the rank most affected)."""
     said = []
     for mode, expected in EXPECTED_BOTTLENECK.items():
-        run = train(ctx, f"mode-{mode}", ["--mode", mode, "--steps", "16", "--warmup-steps", "5"], nproc=2)
+        args = ["--mode", mode, "--steps", "16", "--warmup-steps", "5", *_two_rank_backend(ctx)]
+        run = train(ctx, f"mode-{mode}", args, nproc=2)
         report = collect(ctx, run)
         got = {d.get("bottleneck") for d in report.get("diagnosis") or []}
         if expected not in got:
@@ -404,6 +446,7 @@ CHECKS = (
     Check("AMP fp16 + GradScaler", "cuda", "autocast fp16 with GradScaler", amp_fp16),
     Check("torch.compile", "cuda", "torch.compile on the GPU", compiled),
     Check("NCCL across GPUs", "2 gpus", "one rank per GPU over NCCL, matched", nccl),
+    Check("slow rank named", "cuda", "2 ranks, rank 1's backward slower: the collector names it", slow_rank_named),
     Check("watch in DDP backward", "cuda", "backward's own work on the GPU, a slower rank flagged", backward_own_work),
     Check("NCCL timing", "cuda", "NCCL's collectives timed in the Flight Recorder", nccl_timing),
     Check("watch in FSDP forward", "2 gpus", "a slower rank in FSDP's forward flagged", fsdp_arrivals),
