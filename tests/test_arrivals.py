@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from watch_stub import GrouplessWatch
 
+from harness.collect.analyse.noise import GPU, SHARED_CPU
 from harness.collect.analyse.stragglers import Thresholds
 from harness.train.arrivals import (
     TIMING_PATIENCE_NS,
@@ -182,10 +183,10 @@ def test_the_watch_names_a_rank_that_sleeps_inside_backward_from_its_arrivals() 
     steps = [10, 11, 12, 13]
     tables = _tables(4, steps)
     own = own_work_phases("ddp")
-    blind = judge_tables(tables, {}, own, cpu=True, th=Thresholds(), held_phases=("backward",))
+    blind = judge_tables(tables, {}, own, noise=SHARED_CPU, th=Thresholds(), held_phases=("backward",))
     assert blind.stragglers == []
     v = judge_tables(
-        tables, {}, own, cpu=True, th=Thresholds(), held_phases=("backward",), arrivals=_held(4, steps, 2, 30.0)
+        tables, {}, own, noise=SHARED_CPU, th=Thresholds(), held_phases=("backward",), arrivals=_held(4, steps, 2, 30.0)
     )
     assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 0.0, 30.0, 0.0]
     [s] = v.stragglers
@@ -200,7 +201,7 @@ def test_with_arrivals_a_rank_computing_longer_is_still_judged_by_its_cpu_time_w
         _tables(3, steps, {1: 50.0}),
         {},
         own_work_phases("fsdp"),
-        cpu=True,
+        noise=SHARED_CPU,
         th=Thresholds(),
         held_phases=("forward", "backward"),
         arrivals=HeldArrivals(
@@ -423,9 +424,9 @@ def test_the_watch_names_a_gpu_rank_slow_inside_fsdp_s_forward_from_nccl_s_durat
     own = own_work_phases("fsdp")
     tables = _gpu_tables(4, steps)
     both = ("forward", "backward")
-    assert judge_tables(tables, {}, own, cpu=False, th=Thresholds(), held_phases=both).stragglers == []
+    assert judge_tables(tables, {}, own, noise=GPU, th=Thresholds(), held_phases=both).stragglers == []
     held = HeldArrivals(spans_ns=spans_ns, arrivals=arrived, offsets_ns=[0.0] * 4, device=True)
-    v = judge_tables(tables, {}, own, cpu=False, th=Thresholds(), held_phases=both, arrivals=held)
+    v = judge_tables(tables, {}, own, noise=GPU, th=Thresholds(), held_phases=both, arrivals=held)
     assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 0.0, 0.0, 10.0]
     [s] = v.stragglers
     assert (s.rank, s.phase, s.excess_ms, s.steps_late) == (3, "forward", 10.0, 4)
@@ -500,7 +501,7 @@ def test_the_judge_leaves_steps_after_timed_through_for_the_next_interval() -> N
     steps = [10, 11, 12, 13]
     held = _held(4, steps, 2, 30.0)
     held.timed_through = 11
-    judge = WatchJudge(own_phases=own_work_phases("ddp"), held_phases=("backward",), cpu=True, th=Thresholds())
+    judge = WatchJudge(own_phases=own_work_phases("ddp"), held_phases=("backward",), noise=SHARED_CPU, th=Thresholds())
     got = judge.judge(_tables(4, steps), {}, held)
     assert got is not None and got.verdict.steps == [10, 11] and judge.judged_through == 11
 
@@ -524,7 +525,7 @@ def test_on_gpu_steps_nccl_has_not_timed_have_their_own_work_judged_now_and_held
     steps = [10, 11, 12, 13]
     held = HeldArrivals(spans_ns=[{}] * 4, arrivals=[[]] * 4, offsets_ns=[0.0] * 4, device=True, timed_through=11)
     judge = WatchJudge(
-        own_phases=own_work_phases("fsdp"), held_phases=COLLECTIVE_PHASES["fsdp"], cpu=False, th=Thresholds()
+        own_phases=own_work_phases("fsdp"), held_phases=COLLECTIVE_PHASES["fsdp"], noise=GPU, th=Thresholds()
     )
     got = judge.judge(tables(steps), {}, held)
     assert got is not None and got.verdict.steps == [10, 11] and got.verdict.stragglers == []

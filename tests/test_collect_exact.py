@@ -247,10 +247,9 @@ def test_a_stub_step_is_left_out_and_no_jitter_is_made_of_it(tmp_path: Path) -> 
     """`--steps 12` with the window at steps 11-13 (or a loop that breaks, then stops the
     profiler) leaves the last ProfilerStep a 0.15 ms stub. Rank 1 is 33 ms late in a 45 ms step:
     from steps of 45 and 0.15 ms the jitter bound was 3 x 22.4 ms and the run read balanced.
-    The stub (1 op against 20) is left out and said; with one full step no jitter is estimated,
-    so on CPU the jitter bound is the noise of shared cores, 35% of the 45 ms step, which 33 ms
-    beyond rank 0 exceeds (as it does 8% of the clean step: rank 0's own work, its 45 ms step
-    less its 33 ms wait)."""
+    The stub (1 op against 20) is left out and said; with one full step no jitter is estimated
+    (said), and 33 ms beyond rank 0 exceeds 8% of the clean step (rank 0's own work, its 45 ms
+    step less its 33 ms wait)."""
     docs = []
     for rank, arrive in ((0, 5_000.0), (1, 38_000.0)):
         ev = [
@@ -268,10 +267,10 @@ def test_a_stub_step_is_left_out_and_no_jitter_is_made_of_it(tmp_path: Path) -> 
         w.startswith("rank(s) 0-1: step 12 left out: cut short by the end of its profiler window") for w in a.warnings
     ), a.warnings
     assert any(
-        w.startswith("step-to-step jitter not estimated: 1 full step(s) per rank, 5 needed") for w in a.warnings
+        w.startswith("step-to-step jitter not estimated: 1 full step(s) per rank, 3 needed") for w in a.warnings
     ), a.warnings
     res = a.stragglers
-    assert res.bounds_ms["jitter"] == pytest.approx(0.35 * 45.0)
+    assert res.bounds_ms["jitter"] == 0.0
     assert res.bounds_ms["relative"] == pytest.approx(0.08 * 12.0)
     assert res.verdict == "straggler" and [r.rank for r in res.stragglers] == [1]
     assert res.stragglers[0].late_ms == pytest.approx(33.0) and res.stragglers[0].beyond_peers_ms == pytest.approx(33.0)

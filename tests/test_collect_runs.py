@@ -63,9 +63,6 @@ def test_injected_straggler_is_named_with_its_phase(
             parallel,
             *STEPS,
             "--hidden",
-            # 4 ranks on 2 cores: a healthy rank on the busier core trails its peers, which the
-            # rule takes out by its speed factor (speed.op_speed); that needs 3 op names of 1 ms+
-            # each, which the 128-wide model's 6 steps do not reach
             "512" if nproc == 4 else "128",
             "--micro-ops",
             "10",

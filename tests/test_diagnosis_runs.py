@@ -18,9 +18,9 @@ pytestmark = pytest.mark.slow
 STEPS = ["--steps", "12", "--warmup-steps", "2", "--wait", "3", "--warmup", "1", "--active", "6"]
 # The demo's job (Makefile DEMO_ARGS) at test size: torch mode, DDP, rank 1 slow in its data
 # phase; 10 recorded steps for a steadier mean. The delay is set from the clean run's step
-# (STRAGGLER_SHARE of it, at least 15 ms) rather than fixed: a CPU straggler must be late by more
-# than 35% of the step its lateness lengthens (stragglers.Thresholds.rel_lag_cpu), and a slower
-# machine both lengthens the step and absorbs part of a sleep in its peers' contention (measured
+# (STRAGGLER_SHARE of it, at least 15 ms) rather than fixed: a straggler must be late by more
+# than the run's bound (stragglers.straggler_bounds: its jitter and clock noise, 8% of the step
+# at least), and a slower machine both lengthens the step and absorbs part of a sleep in its peers' contention (measured
 # on a CI machine: a 15 ms sleep read as 10.5 ms late in 38 ms steps, under the 13.4 ms bound).
 # Not much more: on this VM a process that sleeps for tens of ms computes ~15-20% slower for a
 # while after (measured: forward 5.4 vs 4.0 ms on the victim), which no replay of the measured

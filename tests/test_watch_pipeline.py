@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.collect.analyse.noise import SHARED_CPU
 from harness.train.arrivals import HeldArrivals
 from harness.train.watch_rule import (
     COLLECTIVE_PHASES,
@@ -70,7 +71,7 @@ def judge(tables: torch.Tensor, arrivals: HeldArrivals | None):
         tables,
         {},
         own_work_phases("fsdp"),
-        cpu=True,
+        noise=SHARED_CPU,
         th=watch_thresholds(),
         held_phases=COLLECTIVE_PHASES["fsdp"],
         arrivals=arrivals,
@@ -143,7 +144,7 @@ def test_the_wait_at_a_collective_in_a_phase_of_own_work_is_not_own_work() -> No
         torch.stack(rows),
         {},
         own_work_phases("ddp"),
-        cpu=True,
+        noise=SHARED_CPU,
         th=watch_thresholds(),
         held_phases=COLLECTIVE_PHASES["ddp"],
     )

@@ -55,6 +55,7 @@ import torch
 
 from detect.real import ONSET_STEP, WARMUP_STEPS, WATCH_EVERY
 from detect.score import Seen, Truth, score
+from harness.collect.analyse.noise import GPU
 from harness.train.arrivals import HeldArrivals, TimingPatience, my_arrivals, untimed_steps
 from harness.train.watch_rule import (
     COLLECTIVE_PHASES,
@@ -238,7 +239,7 @@ def watch_flags(
     held_phases = COLLECTIVE_PHASES[parallel]
     rows = table_rows(WATCH_EVERY, parallel == "fsdp")  # FSDP: steps wait for NCCL's timing
     step_end = [{s.number - 1: s.end_us for s in t.steps} for t in truths]
-    judge = WatchJudge(own_phases=own_work_phases(parallel), held_phases=held_phases, cpu=False, th=watch_thresholds())
+    judge = WatchJudge(own_phases=own_work_phases(parallel), held_phases=held_phases, noise=GPU, th=watch_thresholds())
     numbers = sorted({s for ends in step_end for s in ends})
     patience = [TimingPatience() for _ in truths]
     flags: list[tuple[int, int, str | None]] = []

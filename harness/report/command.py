@@ -152,13 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rel-lag",
         type=float,
         default=th.rel_lag,
-        help="straggler: least lateness per step as a share of the clean step (the punctual ranks' own work; GPU)",
-    )
-    p.add_argument(
-        "--rel-lag-cpu",
-        type=float,
-        default=th.rel_lag_cpu,
-        help="the same for CPU-only traces, where ranks share cores and drift more",
+        help="straggler: least lateness per step as a share of the clean step (the punctual ranks' own work)",
     )
     p.add_argument("-j", "--jobs", type=int, default=0, help="parallel parsers (default: one per core)")
     p.add_argument(
@@ -218,7 +212,7 @@ def options_from(args: argparse.Namespace) -> CollectOptions:
         run=args.run,
         comm_kernel=args.comm_kernel,
         from_traces=args.from_traces,
-        thresholds=Thresholds(min_lag_ms=args.min_lag_ms, rel_lag=args.rel_lag, rel_lag_cpu=args.rel_lag_cpu),
+        thresholds=Thresholds(min_lag_ms=args.min_lag_ms, rel_lag=args.rel_lag),
         unpickle_nccl_dumps=args.unpickle_nccl_dumps,
         progress=not args.quiet,
     )

@@ -21,8 +21,6 @@ def console_table(doc: dict[str, Any]) -> str:
         ("beyond_peers_ms", "beyond peers ms/step", "{:.2f}"),
         ("clock_offset_ms", "offset ms", "{:.3f}"),
     ]
-    if any(r.get("speed") is not None for r in doc["ranks"]):  # CPU-only traces
-        cols.insert(-1, ("speed", "op time vs median", "{:.2f}x"))
     if any(r.get("core_wait_ms") is not None for r in doc["ranks"]):  # CPU-only traces with step logs
         cols.insert(-1, ("core_wait_ms", "waited for a core ms/step", "{:.2f}"))
     straggling = {s["rank"]: "  <- straggler" for s in doc["stragglers"]}

@@ -2,10 +2,8 @@
 
 A "balanced" verdict means no rank was late beyond the bound (stragglers.py), and that bound is
 the largest of a material share of the step and the run's measured noise. Where the noise sets
-it, a straggler that costs less than the bound passes for noise: on 2 shared CPU cores the
-bound stood at 10-60% of the clean step (bench/RESULTS.md, "Detection"). Of the 46 material
-stragglers the rule left balanced in eight campaigns there, 42 were the latest rank and beyond
-the material share all the same; so was the latest rank of 35 of 102 clean runs. That is a
+it, a straggler that costs less than the bound passes for noise (how high it stands on shared
+CPU cores: bench/RESULTS.md, "Detection"). The latest rank beyond the material share is then a
 hint, not a verdict: the report gives the bound as a share of the step, what sets it and the
 latest rank's figure, and says how small a straggler passes for noise and how to tell, rather
 than a bare "balanced".
@@ -15,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.collect.analyse.stragglers import MIN_JITTER_STEPS_CPU, StragglerResult, Thresholds
+from harness.collect.analyse.stragglers import MIN_JITTER_STEPS, StragglerResult, Thresholds
 from harness.report.records import NoiseFloorRecord
 
 # The bounds that are not about the run's noise: the material share of the step, and the floor
@@ -49,6 +47,7 @@ def floor_record(res: StragglerResult) -> NoiseFloorRecord | None:
         set_by=set_by,
         noise_limited=set_by not in NOT_NOISE,
         jitter_measured=res.jitter_measured,
+        noise_model=res.noise,
         latest_rank=latest.rank,
         latest_beyond_ms=latest.beyond_peers_ms,
     )
@@ -58,18 +57,13 @@ def bound_words(floor: dict[str, Any]) -> str:
     """What sets the bound, in words without parentheses (they go inside one); the factors are
     the rule's, stragglers.Thresholds."""
     th = Thresholds()
-    if floor["set_by"] == "jitter" and not floor["jitter_measured"]:
-        return (
-            f"{th.cpu_noise_share:.0%} of the median step, waiting included: too few steps to measure the "
-            "step-to-step jitter of shared CPU cores"
-        )
     return {
         "min_lag": "--min-lag-ms",
-        "clock_noise": f"{th.noise_factor:g}x the scatter of the collectives' ends: the clocks' noise, on CPU "
-        "the ranks' wake-up delays",
+        "clock_noise": f"{th.noise_factor:g}x the scatter of the collectives' ends: the clocks' noise, on "
+        "shared CPU cores the ranks' wake-up delays",
         "jitter": f"{th.jitter_factor:g}x the step-to-step jitter of the ranks' own work",
         "late_jitter": f"{th.jitter_factor:g}x the step-to-step swing of the punctual ranks' lateness",
-        "relative": "the material bound, the share of the clean step --rel-lag sets, --rel-lag-cpu on CPU",
+        "relative": "the material bound, the share of the clean step --rel-lag sets",
         "outlier": f"{th.mad_factor:g} MADs of the ranks' lateness: how far apart the peers are",
     }.get(floor["set_by"], floor["set_by"])
 
@@ -81,11 +75,17 @@ def _share_words(floor: dict[str, Any]) -> str:
 
 
 def floor_line(floor: dict[str, Any]) -> str:
-    """One line: the bound, its share of the step, what sets it, and the latest rank's figure."""
+    """One line: the bound, its share of the step, what sets it, and the latest rank's figure;
+    where the run's jitter was not measured, that the bound leaves it out."""
+    unmeasured = (
+        f"; the run's step-to-step jitter is not in it: profile {MIN_JITTER_STEPS} or more steps to measure it"
+        if not floor["jitter_measured"]
+        else ""
+    )
     return (
         f"a straggler must arrive {floor['bound_ms']:.2f} ms a step later than its peers here "
         f"({_share_words(floor)}{bound_words(floor)}); the latest, rank {floor['latest_rank']}, is "
-        f"{floor['latest_beyond_ms']:.2f} ms beyond its peers"
+        f"{floor['latest_beyond_ms']:.2f} ms beyond its peers{unmeasured}"
     )
 
 
@@ -104,13 +104,12 @@ def floor_step(doc: dict[str, Any]) -> dict[str, Any] | None:
         f"pass for noise here (the bound is {bound_words(floor)}; the latest, rank {floor['latest_rank']}, is "
         f"{floor['latest_beyond_ms']:.2f} ms a step beyond its peers)."
     )
-    if floor["set_by"] == "jitter" and not floor["jitter_measured"]:
-        text += f" Profile {MIN_JITTER_STEPS_CPU} or more steps (--active 8) for a bound from the run's own jitter."
-    else:
-        if floor["set_by"] in ("jitter", "late_jitter"):
-            text += (
-                " Steadier steps lower it: look for what makes them uneven (the input pipeline, other work on "
-                "the hosts, garbage collection)."
-            )
-        text += f" To tell, {TELL_BY_WINDOWS}"
+    if not floor["jitter_measured"]:
+        text += f" Profile {MIN_JITTER_STEPS} or more steps (--active 8) for a bound that holds the run's own jitter."
+    if floor["set_by"] in ("jitter", "late_jitter"):
+        text += (
+            " Steadier steps lower it: look for what makes them uneven (the input pipeline, other work on "
+            "the hosts, garbage collection)."
+        )
+    text += f" To tell, {TELL_BY_WINDOWS}"
     return {"about": "noise", "ranks": [floor["latest_rank"]], "text": text}

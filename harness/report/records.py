@@ -74,9 +74,7 @@ class StragglerRecord:
     late_ms: float
     """how much later than the punctual ranks it arrives at collectives (per step)"""
     beyond_peers_ms: float
-    """its lateness beyond its peers' (on CPU at their speed, see `speed`), per step: what flags it over threshold_ms"""
-    speed: float | None
-    """CPU-only traces: how much longer its ops take than the median rank's (1.2: a fifth longer); null on GPU"""
+    """its lateness beyond its peers', per step: what flags it over threshold_ms"""
     core_wait_ms: float | None
     """CPU-only traces with step logs: its wait for a core per step (taken out before judging it); null without"""
     cost_ms: float
@@ -139,9 +137,7 @@ class RankRecord:
     late_ms: float
     """its lateness at collectives (per step)"""
     beyond_peers_ms: float
-    """its lateness beyond its peers' (on CPU at their speed), per step: what the straggler rule judges"""
-    speed: float | None
-    """CPU-only traces: how much longer its ops take than the median rank's (1.2: a fifth longer); null on GPU"""
+    """its lateness beyond its peers', per step: what the straggler rule judges"""
     core_wait_ms: float | None
     """CPU-only traces with step logs: its wait for a core per step (taken out before judging it); null without"""
     cost_ms: float
@@ -312,8 +308,11 @@ class NoiseFloorRecord:
     noise_limited: bool
     """a noise bound, not the material one, sets it: a straggler between the two passes for noise here"""
     jitter_measured: bool
-    """the run's step-to-step jitter was measured (false: too few steps; on CPU the jitter bound
-    is then a share of the step)"""
+    """the run's step-to-step jitter was measured (false: too few steps, and the bound then
+    holds none of the run's own noise)"""
+    noise_model: str
+    """the devices whose noise the rule allowed for (collect/analyse/noise.py): GPU devices or
+    shared CPU cores"""
     latest_rank: int
     """the rank furthest beyond its peers, straggler or not"""
     latest_beyond_ms: float

@@ -42,7 +42,6 @@ RANK_COLUMNS: list[Column] = [
     ("blame_ms", "blamed ms (total)", "{:.2f}"),
     ("late_ms", "late ms/step", "{:.2f}"),
     ("beyond_peers_ms", "beyond peers ms/step", "{:.2f}"),
-    ("speed", "op time vs median", "{:.2f}x"),
     ("core_wait_ms", "waited for a core ms/step", "{:.2f}"),
     ("cost_ms", "costs ms/step", "{:.2f}"),
 ]

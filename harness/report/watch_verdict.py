@@ -49,9 +49,8 @@ CAPTURE_HINT = (
 )
 
 
-# On CPU the watch flags a rank in one interval only over 35% of the step (watch_rule
-# WATCH_REL_LAG_CPU); from the material 8% up, over two intervals running (watch_rule.sustain). So
-# it can refute a material straggler only where it judged at least this many intervals.
+# The watch names a rank only over the noise model's min_late_steps (noise.py); where it judged
+# fewer intervals than this, its silence refutes nothing.
 MIN_INTERVALS = 2
 
 

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
+from harness.collect.analyse.noise import GPU, SHARED_CPU
 from harness.paths import WATCH_GROUP_DESC, WATCH_RANGE, watch_path
 from harness.scalars import ScalarWriter
 from harness.train.arrivals import HeldArrivals, TimingPatience, my_arrivals, recorder_entries, untimed_steps
@@ -98,7 +99,9 @@ class Watch:
         self.metrics = metrics
         self.th = watch_thresholds(cfg.min_lag_ms)
         self._recent: deque[list[float]] = deque(maxlen=table_rows(cfg.every, False))
-        self.judge = WatchJudge(own_phases=self.own_phases, held_phases=self.held_phases, cpu=cpu, th=self.th)
+        self.judge = WatchJudge(
+            own_phases=self.own_phases, held_phases=self.held_phases, noise=SHARED_CPU if cpu else GPU, th=self.th
+        )
         self.intervals = 0
         self.bound_ms: float | None = None  # the latest interval's bound: how late a straggler must be
         self.judged_steps: list[int] | None = None  # [first, last]: the steps the judged intervals held
@@ -266,11 +269,7 @@ class Watch:
             return
         for r in new:
             of = judged.verdict_of(r)
-            bound = (
-                f"bound {of.material_threshold_ms:.1f} ms, over it in this interval and the one before"
-                if r.sustained
-                else f"bound {of.threshold_ms:.1f} ms"
-            )
+            bound = f"bound {of.threshold_ms:.1f} ms"
             untimed = ", by own work alone: NCCL has not timed their collectives yet" if of.own_work_only else ""
             _say(
                 f"watch: step {step}: rank {r.rank} ({r.host}) is a straggler: {_where(r.phase, r.excess_ms)}, "
@@ -331,14 +330,11 @@ def interval_line(step: int, verdict: IntervalVerdict, capture: dict[str, Any] |
                 "beyond_peers_ms": round(r.beyond_peers_ms, 3),
                 "steps_late": r.steps_late,
             }
-            | ({"sustained": True} if r.sustained else {})
             for r in verdict.stragglers
         ],
     }
     if verdict.own_work_only:
         line["own_work_only"] = True
-    if verdict.material_threshold_ms < verdict.threshold_ms:  # CPU: the bound `sustain` applies
-        line["material_threshold_ms"] = round(verdict.material_threshold_ms, 3)
     if capture:
         line["capture"] = capture
     return line

@@ -45,10 +45,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from harness.collect.analyse.speed import MIN_NAME_US, MIN_NAMES
+from harness.collect.analyse.noise import NoiseModel
 from harness.collect.analyse.stragglers import (
     MIN_JITTER_STEPS,
-    MIN_LATE_STEPS,
     Thresholds,
     peer_baseline,
     straggler_bounds,
@@ -88,20 +87,6 @@ COLLECTIVE_PHASES = {
     "none": (),
 }
 
-# The watch's relative bound on CPU-only jobs, a share of the median step. Its own work is taken
-# at the rank's speed from its CPU time per phase (`phase_speed`) and net of its wait for a core,
-# as the collector takes both from the trace, but from 3-4 phases over one interval of steps, and
-# a run is judged once every interval, so one noisy interval is enough for a false flag: at the
-# collector's 8%, 2 of the 8 clean runs of a 2-core campaign (bench/detection.py, seed 2027,
-# replayed offline) were flagged in some interval. On shared cores a healthy rank's own work
-# runs up to a quarter longer than its peers' for a few steps (measured on 2 cores: 20-26% of
-# the clean step); this bound sits above that. GPU jobs keep the collector's bound. A rank over
-# the collector's material bound (`Thresholds.rel_lag`) in two intervals running is flagged too
-# (`sustain`): a straggler's delay recurs, a noisy interval seldom does twice (replayed over the
-# step logs of eight campaigns: 104 of 158 material stragglers flagged, not 63; one clean run
-# of 64 flagged that 35% alone did not, a healthy rank 17% of the step late for 15 steps).
-WATCH_REL_LAG_CPU = 0.35
-
 
 def table_rows(every: int, timed_by_nccl: bool) -> int:
     """How many of its latest steps a rank sends at each exchange: twice the interval, so that
@@ -113,8 +98,8 @@ def table_rows(every: int, timed_by_nccl: bool) -> int:
 
 
 def watch_thresholds(min_lag_ms: float = 0.0) -> Thresholds:
-    """The collector's rule as the watch applies it: its bounds, with WATCH_REL_LAG_CPU on CPU."""
-    return Thresholds(min_lag_ms=min_lag_ms, rel_lag_cpu=WATCH_REL_LAG_CPU)
+    """The collector's rule as the watch applies it: the same bounds, with --watch-min-lag-ms."""
+    return Thresholds(min_lag_ms=min_lag_ms)
 
 
 def own_work_phases(parallel: str) -> tuple[str, ...]:
@@ -130,12 +115,9 @@ class RankLateness:
     late_ms: float  # mean per step of its own work's excess over the punctual ranks'
     beyond_peers_ms: float  # late_ms less its peers' (stragglers.peer_baseline): what is judged
     steps_late: int  # steps in which its lateness beyond its peers' was over the threshold
-    steps_over_material: int  # ... over the material bound
     phase: str | None  # the own-work phase with the largest excess over the other ranks' median
     excess_ms: float | None  # that excess, per step
     straggler: bool = False
-    over_material: bool = False  # over the material bound (on GPU: the same as straggler)
-    sustained: bool = False  # flagged for being over the material bound in two intervals running
 
 
 @dataclass(kw_only=True)
@@ -144,7 +126,6 @@ class IntervalVerdict:
     ranks: list[RankLateness]
     threshold_ms: float = 0.0
     bounds_ms: dict[str, float] = field(default_factory=dict)
-    material_threshold_ms: float = 0.0  # the bound with the collector's relative share
     own_work_only: bool = False  # steps whose collectives NCCL has not timed yet: their own work judged alone
 
     @property
@@ -189,7 +170,7 @@ def judge_interval(
     hosts: dict[int, str],
     own_phases: tuple[str, ...],
     *,
-    cpu: bool,
+    noise: NoiseModel,
     th: Thresholds,
     after_step: int = -1,
     held_phases: tuple[str, ...] = (),
@@ -214,24 +195,21 @@ def judge_interval(
        there) less its waits at point-to-point ops there beyond its stage's punctual ranks'
        (a stage held at its receives of a slow neighbour's gradients), or, in a held phase that
        waited at point-to-point ops and held no collective (`point_to_point_phases`), its wall
-       time as in an own-work phase; all divided by its speed (`phase_speed` on CPU; 1 on
-       GPU); lateness = own - the punctual ranks' own among the ranks of its pipeline stage
-       (the lower quartile: `punctual_index`; `stages`: all ranks where there is no pipeline),
+       time as in an own-work phase; lateness = own - the punctual ranks' own among the ranks
+       of its pipeline stage (the lower quartile: `punctual_index`; `stages`: all ranks where there is no pipeline),
        at least 0;
     3. per rank: late_ms = the mean lateness per step; beyond_peers_ms = late_ms less
        `peer_baseline` of the ranks' late_ms;
     4. the collector's rule (`straggler_bounds`): the median rank's mean step time, the run's
        jitter over each rank's own work per step (`jitter_ms`: the collector's too takes the
-       waiting out, which an intermittent straggler puts in every rank's step), no clock noise (each rank times
-       itself: no clocks are compared); steps_late = steps whose lateness beyond that step's
+       waiting out, which an intermittent straggler puts in every rank's step), no clock noise
+       (each rank times itself: no clocks are compared); steps_late = steps whose lateness beyond that step's
        `peer_baseline` exceeds the threshold; a straggler's beyond_peers_ms exceeds every bound,
-       and on CPU its steps_late is at least MIN_LATE_STEPS (all the steps where fewer: one
-       stall is not a straggler where ranks time-share cores); over_material: the same against
-       the bounds with the collector's relative share (`th.rel_lag`) in place of the watch's
-       wider one on CPU, for `sustain`;
-    5. per straggler or rank over the material bound (the MAX_PHASED with the largest
-       beyond_peers_ms) and phase of step 2 (own-work by wall time, held by CPU time): excess =
-       the mean per step of its time minus the median of its stage's other ranks' time; the
+       and its steps_late is at least the noise model's min_late_steps (all the steps where
+       fewer: noise.py);
+    5. per straggler (the MAX_PHASED with the largest beyond_peers_ms) and phase of step 2
+       (own-work by wall time, held by CPU time): excess = the mean per step of its time minus
+       the median of its stage's other ranks' time; the
        largest positive one names the phase.
     """
     n_ranks = tables.shape[0]
@@ -268,8 +246,6 @@ def judge_interval(
     names = own_phases + held_phases
     own_cols = [WATCH_PHASES.index(p) for p in own_phases]
     held_cols = [WATCH_PHASES.index(p) for p in held_phases]
-    # a GPU's own work is device time: no core's speed to take out of it
-    speed = (phase_speed(cpus) if cpu else torch.ones(n_ranks, dtype=cpus.dtype))[:, None, None]
     held = cpus[..., held_cols]
     if arrivals is not None and held_cols:
         late_held = held_lateness_ms(
@@ -295,7 +271,7 @@ def judge_interval(
             held = torch.maximum(held - ref[:, None, :], late_held)
         for k in point_to_point_phases(held_phases, p2p[..., held_cols], arrivals, steps):
             held[..., k] = walls[..., held_cols[k]]
-    work = torch.cat([walls[..., own_cols], held], dim=-1) / speed  # [ranks, steps, names]
+    work = torch.cat([walls[..., own_cols], held], dim=-1)  # [ranks, steps, names]
     own = work.sum(-1)  # [ranks, steps]
     late = (own - punctual_of(own, groups)).clamp(min=0.0)
     late_ms = dict(enumerate(late.mean(dim=1).tolist()))
@@ -307,22 +283,17 @@ def judge_interval(
         median_step_ms=median_step_ms,
         clock_noise_ms=0.0,
         jitter_ms=jitter_ms(own) if own.shape[1] >= MIN_JITTER_STEPS else None,
-        cpu=cpu,
         th=th,
-        step_ms=median_step_ms,
         late_jitter_ms=late_jitter_of(late),
     )
     threshold = max(bounds.values())
-    material_threshold = max({**bounds, "relative": min(bounds["relative"], th.rel_lag * median_step_ms)}.values())
     lower = late.sort(dim=0).values[: max(n_ranks // 2, 1)]  # per step, the lower half's median: peer_baseline
     beyond_step = late - median(lower, dim=0)
 
-    need = min(MIN_LATE_STEPS, len(steps)) if cpu else 0
+    need = min(noise.min_late_steps, len(steps))
     steps_late = (beyond_step > threshold).sum(dim=1).tolist()
-    steps_material = (beyond_step > material_threshold).sum(dim=1).tolist()
     over = {r for r in range(n_ranks) if beyond[r] > threshold and steps_late[r] >= need}
-    material = over | {r for r in range(n_ranks) if beyond[r] > material_threshold and steps_material[r] >= need}
-    flagged = sorted(material, key=lambda r: (-beyond[r], r))
+    flagged = sorted(over, key=lambda r: (-beyond[r], r))
     phased = {r: _slowest_phase(r, work, names, groups) for r in flagged[:MAX_PHASED]}
     out = [
         RankLateness(
@@ -331,28 +302,13 @@ def judge_interval(
             late_ms=late_ms[r],
             beyond_peers_ms=beyond[r],
             steps_late=int(steps_late[r]),
-            steps_over_material=int(steps_material[r]),
             phase=phased.get(r, (None, None))[0],
             excess_ms=phased.get(r, (None, None))[1],
             straggler=r in over,
-            over_material=r in material,
         )
         for r in range(n_ranks)
     ]
-    return IntervalVerdict(
-        steps=steps, ranks=out, threshold_ms=threshold, bounds_ms=bounds, material_threshold_ms=material_threshold
-    )
-
-
-def sustain(verdict: IntervalVerdict, before: set[int]) -> IntervalVerdict:
-    """`verdict` with the ranks over the material bound in it and in the interval judged before
-    (`before`: the ranks over_material then) flagged as stragglers too, marked `sustained`, their
-    steps_late counted against that bound."""
-    for r in verdict.ranks:
-        if r.over_material and r.rank in before and not r.straggler:
-            r.straggler = r.sustained = True
-            r.steps_late = r.steps_over_material
-    return verdict
+    return IntervalVerdict(steps=steps, ranks=out, threshold_ms=threshold, bounds_ms=bounds)
 
 
 @dataclass(kw_only=True)
@@ -376,27 +332,24 @@ class WatchJudge:
 
     1. `judge_interval` over the steps after the last one judged (up to the arrivals'
        `timed_through`: on GPU a step whose collectives NCCL has not timed on every rank yet
-       waits for the next interval); on CPU fewer than MIN_LATE_STEPS steps wait too (a
-       straggler there must be late in that many: one stall is not one where ranks time-share
-       cores; such an interval is the first after a warm-up that ends one step before an
-       exchange);
+       waits for the next interval); fewer than the noise model's min_late_steps steps wait too
+       (a straggler must be late in that many, noise.py; such an interval is the first after a
+       warm-up that ends one step before an exchange);
     2. where steps wait so, `judge_interval` of their own-work phases alone (the ahead
        verdict): those phases' times are the step's CUDA events, complete at its end, and
        only the phases holding collectives need NCCL's durations (its watchdog times them up to
        100 ms after they end, several intervals of short steps); its stragglers are flagged
        now, and the steps are judged whole once timed;
-    3. `sustain` against the ranks over the material bound in the interval before;
-    4. new = the stragglers of both not flagged in the interval before, gone = those flagged
+    3. new = the stragglers of both not flagged in the interval before, gone = those flagged
        then and in neither now (a rank flagged ahead stays flagged until a verdict over timed
        steps leaves it out). An interval without a step every rank has timed (on GPU, events
        not yet complete) judges nothing and changes nothing."""
 
     own_phases: tuple[str, ...]
     held_phases: tuple[str, ...]
-    cpu: bool
+    noise: NoiseModel
     th: Thresholds
     judged_through: int = -1
-    over_material: set[int] = field(default_factory=set)
     flagged: set[int] = field(default_factory=set)
 
     def judge(
@@ -407,14 +360,14 @@ class WatchJudge:
             tables,
             hosts,
             self.own_phases,
-            cpu=self.cpu,
+            noise=self.noise,
             th=self.th,
             after_step=self.judged_through,
             held_phases=self.held_phases,
             arrivals=arrivals,
             until_step=timed_through,
         )
-        if self.cpu and len(verdict.steps) < MIN_LATE_STEPS:
+        if len(verdict.steps) < self.noise.min_late_steps:
             verdict = IntervalVerdict(steps=[], ranks=[])  # the tables hold them for the next (`table_rows`)
         ahead = None
         if timed_through is not None and self.own_phases:
@@ -422,7 +375,7 @@ class WatchJudge:
                 tables,
                 hosts,
                 self.own_phases,
-                cpu=self.cpu,
+                noise=self.noise,
                 th=self.th,
                 after_step=max(self.judged_through, timed_through),
             )
@@ -431,8 +384,6 @@ class WatchJudge:
             return None
         now = set(self.flagged)  # no step timed: the flags stand until one is
         if verdict.steps:
-            verdict = sustain(verdict, self.over_material)
-            self.over_material = {r.rank for r in verdict.ranks if r.over_material}
             self.judged_through = verdict.steps[-1]
             now = {r.rank for r in verdict.stragglers}
         named = {r.rank for r in verdict.stragglers}  # none where no step was timed
@@ -491,26 +442,6 @@ def point_to_point_phases(
     held_collectives = {a[1] for mine in arrivals.arrivals for a in mine if a[0] in judged}
     waited = (p2p > 0).flatten(0, 1).any(dim=0).tolist()
     return [k for k, phase in enumerate(held_phases) if waited[k] and phase not in held_collectives]
-
-
-def phase_speed(cpu_ms: torch.Tensor) -> torch.Tensor:
-    """Each rank's speed factor from its CPU time per phase ([ranks, steps, PHASES], 0 where not
-    taken): the collector's `speed.op_speed` with phases for op names, over the steps' totals
-    (the collector takes a median over steps against wall time's preempted calls; CPU time holds
-    no preemption).
-    1. per rank and phase, its CPU time over the steps;
-    2. the phases every rank spent at least MIN_NAME_US in;
-    3. per rank and phase: its time / the median rank's;
-    4. the factor is the median of those ratios, one vote per phase: a slower core (or a busier
-       one's caches and sibling) slows every phase alike, a straggler's extra work is in the
-       phase it does it in, and a sleep or a wait for a core adds no CPU time at all;
-    5. 1 for every rank with fewer than MIN_NAMES such phases (GPU ranks take no CPU time)."""
-    totals = cpu_ms.sum(dim=1)  # [ranks, PHASES]
-    voting = (totals * 1e3 >= MIN_NAME_US).all(dim=0)
-    if int(voting.sum()) < MIN_NAMES or totals.shape[0] < 2:
-        return torch.ones(totals.shape[0], dtype=cpu_ms.dtype)
-    kept = totals[:, voting]
-    return median(kept / median(kept, dim=0), dim=1)
 
 
 def jitter_ms(step_ms: torch.Tensor) -> float:

@@ -15,22 +15,16 @@ from dataclasses import dataclass, field
 
 from harness.collect.align.clocks import ClockOffset, mad
 from harness.collect.align.waits import InstanceWaits
+from harness.collect.analyse.noise import NoiseModel, noise_model
 from harness.collect.analyse.rank_list import groups_text
 from harness.collect.analyse.replay import Replay
 from harness.collect.analyse.runq import RunQueue, RunQueueLog, run_queues
-from harness.collect.analyse.speed import op_speed
 from harness.collect.model import RankTrace
 from harness.collect.read.runup import HANDOVER_US, NO_PHASE, PHASE_PREFIX
 
 # A straggler is "persistent" when it is over the bound in at least this share of the analysed
 # steps (two in three: a majority that survives one noisy step in three), else "intermittent".
 PERSISTENT_SHARE = 2 / 3
-# On CPU-only traces a straggler is over the bound in at least this many steps (all of them in a
-# shorter window): time-slicing stalls healthy ranks now and then (4 ranks on 2 cores: one 44 ms
-# late in one step of three, on time in the others, its mean over a 13 ms bound), while a
-# straggler's delay recurs, every step or every k-th. GPU kernels do not time-share a core: a
-# host stall there is the rank's own, and a host running ahead can fold a delay into one step.
-MIN_LATE_STEPS = 2
 # waits_for looks at most this many candidate causes per rank (the costliest), which keeps the
 # pairwise attribution O(ranks x candidates) per collective on 1000-rank jobs.
 MAX_CAUSES = 16
@@ -39,8 +33,8 @@ MAX_CAUSES = 16
 @dataclass(kw_only=True)
 class Thresholds:
     """When a rank counts as a straggler: its lateness per step (how much later than the punctual
-    ranks it arrives at collectives, see `punctual_arrival`; on CPU at its peers' speed, see
-    `analyze_stragglers`) beyond its peers' own (`peer_baseline`) exceeds every bound below.
+    ranks it arrives at collectives, see `punctual_arrival`) beyond its peers' own
+    (`peer_baseline`) exceeds every bound below, on every device alike.
     There is no absolute floor unless asked for (--min-lag-ms): short steps (inference, small
     models) are a few ms."""
 
@@ -53,26 +47,13 @@ class Thresholds:
     # still named; below-material ones from 8% on are named too. Noise is the other bounds'
     # business, not this one's.
     rel_lag: float = 0.08
-    # The same on CPU-only traces. Ranks there share their hosts' cores: a healthy rank on the
-    # busier core trails by what its slower ops cost (measured on 2 cores: up to a quarter of the
-    # step, the same rank step after step), and time-slicing makes every rank late at some
-    # collectives. Both are taken out before this bound is applied (the lateness at the peers'
-    # speed, `speed.op_speed`, beyond the peers' own lateness, `peer_baseline`), so the bound is
-    # the material one; --rel-lag-cpu widens it on a machine whose noise the other bounds miss.
-    rel_lag_cpu: float = 0.08
     # ... this many times the collectives' end scatter on other clocks than the reference's
-    # (clock noise; on CPU on every rank, the wake-up noise of its arrivals) ...
+    # (clock noise; where the noise model has wake-up noise, on every rank) ...
     noise_factor: float = 3.0
     jitter_factor: float = 3.0  # ... this many times the run's step-to-step jitter ...
     # ... and on 3+ ranks: this many MADs of the lower half of the ranks' lateness (the lower
     # half: up to half of the ranks can be stragglers and still stand out).
     mad_factor: float = 3.0
-    # CPU-only traces with too few steps to measure the jitter (MIN_JITTER_STEPS_CPU): the jitter
-    # bound is this share of the median rank's step instead, the noise measured on shared cores
-    # (2 cores: a healthy rank up to a quarter of the step behind its peers, in bursts of a few
-    # steps, 20-26% in one run), which a window of a few steps cannot average out. GPU
-    # kernels do not time-share a core: there the other bounds stand alone.
-    cpu_noise_share: float = 0.35
 
 
 @dataclass(kw_only=True)
@@ -80,8 +61,8 @@ class RankBlame:
     rank: int
     host: str
     late_ms: float  # mean per step of its arrivals' lateness after the punctual ranks
-    # what the rule judges: its lateness per step at its peers' speed beyond its peers' own
-    # (`analyze_stragglers`, 4-5); late_ms less the baseline where the speed is 1
+    # what the rule judges: its lateness per step beyond its peers' own (`analyze_stragglers`,
+    # 4-5), its waits at point-to-point ops and for a core taken out
     beyond_peers_ms: float
     cost_ms: float  # mean per step of its share of the delay of the collectives' starts
     blame_ms: float  # total time the other ranks waited because of it (its share)
@@ -91,9 +72,6 @@ class RankBlame:
     steps: int  # steps with matched collectives
     last_fraction: float  # share of steps in which it cost the most
     mean_step_ms: float | None  # mean ProfilerStep (or fallback step) duration
-    # CPU-only traces: how much longer it takes for the same ops than the median rank
-    # (speed.op_speed; 1.2 = a fifth longer); None on GPU traces
-    speed: float | None = None
     # CPU-only traces with step logs: its main thread's wait for a core (runnable, another thread
     # on it) per step, taken out of its run-ups before it is judged (runq.py); None without
     core_wait_ms: float | None = None
@@ -132,7 +110,8 @@ class StragglerResult:
     whatif_all_fixed_step_ms: float | None = None
     notes: list[str] = field(default_factory=list)  # what the bounds could not be estimated from
     clean_step_ms: float = 0.0  # the punctual ranks' own work per step (what the relative bound is a share of)
-    jitter_measured: bool = True  # False: too few steps for the run's jitter (the jitter bound is then a floor)
+    jitter_measured: bool = True  # False: too few steps for the run's jitter (the jitter bound is then 0)
+    noise: str = ""  # the noise model's name (noise.NoiseModel.name)
 
     @property
     def stragglers(self) -> list[RankBlame]:
@@ -148,13 +127,6 @@ OUTSIDE_RANGES = NO_PHASE  # the bounds that are about noise, not about the rank
 # deviation of two values is half their difference, so one odd step (a stub, a one-off stall)
 # sets the bound by itself; from three on, the median of the deviations ignores one.
 MIN_JITTER_STEPS = 3
-# The same on CPU-only traces, where the jitter bounds carry the time-sharing noise and a few
-# steps do not sample it: the MAD of 3 values is the gap from the middle one to the nearer other,
-# and clean 3-step windows on 2 shared cores read as stragglers with it (a 2-rank torch-mode run,
-# a healthy rank 3 ms late in 2 steps of 3 against a 2.5 ms bound; a 4-rank one beside a sleeper).
-# From 5, the MAD is the second smallest of four deviations; the campaign's 8-step windows on
-# the same machine raised no false alarm (bench/RESULTS.md, "Detection").
-MIN_JITTER_STEPS_CPU = 5
 
 
 def common_part_ms(step_ms_by_rank: list[list[float]]) -> list[float] | None:
@@ -253,9 +225,7 @@ def straggler_bounds(
     median_step_ms: float,
     clock_noise_ms: float,
     jitter_ms: float | None,
-    cpu: bool,
     th: Thresholds,
-    step_ms: float = 0.0,
     late_jitter_ms: float | None = None,
 ) -> dict[str, float]:
     """The straggler rule: the bounds a rank's lateness per step beyond its peers' (`late_ms` less
@@ -266,12 +236,11 @@ def straggler_bounds(
 
     1. min_lag = --min-lag-ms (no absolute floor by default);
     2. clock_noise = noise_factor x the clocks' noise (0 where no clocks are compared);
-    3. jitter = jitter_factor x the run's step-to-step jitter (`run_jitter_ms`); None: too few
-       steps to measure it, and then on CPU cpu_noise_share x `step_ms` (the median rank's
-       step), elsewhere 0; late_jitter = jitter_factor x the peers' lateness jitter
-       (`late_jitter_ms`, 0 where not estimated);
-    4. relative = rel_lag x `median_step_ms` (rel_lag_cpu when every rank ran on CPU): the
-       collector gives the clean step, the punctual ranks' own work per step
+    3. jitter = jitter_factor x the run's step-to-step jitter (`run_jitter_ms`; 0 where None:
+       too few steps to measure it, which the report says); late_jitter = jitter_factor x the
+       peers' lateness jitter (`late_jitter_ms`, 0 where not estimated);
+    4. relative = rel_lag x `median_step_ms`: the collector gives the clean step, the punctual
+       ranks' own work per step
        (`analyze_stragglers`), the watch the median rank's mean step;
     5. on 3+ ranks, outlier = mad_factor x the median absolute deviation of the lower half of the
        ranks' late_ms (the half `peer_baseline` is the median of): how far apart the peers are.
@@ -279,11 +248,9 @@ def straggler_bounds(
     bounds = {
         "min_lag": th.min_lag_ms,
         "clock_noise": th.noise_factor * clock_noise_ms,
-        "jitter": th.jitter_factor * jitter_ms
-        if jitter_ms is not None
-        else (th.cpu_noise_share * step_ms if cpu else 0.0),
+        "jitter": th.jitter_factor * (jitter_ms or 0.0),
         "late_jitter": th.jitter_factor * (late_jitter_ms or 0.0),
-        "relative": (th.rel_lag_cpu if cpu else th.rel_lag) * median_step_ms,
+        "relative": th.rel_lag * median_step_ms,
     }
     if len(late_ms) >= 3:
         values = sorted(late_ms.values())
@@ -291,32 +258,24 @@ def straggler_bounds(
     return bounds
 
 
-def _at_speed(
+def _judged_arrival(
     run_up_start_us: float | None,
     arrival_us: float,
-    speed: float,
     queue: RunQueue | None = None,
     p2p_wait_us: float = 0.0,
 ) -> float:
-    """When a rank whose ops take `speed` times its peers' would have arrived at its peers' speed and
-    without waiting at point-to-point ops: its run-up (since `run_up_start_us`, when its
-    previous collective ended) less `p2p_wait_us` (runup.p2p_wait: a pipeline stage waiting for
-    its neighbour's activations or gradients waits for that neighbour, which is where a delay is
-    the neighbour's own), divided by `speed`; as it arrived where the run-up is not known. The
-    whole run-up, not its ops alone: the interpreter's time between ops runs on the same core
-    and slows alike (on 2 shared cores the ops alone left a healthy rank 10-16% of its step
-    behind, the whole run-up 1-6%). Time the rank spent blocked (a sleep, the loader) is divided
-    too; where ranks block that much their cores are not contended and their speeds stay within
-    a few per cent of each other (the data lab mode here: 0.98-1.02), so that error is a few per
-    cent of the blocked time. With the rank's wait for a core known (`queue`, runq.py), that
-    wait is taken out of the run-up first: time it was ready to run and the scheduler ran
-    another."""
-    if run_up_start_us is None or (speed == 1.0 and queue is None and not p2p_wait_us):
+    """When a rank would have arrived without waiting at point-to-point ops and for a core: its
+    run-up (since `run_up_start_us`, when its previous collective ended) less `p2p_wait_us`
+    (runup.p2p_wait: a pipeline stage waiting for its neighbour's activations or gradients waits
+    for that neighbour, which is where a delay is the neighbour's own) and less its wait for a
+    core there where that is measured (`queue`, runq.py: time it was ready to run and the
+    scheduler ran another); as it arrived where the run-up is not known."""
+    if run_up_start_us is None or (queue is None and not p2p_wait_us):
         return arrival_us
     run_up_us = arrival_us - run_up_start_us - p2p_wait_us
     if queue is not None:
         run_up_us -= queue.between_us(run_up_start_us, arrival_us)
-    return run_up_start_us + run_up_us / speed
+    return run_up_start_us + run_up_us
 
 
 def punctual_arrival(arrival_us: Mapping[int, float]) -> float:
@@ -532,7 +491,7 @@ def fresh_lateness(
     arrival_us: Mapping[int, float], since: Mapping[int, int] | None, waits: list[InstanceWaits]
 ) -> dict[int, float]:
     """Each rank's lateness at one collective from its arrival (`arrival_us`, as it happened or
-    judged at its peers' speed):
+    judged without its waits at point-to-point ops and for a core):
     1. ranks that left their last collective together (`since` None, `last_syncs`): its arrival
        - the punctual ranks' (`punctual_arrival`), at least 0;
     2. else its run-up, from the end of its last collective (`since[r]`, on its own clock) to its
@@ -557,6 +516,7 @@ def analyze_stragglers(  # noqa: C901
     th: Thresholds | None = None,
     runq: Mapping[int, RunQueueLog] | None = None,
     step_bounds_us: Mapping[int, Mapping[int, tuple[float, float]]] | None = None,
+    noise: NoiseModel | None = None,
 ) -> StragglerResult:
     """Who everybody waits for, on aligned clocks (`traces` already shifted by `offsets`).
 
@@ -565,10 +525,8 @@ def analyze_stragglers(  # noqa: C901
     2. per collective and rank: lateness = its arrival - the punctual ranks' (`punctual_arrival`),
        at least 0, or where its ranks come from different process groups' collectives, its
        run-up since the last less theirs (`last_syncs`, `fresh_lateness`); judged lateness the
-       same over its arrival at its peers' speed and without its waiting at point-to-point ops
-       (`_at_speed`): a rank whose ops take k times its peers' (on CPU-only traces,
-       `speed.op_speed`; else k = 1) arrives at run-up start + (run-up - that waiting) / k (the
-       run-up: since its previous collective ended, runup.py);
+       same over its arrival without its waiting at point-to-point ops and for a core
+       (`_judged_arrival`; the run-up: since its previous collective ended, runup.py);
     3. per step and rank: late = its lateness; cost = its delay shares (how much later the
        collectives started because of it: what fixing it alone buys is less when another rank
        is as late), wait and blame likewise, each stretch of time counted once where
@@ -581,22 +539,21 @@ def analyze_stragglers(  # noqa: C901
        every rank is late at some collectives: a 4-rank comm run on 2 cores had each rank 28-37%
        of the clean step behind the earliest);
     6. the bounds (`straggler_bounds`), with the clocks' noise = the median end scatter of
-       matched collectives over the ranks on another clock than the reference rank's (on GPU
-       traces 0 where every rank reads one clock: nothing to be off), over every rank but the
-       reference on CPU-only traces (a rank's wake-up delay after a collective, which its next
-       arrival carries), the peers' lateness jitter over the judged lateness of each step
-       (`late_jitter_ms`), and over each rank's own work per step (its step span on its
-       device's timeline, `step_span_ms`, less its waiting for later peers, at its peers' speed)
+       matched collectives over the ranks on another clock than the reference rank's (0 where
+       every rank reads one clock: nothing to be off), over every rank but the reference where
+       the noise model has wake-up noise (noise.py: a rank's wake-up delay after a collective,
+       which its next arrival carries), the peers' lateness jitter over the judged lateness of
+       each step (`late_jitter_ms`), and over each rank's own work per step (its step span on
+       its device's timeline, `step_span_ms`, less its waiting for later peers and for a core)
        the run's jitter (`run_jitter_ms`) and the clean step the relative bound is a share of:
        the punctual ranks' (the lower quartile of the ranks' means, as `punctual_arrival` takes
        arrivals). A host that runs ahead of its GPU only launches in its ProfilerStep, and the
        lateness at collectives is in the device's time; a straggler lengthens every rank's step
        by what it costs, so a bound over the whole step grew with the very lateness it judges (a
        straggler costing c of the clean step is late by c / (1 + c) of the step it makes);
-    7. a straggler's beyond_peers_ms exceeds the bound, on CPU-only traces in at least
-       MIN_LATE_STEPS of its steps too (steps_late of 8; all of them in a shorter window: one
-       stall is not a straggler where ranks time-share cores); any number of ranks can be
-       stragglers;
+    7. a straggler's beyond_peers_ms exceeds the bound, in at least the noise model's
+       min_late_steps of its steps too (all of them in a shorter window: noise.py); any number
+       of ranks can be stragglers;
     8. late_fraction = share of its collectives where its lateness exceeds noise_factor x the
        clock noise (any lateness on exact clocks); steps_late = steps whose judged lateness
        beyond that step's `peer_baseline` exceeds the bound; pattern = persistent when
@@ -607,20 +564,15 @@ def analyze_stragglers(  # noqa: C901
        the noise;
     10. the phase (`_slow_phases`) and the what-if (`replay.py`) of each straggler.
     Verdict: inconclusive (with a reason) when nothing can be analysed, else straggler or
-    balanced.
+    balanced. `noise` defaults to the model of the traces' devices (`noise.noise_model`).
     """
     th = th or Thresholds()
     by_rank = {t.rank: t for t in traces}
     ranks = sorted(by_rank)
     reason = inconclusive_reason(traces, waits)
-    cpu = all(t.device == "cpu" for t in traces)
+    noise = noise or noise_model(t.device for t in traces)
     queues = run_queues(traces, runq)
-    speed = op_speed(traces, queues)
-    at_speed = (
-        queues is not None
-        or any(k != 1.0 for k in speed.values())
-        or any(op.p2p_wait_us for w in waits for op in w.instance.ops.values())
-    )
+    judged_apart = queues is not None or any(op.p2p_wait_us for w in waits for op in w.instance.ops.values())
     lateness: list[dict[int, float]] = []
     judged_arrivals: list[dict[int, float]] = []
     judged_lateness: list[dict[int, float]] = []
@@ -633,12 +585,11 @@ def analyze_stragglers(  # noqa: C901
             step, orphan = orphan, orphan - 1
         step_keys.append(step)
         lateness.append(fresh_lateness(w.arrival_us, since, waits))
-        if at_speed:
+        if judged_apart:
             judged = {
-                r: _at_speed(
+                r: _judged_arrival(
                     w.instance.ops[r].run_up_start_us,
                     a,
-                    speed[r],
                     queues[r] if queues else None,
                     w.instance.ops[r].p2p_wait_us,
                 )
@@ -652,7 +603,7 @@ def analyze_stragglers(  # noqa: C901
     tallies = tally_once(waits, lateness, step_keys, step_us)
     step_late, step_wait, step_cost, step_blame = tallies.late, tallies.wait, tallies.cost, tallies.blame
     step_judged = (
-        tally_once(waits, judged_lateness, step_keys, step_us, judged_arrivals).late if at_speed else step_late
+        tally_once(waits, judged_lateness, step_keys, step_us, judged_arrivals).late if judged_apart else step_late
     )
     wait_total: dict[int, float] = defaultdict(float)
     blame_total: dict[int, float] = defaultdict(float)
@@ -670,7 +621,7 @@ def analyze_stragglers(  # noqa: C901
         r: [queues[r].between_us(st.start_us, st.end_us) / 1e3 for st in by_rank[r].steps] if queues else []
         for r in ranks
     }
-    # each rank's own work per step, at its peers' speed: its step less its waiting for later peers
+    # each rank's own work per step: its step less its waiting for later peers
     # (at collectives, and at point-to-point ops in the collectives' run-ups) and its wait for a core
     p2p_ms: dict[tuple[int, int | None], float] = defaultdict(float)
     for t in traces:
@@ -679,25 +630,21 @@ def analyze_stragglers(  # noqa: C901
                 p2p_ms[(t.rank, c.step)] += c.p2p_wait_us / 1e3
     own_ms = {
         r: [
-            (ms - step_wait.get(st.number, {}).get(r, 0.0) / 1e3 - p2p_ms.get((r, st.number), 0.0) - core) / speed[r]
+            ms - step_wait.get(st.number, {}).get(r, 0.0) / 1e3 - p2p_ms.get((r, st.number), 0.0) - core
             for st, ms, core in zip(by_rank[r].steps, step_span_ms[r], core_wait_ms[r] or itertools.repeat(0.0))
         ]
         for r in ranks
     }
     timed = sorted(statistics.mean(v) for v in own_ms.values() if v)
     clean_step_ms = timed[punctual_index(len(timed))] if timed else 0.0
-    timed_steps = [statistics.mean(step_span_ms[r]) for r in ranks if step_span_ms[r]]
     most = max((len(t.steps) for t in traces), default=0)
-    # Clock noise is the error of comparing two clocks, so on GPU traces it counts only for ranks
-    # on another clock than the reference rank's (a collective's kernels end together on one
-    # clock). On CPU it counts for every rank: a gloo collective ends on each rank when its
-    # thread is scheduled again, its next run-up starts there, and the same wake-up delay lands
-    # in its next arrival; the end scatter is the arrivals' timing noise on one clock too, which
-    # the jitter bounds (medians over steps) do not hold in short windows: a clean 6-step DDP
-    # window on 2 shared cores had a rank 1.9 ms beyond its peer, against 3 x 2.2 ms of scatter.
+    # Clock noise is the error of comparing two clocks: it counts for ranks on another clock than
+    # the reference rank's, and for every rank where the noise model has wake-up noise (noise.py)
     ref_clock = offsets[min(ranks)].clock if min(ranks) in offsets else None
     spreads = [
-        o.spread_us for r, o in offsets.items() if o.samples and r != min(ranks) and (cpu or o.clock != ref_clock)
+        o.spread_us
+        for r, o in offsets.items()
+        if o.samples and r != min(ranks) and (noise.wakeup_noise or o.clock != ref_clock)
     ]
     noise_us = statistics.median(spreads) if spreads else 0.0
 
@@ -709,31 +656,23 @@ def analyze_stragglers(  # noqa: C901
     judged_ms = {r: per_step_mean(step_judged, r) for r in ranks}
     baseline_ms = peer_baseline(list(judged_ms.values()))
     beyond_peers_ms = {r: judged_ms[r] - baseline_ms for r in ranks}
-    min_jitter_steps = MIN_JITTER_STEPS_CPU if cpu else MIN_JITTER_STEPS
-    jitter_measured = most >= min_jitter_steps
+    jitter_measured = most >= MIN_JITTER_STEPS
     bounds = straggler_bounds(
         judged_ms,
         median_step_ms=clean_step_ms,
         clock_noise_ms=noise_us / 1e3,
         jitter_ms=run_jitter_ms([own_ms[r] for r in ranks]) if jitter_measured else None,
-        cpu=cpu,
         th=th,
-        step_ms=statistics.median(timed_steps) if timed_steps else 0.0,
         late_jitter_ms=late_jitter_ms(
             {r: [c.get(r, 0.0) / 1e3 for s, c in step_judged.items() if s >= 0] for r in ranks}
         ),
     )
     notes = []
     if reason is None and not jitter_measured:
-        floor = (
-            f"{th.cpu_noise_share:.0%} of the median step (the noise of shared cores)"
-            if cpu
-            else f"{th.rel_lag:.0%} of the clean step and {th.noise_factor:g}x the clocks' noise"
-        )
         notes.append(
-            f"step-to-step jitter not estimated: {most} full step(s) per rank, {min_jitter_steps} needed; "
-            f"a straggler is late beyond its peers by more than {floor} (profile more steps for a bound from "
-            "the run's own jitter)"
+            f"step-to-step jitter not estimated: {most} full step(s) per rank, {MIN_JITTER_STEPS} needed; "
+            f"a straggler is late beyond its peers by more than {th.rel_lag:.0%} of the clean step and "
+            f"{th.noise_factor:g}x the clocks' noise, which do not hold the run's own noise (profile more steps)"
         )
     if reason is None:
         notes.extend(
@@ -741,7 +680,7 @@ def analyze_stragglers(  # noqa: C901
                 [own_ms[r] for r in ranks],
                 [s.number for s in by_rank[ranks[0]].steps],
                 th.jitter_factor,
-                (th.rel_lag_cpu if cpu else th.rel_lag) * clean_step_ms,
+                th.rel_lag * clean_step_ms,
             )
         )
     noise_ms = max(bounds[k] for k in NOISE_BOUNDS)
@@ -760,9 +699,7 @@ def analyze_stragglers(  # noqa: C901
     flagged = [
         r
         for r in ranks
-        if reason is None
-        and beyond_peers_ms[r] > threshold
-        and (not cpu or steps_late[r] >= min(MIN_LATE_STEPS, n_steps))
+        if reason is None and beyond_peers_ms[r] > threshold and steps_late[r] >= min(noise.min_late_steps, n_steps)
     ]
     causes = sorted(flagged, key=lambda r: -cost_ms[r])[:MAX_CAUSES]
     owed: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
@@ -795,7 +732,6 @@ def analyze_stragglers(  # noqa: C901
             steps=n_steps,
             last_fraction=sum(1 for s in step_last.values() if s == r) / n_steps if n_steps else 0.0,
             mean_step_ms=mean_step_ms[r],
-            speed=speed[r] if cpu else None,
             core_wait_ms=statistics.mean(core_wait_ms[r]) if core_wait_ms.get(r) else None,
             waits_for=[] if reason else waits_for,
             straggler=is_straggler,
@@ -823,6 +759,7 @@ def analyze_stragglers(  # noqa: C901
         step_last=step_last,
         threshold_ms=threshold,
         bounds_ms=bounds,
+        noise=noise.name,
         waits=waits,
         replayed_step_ms=replayed,
         measured_step_ms=replay.measured_ms,
