@@ -192,8 +192,9 @@ def judge_interval(
        or, where every rank's arrivals at those collectives are known (`arrivals`), the larger
        of its CPU time beyond its stage's punctual ranks' mean there and the lateness its
        arrivals show it added there (arrivals.held_lateness_ms: a rank that sleeps or blocks
-       there) less its waits at point-to-point ops there beyond its stage's punctual ranks'
-       (a stage held at its receives of a slow neighbour's gradients), or, in a held phase that
+       there) less its waits at point-to-point ops and for a core there beyond its stage's
+       punctual ranks' (a stage held at its receives of a slow neighbour's gradients, a rank the
+       scheduler kept off its core), or, in a held phase that
        waited at point-to-point ops and held no collective (`point_to_point_phases`), its wall
        time as in an own-work phase; lateness = own - the punctual ranks' own among the ranks
        of its pipeline stage (the lower quartile: `punctual_index`; `stages`: all ranks where there is no pipeline),
@@ -259,9 +260,10 @@ def judge_interval(
         )
         if late_held is not None:
             # a rank held at its receives (a pipeline stage waiting for a slow neighbour's
-            # gradients) reaches the collective after them late by that hold: its waiting there
-            # beyond its stage's punctual ranks' is taken out (the collector's runup.p2p_wait)
-            waited = p2p[..., held_cols]
+            # gradients) or kept off a core reaches the collective after them late by that
+            # hold: its waiting there beyond its stage's punctual ranks' is taken out (the
+            # collector's runup.p2p_wait and its run-queue wait, `_judged_arrival`)
+            waited = p2p[..., held_cols] + waits[..., held_cols]
             late_held = (late_held - (waited - punctual_of(waited, groups)).clamp(min=0.0)).clamp(min=0.0)
             # each is a lower bound of the time a rank added there: its CPU time beyond the
             # punctual ranks' (a constant per phase over the interval, which moves no rank's
