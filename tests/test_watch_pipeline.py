@@ -35,8 +35,8 @@ def job(
 ) -> tuple[torch.Tensor, HeldArrivals]:
     """Every step alike: data 1 ms, forward and backward as given per rank (wall time, of it
     the waits given at point-to-point ops and, in backward, for a core; CPU time 10 ms in each:
-    the sleeps and waits are off the core), optimizer 2 ms; each rank issues its stage's all-reduce 1 ms before backward's
-    end. Steps start 1 s apart on one clock."""
+    the sleeps and waits are off the core), optimizer 2 ms; each rank issues its stage's
+    all-reduce 1 ms before backward's end. Steps start 1 s apart on one clock."""
     rows, spans, arrived = [], [], []
     for r in range(4):
         mine_rows, mine_spans, mine_arrivals = [], {}, []
@@ -118,7 +118,9 @@ def test_a_rank_kept_off_its_core_is_not_late_by_that_wait() -> None:
     cores' time-sharing): it reaches its stage's all-reduce 8 ms after rank 0, which is not its
     work, and is taken out as the collector takes it out of its run-ups. Rank 2 sleeps 8 ms
     there (off the core, no wait for one): it stays late."""
-    tables, arrivals = job([10, 10, 10, 10], [20, 28, 28, 20], [0, 0, 0, 0], [0, 0, 0, 0], backward_runq_ms=[0, 8, 0, 0])
+    tables, arrivals = job(
+        [10, 10, 10, 10], [20, 28, 28, 20], [0, 0, 0, 0], [0, 0, 0, 0], backward_runq_ms=[0, 8, 0, 0]
+    )
     v = judge(tables, arrivals)
     assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 0.0, 8.0, 0.0]
 
