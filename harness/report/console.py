@@ -25,6 +25,7 @@ def console_table(doc: dict[str, Any]) -> str:
         cols.insert(-1, ("core_wait_ms", "waited for a core ms/step", "{:.2f}"))
     straggling = {s["rank"]: "  <- straggler" for s in doc["stragglers"]}
     straggling |= {s["rank"]: "  <- straggler (live watch)" for s in doc.get("watch_stragglers", [])}
+    straggling |= {s["rank"]: "  <- window only (live watch: no)" for s in doc.get("unconfirmed_stragglers", [])}
     table = text_table.render(doc["ranks"], cols, lambda r: straggling.get(r["rank"], ""))
     memory = [f"memory: rank {f['rank']} {f['kind']}: {f['reason']}" for f in doc.get("memory_findings", [])]
     return "\n".join([table, *memory])

@@ -41,7 +41,11 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   captures: [{first, last, watch_step, ranks}]}, watch_log.py), null when it was off or there is
   no run.json; `watch_stragglers`: [{rank, host, phase, steps}] the ranks the watch flagged that
   the window did not name (watch_verdict.py); where the window was balanced or inconclusive and
-  the watch flagged a rank, `verdict` is "straggler" and `trace_verdict` keeps the window's.
+  the watch flagged a rank, `verdict` is "straggler" and `trace_verdict` keeps the window's;
+  `unconfirmed_stragglers`: the window's stragglers (entries as in `stragglers`, which no longer
+  hold them) that the watch judged in all the window's steps and never flagged, on CPU-only
+  traces (watch_verdict.set_aside); where they were all it named, `verdict` is "balanced" and
+  `trace_verdict` "straggler".
 - `hang`, `other_hangs`, `mismatches`, `flight`, `trace_verdict`: from the Flight Recorder dumps
   (hang_report.py); with a hang `verdict` is "hang" (a mismatch alone: "mismatch").
 """
