@@ -2,9 +2,8 @@
 
 Pure function of the collector's `Analysis` (parsed traces on aligned clocks, overlap, matched
 collectives, stragglers). Bottlenecks: data-bound, sync-bound, launch-bound, comm-exposed,
-kernel-bound, straggler, healthy. Thresholds were set on this project's lab workloads (see
-`Rules`); the GPU-only rules (sync-bound, launch-bound by device idle) follow the same logic but
-have not been calibrated on a GPU. Blocking syncs are judged by who called them (host.py): the
+kernel-bound, straggler, healthy. Each threshold states its source in `Rules`
+(docs/thresholds.md lists those still without one). Blocking syncs are judged by who called them (host.py): the
 training code's own, GradScaler's (named as such), DDP's runtime logger's (never counted).
 """
 
@@ -24,6 +23,7 @@ from harness.collect.model import RankTrace
 from harness.collect.read.host_ops import DDP_LOGGER, GRAD_SCALER, NOT_USERS
 from harness.collect.read.parse import DDP_REDUCER
 from harness.collect.read.phases import is_data
+from harness.sourced import threshold
 
 # Dense matrix math: the work a model is made of. On GPU by kernel name, on CPU by aten op.
 # `triton_tem_*`: Inductor's template kernels (max-autotune), every one a matmul, convolution
@@ -53,51 +53,81 @@ BOTTLENECKS = (
 
 @dataclass(frozen=True)
 class Rules:
-    """Thresholds of the decision tree (shares are of the rank's mean step time)."""
+    """Thresholds of the decision tree (shares are of the rank's mean step time), each with its
+    source (docs/thresholds.md).
 
-    data_share: float = 0.30  # data phase (waiting for the input pipeline)
-    # GPU: the device's idle time that the training code's blocking syncs cause (host_ops.sync_costs;
-    # GradScaler's alone also count, named as the cause; DDP's logger's never do), as a share of
-    # the step. 10%: the cost that makes a straggler material (Thresholds.rel_lag's reasoning):
-    # below it, removing every sync buys less than real GPU steps vary from one to the next. A
-    # count says little: a sync on an empty queue costs microseconds.
-    sync_cost_share: float = 0.10
-    sync_per_step: float = 1.0  # (GradScaler's advice: it syncs at least once a step)
-    launch_ops_per_step: int = 1000  # host ops per step ...
-    # ... each taking less step time than this many bare ops (RankTrace.op_floor_us: one
-    # metadata-only op's dispatch under the profiler, measured in the same trace), CPU and GPU.
-    # Relative, because the machine sets both: the torch lab's tiny-tensor ops took 7.6-8.8 us on
-    # one 2-core VM and over 10 on a slower one, the kernel lab's large elementwise ops 17-18 here
-    # and 37-40 there, so no time in us separates them on every machine. In bare ops: torch mode
-    # 37-40, kernel mode 85-86, baseline 131-140 (under 1000 ops); the bound is their geometric
-    # middle (37 x 86) ** 0.5 = 56, rounded to 60: an op that costs under 60 bare dispatches is
-    # mostly Python, autograd and dispatch, not work.
-    launch_op_ratio: float = 60.0
-    # ... or, where the trace cannot measure a bare op (whole-microsecond clocks, sampled
-    # traces), less than this much step time: an eager op's dispatch costs 5-20 us of host time
-    # from fast CPUs to shared VMs.
-    launch_us_per_op: float = 20.0
-    launch_gpu_launches: int = 300  # GPU: kernel launches per step ...
-    launch_gpu_idle_share: float = 0.30  # ... with the device idle this much
-    # Communication itself (transfer, not waiting, DDP's reducer included) ... On CPU the
-    # healthy lab baseline measured 0.21-0.35 (gloo's threads share the cores with backward),
-    # the comm workload 0.78-0.95.
-    comm_transfer_share: float = 0.50
-    comm_exposed_share: float = 0.15  # ... and not hidden behind compute
-    kernel_compute_share: float = 0.40  # device busy computing ...
-    kernel_gemm_share: float = 0.50  # ... with matrix math under this share of compute time
-    # Healthy needs evidence, not the absence of a rule: compute is the largest part of the
-    # device's time (ahead of idle, exposed transfer and copies each) and matrix math is at least
-    # kernel_gemm_share of it, and a GPU is idle less than launch_gpu_idle_share of its time (the
-    # bound an idle device has in launch-bound; on CPU the main thread's "idle" is the Python
-    # between ops, part of any eager step). Otherwise the largest of those names the rank: idle
-    # (host-bound), exposed transfer (comm-exposed), copies (copy-bound), or compute of small
-    # kernels.
-    # GPU: a device busy this much of its time (compute, exposed transfer and copies) is said to
-    # be GPU-bound, the host ahead of it: a step then goes no faster than its kernels. 90%: the
-    # idle that is left (launch gaps, a sync) is within what a healthy eager loop shows; the real
-    # traces at hand are 35-55% busy and their steps host-bound.
-    gpu_bound_busy_share: float = 0.90
+    Healthy needs evidence, not the absence of a rule: compute is the largest part of the
+    device's time (ahead of idle, exposed transfer and copies each) and matrix math is at least
+    kernel_gemm_share of it, and a GPU is idle less than launch_gpu_idle_share of its time (on
+    CPU the main thread's "idle" is the Python between ops, part of any eager step). Otherwise
+    the largest of those names the rank: idle (host-bound), exposed transfer (comm-exposed),
+    copies (copy-bound), or compute of small kernels."""
+
+    data_share: float = threshold(
+        0.30,
+        kind="unsourced",
+        source="the data phase (waiting for the input pipeline) at this share of the step; set on this "
+        "project's lab workloads",
+    )
+    sync_cost_share: float = threshold(
+        0.10,
+        kind="definition",
+        source="GPU idle caused by the training code's blocking syncs (GradScaler's count, named; DDP's logger's "
+        "never): the material share of the step (Thresholds.rel_lag's); below it removing every sync buys less "
+        "than GPU steps vary. A count says little: a sync on an empty queue costs microseconds",
+    )
+    sync_per_step: float = threshold(
+        1.0, kind="definition", source="GradScaler's advice: it syncs at least once a step"
+    )
+    launch_ops_per_step: int = threshold(
+        1000,
+        kind="unsourced",
+        source="host ops per step for launch-bound; the lab's baseline has 131-140, its launch-bound modes more",
+    )
+    launch_op_ratio: float = threshold(
+        60.0,
+        kind="unsourced",
+        source="each op taking less step time than this many bare ops (RankTrace.op_floor_us, measured in the "
+        "same trace): the geometric middle of the lab's torch mode (37-40) and kernel mode (85-86), rounded",
+    )
+    launch_us_per_op: float = threshold(
+        20.0,
+        kind="measurement",
+        source="where the trace cannot measure a bare op: an eager op's dispatch costs 5-20 us of host time from "
+        "fast CPUs to shared VMs",
+    )
+    launch_gpu_launches: int = threshold(
+        300, kind="unsourced", source="GPU kernel launches per step for launch-bound; not calibrated on a GPU"
+    )
+    launch_gpu_idle_share: float = threshold(
+        0.30,
+        kind="unsourced",
+        source="GPU idle share for launch-bound (and healthy's ceiling); not calibrated on a GPU",
+    )
+    comm_transfer_share: float = threshold(
+        0.50,
+        kind="unsourced",
+        source="communication's transfer (not waiting, DDP's reducer included); the CPU lab's healthy baseline "
+        "measured 0.21-0.35, its comm workload 0.78-0.95",
+    )
+    comm_exposed_share: float = threshold(
+        0.15, kind="unsourced", source="of it not hidden behind compute; set on this project's lab workloads"
+    )
+    kernel_compute_share: float = threshold(
+        0.40, kind="unsourced", source="device busy computing for kernel-bound; set on this project's lab workloads"
+    )
+    kernel_gemm_share: float = threshold(
+        0.50,
+        kind="definition",
+        source="matrix math under half of compute time: the model's own work is not the most of what the device "
+        "computes (and healthy needs at least half)",
+    )
+    gpu_bound_busy_share: float = threshold(
+        0.90,
+        kind="unsourced",
+        source="a GPU busy this much (compute, exposed transfer, copies) is GPU-bound, the host ahead of it; the "
+        "idle left is taken as a healthy eager loop's, not measured",
+    )
 
 
 ADVICE = {

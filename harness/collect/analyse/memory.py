@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.paths import MEMORY_TIMELINE_PATTERN, STEPS_DIR
+from harness.sourced import threshold
 
 MiB = 2**20
 GiB = 2**30
@@ -54,47 +55,65 @@ SERIES = {"host": "rss_bytes", "gpu": "gpu_peak_allocated_bytes"}
 
 @dataclass(frozen=True)
 class MemoryThresholds:
-    """When a pattern is a finding. Each bound is set from what the numbers mean, not tuned:
+    """When a pattern is a finding; each bound with its source (docs/thresholds.md). A rise must
+    also go on in the window's second half (its own slope's lower bound above 0): a one-off jump
+    (a buffer allocated once, a profiler window) fits a line with a significant slope over the
+    whole window, but is flat on each side of the jump."""
 
-    - `min_steps` 10: a slope and its standard error from fewer points (8 degrees of freedom)
-      give a confidence bound too wide to separate a leak from noise.
-    - `confidence` 0.99 (one-sided): the slope's lower bound, slope - t(0.99, n-2) * SE, must be
-      above 0; one false leak in a hundred flat series per rank and memory kind.
-    - `min_rise_bytes` 16 MiB over the window: RSS moves in 4 KiB pages but malloc's arenas and
-      torch's allocators take and give back memory in chunks of up to a few MiB from step to
-      step; a trend smaller than a few such chunks over the whole window is not worth a finding,
-      however significant, and cannot bring a device or host near its limit.
-    - The rise must go on in the window's second half too (its own slope's lower bound > 0): a
-      one-off jump (a buffer allocated once, a profiler window) fits a line with a significant
-      slope over the whole window, but is flat on each side of the jump.
-    - `min_recent_share` 0.5: and at at least half the whole window's rate. A leak keeps the
-      same bytes every step, so its rate holds; memory that warms up (malloc's arenas, caching
-      allocators, lazily built buffers) rises fast and levels off, its second half a fraction
-      of the whole window's rate (a clean 2-rank run here: 0.62 MB per step over 35 steps,
-      0.11 in the last 17, beside its leaking peer's 2.87 and 2.86).
-    - `imbalance_ratio` 1.25 and `imbalance_min_bytes` 256 MiB: data-parallel ranks hold the
-      same parameters, gradients and optimizer state, so their peaks differ only by activations
-      of uneven inputs and per-rank extras; 25% above the other ranks' median is beyond what
-      batch-to-batch variation gives, and 256 MiB is about one CUDA context or a set of library
-      workspaces (cuBLAS, NCCL), which differ between ranks for benign reasons.
-    - `cache_ratio` 1.5 and `cache_min_bytes` 1 GiB: at the peak, a third or more of what the
-      caching allocator reserved is unused (fragmentation, not the ordinary rounding to 2 MiB
-      blocks and 20 MiB segments), and that unused part is big enough to matter on any GPU in use
-      today (1.25-6% of 16-80 GB).
-    - `headroom_fraction` 0.05: what the allocator's count leaves out (the CUDA context and
-      cuBLAS/NCCL workspaces, 0.5-1 GB: 1-2% of 40-80 GB) plus fragmentation take a few percent,
-      so a peak within 5% of the total fails on the next larger batch or sequence.
-    """
-
-    min_steps: int = 10
-    confidence: float = 0.99
-    min_rise_bytes: float = 16 * MiB
-    min_recent_share: float = 0.5
-    imbalance_ratio: float = 1.25
-    imbalance_min_bytes: float = 256 * MiB
-    cache_ratio: float = 1.5
-    cache_min_bytes: float = 1 * GiB
-    headroom_fraction: float = 0.05
+    min_steps: int = threshold(
+        10,
+        kind="statistic",
+        source="a slope and its standard error from fewer points (8 degrees of freedom) give a confidence bound "
+        "too wide to separate a leak from noise",
+    )
+    confidence: float = threshold(
+        0.99,
+        kind="statistic",
+        source="one-sided: slope - t(0.99, n-2) x SE must be above 0; one false leak in a hundred flat series "
+        "per rank and memory kind",
+    )
+    min_rise_bytes: float = threshold(
+        16 * MiB,
+        kind="measurement",
+        source="malloc's arenas and torch's allocators take and give back memory in chunks of up to a few MiB "
+        "from step to step; a trend smaller than a few such chunks over the window is no finding",
+    )
+    min_recent_share: float = threshold(
+        0.5,
+        kind="unsourced",
+        source="the second half's rate at least half the whole window's: a leak keeps its rate, warming memory "
+        "levels off (one clean 2-rank run here: 0.11 against 0.62 MB per step); the half is not derived",
+    )
+    imbalance_ratio: float = threshold(
+        1.25,
+        kind="unsourced",
+        source="data-parallel ranks hold the same state, so peaks differ by uneven inputs' activations; 25% "
+        "above the other ranks' median is taken as beyond batch-to-batch variation, not measured",
+    )
+    imbalance_min_bytes: float = threshold(
+        256 * MiB,
+        kind="measurement",
+        source="about one CUDA context or a set of library workspaces (cuBLAS, NCCL), which differ between ranks "
+        "for benign reasons",
+    )
+    cache_ratio: float = threshold(
+        1.5,
+        kind="unsourced",
+        source="a third or more of what the caching allocator reserved unused at the peak; the ordinary rounding "
+        "(2 MiB blocks, 20 MiB segments) wastes less, but the third is not derived",
+    )
+    cache_min_bytes: float = threshold(
+        1 * GiB,
+        kind="measurement",
+        source="big enough to matter on any GPU in use today: 1.25-6% of 16-80 GB",
+    )
+    headroom_fraction: float = threshold(
+        0.05,
+        kind="measurement",
+        source="what the allocator's count leaves out (the CUDA context and cuBLAS/NCCL workspaces, 0.5-1 GB: "
+        "1-2% of 40-80 GB) plus fragmentation take a few percent, so a peak within 5% of the total fails on "
+        "the next larger batch",
+    )
 
 
 @dataclass

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from harness.sourced import threshold
+
 
 @dataclass(frozen=True, kw_only=True)
 class NoiseModel:
@@ -33,8 +35,17 @@ class NoiseModel:
     """
 
     name: str
-    wakeup_noise: bool
-    min_late_steps: int
+    wakeup_noise: bool = threshold(
+        kind="definition",
+        source="where a collective ends on each rank when its thread is scheduled again, the ends' scatter is "
+        "timing noise on one clock too; where device kernels end together, only across clocks",
+    )
+    min_late_steps: int = threshold(
+        kind="definition",
+        source="where ranks time-share cores the scheduler can hold a healthy rank off its core for a whole step "
+        "(a time slice is milliseconds long), so one late step is no straggler; a GPU's kernels do not time-share "
+        "and a host running ahead can fold a delay into one step",
+    )
 
     def __post_init__(self) -> None:
         if self.min_late_steps < 1:

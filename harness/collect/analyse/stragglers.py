@@ -21,6 +21,7 @@ from harness.collect.analyse.replay import Replay
 from harness.collect.analyse.runq import RunQueue, RunQueueLog, run_queues
 from harness.collect.model import RankTrace
 from harness.collect.read.runup import HANDOVER_US, NO_PHASE, PHASE_PREFIX
+from harness.sourced import threshold
 
 # A straggler is "persistent" when it is over the bound in at least this share of the analysed
 # steps (two in three: a majority that survives one noisy step in three), else "intermittent".
@@ -38,22 +39,33 @@ class Thresholds:
     There is no absolute floor unless asked for (--min-lag-ms): short steps (inference, small
     models) are a few ms."""
 
-    min_lag_ms: float = 0.0
-    # ... share of the clean step (the punctual ranks' own work per step, see
-    # `analyze_stragglers`): what a straggler must cost to be worth naming. Material is 10% of the
-    # clean step (bench/detection.py); a straggler that costs that is late by about as much. The
-    # bound sits below it, at 8%, so that a material straggler measured a little short (its
-    # lateness is taken against the punctual quarter of the ranks, whose own arrivals jitter) is
-    # still named; below-material ones from 8% on are named too. Noise is the other bounds'
-    # business, not this one's.
-    rel_lag: float = 0.08
+    min_lag_ms: float = threshold(
+        0.0,
+        kind="definition",
+        source="no absolute floor unless asked for (--min-lag-ms): short steps (inference, small models) are a few ms",
+    )
+    # ... share of the clean step (the punctual ranks' own work per step, see `analyze_stragglers`)
+    rel_lag: float = threshold(
+        0.08,
+        kind="definition",
+        source="material is 10% of the clean step (bench/detect/score.py: what a straggler must cost to be worth "
+        "naming); the bound sits a fifth below it so that a material straggler measured a little short (its "
+        "lateness taken against the punctual quarter of the ranks, whose own arrivals jitter) is still named",
+    )
     # ... this many times the collectives' end scatter on other clocks than the reference's
     # (clock noise; where the noise model has wake-up noise, on every rank) ...
-    noise_factor: float = 3.0
-    jitter_factor: float = 3.0  # ... this many times the run's step-to-step jitter ...
+    noise_factor: float = threshold(
+        3.0, kind="statistic", source="three median absolute deviations of the collectives' end scatter"
+    )
+    # ... this many times the run's step-to-step jitter ...
+    jitter_factor: float = threshold(
+        3.0, kind="statistic", source="three median absolute deviations of the run's step-to-step jitter"
+    )
     # ... and on 3+ ranks: this many MADs of the lower half of the ranks' lateness (the lower
     # half: up to half of the ranks can be stragglers and still stand out).
-    mad_factor: float = 3.0
+    mad_factor: float = threshold(
+        3.0, kind="statistic", source="three median absolute deviations of the lower half of the ranks' lateness"
+    )
 
 
 @dataclass(kw_only=True)
