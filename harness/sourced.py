@@ -20,9 +20,11 @@ A threshold's kind says where its value comes from:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 from collections.abc import Iterator
 from dataclasses import MISSING, dataclass, field
+from pathlib import Path
 from typing import Any
 
 KINDS = {
@@ -124,12 +126,20 @@ UNDECLARED = (
 )
 
 
-def _undeclared_value(name: str) -> str:
-    import importlib
+def analysis_modules() -> dict[str, str]:
+    """The modules of ANALYSIS_MODULES, by file stem (the names NOT_THRESHOLDS and UNDECLARED
+    use): stem -> dotted module name."""
+    root = Path(__file__).parent
+    return {
+        path.stem: "harness." + ".".join(path.relative_to(root).with_suffix("").parts)
+        for pattern in ANALYSIS_MODULES
+        for path in sorted(root.glob(pattern))
+    }
 
+
+def _undeclared_value(name: str, modules: dict[str, str]) -> str:
     module, constant = name.split(".")
-    package = "harness.train" if module in ("watch_rule", "watch", "arrivals") else "harness.collect.analyse"
-    return _value(getattr(importlib.import_module(f"{package}.{module}"), constant))
+    return _value(getattr(importlib.import_module(modules[module]), constant))
 
 
 def all_entries() -> list[Entry]:
@@ -153,27 +163,27 @@ def thresholds_markdown() -> str:
         "|---|---|",
         *(f"| {k} | {v} |" for k, v in KINDS.items()),
     ]
-    unsourced = []
+    listed: list[Entry] = []
     for title, owner, obj in registry():
         rows = list(entries(owner, obj))
         if not rows:
             continue
+        listed += rows
         lines += ["", f"## {title}", "", f"`{owner}`", "", "| name | value | kind | source |", "|---|---|---|---|"]
-        for e in rows:
-            lines.append(f"| `{e.name}` | {_cell(e.value)} | {e.kind} | {_cell(e.source)} |")
-            if e.kind == "unsourced":
-                unsourced.append(f"- `{owner}.{e.name}` = {e.value}")
-    counts = {k: sum(1 for e in all_entries() if e.kind == k) for k in KINDS}
+        lines += [f"| `{e.name}` | {_cell(e.value)} | {e.kind} | {_cell(e.source)} |" for e in rows]
+    unsourced = [f"- `{e.owner}.{e.name}` = {e.value}" for e in listed if e.kind == "unsourced"]
+    counts = {k: sum(1 for e in listed if e.kind == k) for k in KINDS}
     lines += ["", "## Counts", "", ", ".join(f"{k}: {n}" for k, n in counts.items())]
     if unsourced:
         lines += ["", "## Still without a source", "", *unsourced]
+    modules = analysis_modules()
     lines += [
         "",
         "## Not yet declared as fields",
         "",
         "Module constants whose source is in a comment beside them, not in a field; the list only shrinks.",
         "",
-        *(f"- `{name}` = {_undeclared_value(name)}" for name in UNDECLARED),
+        *(f"- `{name}` = {_undeclared_value(name, modules)}" for name in UNDECLARED),
     ]
     return "\n".join(lines) + "\n"
 

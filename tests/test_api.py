@@ -268,9 +268,8 @@ def test_the_pipeline_example_names_the_slow_stage_not_the_stage_it_held_up(
       sleep passed the watch by, and a sleep in backward flagged the held rank too."""
     args = ["--log-dir", str(tmp_path), "--run-name", "pp", "--steps", "30", "--slow-rank", str(slow_rank)]
     args += ["--slow-ms", "60", "--slow-from", "8", "--slow-phase", phase, "--slow-kind", kind, "--watch-every", "3"]
-    # A 6-step window: the collector measures the run's step-to-step jitter (5+ steps on CPU).
-    # In the default 3 it falls back to 35% of the median step, the 60 ms sleep included, which
-    # on a loaded machine (a CI run's) rose above the sleep itself.
+    # A 6-step window: the collector's jitter bounds from more steps than the default 3, whose
+    # median absolute deviations one noisy step on 4 ranks sharing 2 cores moves.
     # A 15 ms floor for the watch (a quarter of the 60 ms slowness): with another process busy
     # beside these 4 ranks on 2 cores, a healthy rank's own work ran 4.3-6.7 ms (a fifth of the
     # step) over its stage peer's for a whole 3-step interval before the onset, its CPU time

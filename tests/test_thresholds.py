@@ -43,13 +43,13 @@ def _module_numbers() -> set[str]:
         return isinstance(node, ast.UnaryOp) and numeric(node.operand)
 
     found = set()
-    for pattern in sourced.ANALYSIS_MODULES:
-        for path in sorted((REPO / "harness").glob(pattern)):
-            for node in ast.parse(path.read_text()).body:
-                target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-                value = getattr(node, "value", None)
-                if isinstance(target, ast.Name) and target.id.isupper() and value is not None and numeric(value):
-                    found.add(f"{path.stem}.{target.id}")
+    for stem, module in sourced.analysis_modules().items():
+        path = REPO / (module.replace(".", "/") + ".py")
+        for node in ast.parse(path.read_text()).body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+            value = getattr(node, "value", None)
+            if isinstance(target, ast.Name) and target.id.isupper() and value is not None and numeric(value):
+                found.add(f"{stem}.{target.id}")
     return found
 
 
