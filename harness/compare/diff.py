@@ -111,6 +111,10 @@ def _report_diff(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     def straggler(s: dict[str, Any]) -> dict[str, Any]:
         return {"rank": s.get("rank"), "host": s.get("host"), "phase": s.get("phase"), "cost_ms": s.get("cost_ms")}
 
+    def kept(s: dict[str, Any]) -> dict[str, Any]:
+        was = bs[int(s["rank"])]
+        return {**straggler(s), "base_phase": was.get("phase"), "base_cost_ms": was.get("cost_ms")}
+
     comm = {
         key: [_mean_over_ranks(base, key), _mean_over_ranks(new, key)]
         for key in ("compute_ms", "comm_ms", "exposed_wait_ms", "exposed_transfer_ms", "memcpy_ms", "idle_ms")
@@ -132,7 +136,7 @@ def _report_diff(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         "verdict": [base.get("verdict"), new.get("verdict")],
         "stragglers_appeared": [straggler(s) for r, s in sorted(ns.items()) if r not in bs],
         "stragglers_gone": [straggler(s) for r, s in sorted(bs.items()) if r not in ns],
-        "stragglers_kept": [straggler(s) for r, s in sorted(ns.items()) if r in bs],
+        "stragglers_kept": [kept(s) for r, s in sorted(ns.items()) if r in bs],
         "communication_ms": comm,
         "host_per_step": host,
         "compute_families_ms": families[:10],
@@ -178,6 +182,7 @@ def _explain(step: Difference, phases: list[dict[str, Any]], report: dict[str, A
                 f"straggler appeared: rank {s['rank']} ({s.get('host') or '?'}) in {s.get('phase') or '?'}, "
                 f"costing the others {s.get('cost_ms') or 0:.1f} ms/step"
             )
+        lines += _kept_lines(report["stragglers_kept"], floor, change_ms)
         for s in report["stragglers_gone"]:
             lines.append(f"straggler gone: rank {s['rank']} (was slow in {s.get('phase') or '?'})")
     for row in phases:
@@ -200,6 +205,27 @@ def _explain(step: Difference, phases: list[dict[str, Any]], report: dict[str, A
         if bv != nv:
             lines.append(f"verdict: {bv} -> {nv}")
     return lines
+
+
+def _kept_lines(kept: list[dict[str, Any]], floor_ms: float, change_ms: float) -> list[str]:
+    """A straggler both runs name is a change when its cost moved by at least the explanation's
+    floor in the step's direction and by more than COUNT_CHANGE of what it was, or when it is
+    late in another phase: the largest move first."""
+    moved = []
+    for s in kept:
+        base_ms, new_ms = float(s.get("base_cost_ms") or 0.0), float(s.get("cost_ms") or 0.0)
+        diff_ms = new_ms - base_ms
+        grew = abs(diff_ms) >= max(floor_ms, COUNT_CHANGE * base_ms) and (change_ms == 0 or diff_ms * change_ms > 0)
+        if grew or s.get("phase") != s.get("base_phase"):
+            word = "worse" if diff_ms > 0 else "better"
+            moved.append(
+                (
+                    -abs(diff_ms),
+                    f"straggler {word}: rank {s['rank']} ({s.get('host') or '?'}) in {s.get('phase') or '?'} "
+                    f"(was {s.get('base_phase') or '?'}), costing the others {base_ms:.1f} -> {new_ms:.1f} ms/step",
+                )
+            )
+    return [line for _, line in sorted(moved)]
 
 
 def compare_sides(
