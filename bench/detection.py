@@ -113,8 +113,8 @@ def generated_campaign(
     return rows
 
 
-# A generated case's peak memory per rank (measured: a 1024-rank FSDP case with its 25-step watch
-# run, 3.7 GB), rounded up: what each worker may need at the campaign's largest rank count.
+# A generated case's peak memory per rank, rounded up (bench/RESULTS.md, "Detection"): what each
+# worker may need at the campaign's largest rank count.
 CASE_BYTES_PER_RANK = 4 << 20
 
 

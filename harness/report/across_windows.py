@@ -1,12 +1,11 @@
 """Stragglers across a run's profiler windows (`harness.collect RUN --window each`). Pure.
 
 One window is one sample of a run's noise. On shared cores a healthy rank is now and then late
-beyond the bound in two of a short window's steps (the tests' 2.5 ms-step CPU DDP job: 23 of 180
-windows), on whichever rank the noise hits; a straggler's cause is the rank's own and is late in
-every window it lasts, in the same phase. So windows judged apart, then compared, tell the two
-apart where one window cannot: of 80 such three-window runs (28 of their 240 windows flagged
-a rank) one had a rank flagged in two of its windows, in two phases (backward, then forward),
-and none in two windows in one phase.
+beyond the bound in two of a short window's steps, on whichever rank the noise hits; a
+straggler's cause is the rank's own and is late in every window it lasts, in the same phase. So
+windows judged apart, then compared, tell the two apart where one window cannot: in the tests'
+short-step CPU DDP job, noise seldom flagged one rank in two windows and never in one phase
+(bench/RESULTS.md, "Detection").
 """
 
 from __future__ import annotations

@@ -360,7 +360,7 @@ def headline(
 
 # Stragglers are named one by one (verdict, next steps) up to this many; beyond, those alike (the
 # same phase, the same pattern) are named together (a 1024-rank job with one slow rank per host
-# has 128, which made 128 lines of the same advice): four ranks with their host and figure are
+# has 128, which would be 128 lines of the same advice): four ranks with their host and figure are
 # about two terminal lines.
 LISTED = 4
 

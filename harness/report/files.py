@@ -55,7 +55,7 @@ PART_CHARS = 1 << 16  # what write_json_in_parts holds before writing: 64 k char
 def write_json_in_parts(path: Path, data: Any, **options: Any) -> None:
     """`json.dumps(data, **options) + "\n"` written to `path` (atomically), the encoder's pieces
     gathered up to PART_CHARS and written a part at a time: the same bytes without the whole
-    text and its encoded copy in memory at once (report.json is 5.6 MB at 1024 ranks; with
+    text and its encoded copy in memory at once (report.json is several MB at 1024 ranks; with
     indent the json module encodes in Python either way)."""
     with atomic_file(path) as fh:
         parts: list[str] = []

@@ -117,7 +117,7 @@ def _escape_script_end(js: bytes) -> bytes:
 def _inline_script(js: bytes | Path) -> Iterator[str | bytes]:
     """`<script>js</script>`, js as UTF-8 bytes (written as they are) or the file holding them,
     any "</script" in it (in any case) escaped so it cannot close the element early. A file is read
-    CHUNK_BYTES at a time (Plotly's 4.8 MB, read whole and escaped, was the collector's peak):
+    CHUNK_BYTES at a time (Plotly's 4.8 MB, read whole and escaped, would be the collector's peak):
     each chunk is escaped up to where no "</script" can straddle its end and no UTF-8 character
     is cut (every part decodes alone), the rest carried into the next one."""
     yield "<script>"
@@ -301,7 +301,7 @@ def page_parts(
 ) -> Iterator[str | bytes]:
     """The view as one HTML document, in parts a writer can write one at a time (str, and the
     inlined Plotly as UTF-8 bytes; a 1024-rank report.html is ~11 MB: built whole, with its JSON
-    and that JSON's escaped copies, it made the collector's memory peak). `assets`: "inline"
+    and that JSON's escaped copies, it would be the collector's memory peak). `assets`: "inline"
     (self-contained file) or "linked" (scripts and style loaded from `plotly.min.js`, `view.js`,
     `view.css` next to the page)."""
     if assets == "inline":
@@ -324,7 +324,7 @@ def page_parts(
     yield "</script>\n"
     if assets == "inline":
         # Plotly's 4.8 MB as UTF-8 bytes from its file: decoded, its few non-ASCII characters
-        # made it a str of 4 bytes a character (19 MB, and as much again escaped)
+        # make it a str of 4 bytes a character (19 MB, and as much again escaped)
         yield from _inline_script(plotly_js_path())
         yield from _inline_script(static_text("view.js").encode("utf-8"))
     else:

@@ -5,12 +5,11 @@ campaign). The live watch judges every interval of the whole run with the collec
 (harness/train/watch_rule.py), and flags a rank only over the bound in one interval or over the
 material share of the step in two running. Where the hosts are noisy, a few steps cannot tell a
 straggler of a tenth of the step from the noise, and more of them can: on 2 shared CPU cores the
-watch flagged 53 of 55 material stragglers with no false flag in 24 clean runs, where the
-window named 41 of them (bench/RESULTS.md, "Detection": seeds 5006-5008); with its flags in the
-verdict four fresh seeds found 96 of 97, where the windows alone found 70, and the watch added
-two false alarms in their 32 clean runs (the windows' own: 2). A report that says
-"balanced" after the watch printed "straggler" during the same run leaves the user to choose
-between them; so the report carries both, and its verdict is the run's.
+watch flagged material stragglers the window missed. With its flags in the verdict, recall is
+higher than the windows' alone, and the watch adds about as many false alarms as the windows
+make (bench/RESULTS.md, "Detection"). A report that says "balanced" after the watch printed
+"straggler" during the same run leaves the user to choose between them; so the report carries
+both, and its verdict is the run's.
 
 report.json (added to the schema in document.py):
 - `watch_stragglers`: [{rank, host, phase, steps}], the ranks the watch flagged that the
@@ -22,9 +21,9 @@ report.json (added to the schema in document.py):
 - `unconfirmed_stragglers`: the window's stragglers set aside (`set_aside`): on CPU-only traces,
   those the watch judged in every one of the window's steps and never flagged over the run. They
   leave `stragglers` and their next steps; where none is left the verdict becomes balanced, the
-  window's kept in `trace_verdict`. On 2 shared cores the window named 6 ranks that were not
-  slow (2 in 38 clean runs, 4 innocent pipeline stage peers) and 96 that were: the watch had
-  flagged every one of the 96 and none of the 6 (bench/RESULTS.md, "Detection");
+  window's kept in `trace_verdict`. On 2 shared cores the window named some ranks that were not
+  slow (in clean runs, and innocent pipeline stage peers): the watch had flagged every slow rank
+  the window named and none of those (bench/RESULTS.md, "Detection");
 - any other straggler the window named and the watch, having judged the run, never flagged keeps
   the window's verdict, with a next step saying so (`unconfirmed_step`).
 """

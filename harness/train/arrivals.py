@@ -68,7 +68,7 @@ class HeldArrivals:
 def recorder_entries(backend: str | None = None) -> list[dict[str, Any]] | None:
     """This process's Flight Recorder entries without stack traces (NCCL's recorder for `backend`
     "nccl", which keeps its own), or None where it is off or cannot be read (a torch without
-    it). ~10 us an entry (a 2000-entry buffer: ~20 ms)."""
+    it). Its cost: bench/RESULTS.md, "Flight Recorder's cost"."""
     try:
         from torch._C import _distributed_c10d as c10d
 
@@ -252,13 +252,12 @@ def held_lateness_ms(  # noqa: C901
        nothing else judges. FSDP2 gathers one layer ahead, each all-gather waiting for the
        layer before's copy-out, which waits for the compute before it on its stream, so a
        forward layer's slowness shows at the all-gather two layers on and the last layers' in
-       backward (a 128-rank generated job computing 30% longer in forward, 11.9% of the step,
-       measured 7.1% against an 8% bound without it, bench/RESULTS.md). Counting
+       backward (a generated FSDP job slow in forward is over the bound only with it:
+       bench/RESULTS.md, "Detection"). Counting
        increases, as on CPU, misses a rank slow all through FSDP's forward: its all-gathers
        hold the punctual ranks to its pace, so it is late by as much at each and its increases
-       are nothing after the first (40 generated FSDP jobs side by side, bench/RESULTS.md: 16
-       of 21 material stragglers in forward and backward found that way, 20 this way, no false
-       flag either way in 11 clean jobs).
+       are nothing after the first (generated FSDP jobs side by side: more stragglers found this
+       way, no false flag either way; bench/RESULTS.md, "Detection").
     A phase marked more than once in a step (gradient accumulation: a pass per micro-batch;
     timing.py keeps a span per pass) is taken pass by pass: a collective belongs to the pass its
     issue falls in, the pass's first is the rank's first in 3-5, and the lateness it enters the

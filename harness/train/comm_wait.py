@@ -34,8 +34,8 @@ watch_rule.stages), whatever the loop's phases are called.
 What it does not see: waits done in C++ (DDP's reducer, FSDP's stream waits, a backend's own
 threads) and batches from a `batch_isend_irecv` a module bound before the Run opened (`from
 torch.distributed import batch_isend_irecv`: NCCL's COALESCED Work is then not told from a
-coalesced collective's). Cost: a Python call and an op-type read per wait (0.6 us more on a
-completed Work, 2 gloo ranks here: bench/comm_wait.py), two CUDA events per wait on GPU.
+coalesced collective's). Cost: a Python call and an op-type read per wait (bench/RESULTS.md,
+"Detection", timing each wait on communication), two CUDA events per wait on GPU.
 """
 
 from __future__ import annotations

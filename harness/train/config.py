@@ -311,9 +311,9 @@ class WatchConfig:
     """The live straggler watch (harness/train/watch.py): every N steps the ranks exchange their step
     timings in one all-gather and apply the collector's straggler rule to them."""
 
-    # 100: on the lab's CPU workload (5.6 ms steps, shorter than a real job's) the watch's own
-    # time was 0.58% of the loop at 50 steps and under 0.5% at 100 (bench/overhead.py, variant W);
-    # on steps of 50 ms or more (GPU training) either costs under 0.1%.
+    # 100: on the lab's CPU workload (steps shorter than a real job's) the watch's own time is
+    # within its 0.5% target at 100 steps and over it at 50 (bench/RESULTS.md, "Harness and
+    # profiler overhead"). On steps of 50 ms or more (GPU training) either costs under 0.1%.
     every: int = knob(
         100,
         "every N steps, the ranks exchange their last steps' phase times and the watch names the stragglers (0 = off)",

@@ -22,7 +22,8 @@ import ctypes
 import time
 from typing import Any
 
-# A tenth of the harness's whole overhead target (2% of a step, bench/overhead.py's (a))
+# A tenth of the harness's whole overhead target (2% of a step: bench/RESULTS.md, "Harness and
+# profiler overhead", (a))
 BUDGET_SHARE = 0.002
 
 # struct mallinfo2, glibc's malloc.h: every field a size_t, in this order

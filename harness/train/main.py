@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     if clean and env.distributed:
         # Every output is written and closed by now. Interpreter teardown of a gloo/Kineto
         # process sometimes aborts in a C++ destructor ("terminate called without an active
-        # exception", ~1 run in 16 here), turning a successful run into a torchrun failure; so
-        # a clean distributed run leaves without running those destructors.
+        # exception"), turning a successful run into a torchrun failure; so a clean distributed
+        # run leaves without running those destructors.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

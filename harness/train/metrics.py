@@ -12,9 +12,9 @@ PATH, else `.rank<R>` before the suffix when there is more than one rank), rewri
 
 What is updated, and when (`step`): from the step record the step clock hands over once the
 step's device work is done (CUDA events, no host-device synchronisation); a step only keeps its
-record and adds to a few sums, and the families are built when read (`bench/overhead.py`,
-variant P). Every series carries the labels run, rank, local_rank and host; docs/metrics.md says
-what each one means.
+record and adds to a few sums, and the families are built when read (bench/RESULTS.md,
+"Harness and profiler overhead"). Every series carries the labels run, rank, local_rank and
+host; docs/metrics.md says what each one means.
 """
 
 from __future__ import annotations
@@ -91,10 +91,10 @@ class Metrics:
     and `window` update them, and `tracing_source` (when set) is asked for the tracing counts
     when they are read; `close` writes the file a last time and stops serving.
 
-    A step only keeps its record and adds to a few sums (~2 us); the metric families are built
-    from them when they are read (a scrape, the textfile's rewrite), in `collect`: a registry's
-    custom collector. The record is replaced whole, so a scrape in the server's thread reads one
-    step's values, never a mix."""
+    A step only keeps its record and adds to a few sums; the metric families are built from them
+    when they are read (a scrape, the textfile's rewrite), in `collect`: a registry's custom
+    collector. The record is replaced whole, so a scrape in the server's thread reads one step's
+    values, never a mix."""
 
     def __init__(self, labels: dict[str, str], target: MetricsTarget, faults: FaultLog) -> None:
         self.target, self.faults = target, faults

@@ -41,8 +41,7 @@ def init_process_group(par: ParallelConfig, env: LaunchEnv, device: torch.device
     if attempt > 0:
         # After a torchrun restart the workers join the agent's store again, which still holds
         # the failed attempt's keys (gloo's peer addresses among them): a new rank can read a
-        # dead peer's address and hang in connect (seen here in 1 restart of 3). Each attempt's
-        # keys get their own prefix.
+        # dead peer's address and hang in connect. Each attempt's keys get their own prefix.
         store, rank, world_size = next(dist.rendezvous("env://", timeout=PG_TIMEOUT))
         kwargs.update(store=dist.PrefixStore(f"harness/attempt-{attempt}", store), rank=rank, world_size=world_size)
     dist.init_process_group(**kwargs)

@@ -1,9 +1,9 @@
 """A small /proc file read every step: kept open and read with one `pread` from offset 0.
 
 Opening, reading and closing a /proc file each time costs several times one `pread` of a file
-kept open, and between a training step's kernels on a 2-vCPU VM the difference was ~100 us a
-step (bench/RESULTS.md, overhead (i)). The kernel regenerates the file's text on every read
-from offset 0, so the open file always reads the current values.
+kept open, between a training step's kernels too (bench/RESULTS.md, "Harness and profiler
+overhead"). The kernel regenerates the file's text on every read from offset 0, so the open
+file always reads the current values.
 """
 
 from __future__ import annotations

@@ -296,7 +296,7 @@ class TraceRecorder:
         nor where the job has no group of fewer ranks than the world but the watch's
         (`gloo_groups.unnamed_groups` over torch's pg_config_info, which the trace's
         distributedInfo holds too: the collector reads the file only then). Never raises into
-        the training loop. ~10 us an entry read (2000: ~20 ms a window)."""
+        the training loop. Its cost: bench/RESULTS.md, "Flight Recorder's cost"."""
         from harness.collect.read.gloo_groups import sidecar_doc, unnamed_groups
         from harness.train.arrivals import recorder_entries
 

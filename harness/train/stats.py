@@ -103,9 +103,9 @@ def host_memory_limit() -> int | None:
 class ResidentBytes:
     """This process's RSS in bytes, or None where it cannot be read. On Linux the second field
     (resident pages) of its statm, kept open (`KeptProcFile`); psutil's `memory_info` opens,
-    reads and closes the file and builds a named tuple each time, which cost 138 us a step
-    between a training step's kernels on a 2-vCPU VM (bench/RESULTS.md, overhead (i)), several
-    times one read's. Elsewhere, psutil's reading."""
+    reads and closes the file and builds a named tuple each time, several times one read's cost
+    between a training step's kernels (bench/RESULTS.md, "Harness and profiler overhead").
+    Elsewhere, psutil's reading."""
 
     def __init__(self, proc: psutil.Process) -> None:
         self.proc = proc

@@ -74,8 +74,9 @@ PHASES = len(WATCH_PHASES)
 COLUMNS = 2 + 5 * PHASES + 1
 SOURCE_COLUMN = COLUMNS - 1
 # At most this many stragglers get a phase per interval (the most late): each phase compares a rank
-# with every other rank (one straggler among 1024 ranks: 20-24 ms an interval, mostly this), so 16,
-# two 8-GPU nodes' worth like the collector's MAX_CAUSES, bounds it; the rest are flagged unnamed.
+# with every other rank (at 1024 ranks most of the verdict's time: bench/RESULTS.md, "Harness and
+# profiler overhead"), so 16, two 8-GPU nodes' worth like the collector's MAX_CAUSES, bounds it;
+# the rest are flagged unnamed.
 MAX_PHASED = 16
 
 # Phases that hold collectives, per parallel wrapper (harness/train/parallel.py): DDP all-reduces

@@ -69,7 +69,8 @@ PLUGIN_NAME = "harness_distributed"
 COLLECT_TIMEOUT_S = 600  # wall time, then its process group is killed
 COLLECT_JOBS = 2  # parser processes beside the main one
 # Each process's data segment: a quarter of the machine (so all three stay under ~3/4 of it,
-# TensorBoard keeping the rest), at least 2 GB (a 2 GB trace streams in a few hundred MB).
+# TensorBoard keeping the rest), at least 2 GB (a 2 GB trace streams in less: bench/RESULTS.md,
+# "Many ranks and large traces").
 COLLECT_MEMORY_MB = max(2048, psutil.virtual_memory().total // 2**20 // 4)
 _JSON = "application/json"
 _HTML = "text/html"

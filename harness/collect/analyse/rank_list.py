@@ -1,13 +1,13 @@
 """Many ranks named in a few words: what the verdict, the diagnosis line and the next steps say of
-a group of ranks on a 1024-rank job (one slow rank per host is 128 ranks; listed one by one they
-made a verdict of 11 k characters)."""
+a group of ranks on a 1024-rank job (one slow rank per host is 128 ranks, too many to list one
+by one)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-# Up to this many ranks are listed one by one, as they always were (two hosts of eight); beyond,
-# as runs. Runs named before "and N more": about one terminal line.
+# Up to this many ranks are listed one by one (two hosts of eight); beyond, as runs. Runs named
+# before "and N more": about one terminal line.
 SPELLED = 16
 RUNS_SHOWN = 8
 

@@ -10,15 +10,15 @@ it is read; the top-level fields in any order), in time linear in the bytes and 
 by `Limits` whatever the file holds (docs/failures.md, "What the collector refuses"), and each
 block's events go straight into `Columns`: parallel arrays of start, duration, name and thread
 per kind of event the analysis reads (cpu ops, kernel launches, kernels), names and threads as
-indices into one table each. An event then costs 24-36 bytes
-instead of a Python object's ~200, so a 2 GB trace fits in a few hundred MB (bench/RESULTS.md,
-`--stream-mb`). Only the few annotations (steps, harness phases, gloo ranges) stay objects.
+indices into one table each. An event then costs 24-36 bytes instead of a Python object's ~200,
+so a 2 GB trace fits in a few hundred MB (bench/RESULTS.md, "Many ranks and large traces"). Only
+the few annotations (steps, harness phases, gloo ranges) stay objects.
 
 Where the install compiled it (setup.py; a C compiler is all it needs), the native tabler
 `_scan.c` fills the same columns straight from each block's bytes, no Python object per event
-(the decode of a 92 MB rank about twice as fast); a block it declines (an escaped
-name, a string time, malformed JSON: anything outside the narrow shape it reads) is decoded as
-above, so the result is the same either way (tests/test_native_scan.py).
+(faster: bench/RESULTS.md, "The collector against HTA 0.5.0 and traceinsight 0.6.1"); a block it
+declines (an escaped name, a string time, malformed JSON: anything outside the narrow shape it
+reads) is decoded as above, so the result is the same either way (tests/test_native_scan.py).
 HARNESS_NATIVE_SCAN=0 switches it off.
 
 A trace whose events do not fit the structs (an event that is not an object, `args` that is not

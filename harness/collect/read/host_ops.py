@@ -189,8 +189,8 @@ def count_host_ops(doc: Trace, main: int | None, by_number: dict[int, Step]) -> 
 
 # A metadata-only op: no data is touched, so its recorded duration is one dispatcher call with the
 # profiler's bookkeeping, the machine's unit of per-op cost. as_strided is in every eager
-# training step (views, slices and selects call it) on CPU and GPU alike: 190-240 ns on the lab's
-# CPU runs here, and in every real GPU trace of tests/data/traces but the event-sampled ones.
+# training step (views, slices and selects call it) on CPU and GPU alike: in the lab's CPU runs,
+# and in every real GPU trace of tests/data/traces but the event-sampled ones.
 FLOOR_OP = "aten::as_strided"
 FLOOR_MIN_CALLS = 20  # fewer: too few for a median to stand for the machine
 

@@ -27,9 +27,9 @@ P2P_WAIT = "waiting at point-to-point ops"
 P2P_HANDOVER_US = 50.0
 # An op queued behind another on one stream (or waiting for it) starts where that one ends, but
 # can read as starting a hair before or after it: a trace's start and duration are rounded apart
-# (kineto: to the ns), and a clock shift adds float error (a 5 ms host skew in the generated
-# campaign: ends 0.001 us past the next start). Within this long, one ends where the next starts;
-# a microsecond is far below any run-up or wait the rules judge. (stragglers.last_syncs too.)
+# (kineto: to the ns), and a clock shift adds float error. Within this long, one ends where the
+# next starts; a microsecond is far below any run-up or wait the rules judge. (stragglers.last_syncs
+# too.)
 HANDOVER_US = 1.0
 OP_PREFIX = "op:"
 # A GPU collective's run-up by phase (`set_run_ups`, 4): the keys are this prefix and the phase.
