@@ -7,14 +7,15 @@ DEMO_RUN := demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_ARGS ?= --mode torch --parallel ddp --steps 20 --warmup-steps 5 --active 6 \
 	--straggler-rank 1 --straggler-ms 30 --straggler-phase data
 
-.PHONY: setup browser demo test test-quick sanitize selfcheck tensorboard clean-logs
+.PHONY: setup test-tools demo test test-quick sanitize selfcheck tensorboard clean-logs
 
 setup:
 	VENV=$(VENV) bash launch/setup.sh
 
-# Debian's chromium + chromium-driver, for the real-browser test of the TensorBoard view.
-browser:
-	bash launch/install_browser.sh
+# Debian's chromium + chromium-driver (the real-browser test of the TensorBoard view) and tmux
+# (the console read in a 100-column terminal).
+test-tools:
+	bash launch/install_test_tools.sh
 
 demo: setup
 	$(BIN)/torchrun --standalone --nproc_per_node $(NPROC) -m harness.train $(DEMO_ARGS) --run-name $(DEMO_RUN)
@@ -22,7 +23,7 @@ demo: setup
 
 # The tests run the Hugging Face and Lightning callbacks, and their trackers, too: their extras are installed.
 test: export EXTRAS := test,hf,lightning,trackers
-test: setup browser
+test: setup test-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

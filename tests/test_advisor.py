@@ -14,7 +14,7 @@ from harness.collect.analyse.advisor import Rules, classify
 from harness.collect.read.parse import parse_trace
 
 from identities import check_report
-from jobs import REPO, run_harness
+from jobs import REPO, run_harness, said
 from tracebuild import GpuRank, document, step, write, x
 
 HEALTHY = {
@@ -124,7 +124,7 @@ def diagnosis_of(run_dir: Path) -> dict:
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((run_dir / "report" / "report.json").read_text())
     check_report(doc)  # the accounting identities hold on every real run
-    assert f"diagnosis: {doc['diagnosis_summary']}" in proc.stdout
+    assert said(proc.stdout, "diagnosis") == [doc["diagnosis_summary"]]
     assert "## Diagnosis" in (run_dir / "report" / "report.md").read_text()
     return doc
 

@@ -14,7 +14,7 @@ from harness.collect.align.waits import attribute
 from harness.collect.analyse.collective_stats import bus_factor, collective_stats, message_bytes
 from harness.report.document import build_report
 
-from jobs import REPO
+from jobs import REPO, said
 from tracebuild import cpu_ring_docs, ring_docs, run_analysis, shift_doc, write
 
 
@@ -227,9 +227,7 @@ def test_steps_not_in_the_traces_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "report" / "report.json").read_text())
     assert doc["verdict"] == "balanced"
-    assert [line for line in proc.stdout.splitlines() if line.startswith("next: ")] == [
-        f"next: {n['text']}" for n in doc["next_steps"]
-    ]
+    assert said(proc.stdout, "next") == [n["text"] for n in doc["next_steps"]]
 
 
 def test_the_clock_check_reads_only_steady_symmetric_collectives() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from identities import check_report
-from jobs import REPO, run_harness
+from jobs import REPO, run_harness, said
 
 pytestmark = pytest.mark.slow
 
@@ -132,6 +132,5 @@ def test_demo_victim_is_diagnosed_as_the_clean_run_and_the_whatif_matches_it(log
     assert abs(whatif - measured) <= 0.25 * measured, (whatif, measured, slow["run"])
     assert "waiting on rank 1" in victim["reason"]
     # the story in a few lines: verdict, diagnosis, what to do
-    lines = slow["_stdout"].splitlines()
-    assert any(line.startswith("verdict: straggler: rank 1") for line in lines)
-    assert sum(line.startswith("next: ") for line in lines) == len(slow["next_steps"]) >= 2
+    assert said(slow["_stdout"], "verdict")[0].startswith("straggler: rank 1")
+    assert len(said(slow["_stdout"], "next")) == len(slow["next_steps"]) >= 2

@@ -27,7 +27,7 @@ from harness.report.page import render_page
 from harness.train.config import ConfigError, LaunchEnv, build_config, resolve_environment
 from harness.train.heap import HeapStats
 
-from jobs import collect_report, run_harness
+from jobs import collect_report, run_harness, said
 from tracebuild import ring_docs, run_analysis
 
 WARMUP = 5
@@ -392,7 +392,7 @@ def test_report_markdown_view_and_console(tmp_path: Path) -> None:
     md = render_markdown(doc)
     assert "## Memory" in md and "| 1 | growth | host RSS rises 3.15 MB per step" in md
     assert "- rank 1 window 1: `/r/t.json.gz`" in md
-    assert "memory: rank 1 growth: host RSS rises 3.15 MB per step" in console_table(doc)
+    assert said(console_table(doc), "memory")[0].startswith("rank 1 growth: host RSS rises 3.15 MB per step")
     page = render_page(doc, None, title="t", assets="linked")
     assert 'id="memory-findings"' in page and 'id="heatmap-memory"' in page and 'id="memory-timelines"' in page
     assert len(doc["memory_steps"]) == 40

@@ -448,7 +448,7 @@ def browser() -> Iterator[Any]:
     driver_exe = shutil.which("chromedriver")
     if not (chrome and driver_exe):
         pytest.skip(
-            "no Chromium and ChromeDriver on PATH: `make browser` installs them on Debian; elsewhere install "
+            "no Chromium and ChromeDriver on PATH: `make test-tools` installs them on Debian; elsewhere install "
             "both to run the browser test"
         )
     opts = webdriver.ChromeOptions()

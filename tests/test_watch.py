@@ -39,7 +39,7 @@ from harness.train.watch_rule import (
 from harness.train.watch_rule import judge_interval as judge_tables
 from harness.write_faults import AppendOnlyFile
 
-from jobs import REPO, run_harness
+from jobs import REPO, run_harness, said
 
 DDP_OWN = own_work_phases("ddp")
 
@@ -539,8 +539,8 @@ def test_a_straggler_from_step_40_is_flagged_traced_and_named_by_the_collector(l
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((out / "report.json").read_text())
     assert doc["window"] == {"window": 2, "windows": [1, 2], "steps": [first, last], "captured": flagged["capture"]}
-    line = f"window:  window 2 of 1, 2 (steps {first}-{last}), traced when the live watch flagged rank(s) 2"
-    assert line in proc.stdout
+    line = f"window 2 of 1, 2 (steps {first}-{last}), traced when the live watch flagged rank(s) 2"
+    assert said(proc.stdout, "window") == [line], proc.stdout
     assert doc["verdict"] == "straggler"
     assert [(s["rank"], s["phase"]) for s in doc["stragglers"]] == [(2, "data")]
     named = flagged["stragglers"][0]

@@ -14,7 +14,7 @@ from harness.report.across_windows import WindowVerdict, across_windows, summary
 from harness.report.document import build_report
 from harness.report.watch_verdict import attach_watch, watch_stragglers
 
-from jobs import collect_quietly
+from jobs import collect_quietly, said
 from tracebuild import cpu_ring_docs, run_analysis, write
 
 
@@ -249,7 +249,8 @@ def test_the_collector_names_the_straggler_the_watch_flagged_in_a_window_it_foun
     assert [n["about"] for n in doc["next_steps"]][:1] == ["straggler"]
     assert "noise" in [n["about"] for n in doc["next_steps"]]
     assert (
-        "verdict: straggler, by the live watch over the whole run: rank 1 on node1 in its forward phase" in out.stdout
+        "straggler, by the live watch over the whole run: rank 1 on node1 in its forward phase"
+        in said(out.stdout, "verdict")[0]
     )
     md = (tmp_path / "report" / "report.md").read_text()
     assert (
@@ -277,8 +278,8 @@ def test_the_collector_sets_aside_a_straggler_the_watch_judged_and_never_flagged
     assert (row["bottleneck"], row["reason"]) == classify(row["evidence"]) and row["bottleneck"] != "straggler"
     assert doc["diagnosis_summary"] == "kernel-bound (ranks 0, 1)"  # was: straggler (rank 1); kernel-bound (rank 0)
     assert (
-        "verdict: balanced, by the live watch over the whole run: the traced window (steps 1-6) alone named rank 1"
-        in out.stdout
+        "balanced, by the live watch over the whole run: the traced window (steps 1-6) alone named rank 1"
+        in said(out.stdout, "verdict")[0]
     )
     md = (tmp_path / "report" / "report.md").read_text()
     assert "None the live watch confirmed." in md

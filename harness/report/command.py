@@ -32,7 +32,7 @@ from harness.paths import (
     WINDOWS_JSON,
 )
 from harness.report.across_windows import summary_lines
-from harness.report.console import console_table
+from harness.report.console import console_table, labelled, why_text
 from harness.report.each_window import collect_each
 from harness.report.floor import floor_line
 from harness.report.merged import MERGED_BUDGET_BYTES, MergedChoice
@@ -163,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
     p.add_argument(
+        "--wide", action="store_true", help="the per-rank table with every column and every rank (wider than 100)"
+    )
+    p.add_argument(
         "--progress-file", type=Path, help="keep a JSON of the stage reached here (harness/collect/progress.py)"
     )
     p.add_argument(
@@ -263,41 +266,55 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_result(result: Collected, args: argparse.Namespace) -> str:
-    """The console's account of a report: returns the line naming the verdict."""
+    """The console's account of a report (console.py), fitting console.WIDTH columns: the verdict
+    block first (verdict, why, next steps, noise bound, diagnosis), then the per-rank table
+    (every column with --wide), warnings and where the files are. Returns the verdict's line."""
     doc, out = result.doc, result.out
     if result.flight_only:
-        print(doc["headline"])
+        print(labelled("verdict", doc["headline"]))
         if not args.quiet:
             for w in result.warnings:
-                print(f"warning: {w}")
+                print(labelled("warning", w))
         for n in doc["next_steps"]:
-            print(f"next: {n['text']}")
-        print(f"report:  {out}/{REPORT_MD} (also {REPORT_HTML}, {REPORT_JSON}; from Flight Recorder dumps only)")
+            print(labelled("next", n["text"]))
+        print(
+            labelled(
+                "report", f"{out}/{REPORT_MD} (also {REPORT_HTML}, {REPORT_JSON}; from Flight Recorder dumps only)"
+            )
+        )
         return "report from the Flight Recorder dumps alone"
-    if doc.get("hang") or doc.get("mismatches"):
-        print(doc["headline"])  # first: the rest of the report is about a job that never finished
-    if not args.quiet:
-        print(console_table(doc))
-        for w in result.warnings:
-            print(f"warning: {w}")
-    if doc["window"] and (len(doc["window"]["windows"]) > 1 or not args.quiet):
-        print(f"window:  {window_line(doc['window'])}")
-    print(f"\nverdict: {doc['headline']}")
-    if doc.get("noise_floor"):
-        print(f"noise:   {floor_line(doc['noise_floor'])}")
-    print(f"diagnosis: {doc['diagnosis_summary']}")
+    print(labelled("verdict", doc["headline"]))
+    why = why_text(doc)
+    if why:
+        print(labelled("why", why))
     for n in doc["next_steps"]:
-        print(f"next: {n['text']}")
+        print(labelled("next", n["text"]))
+    if doc.get("noise_floor"):
+        print(labelled("noise", floor_line(doc["noise_floor"])))
+    print(labelled("diagnosis", doc["diagnosis_summary"]))
+    if not args.quiet:
+        print()
+        print(console_table(doc, wide=args.wide))
+        for w in result.warnings:
+            print(labelled("warning", w))
+    if doc["window"] and (len(doc["window"]["windows"]) > 1 or not args.quiet):
+        print(labelled("window", window_line(doc["window"])))
     print(
-        f"report:  {out}/{REPORT_MD} (also {REPORT_HTML}, {REPORT_JSON}, {TIMELINE_JSON}, {STEPS_CSV}, "
-        f"{COLLECTIVES_CSV}; TensorBoard scalars in {out}/tb/)"
+        labelled(
+            "report",
+            f"{out}/{REPORT_MD} (also {REPORT_HTML}, {REPORT_JSON}, {TIMELINE_JSON}, {STEPS_CSV}, "
+            f"{COLLECTIVES_CSV}; TensorBoard scalars in {out}/tb/)",
+        )
     )
     merged = result.merged
     if merged:
         print(
-            f"merged:  {merged.path} ({merged.gz_bytes / 1e6:.1f} MB, {merged.json_bytes / 1e6:.0f} MB of JSON): "
-            f"{merged.window.note}"
+            labelled(
+                "merged",
+                f"{merged.path} ({merged.gz_bytes / 1e6:.1f} MB, {merged.json_bytes / 1e6:.0f} MB of JSON): "
+                f"{merged.window.note}",
+            )
         )
     elif args.merged.mode != "none":
-        print(f"no {MERGED_TRACE}: only the in-job summaries, not the traces, are here")
+        print(labelled("merged", f"no {MERGED_TRACE}: only the in-job summaries, not the traces, are here"))
     return f"verdict: {doc['headline']}"
