@@ -9,7 +9,8 @@ In any training loop (`harness.Run`: docs/own-job.md):
                 with run.phase("data"): ...
 
 `python -m harness.train` runs the lab workloads on the same class; `python -m harness.collect`
-reads what either wrote, and `harness.summary(run_folder)` gives its report as one flat dict for
+reads what either wrote; `harness.load(run_folder)` gives its report as typed records, pandas
+DataFrames and plotly figures for a notebook, and `harness.summary(run_folder)` as one flat dict for
 experiment trackers (W&B, MLflow). Importing this package imports no torch: `Run` loads it when first used.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["ConfigError", "Run", "enable_flight_recorder", "summary"]
+__all__ = ["ConfigError", "Run", "enable_flight_recorder", "load", "summary"]
 
 
 def __getattr__(name: str) -> Any:
@@ -34,6 +35,10 @@ def __getattr__(name: str) -> Any:
         from harness.report.summary import summary
 
         return summary
+    if name == "load":
+        from harness.report.notebook import load
+
+        return load
     if name == "enable_flight_recorder":
         from harness.train.run import enable_flight_recorder
 

@@ -17,21 +17,18 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from harness.paths import REPORT_JSON
+from harness.paths import REPORT_DIR, REPORT_JSON
 from harness.tracker_summary import SummaryRecord, flat
 
-REPORT_DIR = "report"
 
 
 class SummaryError(ValueError):
     """No report where one was given; the message says what to run."""
 
 
-def _read(report: str | Path | dict[str, Any]) -> dict[str, Any]:
-    """report.json's content from the content itself, report.json, a report folder or a run folder."""
-    if isinstance(report, dict):
-        return report
-    path = Path(report)
+def read_report(path: Path) -> tuple[dict[str, Any], Path]:
+    """report.json's content and where it is: `path` itself, `path`/report.json (a report folder)
+    or `path`/report/report.json (a run folder)."""
     for candidate in (path, path / REPORT_JSON, path / REPORT_DIR / REPORT_JSON):
         if candidate.is_file():
             try:
@@ -40,10 +37,17 @@ def _read(report: str | Path | dict[str, Any]) -> dict[str, Any]:
                 raise SummaryError(f"{candidate}: not a readable report.json ({exc}); collect the run again") from None
             if not isinstance(doc, dict) or "verdict" not in doc:
                 raise SummaryError(f"{candidate}: not the collector's report.json; collect the run again")
-            return doc
+            return doc, candidate
     raise SummaryError(
         f"{path}: no {REPORT_JSON} there nor in {REPORT_DIR}/; run `python -m harness.collect {path}` first"
     )
+
+
+def _read(report: str | Path | dict[str, Any]) -> dict[str, Any]:
+    """report.json's content from the content itself, report.json, a report folder or a run folder."""
+    if isinstance(report, dict):
+        return report
+    return read_report(Path(report))[0]
 
 
 def _percentile(values: list[float], q: int) -> float | None:
