@@ -22,6 +22,11 @@ REAL_TRACES = REPO / "tests" / "data" / "traces"
 # What a test job script (accelerate_job.py, ...) prints with its rank once its work is written.
 FINISHED = "test job finished, rank"
 # Small and quick on 2 cores; tests that need other sizes pass their own flags after these.
+# The lab's workloads at their default sizes (each forces its bottleneck), 16 steps with an 8-step
+# window from step 5, the window the README advises on CPU; the data mode's samples cost a quarter
+# of the default (the data phase still most of the step). conftest.lab_run shares one run a mode.
+LAB = ["--steps", "16", "--warmup-steps", "2", "--wait", "4", "--warmup", "1", "--active", "8"]
+LAB_SIZE = {"data": ["--sample-cost", "10"]}
 QUICK = ["--steps", "8", "--warmup-steps", "2", "--wait", "2", "--warmup", "1", "--active", "2", "--batch-size", "16"]
 
 

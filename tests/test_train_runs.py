@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -79,15 +80,22 @@ def check_run(run: Run, world_size: int, windows: int = 1) -> list[dict]:
     return loaded
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 @pytest.mark.parametrize("mode", ["baseline", "data", "torch", "kernel", "comm"])
-def test_every_mode_and_parallel_at_world_size_2(mode: str, parallel: str, log_dir: Path) -> None:
-    run = run_harness(["--mode", mode, "--parallel", parallel, *QUICK, *SMALL[mode]], log_dir)
+def test_every_mode_runs_under_ddp(mode: str, lab_run: Callable[[str], Run]) -> None:
+    """Each mode's shared run (conftest.lab_run, the one test_advisor.py diagnoses)."""
+    run = lab_run(mode)
     check_run(run, world_size=2)
-    assert run.run_json["parallel"] == parallel
+    assert run.run_json["parallel"] == "ddp"
     assert run.run_json["backend"] == "gloo"
     assert "<- longest steps" in run.proc.stdout  # rank 0's per-rank table
     assert "python -m harness.collect" in run.proc.stdout
+
+
+@pytest.mark.parametrize("mode", ["data", "kernel"])
+def test_fsdp_wraps_the_modes_with_and_without_an_input_pipeline(mode: str, log_dir: Path) -> None:
+    run = run_harness(["--mode", mode, "--parallel", "fsdp", *QUICK, *SMALL[mode]], log_dir)
+    check_run(run, world_size=2)
+    assert run.run_json["parallel"] == "fsdp"
 
 
 def test_straggler_in_data_phase_shows_in_its_data_ms(log_dir: Path) -> None:
