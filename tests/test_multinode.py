@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -71,25 +70,21 @@ def launch_two_nodes(log_dir: Path, hosts: list[str], run_name: str) -> tuple[bo
     ok = all(p.returncode == 0 for p in procs)
     # torchrun's c10d rendezvous store lives in one of the two agents; once, in a CI run, an agent
     # still polling it after the other had gone failed with RendezvousConnectionError. That is
-    # the launcher's teardown, not the job: accepted for a retry only if every rank finished.
+    # the launcher's teardown, not the job: accepted only where every rank finished.
     teardown_only = (
         not ok
         and "RendezvousConnectionError" in told
         and all(s.exists() and json.loads(s.read_text())["state"] == "finished" for s in statuses)
     )
     if teardown_only:
-        print(f"torchrun teardown race, retrying once:\n{told}", file=sys.stderr)
+        print(f"torchrun teardown race after every rank finished:\n{told}", file=sys.stderr)
     assert ok or teardown_only, told
     return ok, told
 
 
 def test_two_nodes_on_loopback(log_dir: Path) -> None:
     hosts = ["nodea", "nodeb"] if _can_unshare() else [socket.gethostname()] * 2
-    ok, told = launch_two_nodes(log_dir, hosts, "mn")
-    if not ok:
-        shutil.rmtree(log_dir / "mn")
-        ok, told = launch_two_nodes(log_dir, hosts, "mn")
-        assert ok, told
+    launch_two_nodes(log_dir, hosts, "mn")  # both exited 0, or only the launcher's teardown failed
 
     run = Run(proc=None, dir=log_dir / "mn")  # type: ignore[arg-type]
     info = run.run_json
