@@ -154,3 +154,53 @@ def test_a_ring_of_sends_and_receives_is_not_matched_as_a_collective(tmp_path: P
     assert a.stragglers.verdict == "balanced", [(x.rank, x.late_ms) for x in a.stragglers.ranks]
     assert {i.name for i in a.instances} == {"allreduce"}
     assert any(w.startswith("36 point-to-point op(s) (send, recv) not matched across ranks") for w in a.warnings)
+
+
+def ddp_job(slow_rank: int, phase: str, extra_us: float, steps: int = 6) -> Sim:
+    """Two ranks, one data-parallel group, every step on each rank: data (300 us of host work in
+    a cpu op, then a blocking 100 us copy to the device), forward (a 1000 us GEMM), backward (a
+    1000 us GEMM, then the gradients' all-reduce, 200 us, on the communication stream after it),
+    optimizer (a 500 us kernel after the all-reduce); the loss is read at each step's end.
+    `slow_rank`'s work in `phase` (the host's in data, the kernel's elsewhere) takes `extra_us`
+    longer every step."""
+    sim = Sim(world_size=2)
+    for r in range(2):
+        h = sim.rank(r)
+        for n in range(1, steps + 1):
+
+            def more(name: str, r: int = r) -> float:
+                return extra_us if r == slow_rank and name == phase else 0.0
+
+            with h.step(n):
+                with h.range("data"):
+                    h.cpu(300.0 + more("data"), "aten::index_select")
+                    h.to_device(100.0)
+                with h.range("forward"):
+                    h.launch(GEMM, 1000.0 + more("forward"))
+                with h.range("backward"):
+                    grads = h.launch(GEMM, 1000.0 + more("backward"))
+                    reduced = h.collective("allreduce", 200.0, after=grads)
+                with h.range("optimizer"):
+                    h.launch(ADAM, 500.0 + more("optimizer"), after=reduced)
+                h.item()
+        h.sync(kind="device")
+    return sim
+
+
+@pytest.mark.parametrize("phase", ["data", "forward", "backward", "optimizer"])
+def test_a_ddp_rank_slow_in_each_phase_is_named_with_that_phase(tmp_path: Path, phase: str) -> None:
+    """Rank 1 takes 800 us longer in `phase` every step (about a third of its 2.9 ms of work).
+    The all-reduce of each step starts when rank 1's backward GEMM is done: in data, forward
+    and backward that is 800 us after rank 0's, directly; the optimizer's longer kernel delays
+    the loss read that ends its step, so its next step starts 800 us later and its next
+    all-reduce too. So rank 1 is late 800 us a step at every all-reduce it reaches late, in
+    `phase`, and rank 0 waits for it. (The mode x wrapper x phase matrix of real CPU runs this
+    replaces kept one real run per phase: test_collect_runs.py.)"""
+    a = analysed(tmp_path, ddp_job(1, phase, 800.0))
+    s = a.stragglers
+    assert s.verdict == "straggler"
+    assert [(r.rank, r.phase) for r in s.stragglers] == [(1, phase)]
+    late = s.stragglers[0]
+    # the optimizer's delay shows from the next step on: 5 of the 6 steps, a mean of 5/6 x 800 us
+    late_steps = 5 if phase == "optimizer" else 6
+    assert late.steps_late == late_steps and late.late_ms == pytest.approx(0.8 * late_steps / 6, abs=1e-3)

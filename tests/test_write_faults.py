@@ -92,14 +92,17 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-# Many short windows (--repeat 0) so that some fall inside the fault and some after it.
+# Many short windows (--repeat 0) so that some fall inside the fault and some after it: the fault
+# starts at the first window and holds 2 s of wall time, and the run is longer than that on any
+# machine (a slower one takes longer over the same steps).
+LONG_STEPS = 300
 LONG = [
     "--mode",
     "torch",
     "--micro-ops",
     "10",
     "--steps",
-    "600",
+    str(LONG_STEPS),
     "--warmup-steps",
     "2",
     "--wait",
@@ -153,7 +156,7 @@ def _check_survived(run, nproc: int = 2) -> dict:
     assert "Traceback" not in run.proc.stderr
     for rank in range(nproc):
         steps = run.steps(rank)
-        assert [s["step"] for s in steps] == list(range(600)), f"rank {rank}: {len(steps)} step records"
+        assert [s["step"] for s in steps] == list(range(LONG_STEPS)), f"rank {rank}: {len(steps)} step records"
         status = json.loads((run.dir / "status" / f"rank{rank}.json").read_text())
         assert status["state"] == "finished", status
     assert not [p for p in run.dir.rglob("*") if ".partial" in p.name], "a temporary file was left behind"
