@@ -21,7 +21,6 @@ from harness.paths import REPORT_DIR, REPORT_JSON
 from harness.tracker_summary import SummaryRecord, flat
 
 
-
 class SummaryError(ValueError):
     """No report where one was given; the message says what to run."""
 
