@@ -12,6 +12,9 @@ the leftovers of the previous variant hit every variant alike:
   S  B without TensorBoard scalars (--no-scalars)
   P  B with the Prometheus metrics on (--metrics-port and --metrics-file): updated every step,
      served by prometheus_client's HTTP thread, the textfile rewritten once a second
+  H  variant A's loop on harness.Run (profiler and watch off), its phases marked by hand
+     (data, forward, backward, optimizer)
+  Q  the same loop with its phases found by themselves (`Run(model=, optimizer=)`, auto_phases.py)
   W  B with the live straggler watch at its default interval (--watch-every 100) over 8 simulated
      ranks: a real gloo all-gather on a 1-rank group whose result is copied 8 times (8 equal
      ranks: the verdict's healthy path, the common one), then the verdict, its log line and
@@ -23,7 +26,8 @@ timed, in two clocks: wall time, and this process's CPU time (user + system), wh
 count time the process spent descheduled by other tenants of a shared machine. Ratios are taken
 within each repetition (paired) and their median reported: B/A (target <= 1.02), C/B (target
 <= 1.02), D/B (the profiler's cost while recording), B/S (the scalars' cost), W/B (the watch's
-cost, target <= 1.005), P/B (the metrics' cost, target <= 1.005); and the watch's and the
+cost, target <= 1.005), P/B (the metrics' cost, target <= 1.005), Q/H (phases found by
+themselves against marked by hand); and the watch's and the
 metrics' own time, timed inside their calls (add, after_step; step), as a share of the loop's:
 what (e) and (g) measure, without the noise of two separate runs; and the same for the harness
 itself in B (inside Run's begin/end_step and begin/end_phase): what (a) measures.
@@ -241,6 +245,46 @@ def time_harness(
     return (w1 - w0) / steps * 1e3, (c1 - c0) / steps * 1e3
 
 
+def time_own_loop(base: TrainConfig, steps: int, warmup: int, out: Path, auto: bool) -> tuple[float, float]:
+    """Variants H and Q: variant A's loop on harness.Run with no profiler and no watch, its phases
+    marked by hand (H) or found from hooks on the model, backward and the optimizer (Q)."""
+    trainer = make_trainer(base)
+    model, opt, loss_fn = trainer.model, trainer.optimizer, trainer.workload.loss
+    batches = _endless(trainer.loader)
+    total = warmup + steps
+    found = {"model": model, "optimizer": opt} if auto else {}
+    options = {"steps": total, "warmup_steps": warmup, "profile": False, "watch_every": 0}
+    tag = f"{'auto' if auto else 'marked'}-{time.monotonic_ns()}"
+    t0 = c0 = 0.0
+    with Run(log_dir=str(out), run_name=tag, device=DEVICE, quiet=True, **found, **options) as run:
+        for step in range(total):
+            if step == warmup:
+                _sync()
+                t0, c0 = time.perf_counter(), time.process_time()
+            with run.step():
+                if auto:
+                    x, y = next(batches)
+                    x, y = x.to(DEVICE), y.to(DEVICE)
+                    loss = loss_fn(model(x), y)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    continue
+                with run.phase("data"):
+                    x, y = next(batches)
+                    x, y = x.to(DEVICE), y.to(DEVICE)
+                with run.phase("forward"):
+                    loss = loss_fn(model(x), y)
+                with run.phase("backward"):
+                    loss.backward()
+                with run.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+        _sync()
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return elapsed / steps * 1e3, cpu / steps * 1e3
+
+
 def _timed_call(call: Any, inside: list) -> Any:
     """`call`, adding the time spent in it to inside[0] unless called from another timed call."""
 
@@ -285,6 +329,8 @@ def main() -> None:
         "S no scalars",
         "W watch on",
         "P metrics on",
+        "H marked by hand",
+        "Q found by hooks",
     )
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     results: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
@@ -298,6 +344,8 @@ def main() -> None:
             names[4]: lambda: time_harness(base, args.steps, args.warmup, "off", out, scalars=False),
             names[5]: lambda: time_harness(base, args.steps, args.warmup, "off", out, watch=True),
             names[6]: lambda: time_harness(base, args.steps, args.warmup, "off", out, metrics=True),
+            names[7]: lambda: time_own_loop(base, args.steps, args.warmup, out, auto=False),
+            names[8]: lambda: time_own_loop(base, args.steps, args.warmup, out, auto=True),
         }
         for rep in range(args.reps):
             for name in names[rep % len(names) :] + names[: rep % len(names)]:
@@ -331,6 +379,7 @@ def main() -> None:
         ("(d) harness off / same, no scalars", names[1], names[4], "TensorBoard scalars' cost"),
         ("(e) watch on / harness off", names[5], names[1], "target <= 1.005"),
         ("(g) metrics on / harness off", names[6], names[1], "target <= 1.005"),
+        ("(j) found by hooks / marked by hand", names[8], names[7], "automatic phases' cost"),
     ):
         print(f"{label:<38}{paired(num, den, 0):>7.4f}{paired(num, den, 1):>8.4f}  ({target})")
     print(

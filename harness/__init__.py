@@ -3,10 +3,10 @@
 In any training loop (`harness.Run`: docs/own-job.md):
 
     import harness
-    with harness.Run(run_name="mine", log_dir="profiler_logs") as run:
+    with harness.Run(run_name="mine", log_dir="profiler_logs", model=model, optimizer=opt) as run:
         for batch in loader:
             with run.step():
-                with run.phase("data"): ...
+                ...  # the phases found from hooks; or name them: `with run.phase("data"): ...`
 
 `python -m harness.train` runs the lab workloads on the same class; `python -m harness.collect`
 reads what either wrote; `harness.load(run_folder)` gives its report as typed records, pandas

@@ -158,20 +158,7 @@ def collect_report(folder: Path) -> dict[str, Any]:
 
 def said(stdout: str, label: str) -> list[str]:
     """The texts the collector's console printed under `label` ("verdict", "next", ...), each
-    with its wrapped continuation lines joined back (report/console.py's `labelled`)."""
-    from harness.report.console import LABEL_WIDTH
+    with its wrapped continuation lines joined back (report/console.py)."""
+    from harness.report.console import labelled_texts
 
-    texts: list[str] = []
-    current: list[str] | None = None
-    for line in stdout.splitlines():
-        if current is not None and line.startswith(" " * LABEL_WIDTH) and line.strip():
-            current.append(line.strip())
-            continue
-        if current is not None:
-            texts.append(" ".join(current))
-            current = None
-        if line.startswith(f"{label}:") and len(line) > LABEL_WIDTH and line[:LABEL_WIDTH].rstrip() == f"{label}:":
-            current = [line[LABEL_WIDTH:].strip()]
-    if current is not None:
-        texts.append(" ".join(current))
-    return texts
+    return labelled_texts(stdout, label)

@@ -162,7 +162,7 @@ def test_the_plain_loop_example_writes_what_the_lab_writes(parallel: str, tmp_pa
     doc = json.loads(run_file(run).read_text())
     assert doc["world_size"] == 2 and doc["parallel"] == parallel and doc["backend"] == "gloo"
     assert set(doc["config"]) == {"job", "profiler", "watch", "output"} and doc["config"]["job"]["steps"] == 20
-    assert [r["steps"] for r in doc["ranks"]] == [20, 20] and all(r["traces"] for r in doc["ranks"])
+    assert [r["steps"] for r in doc["ranks"]] == [18, 18] and all(r["traces"] for r in doc["ranks"])  # 2 warm-up
     for r in (0, 1):
         records = [json.loads(line) for line in steps_path(run, r).read_text().splitlines()]
         assert [rec["step"] for rec in records] == list(range(20))
@@ -180,6 +180,37 @@ def test_the_plain_loop_example_writes_what_the_lab_writes(parallel: str, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("phase", "more"),
+    [
+        ("data", []),
+        ("forward", ["--fsdp"]),
+        ("backward", []),
+        ("optimizer", ["--fsdp"]),
+        ("backward", ["--compile"]),
+        ("data", ["--accumulate", "3"]),
+    ],
+    ids=["data", "forward-fsdp", "backward", "optimizer-fsdp", "backward-compile", "data-accumulate"],
+)
+def test_phases_found_by_themselves_name_the_slow_ranks_phase(phase: str, more: list[str], tmp_path: Path) -> None:
+    """The two-line form (`--auto-phases`: `Run(model=, optimizer=)`, the loop marks its steps
+    only): rank 1 slow by 30 ms a step in each automatic phase, under DDP and FSDP2, with
+    torch.compile, and with three micro-batches a step (the data of the second and third
+    loaded between one backward and the next forward). The step logs hold the automatic
+    phases, the live watch flags rank 1 in that phase, and the collector names it there."""
+    args = ["--log-dir", str(tmp_path), "--run-name", "auto", "--steps", "20", "--auto-phases", "--watch-every", "5"]
+    torchrun([*args, "--slow-rank", "1", "--slow-ms", "30", "--slow-phase", phase, *more])
+    run = tmp_path / "auto"
+    record = [json.loads(line) for line in steps_path(run, 1).read_text().splitlines()][10]
+    assert set(record["phases_ms"]) == {"data", "forward", "loss", "backward", "optimizer"}, record
+    assert record["phases_ms"][phase] > 25.0, record  # the 30 ms, in its phase
+    lines = [json.loads(line) for line in watch_path(run).read_text().splitlines()]
+    assert (1, phase) in {(s["rank"], s["phase"]) for line in lines for s in line["stragglers"]}, lines
+    report = collect_report(run)
+    assert [(s["rank"], s["phase"]) for s in report["stragglers"]] == [(1, phase)], report["headline"]
+
+
+@pytest.mark.slow
 def test_a_hang_in_the_plain_loop_gets_the_flight_recorder_report(tmp_path: Path) -> None:
     args = [
         "--log-dir",
@@ -193,7 +224,7 @@ def test_a_hang_in_the_plain_loop_gets_the_flight_recorder_report(tmp_path: Path
         "--hang-step",
         "8",
         "--timeout",
-        "15",
+        "8",
     ]
     proc = torchrun(args, timeout=300, check=False)
     assert proc.returncode != 0

@@ -65,6 +65,8 @@ SMOKE = [
             "S no scalars",
             "W watch on",
             "P metrics on",
+            "H marked by hand",
+            "Q found by hooks",
             "(a) harness off / minimal loop",
             "(d) harness off / same, no scalars",
             "(e) watch on / harness off",
@@ -72,6 +74,7 @@ SMOKE = [
             "(g) metrics on / harness off",
             "(h) the metrics' own time",
             "(i) the harness's own time",
+            "(j) found by hooks / marked by hand",
         ],
     ),
     Smoke(

@@ -105,7 +105,7 @@ def test_the_collector_reads_the_waits_from_the_step_logs(tmp_path: Path) -> Non
     run = _write_run(tmp_path / "run", lambda r, s: 1000.0 * r)
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.collect", str(run), "--output", str(out)],
+        [sys.executable, "-m", "harness.collect", str(run), "--output", str(out), "--wide"],
         capture_output=True,
         text=True,
         check=False,

@@ -285,7 +285,7 @@ def print_result(result: Collected, args: argparse.Namespace) -> str:
         return "report from the Flight Recorder dumps alone"
     print(labelled("verdict", doc["headline"]))
     why = why_text(doc)
-    if why:
+    if why and why not in doc["headline"]:
         print(labelled("why", why))
     for n in doc["next_steps"]:
         print(labelled("next", n["text"]))

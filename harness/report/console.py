@@ -37,6 +37,26 @@ def labelled(label: str, text: str, width: int = WIDTH) -> str:
     )
 
 
+def labelled_texts(text: str, label: str) -> list[str]:
+    """The texts printed under `label` ("verdict", "next", ...) in `text` (what `labelled` wrote),
+    each with its wrapped continuation lines joined back into one line."""
+    texts: list[str] = []
+    current: list[str] | None = None
+    head = f"{label}:"
+    for line in text.splitlines():
+        if current is not None and line.startswith(" " * LABEL_WIDTH) and line.strip():
+            current.append(line.strip())
+            continue
+        if current is not None:
+            texts.append(" ".join(current))
+            current = None
+        if line.startswith(head) and line[:LABEL_WIDTH].rstrip() == head:
+            current = [line[LABEL_WIDTH:].strip()]
+    if current is not None:
+        texts.append(" ".join(current))
+    return texts
+
+
 def why_text(doc: dict[str, Any]) -> str | None:
     """The verdict's reason in one sentence with its figures:
 

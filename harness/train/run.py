@@ -1,11 +1,10 @@
 """`harness.Run`: every in-job feature of the harness for any training loop.
 
     import harness
-    with harness.Run(run_name="mine", log_dir="profiler_logs", steps=1000) as run:
+    with harness.Run(run_name="mine", log_dir="profiler_logs", steps=1000, model=model, optimizer=opt) as run:
         for batch in loader:
             with run.step():
-                with run.phase("data"): ...
-                with run.phase("forward"): ...
+                ...  # phases found by themselves (auto_phases.py), or `with run.phase("data"): ...`
 
 Used after the process group exists (rank and world size come from torch.distributed), or with
 none for one rank. What it gives the loop, as `python -m harness.train` gives the lab (which runs
@@ -41,6 +40,7 @@ from harness.paths import RUN_FILE, run_file, scalars_dir, steps_path, watch_pat
 from harness.scalars import ScalarWriter, step_scalars
 from harness.tracker_summary import SummaryRecord, flat
 from harness.train import flight
+from harness.train.auto_phases import AutoPhases, PhaseSink
 from harness.train.comm_wait import CommWaitTimer
 from harness.train.config import LaunchEnv
 from harness.train.grads_ready import GradientsReady
@@ -96,11 +96,13 @@ def default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-class Run:
+class Run(PhaseSink):
     """One rank's part of a profiled run (module docstring). Settings as keyword arguments
     (`run_config.py`: the names of `harness.train`'s flags), `config=` a TOML file, HARNESS_*
     variables; `device`: the one the loop computes on (default: the current CUDA device, else
-    the CPU)."""
+    the CPU). `model` (the module the loop calls: wrapped in DDP, FSDP or torch.compile as it is
+    called) and `optimizer` (one or a list): the step's phases are found from hooks on them
+    (auto_phases.py), no `run.phase()` needed."""
 
     def __init__(
         self,
@@ -112,6 +114,8 @@ class Run:
         flight_recorder: bool | None = None,
         prog: str = PROG,
         quiet: bool = False,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
         **options: Any,
     ) -> None:
         # settings/record/flight_recorder/prog: for `harness.train`, which runs on this class with
@@ -129,7 +133,9 @@ class Run:
         self.rows: list[dict[str, Any]] | None = None
         self.run_json: Path | None = None
         self._in_step = False
-        self._phase: tuple[str, ExitStack] | None = None
+        self._phase: tuple[str, ExitStack, bool] | None = None  # (name, its range, found by auto_phases)
+        self._auto: AutoPhases | None = None
+        self._auto_targets = (model, optimizer)
         self._annotate = False
         self._steps_marked = 0
         self._phases_marked = 0
@@ -241,7 +247,46 @@ class Run:
         except BaseException as exc:
             self.close(exc)
             raise
+        model, optimizer = self._auto_targets
+        if model is not None or optimizer is not None:
+            self.auto_phases(model, optimizer)
         return self
+
+    def auto_phases(
+        self,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
+    ) -> None:
+        """Find the step's phases from hooks (auto_phases.py): on `model`, the module the loop
+        calls (wrapped in DDP, FSDP or torch.compile as it is called), on backward, and on
+        `optimizer` (one or a list). Call it once after start() (`Run(model=..., optimizer=...)`
+        does), again for a model or optimizer made later. Phases marked by hand win inside their
+        ranges. On a GPU under DDP it also lets the watch see the model's last gradients
+        (watch_gradients)."""
+        if not self._started:
+            raise RuntimeError("harness.Run: auto_phases() after start()")
+        if self._auto is None:
+            self._auto = AutoPhases(self)
+        if model is not None:
+            self._auto.attach_model(model)
+            self.watch_gradients(model)
+        optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer] if optimizer else []
+        for opt in optimizers:
+            self._auto.attach_optimizer(opt)
+
+    # the automatic phases' side (auto_phases.PhaseSink)
+
+    def auto_ready(self) -> bool:
+        return self._in_step and (self._phase is None or self._phase[2])
+
+    def auto_begin(self, name: str) -> None:
+        if self._phase is not None and self._phase[2] and self._phase[0] == name:
+            return  # already open (the optimizer's preparation, then its step): one range
+        self._open_phase(name, auto=True)
+
+    def auto_end(self, name: str) -> None:
+        if self._phase is not None and self._phase[2] and self._phase[0] == name:
+            self.end_phase()
 
     def watch_gradients(self, model: torch.nn.Module) -> bool:
         """Let the live watch see this rank slow inside backward on a GPU under DDP: an event when
@@ -444,6 +489,8 @@ class Run:
         self.clock.start(step)
         if self._grads is not None:
             self._grads.new_step()
+        if self._auto is not None:
+            self._auto.step_starts()
         return step
 
     def end_step(self, **fields: Any) -> None:
@@ -479,19 +526,22 @@ class Run:
     def begin_phase(self, name: str) -> None:
         """A phase starts (for loops whose phases begin and end in separate hooks); a phase still
         open ends first."""
+        self._open_phase(name, auto=False)
+
+    def _open_phase(self, name: str, auto: bool) -> None:
         if self._phase is not None:
             self.end_phase()
         self.progress.phase = name
         self._phases_marked += 1
         stack = ExitStack()
         stack.enter_context(phase_range(name, annotate=self._annotate, nvtx=self._nvtx))
-        self._phase = (name, stack)
+        self._phase = (name, stack, auto)
 
     def end_phase(self) -> None:
         """The open phase ends (nothing without one)."""
         if self._phase is None:
             return
-        name, stack = self._phase
+        name, stack, _ = self._phase
         self._phase = None
         stack.close()
         if self._in_step:
@@ -501,7 +551,7 @@ class Run:
         """Drop the open step without a record (a framework's loop that ended between a step's
         hooks: its last step never ran); the profiler's step is not advanced."""
         if self._phase is not None:
-            _, stack = self._phase
+            _, stack, _ = self._phase
             self._phase = None
             stack.close()
         if self._in_step:
@@ -512,6 +562,9 @@ class Run:
     # -- inside ------------------------------------------------------------------------------
 
     def _unhook(self) -> None:
+        if self._auto is not None:
+            self._auto.remove()
+            self._auto = None
         if self._comm is not None:
             self._comm.uninstall()
             self._comm = None

@@ -46,6 +46,7 @@ from harness.compare.diff import compare_sides
 from harness.compare.load import CompareError, load_side
 from harness.compare.render import html as compare_html
 from harness.paths import REPORT_JSON, TIMELINE_JSON
+from harness.report.console import labelled_texts
 from harness.report.files import view_title
 from harness.report.page import STATIC_FILES as PAGE_FILES
 from harness.report.page import plotly_js_path, render_message, render_page
@@ -357,7 +358,8 @@ class CollectJob:
                     f"the collector ran past {COLLECT_TIMEOUT_S} s; run it by hand (python -m harness.collect RUN_DIR)"
                 )
             else:
-                message = next((ln for ln in lines if ln.startswith("verdict:")), lines[-1] if lines else "")
+                verdicts = labelled_texts("\n".join(lines), "verdict")
+                message = f"verdict: {verdicts[0]}" if verdicts else lines[-1] if lines else ""
             body.update(state="done" if code == 0 else "failed", message=message)
         return body
 
