@@ -53,6 +53,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.train.auto_phases import AutoPhases
 from harness.train.cli import parse_config
 from harness.train.config import LaunchEnv, TrainConfig, resolve_environment
 from harness.train.parallel import build_optimizer, wrap_model
@@ -99,6 +100,11 @@ OWN_SHARES: list[float] = []  # per B run: the harness's own time in Run's step/
 # Run's per-step entry points: all the harness does for a step happens inside them (the clock and
 # its phase marks, the RSS/heap/schedstat sample, the JSONL line, the scalars, the profiler's step)
 OWN_CALLS = ("begin_step", "end_step", "begin_phase", "end_phase")
+# H and Q: the harness's own time in Run's calls, and Q's in the automatic phases' hooks too
+# (backward's wrapper is timed through the Run calls it makes: the wrapper's frame is the rest)
+LOOP_SHARES: dict[bool, list[float]] = {False: [], True: []}
+AUTO_HOOKS = ("_forward_pre", "_forward_post", "_optimizer_pre", "_optimizer_post")
+AUTO_CALLS = ("auto_ready", "auto_begin", "auto_end")
 
 
 DEVICE = torch.device("cpu")  # --device: every variant runs on it
@@ -256,11 +262,25 @@ def time_own_loop(base: TrainConfig, steps: int, warmup: int, out: Path, auto: b
     options = {"steps": total, "warmup_steps": warmup, "profile": False, "watch_every": 0}
     tag = f"{'auto' if auto else 'marked'}-{time.monotonic_ns()}"
     t0 = c0 = 0.0
-    with Run(log_dir=str(out), run_name=tag, device=DEVICE, quiet=True, **found, **options) as run:
+    spent = [0.0, 0]
+    hooks = {name: getattr(AutoPhases, name) for name in AUTO_HOOKS}
+    if auto:  # timed where they are registered: the class's functions, while this run starts
+        for name, hook in hooks.items():
+            setattr(AutoPhases, name, _timed_call(hook, spent))
+    run = Run(log_dir=str(out), run_name=tag, device=DEVICE, quiet=True, **found, **options)
+    for name in OWN_CALLS + (AUTO_CALLS if auto else ()):
+        setattr(run, name, _timed_call(getattr(run, name), spent))
+    try:
+        run.start()
+    finally:
+        for name, hook in hooks.items():
+            setattr(AutoPhases, name, hook)
+    try:
         for step in range(total):
             if step == warmup:
                 _sync()
                 t0, c0 = time.perf_counter(), time.process_time()
+                spent[0] = 0.0  # the timed steps' share only
             with run.step():
                 if auto:
                     x, y = next(batches)
@@ -282,6 +302,9 @@ def time_own_loop(base: TrainConfig, steps: int, warmup: int, out: Path, auto: b
                     opt.zero_grad(set_to_none=True)
         _sync()
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        run.close()
+    LOOP_SHARES[auto].append(spent[0] / elapsed)
     return elapsed / steps * 1e3, cpu / steps * 1e3
 
 
@@ -389,6 +412,11 @@ def main() -> None:
     print(
         f"(i) the harness's own time / the loop's (B): median {statistics.median(OWN_SHARES) * 100:.3f}%, max "
         f"{max(OWN_SHARES) * 100:.3f}% (timed inside Run's step and phase calls: what (a) measures, less the noise)"
+    )
+    print(
+        f"(k) the harness's own time / the loop's, marked by hand (H): median "
+        f"{statistics.median(LOOP_SHARES[False]) * 100:.3f}%; found by hooks (Q): median "
+        f"{statistics.median(LOOP_SHARES[True]) * 100:.3f}% (timed inside Run's calls and the hooks)"
     )
     print(
         f"(h) the metrics' own time / the loop's: median {statistics.median(METRICS_SHARES) * 100:.3f}%, max "

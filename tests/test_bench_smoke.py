@@ -75,6 +75,7 @@ SMOKE = [
             "(h) the metrics' own time",
             "(i) the harness's own time",
             "(j) found by hooks / marked by hand",
+            "(k) the harness's own time / the loop's, marked by hand",
         ],
     ),
     Smoke(
