@@ -46,6 +46,17 @@ def test_labelled_text_wraps_under_its_label_and_keeps_long_words() -> None:
     assert said(text, "next") == [" ".join(["word"] * 40 + ["/a/path/" + "x" * 120])]
 
 
+def test_a_figure_stays_with_its_unit_and_a_what_if_with_its_figures() -> None:
+    for n in range(40):  # every place the wrap can fall
+        text = (
+            "x" * n
+            + " the step would take ~13.37 ms instead of ~78.26 ms (both replayed; measured 77.90 ms), late 64.54 ms"
+        )
+        lines = labelled("next", text).splitlines()
+        assert any("instead of ~78.26 ms (both replayed; measured 77.90 ms)" in line for line in lines), lines
+        assert all(not line.rstrip().endswith(("13.37", "64.54", "78.26")) for line in lines), lines
+
+
 def test_why_names_the_straggler_or_the_bottleneck_most_ranks_share() -> None:
     diagnosis = [
         {"rank": 0, "bottleneck": "launch-bound", "reason": "2153 ops per step"},

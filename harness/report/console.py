@@ -8,6 +8,7 @@ the per-rank table is in `wide_table` (`--wide`) and in report.md.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from typing import Any
 
@@ -23,18 +24,28 @@ LABEL_WIDTH = len("diagnosis: ")
 NARROW_RANKS = 16
 
 
+# What a line never breaks inside: a figure and its unit ("64.54 ms"), and a what-if with the
+# figures it is held against ("instead of ~63.24 ms (both replayed; measured 62.84 ms)"), so each
+# reads, and is found by a search of the console's text, on one line.
+UNBROKEN = re.compile(r"instead of ~?[0-9.]+ ms \([^)]*\)|~?-?[0-9][0-9.,]* ?(?:ms|us|s|MB|GB|GiB|MiB|%)\b(?:/step)?")
+GLUE = "\x00"  # a space inside an UNBROKEN span while the text is wrapped
+
+
 def labelled(label: str, text: str, width: int = WIDTH) -> str:
     """`text` wrapped at `width` columns under `label` (padded to LABEL_WIDTH), its continuation
-    lines indented to the text's column; a word longer than a line (a path) is not broken."""
+    lines indented to the text's column; a word longer than a line (a path) is not broken, nor
+    is an UNBROKEN span."""
     head = f"{label}:".ljust(LABEL_WIDTH)
-    return textwrap.fill(
-        text,
+    glued = UNBROKEN.sub(lambda m: m.group(0).replace(" ", GLUE), text)
+    wrapped = textwrap.fill(
+        glued,
         width=width,
         initial_indent=head,
         subsequent_indent=" " * LABEL_WIDTH,
         break_long_words=False,
         break_on_hyphens=False,
     )
+    return wrapped.replace(GLUE, " ")
 
 
 def labelled_texts(text: str, label: str) -> list[str]:
