@@ -80,9 +80,10 @@ class MemoryThresholds:
     )
     min_recent_share: float = threshold(
         0.5,
-        kind="unsourced",
-        source="the second half's rate at least half the whole window's: a leak keeps its rate, warming memory "
-        "levels off (one clean 2-rank run here: 0.11 against 0.62 MB per step); the half is not derived",
+        kind="definition",
+        source="the second half's rate at least half the whole window's: a leak keeps its rate (the ratio is 1) "
+        "and memory that warms up levels off (the ratio falls to 0); half is where the rate is nearer the one than "
+        "the other",
     )
     imbalance_ratio: float = threshold(
         1.25,
