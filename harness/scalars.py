@@ -101,10 +101,8 @@ class ScalarWriter:
         self.path = logdir / f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}.{next(_counter)}"
         self._header = _record(Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
         # A disk that refuses the events does not stop training (write_faults.AppendOnlyFile); a
-        # file re-created after its folder was removed starts with the header again.
-        self._file = AppendOnlyFile(
-            self.path, faults or FaultLog(), "TensorBoard scalars", restore=lambda queued: self._header
-        )
+        # file re-created after its folder was removed starts with what it held, header first.
+        self._file = AppendOnlyFile(self.path, faults or FaultLog(), "TensorBoard scalars")
         self._file.append(self._header)
         self._pending: list[tuple[int, float, dict[str, float]]] = []
         self._last_flush = time.monotonic()

@@ -80,16 +80,15 @@ class AppendOnlyFile:
     2. a chunk that fails or lands only in part is cut back off the file (ftruncate to the last
        whole chunk), so a reader never sees half a record; the queue keeps it for the next try;
     3. the queue holds at most MAX_PENDING chunks: older ones are dropped and counted;
-    4. a file that was removed (its folder deleted mid-run) is created again, starting with
-       `restore(n)`: what the owner holds of the file before its n queued chunks (a step log
-       holds every record; an event file its header).
+    4. a file that was removed (its folder deleted mid-run) is created again, starting with what
+       it held: read back through the descriptor still open on it (a removed file lives on while
+       it is open), so the owner keeps nothing of what it wrote.
     """
 
-    def __init__(self, path: Path, faults: FaultLog, what: str, *, restore: Any = None) -> None:
+    def __init__(self, path: Path, faults: FaultLog, what: str) -> None:
         self.path = path
         self.faults = faults
         self.what = what
-        self.restore = restore  # (queued chunks) -> bytes that precede them in a new file
         self.pending: deque[bytes] = deque()
         self.dropped = 0
         self._fd: int | None = None
@@ -103,7 +102,8 @@ class AppendOnlyFile:
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # read and write: a file removed mid-run is read back from this descriptor (`_reopen`)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         self._good = os.fstat(self._fd).st_size
 
     def append(self, data: bytes) -> None:
@@ -147,12 +147,16 @@ class AppendOnlyFile:
         return True
 
     def _reopen(self) -> None:
+        head = b""
         if self._fd is not None:
+            try:
+                head = os.pread(self._fd, self._good, 0)  # what it held, whole chunks only
+            except OSError:
+                head = b""
             os.close(self._fd)
         self._fd = None
         self._open()
-        head = self.restore(len(self.pending)) if self.restore is not None and self._good == 0 else b""
-        if head:
+        if head and self._good == 0:
             self.pending.appendleft(head)
         self.faults.note(
             f"{self.what}: {self.path} was removed; created again" + (" with what was written before" if head else "")

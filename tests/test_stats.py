@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import psutil
 import pytest
 
+from harness.train import stats
 from harness.train.stats import ResidentBytes, format_rank_table, percentile, step_statistics
 
 
@@ -93,3 +95,20 @@ def test_resident_bytes_reads_what_psutil_reads_and_follows_growth() -> None:
     broken = ResidentBytes(proc)
     broken._statm.broken = True
     assert broken.read() == pytest.approx(proc.memory_info().rss, abs=8 * 2**20)
+
+
+def test_a_long_run_keeps_its_percentiles_in_bins_not_its_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past EXACT_STEPS steady steps the percentiles come from log-spaced bins: within half a bin
+    (BIN_RATIO) of the exact ones; what is kept stops growing with the steps."""
+    monkeypatch.setattr(stats, "EXACT_STEPS", 100)
+    rng = np.random.default_rng(7)
+    times = list(rng.lognormal(np.log(20.0), 0.3, 5000))
+    totals = stats.StepTotals()
+    for i, ms in enumerate(times):
+        totals.add({"step": i, "step_ms": ms, "data_ms": 1.0, "samples": 4, "warmup": False})
+    assert len(totals.exact) == 100 and len(totals.bins) < 400
+    got = totals.statistics()
+    for q in (50, 90, 99):
+        assert got[f"p{q}_step_ms"] == pytest.approx(percentile(times, q), rel=stats.BIN_RATIO - 1)
+    assert got["max_step_ms"] == max(times) and got["mean_step_ms"] == pytest.approx(sum(times) / len(times))
+    assert got["steps"] == 5000 and totals.last_step == 4999

@@ -28,7 +28,7 @@ import statistics
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ from harness.train.run_info import (
     write_run_json,
 )
 from harness.train.run_status import RankStatus, Terminated, sigterm_deferred
-from harness.train.stats import StepLog, SystemSampler, format_rank_table, step_statistics
+from harness.train.stats import StepLog, SystemSampler, format_rank_table
 from harness.train.timing import StepClock
 from harness.train.watch import Watch
 from harness.write_faults import FaultLog
@@ -133,7 +133,8 @@ class Run(PhaseSink):
         self.rows: list[dict[str, Any]] | None = None
         self.run_json: Path | None = None
         self._in_step = False
-        self._phase: tuple[str, ExitStack, bool] | None = None  # (name, its range, found by auto_phases)
+        # (name, its range: none where nothing records it, found by auto_phases)
+        self._phase: tuple[str, AbstractContextManager[None] | None, bool] | None = None
         self._auto: AutoPhases | None = None
         self._auto_targets = (model, optimizer)
         self._annotate = False
@@ -354,7 +355,7 @@ class Run(PhaseSink):
             "rank": self.env.rank,
             "local_rank": self.env.local_rank,
             "host": self.host,
-            **step_statistics(self.log.records),
+            **self.log.totals.statistics(),
             "traces": [p.name for p in recorder.written if p.exists()],
             "trace_summaries": [p.name for p in recorder.summaries],
             "trace_summary_s": round(recorder.summary_s, 3),
@@ -533,17 +534,20 @@ class Run(PhaseSink):
             self.end_phase()
         self.progress.phase = name
         self._phases_marked += 1
-        stack = ExitStack()
-        stack.enter_context(phase_range(name, annotate=self._annotate, nvtx=self._nvtx))
-        self._phase = (name, stack, auto)
+        rng = None
+        if self._annotate or self._nvtx:  # a range only where the profiler records or Nsight may trace
+            rng = phase_range(name, annotate=self._annotate, nvtx=self._nvtx)
+            rng.__enter__()
+        self._phase = (name, rng, auto)
 
     def end_phase(self) -> None:
         """The open phase ends (nothing without one)."""
         if self._phase is None:
             return
-        name, stack, _ = self._phase
+        name, rng, _ = self._phase
         self._phase = None
-        stack.close()
+        if rng is not None:
+            rng.__exit__(None, None, None)
         if self._in_step:
             self.clock.mark(name)
 
@@ -551,9 +555,10 @@ class Run(PhaseSink):
         """Drop the open step without a record (a framework's loop that ended between a step's
         hooks: its last step never ran); the profiler's step is not advanced."""
         if self._phase is not None:
-            _, stack, _ = self._phase
+            _, rng, _ = self._phase
             self._phase = None
-            stack.close()
+            if rng is not None:
+                rng.__exit__(None, None, None)
         if self._in_step:
             self._in_step = False
             self.clock.discard()
@@ -623,7 +628,7 @@ class Run(PhaseSink):
         return {**self.recorder.tracing, "write_failures": self._failures()}
 
     def _last_step(self) -> int | None:
-        return self.log.records[-1].get("step") if self.log.records else None
+        return self.log.totals.last_step
 
     def _catch_sigterm(self) -> None:
         """SIGTERM (torchrun stopping the ranks after one failed) raises `Terminated` in the loop,
