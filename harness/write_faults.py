@@ -23,6 +23,8 @@ MAX_PENDING = 100_000
 # A refused file is retried at most this often: a failing write costs a system call or two,
 # and a full disk is not freed within milliseconds.
 RETRY_S = 1.0
+# How often an open file is checked for having been removed (its folder deleted mid-run).
+LINK_CHECK_S = 1.0
 
 
 def describe(exc: BaseException, path: Path | str | None = None) -> str:
@@ -94,6 +96,7 @@ class AppendOnlyFile:
         self._fd: int | None = None
         self._good = 0
         self._retry_at = 0.0
+        self._link_check_at = 0.0
         try:
             self._open()
         except OSError as exc:
@@ -121,8 +124,12 @@ class AppendOnlyFile:
         try:
             if self._fd is None:
                 self._open()
-            elif os.fstat(self._fd).st_nlink == 0:
-                self._reopen()
+            elif time.monotonic() >= self._link_check_at:
+                # a removed file is looked for once a LINK_CHECK_S, not at every write (a system call
+                # each): what was written to it meanwhile is read back with the rest (`_reopen`)
+                self._link_check_at = time.monotonic() + LINK_CHECK_S
+                if os.fstat(self._fd).st_nlink == 0:
+                    self._reopen()
             chunk = b"".join(self.pending)
             fd = self._fd
             assert fd is not None  # _open and _reopen leave one open or raise OSError
@@ -172,6 +179,13 @@ class AppendOnlyFile:
             pass  # the file itself is gone or read-only: nothing half-written can be read either
 
     def close(self) -> bool:
+        self._link_check_at = 0.0  # a file removed since the last look is created again, whole
+        if self._fd is not None and not self.pending:
+            try:
+                if os.fstat(self._fd).st_nlink == 0:
+                    self._reopen()
+            except OSError:
+                pass  # flush says what cannot be written
         ok = self.flush()
         if self._fd is not None:
             try:

@@ -207,11 +207,12 @@ class SystemSampler:
     (`host_memory_limit`) and on GPU `gpu_mem_total_bytes` (the device's total memory), so the
     collector can project growth to them even when the run is killed before run.json is written.
     CPU utilisation (host, all cores; and this process) is a rate over a window: it is re-read
-    only once `cpu_window_s` has passed (reading /proc/stat costs ~50 us), and each step carries
-    the latest completed window's value.
+    only once `cpu_window_s` has passed (reading /proc/stat and the process's stat are two file
+    reads), and each step carries the latest completed window's value: a utilisation is a rate,
+    which a one-second window states as well as a shorter one.
     """
 
-    def __init__(self, device: torch.device, cpu_window_s: float = 0.1) -> None:
+    def __init__(self, device: torch.device, cpu_window_s: float = 1.0) -> None:
         self.cuda = device.type == "cuda"
         self.device = device
         self.proc = psutil.Process()
