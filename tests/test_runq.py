@@ -1,4 +1,5 @@
-"""CPU ranks judged net of their wait for a core (harness/collect/analyse/runq.py), on hand-built
+"""CPU ranks' wait for a core (harness/collect/analyse/runq.py), said beside their lateness and
+never taken out of it (a rank held off its cores is late, and the report says why), on hand-built
 traces whose answers are known exactly (tracebuild.cpu_ring_docs with a harness:forward range
 over each rank's run-up) and step logs that say how long each rank waited for a core in it."""
 
@@ -46,48 +47,41 @@ def _analyse(run: Path, with_logs: bool = True):
     return analyze(runset, runq=runq).stragglers
 
 
-def test_a_rank_kept_off_its_core_is_measured_not_inferred(tmp_path: Path) -> None:
+def test_a_rank_kept_off_its_core_is_named_with_its_wait(tmp_path: Path) -> None:
     # Rank 1 waits 1000 us for a core every step, all its ops and gaps stretched by 1000 / 2400:
-    # 1 ms late per step as it happened. Without the logs nothing says why, and it is named late
-    # by what it cost; with them its wait is taken out of its run-up, and nothing is left.
+    # 1 ms late per step as it happened. It is named either way; the logs say why.
     run = _write_run(tmp_path, lambda r, s: 1000.0 * r)
     blind = _analyse(run, with_logs=False)
     assert blind.verdict == "straggler" and [s.rank for s in blind.stragglers] == [1]
     assert blind.ranks[1].late_ms == pytest.approx(1.0) and blind.ranks[1].core_wait_ms is None
     res = _analyse(run)
-    assert res.ranks[1].late_ms == pytest.approx(1.0)  # as it happened
+    assert [s.rank for s in res.stragglers] == [1]
+    assert res.ranks[1].late_ms == pytest.approx(1.0) and res.ranks[1].beyond_peers_ms == pytest.approx(1.0)
     assert [r.core_wait_ms for r in res.ranks] == [pytest.approx(0.0), pytest.approx(1.0)]
-    assert [r.beyond_peers_ms for r in res.ranks] == [pytest.approx(0.0, abs=1e-9)] * 2
-    assert res.verdict == "balanced"
 
 
-def test_a_sleep_is_the_rank_s_own_beside_its_wait_for_a_core(tmp_path: Path) -> None:
-    # Rank 1 waits 600 us for a core in its forward and then sleeps 1000 us (not runnable, so
-    # not in the run queue): 1.6 ms late per step, beyond rank 0 by the sleep exactly.
+def test_a_sleep_and_a_wait_for_a_core_are_both_the_rank_s_lateness(tmp_path: Path) -> None:
+    # Rank 1 waits 600 us for a core in its forward and then sleeps 1000 us: 1.6 ms late per
+    # step, all of it beyond rank 0; of it 0.6 ms waiting for a core.
     run = _write_run(tmp_path, lambda r, s: 600.0 * r, lambda r, s: 1000.0 * r)
     [s] = _analyse(run).stragglers
-    assert s.rank == 1 and s.late_ms == pytest.approx(1.6) and s.beyond_peers_ms == pytest.approx(1.0)
+    assert (s.rank, s.late_ms, s.beyond_peers_ms) == (1, pytest.approx(1.6), pytest.approx(1.6))
+    assert s.core_wait_ms == pytest.approx(0.6)
 
 
-def test_the_swing_of_waiting_for_a_core_is_not_the_run_s_noise(tmp_path: Path) -> None:
+def test_ranks_waiting_for_cores_by_turns_are_the_run_s_noise(tmp_path: Path) -> None:
     # The two ranks wait 3000 us for a core by turns (rank 0 in odd steps, rank 1 in even ones)
     # and rank 1 sleeps 500 us more every step. As it happened, rank 0 is 2500 us late in odd
-    # steps and 0 in even ones: a lateness jitter of 1250 us, whose bound (3x) hides rank 1's
-    # 500 us beyond it (their speeds over the window are alike: each was stretched half the
-    # time). Net of the waits nothing swings and rank 1's sleep stands out whole, over 8% of
-    # the clean step (rank 0's own work, 2400 + 200 us -> 208 us).
+    # steps and 0 in even ones: a lateness jitter of 1250 us, whose bound (3x) holds rank 1's
+    # 500 us: on cores shared this way the run cannot tell it from its noise, and the report's
+    # bound says so. The waits are the same with the logs or without; the logs say them.
     def waited(r: int, s: int) -> float:
         return 3000.0 if s % 2 != r else 0.0
 
     run = _write_run(tmp_path, waited, lambda r, s: 500.0 * r, steps=8)
-    blind = _analyse(run, with_logs=False)
-    assert blind.bounds_ms["late_jitter"] == pytest.approx(3.75) and blind.stragglers == []
-    res = _analyse(run)
-    assert [(s.rank, s.beyond_peers_ms) for s in res.stragglers] == [(1, pytest.approx(0.5))]
-    assert res.bounds_ms["jitter"] == pytest.approx(0.0, abs=1e-9)
-    assert res.bounds_ms["late_jitter"] == pytest.approx(0.0, abs=1e-9)
-    assert res.threshold_ms == pytest.approx(0.208)
-    assert [r.core_wait_ms for r in res.ranks] == [pytest.approx(1.5), pytest.approx(1.5)]
+    for res in (_analyse(run, with_logs=False), _analyse(run)):
+        assert res.bounds_ms["late_jitter"] == pytest.approx(3.75) and res.stragglers == []
+    assert [r.core_wait_ms for r in _analyse(run).ranks] == [pytest.approx(1.5), pytest.approx(1.5)]
 
 
 def test_a_log_of_other_steps_is_not_laid_over_the_trace(tmp_path: Path) -> None:
@@ -101,7 +95,7 @@ def test_a_log_of_other_steps_is_not_laid_over_the_trace(tmp_path: Path) -> None
     assert RunQueue(trace, shifted).steps_laid == 0
 
 
-def test_the_collector_reads_the_waits_from_the_step_logs(tmp_path: Path) -> None:
+def test_the_report_says_a_straggler_waited_for_its_cores(tmp_path: Path) -> None:
     run = _write_run(tmp_path / "run", lambda r, s: 1000.0 * r)
     out = tmp_path / "out"
     proc = subprocess.run(
@@ -112,6 +106,10 @@ def test_the_collector_reads_the_waits_from_the_step_logs(tmp_path: Path) -> Non
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads((out / "report.json").read_text())
-    assert report["verdict"] == "balanced"
+    assert report["verdict"] == "straggler" and [s["rank"] for s in report["stragglers"]] == [1]
     assert [r["core_wait_ms"] for r in report["ranks"]] == [pytest.approx(0.0), pytest.approx(1.0)]
+    step = next(n for n in report["next_steps"] if n["about"] == "straggler")
+    assert step["text"].startswith(
+        "Rank 1: it waited 1.00 ms a step for a core (1.00 ms more than its peers): other work shares its cores"
+    ), step
     assert "waited for a core ms/step" in proc.stdout

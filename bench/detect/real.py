@@ -231,7 +231,6 @@ def collect(run_dir: Path, windows: int = 1) -> tuple[dict[str, Any] | None, str
         doc["verdict"] = across["verdict"]
         doc["stragglers"] = [{"rank": r["rank"], "phase": r["phase"]} for r in across["ranks"] if r["recurs"]]
         doc["watch_stragglers"] = across.get("watch_stragglers", [])
-        doc["unconfirmed_stragglers"] = []  # the last window's: the windows are compared by recurrence
         doc.pop("trace_verdict", None)
         if across.get("windows_verdict"):
             doc["trace_verdict"] = across["windows_verdict"]
@@ -295,12 +294,11 @@ def seen_of(doc: dict[str, Any] | None, error: str) -> Seen:
     disclosed = any(n["about"] == "noise" for n in doc.get("next_steps", []))
     trace = {s["rank"]: s["phase"] for s in doc["stragglers"]}
     watched = {s["rank"]: s["phase"] for s in doc.get("watch_stragglers", [])}
-    aside = {s["rank"]: s["phase"] for s in doc.get("unconfirmed_stragglers", [])}
     return Seen(
         verdict=doc["verdict"],
         stragglers=trace | watched,
         trace_verdict=doc.get("trace_verdict") if doc["verdict"] in ("straggler", "balanced") else None,
-        trace_stragglers=trace | aside if watched or aside else None,
+        trace_stragglers=trace if watched else None,
         watch_flags=[(int(f["step"]), int(f["rank"])) for f in flags],
         hang_missing=hang.get("missing_ranks"),
         hang_step=hang.get("step"),

@@ -153,7 +153,7 @@ def analyze_aligned(
     aligned clocks (matching keys hold no time, so the instances are the same as in step 3, their
     ops now on aligned clocks) and each one's waits; 6. overlap per rank/step, exposed
     communication split into waiting and transfer, of its gaps only the longest kept;
-    7. stragglers (on CPU net of each rank's wait for a core, where `runq` has it from the step
+    7. stragglers (on CPU with each rank's wait for a core beside it, where `runq` has it from the step
     logs: memory.RankLog.runq).
 
     With `release`, what only this function reads goes as soon as it is read: each rank's step

@@ -58,11 +58,11 @@ class AcrossWindows:
 
 def window_verdict(window: int, doc: dict[str, Any], report: str) -> WindowVerdict:
     """A window's report.json, reduced to what the comparison reads: its own verdict and
-    stragglers, the trace's where the live watch's flags made it a straggler or set its
-    stragglers aside (watch_verdict.py; a hang's stays: it judged no one)."""
+    stragglers, the trace's where the live watch's flags made it a straggler (watch_verdict.py;
+    a hang's stays: it judged no one)."""
     entry = doc.get("window") or {}
     own = doc.get("trace_verdict", doc["verdict"]) if doc["verdict"] in ("straggler", "balanced") else doc["verdict"]
-    named = [*doc.get("stragglers", []), *doc.get("unconfirmed_stragglers", [])]
+    named = doc.get("stragglers", [])
     return WindowVerdict(
         window=window,
         verdict=own,

@@ -95,7 +95,6 @@ def why_text(doc: dict[str, Any]) -> str | None:
 def _marks(doc: dict[str, Any]) -> dict[int, str]:
     marks = {s["rank"]: "  <- straggler" for s in doc["stragglers"]}
     marks |= {s["rank"]: "  <- straggler (live watch)" for s in doc.get("watch_stragglers", [])}
-    marks |= {s["rank"]: "  <- window only (live watch: no)" for s in doc.get("unconfirmed_stragglers", [])}
     return marks
 
 

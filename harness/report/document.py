@@ -41,11 +41,7 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   captures: [{first, last, watch_step, ranks}]}, watch_log.py), null when it was off or there is
   no run.json; `watch_stragglers`: [{rank, host, phase, steps}] the ranks the watch flagged that
   the window did not name (watch_verdict.py); where the window was balanced or inconclusive and
-  the watch flagged a rank, `verdict` is "straggler" and `trace_verdict` keeps the window's;
-  `unconfirmed_stragglers`: the window's stragglers (entries as in `stragglers`, which no longer
-  hold them) that the watch judged in all the window's steps and never flagged, on CPU-only
-  traces (watch_verdict.set_aside); where they were all it named, `verdict` is "balanced" and
-  `trace_verdict` "straggler".
+  the watch flagged a rank, `verdict` is "straggler" and `trace_verdict` keeps the window's.
 - `hang`, `other_hangs`, `mismatches`, `flight`, `trace_verdict`: from the Flight Recorder dumps
   (hang_report.py); with a hang `verdict` is "hang" (a mismatch alone: "mismatch").
 """
@@ -387,8 +383,23 @@ def _straggler_groups(stragglers: list[dict[str, Any]], key: Any) -> list[list[d
     return list(groups.values())
 
 
-def _straggler_advice(s: dict[str, Any]) -> str:
-    """What to do about one straggler, whichever rank it is: its phase's advice, its pattern's."""
+def _held_off_cores(s: dict[str, Any], peers_core_ms: float | None) -> str:
+    """'' unless the straggler's wait for a core (CPU ranks with step logs: runq.py) beyond its
+    peers' is at least half its lateness beyond theirs: then the words that say other work on its
+    cores made it late (the report names it either way: a rank held off its cores is late)."""
+    core, beyond = s.get("core_wait_ms"), s.get("beyond_peers_ms") or 0.0
+    if core is None or peers_core_ms is None or beyond <= 0 or core - peers_core_ms < beyond / 2:
+        return ""
+    return (
+        f"it waited {core:.2f} ms a step for a core ({core - peers_core_ms:.2f} ms more than its peers): other "
+        "work shares its cores (other ranks, data-loader workers, other jobs on the host); give each rank cores "
+        "of its own (fewer ranks or workers per host, taskset or numactl). Besides, "
+    )
+
+
+def _straggler_advice(s: dict[str, Any], peers_core_ms: float | None = None) -> str:
+    """What to do about one straggler, whichever rank it is: its wait for a core where that made
+    it late (`_held_off_cores`), its phase's advice, its pattern's."""
     phase = s["phase"] or ""
     if s.get("syncs"):
         callers = ", ".join(f"{k} {c:.1f} per step ({ms:.2f} ms of device idle)" for k, (c, ms) in s["syncs"].items())
@@ -415,6 +426,7 @@ def _straggler_advice(s: dict[str, Any]) -> str:
         )
     else:
         text = "the others wait for it; compare its hardware and inputs with its peers'."
+    text = _held_off_cores(s, peers_core_ms) + text
     if s["pattern"] == "intermittent":
         text += (
             f" It is late in {s['steps_late']} of {s['steps']} steps only: look for what those steps do "
@@ -423,13 +435,13 @@ def _straggler_advice(s: dict[str, Any]) -> str:
     return text
 
 
-def _straggler_step(group: list[dict[str, Any]], run: dict[str, Any]) -> str:
+def _straggler_step(group: list[dict[str, Any]], run: dict[str, Any], peers_core_ms: float | None = None) -> str:
     """The next step for stragglers alike (one, or several with the same advice): the advice, and
     the step replayed with each one fixed alone."""
     if len(group) == 1:
-        text = f"Rank {group[0]['rank']}: {_straggler_advice(group[0])}"
+        text = f"Rank {group[0]['rank']}: {_straggler_advice(group[0], peers_core_ms)}"
     else:
-        text = f"{_cap(ranks_phrase([s['rank'] for s in group]))}, each: {_straggler_advice(group[0])}"
+        text = f"{_cap(ranks_phrase([s['rank'] for s in group]))}, each: {_straggler_advice(group[0], peers_core_ms)}"
     whatif = sorted(s["whatif_step_ms"] for s in group if s["whatif_step_ms"] is not None)
     if whatif and run.get("replayed_step_ms") and not run.get("replay_faithful"):
         base, measured = run["replayed_step_ms"], run.get("measured_step_ms") or run["median_step_ms"]
@@ -479,10 +491,19 @@ def next_steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     stragglers = doc["stragglers"]
-    alike = (lambda s: s["rank"]) if len(stragglers) <= LISTED else _straggler_advice
+    named = {s["rank"] for s in stragglers}
+    peer_cores = [
+        r["core_wait_ms"] for r in doc.get("ranks", []) if r["rank"] not in named and r.get("core_wait_ms") is not None
+    ]
+    peers_core_ms = statistics.median(peer_cores) if peer_cores else None
+    alike = (lambda s: s["rank"]) if len(stragglers) <= LISTED else (lambda s: _straggler_advice(s, peers_core_ms))
     for group in _straggler_groups(stragglers, alike):
         out.append(
-            {"about": "straggler", "ranks": [s["rank"] for s in group], "text": _straggler_step(group, doc["run"])}
+            {
+                "about": "straggler",
+                "ranks": [s["rank"] for s in group],
+                "text": _straggler_step(group, doc["run"], peers_core_ms),
+            }
         )
     fixed = doc["run"].get("whatif_all_fixed_step_ms")
     present = doc["run"]["ranks_present"]

@@ -25,7 +25,6 @@ from harness.report.tables import (
     pg_rows,
     scope_line,
     straggler_rows,
-    unconfirmed_text,
     watch_straggler_text,
 )
 
@@ -62,9 +61,6 @@ def render_markdown(doc: dict[str, Any]) -> str:
     watched = watch_straggler_text(doc)
     if watched:
         lines.append(f"\n{watched}")
-    aside = unconfirmed_text(doc)
-    if aside:
-        lines.append(f"\n{aside}")
     lines += ["", f"## Diagnosis: {doc['diagnosis_summary']}", ""]
     lines += text_table.markdown(doc["diagnosis"], DIAGNOSIS_COLUMNS)
     lines += ["", "## Memory", ""] + memory_lines(doc)

@@ -44,7 +44,6 @@ from harness.report.tables import (
     pg_rows,
     scope_line,
     straggler_rows,
-    unconfirmed_text,
     watch_straggler_text,
 )
 
@@ -188,9 +187,6 @@ def _body(doc: dict[str, Any], title: str) -> str:
     watched = watch_straggler_text(doc)
     if watched:
         stragglers += f'<p id="watch-stragglers">{html.escape(watched)}</p>'
-    aside = unconfirmed_text(doc)
-    if aside:
-        stragglers += f'<p id="unconfirmed-stragglers">{html.escape(aside)}</p>'
     parts.append(_section("Stragglers", stragglers, "sec-stragglers"))
     if doc.get("diagnosis"):
         parts.append(

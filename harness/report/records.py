@@ -76,7 +76,8 @@ class StragglerRecord:
     beyond_peers_ms: float
     """its lateness beyond its peers', per step: what flags it over threshold_ms"""
     core_wait_ms: float | None
-    """CPU-only traces with step logs: its wait for a core per step (taken out before judging it); null without"""
+    """CPU-only traces with step logs: its wait for a core per step (what other work on its cores cost
+    it: part of its lateness, not taken out of it); null without"""
     cost_ms: float
     """its share of how much later the collectives start (per step): what fixing it buys when others are late too"""
     blame_ms: float
@@ -139,7 +140,8 @@ class RankRecord:
     beyond_peers_ms: float
     """its lateness beyond its peers', per step: what the straggler rule judges"""
     core_wait_ms: float | None
-    """CPU-only traces with step logs: its wait for a core per step (taken out before judging it); null without"""
+    """CPU-only traces with step logs: its wait for a core per step (what other work on its cores cost
+    it: part of its lateness, not taken out of it); null without"""
     cost_ms: float
     """its share of the collectives' delay (per step)"""
     late_fraction: float

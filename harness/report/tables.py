@@ -194,8 +194,6 @@ def no_straggler_text(doc: dict[str, Any]) -> str:
     """Why the window names no straggler (its own verdict: a hang or the watch may lead the report's)."""
     if doc.get("trace_verdict", doc["verdict"]) == "inconclusive":
         return f"Not analysed: {doc['verdict_reason']}."
-    if doc.get("unconfirmed_stragglers"):
-        return "None the live watch confirmed."
     if doc.get("threshold_ms") is None:
         return "Not analysed: no profiler trace, only Flight Recorder dumps."
     floor = doc.get("noise_floor")
@@ -222,18 +220,3 @@ def watch_straggler_text(doc: dict[str, Any]) -> str | None:
         for s in found
     )
     return f"Flagged by the live watch over the whole run, not named in the traced window: {named}."
-
-
-def unconfirmed_text(doc: dict[str, Any]) -> str | None:
-    """The window's stragglers the live watch refuted (watch_verdict.set_aside), in one sentence;
-    None when there are none."""
-    aside = doc.get("unconfirmed_stragglers") or []
-    if not aside:
-        return None
-    named = "; ".join(
-        _rank_words(s, with_host=False) + f", {s['beyond_peers_ms']:.2f} ms a step beyond its peers" for s in aside
-    )
-    return (
-        f"Named by the traced window alone, not counted: the live watch judged the same steps and never flagged "
-        f"{'them' if len(aside) > 1 else 'it'}: {named}."
-    )

@@ -18,7 +18,7 @@ from harness.collect.align.waits import InstanceWaits
 from harness.collect.analyse.noise import NoiseModel, noise_model
 from harness.collect.analyse.rank_list import groups_text
 from harness.collect.analyse.replay import Replay
-from harness.collect.analyse.runq import RunQueue, RunQueueLog, run_queues
+from harness.collect.analyse.runq import RunQueueLog, run_queues
 from harness.collect.model import RankTrace
 from harness.collect.read.runup import HANDOVER_US, NO_PHASE, PHASE_PREFIX
 from harness.sourced import threshold
@@ -74,7 +74,7 @@ class RankBlame:
     host: str
     late_ms: float  # mean per step of its arrivals' lateness after the punctual ranks
     # what the rule judges: its lateness per step beyond its peers' own (`analyze_stragglers`,
-    # 4-5), its waits at point-to-point ops and for a core taken out
+    # 4-5), its waits at point-to-point ops taken out
     beyond_peers_ms: float
     cost_ms: float  # mean per step of its share of the delay of the collectives' starts
     blame_ms: float  # total time the other ranks waited because of it (its share)
@@ -85,7 +85,8 @@ class RankBlame:
     last_fraction: float  # share of steps in which it cost the most
     mean_step_ms: float | None  # mean ProfilerStep (or fallback step) duration
     # CPU-only traces with step logs: its main thread's wait for a core (runnable, another thread
-    # on it) per step, taken out of its run-ups before it is judged (runq.py); None without
+    # on it) per step (runq.py): what the host's other work cost it, said beside its lateness (not
+    # taken out of it); None without
     core_wait_ms: float | None = None
     waits_for: list[list] = field(default_factory=list)  # [[rank, ms per step]], most first
     pattern: str | None = None  # "persistent" or "intermittent" (stragglers only)
@@ -270,24 +271,16 @@ def straggler_bounds(
     return bounds
 
 
-def _judged_arrival(
-    run_up_start_us: float | None,
-    arrival_us: float,
-    queue: RunQueue | None = None,
-    p2p_wait_us: float = 0.0,
-) -> float:
-    """When a rank would have arrived without waiting at point-to-point ops and for a core: its
-    run-up (since `run_up_start_us`, when its previous collective ended) less `p2p_wait_us`
-    (runup.p2p_wait: a pipeline stage waiting for its neighbour's activations or gradients waits
-    for that neighbour, which is where a delay is the neighbour's own) and less its wait for a
-    core there where that is measured (`queue`, runq.py: time it was ready to run and the
-    scheduler ran another); as it arrived where the run-up is not known."""
-    if run_up_start_us is None or (queue is None and not p2p_wait_us):
+def _judged_arrival(run_up_start_us: float | None, arrival_us: float, p2p_wait_us: float = 0.0) -> float:
+    """When a rank would have arrived without waiting at point-to-point ops: its run-up (since
+    `run_up_start_us`, when its previous collective ended) less `p2p_wait_us` (runup.p2p_wait: a
+    pipeline stage waiting for its neighbour's activations or gradients waits for that
+    neighbour, which is where a delay is the neighbour's own); as it arrived where the run-up is
+    not known. A rank's wait for a core is not taken out: a rank held off its cores by other work
+    is late, and its wait is reported beside its lateness (`core_wait_ms`)."""
+    if run_up_start_us is None or not p2p_wait_us:
         return arrival_us
-    run_up_us = arrival_us - run_up_start_us - p2p_wait_us
-    if queue is not None:
-        run_up_us -= queue.between_us(run_up_start_us, arrival_us)
-    return run_up_start_us + run_up_us
+    return arrival_us - p2p_wait_us
 
 
 def punctual_arrival(arrival_us: Mapping[int, float]) -> float:
@@ -503,7 +496,7 @@ def fresh_lateness(
     arrival_us: Mapping[int, float], since: Mapping[int, int] | None, waits: list[InstanceWaits]
 ) -> dict[int, float]:
     """Each rank's lateness at one collective from its arrival (`arrival_us`, as it happened or
-    judged without its waits at point-to-point ops and for a core):
+    judged without its waits at point-to-point ops):
     1. ranks that left their last collective together (`since` None, `last_syncs`): its arrival
        - the punctual ranks' (`punctual_arrival`), at least 0;
     2. else its run-up, from the end of its last collective (`since[r]`, on its own clock) to its
@@ -537,7 +530,7 @@ def analyze_stragglers(  # noqa: C901
     2. per collective and rank: lateness = its arrival - the punctual ranks' (`punctual_arrival`),
        at least 0, or where its ranks come from different process groups' collectives, its
        run-up since the last less theirs (`last_syncs`, `fresh_lateness`); judged lateness the
-       same over its arrival without its waiting at point-to-point ops and for a core
+       same over its arrival without its waiting at point-to-point ops
        (`_judged_arrival`; the run-up: since its previous collective ended, runup.py);
     3. per step and rank: late = its lateness; cost = its delay shares (how much later the
        collectives started because of it: what fixing it alone buys is less when another rank
@@ -556,7 +549,7 @@ def analyze_stragglers(  # noqa: C901
        the noise model has wake-up noise (noise.py: a rank's wake-up delay after a collective,
        which its next arrival carries), the peers' lateness jitter over the judged lateness of
        each step (`late_jitter_ms`), and over each rank's own work per step (its step span on
-       its device's timeline, `step_span_ms`, less its waiting for later peers and for a core)
+       its device's timeline, `step_span_ms`, less its waiting for later peers)
        the run's jitter (`run_jitter_ms`) and the clean step the relative bound is a share of:
        the punctual ranks' (the lower quartile of the ranks' means, as `punctual_arrival` takes
        arrivals). A host that runs ahead of its GPU only launches in its ProfilerStep, and the
@@ -583,8 +576,8 @@ def analyze_stragglers(  # noqa: C901
     ranks = sorted(by_rank)
     reason = inconclusive_reason(traces, waits)
     noise = noise or noise_model(t.device for t in traces)
-    queues = run_queues(traces, runq)
-    judged_apart = queues is not None or any(op.p2p_wait_us for w in waits for op in w.instance.ops.values())
+    queues = run_queues(traces, runq)  # each CPU rank's wait for a core: reported, not taken out
+    judged_apart = any(op.p2p_wait_us for w in waits for op in w.instance.ops.values())
     lateness: list[dict[int, float]] = []
     judged_arrivals: list[dict[int, float]] = []
     judged_lateness: list[dict[int, float]] = []
@@ -599,12 +592,7 @@ def analyze_stragglers(  # noqa: C901
         lateness.append(fresh_lateness(w.arrival_us, since, waits))
         if judged_apart:
             judged = {
-                r: _judged_arrival(
-                    w.instance.ops[r].run_up_start_us,
-                    a,
-                    queues[r] if queues else None,
-                    w.instance.ops[r].p2p_wait_us,
-                )
+                r: _judged_arrival(w.instance.ops[r].run_up_start_us, a, w.instance.ops[r].p2p_wait_us)
                 for r, a in w.arrival_us.items()
             }
             judged_arrivals.append(judged)
@@ -633,8 +621,9 @@ def analyze_stragglers(  # noqa: C901
         r: [queues[r].between_us(st.start_us, st.end_us) / 1e3 for st in by_rank[r].steps] if queues else []
         for r in ranks
     }
-    # each rank's own work per step: its step less its waiting for later peers
-    # (at collectives, and at point-to-point ops in the collectives' run-ups) and its wait for a core
+    # each rank's own work per step: its step less its waiting for later peers (at collectives,
+    # and at point-to-point ops in the collectives' run-ups); a wait for a core stays in it, as
+    # the run's noise the jitter bound measures
     p2p_ms: dict[tuple[int, int | None], float] = defaultdict(float)
     for t in traces:
         for c in t.comms:
@@ -642,8 +631,8 @@ def analyze_stragglers(  # noqa: C901
                 p2p_ms[(t.rank, c.step)] += c.p2p_wait_us / 1e3
     own_ms = {
         r: [
-            ms - step_wait.get(st.number, {}).get(r, 0.0) / 1e3 - p2p_ms.get((r, st.number), 0.0) - core
-            for st, ms, core in zip(by_rank[r].steps, step_span_ms[r], core_wait_ms[r] or itertools.repeat(0.0))
+            ms - step_wait.get(st.number, {}).get(r, 0.0) / 1e3 - p2p_ms.get((r, st.number), 0.0)
+            for st, ms in zip(by_rank[r].steps, step_span_ms[r])
         ]
         for r in ranks
     }
