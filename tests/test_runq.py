@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.collect.analyse.memory import read_step_logs
-from harness.collect.analyse.runq import RunQueue
+from harness.collect.analyse.runq import core_waits
 from harness.collect.analysis import analyze
 from harness.collect.read.discover import group_ranks
 from harness.collect.read.parse import parse_trace
@@ -36,7 +36,7 @@ def _write_run(tmp_path: Path, wait_us, sleep_us=None, n_ranks: int = 2, steps: 
         with (tmp_path / "steps" / f"rank{r}.jsonl").open("w") as fh:
             for s in range(1, steps + 1):
                 phases_ms = {"forward": (WORK_US + wait_us(r, s)) / 1e3}
-                rec = {"step": s, "phases_ms": phases_ms, "phases_runq_ms": {"forward": wait_us(r, s) / 1e3}}
+                rec = {"step": s, "phases_ms": phases_ms, "runq_ms": wait_us(r, s) / 1e3}
                 fh.write(json.dumps(rec) + "\n")
     return tmp_path
 
@@ -85,14 +85,14 @@ def test_ranks_waiting_for_cores_by_turns_are_the_run_s_noise(tmp_path: Path) ->
 
 
 def test_a_log_of_other_steps_is_not_laid_over_the_trace(tmp_path: Path) -> None:
-    # The log's forward phases last 3 ms more than the trace's ranges: another step's numbers
-    # (a loop whose profiler counts steps differently). Nothing is taken out.
+    # The log's steps last 3 ms more than the trace's phases: another step's numbers (a loop
+    # whose profiler counts steps differently). No wait is said for them.
     run = _write_run(tmp_path, lambda r, s: 1000.0 * r)
     trace = parse_trace(run / "rank1.pt.trace.json.gz")
     log = read_step_logs([run]).ranks[1].runq
-    assert RunQueue(trace, log).steps_laid == STEPS
-    shifted = {s: {p: (ms + 3.0, q) for p, (ms, q) in phases.items()} for s, phases in log.items()}
-    assert RunQueue(trace, shifted).steps_laid == 0
+    assert core_waits(trace, log) == [pytest.approx(1.0)] * STEPS
+    shifted = {s: (ms + 3.0, q) for s, (ms, q) in log.items()}
+    assert core_waits(trace, shifted) == []
 
 
 def test_the_report_says_a_straggler_waited_for_its_cores(tmp_path: Path) -> None:

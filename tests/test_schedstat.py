@@ -1,4 +1,4 @@
-"""The step clock's run-queue wait per phase (harness/train/schedstat.py), on a real contended core."""
+"""The step clock's run-queue wait per step (harness/train/schedstat.py), on a real contended core."""
 
 from __future__ import annotations
 
@@ -42,12 +42,10 @@ def test_waiting_for_a_shared_core_is_counted_and_sleeping_is_not() -> None:
         os.sched_setaffinity(0, before)
         rival.kill()
         rival.wait()
-    runq = rec["phases_runq_ms"]
-    assert set(runq) == {"forward", "backward"}
-    # wide margins: the core is shared with one rival, so about 100 of the 200 ms
-    assert runq["forward"] > 30.0, runq
-    assert runq["backward"] < 10.0, runq
-    assert rec["runq_ms"] >= runq["forward"] + runq["backward"] - 1e-6
+    # wide margins: the core is shared with one rival, so about 100 of the 200 ms busy, none of
+    # the sleep (not runnable); read at the step's start and end only, not at each phase
+    assert 30.0 < rec["runq_ms"] < 200.0, rec
+    assert "phases_runq_ms" not in rec
 
 
 def test_a_gpu_clock_reads_no_run_queue() -> None:

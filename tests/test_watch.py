@@ -175,18 +175,19 @@ def test_a_rank_computing_longer_inside_backward_is_seen_by_its_cpu_time() -> No
     assert judge_interval(times, {}, DDP_OWN, noise=GPU, th=Thresholds()).stragglers == []  # not read
 
 
-def test_a_rank_waiting_for_a_core_in_its_own_work_is_not_flagged() -> None:
-    # Rank 1's forward lasts 50 ms more every step, all of it waiting for a core (phases_runq_ms):
-    # time-sharing, not its work. Rank 2's lasts 50 ms more with 10 of it waiting: 40 its own.
-    def with_runq(records: list[dict], forward_runq_ms: float) -> list[dict]:
-        return [r | {"phases_runq_ms": {**{p: 0.0 for p in BASE}, "forward": forward_runq_ms}} for r in records]
-
+def test_a_rank_waiting_for_a_core_in_its_own_work_is_late() -> None:
+    # Rank 1's forward lasts 50 ms more every step, all of it waiting for a core (runq_ms says
+    # so): other work keeps it off its cores, and its peers wait for it as for any straggler.
     longer = {**BASE, "forward": 70.0}
-    times = {0: with_runq(steps(BASE), 0.0), 1: with_runq(steps(longer), 50.0), 2: with_runq(steps(longer), 10.0)}
+    times = {
+        0: [r | {"runq_ms": 0.0} for r in steps(BASE)],
+        1: [r | {"runq_ms": 50.0} for r in steps(longer)],
+        2: [r | {"runq_ms": 0.0} for r in steps(BASE)],
+    }
     v = judge_interval(times, {}, DDP_OWN, noise=SHARED_CPU, th=Thresholds())
-    assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 0.0, 40.0]
+    assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 50.0, 0.0]
     [s] = v.stragglers
-    assert (s.rank, s.phase, s.excess_ms) == (2, "forward", 40.0)
+    assert (s.rank, s.phase, s.excess_ms) == (1, "forward", 50.0)
 
 
 def test_a_rank_slower_on_its_core_is_late_by_what_that_costs() -> None:

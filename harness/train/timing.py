@@ -32,9 +32,9 @@ which the phase's wall time, ending with every rank's at the same collective, is
 or with `spans` on (the watch reading arrivals, on either device), `phases_span_ns`: each phase's
 [start, end] on the host's epoch clock (a pair per occurrence), the Flight Recorder's, which
 places the collectives the rank issued in its phases (arrivals.py). On CPU always (where Linux
-keeps schedstat): `runq_ms` and `phases_runq_ms`, the calling thread's time runnable but waiting
-for a core in the step and in each phase (schedstat.py): time-sharing's share of them, which the
-collector takes out of a rank's lateness. In a distributed run, from comm_wait.py's timer: per
+keeps schedstat): `runq_ms`, the calling thread's time runnable but waiting for a core in the
+step (schedstat.py, read at its start and end): what other work on its cores cost it, which the
+collector says beside a rank's lateness. In a distributed run, from comm_wait.py's timer: per
 phase the time waiting at point-to-point ops (`phases_p2p_ms`) and at collectives waited on from
 Python (`phases_collective_wait_ms`), the ranks received from (`phases_recv_from`), and where the
 step's first point-to-point op was a receive, its source (`first_recv_from`).
@@ -99,7 +99,7 @@ class StepClock:
             cur.cpu_marks.append(time.thread_time())
         if self.spans or self.thread_time:
             cur.epoch_marks.append(time.time_ns())
-        if self._runq is not None:
+        if self._runq is not None and label in ("start", "end"):  # the step's wait for a core, not its phases'
             cur.runq_marks.append(self._runq.read_ms())
         if cur.waits_open or cur.sources_open:
             if label not in ("start", "end"):
@@ -230,9 +230,8 @@ class StepClock:
                     spans.setdefault(label, []).extend((a, b))
             extra["phases_span_ns"] = spans
         runq = [m for m in p.runq_marks if m is not None]
-        if len(runq) == len(host):
+        if len(runq) == 2:
             extra["runq_ms"] = runq[-1] - runq[0]
-            extra["phases_runq_ms"] = _per_phase(labels, [b - a for a, b in zip(runq[:-1], runq[1:])])
         return {
             "step": p.step,
             "step_ms": step_ms,

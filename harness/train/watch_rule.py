@@ -62,8 +62,7 @@ WATCH_PHASES = (*STEP_PHASES, "forward_backward")
 # The table one rank sends: a row per step, [step, step_ms, one column per WATCH_PHASES (wall time),
 # one per WATCH_PHASES (its own work there: on CPU its CPU time, timing.py's phases_cpu_ms; on GPU,
 # in a phase that holds DDP's all-reduce, its device's time there until its last gradient,
-# phases_own_device_ms), one per WATCH_PHASES (time waiting for a core, timing.py's
-# phases_runq_ms), one per WATCH_PHASES (time held at point-to-point ops, phases_p2p_ms, 0 where
+# phases_own_device_ms), one per WATCH_PHASES (time held at point-to-point ops, phases_p2p_ms, 0 where
 # none), one per WATCH_PHASES (time held at collectives waited on from Python,
 # phases_collective_wait_ms, 0 where none), the source of the step's first point-to-point op
 # where that was a receive (first_recv_from: its place in a pipeline, `stages`)]; NaN pads the
@@ -71,7 +70,7 @@ WATCH_PHASES = (*STEP_PHASES, "forward_backward")
 # phases a step did not have, the times a rank did not take and a step that received nothing
 # before it sent.
 PHASES = len(WATCH_PHASES)
-COLUMNS = 2 + 5 * PHASES + 1
+COLUMNS = 2 + 4 * PHASES + 1
 SOURCE_COLUMN = COLUMNS - 1
 # At most this many stragglers get a phase per interval (the most late): each phase compares a rank
 # with every other rank (at 1024 ranks most of the verdict's time: bench/RESULTS.md, "Harness and
@@ -140,11 +139,10 @@ def step_row(record: dict) -> list[float]:
     worked in it, not the host's time blocked on the loader, which a host running ahead of its
     GPU hides), else its phase times; its own work per phase: its CPU time (CPU) or, in a phase
     that holds collectives, its device's time there until its last gradient (GPU, where marked:
-    timing.py's phases_own_device_ms); its wait for a core, at point-to-point ops and at
-    collectives per phase; where its first point-to-point op received from."""
+    timing.py's phases_own_device_ms); its waits at point-to-point ops and at collectives per
+    phase; where its first point-to-point op received from."""
     phases = record.get("phases_device_ms") or record.get("phases_ms") or {}
     cpu = record.get("phases_cpu_ms") or record.get("phases_own_device_ms") or {}
-    runq = record.get("phases_runq_ms") or {}
     p2p = record.get("phases_p2p_ms") or {}
     held = record.get("phases_collective_wait_ms") or {}
     source = record.get("first_recv_from")
@@ -153,7 +151,6 @@ def step_row(record: dict) -> list[float]:
         record["step_ms"],
         *(phases.get(p, math.nan) for p in WATCH_PHASES),
         *(cpu.get(p, math.nan) for p in WATCH_PHASES),
-        *(runq.get(p, math.nan) for p in WATCH_PHASES),
         *(p2p.get(p, 0.0) for p in WATCH_PHASES),
         *(held.get(p, 0.0) for p in WATCH_PHASES),
         math.nan if source is None else source,
@@ -185,17 +182,16 @@ def judge_interval(
        the last step whose collectives NCCL has timed on every rank, `arrivals.untimed_steps`)
        that every rank timed;
     2. per step and rank: own = the sum of its own-work phases (`own_work_phases`; less its
-       wait for a core in them, timing.py's phases_runq_ms: time-sharing, not its work, and its
        waits at point-to-point ops and collectives, phases_p2p_ms and
-       phases_collective_wait_ms: a pipeline neighbour's, a slow peer's) and, per phase that
+       phases_collective_wait_ms: a pipeline neighbour's, a slow peer's; a wait for a core stays:
+       a rank other work keeps off its cores is late) and, per phase that
        holds collectives (`held_phases`), of its own work there (`step_row`: CPU time on CPU; on
        GPU its device's time until its last gradient; none in a step where some rank lacks it)
        or, where every rank's arrivals at those collectives are known (`arrivals`), the larger
        of its CPU time beyond its stage's punctual ranks' mean there and the lateness its
        arrivals show it added there (arrivals.held_lateness_ms: a rank that sleeps or blocks
-       there) less its waits at point-to-point ops and for a core there beyond its stage's
-       punctual ranks' (a stage held at its receives of a slow neighbour's gradients, a rank the
-       scheduler kept off its core), or, in a held phase that
+       there) less its waits at point-to-point ops there beyond its stage's punctual ranks' (a
+       stage held at its receives of a slow neighbour's gradients), or, in a held phase that
        waited at point-to-point ops and held no collective (`point_to_point_phases`), its wall
        time as in an own-work phase; lateness = own - the punctual ranks' own among the ranks
        of its pipeline stage (the lower quartile: `punctual_index`; `stages`: all ranks where there is no pipeline),
@@ -238,12 +234,11 @@ def judge_interval(
     # own work in a phase counts in a step only where every rank has it: a rank without it (a
     # GPU step its gradient hook did not mark) would be the punctual mark and make the rest late
     cpus = torch.where(torch.isnan(cpus).any(dim=0, keepdim=True), 0.0, cpus)
-    waits = torch.nan_to_num(table[..., 2 + 2 * PHASES : 2 + 3 * PHASES], nan=0.0)
-    p2p = torch.nan_to_num(table[..., 2 + 3 * PHASES : 2 + 4 * PHASES], nan=0.0)
-    collective = torch.nan_to_num(table[..., 2 + 4 * PHASES : 2 + 5 * PHASES], nan=0.0)
-    # the time it wanted a core and had none, or waited for a pipeline neighbour or for the
-    # peers of a collective it waited on, is not its work
-    walls = (walls - waits - p2p - collective).clamp(min=0.0)
+    p2p = torch.nan_to_num(table[..., 2 + 2 * PHASES : 2 + 3 * PHASES], nan=0.0)
+    collective = torch.nan_to_num(table[..., 2 + 3 * PHASES : 2 + 4 * PHASES], nan=0.0)
+    # the time it waited for a pipeline neighbour or for the peers of a collective it waited on
+    # is not its work (a wait for a core is: a rank other work keeps off its cores is late)
+    walls = (walls - p2p - collective).clamp(min=0.0)
     groups = stages(table[..., SOURCE_COLUMN])
     names = own_phases + held_phases
     own_cols = [WATCH_PHASES.index(p) for p in own_phases]
@@ -261,10 +256,10 @@ def judge_interval(
         )
         if late_held is not None:
             # a rank held at its receives (a pipeline stage waiting for a slow neighbour's
-            # gradients) or kept off a core reaches the collective after them late by that
-            # hold: its waiting there beyond its stage's punctual ranks' is taken out (the
-            # collector's runup.p2p_wait and its run-queue wait, `_judged_arrival`)
-            waited = p2p[..., held_cols] + waits[..., held_cols]
+            # gradients) reaches the collective after them late by that hold: its waiting there
+            # beyond its stage's punctual ranks' is taken out (the collector's runup.p2p_wait,
+            # `_judged_arrival`)
+            waited = p2p[..., held_cols]
             late_held = (late_held - (waited - punctual_of(waited, groups)).clamp(min=0.0)).clamp(min=0.0)
             # each is a lower bound of the time a rank added there: its CPU time beyond the
             # punctual ranks' (a constant per phase over the interval, which moves no rank's

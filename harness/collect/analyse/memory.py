@@ -125,9 +125,9 @@ class RankLog:
     host: str | None = None
     steps: dict[int, dict[str, float]] = field(default_factory=dict)
     profiled: set[int] = field(default_factory=set)  # steps the profiler warmed up or recorded in
-    # step -> phase -> (its ms, of them the ms waited for a core): CPU runs under Linux, every
-    # step (warm-up too: the profiler can record there), for the straggler rule (runq.py)
-    runq: dict[int, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    # step -> (its phases' ms in all, of its step the ms waited for a core): CPU runs under Linux,
+    # every step (warm-up too: the profiler can record there), said beside a rank's lateness (runq.py)
+    runq: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -156,12 +156,15 @@ def _number(v: Any) -> float | None:
     return float(v)
 
 
-def _phase_waits(rec: dict[str, Any]) -> dict[str, tuple[float, float]]:
-    phases, runq = rec.get("phases_ms"), rec.get("phases_runq_ms")
-    if not isinstance(phases, dict) or not isinstance(runq, dict):
-        return {}
-    pairs = {p: (_number(phases.get(p)), _number(q)) for p, q in runq.items()}
-    return {p: (ms, q) for p, (ms, q) in pairs.items() if ms is not None and q is not None}
+def _step_wait(rec: dict[str, Any]) -> tuple[float, float] | None:
+    """(its phases' ms in all, its wait for a core in ms) of a step record, where it has both."""
+    phases, runq = rec.get("phases_ms"), _number(rec.get("runq_ms"))
+    if not isinstance(phases, dict) or runq is None:
+        return None
+    times = [_number(v) for v in phases.values()]
+    if not times or any(v is None for v in times):
+        return None
+    return sum(v for v in times if v is not None), runq
 
 
 def read_rank_log(path: Path, rank: int) -> tuple[RankLog, list[str]]:
@@ -181,8 +184,8 @@ def read_rank_log(path: Path, rank: int) -> tuple[RankLog, list[str]]:
                 except (ValueError, KeyError, TypeError, UnicodeDecodeError):
                     bad.append(lines)
                     continue
-                if waits := _phase_waits(rec):
-                    log.runq[step] = waits
+                if (wait := _step_wait(rec)) is not None:
+                    log.runq[step] = wait
                 if rec.get("warmup") is True:
                     continue
                 if isinstance(rec.get("host"), str):

@@ -18,7 +18,7 @@ from harness.collect.align.waits import InstanceWaits
 from harness.collect.analyse.noise import NoiseModel, noise_model
 from harness.collect.analyse.rank_list import groups_text
 from harness.collect.analyse.replay import Replay
-from harness.collect.analyse.runq import RunQueueLog, run_queues
+from harness.collect.analyse.runq import RunQueueLog, core_waits_of
 from harness.collect.model import RankTrace
 from harness.collect.read.runup import HANDOVER_US, NO_PHASE, PHASE_PREFIX
 from harness.sourced import threshold
@@ -576,7 +576,6 @@ def analyze_stragglers(  # noqa: C901
     ranks = sorted(by_rank)
     reason = inconclusive_reason(traces, waits)
     noise = noise or noise_model(t.device for t in traces)
-    queues = run_queues(traces, runq)  # each CPU rank's wait for a core: reported, not taken out
     judged_apart = any(op.p2p_wait_us for w in waits for op in w.instance.ops.values())
     lateness: list[dict[int, float]] = []
     judged_arrivals: list[dict[int, float]] = []
@@ -617,10 +616,7 @@ def analyze_stragglers(  # noqa: C901
     mean_step_ms = {
         r: statistics.mean([s.dur_us for s in by_rank[r].steps]) / 1e3 if by_rank[r].steps else None for r in ranks
     }
-    core_wait_ms = {
-        r: [queues[r].between_us(st.start_us, st.end_us) / 1e3 for st in by_rank[r].steps] if queues else []
-        for r in ranks
-    }
+    core_wait_ms = core_waits_of(traces, runq) or {}  # each CPU rank's wait for a core: reported, not taken out
     # each rank's own work per step: its step less its waiting for later peers (at collectives,
     # and at point-to-point ops in the collectives' run-ups); a wait for a core stays in it, as
     # the run's noise the jitter bound measures
