@@ -80,7 +80,9 @@ def test_injected_straggler_is_named_with_its_phase(
     assert doc["verdict"] == "straggler", proc.stdout
     top = doc["stragglers"][0]
     assert (top["rank"], top["phase"]) == (rank, phase), proc.stdout
-    assert len(doc["stragglers"]) == 1
+    # 4 ranks share 2 cores here: a peer kept off its core may be late too (its wait for a core
+    # said beside it), but the injected 60 ms stands far above any such rank
+    assert all(o["beyond_peers_ms"] < top["beyond_peers_ms"] / 4 for o in doc["stragglers"][1:]), proc.stdout
     assert top["last_fraction"] >= 0.5
     assert top["blame_ms"] > 60 * (nproc - 1)  # every other rank waited ~60 ms per recorded step
     assert top["whatif_step_ms"] < top["mean_step_ms"]
