@@ -22,7 +22,7 @@ demo: setup
 	$(BIN)/python -m harness.collect profiler_logs/$(DEMO_RUN)
 
 # The tests run the Hugging Face and Lightning callbacks, and their trackers, too: their extras are installed.
-test: export EXTRAS := test,hf,lightning,trackers,notebook
+test: export EXTRAS := test,hf,lightning,trackers,notebook,debug,gpu
 test: setup test-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -30,7 +30,7 @@ test: setup test-tools
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The edit loop: every test that starts no torchrun job (the `slow` marker).
-test-quick: export EXTRAS := test,hf,lightning,trackers,notebook
+test-quick: export EXTRAS := test,hf,lightning,trackers,notebook,debug,gpu
 test-quick: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

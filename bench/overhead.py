@@ -15,6 +15,9 @@ the leftovers of the previous variant hit every variant alike:
   H  variant A's loop on harness.Run (profiler and watch off), its phases marked by hand
      (data, forward, backward, optimizer)
   Q  the same loop with its phases found by themselves (`Run(model=, optimizer=)`, auto_phases.py)
+  V  B with the debug server on (--debug-server: torch's frontend process and this rank's worker
+     server, harness/debug/) and its state route read once a second, as an open page or a
+     dashboard would: the ring append per step, and the worker's answers on its own thread
   W  B with the live straggler watch at its default interval (--watch-every 100) over 8 simulated
      ranks: a real gloo all-gather on a 1-rank group whose result is copied 8 times (8 equal
      ranks: the verdict's healthy path, the common one), then the verdict, its log line and
@@ -27,7 +30,7 @@ count time the process spent descheduled by other tenants of a shared machine. R
 within each repetition (paired) and their median reported: B/A (target <= 1.02), C/B (target
 <= 1.02), D/B (the profiler's cost while recording), B/S (the scalars' cost), W/B (the watch's
 cost, target <= 1.005), P/B (the metrics' cost, target <= 1.005), Q/H (phases found by
-themselves against marked by hand); and the watch's and the
+themselves against marked by hand), V/B (the debug server's cost, target <= 1.005); and the watch's and the
 metrics' own time, timed inside their calls (add, after_step; step), as a share of the loop's:
 what (e) and (g) measure, without the noise of two separate runs; and the same for the harness
 itself in B (inside Run's begin/end_step and begin/end_phase): what (a) measures.
@@ -42,11 +45,14 @@ import argparse
 import dataclasses
 import datetime
 import gc
+import os
 import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +114,8 @@ AUTO_CALLS = ("auto_ready", "auto_begin", "auto_end")
 
 
 DEVICE = torch.device("cpu")  # --device: every variant runs on it
+# V: how often its state route is read (a page refreshed, a dashboard polling)
+DEBUG_POLL_S = 1.0
 
 
 def _sync() -> None:
@@ -166,6 +174,7 @@ def time_harness(
     watch: bool = False,
     metrics: bool = False,
     own: bool = False,
+    debug: bool = False,
 ) -> tuple[float, float]:
     """Variants B-D: Trainer.run for warmup + steps, timing only the last `steps` steps.
     `own`: also time the harness's own work inside Run's step and phase calls (OWN_SHARES).
@@ -180,9 +189,11 @@ def time_harness(
     elif profiler == "record":
         prof = dataclasses.replace(prof, wait=0, warmup=max(warmup - 1, 1), active=total, repeat=1)
     tag = f"{profiler}-{time.monotonic_ns()}"
+    debug_port = _free_port()
     cfg = dataclasses.replace(
         base,
         profiler=prof,
+        debug=dataclasses.replace(base.debug, debug_server=debug, debug_port=debug_port),
         workload=dataclasses.replace(base.workload, steps=total, warmup_steps=warmup),
         output=dataclasses.replace(
             base.output,
@@ -232,7 +243,12 @@ def time_harness(
         if own:
             for name in OWN_CALLS:
                 setattr(run, name, _timed_call(getattr(run, name), spent))
+        done = threading.Event()
+        reader = threading.Thread(target=_read_state, args=(debug_port, done), daemon=True)
+        if debug:
+            reader.start()
         trainer.run(run)
+        done.set()
         _sync()
         stamps.append((time.perf_counter(), time.process_time()))  # before the profiler's exit exports the trace
         if metrics:
@@ -308,6 +324,16 @@ def time_own_loop(base: TrainConfig, steps: int, warmup: int, out: Path, auto: b
     return elapsed / steps * 1e3, cpu / steps * 1e3
 
 
+def _read_state(port: int, done: threading.Event) -> None:
+    """Variant V's reader: the debug server's state route once every DEBUG_POLL_S until `done`."""
+    while not done.wait(DEBUG_POLL_S):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/harness/state", timeout=10) as resp:
+                resp.read()
+        except OSError:
+            pass  # the frontend still starting: the next read finds it
+
+
 def _timed_call(call: Any, inside: list) -> Any:
     """`call`, adding the time spent in it to inside[0] unless called from another timed call."""
 
@@ -354,8 +380,12 @@ def main() -> None:
         "P metrics on",
         "H marked by hand",
         "Q found by hooks",
+        "V debug server on",
     )
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    # env:// with the launcher's variables, as torchrun sets them: torch's debug server (V) reaches
+    # the job's store through them
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo", rank=0, world_size=1)
     results: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
@@ -369,6 +399,7 @@ def main() -> None:
             names[6]: lambda: time_harness(base, args.steps, args.warmup, "off", out, metrics=True),
             names[7]: lambda: time_own_loop(base, args.steps, args.warmup, out, auto=False),
             names[8]: lambda: time_own_loop(base, args.steps, args.warmup, out, auto=True),
+            names[9]: lambda: time_harness(base, args.steps, args.warmup, "off", out, debug=True),
         }
         for rep in range(args.reps):
             for name in names[rep % len(names) :] + names[: rep % len(names)]:
@@ -403,6 +434,7 @@ def main() -> None:
         ("(e) watch on / harness off", names[5], names[1], "target <= 1.005"),
         ("(g) metrics on / harness off", names[6], names[1], "target <= 1.005"),
         ("(j) found by hooks / marked by hand", names[8], names[7], "automatic phases' cost"),
+        ("(l) debug server on / harness off", names[9], names[1], "target <= 1.005"),
     ):
         print(f"{label:<38}{paired(num, den, 0):>7.4f}{paired(num, den, 1):>8.4f}  ({target})")
     print(

@@ -83,7 +83,7 @@ def entries(owner: str, obj: Any) -> Iterator[Entry]:
 
 def registry() -> list[tuple[str, str, Any]]:
     """(section title, owner as code names it, dataclass or instance) of every threshold holder."""
-    from harness.collect.analyse import advisor, memory, noise, stragglers
+    from harness.collect.analyse import advisor, gpu_health, memory, noise, stragglers
 
     return [
         ("The straggler rule (collector and watch)", "stragglers.Thresholds", stragglers.Thresholds),
@@ -91,6 +91,7 @@ def registry() -> list[tuple[str, str, Any]]:
         ("Noise model: shared CPU cores", "noise.SHARED_CPU", noise.SHARED_CPU),
         ("The bottleneck advisor", "advisor.Rules", advisor.Rules),
         ("Memory findings", "memory.MemoryThresholds", memory.MemoryThresholds),
+        ("A straggler's GPU against its peers'", "gpu_health.GpuThresholds", gpu_health.GpuThresholds),
     ]
 
 

@@ -10,5 +10,5 @@ PYVER=${1:-3.12}
 mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .whl msgspec google-crc32c plotly torch-tb-profiler
+    -d .whl msgspec google-crc32c plotly torch-tb-profiler nvidia-ml-py
 ls -1 .whl

@@ -67,6 +67,7 @@ SMOKE = [
             "P metrics on",
             "H marked by hand",
             "Q found by hooks",
+            "V debug server on",
             "(a) harness off / minimal loop",
             "(d) harness off / same, no scalars",
             "(e) watch on / harness off",
@@ -76,6 +77,7 @@ SMOKE = [
             "(i) the harness's own time",
             "(j) found by hooks / marked by hand",
             "(k) the harness's own time / the loop's, marked by hand",
+            "(l) debug server on / harness off",
         ],
     ),
     Smoke(

@@ -108,6 +108,27 @@ def test_a_slow_data_phase_is_flagged_and_its_victims_waiting_in_backward_are_no
     assert (s.rank, s.host, s.phase, s.excess_ms, s.steps_late) == (2, "b", "data", 50.0, 4)
 
 
+def test_the_flag_says_when_the_straggler_s_gpu_ran_a_lower_clock() -> None:
+    # Rank 2 computes twice as long in forward, its GPU at 1.41 GHz and throttled for temperature;
+    # rank 0, power-capped as every other rank is, and at its peers' clock, is not the cause.
+    def read(recs: list[dict], clock: int, throttle: list[str]) -> list[dict]:
+        return [{**r, "gpu_sm_clock_mhz": clock, "gpu_throttle": throttle} for r in recs]
+
+    slow = {**BASE, "forward": 40.0}
+    times = {r: read(steps(BASE), 1980, ["power"]) for r in (0, 1, 3)}
+    times[2] = read(steps(slow), 1410, ["power", "temperature"])
+    v = judge_interval(times, {}, DDP_OWN, noise=GPU, th=Thresholds())
+    [s] = v.stragglers
+    assert (s.rank, s.phase) == (2, "forward")
+    assert s.gpu == "its GPU ran at 1.41 GHz against 1.98 GHz on its peers: throttled for temperature"
+    assert step_row(times[2][0])[-2:] == [1410, 9]  # the clock, and power (1) + temperature (8)
+    # no readings, or the same clock on every rank: the flag says nothing of the GPU
+    plain = {r: steps(slow if r == 2 else BASE) for r in range(4)}
+    assert [x.gpu for x in judge_interval(plain, {}, DDP_OWN, noise=GPU, th=Thresholds()).stragglers] == [None]
+    even = {r: read(steps(slow if r == 2 else BASE), 1980, []) for r in range(4)}
+    assert [x.gpu for x in judge_interval(even, {}, DDP_OWN, noise=GPU, th=Thresholds()).stragglers] == [None]
+
+
 def test_on_gpu_the_watch_judges_the_data_phase_the_device_saw() -> None:
     """GPU records carry each phase's device time (timing.py's phases_device_ms) beside the host's
     time blocked on the loader (phases_ms' data). Rank 2's host spends 50 ms more in data every

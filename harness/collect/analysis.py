@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from harness.collect.align.clocks import ClockOffset, HostClock, clock_domain, disagreeing_clocks, estimate_offsets
 from harness.collect.align.matching import Instance, match_collectives
 from harness.collect.align.waits import InstanceWaits, instance_waits, instances_by_rank, op_waits
+from harness.collect.analyse.gpu_health import GpuReading, gpu_findings
 from harness.collect.analyse.overlap import Gap, LongestGaps, StepOverlap, rank_overlap
 from harness.collect.analyse.runq import RunQueueLog
 from harness.collect.analyse.stragglers import StragglerResult, Thresholds, analyze_stragglers
@@ -148,13 +149,15 @@ def analyze_aligned(
     *,
     release: bool = False,
     runq: Mapping[int, RunQueueLog] | None = None,
+    gpu: Mapping[int, Mapping[int, GpuReading]] | None = None,
 ) -> Analysis:
     """The second half of `analyze`, on `align_ranks`' traces: 5. match collectives again on the
     aligned clocks (matching keys hold no time, so the instances are the same as in step 3, their
     ops now on aligned clocks) and each one's waits; 6. overlap per rank/step, exposed
     communication split into waiting and transfer, of its gaps only the longest kept;
     7. stragglers (on CPU with each rank's wait for a core beside it, where `runq` has it from the step
-    logs: memory.RankLog.runq).
+    logs: memory.RankLog.runq); on GPU, where `gpu` has NVML readings (memory.RankLog.gpu), each
+    straggler's GPU against its peers' over the analysed steps (gpu_health.gpu_findings).
 
     With `release`, what only this function reads goes as soon as it is read: each rank's step
     covers after its step 6, the collectives' run-ups after step 7 (the most a parsed rank
@@ -181,6 +184,11 @@ def analyze_aligned(
             for s in t.steps:
                 s.cover = None
     result = analyze_stragglers(aligned, waits, offsets, step_span_ms, thresholds, runq, step_bounds_us)
+    if gpu:
+        analysed = {t.rank: {s.number for s in t.steps if s.number is not None} for t in aligned}
+        found = gpu_findings([b.rank for b in result.stragglers], gpu, analysed)
+        for b in result.ranks:
+            b.gpu = found.get(b.rank)
     if result.reason and len(aligned) > 1:
         warnings.append(f"no straggler analysis: {result.reason}")
     warnings.extend(result.notes)

@@ -35,7 +35,8 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   of the clean step, what sets it, the latest rank's figure), null where nothing was analysed;
   `warnings`: what was missing or doubtful.
 - `window`: {window, windows, steps, captured}: the profiler window analysed (`--window`,
-  windows.py; null for traces without harness window numbers); `merged`: what
+  windows.py; null for traces without harness window numbers; `captured`: the watch's capture or
+  the debug server's that recorded its steps, else null); `merged`: what
   merged.pt.trace.json.gz holds (merged.py `merged_entry`), null without one; `watch`: the live
   straggler watch's record from run.json ({every, intervals, flags: [{step, rank, host, phase}],
   captures: [{first, last, watch_step, ranks}]}, watch_log.py), null when it was off or there is
@@ -57,6 +58,7 @@ from typing import Any
 
 from harness.collect.analyse.advisor import advice_for, as_rows, diagnose, diagnosis_line
 from harness.collect.analyse.collective_stats import collective_stats, process_groups
+from harness.collect.analyse.gpu_health import GpuFinding
 from harness.collect.analyse.memory import MemoryResult, finding_text
 from harness.collect.analyse.rank_list import ranks_listed, ranks_phrase
 from harness.collect.analyse.replay import REPLAY_FIDELITY
@@ -67,6 +69,7 @@ from harness.report.floor import TELL_BY_WINDOWS, floor_record, floor_step
 from harness.report.records import (
     ClockHostRecord,
     CollectiveStatRecord,
+    GpuRecord,
     HostRecord,
     ProcessGroupRecord,
     RankRecord,
@@ -190,6 +193,7 @@ def build_report(
                 whatif_step_ms=s.whatif_step_ms,
                 mean_step_ms=s.mean_step_ms,
                 syncs=s.syncs,
+                gpu=None if s.gpu is None else _gpu_record(s.gpu),
             )
         )
         for s in res.stragglers
@@ -383,6 +387,31 @@ def _straggler_groups(stragglers: list[dict[str, Any]], key: Any) -> list[list[d
     return list(groups.values())
 
 
+def _gpu_record(g: GpuFinding) -> GpuRecord:
+    return GpuRecord(
+        sm_clock_mhz=g.sm_clock_mhz,
+        peer_sm_clock_mhz=g.peer_sm_clock_mhz,
+        throttle=list(g.throttle),
+        temp_c=g.temp_c,
+        peer_temp_c=g.peer_temp_c,
+        text=g.text,
+    )
+
+
+def _slower_gpu(s: dict[str, Any]) -> str:
+    """'' unless the straggler's GPU ran slower than its peers' (`gpu`): then that sentence, and
+    what to do about it, before its phase's advice."""
+    gpu = s.get("gpu")
+    if not gpu:
+        return ""
+    act = (
+        "check its cooling and power (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER)"
+        if gpu["throttle"]
+        else "check its clock settings (nvidia-smi -q -d CLOCK) and whether its part is its peers'"
+    )
+    return f"{gpu['text']}: {act}. Besides, "
+
+
 def _held_off_cores(s: dict[str, Any], peers_core_ms: float | None) -> str:
     """'' unless the straggler's wait for a core (CPU ranks with step logs: runq.py) beyond its
     peers' is at least half its lateness beyond theirs: then the words that say other work on its
@@ -426,7 +455,7 @@ def _straggler_advice(s: dict[str, Any], peers_core_ms: float | None = None) -> 
         )
     else:
         text = "the others wait for it; compare its hardware and inputs with its peers'."
-    text = _held_off_cores(s, peers_core_ms) + text
+    text = _slower_gpu(s) + _held_off_cores(s, peers_core_ms) + text
     if s["pattern"] == "intermittent":
         text += (
             f" It is late in {s['steps_late']} of {s['steps']} steps only: look for what those steps do "

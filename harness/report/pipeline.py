@@ -41,7 +41,7 @@ from harness.collect.read.parse import TraceError, parse_trace
 from harness.collect.read.run_state import choose_attempt, ending_notes, skipped_note, skipped_windows
 from harness.collect.read.summary import read_summary
 from harness.collect.read.watch_log import read_watch
-from harness.collect.read.windows import WindowPick, pick_window, window_entry
+from harness.collect.read.windows import WindowPick, pick_window, read_requested, window_entry
 from harness.paths import FLIGHT_DIR, is_summary, trace_of_summary
 from harness.report.document import build_report, collective_rows
 from harness.report.files import write_report, write_view
@@ -229,7 +229,8 @@ def collect(
     dirs = [Path(d) for d in inputs if Path(d).is_dir()]
     logs = read_step_logs(dirs)
     runq = {r: log.runq for r, log in logs.ranks.items() if log.runq}
-    analysis = analyze_aligned(runset, alignment, options.thresholds, release=True, runq=runq)
+    gpu = {r: log.gpu for r, log in logs.ranks.items() if log.gpu}
+    analysis = analyze_aligned(runset, alignment, options.thresholds, release=True, runq=runq, gpu=gpu)
     memory = analyze_memory(logs)
     analysis.warnings.extend(memory.warnings)
     doc = build_report(analysis, inputs, memory, find_memory_timelines(dirs))
@@ -243,7 +244,7 @@ def collect(
     reporter.stage("writing the report")
     doc["merged"] = merged_entry(merged) if merged else None
     watch = read_watch(dirs)
-    doc["window"] = window_entry(window, runset, watch)
+    doc["window"] = window_entry(window, runset, watch, read_requested(dirs))
     doc["watch"] = watch
     attach_watch(doc)
     write_report(doc, out, collective_rows(analysis))

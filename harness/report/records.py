@@ -59,6 +59,25 @@ class RunRecord:
 
 
 @dataclass(kw_only=True)
+class GpuRecord:
+    """`stragglers[].gpu`: its GPU against its peers' over the analysed steps (NVML readings in the
+    step logs), where it ran slower; null otherwise."""
+
+    sm_clock_mhz: float
+    """the median SM clock of its readings"""
+    peer_sm_clock_mhz: float
+    """the median of its peers' medians"""
+    throttle: list[str]
+    """throttle reasons it had in half of its steps or more that no peer had (power, temperature, ...)"""
+    temp_c: float | None
+    """its highest temperature, C"""
+    peer_temp_c: float | None
+    """its peers' highest temperature, C"""
+    text: str
+    """the sentence the report says"""
+
+
+@dataclass(kw_only=True)
 class StragglerRecord:
     """`stragglers[]`: each rank that keeps the others waiting, latest first; empty unless the
     verdict is straggler."""
@@ -100,6 +119,9 @@ class StragglerRecord:
     """its mean step (per step)"""
     syncs: dict[str, list[float]]
     """{caller: [syncs per step, ms of device idle they cause per step]} when its syncs made it late, else {}"""
+    gpu: GpuRecord | None
+    """its GPU's clock and throttling against its peers' where it ran slower (GPU runs with NVML readings in
+    their step logs); null otherwise"""
 
 
 @dataclass(kw_only=True)

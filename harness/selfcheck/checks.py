@@ -195,6 +195,24 @@ def gpu_memory(ctx: Context) -> str:
     return f"peak allocated {max(peaks) / 2**20:.0f} MiB per step (step log)"
 
 
+def gpu_health(ctx: Context) -> str:
+    """NVML's readings of the GPU in the step log (harness/train/gpu_health.py: nvidia-ml-py)."""
+    run = (ctx.runs or {}).get("traced") or train(ctx, "traced", TRACED, nproc=None)
+    clocks = [r["gpu_sm_clock_mhz"] for r in step_records(run) if r.get("gpu_sm_clock_mhz") is not None]
+    if not clocks:
+        import torch
+
+        from harness.train.gpu_health import GpuHealth
+
+        why = GpuHealth.open(torch.device("cuda", 0)).why_off
+        raise CheckFailed(f"no gpu_sm_clock_mhz in the step log ({why or 'NVML read nothing'}; the `gpu` extra)")
+    last = step_records(run)[-1]
+    return (
+        f"SM clock {min(clocks)}-{max(clocks)} MHz over {len(clocks)} steps; last: {last.get('gpu_power_w')} W, "
+        f"{last.get('gpu_temp_c')} C, {last.get('gpu_util_pct')}% busy, throttle {last.get('gpu_throttle')}"
+    )
+
+
 def nvtx(ctx: Context) -> str:
     """Our phase ranges as NVTX: the calls the ranges make work here (seeing them needs Nsight)."""
     import torch
@@ -442,6 +460,7 @@ CHECKS = (
     Check("CUDA activity", "cuda", "CUDA kernels and runtime calls in the traced step", cuda_activity),
     Check("NVTX ranges", "cuda", "our ranges as NVTX", nvtx),
     Check("GPU memory", "cuda", "GPU memory fields in the step log", gpu_memory),
+    Check("GPU health", "cuda", "NVML's clock, power, temperature and throttling in the step log", gpu_health),
     Check("AMP bf16", "cuda", "autocast bf16", amp_bf16),
     Check("AMP fp16 + GradScaler", "cuda", "autocast fp16 with GradScaler", amp_fp16),
     Check("torch.compile", "cuda", "torch.compile on the GPU", compiled),

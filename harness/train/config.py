@@ -345,6 +345,38 @@ class WatchConfig:
             )
 
 
+@dataclass(kw_only=True)
+class DebugConfig:
+    """Steering the running job through PyTorch's debug server (harness/debug/, docs/steer.md)."""
+
+    debug_server: bool = knob(
+        False,
+        "start torch's debug server with the harness's page (each rank's state, the watch's verdict) and its "
+        "action: trace the next N steps on every rank",
+        flag="--debug-server",
+    )
+    debug_port: int = knob(25999, "the debug server's port, on rank 0 (torch's default)", flag="--debug-port")
+    debug_addr: str = knob(
+        "127.0.0.1",
+        "the address the debug server binds to: loopback by default; any other asks every request for a token "
+        "($HARNESS_DEBUG_TOKEN, or one written to <run>/debug_token)",
+        flag="--debug-addr",
+    )
+    max_debug_captures: int = knob(
+        3, "at most this many captures the debug server starts per run", flag="--max-debug-captures"
+    )
+
+    def __post_init__(self) -> None:
+        check_types(self, "debug")
+        if not 1 <= self.debug_port <= 65535:
+            raise ConfigError("debug.debug_port", f"{self.debug_port} is not a TCP port (1-65535)")
+        check_min("debug", "max_debug_captures", self.max_debug_captures, 1)
+        if not self.debug_addr:
+            raise ConfigError(
+                "debug.debug_addr", "empty: give an address (127.0.0.1 for loopback, 0.0.0.0 for every one)"
+            )
+
+
 HANG_PHASES = ("data", "forward", "backward", "optimizer")
 
 
@@ -439,6 +471,7 @@ SECTIONS: dict[str, type] = {
     "leak": LeakConfig,
     "hang": HangConfig,
     "watch": WatchConfig,
+    "debug": DebugConfig,
     "output": OutputConfig,
 }
 
@@ -456,6 +489,7 @@ class TrainConfig:
     leak: LeakConfig = field(default_factory=LeakConfig)
     hang: HangConfig = field(default_factory=HangConfig)
     watch: WatchConfig = field(default_factory=WatchConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def __post_init__(self) -> None:

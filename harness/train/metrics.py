@@ -68,6 +68,13 @@ _LAST_STEP = (
     ("gpu_peak_reserved_bytes", "harness_gpu_peak_reserved_bytes", "peak GPU memory reserved in the last step", 1.0),
     ("host_cpu_util_pct", "harness_host_cpu_percent", "the host's CPU use (all cores, %)", 1.0),
     ("proc_cpu_pct", "harness_process_cpu_percent", "this process's CPU use (% of one core)", 1.0),
+    # NVML's latest reading of the rank's GPU (gpu_health.py; GPU runs with nvidia-ml-py)
+    ("gpu_sm_clock_mhz", "harness_gpu_sm_clock_hertz", "the GPU's SM clock, latest reading", 1e6),
+    ("gpu_power_w", "harness_gpu_power_watts", "the GPU's power draw, latest reading", 1.0),
+    ("gpu_temp_c", "harness_gpu_temperature_celsius", "the GPU's temperature, latest reading", 1.0),
+    ("gpu_util_pct", "harness_gpu_utilization_percent", "the GPU's utilisation (% of the last sample period)", 1.0),
+    ("gpu_throttled", "harness_gpu_throttled", "1 when a throttle reason slows the GPU (power, temperature...)", 1.0),
+    ("gpu_ecc_uncorrected", "harness_gpu_ecc_uncorrected_errors", "the GPU's uncorrected ECC errors", 1.0),
 )
 # (attribute, metric name, help): gauges of the watch, the tracing state and the last traced window
 _STATE = (

@@ -174,12 +174,26 @@ class TraceRecorder:
                 return self.book_capture(start, why)
         return None
 
-    def book_capture(self, start: int, why: dict[str, Any]) -> Capture:
-        """Book a triggered window from `start` (found by `plan_capture`, here or on rank 0)."""
-        span = self.cfg.warmup + self.cfg.active
+    def book_capture(self, start: int, why: dict[str, Any], active: int | None = None) -> Capture:
+        """Book a triggered window from `start` (found by `plan_capture`, here or on rank 0; or by
+        the debug server's plan): --warmup steps, then `active` recorded (default --active). The
+        debug server's handler books from its own thread: one append, which the profiler reads at
+        its next step boundary."""
+        span = self.cfg.warmup + (self.cfg.active if active is None else active)
         capture = Capture(start=start, first=start + self.cfg.warmup, last=start + span - 1, why=why)
         self.captures.append(capture)
         return capture
+
+    def traces(self, step: int) -> bool:
+        """Whether the profiler warms up or records `step`: its schedule or a triggered window."""
+        if self._prof is None or self._scheduled is None:
+            return False
+        return self._scheduled(step) != ProfilerAction.NONE or any(c.action(step) for c in tuple(self.captures))
+
+    @property
+    def largest_window_bytes(self) -> int:
+        """The largest window file written so far (0 before the first)."""
+        return self._largest_bytes
 
     def step(self) -> None:
         """Mark a step boundary (closes `ProfilerStep#N`, may finish a window)."""

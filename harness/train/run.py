@@ -30,7 +30,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -61,6 +61,9 @@ from harness.train.stats import StepLog, SystemSampler, format_rank_table
 from harness.train.timing import StepClock
 from harness.train.watch import Watch
 from harness.write_faults import FaultLog
+
+if TYPE_CHECKING:
+    from harness.debug.worker import LiveState
 
 PROG = "harness"
 
@@ -145,6 +148,7 @@ class Run(PhaseSink):
         self._sigterm_before: Any = None
         self._grads: GradientsReady | None = None
         self._comm: CommWaitTimer | None = None
+        self._live: LiveState | None = None  # what the debug server reads (--debug-server)
 
     # -- start and end -----------------------------------------------------------------------
 
@@ -248,10 +252,59 @@ class Run(PhaseSink):
         except BaseException as exc:
             self.close(exc)
             raise
+        if cfg.debug.debug_server:
+            self._start_debug_server()
         model, optimizer = self._auto_targets
         if model is not None or optimizer is not None:
             self.auto_phases(model, optimizer)
         return self
+
+    def _start_debug_server(self) -> None:
+        """torch's debug server with the harness's page and capture action (harness/debug/); where
+        it cannot start, said once, and the job goes on without it."""
+        cfg, env = self.cfg.debug, self.env
+        if not env.distributed:
+            self.faults.note("debug server: needs a torchrun job (a process group); the job goes on without it")
+            return
+        from harness.debug import frontend, worker
+
+        try:
+            store = frontend.job_store()
+            self._live = worker.LiveState(self, frontend.job_secret(store, env.rank), store)
+            worker.open_state(self._live)
+            server = frontend.start(
+                port=cfg.debug_port,
+                host=cfg.debug_addr,
+                run_dir=self.ident.dir,
+                rank=env.rank,
+                max_captures=cfg.max_debug_captures,
+                warmup=self.cfg.profiler.warmup,
+                fetch_timeout_s=frontend.FETCH_TIMEOUT_S,
+            )
+        except Exception as exc:  # noqa: BLE001 - a debug aid never stops training
+            worker.open_state(None)
+            self._live = None
+            self.faults.note(f"debug server: not started ({exc}); the job goes on without it")
+            return
+        if env.rank == 0:
+            token = f"; its token is in {server.token_file}" if server.token_file else ""
+            print(
+                f"{self.prog}: debug server: http://{server.host}:{server.port}{frontend.PAGE} (docs/steer.md){token}",
+                flush=True,
+            )
+
+    def _stop_debug_server(self) -> None:
+        if self._live is None:
+            return
+        from harness.debug import frontend, worker
+
+        worker.open_state(None)
+        frontend.stop(self.env.rank)
+
+    @property
+    def in_step(self) -> bool:
+        """Whether a step is open (between begin_step and end_step)."""
+        return self._in_step
 
     def auto_phases(
         self,
@@ -344,6 +397,7 @@ class Run(PhaseSink):
         if self.cfg.profiler.cuda_profiler_api and self.device.type == "cuda" and self._steps_marked:
             torch.cuda.profiler.stop()
         self.recorder.__exit__(None, None, None)
+        self._stop_debug_server()
         watch = self.watch
         assert watch is not None
         watch.close()
@@ -363,6 +417,7 @@ class Run(PhaseSink):
             "skipped_windows": recorder.skipped,
             "unwritten_step_records": self.log.unwritten,
             "write_failures": self._failures(),
+            **self.sampler.gpu_health.summary(),
             **self.extra_row,
         }
         self.rows = rows = gather(row)
@@ -370,7 +425,14 @@ class Run(PhaseSink):
             config = self.record if self.record is not None else self.cfg.to_dict()
             try:
                 self.run_json = write_run_json(
-                    self.ident, config, self.env, self.device, rows, watch.summary(), parallel=self.cfg.job.parallel
+                    self.ident,
+                    config,
+                    self.env,
+                    self.device,
+                    rows,
+                    watch.summary(),
+                    parallel=self.cfg.job.parallel,
+                    debug_server=self._live.summary() if self._live else None,
                 )
             except OSError as exc:
                 self.faults.report(
@@ -439,6 +501,7 @@ class Run(PhaseSink):
                 self.recorder.__exit__(type(exc), exc, None)
             except Exception:  # noqa: BLE001 - the rank is failing already: its trace is best effort
                 pass
+            self._stop_debug_server()
             if self.watch is not None:
                 self.watch.close()
             self._close_outputs()
@@ -509,6 +572,8 @@ class Run(PhaseSink):
             self._write(rec)
             if watch:
                 watch.add(rec)
+            if self._live:
+                self._live.add(rec)
         if watch and watch.due(step):
             self.progress.phase = "watch exchange"  # a hung peer leaves this rank waiting here
             watch.after_step(step)

@@ -1,8 +1,8 @@
 """What `harness.Run` is configured with: the in-job features' sections of the lab's config
-(profiler, watch, output) and what the harness needs to know of the job itself (`JobConfig`).
+(profiler, watch, debug, output) and what the harness needs to know of the job itself (`JobConfig`).
 
 Sources, later wins: the defaults; a TOML file (`config=`, or HARNESS_CONFIG) with tables
-[job], [profiler], [watch], [output]; keyword arguments; HARNESS_* environment variables (the
+[job], [profiler], [watch], [debug], [output]; keyword arguments; HARNESS_* environment variables (the
 launch script has the last word, so a job is tuned without touching its code). A keyword
 argument or a variable is named after the setting's command-line flag of `harness.train`:
 `watch_every=10` / HARNESS_WATCH_EVERY=10 is `--watch-every 10`, `active=6` / HARNESS_ACTIVE=6
@@ -21,6 +21,7 @@ from typing import Any
 
 from harness.train.config import (
     ConfigError,
+    DebugConfig,
     OutputConfig,
     ProfilerConfig,
     TrainConfig,
@@ -36,7 +37,9 @@ from harness.train.config import (
 ENV_PREFIX = "HARNESS_"
 CONFIG_VARIABLE = "HARNESS_CONFIG"
 # HARNESS_* variables of the harness's other parts, not settings of a run
-OTHER_VARIABLES = frozenset({"HARNESS_NATIVE_SCAN", "HARNESS_SKIP_BROWSER", "HARNESS_TEST_ARTIFACTS"})
+OTHER_VARIABLES = frozenset(
+    {"HARNESS_NATIVE_SCAN", "HARNESS_SKIP_BROWSER", "HARNESS_TEST_ARTIFACTS", "HARNESS_DEBUG_TOKEN"}
+)
 PARALLEL_KINDS = ("ddp", "fsdp", "none")
 
 
@@ -78,6 +81,7 @@ RUN_SECTIONS: dict[str, type] = {
     "job": JobConfig,
     "profiler": ProfilerConfig,
     "watch": WatchConfig,
+    "debug": DebugConfig,
     "output": OutputConfig,
 }
 
@@ -87,6 +91,7 @@ class RunConfig:
     job: JobConfig = field(default_factory=JobConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     watch: WatchConfig = field(default_factory=WatchConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def __post_init__(self) -> None:
@@ -116,7 +121,7 @@ class RunConfig:
             collective_timeout=par.collective_timeout,
             name=f"{wl.mode}-{par.parallel}",
         )
-        return cls(job=job, profiler=cfg.profiler, watch=cfg.watch, output=cfg.output)
+        return cls(job=job, profiler=cfg.profiler, watch=cfg.watch, debug=cfg.debug, output=cfg.output)
 
 
 def _names() -> dict[str, tuple[str, str]]:

@@ -157,6 +157,7 @@ def write_run_json(
     watch: dict[str, Any] | None = None,
     *,
     parallel: str,
+    debug_server: dict[str, Any] | None = None,
 ) -> Path:
     """`run.json`: the run's identity, its `config` (the lab's, or a harness.Run's), launch,
     versions and every rank's row."""
@@ -176,6 +177,8 @@ def write_run_json(
         "cuda_version": torch.version.cuda,
         "ranks": ranks,
         "watch": watch,  # the live straggler watch (harness/train/watch.py): flags and captured windows
+        # the debug server (harness/debug/), where it ran: its address and the captures it started
+        "debug_server": debug_server,
     }
     path = run_file(ident.dir)
     write_text_atomic(path, json.dumps(doc, indent=2) + "\n")

@@ -15,6 +15,7 @@ import psutil
 import torch
 
 from harness import text_table
+from harness.train.gpu_health import GpuHealth
 from harness.train.heap import HeapStats
 from harness.train.procfile import KeptProcFile
 from harness.write_faults import AppendOnlyFile, FaultLog
@@ -210,6 +211,9 @@ class SystemSampler:
     only once `cpu_window_s` has passed (reading /proc/stat and the process's stat are two file
     reads), and each step carries the latest completed window's value: a utilisation is a rate,
     which a one-second window states as well as a shorter one.
+    On GPU with nvidia-ml-py, each step also carries its GPU's latest NVML reading (gpu_*: SM
+    clock, power, temperature, utilisation, throttle reasons, ECC errors), read once a second on
+    a thread of its own (gpu_health.py).
     """
 
     def __init__(self, device: torch.device, cpu_window_s: float = 1.0) -> None:
@@ -224,6 +228,7 @@ class SystemSampler:
         self._limits: dict[str, int | None] = {"host_mem_total_bytes": host_memory_limit()}
         self.heap = HeapStats()
         self.rss = ResidentBytes(self.proc)
+        self.gpu_health = GpuHealth.open(device)  # NVML's readings, on a thread of its own (gpu_health.py)
         if self.cuda:
             self._limits["gpu_mem_total_bytes"] = torch.cuda.get_device_properties(device).total_memory
 
@@ -244,10 +249,12 @@ class SystemSampler:
             out["gpu_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
             out["gpu_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+            out.update(self.gpu_health.latest)  # the latest reading, as it is: no NVML call here
         return out
 
     def close(self) -> None:
         self.rss.close()
+        self.gpu_health.close()
 
 
 def _line(record: dict[str, Any]) -> bytes:

@@ -106,6 +106,8 @@ class Watch:
         self.bound_ms: float | None = None  # the latest interval's bound: how late a straggler must be
         self.judged_steps: list[int] | None = None  # [first, last]: the steps the judged intervals held
         self.flags: list[dict[str, Any]] = []  # every time a rank became a straggler
+        # the latest judged interval (its watch.jsonl line, and every rank's lateness), for the debug server
+        self.latest: dict[str, Any] | None = None
         self.captures: list[dict[str, Any]] = []
         self._log: AppendOnlyFile | None = None
         self.hosts: dict[int, str] = {}
@@ -246,12 +248,15 @@ class Watch:
         verdict, new, gone = judged.verdict, judged.new, judged.gone
         self.bound_ms = verdict.threshold_ms
         for r in new:
-            self.flags.append(
-                {"step": step, "rank": r.rank, "host": r.host, "phase": r.phase, "late_ms": round(r.late_ms, 3)}
-            )
+            flag = {"step": step, "rank": r.rank, "host": r.host, "phase": r.phase, "late_ms": round(r.late_ms, 3)}
+            if r.gpu:
+                flag["gpu"] = r.gpu
+            self.flags.append(flag)
         capture = None
         if self.cfg.capture_on_straggler and len(self.captures) < self.cfg.max_captures:
             capture = self._agree_capture(step, [r.rank for r in new])
+        line = interval_line(step, verdict, capture)
+        self.latest = {**line, "late_ms": {r.rank: round(r.late_ms, 3) for r in verdict.ranks}}
         mine = next((r for r in verdict.ranks if r.rank == self.rank), None)
         if mine and self.metrics:
             self.metrics.watch(mine.late_ms, mine.straggler, verdict.threshold_ms)
@@ -275,6 +280,7 @@ class Watch:
                 f"watch: step {step}: rank {r.rank} ({r.host}) is a straggler: {_where(r.phase, r.excess_ms)}, "
                 f"{r.late_ms:.1f} ms/step late, {r.beyond_peers_ms:.1f} beyond its peers ({bound}), "
                 f"late in {r.steps_late}/{len(of.steps)} steps {of.steps[0]}-{of.steps[-1]}{untimed}"
+                + (f"; {r.gpu}" if r.gpu else "")
             )
         for rank in gone:
             _say(
@@ -292,7 +298,6 @@ class Watch:
                     f"watch: step {step}: no trace captured: the run ends, or the profiler schedule traces, "
                     "before a window fits"
                 )
-        line = interval_line(step, verdict, capture)
         if judged.ahead is not None and judged.ahead is not verdict:
             line["ahead"] = {k: v for k, v in interval_line(step, judged.ahead, None).items() if k != "step"}
         if self._log:
@@ -329,6 +334,7 @@ def interval_line(step: int, verdict: IntervalVerdict, capture: dict[str, Any] |
                 "late_ms": round(r.late_ms, 3),
                 "beyond_peers_ms": round(r.beyond_peers_ms, 3),
                 "steps_late": r.steps_late,
+                **({"gpu": r.gpu} if r.gpu else {}),
             }
             for r in verdict.stragglers
         ],

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from harness.collect.analyse.gpu_health import GpuReading, gpu_findings
 from harness.collect.analyse.noise import NoiseModel
 from harness.collect.analyse.stragglers import (
     MIN_JITTER_STEPS,
@@ -65,13 +66,18 @@ WATCH_PHASES = (*STEP_PHASES, "forward_backward")
 # phases_own_device_ms), one per WATCH_PHASES (time held at point-to-point ops, phases_p2p_ms, 0 where
 # none), one per WATCH_PHASES (time held at collectives waited on from Python,
 # phases_collective_wait_ms, 0 where none), the source of the step's first point-to-point op
-# where that was a receive (first_recv_from: its place in a pipeline, `stages`)]; NaN pads the
+# where that was a receive (first_recv_from: its place in a pipeline, `stages`), its GPU's SM
+# clock and throttle reasons as a bit mask (the latest NVML reading: gpu_health.py)]; NaN pads the
 # rows a rank has not timed yet (on GPU a step is timed once its CUDA events complete), the
-# phases a step did not have, the times a rank did not take and a step that received nothing
-# before it sent.
+# phases a step did not have, the times a rank did not take, a step that received nothing
+# before it sent and a GPU not read.
 PHASES = len(WATCH_PHASES)
-COLUMNS = 2 + 4 * PHASES + 1
-SOURCE_COLUMN = COLUMNS - 1
+COLUMNS = 2 + 4 * PHASES + 3
+SOURCE_COLUMN = 2 + 4 * PHASES
+GPU_CLOCK_COLUMN = SOURCE_COLUMN + 1
+GPU_THROTTLE_COLUMN = SOURCE_COLUMN + 2
+# The throttle reasons' words (gpu_health.THROTTLE_REASONS) as bits of the exchanged mask.
+THROTTLE_BITS = {"power": 1, "hardware slowdown": 2, "sync boost": 4, "temperature": 8}
 # At most this many stragglers get a phase per interval (the most late): each phase compares a rank
 # with every other rank (at 1024 ranks most of the verdict's time: bench/RESULTS.md, "Harness and
 # profiler overhead"), so 16, two 8-GPU nodes' worth like the collector's MAX_CAUSES, bounds it;
@@ -118,6 +124,7 @@ class RankLateness:
     phase: str | None  # the own-work phase with the largest excess over the other ranks' median
     excess_ms: float | None  # that excess, per step
     straggler: bool = False
+    gpu: str | None = None  # its GPU against its peers' where it ran slower (gpu_health.gpu_findings)
 
 
 @dataclass(kw_only=True)
@@ -146,6 +153,8 @@ def step_row(record: dict) -> list[float]:
     p2p = record.get("phases_p2p_ms") or {}
     held = record.get("phases_collective_wait_ms") or {}
     source = record.get("first_recv_from")
+    clock = record.get("gpu_sm_clock_mhz")
+    throttle = record.get("gpu_throttle")
     return [
         record["step"],
         record["step_ms"],
@@ -154,6 +163,8 @@ def step_row(record: dict) -> list[float]:
         *(p2p.get(p, 0.0) for p in WATCH_PHASES),
         *(held.get(p, 0.0) for p in WATCH_PHASES),
         math.nan if source is None else source,
+        math.nan if clock is None else clock,
+        math.nan if throttle is None else sum(THROTTLE_BITS.get(w, 0) for w in throttle),
     ]
 
 
@@ -208,7 +219,10 @@ def judge_interval(
     5. per straggler (the MAX_PHASED with the largest beyond_peers_ms) and phase of step 2
        (own-work by wall time, held by CPU time): excess = the mean per step of its time minus
        the median of its stage's other ranks' time; the
-       largest positive one names the phase.
+       largest positive one names the phase;
+    6. per straggler, where the ranks sent their GPUs' NVML readings: the collector's rule on
+       them over the judged steps (gpu_health.gpu_findings: a lower clock, a throttle reason its
+       peers did not have).
     """
     n_ranks = tables.shape[0]
     step_col = tables[..., 0]
@@ -293,6 +307,7 @@ def judge_interval(
     over = {r for r in range(n_ranks) if beyond[r] > threshold and steps_late[r] >= need}
     flagged = sorted(over, key=lambda r: (-beyond[r], r))
     phased = {r: _slowest_phase(r, work, names, groups) for r in flagged[:MAX_PHASED]}
+    gpu = _gpu_texts(flagged[:MAX_PHASED], table, steps)
     out = [
         RankLateness(
             rank=r,
@@ -303,10 +318,33 @@ def judge_interval(
             phase=phased.get(r, (None, None))[0],
             excess_ms=phased.get(r, (None, None))[1],
             straggler=r in over,
+            gpu=gpu.get(r),
         )
         for r in range(n_ranks)
     ]
     return IntervalVerdict(steps=steps, ranks=out, threshold_ms=threshold, bounds_ms=bounds)
+
+
+def _gpu_texts(ranks: list[int], table: torch.Tensor, steps: list[int]) -> dict[int, str]:
+    """Step 6 of `judge_interval`: what the collector's rule says of each rank's GPU, from the
+    readings the ranks sent (none where no rank sent one)."""
+    clocks = table[..., GPU_CLOCK_COLUMN]
+    if not ranks or bool(torch.isnan(clocks).all()):
+        return {}
+    masks = torch.nan_to_num(table[..., GPU_THROTTLE_COLUMN], nan=0.0).to(torch.int64).tolist()
+    readings = {
+        r: {
+            s: GpuReading(
+                sm_clock_mhz=None if math.isnan(c) else c,
+                throttle=tuple(w for w, bit in THROTTLE_BITS.items() if m & bit),
+                temp_c=None,
+                power_w=None,
+            )
+            for s, c, m in zip(steps, clocks[r].tolist(), masks[r])
+        }
+        for r in range(table.shape[0])
+    }
+    return {r: f.text for r, f in gpu_findings(ranks, readings).items()}
 
 
 @dataclass(kw_only=True)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.collect.analyse.gpu_health import GpuReading
 from harness.paths import MEMORY_TIMELINE_PATTERN, STEPS_DIR
 from harness.sourced import threshold
 
@@ -128,6 +129,8 @@ class RankLog:
     # step -> (its phases' ms in all, of its step the ms waited for a core): CPU runs under Linux,
     # every step (warm-up too: the profiler can record there), said beside a rank's lateness (runq.py)
     runq: dict[int, tuple[float, float]] = field(default_factory=dict)
+    # step -> its GPU's NVML reading (GPU runs with nvidia-ml-py: gpu_health.py), every step
+    gpu: dict[int, GpuReading] = field(default_factory=dict)
 
 
 @dataclass
@@ -167,6 +170,16 @@ def _step_wait(rec: dict[str, Any]) -> tuple[float, float] | None:
     return sum(v for v in times if v is not None), runq
 
 
+def _gpu_reading(rec: dict[str, Any]) -> GpuReading | None:
+    """The NVML reading of a step record (gpu_sm_clock_mhz, gpu_throttle, ...), where it has one."""
+    clock, temp = _number(rec.get("gpu_sm_clock_mhz")), _number(rec.get("gpu_temp_c"))
+    throttle = rec.get("gpu_throttle")
+    words = tuple(w for w in throttle if isinstance(w, str)) if isinstance(throttle, list) else ()
+    if clock is None and temp is None and not words:
+        return None
+    return GpuReading(sm_clock_mhz=clock, throttle=words, temp_c=temp, power_w=_number(rec.get("gpu_power_w")))
+
+
 def read_rank_log(path: Path, rank: int) -> tuple[RankLog, list[str]]:
     """Stream one step log; damaged lines (not JSON, not an object, no integer step) are counted
     and said in one warning, the last one named as the half line a killed rank leaves."""
@@ -186,6 +199,8 @@ def read_rank_log(path: Path, rank: int) -> tuple[RankLog, list[str]]:
                     continue
                 if (wait := _step_wait(rec)) is not None:
                     log.runq[step] = wait
+                if (reading := _gpu_reading(rec)) is not None:
+                    log.gpu[step] = reading
                 if rec.get("warmup") is True:
                     continue
                 if isinstance(rec.get("host"), str):

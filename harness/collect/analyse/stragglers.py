@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from harness.collect.align.clocks import ClockOffset, mad
 from harness.collect.align.waits import InstanceWaits
+from harness.collect.analyse.gpu_health import GpuFinding
 from harness.collect.analyse.noise import NoiseModel, noise_model
 from harness.collect.analyse.rank_list import groups_text
 from harness.collect.analyse.replay import Replay
@@ -88,6 +89,9 @@ class RankBlame:
     # on it) per step (runq.py): what the host's other work cost it, said beside its lateness (not
     # taken out of it); None without
     core_wait_ms: float | None = None
+    # GPU runs with NVML readings in their step logs: its GPU's clock and throttling against its
+    # peers' where it ran slower (gpu_health.gpu_findings); None otherwise
+    gpu: GpuFinding | None = None
     waits_for: list[list] = field(default_factory=list)  # [[rank, ms per step]], most first
     pattern: str | None = None  # "persistent" or "intermittent" (stragglers only)
     phase: str | None = None

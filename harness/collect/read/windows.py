@@ -4,6 +4,7 @@ slow), and analysed together a straggler in one is diluted by the healthy steps 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from harness.paths import (
     WINDOW_MAX_DIGITS,
     WORKER_RANK_PATTERN,
     is_summary,
+    run_file,
     trace_of_summary,
 )
 
@@ -87,21 +89,39 @@ def pick_window(files: list[Path], choice: str) -> tuple[list[Path], WindowPick]
     return [f for f in files if numbered[f] == window], WindowPick(window=window, windows=windows, note=note)
 
 
-def window_entry(pick: WindowPick, runset: RunSet, watch: dict[str, Any] | None) -> dict[str, Any] | None:
-    """report.json `window`: {window, windows, steps: [first, last] analysed, captured: the live
-    watch's capture that recorded those steps ({first, last, watch_step, ranks}, from `watch`:
-    run.json's record, `watch_log.read_watch`) or null}; None when the traces carry no window
-    numbers."""
+def window_entry(
+    pick: WindowPick, runset: RunSet, watch: dict[str, Any] | None, requested: list[dict[str, Any]] | None = None
+) -> dict[str, Any] | None:
+    """report.json `window`: {window, windows, steps: [first, last] analysed, captured: the
+    capture that recorded those steps or null}; None when the traces carry no window numbers. A
+    capture is the live watch's ({first, last, watch_step, ranks}, from `watch`: run.json's record,
+    `watch_log.read_watch`) or one asked for through the debug server ({first, last, start, id,
+    requested_at_step, requested_by}, from `requested`: `read_requested`)."""
     if not pick.windows:
         return None
     steps = [s.number for t in runset.ranks for s in t.steps if s.number is not None]
     span = [min(steps), max(steps)] if steps else None
     captured = None
     if span:
-        for capture in (watch or {}).get("captures", []):
+        for capture in [*(watch or {}).get("captures", []), *(requested or [])]:
             if capture["first"] <= span[0] and span[1] <= capture["last"]:
                 captured = capture
     return {"window": pick.window, "windows": list(pick.windows), "steps": span, "captured": captured}
+
+
+def read_requested(dirs: list[Path]) -> list[dict[str, Any]]:
+    """run.json's `debug_server.captures` (the captures asked for through the debug server) from
+    the first input folder that has them; [] for none, or where a field is not a step number."""
+    for d in dirs:
+        try:
+            record = json.loads(run_file(d).read_text()).get("debug_server")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("captures"), list):
+            keys = ("first", "last", "requested_at_step")
+            found = [c for c in record["captures"] if isinstance(c, dict)]
+            return [c for c in found if all(isinstance(c.get(k), int) for k in keys)]
+    return []
 
 
 def window_line(entry: dict[str, Any]) -> str:
@@ -110,11 +130,13 @@ def window_line(entry: dict[str, Any]) -> str:
     text = f"{which} of {', '.join(map(str, entry['windows']))}"
     if entry["steps"]:
         text += f" (steps {entry['steps'][0]}-{entry['steps'][1]})"
-    if entry["captured"]:
-        c = entry["captured"]
+    c = entry["captured"]
+    if c and "ranks" in c:
         text += (
             f", traced when the live watch flagged rank(s) {', '.join(map(str, c['ranks']))} at step {c['watch_step']}"
         )
+    elif c:
+        text += f", traced when asked through the debug server at step {c['requested_at_step']}"
     if len(entry["windows"]) > 1:
         text += "; --window N or all for others"
     return text
