@@ -102,6 +102,9 @@ class SimulatedWatch(Watch):
 
 WATCH_SHARES: list[float] = []  # per W run: the watch's own time / the whole loop's time
 METRICS_SHARES: list[float] = []  # per P run: the metrics' own time / the whole loop's time
+DEBUG_SHARES: list[
+    float
+] = []  # per V run: the debug server's own time (the step's ring append, the answers) / the loop's
 OWN_SHARES: list[float] = []  # per B run: the harness's own time in Run's step/phase calls / the loop's
 # Run's per-step entry points: all the harness does for a step happens inside them (the clock and
 # its phase marks, the RSS/heap/schedstat sample, the JSONL line, the scalars, the profiler's step)
@@ -235,8 +238,9 @@ def time_harness(
                 scalars=run.scalars,
                 faults=run.faults,
             )
-        assert not (metrics and own), "one share per run: the metrics' or the harness's"
+        assert sum((metrics, own, debug)) <= 1, "one share per run: the metrics', the harness's or the debug server's"
         spent = [0.0, 0]  # seconds inside the timed calls; how deep (end_step calls end_phase)
+        answering = [0.0, 0]  # V: the same on the worker server's thread
         if metrics:  # the metrics' own time, timed inside their per-step call
             assert run.metrics is not None
             run.metrics.step = _timed_call(run.metrics.step, spent)  # type: ignore[method-assign]
@@ -245,7 +249,11 @@ def time_harness(
                 setattr(run, name, _timed_call(getattr(run, name), spent))
         done = threading.Event()
         reader = threading.Thread(target=_read_state, args=(debug_port, done), daemon=True)
-        if debug:
+        if debug:  # its own time: the loop's append, and the worker thread's answers (which hold the GIL)
+            live = run._live
+            assert live is not None, "the debug server did not start"
+            live.add = _timed_call(live.add, spent)  # type: ignore[method-assign]
+            live.snapshot = _timed_call(live.snapshot, answering)  # type: ignore[method-assign]
             reader.start()
         trainer.run(run)
         done.set()
@@ -253,6 +261,8 @@ def time_harness(
         stamps.append((time.perf_counter(), time.process_time()))  # before the profiler's exit exports the trace
         if metrics:
             METRICS_SHARES.append(spent[0] / (stamps[-1][0] - stamps[0][0]))
+        if debug:
+            DEBUG_SHARES.append((spent[0] + answering[0]) / (stamps[-1][0] - stamps[0][0]))
         if own:
             OWN_SHARES.append(spent[0] / (stamps[-1][0] - stamps[0][0]))
     if watcher:
@@ -449,6 +459,10 @@ def main() -> None:
         f"(k) the harness's own time / the loop's, marked by hand (H): median "
         f"{statistics.median(LOOP_SHARES[False]) * 100:.3f}%; found by hooks (Q): median "
         f"{statistics.median(LOOP_SHARES[True]) * 100:.3f}% (timed inside Run's calls and the hooks)"
+    )
+    print(
+        f"(m) the debug server's own time / the loop's (V): median {statistics.median(DEBUG_SHARES) * 100:.4f}%, max "
+        f"{max(DEBUG_SHARES) * 100:.4f}% (the step's append and the answers to a read a second, timed inside them)"
     )
     print(
         f"(h) the metrics' own time / the loop's: median {statistics.median(METRICS_SHARES) * 100:.3f}%, max "

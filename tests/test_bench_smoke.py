@@ -78,6 +78,7 @@ SMOKE = [
             "(j) found by hooks / marked by hand",
             "(k) the harness's own time / the loop's, marked by hand",
             "(l) debug server on / harness off",
+            "(m) the debug server's own time",
         ],
     ),
     Smoke(
