@@ -161,7 +161,7 @@ def test_the_plain_loop_example_writes_what_the_lab_writes(parallel: str, tmp_pa
     assert "harness: run mine finished (2 rank(s)" in proc.stdout
     doc = json.loads(run_file(run).read_text())
     assert doc["world_size"] == 2 and doc["parallel"] == parallel and doc["backend"] == "gloo"
-    assert set(doc["config"]) == {"job", "profiler", "watch", "output"} and doc["config"]["job"]["steps"] == 20
+    assert set(doc["config"]) == {"job", "profiler", "watch", "debug", "output"} and doc["config"]["job"]["steps"] == 20
     assert [r["steps"] for r in doc["ranks"]] == [18, 18] and all(r["traces"] for r in doc["ranks"])  # 2 warm-up
     for r in (0, 1):
         records = [json.loads(line) for line in steps_path(run, r).read_text().splitlines()]

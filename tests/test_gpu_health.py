@@ -5,8 +5,6 @@ carry them (harness/collect/analyse/gpu_health.py), with exact answers."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,7 +17,7 @@ from harness.collect.analyse.gpu_health import GpuReading, gpu_findings
 from harness.collect.analyse.memory import read_step_logs
 from harness.train.gpu_health import GpuHealth, read_health, throttle_reasons
 
-from jobs import REPO
+from jobs import collect_quietly
 from tracebuild import ring_docs, write
 
 
@@ -168,16 +166,8 @@ def test_the_collector_says_a_straggler_s_gpu_was_throttled(tmp_path: Path) -> N
     run = _write_run(tmp_path / "run")
     logs = read_step_logs([run]).ranks
     assert logs[2].gpu[3] == GpuReading(sm_clock_mhz=1410.0, throttle=("temperature",), temp_c=89.0, power_w=400.0)
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.collect", str(run), "--output", str(out), "--no-merged"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads((out / "report.json").read_text())
+    proc = collect_quietly(run, "--output", str(tmp_path / "out"))
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert [s["rank"] for s in report["stragglers"]] == [2]
     assert report["stragglers"][0]["gpu"] == {
         "sm_clock_mhz": 1410.0,
@@ -197,14 +187,8 @@ def test_the_collector_says_a_straggler_s_gpu_was_throttled(tmp_path: Path) -> N
     for f in (run / "steps").iterdir():
         f.unlink()
     (run / "steps").rmdir()
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.collect", str(run), "--output", str(out), "--no-merged"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
-    report = json.loads((out / "report.json").read_text())
+    collect_quietly(run, "--output", str(tmp_path / "out"))
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert [s["rank"] for s in report["stragglers"]] == [2] and report["stragglers"][0]["gpu"] is None
 
 
