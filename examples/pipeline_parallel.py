@@ -119,6 +119,7 @@ def main() -> None:
         run_name=args.run_name,
         log_dir=args.log_dir,
         steps=args.steps,  # harness
+        warmup_steps=2,  # the first steps' one-off costs (lazy init, first allocations) stay out of the figures
         samples_per_step=args.batch_size,
         parallel="fsdp",  # harness: communication inside forward and backward
         job_name="pipeline-parallel",

@@ -257,8 +257,14 @@ def test_the_tensor_parallel_example_names_the_slow_rank_not_the_peer_it_held(tm
     torchrun(args, nproc=4, timeout=300, script=TP_EXAMPLE)
     run = tmp_path / "tp"
     lines = [json.loads(line) for line in watch_path(run).read_text().splitlines()]
-    flagged = {(s["rank"], s["phase"]) for line in lines for s in line["stragglers"]}
-    assert flagged == {(1, "forward")}, lines
+    # every interval of the slow steps flags rank 1 in forward, and no other rank
+    slow = [line for line in lines if line["steps"][0] >= 8]
+    assert slow and all({(s["rank"], s["phase"]) for s in line["stragglers"]} == {(1, "forward")} for line in slow), (
+        lines
+    )
+    # before them nothing is injected: 4 ranks share 2 cores here, and a rank kept off its core can
+    # stand over an interval's bound, by far less than the 60 ms
+    assert all(s["late_ms"] < 60 / 4 for line in lines if line["steps"][1] < 8 for s in line["stragglers"]), lines
     assert all(groups_path(p).is_file() for p in list_traces(run))
     # the window (steps 11-13) holds the watch's exchange after step 11, whose entries have no ranges
     assert all(b'"harness:watch"' in gzip.open(p).read() for p in list_traces(run))
