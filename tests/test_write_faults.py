@@ -93,8 +93,10 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 # Many short windows (--repeat 0) so that some fall inside the fault and some after it: the fault
-# starts at the first window and holds 2 s of wall time, and the run is longer than that on any
-# machine (a slower one takes longer over the same steps).
+# starts at the first window and holds 2 s of wall time, and the run outlasts it by more than the
+# writers' 1 s retry on any machine: rank 0 sleeps 15 ms a step, which every rank waits for, so the
+# 300 steps take 4.5 s at least (without it, a run whose windows the full disk skipped finished
+# inside the fault, and its step records could not be written at its end).
 LONG_STEPS = 300
 LONG = [
     "--mode",
@@ -115,6 +117,10 @@ LONG = [
     "0",
     "--batch-size",
     "16",
+    "--straggler-rank",
+    "0",
+    "--straggler-ms",
+    "15",
 ]
 
 
