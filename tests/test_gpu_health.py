@@ -99,7 +99,7 @@ def test_no_gpu_no_fields() -> None:
 
 
 def reading(clock: float, *throttle: str, temp: float = 70.0) -> GpuReading:
-    return GpuReading(sm_clock_mhz=clock, throttle=throttle, temp_c=temp, power_w=400.0)
+    return GpuReading(sm_clock_mhz=clock, throttle=throttle, temp_c=temp)
 
 
 def test_a_straggler_s_slower_gpu_is_named_with_its_figures() -> None:
@@ -165,7 +165,7 @@ def _write_run(run: Path, n_ranks: int = 4, steps: int = 6) -> Path:
 def test_the_collector_says_a_straggler_s_gpu_was_throttled(tmp_path: Path) -> None:
     run = _write_run(tmp_path / "run")
     logs = read_step_logs([run]).ranks
-    assert logs[2].gpu[3] == GpuReading(sm_clock_mhz=1410.0, throttle=("temperature",), temp_c=89.0, power_w=400.0)
+    assert logs[2].gpu[3] == GpuReading(sm_clock_mhz=1410.0, throttle=("temperature",), temp_c=89.0)
     proc = collect_quietly(run, "--output", str(tmp_path / "out"))
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert [s["rank"] for s in report["stragglers"]] == [2]

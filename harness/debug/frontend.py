@@ -125,7 +125,7 @@ class HarnessHandler(DebugHandler):
         """The reply to a GET of `path` (one of the harness's routes) with `query`."""
         if path == STATE:
             states, missing = self._states()
-            return Reply(200, {"ranks": [s for s in states], "missing": missing})
+            return Reply(200, {"ranks": states, "missing": missing})
         if path == CAPTURE:
             return self._capture(query)
         return Reply(404, {"error": f"no such page: {path}"})
@@ -135,9 +135,10 @@ class HarnessHandler(DebugHandler):
         rows = []
         late_by_rank: dict[int, float] = {}
         verdict = "the watch has not judged an interval yet"
+        first = min((d["rank"] for d in states), default=None)
         for doc in states:
             watch = doc.get("watch")
-            if watch and doc["rank"] == min(d["rank"] for d in states):
+            if watch and doc["rank"] == first:
                 flagged = ", ".join(
                     f"rank {s['rank']} ({s.get('phase') or 'no single phase'}, {s['late_ms']:.1f} ms/step late)"
                     for s in watch.get("stragglers", [])
@@ -331,7 +332,14 @@ def token_for(host: str, run_dir: Path, rank: int) -> tuple[str | None, Path | N
 
 
 def start(
-    *, port: int, host: str, run_dir: Path, rank: int, max_captures: int, warmup: int, fetch_timeout_s: float
+    *,
+    port: int,
+    host: str,
+    run_dir: Path,
+    rank: int,
+    max_captures: int,
+    warmup: int,
+    fetch_timeout_s: float = FETCH_TIMEOUT_S,
 ) -> Server:
     """Start torch's debug server on this rank (the frontend on rank 0) with the harness's handler.
     Raises RuntimeError (one line) where it cannot: a missing dependency, a torch without it."""

@@ -66,8 +66,6 @@ class RankState:
     debug_captures: int  # captures the debug server armed on this rank
     free_bytes: int | None  # free disk under the run folder
     trace_bytes_per_step: float | None  # the largest window written so far, per recorded step
-    recent: tuple[dict[str, Any], ...] = ()  # its latest step records (the page shows them)
-    watch: dict[str, Any] | None = None  # the watch's latest judged interval on this rank
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> RankState:
@@ -84,8 +82,6 @@ class RankState:
             debug_captures=int(doc.get("debug_captures", 0)),
             free_bytes=None if doc.get("free_bytes") is None else int(doc["free_bytes"]),
             trace_bytes_per_step=doc.get("trace_bytes_per_step"),
-            recent=tuple(doc.get("recent", [])),
-            watch=doc.get("watch"),
         )
 
 

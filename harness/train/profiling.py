@@ -23,6 +23,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
 from harness.atomic import write_text_atomic
+from harness.debug.plan import first_free_start
 from harness.paths import (
     TRACE_METADATA_KEY,
     groups_path,
@@ -165,14 +166,9 @@ class TraceRecorder:
         if self._prof is None:
             return None
         span = self.cfg.warmup + self.cfg.active
-        scheduled = self._scheduled
-        assert scheduled is not None
         horizon = last_step if last_step is not None else earliest + 10 * (span + self.cfg.wait) + span
-        for start in range(earliest, horizon - span + 2):
-            steps = range(start, start + span)
-            if all(scheduled(s) == ProfilerAction.NONE and not any(c.action(s) for c in self.captures) for s in steps):
-                return self.book_capture(start, why)
-        return None
+        start = first_free_start(earliest, span, self.traces, horizon)
+        return None if start is None else self.book_capture(start, why)
 
     def book_capture(self, start: int, why: dict[str, Any], active: int | None = None) -> Capture:
         """Book a triggered window from `start` (found by `plan_capture`, here or on rank 0; or by

@@ -279,7 +279,6 @@ class Run(PhaseSink):
                 rank=env.rank,
                 max_captures=cfg.max_debug_captures,
                 warmup=self.cfg.profiler.warmup,
-                fetch_timeout_s=frontend.FETCH_TIMEOUT_S,
             )
         except Exception as exc:  # noqa: BLE001 - a debug aid never stops training
             worker.open_state(None)

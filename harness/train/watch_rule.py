@@ -55,6 +55,7 @@ from harness.collect.analyse.stragglers import (
 )
 from harness.paths import STEP_PHASES
 from harness.train.arrivals import HeldArrivals, held_lateness_ms, punctual_of
+from harness.train.gpu_health import THROTTLE_REASONS
 
 # The phases the watch judges: the harness's, and `forward_backward`, which Hugging Face's Trainer
 # callback marks for forward and backward together (its hooks do not split them,
@@ -76,8 +77,8 @@ COLUMNS = 2 + 4 * PHASES + 3
 SOURCE_COLUMN = 2 + 4 * PHASES
 GPU_CLOCK_COLUMN = SOURCE_COLUMN + 1
 GPU_THROTTLE_COLUMN = SOURCE_COLUMN + 2
-# The throttle reasons' words (gpu_health.THROTTLE_REASONS) as bits of the exchanged mask.
-THROTTLE_BITS = {"power": 1, "hardware slowdown": 2, "sync boost": 4, "temperature": 8}
+# The throttle reasons' words as bits of the exchanged mask, one bit a word.
+THROTTLE_BITS = {w: 1 << i for i, w in enumerate(dict.fromkeys(THROTTLE_REASONS.values()))}
 # At most this many stragglers get a phase per interval (the most late): each phase compares a rank
 # with every other rank (at 1024 ranks most of the verdict's time: bench/RESULTS.md, "Harness and
 # profiler overhead"), so 16, two 8-GPU nodes' worth like the collector's MAX_CAUSES, bounds it;
@@ -338,7 +339,6 @@ def _gpu_texts(ranks: list[int], table: torch.Tensor, steps: list[int]) -> dict[
                 sm_clock_mhz=None if math.isnan(c) else c,
                 throttle=tuple(w for w, bit in THROTTLE_BITS.items() if m & bit),
                 temp_c=None,
-                power_w=None,
             )
             for s, c, m in zip(steps, clocks[r].tolist(), masks[r])
         }

@@ -22,7 +22,6 @@ class GpuReading:
     sm_clock_mhz: float | None
     throttle: tuple[str, ...]
     temp_c: float | None
-    power_w: float | None
 
 
 @dataclass(kw_only=True)
@@ -106,14 +105,15 @@ def gpu_findings(
         if not lower and not own:
             continue
         peer_temps = [temp[r] for r in peers if r in temp]
+        peer_temp = max(peer_temps) if peer_temps else None
         out[rank] = GpuFinding(
             rank=rank,
             sm_clock_mhz=clock[rank],
             peer_sm_clock_mhz=peer_clock,
             throttle=own,
             temp_c=temp.get(rank),
-            peer_temp_c=max(peer_temps) if peer_temps else None,
-            text=_text(clock[rank], peer_clock, own, temp.get(rank), max(peer_temps) if peer_temps else None),
+            peer_temp_c=peer_temp,
+            text=_text(clock[rank], peer_clock, own, temp.get(rank), peer_temp),
         )
     return out
 

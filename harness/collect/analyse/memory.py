@@ -177,7 +177,7 @@ def _gpu_reading(rec: dict[str, Any]) -> GpuReading | None:
     words = tuple(w for w in throttle if isinstance(w, str)) if isinstance(throttle, list) else ()
     if clock is None and temp is None and not words:
         return None
-    return GpuReading(sm_clock_mhz=clock, throttle=words, temp_c=temp, power_w=_number(rec.get("gpu_power_w")))
+    return GpuReading(sm_clock_mhz=clock, throttle=words, temp_c=temp)
 
 
 def read_rank_log(path: Path, rank: int) -> tuple[RankLog, list[str]]:
