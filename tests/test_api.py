@@ -242,7 +242,7 @@ TP_EXAMPLE = REPO / "examples" / "tensor_parallel.py"
 @pytest.mark.slow
 def test_the_tensor_parallel_example_names_the_slow_rank_not_the_peer_it_held(tmp_path: Path) -> None:
     """4 ranks, tensor-parallel groups (0, 1) and (2, 3), data-parallel groups (0, 2) and (1, 3):
-    rank 1's host sleeps 60 ms in the middle of forward from step 8 (several times the clean step
+    rank 1's host sleeps 120 ms in the middle of forward from step 8 (several times the clean step
     here: a wide margin on 2 shared cores). Rank 0 waits for it at the next all-reduce and then
     reaches its data-parallel all-reduce in backward late by that wait. The watch flags rank 1
     in forward and no other rank: it matches collectives by the Flight Recorder's group names,
@@ -251,9 +251,15 @@ def test_the_tensor_parallel_example_names_the_slow_rank_not_the_peer_it_held(tm
     entries beside it (`<trace>.groups.json`), from which the collector gives every collective
     its group, and names rank 1 in forward too (without them it paired one group's
     all-reduces with another's, and a 60 ms sleeper read 'balanced'). The watch exchanges every
-    3 steps, so the traced window holds an exchange, whose entries have no ranges left."""
+    3 steps, so the traced window holds an exchange, whose entries have no ranges left.
+    With a busy loop beside the 4 ranks on 2 cores, a rank released with the sleeper can take
+    10-20 ms longer than its peers to reach its next collective: real time off its core, which
+    the collector measures and may name. Rank 0, the held peer, would read late by the whole
+    sleep if its hold were counted, so any other named rank stays under a quarter of rank 1."""
+    slow_ms = 120
     args = ["--log-dir", str(tmp_path), "--run-name", "tp", "--steps", "30", "--tp", "2"]
-    args += ["--slow-rank", "1", "--slow-ms", "60", "--slow-phase", "forward", "--slow-from", "8", "--watch-every", "3"]
+    args += ["--slow-rank", "1", "--slow-ms", str(slow_ms), "--slow-phase", "forward", "--slow-from", "8"]
+    args += ["--watch-every", "3"]
     torchrun(args, nproc=4, timeout=300, script=TP_EXAMPLE)
     run = tmp_path / "tp"
     lines = [json.loads(line) for line in watch_path(run).read_text().splitlines()]
@@ -263,15 +269,16 @@ def test_the_tensor_parallel_example_names_the_slow_rank_not_the_peer_it_held(tm
         lines
     )
     # before them nothing is injected: 4 ranks share 2 cores here, and a rank kept off its core can
-    # stand over an interval's bound, by far less than the 60 ms
-    assert all(s["late_ms"] < 60 / 4 for line in lines if line["steps"][1] < 8 for s in line["stragglers"]), lines
+    # stand over an interval's bound, by far less than the sleep
+    assert all(s["late_ms"] < slow_ms / 8 for line in lines if line["steps"][1] < 8 for s in line["stragglers"]), lines
     assert all(groups_path(p).is_file() for p in list_traces(run))
     # the window (steps 11-13) holds the watch's exchange after step 11, whose entries have no ranges
     assert all(b'"harness:watch"' in gzip.open(p).read() for p in list_traces(run))
     report = collect_report(run)
     assert report["verdict"] == "straggler", report["headline"]
-    named = {(s["rank"], s["phase"]) for s in report["stragglers"]}
-    assert named == {(1, "forward")}, report["headline"]
+    named = {s["rank"]: s for s in report["stragglers"]}
+    assert named[1]["phase"] == "forward" and named[1]["late_ms"] > slow_ms * 0.9, report["headline"]
+    assert all(s["late_ms"] < named[1]["late_ms"] / 4 for r, s in named.items() if r != 1), report["headline"]
 
 
 PP_EXAMPLE = REPO / "examples" / "pipeline_parallel.py"
