@@ -277,3 +277,36 @@ def test_the_clock_check_reads_only_steady_symmetric_collectives() -> None:
         for k in range(6)
     ]
     assert disagreeing_clocks(drifting, traces) == {}
+
+
+def test_on_cpu_a_waiters_late_wake_up_is_no_clock_but_an_offset_in_both_roles_is() -> None:
+    """Two ranks of one host (the gap test alone: with two, the higher rank is the one named).
+    Rank 1 always arrives last (a straggler) and rank 0, which waited, ends 2.3 ms after it every
+    time: a gloo thread woken late on a busy core. On GPU devices that gap reads as a clock; on
+    shared CPU cores it does not. A true offset of 5 ms on rank 1, with the arrival order
+    alternating (each waiting at half the instances, waking 0.3 ms late), is a clock on both."""
+    from harness.collect.align.clocks import disagreeing_clocks
+    from harness.collect.align.matching import Instance
+    from harness.collect.analyse.noise import GPU, SHARED_CPU
+    from harness.collect.model import CommOp, RankTrace
+
+    traces = [
+        RankTrace(rank=r, world_size=2, host="h0", run_id=None, device="cpu", steps=[], comms=[]) for r in range(2)
+    ]
+
+    def inst(k: int, spans: dict[int, tuple[float, float]]) -> Instance:
+        ops = {r: CommOp(name="allreduce", pg="0", start_us=a, end_us=b) for r, (a, b) in spans.items()}
+        return Instance(key=("0", k), name="allreduce", pg="0", step=None, ops=ops)
+
+    woken_late = [inst(k, {0: (1e5 * k, 1e5 * k + 62_600), 1: (1e5 * k + 60_000, 1e5 * k + 60_300)}) for k in range(8)]
+    assert disagreeing_clocks(woken_late, traces, GPU) == {1: -2300.0}
+    assert disagreeing_clocks(woken_late, traces, SHARED_CPU) == {}
+
+    def offset(k: int) -> Instance:
+        t, first, last = 1e5 * k, k % 2, 1 - k % 2  # the rank arriving first alternates
+        spans = {first: (t, t + 20_600), last: (t + 20_000, t + 20_300)}
+        return inst(k, {r: (a + 5000, b + 5000) if r == 1 else (a, b) for r, (a, b) in spans.items()})
+
+    shifted = [offset(k) for k in range(8)]
+    assert set(disagreeing_clocks(shifted, traces, SHARED_CPU)) == {1}
+    assert set(disagreeing_clocks(shifted, traces, GPU)) == {1}

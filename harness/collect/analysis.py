@@ -10,6 +10,7 @@ from harness.collect.align.clocks import ClockOffset, HostClock, clock_domain, d
 from harness.collect.align.matching import Instance, match_collectives
 from harness.collect.align.waits import InstanceWaits, instance_waits, instances_by_rank, op_waits
 from harness.collect.analyse.gpu_health import GpuReading, gpu_findings
+from harness.collect.analyse.noise import noise_model
 from harness.collect.analyse.overlap import Gap, LongestGaps, StepOverlap, rank_overlap
 from harness.collect.analyse.runq import RunQueueLog
 from harness.collect.analyse.stragglers import StragglerResult, Thresholds, analyze_stragglers
@@ -113,7 +114,7 @@ def align_ranks(runset: RunSet, *, align: bool = True, steps: set[int] | None = 
     instances, match_warnings = match_collectives(traces)
     warnings.extend(match_warnings)
     if align and instances:
-        off = disagreeing_clocks(instances, traces)
+        off = disagreeing_clocks(instances, traces, noise_model(t.device for t in traces))
         for r, gap in off.items():
             host = next(t.host for t in traces if t.rank == r)
             warnings.append(

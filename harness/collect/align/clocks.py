@@ -9,10 +9,11 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness.collect.align.matching import Instance
-from harness.collect.model import RankTrace
+from harness.collect.analyse.noise import GPU, NoiseModel
+from harness.collect.model import CommOp, RankTrace
 
 
 @dataclass(kw_only=True)
@@ -64,12 +65,58 @@ DISAGREE_SHARE = 0.5
 # overlap, so impossibility alone never shows a clock off by less than the waits.
 SCATTER_FACTOR = 3.0
 # ... and by more than this: ten times CAUSALITY_SLACK_US, above the ends' scatter on one clock
-# (GPU kernels 20-90 us apart on the real traces in ../shared/traces; a gloo thread's wake-up on a
-# shared core, hundreds of us), below the milliseconds a container's or machine's clock is off by.
+# (GPU kernels 20-90 us apart on the real traces in ../shared/traces), below the milliseconds a
+# container's or machine's clock is off by. A gloo thread's wake-up on a busy core can take
+# longer (a steady 2.3 ms measured beside a busy loop): `ROLE_SAMPLES` handles that.
 STEADY_FLOOR_US = 1000.0
+# Where ranks wake up after a collective (NoiseModel.wakeup_noise), a rank that waited ends when
+# its thread is scheduled again, after the last arriver, which was running. A steady gap shows a
+# clock only against host-mates of the same role at the instance (waiters against waiters, woken
+# by one event), or where it holds with one sign both where the rank waited and where it arrived
+# last (a wake-up delay changes sign between the two, an offset does not). A median of three, the
+# fewest that one outlier cannot move: three ranks of one role, and three gaps in each role.
+ROLE_SAMPLES = 3
 
 
-def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace]) -> dict[int, float]:
+@dataclass
+class _EndGaps:
+    """`disagreeing_clocks`' samples per rank, over the instances it shares with host-mates."""
+
+    impossible: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    shared: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    gaps: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))  # its end - the others' median
+    apart: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))  # its end - the host's median
+    same_role: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))  # - its role's median
+    cross_role: dict[tuple[int, bool], list[float]] = field(
+        default_factory=lambda: defaultdict(list)
+    )  # (rank, waited) -> apart, where too few ranks share its role
+
+    def add(self, ranks: list[int], ops: list[CommOp]) -> None:
+        """One instance's ops of one host's ranks (two or more)."""
+        starts = sorted(op.start_us for op in ops)
+        ends = sorted(op.end_us for op in ops)
+        waited = [op.start_us < starts[-1] - CAUSALITY_SLACK_US for op in ops]
+        role_ends = {w: sorted(op.end_us for op, v in zip(ops, waited) if v == w) for w in (True, False)}
+        for r, op, w in zip(ranks, ops, waited):
+            # mates that ended before it started, and that started after it ended (itself
+            # is in neither: its own start is not after its own end)
+            before = bisect.bisect_left(ends, op.start_us - CAUSALITY_SLACK_US)
+            after = len(starts) - bisect.bisect_right(starts, op.end_us + CAUSALITY_SLACK_US)
+            self.shared[r] += 1
+            self.gaps[r].append(op.end_us - _median_of_others(ends, op.end_us))
+            # against the host's median end (its own in) from three ranks on, which one rank
+            # off cannot move; with two, the other's
+            gap_us = op.end_us - (statistics.median(ends) if len(ends) >= 3 else _median_of_others(ends, op.end_us))
+            self.apart[r].append(gap_us)
+            if len(role_ends[w]) >= ROLE_SAMPLES:
+                self.same_role[r].append(op.end_us - statistics.median(role_ends[w]))
+            else:
+                self.cross_role[r, w].append(gap_us)
+            if before + after > (len(ranks) - 1) / 2:
+                self.impossible[r] += 1
+
+
+def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace], noise: NoiseModel = GPU) -> dict[int, float]:
     """The ranks whose timestamps cannot share their host-mates' clock, and by how much their
     collectives' ends differ from their host-mates' (median, us): a host name is a hint.
 
@@ -85,7 +132,15 @@ def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace]) -> di
        theirs, per instance) beyond SCATTER_FACTOR of their own gaps' scatter and beyond
        STEADY_FLOOR_US, reads a clock of its own (a container with its own clock, a
        mislabelled host, a rewritten trace), and is aligned on its own; where a host's ranks
-       split in two, each reads its own.
+       split in two, each reads its own;
+    4. where the noise model has wake-up noise, a rank's role at an instance is waiter (it
+       arrived more than CAUSALITY_SLACK_US before the host's last) or last; a waiter's late
+       wake-up reads as a gap of one sign against the last arriver. A steady gap counts there
+       only (`_wakeup_free_gap`) against the host-mates of its role where at least ROLE_SAMPLES
+       ranks share it (the median of their ends, its own in), or where the medians of its
+       gaps as a waiter and as the last, each of at least ROLE_SAMPLES, have one sign and are
+       both beyond the bounds. Two ranks of which one always waits (a straggler) show no
+       clock by their gap.
     Only collectives every rank must enter before any can finish are read (`SYMMETRIC`): a
     broadcast's root, a reduce's senders or a p2p send can finish before a peer arrives. A clock
     off by an offset is off by the same at every collective: the rank's gaps to its host-mates'
@@ -93,10 +148,7 @@ def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace]) -> di
     impossible is collectives matched wrongly, not a clock.
     Per host and instance, two sorted lists and binary searches: O(k log k) for k ranks."""
     host = {t.rank: t.host for t in traces if t.host and t.host != "unknown"}
-    impossible: dict[int, int] = defaultdict(int)
-    shared: dict[int, int] = defaultdict(int)
-    gaps: dict[int, list[float]] = defaultdict(list)
-    apart: dict[int, list[float]] = defaultdict(list)
+    e = _EndGaps()
     for inst in instances:
         if not inst.name.startswith(SYMMETRIC):
             continue
@@ -105,37 +157,26 @@ def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace]) -> di
             if r in host:
                 by_host[host[r]].append(r)
         for ranks in by_host.values():
-            if len(ranks) < 2:
-                continue
-            ops = [inst.ops[r] for r in ranks]
-            starts = sorted(op.start_us for op in ops)
-            ends = sorted(op.end_us for op in ops)
-            for r, op in zip(ranks, ops):
-                # mates that ended before it started, and that started after it ended (itself
-                # is in neither: its own start is not after its own end)
-                before = bisect.bisect_left(ends, op.start_us - CAUSALITY_SLACK_US)
-                after = len(starts) - bisect.bisect_right(starts, op.end_us + CAUSALITY_SLACK_US)
-                shared[r] += 1
-                gaps[r].append(op.end_us - _median_of_others(ends, op.end_us))
-                # against the host's median end (its own in) from three ranks on, which one rank
-                # off cannot move; with two, the other's
-                apart[r].append(
-                    op.end_us - (statistics.median(ends) if len(ends) >= 3 else _median_of_others(ends, op.end_us))
-                )
-                if before + after > (len(ranks) - 1) / 2:
-                    impossible[r] += 1
+            if len(ranks) >= 2:
+                e.add(ranks, [inst.ops[r] for r in ranks])
+    gaps, apart = e.gaps, e.apart
     out: dict[int, float] = {}
     by_gap: dict[int, float] = {}
     scatter = {r: mad(g) for r, g in apart.items()}
     for r in sorted(gaps):
         gap, steady = statistics.median(gaps[r]), statistics.median(apart[r])
         mates = [scatter[m] for m in _mates(r, host, gaps)]
-        if impossible[r] > DISAGREE_SHARE * shared[r] and mad(gaps[r]) <= STEADY_SHARE * abs(gap):
+        if e.impossible[r] > DISAGREE_SHARE * e.shared[r] and mad(gaps[r]) <= STEADY_SHARE * abs(gap):
             out[r] = gap
-        elif mad(apart[r]) <= STEADY_SHARE * abs(steady) and abs(steady) > max(
-            STEADY_FLOOR_US, SCATTER_FACTOR * statistics.median(mates) if mates else 0.0
-        ):
-            by_gap[r] = steady
+        else:
+            floor_us = max(STEADY_FLOOR_US, SCATTER_FACTOR * statistics.median(mates) if mates else 0.0)
+            if not noise.wakeup_noise:
+                if _steady_beyond(apart[r], floor_us):
+                    by_gap[r] = steady
+            elif (
+                found := _wakeup_free_gap(e.same_role[r], e.cross_role[r, True], e.cross_role[r, False], floor_us)
+            ) is not None:
+                by_gap[r] = found
     # where every rank of a host is apart from the others by its gap alone (two ranks), nothing
     # tells which clock is off: its lowest rank keeps the host's
     for h in {host[r] for r in by_gap}:
@@ -143,6 +184,29 @@ def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace]) -> di
         if all(r in out or r in by_gap for r in on_host):
             by_gap.pop(min(r for r in on_host if r in by_gap))
     return dict(sorted({**out, **by_gap}.items()))
+
+
+def _steady_beyond(gaps_us: list[float], floor_us: float) -> bool:
+    """Gaps whose median is beyond `floor_us` and whose MAD is at most STEADY_SHARE of it."""
+    med = statistics.median(gaps_us)
+    return abs(med) > floor_us and mad(gaps_us) <= STEADY_SHARE * abs(med)
+
+
+def _wakeup_free_gap(
+    same_role_us: list[float], waited_us: list[float], last_us: list[float], floor_us: float
+) -> float | None:
+    """A rank's steady gap where waiters wake late (`disagreeing_clocks` step 4), or None:
+    1. against the host-mates of its role: at least ROLE_SAMPLES gaps, steady beyond `floor_us`;
+    2. else against the host's ends, as a waiter and as the last arriver: each at least
+       ROLE_SAMPLES gaps, steady beyond `floor_us`, with one sign (the smaller median)."""
+    if len(same_role_us) >= ROLE_SAMPLES and _steady_beyond(same_role_us, floor_us):
+        return statistics.median(same_role_us)
+    if len(waited_us) < ROLE_SAMPLES or len(last_us) < ROLE_SAMPLES:
+        return None
+    if not (_steady_beyond(waited_us, floor_us) and _steady_beyond(last_us, floor_us)):
+        return None
+    a, b = statistics.median(waited_us), statistics.median(last_us)
+    return min(a, b, key=abs) if a * b > 0 else None
 
 
 def _mates(r: int, host: dict[int, str], gaps: dict[int, list[float]]) -> list[int]:

@@ -25,7 +25,9 @@ class NoiseModel:
       collective. A gloo collective ends on each rank when the kernel schedules its thread again,
       and its next run-up starts there, so the collectives' end scatter is timing noise on every
       rank, also on one clock. A collective's device kernels end together on every GPU: there
-      the scatter is the error of comparing two clocks, counted only across clocks.
+      the scatter is the error of comparing two clocks, counted only across clocks. The clock
+      check (align/clocks.py) reads a waiter's end there against other waiters' only, or in
+      both roles.
     - `min_late_steps`: the fewest steps (all of them in a shorter window) in which a straggler
       is late beyond the bound. Where ranks time-share cores the scheduler can hold a healthy
       rank off its core for a whole step (a time slice is milliseconds long, a small step too),
