@@ -326,13 +326,16 @@ def test_the_pipeline_example_names_the_slow_stage_not_the_stage_it_held_up(
     report = collect_report(run)
     assert report["verdict"] == "straggler", report["headline"]
     assert report["window"]["steps"][1] - report["window"]["steps"][0] == 5, report["window"]
-    # the slow rank first (the latest); the rank it held, its 60 ms at the receives taken out,
-    # is within a quarter of that beyond its peers (4 ranks on 2 cores: what is left of its
-    # lateness is theirs to share, and where it stands over this window's bound the report names
-    # it too, its figures said)
+    # the slow rank first (the latest beyond its peers); the rank it held, its 60 ms at the
+    # receives taken out, is within a quarter of that beyond its peers. 4 ranks share 2 cores, one
+    # of them busy with the slow rank's 60 ms: what is left of another rank's lateness is time off
+    # its core (its wait for a core is said), and where it stands over this window's bound the
+    # report names it too, after the slow rank, with that figure (on a quiet machine 3 of 8 runs
+    # named the held rank at 4-10 ms beyond its peers; one full run named rank 1, its stage peer)
     first = report["stragglers"][0]
     assert (first["rank"], first["phase"]) == (slow_rank, phase), report["headline"]
-    assert {s["rank"] for s in report["stragglers"][1:]} <= {held}, report["headline"]
+    rest = report["stragglers"][1:]
+    assert all(s["beyond_peers_ms"] < first["beyond_peers_ms"] / 4 for s in rest), report["headline"]
     by = {r["rank"]: r for r in report["ranks"]}
     assert by[held]["late_ms"] > 30.0 and by[held]["beyond_peers_ms"] < 15.0, by[held]
     waited, at_all_reduce = {}, {}

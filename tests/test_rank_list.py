@@ -32,6 +32,7 @@ def _straggler(rank: int, late_ms: float, phase: str | None, whatif_ms: float) -
         "rank": rank,
         "host": f"node{rank // 8:04d}",
         "late_ms": late_ms,
+        "beyond_peers_ms": late_ms,
         "phase": phase,
         "pattern": "persistent",
         "steps_late": 10,

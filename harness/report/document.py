@@ -9,7 +9,7 @@ it. Schema of report.json (version 1), every duration in ms unless its name says
   verdict in one sentence.
 - `run`: a `RunRecord` (records.py: every row's fields and their meaning, also in
   docs/report-schema.md).
-- `stragglers`: [`StragglerRecord`], latest first; empty unless the verdict is straggler.
+- `stragglers`: [`StragglerRecord`], latest beyond its peers first; empty unless the verdict is straggler.
 - `diagnosis`: [{rank, host, bottleneck, reason, evidence, advice, waits_for}], one per rank (see
   advisor.py): bottleneck is one of straggler, data-bound, sync-bound, launch-bound,
   comm-exposed, kernel-bound, healthy, judged on the rank's own work (its waiting for later
@@ -318,12 +318,13 @@ def _phase_words(p: str | None, many: bool = False) -> str:
 
 
 def _straggler_words(s: dict[str, Any]) -> str:
-    """One straggler in the headline: its rank, host, pattern, phase and lateness."""
+    """One straggler in the headline: its rank, host, pattern, phase and lateness beyond its peers
+    (what the rule judged: a hold at point-to-point ops by another rank taken out)."""
     words = _phase_words(s["phase"])
     return (
         f"rank {s['rank']} on {s['host']} is {_late_words(s)}"
         + (f" ({words})" if words else "")
-        + f", {s['late_ms']:.2f} ms per step"
+        + f", {s['beyond_peers_ms']:.2f} ms per step"
     )
 
 
@@ -350,7 +351,7 @@ def headline(
             continue
         words = _phase_words(group[0]["phase"], many=True)
         hosts = len({s["host"] for s in group})
-        figures = sorted(s["late_ms"] for s in group)
+        figures = sorted(s["beyond_peers_ms"] for s in group)
         parts.append(
             f"{ranks_phrase([s['rank'] for s in group])} on {hosts} host{'s' if hosts > 1 else ''} are "
             f"{_late_words(group[0])}" + (f" ({words})" if words else "") + f", {_range_ms(figures)} ms per step"

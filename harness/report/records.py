@@ -79,8 +79,8 @@ class GpuRecord:
 
 @dataclass(kw_only=True)
 class StragglerRecord:
-    """`stragglers[]`: each rank that keeps the others waiting, latest first; empty unless the
-    verdict is straggler."""
+    """`stragglers[]`: each rank that keeps the others waiting, latest beyond its peers first;
+    empty unless the verdict is straggler."""
 
     rank: int
     """the rank"""

@@ -132,7 +132,9 @@ class StragglerResult:
 
     @property
     def stragglers(self) -> list[RankBlame]:
-        return sorted((r for r in self.ranks if r.straggler), key=lambda r: (-r.late_ms, r.rank))
+        """The flagged ranks, latest first by what the rule judged (`beyond_peers_ms`): a rank held
+        at point-to-point ops by another arrives late by that hold (`late_ms`), which is not its own."""
+        return sorted((r for r in self.ranks if r.straggler), key=lambda r: (-r.beyond_peers_ms, r.rank))
 
 
 NOISE_BOUNDS = ("min_lag", "clock_noise", "jitter", "late_jitter")
