@@ -117,6 +117,11 @@ SMOKE = [
         ],
     ),
     Smoke(
+        "own_parts.py",
+        ["--mode", "torch", "--steps", "4", "--warmup", "2"],
+        ["mode=torch steps=", "Run.end_step", "StepLog.write"],
+    ),
+    Smoke(
         "grads_hook.py",
         ["--layers", "4", "--reps", "2", "--passes", "2"],
         ["4 layers, 8 parameters", "backward without hooks", "hooks:"],

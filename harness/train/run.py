@@ -27,6 +27,7 @@ import signal
 import statistics
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -99,6 +100,14 @@ def default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+# How often the finished steps' records are written, not after every step: a step's bookkeeping
+# run right after its kernels, its code out of the CPU's caches, costs several times what a batch
+# of them costs (bench/RESULTS.md, "Harness and profiler overhead", (i)). A tenth of a second
+# bounds what a rank killed without warning leaves unwritten and how late the metrics and the
+# debug page are, both read once a second; a step longer than it is written at its end.
+RECORDS_EVERY_S = 0.1
+
+
 class Run(PhaseSink):
     """One rank's part of a profiled run (module docstring). Settings as keyword arguments
     (`run_config.py`: the names of `harness.train`'s flags), `config=` a TOML file, HARNESS_*
@@ -136,6 +145,7 @@ class Run(PhaseSink):
         self.rows: list[dict[str, Any]] | None = None
         self.run_json: Path | None = None
         self._in_step = False
+        self._polled_at = -1.0
         # (name, its range: none where nothing records it, found by auto_phases)
         self._phase: tuple[str, AbstractContextManager[None] | None, bool] | None = None
         self._auto: AutoPhases | None = None
@@ -558,7 +568,9 @@ class Run(PhaseSink):
 
     def end_step(self, **fields: Any) -> None:
         """The step ends: its record (timed once its device work is done: no sync), the
-        profiler's step, the watch's exchange when due."""
+        profiler's step, the watch's exchange when due. The finished records are written (step
+        log, scalars, metrics, the watch's rows, the debug page) every RECORDS_EVERY_S, before
+        the watch's exchange, and at the end."""
         if not self._in_step:
             raise RuntimeError("harness.Run: end_step() without begin_step()")
         self.end_phase()
@@ -567,13 +579,18 @@ class Run(PhaseSink):
         self.clock.finish(profiler=self._profiler_state, **fields, **self.sampler.sample())
         self.recorder.step()
         watch = self.watch
+        due = bool(watch and watch.due(step))
+        now = time.monotonic()
+        if not due and now - self._polled_at < RECORDS_EVERY_S:
+            return  # its record waits in the clock with the steps after it
+        self._polled_at = now
         for rec in self.clock.poll():
             self._write(rec)
             if watch:
                 watch.add(rec)
             if self._live:
                 self._live.add(rec)
-        if watch and watch.due(step):
+        if watch and due:
             self.progress.phase = "watch exchange"  # a hung peer leaves this rank waiting here
             watch.after_step(step)
 

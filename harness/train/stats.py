@@ -265,7 +265,8 @@ def _line(record: dict[str, Any]) -> bytes:
 class StepLog:
     """Appends one JSON object per step to `steps/rank<R>.jsonl`, written as each is logged.
 
-    Writing per step means a rank killed mid-run leaves every finished step on disk. A disk that
+    Writing as the records come (every RECORDS_EVERY_S, run.py) means a rank killed mid-run
+    leaves every step finished by then on disk. A disk that
     refuses a record (full, read-only, the folder removed) does not stop training: the records
     wait in memory and are written when it takes them again, or at `close`
     (write_faults.AppendOnlyFile).

@@ -1,0 +1,94 @@
+"""Where the harness's own time in the loop goes: figure (i)'s parts (bench/RESULTS.md).
+
+Runs variant B of overhead.py (the lab's loop on harness.Run, profiler off) once to warm up and
+once timed, every call listed in PARTS wrapped with a timer, and prints each part's mean
+microseconds per step and calls per step. Nested parts overlap (Run.end_step holds Run._write,
+which holds StepLog.write): read the rows as a tree, not as a sum. Each wrapper adds ~0.5 us to
+its call.
+
+    python bench/own_parts.py --mode torch --steps 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import overhead
+import torch
+import torch.distributed as dist
+
+from harness.train.cli import parse_config
+from harness.train.config import LaunchEnv, resolve_environment
+
+# (module, class, method): the harness's calls on the step path
+PARTS = (
+    ("harness.train.run", "Run", "begin_step"),
+    ("harness.train.run", "Run", "end_step"),
+    ("harness.train.run", "Run", "_open_phase"),
+    ("harness.train.run", "Run", "end_phase"),
+    ("harness.train.run", "Run", "_write"),
+    ("harness.train.timing", "StepClock", "mark"),
+    ("harness.train.timing", "StepClock", "_resolve"),
+    ("harness.train.stats", "SystemSampler", "sample"),
+    ("harness.train.stats", "StepLog", "write"),
+    ("harness.train.stats", "StepTotals", "add"),
+    ("harness.train.heap", "HeapStats", "sample"),
+    ("harness.train.schedstat", "RunQueueClock", "read_ms"),
+    ("harness.write_faults", "AppendOnlyFile", "append"),
+    ("harness.scalars", "ScalarWriter", "add"),
+)
+
+
+def _timed(call: Callable[..., Any], label: str, spent: dict[str, float], calls: dict[str, int]) -> Callable[..., Any]:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            spent[label] += time.perf_counter() - start
+            calls[label] += 1
+
+    return timed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", default="torch")
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--warmup", type=int, default=20)
+    args, extra = ap.parse_known_args()
+    torch.set_num_threads(1)
+    env = LaunchEnv.from_environ({}, cuda=False, device_count=None)
+    base = resolve_environment(parse_config(["--mode", args.mode, *extra]), env)
+    spent: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    for module, owner, name in PARTS:
+        holder = getattr(importlib.import_module(module), owner)
+        label = f"{owner}.{name}"
+        setattr(holder, name, _timed(getattr(holder, name), label, spent, calls))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(overhead._free_port()), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        overhead.time_harness(base, max(args.steps // 4, 1), args.warmup, "off", Path(tmp))  # warm-up run
+        spent.clear()
+        calls.clear()
+        wall_ms, _ = overhead.time_harness(base, args.steps, args.warmup, "off", Path(tmp))
+    steps = calls["Run.end_step"]
+    print(f"mode={args.mode} steps={steps} (warm-up included) step {wall_ms:.3f} ms torch={torch.__version__}")
+    print(f"{'part':<28}{'us/step':>10}{'calls/step':>12}")
+    for label, s in sorted(spent.items(), key=lambda kv: -kv[1]):
+        print(f"{label:<28}{s / steps * 1e6:>10.1f}{calls[label] / steps:>12.1f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
