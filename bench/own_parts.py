@@ -39,6 +39,7 @@ PARTS = (
     ("harness.train.timing", "StepClock", "mark"),
     ("harness.train.timing", "StepClock", "_resolve"),
     ("harness.train.stats", "SystemSampler", "sample"),
+    ("harness.train.stats", "ResidentBytes", "read"),
     ("harness.train.stats", "StepLog", "write"),
     ("harness.train.stats", "StepTotals", "add"),
     ("harness.train.heap", "HeapStats", "sample"),
