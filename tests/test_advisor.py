@@ -48,9 +48,9 @@ HEALTHY = {
         # in bare ops where the trace measured one: the machine's speed cancels out
         ({"host_ops_per_step": 2153, "us_per_op": 30.0, "op_cost_ratio": 59.9}, "launch-bound"),  # a slow machine
         ({"host_ops_per_step": 1393, "us_per_op": 17.1, "op_cost_ratio": 60.0}, "healthy"),  # a fast one's big ops
-        ({"transfer_share": 0.50, "exposed_transfer_share": 0.15}, "comm-exposed"),
+        ({"transfer_share": 0.50, "exposed_transfer_share": 0.10}, "comm-exposed"),
         ({"transfer_share": 0.49, "exposed_transfer_share": 0.4}, "healthy"),  # little communication
-        ({"transfer_share": 0.50, "exposed_transfer_share": 0.14}, "healthy"),  # communication hidden
+        ({"transfer_share": 0.50, "exposed_transfer_share": 0.09}, "healthy"),  # communication hidden
         ({"gemm_share": 0.49}, "kernel-bound"),
         ({"gemm_share": 0.49, "compute_share": 0.39}, "kernel-bound"),  # compute still leads, of small kernels
         # weighed by the device idle they cause, not counted
