@@ -28,7 +28,7 @@ FINISHED = "test job finished, rank"
 # default (its compute stays most of its device time with another CPU-bound process beside it:
 # bench/RESULTS.md, "The lab's workloads on two CPU cores"). conftest.lab_run shares one run a mode.
 LAB = ["--steps", "16", "--warmup-steps", "2", "--wait", "4", "--warmup", "1", "--active", "8"]
-LAB_SIZE = {"data": ["--sample-cost", "10"], "baseline": ["--batch-size", "256"]}
+LAB_SIZE = {"data": ["--sample-cost", "10"], "baseline": ["--batch-size", "256"], "kernel": ["--batch-size", "256"]}
 QUICK = ["--steps", "8", "--warmup-steps", "2", "--wait", "2", "--warmup", "1", "--active", "2", "--batch-size", "16"]
 
 
