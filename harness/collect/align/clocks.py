@@ -80,8 +80,10 @@ ROLE_SAMPLES = 3
 
 @dataclass
 class _EndGaps:
-    """`disagreeing_clocks`' samples per rank, over the instances it shares with host-mates."""
+    """`disagreeing_clocks`' samples per rank, over the instances it shares with host-mates;
+    `roles`: also its gaps by role (`same_role`, `cross_role`: step 4, wake-up noise only)."""
 
+    roles: bool = False
     impossible: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     shared: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     gaps: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))  # its end - the others' median
@@ -96,7 +98,12 @@ class _EndGaps:
         starts = sorted(op.start_us for op in ops)
         ends = sorted(op.end_us for op in ops)
         waited = [op.start_us < starts[-1] - CAUSALITY_SLACK_US for op in ops]
-        role_ends = {w: sorted(op.end_us for op, v in zip(ops, waited) if v == w) for w in (True, False)}
+        # each role's median end, where at least ROLE_SAMPLES ranks share it (None: too few)
+        role_median: dict[bool, float | None] = {}
+        if self.roles:
+            for w in (True, False):
+                role_ends = [op.end_us for op, v in zip(ops, waited) if v == w]
+                role_median[w] = statistics.median(role_ends) if len(role_ends) >= ROLE_SAMPLES else None
         for r, op, w in zip(ranks, ops, waited):
             # mates that ended before it started, and that started after it ended (itself
             # is in neither: its own start is not after its own end)
@@ -108,10 +115,12 @@ class _EndGaps:
             # off cannot move; with two, the other's
             gap_us = op.end_us - (statistics.median(ends) if len(ends) >= 3 else _median_of_others(ends, op.end_us))
             self.apart[r].append(gap_us)
-            if len(role_ends[w]) >= ROLE_SAMPLES:
-                self.same_role[r].append(op.end_us - statistics.median(role_ends[w]))
-            else:
-                self.cross_role[r, w].append(gap_us)
+            if self.roles:
+                mid = role_median[w]
+                if mid is not None:
+                    self.same_role[r].append(op.end_us - mid)
+                else:
+                    self.cross_role[r, w].append(gap_us)
             if before + after > (len(ranks) - 1) / 2:
                 self.impossible[r] += 1
 
@@ -148,7 +157,7 @@ def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace], noise
     impossible is collectives matched wrongly, not a clock.
     Per host and instance, two sorted lists and binary searches: O(k log k) for k ranks."""
     host = {t.rank: t.host for t in traces if t.host and t.host != "unknown"}
-    e = _EndGaps()
+    e = _EndGaps(roles=noise.wakeup_noise)
     for inst in instances:
         if not inst.name.startswith(SYMMETRIC):
             continue
