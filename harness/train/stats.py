@@ -266,10 +266,9 @@ class StepLog:
     """Appends one JSON object per step to `steps/rank<R>.jsonl`, written as each is logged.
 
     Writing as the records come (every RECORDS_EVERY_S, run.py) means a rank killed mid-run
-    leaves every step finished by then on disk. A disk that
-    refuses a record (full, read-only, the folder removed) does not stop training: the records
-    wait in memory and are written when it takes them again, or at `close`
-    (write_faults.AppendOnlyFile).
+    leaves every step finished by then on disk. A disk that refuses a record (full, read-only,
+    the folder removed) does not stop training: the records wait in memory and are written when
+    it takes them again, or at `close` (write_faults.AppendOnlyFile).
     """
 
     def __init__(self, path: Path, faults: FaultLog | None = None) -> None:
