@@ -360,6 +360,13 @@ def _timed_call(call: Any, inside: list) -> Any:
     return timed
 
 
+def init_one_rank() -> None:
+    """A gloo process group of one rank, env:// with the launcher's variables as torchrun sets
+    them: torch's debug server (V) reaches the job's store through them."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", default="torch")
@@ -392,10 +399,7 @@ def main() -> None:
         "Q found by hooks",
         "V debug server on",
     )
-    # env:// with the launcher's variables, as torchrun sets them: torch's debug server (V) reaches
-    # the job's store through them
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    init_one_rank()
     results: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

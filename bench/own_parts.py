@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 import tempfile
 import time
@@ -76,8 +75,7 @@ def main() -> None:
         holder = getattr(importlib.import_module(module), owner)
         label = f"{owner}.{name}"
         setattr(holder, name, _timed(getattr(holder, name), label, spent, calls))
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(overhead._free_port()), RANK="0", WORLD_SIZE="1")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    overhead.init_one_rank()
     with tempfile.TemporaryDirectory() as tmp:
         overhead.time_harness(base, max(args.steps // 4, 1), args.warmup, "off", Path(tmp))  # warm-up run
         spent.clear()
