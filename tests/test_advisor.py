@@ -169,13 +169,18 @@ def test_the_comm_workload_exposes_its_collectives(lab_run: Callable[[str], Run]
     and compute shares both move from run to run (bench/RESULTS.md, 'The lab's comm workload on
     two CPU cores'), so comm-exposed and kernel-bound trade places; the decision between them is
     tested on exact evidence (test_decision_tree). The margins: a third of the step in
-    transfer, a tenth of it exposed."""
+    transfer on every rank, a tenth of it exposed on the ranks not named stragglers. A rank the
+    scheduler held back is named the straggler (test_lab_workloads_are_classified's note): its
+    time off a core sits inside its compute, and it is the one its peers wait for, so its
+    exposed share falls by the lateness it carries."""
     doc = diagnosis_of(lab_run("comm").dir)
     for d in doc["diagnosis"]:
-        ev = d["evidence"]
-        assert ev["transfer_share"] >= 1 / 3, d
-        assert ev["exposed_transfer_share"] >= 0.10, d
+        assert d["evidence"]["transfer_share"] >= 1 / 3, d
         assert own_work(d) in ("comm-exposed", "kernel-bound"), d
+    punctual = [d for d in doc["diagnosis"] if d["bottleneck"] != "straggler"]
+    assert punctual, json.dumps(doc["diagnosis"], indent=1)
+    for d in punctual:
+        assert d["evidence"]["exposed_transfer_share"] >= 0.10, d
 
 
 def own_work(diagnosis: dict) -> str:
