@@ -27,7 +27,7 @@ test: setup test-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 # The edit loop: every test that starts no torchrun job (the `slow` marker).
 test-quick: export EXTRAS := test,hf,lightning,trackers,notebook,debug,gpu

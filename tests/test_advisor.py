@@ -35,6 +35,9 @@ HEALTHY = {
     "top_compute": [["aten::mm", 0.5]],
 }
 
+# HEALTHY on a GPU busy 90% of its time: below that, idle beyond the material share
+GPU = {"device": "gpu", "compute_share": 0.75, "exposed_transfer_share": 0.15, "idle_share": 0.1}
+
 
 @pytest.mark.parametrize(
     ("change", "expected"),
@@ -53,11 +56,44 @@ HEALTHY = {
         ({"transfer_share": 0.50, "exposed_transfer_share": 0.09}, "healthy"),  # communication hidden
         ({"gemm_share": 0.49}, "kernel-bound"),
         ({"gemm_share": 0.49, "compute_share": 0.39}, "kernel-bound"),  # compute still leads, of small kernels
+        ({"gemm_share": 0.3, "compute_share": 0.45, "idle_share": 0.5}, "host-bound"),  # the largest part names it
         # weighed by the device idle they cause, not counted
         ({"device": "gpu", "syncs_by_caller": {"item": 1.0}, "user_sync_cost_share": 0.10}, "sync-bound"),
-        ({"device": "gpu", "syncs_by_caller": {"item": 4.0}, "user_sync_cost_share": 0.09}, "healthy"),
+        ({**GPU, "syncs_by_caller": {"item": 4.0}, "user_sync_cost_share": 0.09}, "healthy"),
         ({"syncs_by_caller": {"item": 1.0}, "user_sync_cost_share": 0.5}, "healthy"),  # no device to stall on CPU
-        ({"device": "gpu", "launches_per_step": 300, "idle_share": 0.30}, "launch-bound"),
+        # many launches with the device idle beyond the material share: not GPU-bound (busy < 0.90)
+        (
+            {
+                "device": "gpu",
+                "launches_per_step": 300,
+                "compute_share": 0.89,
+                "exposed_transfer_share": 0.0,
+                "idle_share": 0.11,
+            },
+            "launch-bound",
+        ),
+        (
+            {
+                "device": "gpu",
+                "launches_per_step": 300,
+                "compute_share": 0.9,
+                "exposed_transfer_share": 0.0,
+                "idle_share": 0.1,
+            },
+            "healthy",
+        ),
+        (
+            {
+                "device": "gpu",
+                "launches_per_step": 299,
+                "compute_share": 0.7,
+                "exposed_transfer_share": 0.0,
+                "idle_share": 0.3,
+            },
+            "host-bound",
+        ),
+        # a GPU idle beyond that share is not healthy, though compute leads
+        ({"device": "gpu", "compute_share": 0.85, "exposed_transfer_share": 0.0, "idle_share": 0.15}, "host-bound"),
         # healthy needs evidence: when compute is not the largest part, the largest part names the rank
         ({"compute_share": 0.1, "exposed_transfer_share": 0.85, "idle_share": 0.05, "gemm_share": 0.0}, "comm-exposed"),
         ({"compute_share": 0.3, "idle_share": 0.6}, "host-bound"),
@@ -67,6 +103,13 @@ HEALTHY = {
 def test_decision_tree(change: dict, expected: str) -> None:
     kind, reason = classify({**HEALTHY, **change}, Rules())
     assert kind == expected, reason
+
+
+def test_a_gpu_idle_beyond_the_material_share_is_named_by_its_largest_part_after_compute() -> None:
+    ev = {**HEALTHY, "device": "gpu", "compute_share": 0.6, "exposed_transfer_share": 0.25, "idle_share": 0.15}
+    kind, reason = classify(ev, Rules())
+    assert kind == "comm-exposed"
+    assert reason.startswith("exposed transfer is the largest part of device time after compute (25%; compute 60%)")
 
 
 def test_gpu_launches_syncs_and_kernel_time_by_name(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ class Rules:
 
     Healthy needs evidence, not the absence of a rule: compute is the largest part of the
     device's time (ahead of idle, exposed transfer and copies each) and matrix math is at least
-    kernel_gemm_share of it, and a GPU is idle less than launch_gpu_idle_share of its time (on
+    kernel_gemm_share of it, and a GPU is busy at least gpu_bound_busy_share of its time (on
     CPU the main thread's "idle" is the Python between ops, part of any eager step). Otherwise
     the largest of those names the rank: idle (host-bound), exposed transfer (comm-exposed),
     copies (copy-bound), or compute of small kernels."""
@@ -99,11 +99,6 @@ class Rules:
     launch_gpu_launches: int = threshold(
         300, kind="unsourced", source="GPU kernel launches per step for launch-bound; not calibrated on a GPU"
     )
-    launch_gpu_idle_share: float = threshold(
-        0.30,
-        kind="unsourced",
-        source="GPU idle share for launch-bound (and healthy's ceiling); not calibrated on a GPU",
-    )
     comm_transfer_share: float = threshold(
         0.50,
         kind="definition",
@@ -117,9 +112,6 @@ class Rules:
         "cause must cost to be worth naming, as sync_cost_share); torch-tb-profiler advised on communication "
         "over 10% of the step too",
     )
-    kernel_compute_share: float = threshold(
-        0.40, kind="unsourced", source="device busy computing for kernel-bound; set on this project's lab workloads"
-    )
     kernel_gemm_share: float = threshold(
         0.50,
         kind="definition",
@@ -132,7 +124,8 @@ class Rules:
         source="a GPU busy this much (compute, exposed transfer, copies) is GPU-bound, the host ahead of it: healthy "
         "GPU jobs without per-step syncs keep their device 96-99% busy inside every step (real V100/A100 traces, "
         "../shared/design.md, 'GPU time, as real GPU jobs show it'); 0.90 sits below the lowest of those by "
-        "the material share's margin",
+        "the material share's margin. Below it the device idles more than that margin: launch-bound's bound "
+        "with many launches, and healthy's floor",
     )
 
 
@@ -462,9 +455,7 @@ def classify(ev: Evidence, rules: Rules = Rules()) -> tuple[str, str]:
                 f"step time each{_op_cost_words(ev, rules)}"
             ),
         )
-    elif (
-        gpu and ev["launches_per_step"] >= rules.launch_gpu_launches and ev["idle_share"] >= rules.launch_gpu_idle_share
-    ):
+    elif gpu and ev["launches_per_step"] >= rules.launch_gpu_launches and not _gpu_busy(ev, rules):
         kind, reason = (
             "launch-bound",
             (
@@ -481,14 +472,9 @@ def classify(ev: Evidence, rules: Rules = Rules()) -> tuple[str, str]:
                 "(waiting for peers not counted)"
             ),
         )
-    elif compute >= rules.kernel_compute_share and gemm < rules.kernel_gemm_share:
-        kind, reason = (
-            "kernel-bound",
-            (f"compute is {compute:.0%} of device time, only {gemm:.0%} of it matrix math; top: {_top(ev)}"),
-        )
     else:
         other, share = _largest_overhead(ev)
-        idle_gpu = gpu and ev["idle_share"] >= rules.launch_gpu_idle_share  # not healthy, whatever leads
+        idle_gpu = gpu and not _gpu_busy(ev, rules)  # not healthy, whatever leads
         compute_leads = not idle_gpu and compute >= share
         if compute_leads and gemm >= rules.kernel_gemm_share:
             kind, reason = (
@@ -509,17 +495,22 @@ def classify(ev: Evidence, rules: Rules = Rules()) -> tuple[str, str]:
             )
         else:
             kind = other
+            # a GPU idle beyond the material share is not healthy though its compute may lead
+            largest = (
+                "the largest part of device time after compute"
+                if compute >= share
+                else "the largest part of device time"
+            )
             waiting = "the device is idle" if gpu else "the main thread runs no op (Python between ops, waits)"
             reason = {
                 "host-bound": f"{waiting} {ev['idle_share']:.0%} of its time, waiting on its host (no input "
                 "pipeline, sync or launch cause above its bound: data "
                 f"{ev['data_share']:.0%}, syncs {ev.get('sync_cost_share', 0.0):.0%} of the step, "
                 f"{ev['launches_per_step']:.0f} launches)",
-                "comm-exposed": f"exposed transfer is the largest part of device time ({share:.0%}; compute "
+                "comm-exposed": f"exposed transfer is {largest} ({share:.0%}; compute "
                 f"{compute:.0%}), though collectives transfer for only "
                 f"{ev['transfer_share']:.0%} of the step",
-                "copy-bound": f"host-device copies are the largest part of device time ({share:.0%}; compute "
-                f"{compute:.0%})",
+                "copy-bound": f"host-device copies are {largest} ({share:.0%}; compute {compute:.0%})",
             }[other]
     return kind, reason + _gpu_bound_note(ev, rules) + _not_counted_note(ev, counted)
 
