@@ -37,6 +37,14 @@ HEALTHY = {
 
 # HEALTHY on a GPU busy 90% of its time: below that, idle beyond the material share
 GPU = {"device": "gpu", "compute_share": 0.75, "exposed_transfer_share": 0.15, "idle_share": 0.1}
+LAUNCHES = {
+    **GPU,
+    "launches_per_step": 300,
+    "device_us_per_launch": 10.0,
+    "compute_share": 0.6,
+    "exposed_transfer_share": 0.0,
+    "idle_share": 0.4,
+}
 
 
 @pytest.mark.parametrize(
@@ -61,37 +69,11 @@ GPU = {"device": "gpu", "compute_share": 0.75, "exposed_transfer_share": 0.15, "
         ({"device": "gpu", "syncs_by_caller": {"item": 1.0}, "user_sync_cost_share": 0.10}, "sync-bound"),
         ({**GPU, "syncs_by_caller": {"item": 4.0}, "user_sync_cost_share": 0.09}, "healthy"),
         ({"syncs_by_caller": {"item": 1.0}, "user_sync_cost_share": 0.5}, "healthy"),  # no device to stall on CPU
-        # many launches with the device idle beyond the material share: not GPU-bound (busy < 0.90)
-        (
-            {
-                "device": "gpu",
-                "launches_per_step": 300,
-                "compute_share": 0.89,
-                "exposed_transfer_share": 0.0,
-                "idle_share": 0.11,
-            },
-            "launch-bound",
-        ),
-        (
-            {
-                "device": "gpu",
-                "launches_per_step": 300,
-                "compute_share": 0.9,
-                "exposed_transfer_share": 0.0,
-                "idle_share": 0.1,
-            },
-            "healthy",
-        ),
-        (
-            {
-                "device": "gpu",
-                "launches_per_step": 299,
-                "compute_share": 0.7,
-                "exposed_transfer_share": 0.0,
-                "idle_share": 0.3,
-            },
-            "host-bound",
-        ),
+        # launches that starve a GPU: busy < 0.90, under 20 us of device time per launch
+        ({**LAUNCHES}, "launch-bound"),
+        ({**LAUNCHES, "compute_share": 0.89, "idle_share": 0.11}, "launch-bound"),
+        ({**LAUNCHES, "compute_share": 0.9, "idle_share": 0.1}, "healthy"),  # GPU-bound
+        ({**LAUNCHES, "device_us_per_launch": 20.0}, "host-bound"),  # kernels as long as a launch
         # a GPU idle beyond that share is not healthy, though compute leads
         ({"device": "gpu", "compute_share": 0.85, "exposed_transfer_share": 0.0, "idle_share": 0.15}, "host-bound"),
         # healthy needs evidence: when compute is not the largest part, the largest part names the rank

@@ -94,10 +94,8 @@ class Rules:
         20.0,
         kind="measurement",
         source="where the trace cannot measure a bare op: an eager op's dispatch costs 5-20 us of host time from "
-        "fast CPUs to shared VMs",
-    )
-    launch_gpu_launches: int = threshold(
-        300, kind="unsourced", source="GPU kernel launches per step for launch-bound; not calibrated on a GPU"
+        "fast CPUs to shared VMs. On GPU also one launch's host cost: kernels that keep the device busy less than "
+        "it per launch end before the host can issue the next",
     )
     comm_transfer_share: float = threshold(
         0.50,
@@ -177,6 +175,8 @@ class Evidence(TypedDict, total=False):
     op_floor_us: float | None  # one bare op's cost on this machine (RankTrace.op_floor_us)
     op_cost_ratio: float | None  # us_per_op / op_floor_us: each op's step time in bare ops
     launches_per_step: float  # kernel launches
+    device_us_per_launch: float | None  # GPU: the device's busy time per kernel launch
+    idle_ms_per_step: float  # device idle (on CPU: the main thread running no op)
     syncs_per_step: float  # blocking host-device syncs
     sync_share: float  # blocking sync calls' time / own step
     syncs_by_caller: dict[str, float]  # syncs per step by caller
@@ -261,7 +261,9 @@ def rank_evidence(
        host.count_host_ops) and us_per_op = (own step - data phase) / host ops: the step time
        each dispatched op accounts for; op_cost_ratio = us_per_op / op_floor_us (one bare op's
        dispatch on this machine, host_ops.op_floor_us; null where not measurable);
-    3. launches_per_step, syncs_per_step, sync_share (blocking sync calls' time / own step);
+    3. launches_per_step; device_us_per_launch (GPU) = the device's busy time (compute, exposed
+       transfer, copies) / its launches; idle_ms_per_step = the device's idle per step;
+       syncs_per_step, sync_share (blocking sync calls' time / own step);
        syncs_by_caller and sync_ms_by_caller (per step, by host.caller_of's callers);
        user_syncs_per_step: the syncs of callers not in host_ops.NOT_USERS (GradScaler, DDP's logger);
        sync_cost_share (the device idle the syncs cause, host_ops.sync_costs / own step),
@@ -308,6 +310,8 @@ def rank_evidence(
             acc[2] += s.sync_cost_us_by_caller.get(k, 0.0)
     by_count = sorted(callers.items(), key=lambda kv: -kv[1][0])
     window = (sum(r.window_us for r in rows) or step_us * n) - sum(r.exposed_wait_us for r in rows)
+    busy_us = sum(r.compute_us + r.exposed_transfer_us + r.memcpy_us for r in rows)
+    launches = sum(s.launches for s in steps)
     lags = [s.cover.lo_us - s.start_us for s in steps if s.cover is not None]
     return {
         "step_ms": round(step_us / 1e3, 3),
@@ -320,7 +324,9 @@ def rank_evidence(
         "op_cost_ratio": (
             round((own_us - data_us) / ops / trace.op_floor_us, 1) if ops and trace.op_floor_us else None
         ),
-        "launches_per_step": round(sum(s.launches for s in steps) / n, 1),
+        "launches_per_step": round(launches / n, 1),
+        "device_us_per_launch": round(busy_us / launches, 2) if trace.device == "gpu" and launches else None,
+        "idle_ms_per_step": round(sum(r.idle_us for r in rows) / n / 1e3, 4),
         "syncs_per_step": round(sum(s.syncs for s in steps) / n, 2),
         "sync_share": _share(sum(s.sync_us for s in steps) / n, own_us),
         "syncs_by_caller": {k: round(c / n, 2) for k, (c, _, _) in by_count},
@@ -455,12 +461,13 @@ def classify(ev: Evidence, rules: Rules = Rules()) -> tuple[str, str]:
                 f"step time each{_op_cost_words(ev, rules)}"
             ),
         )
-    elif gpu and ev["launches_per_step"] >= rules.launch_gpu_launches and not _gpu_busy(ev, rules):
+    elif gpu and _launches_starve_the_device(ev, rules):
         kind, reason = (
             "launch-bound",
             (
-                f"{ev['launches_per_step']:.0f} kernel launches per step with the device idle "
-                f"{ev['idle_share']:.0%} of the time"
+                f"{ev['launches_per_step']:.0f} kernel launches per step, each keeping the device busy "
+                f"{ev['device_us_per_launch']:.1f} us (under one eager launch, {rules.launch_us_per_op:.0f} us), "
+                f"with the device idle {ev['idle_share']:.0%} of the time"
             ),
         )
     elif ev["transfer_share"] >= rules.comm_transfer_share and ev["exposed_transfer_share"] >= rules.comm_exposed_share:
@@ -513,6 +520,15 @@ def classify(ev: Evidence, rules: Rules = Rules()) -> tuple[str, str]:
                 "copy-bound": f"host-device copies are {largest} ({share:.0%}; compute {compute:.0%})",
             }[other]
     return kind, reason + _gpu_bound_note(ev, rules) + _not_counted_note(ev, counted)
+
+
+def _launches_starve_the_device(ev: Evidence, rules: Rules) -> bool:
+    """A GPU starved by its launches: 1. it is not GPU-bound (busy under gpu_bound_busy_share);
+    2. its busy time per launch is under one eager launch's host cost (launch_us_per_op): each
+    kernel ends before the host can issue the next. The host work between launches is not told
+    apart from their dispatch: the reason gives the launches per step and the idle."""
+    per_launch = ev.get("device_us_per_launch")
+    return per_launch is not None and not _gpu_busy(ev, rules) and per_launch < rules.launch_us_per_op
 
 
 def _ops_are_overhead(ev: Evidence, rules: Rules) -> bool:
@@ -696,6 +712,8 @@ DECIDING = (
     "us_per_op",
     "op_cost_ratio",
     "launches_per_step",
+    "device_us_per_launch",
+    "idle_ms_per_step",
     "idle_share",
     "transfer_share",
     "exposed_transfer_share",
