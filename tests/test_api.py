@@ -88,6 +88,23 @@ def test_a_loop_that_marks_nothing_is_told(tmp_path: Path) -> None:
     assert len(steps_path(tmp_path / "steps", 0).read_text().splitlines()) == 3
 
 
+def test_a_loop_that_fails_keeps_every_finished_step_s_record(tmp_path: Path) -> None:
+    """Records wait in memory up to RECORDS_EVERY_S; a rank that fails or is stopped writes them
+    before it ends (five steps in far under that time, then an exception)."""
+    code = (
+        "import harness, torch\n"
+        f"with harness.Run(log_dir={str(tmp_path)!r}, run_name='fails', profile=False) as run:\n"
+        "    for _ in range(5):\n"
+        "        with run.step():\n"
+        "            torch.ones(3).sum()\n"
+        "    raise ValueError('the loop broke')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode != 0 and "the loop broke" in out.stderr
+    assert json.loads(status_path(tmp_path / "fails", 0).read_text())["state"].startswith("failed")
+    assert len(steps_path(tmp_path / "fails", 0).read_text().splitlines()) == 5
+
+
 def test_a_loop_that_accumulates_gradients_times_every_pass_of_its_phases(tmp_path: Path) -> None:
     """Three micro-batches a step, each marking forward and backward (5 ms sleeps each): the step
     log's phases add up to the step (before: the last pass's alone, a third of it). Margins wide:

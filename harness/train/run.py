@@ -507,6 +507,13 @@ class Run(PhaseSink):
         self._unhook()
         with sigterm_deferred():  # torchrun's SIGTERM after a peer failed must not cut this short
             try:
+                # the finished steps' records that wait for RECORDS_EVERY_S: no sync (the device
+                # may be what failed), so a step whose device work never completed stays out
+                for rec in self.clock.poll():
+                    self._write(rec)
+            except Exception:  # noqa: BLE001 - a broken device's events: what is written stays
+                pass
+            try:
                 self.recorder.__exit__(type(exc), exc, None)
             except Exception:  # noqa: BLE001 - the rank is failing already: its trace is best effort
                 pass
