@@ -144,7 +144,9 @@ class Metrics:
         sums = self.phase_sum_s
         for phase, ms in (rec.get("phases_ms") or {}).items():
             sums[phase] = sums.get(phase, 0.0) + max(ms, 0.0) / 1e3
-        self.last = rec
+        # memory is read within a time budget, not every step (stats.SystemSampler): a gauge
+        # keeps its latest reading
+        self.last = {**self.last, **rec}
         if self.target.file is not None:
             self._write_file()
 
