@@ -50,3 +50,18 @@ def test_waiting_for_a_shared_core_is_counted_and_sleeping_is_not() -> None:
 
 def test_a_gpu_clock_reads_no_run_queue() -> None:
     assert StepClock(cuda=True)._runq is None
+
+
+def test_a_step_s_wait_for_a_core_runs_from_the_previous_step_s_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One schedstat read a step, at its end; the first step also reads at its start: the loop's
+    time between steps is in the next step's wait, as it is in its way to the next collective."""
+    readings = iter([1.0, 3.0, 4.5, 7.0])  # run-queue totals in ms, one per read
+    clock = StepClock(cuda=False)
+    assert clock._runq is not None
+    monkeypatch.setattr(clock._runq, "read_ms", lambda: next(readings))
+    for step in range(3):
+        clock.start(step)
+        clock.mark("forward")
+        clock.finish()
+    assert [rec["runq_ms"] for rec in clock.poll()] == [2.0, 1.5, 2.5]
+    assert next(readings, None) is None  # four reads for three steps
