@@ -11,6 +11,7 @@ import pytest
 
 from harness.train.cli import parse_config
 from harness.train.config import ConfigError, LaunchEnv, resolve_environment
+from harness.train.main import configure
 
 from jobs import REPO
 
@@ -216,9 +217,22 @@ def test_every_mode_has_a_preset() -> None:
         ),
     ],
 )
-def test_command_line_errors_exit_2_with_one_line(argv: list[str], needle: str, tmp_path: Path) -> None:
+def test_command_line_errors_exit_2_with_one_line(
+    argv: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # in-process: the command's own check of its settings (one run of the command itself below)
+    with pytest.raises(SystemExit) as exited:
+        configure(["--log-dir", str(tmp_path), *argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert needle in lines[0]
+
+
+def test_the_command_a_user_types_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.train", "--log-dir", str(tmp_path), *argv],
+        [sys.executable, "-m", "harness.train", "--log-dir", str(tmp_path), "--steps", "0"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -226,8 +240,7 @@ def test_command_line_errors_exit_2_with_one_line(argv: list[str], needle: str, 
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert needle in lines[0]
+    assert len(lines) == 1 and "workload.steps: 0 must be >= 1" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
 
 
