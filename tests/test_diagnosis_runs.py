@@ -13,13 +13,14 @@ import pytest
 from harness.collect.analyse.advisor import classify
 
 from identities import check_report
-from jobs import REPO, run_harness, said
+from jobs import LAB_SIZE, REPO, run_harness, said
 
 pytestmark = pytest.mark.slow
 
 STEPS = ["--steps", "12", "--warmup-steps", "2", "--wait", "3", "--warmup", "1", "--active", "6"]
-# The demo's job (Makefile DEMO_ARGS) at test size: torch mode, DDP, rank 1 slow in its data
-# phase; 10 recorded steps for a steadier mean. The delay is STRAGGLER_SHARE of the clean run's
+# The demo's job (Makefile DEMO_ARGS) at test size: torch mode at the tests' batch (jobs.LAB_SIZE:
+# its ops stay clear of the launch bound with another process beside it), DDP, rank 1 slow in its
+# data phase; 10 recorded steps for a steadier mean. The delay is STRAGGLER_SHARE of the clean run's
 # step (at least 15 ms) rather than fixed: a straggler must be late by more than the run's bound
 # (stragglers.straggler_bounds: its jitter and clock noise, 8% of the step at least), and a
 # slower machine both lengthens the step and absorbs part of a sleep in its peers' contention.
@@ -38,6 +39,7 @@ DEMO = [
     "1",
     "--active",
     "10",
+    *LAB_SIZE["torch"],
 ]
 STRAGGLER_SHARE = 1.25
 
