@@ -43,6 +43,25 @@ def _load() -> Any:
     return fn
 
 
+class TimeBudget:
+    """At most `share` of the run's time spent on a read: after a read that took c seconds, the
+    next is due once c / share seconds have passed. `due()` before the read, `spent()` after it."""
+
+    def __init__(self, share: float = BUDGET_SHARE) -> None:
+        self.share = share
+        self._next_at = -float("inf")
+        self._start = 0.0
+
+    def due(self) -> bool:
+        """Whether a read is due now; a read that follows is timed from here."""
+        self._start = time.perf_counter()
+        return self._start >= self._next_at
+
+    def spent(self) -> None:
+        """The read is done: the next waits its cost / share."""
+        self._next_at = self._start + (time.perf_counter() - self._start) / self.share
+
+
 class HeapStats:
     """`read()`: {"heap_in_use_bytes", "heap_free_bytes"}, or {} without glibc's mallinfo2;
     `sample()`: the same within BUDGET_SHARE of the time, else {}.
@@ -56,8 +75,7 @@ class HeapStats:
 
     def __init__(self, budget_share: float = BUDGET_SHARE) -> None:
         self._fn = _load()
-        self.budget_share = budget_share
-        self._next_at = -float("inf")
+        self._budget = TimeBudget(budget_share)
 
     @property
     def available(self) -> bool:
@@ -70,11 +88,8 @@ class HeapStats:
         return {"heap_in_use_bytes": info.uordblks + info.hblkhd, "heap_free_bytes": info.fordblks}
 
     def sample(self) -> dict[str, int]:
-        if self._fn is None:
-            return {}
-        start = time.perf_counter()
-        if start < self._next_at:
+        if self._fn is None or not self._budget.due():
             return {}
         out = self.read()
-        self._next_at = start + (time.perf_counter() - start) / self.budget_share
+        self._budget.spent()
         return out

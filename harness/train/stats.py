@@ -16,7 +16,7 @@ import torch
 
 from harness import text_table
 from harness.train.gpu_health import GpuHealth
-from harness.train.heap import BUDGET_SHARE, HeapStats
+from harness.train.heap import HeapStats, TimeBudget
 from harness.train.procfile import KeptProcFile
 from harness.write_faults import AppendOnlyFile, FaultLog
 
@@ -202,10 +202,10 @@ class SystemSampler:
 
     Memory: process RSS and, with glibc, the C heap's live and free bytes right after it (heap.py:
     RSS less the free bytes is the series a leak shows in). Each read spends at most heap.py's
-    BUDGET_SHARE of the run's time: after an RSS read that took c seconds the next waits c /
-    BUDGET_SHARE seconds (every step from steps of ~15 ms up, at ~30 us a read right after a
-    step's kernels: bench/RESULTS.md, "Harness and profiler overhead", (i)'s parts), and a step
-    whose heap is read has its RSS read too; on GPU also the peak
+    BUDGET_SHARE of the run's time (heap.TimeBudget: after an RSS read that took c seconds the
+    next waits c / BUDGET_SHARE seconds; every step from steps of ~15 ms up, at ~30 us a read
+    right after a step's kernels: bench/RESULTS.md, "Harness and profiler overhead", (i)'s
+    parts), and a step whose heap is read has its RSS read too; on GPU also the peak
     allocated/reserved bytes since the previous step (the caching allocator counts at enqueue
     time on the host, so no sync). The limits they run against, read once: `host_mem_total_bytes`
     (`host_memory_limit`) and on GPU `gpu_mem_total_bytes` (the device's total memory), so the
@@ -231,7 +231,7 @@ class SystemSampler:
         self._limits: dict[str, int | None] = {"host_mem_total_bytes": host_memory_limit()}
         self.heap = HeapStats()
         self.rss = ResidentBytes(self.proc)
-        self._rss_next_at = -float("inf")
+        self._rss_budget = TimeBudget()
         self.gpu_health = GpuHealth.open(device)  # NVML's readings, on a thread of its own (gpu_health.py)
         if self.cuda:
             self._limits["gpu_mem_total_bytes"] = torch.cuda.get_device_properties(device).total_memory
@@ -249,10 +249,10 @@ class SystemSampler:
             self._cpu = {"host_cpu_util_pct": None, "proc_cpu_pct": None}
         heap = self.heap.sample()
         out: dict[str, float | int | None] = {**heap, **self._cpu, **self._limits}
-        start = time.perf_counter()
-        if heap or start >= self._rss_next_at:
+        due = self._rss_budget.due()
+        if due or heap:
             out["rss_bytes"] = self.rss.read()
-            self._rss_next_at = start + (time.perf_counter() - start) / BUDGET_SHARE
+            self._rss_budget.spent()
         if self.cuda:
             out["gpu_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
             out["gpu_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
