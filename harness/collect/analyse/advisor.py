@@ -176,7 +176,6 @@ class Evidence(TypedDict, total=False):
     op_cost_ratio: float | None  # us_per_op / op_floor_us: each op's step time in bare ops
     launches_per_step: float  # kernel launches
     device_us_per_launch: float | None  # GPU: the device's busy time per kernel launch
-    idle_ms_per_step: float  # device idle (on CPU: the main thread running no op)
     syncs_per_step: float  # blocking host-device syncs
     sync_share: float  # blocking sync calls' time / own step
     syncs_by_caller: dict[str, float]  # syncs per step by caller
@@ -262,8 +261,7 @@ def rank_evidence(
        each dispatched op accounts for; op_cost_ratio = us_per_op / op_floor_us (one bare op's
        dispatch on this machine, host_ops.op_floor_us; null where not measurable);
     3. launches_per_step; device_us_per_launch (GPU) = the device's busy time (compute, exposed
-       transfer, copies) / its launches; idle_ms_per_step = the device's idle per step;
-       syncs_per_step, sync_share (blocking sync calls' time / own step);
+       transfer, copies) / its launches; syncs_per_step, sync_share (blocking sync calls' time / own step);
        syncs_by_caller and sync_ms_by_caller (per step, by host.caller_of's callers);
        user_syncs_per_step: the syncs of callers not in host_ops.NOT_USERS (GradScaler, DDP's logger);
        sync_cost_share (the device idle the syncs cause, host_ops.sync_costs / own step),
@@ -326,7 +324,6 @@ def rank_evidence(
         ),
         "launches_per_step": round(launches / n, 1),
         "device_us_per_launch": round(busy_us / launches, 2) if trace.device == "gpu" and launches else None,
-        "idle_ms_per_step": round(sum(r.idle_us for r in rows) / n / 1e3, 4),
         "syncs_per_step": round(sum(s.syncs for s in steps) / n, 2),
         "sync_share": _share(sum(s.sync_us for s in steps) / n, own_us),
         "syncs_by_caller": {k: round(c / n, 2) for k, (c, _, _) in by_count},
@@ -713,7 +710,6 @@ DECIDING = (
     "op_cost_ratio",
     "launches_per_step",
     "device_us_per_launch",
-    "idle_ms_per_step",
     "idle_share",
     "transfer_share",
     "exposed_transfer_share",
