@@ -12,6 +12,7 @@ from harness.collect.read.discover import group_ranks
 from harness.collect.read.parse import parse_trace
 from harness.collect.read.runup import IDLE
 from harness.report.document import build_report
+from harness.report.records import as_document
 
 from jobs import REAL_TRACES, REPO
 from tracebuild import (
@@ -106,7 +107,7 @@ def test_gpu_straggler_above_threshold(tmp_path: Path) -> None:
     assert a.stragglers.replayed_step_ms == pytest.approx(2.9)
     assert a.stragglers.replay_faithful
     assert s[0].whatif_step_ms == pytest.approx(2.9 - 1.7)
-    report = build_report(a, ["x"])
+    report = as_document(build_report(a, ["x"]))
     assert report["verdict"] == "straggler"
     assert report["stragglers"][0]["rank"] == 1
     assert "rank 1" in report["headline"]

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from reportbuild import diagnosis_of, rank_record, report_of, straggler_record
 
 from harness.report.console import LABEL_WIDTH, NARROW_RANKS, WIDTH, labelled, narrow_table, why_text
 
@@ -59,25 +60,22 @@ def test_a_figure_stays_with_its_unit_and_a_what_if_with_its_figures() -> None:
 
 def test_why_names_the_straggler_or_the_bottleneck_most_ranks_share() -> None:
     diagnosis = [
-        {"rank": 0, "bottleneck": "launch-bound", "reason": "2153 ops per step"},
-        {"rank": 1, "bottleneck": "straggler", "reason": "arrives 7.77 ms per step after the punctual ranks"},
-        {"rank": 2, "bottleneck": "launch-bound", "reason": "2100 ops per step"},
+        diagnosis_of(0, "launch-bound", "2153 ops per step"),
+        diagnosis_of(1, "straggler", "arrives 7.77 ms per step after the punctual ranks"),
+        diagnosis_of(2, "launch-bound", "2100 ops per step"),
     ]
-    doc = {"stragglers": [{"rank": 1}], "diagnosis": diagnosis}
+    doc = report_of(stragglers=[straggler_record(1)], diagnosis=diagnosis)
     assert why_text(doc) == "rank 1 arrives 7.77 ms per step after the punctual ranks"
-    doc = {"stragglers": [], "diagnosis": diagnosis}
+    doc = report_of(diagnosis=diagnosis)
     assert why_text(doc) == "2 of 3 ranks, rank 0 launch-bound: 2153 ops per step"
-    assert why_text({"stragglers": [], "diagnosis": [], "verdict_reason": "no collective matched"}) == (
-        "no collective matched"
-    )
+    assert why_text(report_of(verdict_reason="no collective matched")) == "no collective matched"
 
 
 def test_the_narrow_table_keeps_the_straggler_and_says_how_many_it_leaves_out() -> None:
     ranks = [
-        {"rank": r, "host": "h", "mean_step_ms": 10.0, "late_ms": 5.0 if r == 30 else 0.0, "wait_ms": 3.0, "steps": 3}
-        for r in range(40)
+        rank_record(r, mean_step_ms=10.0, late_ms=5.0 if r == 30 else 0.0, wait_ms=3.0, steps=3) for r in range(40)
     ]
-    doc = {"ranks": ranks, "stragglers": [{"rank": 30}], "diagnosis": []}
+    doc = report_of(ranks=ranks, stragglers=[straggler_record(30)])
     lines = narrow_table(doc).splitlines()
     assert len(lines) == 1 + NARROW_RANKS + 1
     assert any(line.split()[0] == "30" and line.endswith("<- straggler") for line in lines[1:-1])

@@ -13,6 +13,7 @@ import pytest
 from harness.collect.align.waits import attribute
 from harness.collect.analyse.collective_stats import bus_factor, collective_stats, message_bytes
 from harness.report.document import build_report
+from harness.report.records import as_document
 
 from jobs import REPO, said
 from tracebuild import cpu_ring_docs, ring_docs, run_analysis, shift_doc, write
@@ -54,7 +55,7 @@ def test_two_stragglers_on_eight_ranks(tmp_path: Path) -> None:
     assert res.replayed_step_ms == pytest.approx(2.8 / 3)
     assert [s.whatif_step_ms for s in res.stragglers] == [pytest.approx(2.8 / 3), pytest.approx(2.8 / 3)]
     assert res.whatif_all_fixed_step_ms == pytest.approx(1.6 / 3)
-    doc = build_report(a, ["x"])
+    doc = as_document(build_report(a, ["x"]))
     assert [s["rank"] for s in doc["stragglers"]] == [1, 3]
     assert "rank 1" in doc["headline"] and "rank 3" in doc["headline"]
     assert doc["run"]["whatif_all_fixed_step_ms"] == pytest.approx(1.6 / 3)
@@ -73,7 +74,7 @@ def test_intermittent_straggler(tmp_path: Path) -> None:
     [s] = a.stragglers.stragglers
     assert (s.rank, s.pattern, s.steps_late, s.steps, s.cost_ms) == (1, "intermittent", 1, 3, pytest.approx(0.2))
     assert s.late_fraction == pytest.approx(1 / 3)
-    doc = build_report(a, ["x"])
+    doc = as_document(build_report(a, ["x"]))
     assert "late in 1 of 3 steps" in doc["headline"]
     assert "late in 1 of 3 steps only" in doc["next_steps"][0]["text"]
     assert "collect them with --window each" in doc["next_steps"][0]["text"]  # how to tell it from noise
@@ -96,7 +97,7 @@ def test_victim_waiting_is_not_exposed_transfer(tmp_path: Path) -> None:
     # (to the next step's first kernel: 100 us idle at its end) and 1.1 ms (the last ends with
     # its work), 0.5 ms of them its own: exposed transfer is 40% of that
     a = run_analysis(tmp_path, ring_docs(lambda r, s: 100.0 if r == 0 else 1000.0, 2, 2, period_us=1200.0))
-    doc = build_report(a, ["x"])
+    doc = as_document(build_report(a, ["x"]))
     r0 = doc["ranks"][0]
     assert (r0["exposed_comm_ms"], r0["exposed_wait_ms"], r0["exposed_transfer_ms"]) == (2.0, 1.8, 0.2)
     assert r0["exposed_wait_ms"] + r0["exposed_transfer_ms"] == pytest.approx(r0["exposed_comm_ms"], abs=0.01)
@@ -125,7 +126,7 @@ def test_victim_waiting_is_not_exposed_transfer(tmp_path: Path) -> None:
 def test_no_matched_collective_is_inconclusive(tmp_path: Path) -> None:
     # the ranks disagree on the all-reduce's size: nothing matches
     a = run_analysis(tmp_path, ring_docs(late_ranks({1: 700.0}), 2, 2, nelems=[1000, 2000]))
-    doc = build_report(a, ["x"])
+    doc = as_document(build_report(a, ["x"]))
     assert doc["verdict"] == "inconclusive" and doc["stragglers"] == []
     assert doc["verdict_reason"].startswith("no collective matched")
     assert doc["headline"].startswith("inconclusive: no collective matched")
@@ -153,7 +154,7 @@ def test_ranks_on_one_host_share_its_clock(tmp_path: Path) -> None:
         ("h0", [0, 1], 0.0, 0),
         ("h1", [2, 3], 5000.0, 3),
     ]
-    doc = build_report(a, ["x"])
+    doc = as_document(build_report(a, ["x"]))
     assert [(h["host"], h["offset_ms"]) for h in doc["clock"]["hosts"]] == [("h0", 0.0), ("h1", 5.0)]
     assert doc["verdict"] == "balanced"
 

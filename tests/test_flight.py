@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.collect.analyse.flight import FlightError, analyze, headline, read_dump, read_dumps
+from harness.collect.analyse.flight_records import MissingAt
 from harness.paths import flight_path, status_path
 from harness.train.config import ConfigError, build_config
 
@@ -172,11 +173,12 @@ def test_hand_built_hang_exact(tmp_path: Path) -> None:
     dumps, warnings = read_dumps(sorted(flight.iterdir()))
     assert warnings == []
     result = analyze(dumps)
-    h = result["hang"]
-    assert (h["seq"], h["collective"], h["step"], h["phase"]) == (5, "all_reduce", 2, "backward")
-    assert (h["entered_ranks"], h["missing_ranks"], h["waited_s"]) == ([0, 2, 3], [1], 30.5)
-    assert h["missing_at"]["1"] == {"last_seq": 4, "step": 2, "phase": "data", "state": "terminated"}
-    assert [r["last_completed"][0]["seq"] for r in result["flight"]["ranks"]] == [4, 4, 4, 4]
+    h = result.hang
+    assert h is not None
+    assert (h.seq, h.collective, h.step, h.phase) == (5, "all_reduce", 2, "backward")
+    assert (h.entered_ranks, h.missing_ranks, h.waited_s) == ([0, 2, 3], [1], 30.5)
+    assert h.missing_at["1"] == MissingAt(last_seq=4, step=2, phase="data", state="terminated")
+    assert [r.last_completed[0].seq for r in result.flight.ranks] == [4, 4, 4, 4]
     assert headline(result) == (
         "hang: rank 1 never entered the all_reduce of step 2 (collective #5 of process group "
         "0 (default_pg), backward phase) that ranks 0, 2 and 3 waited in for 30.5 s"
@@ -199,24 +201,25 @@ def test_foreign_dumps_step_from_step_logs_and_subgroup(tmp_path: Path) -> None:
     (tmp_path / "steps").mkdir()
     (tmp_path / "steps" / "rank0.jsonl").write_text('{"step": 4}\n{"step": 5}\n{"st')
     dumps, _ = read_dumps(sorted(folder.iterdir()))
-    h = analyze(dumps, run_dir=tmp_path)["hang"]
-    assert (h["process_group"], h["seq"], h["collective"]) == ("1 (tp)", 7, "all_gather")
-    assert (h["entered_ranks"], h["missing_ranks"], h["members"]) == ([0], [1], [0, 1])
-    assert (h["step"], h["step_source"], h["phase"]) == (6, "step log", None)
+    h = analyze(dumps, run_dir=tmp_path).hang
+    assert h is not None
+    assert (h.process_group, h.seq, h.collective) == ("1 (tp)", 7, "all_gather")
+    assert (h.entered_ranks, h.missing_ranks, h.members) == ([0], [1], [0, 1])
+    assert (h.step, h.step_source, h.phase) == (6, "step log", None)
 
 
 def test_no_hang_when_every_rank_entered_the_same(tmp_path: Path) -> None:
     for r in range(3):
         dump(tmp_path, r, [entry(s) for s in range(1, 4)])
     result = analyze(read_dumps(sorted(tmp_path.iterdir()))[0])
-    assert result["hang"] is None and result["mismatches"] == [] and headline(result) is None
+    assert result.hang is None and result.mismatches == [] and headline(result) is None
 
 
 def test_a_rank_without_a_dump_is_not_guessed_at(tmp_path: Path) -> None:
     for r in (0, 2):
         dump(tmp_path, r, [entry(s) for s in range(1, 4)], harness={"world_size": 3})
     result = analyze(read_dumps(sorted(tmp_path.iterdir()))[0])
-    assert result["hang"] is None and result["flight"]["no_dump_ranks"] == [1]
+    assert result.hang is None and result.flight.no_dump_ranks == [1]
 
 
 @pytest.mark.parametrize(
@@ -279,7 +282,7 @@ def test_one_damaged_dump_is_a_warning_not_the_end(tmp_path: Path) -> None:
     (flight / "rank1.json").write_text('{"entries": [')
     dumps, warnings = read_dumps(sorted(flight.iterdir()))
     assert [d.rank for d in dumps] == [0] and len(warnings) == 1 and "truncated JSON" in warnings[0]
-    assert analyze(dumps)["flight"]["no_dump_ranks"] == [1]
+    assert analyze(dumps).flight.no_dump_ranks == [1]
 
 
 def test_no_trace_and_no_dump_still_exits_2(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from harness.collect.read import decode
 from harness.collect.read.discover import InputError, group_ranks
 from harness.collect.read.parse import TraceError, parse_trace
 from harness.report.document import build_report
+from harness.report.records import as_document
 
 from jobs import REAL_TRACES
 
@@ -131,4 +132,4 @@ def test_mutated_traces_parse_or_fail_cleanly(
         analysis = analyze(group_ranks([trace]))
     except InputError:
         return  # documented: e.g. world size / rank combinations that cannot be one run
-    json.dumps(build_report(analysis, [str(path)]), allow_nan=False)
+    json.dumps(as_document(build_report(analysis, [str(path)])), allow_nan=False)

@@ -13,6 +13,7 @@ from harness.collect.analysis import Analysis, analyze
 from harness.collect.read.discover import group_ranks
 from harness.collect.read.parse import parse_trace
 from harness.report.document import build_report
+from harness.report.records import as_document
 
 from devicesim import Sim, write_all
 from identities import check_report, check_spans
@@ -27,7 +28,7 @@ def analysed(paths: list[Path]) -> Analysis:
 def check(paths: list[Path]) -> Analysis:
     a = analysed(paths)
     check_spans(a)
-    check_report(build_report(a, [str(p) for p in paths]))
+    check_report(as_document(build_report(a, [str(p) for p in paths])))
     return a
 
 

@@ -11,6 +11,9 @@ import pytest
 
 from harness.collect.analyse.memory import (
     GiB,
+    MemoryFinding,
+    MemoryStep,
+    MemoryTimeline,
     MiB,
     analyze_memory,
     memory_from_dirs,
@@ -24,6 +27,7 @@ from harness.report.console import console_table
 from harness.report.document import build_report
 from harness.report.markdown import render_markdown
 from harness.report.page import render_page
+from harness.report.records import as_document
 from harness.train.config import ConfigError, LaunchEnv, build_config, resolve_environment
 from harness.train.heap import HeapStats
 
@@ -61,8 +65,8 @@ def flat_host(run: Path, rank: int, rss: float = 400e6, **extra: Any) -> None:
     write_log(run, rank, [rec(s, rss=rss if s >= WARMUP else 10 * rss, **extra) for s in range(WARMUP + 20)])
 
 
-def kinds(findings: list[dict]) -> list[tuple[int, str]]:
-    return [(f["rank"], f["kind"]) for f in findings]
+def kinds(findings: list[MemoryFinding] | list[dict]) -> list[tuple[int, str]]:
+    return [(f["rank"], f["kind"]) if isinstance(f, dict) else (f.rank, f.kind) for f in findings]
 
 
 # --- growth -------------------------------------------------------------------------------------
@@ -82,7 +86,7 @@ def test_host_growth_exact_slope_and_projection(tmp_path: Path) -> None:
     )
     mem = memory_from_dirs([tmp_path])
     assert kinds(mem.findings) == [(1, "growth")]
-    ev = mem.findings[0]["evidence"]
+    ev = mem.findings[0].evidence
     assert ev["memory"] == "host" and ev["steps"] == 20
     assert ev["bytes_per_step"] == pytest.approx(3 * MiB) and ev["stderr_bytes_per_step"] == pytest.approx(0, abs=1e-3)
     assert ev["rise_mb"] == pytest.approx(19 * 3 * MiB / 1e6, abs=1e-3)
@@ -92,8 +96,8 @@ def test_host_growth_exact_slope_and_projection(tmp_path: Path) -> None:
     assert mem.ranks[1]["rss_growth_bytes_per_step"] == pytest.approx(3 * MiB)
     assert mem.ranks[0]["rss_growth_bytes_per_step"] == 0 and mem.ranks[0]["peak_rss_bytes"] == 400e6
     assert mem.ranks[1]["peak_rss_bytes"] == last1
-    assert "3.15 MB per step over 20 steps" in mem.findings[0]["reason"]
-    assert "losses.append(loss)" in mem.findings[0]["advice"]
+    assert "3.15 MB per step over 20 steps" in mem.findings[0].reason
+    assert "losses.append(loss)" in mem.findings[0].advice
 
 
 def test_gpu_growth_projects_to_the_device_and_no_limit_says_why(tmp_path: Path) -> None:
@@ -109,13 +113,13 @@ def test_gpu_growth_projects_to_the_device_and_no_limit_says_why(tmp_path: Path)
         ],
     )
     [f] = memory_from_dirs([tmp_path]).findings
-    assert (f["kind"], f["evidence"]["memory"]) == ("growth", "gpu")
-    assert f["evidence"]["bytes_per_step"] == pytest.approx(64 * MiB)
-    assert f["evidence"]["steps_to_limit"] == (total - (10 * GiB + 64 * MiB * 24)) // (64 * MiB)
+    assert (f.kind, f.evidence["memory"]) == ("growth", "gpu")
+    assert f.evidence["bytes_per_step"] == pytest.approx(64 * MiB)
+    assert f.evidence["steps_to_limit"] == (total - (10 * GiB + 64 * MiB * 24)) // (64 * MiB)
     # the same without the host limit field: host growth would have no projection, and says why
     write_log(tmp_path, 0, [rec(s, rss=400e6 + 4 * MiB * s) for s in range(WARMUP + 20)])
     [f] = memory_from_dirs([tmp_path]).findings
-    assert f["evidence"]["steps_to_limit"] is None and "no host_mem_total_bytes" in f["evidence"]["projection"]
+    assert f.evidence["steps_to_limit"] is None and "no host_mem_total_bytes" in f.evidence["projection"]
 
 
 def test_two_growing_ranks_share_their_host(tmp_path: Path) -> None:
@@ -126,7 +130,7 @@ def test_two_growing_ranks_share_their_host(tmp_path: Path) -> None:
     mem = memory_from_dirs([tmp_path])
     assert kinds(mem.findings) == [(0, "growth"), (1, "growth")]
     free = limit - (300e6 + 2 * MiB * 24) - (300e6 + 6 * MiB * 24)
-    assert [f["evidence"]["steps_to_limit"] for f in mem.findings] == [int(free // (8 * MiB))] * 2
+    assert [f.evidence["steps_to_limit"] for f in mem.findings] == [int(free // (8 * MiB))] * 2
 
 
 @pytest.mark.parametrize(
@@ -168,10 +172,10 @@ def test_host_growth_is_judged_net_of_mallocs_free_bytes(tmp_path: Path) -> None
     write_log(tmp_path, 1, caching)
     mem = memory_from_dirs([tmp_path])
     assert kinds(mem.findings) == [(0, "growth")]
-    ev = mem.findings[0]["evidence"]
+    ev = mem.findings[0].evidence
     assert ev["series"] == "rss_less_heap_free" and ev["bytes_per_step"] == pytest.approx(2 * MiB)
     assert ev["stderr_bytes_per_step"] == pytest.approx(0, abs=1e-3)
-    assert mem.findings[0]["reason"].startswith("host RSS less malloc's free bytes rises 2.10 MB per step")
+    assert mem.findings[0].reason.startswith("host RSS less malloc's free bytes rises 2.10 MB per step")
     # the ranks' columns keep RSS's own slope; the projection the RSS the host holds
     assert mem.ranks[1]["rss_growth_bytes_per_step"] == pytest.approx(3 * MiB)
     assert ev["steps_to_limit"] is None
@@ -180,12 +184,12 @@ def test_host_growth_is_judged_net_of_mallocs_free_bytes(tmp_path: Path) -> None
     for r, log in ((0, leak), (1, caching)):
         write_log(tmp_path, r, [{k: v for k, v in x.items() if not k.startswith("heap_")} for x in log])
     mem = memory_from_dirs([tmp_path])
-    assert kinds(mem.findings) == [(1, "growth")] and mem.findings[0]["evidence"]["series"] == "rss"
-    assert mem.findings[0]["reason"].startswith("host RSS rises")
+    assert kinds(mem.findings) == [(1, "growth")] and mem.findings[0].evidence["series"] == "rss"
+    assert mem.findings[0].reason.startswith("host RSS rises")
     # short steps log them every k-th step: the net series is those steps, never a mix of the two
     write_log(tmp_path, 0, [x if x["step"] % 2 else {**x, "heap_free_bytes": None} for x in leak])
-    [f] = [f for f in memory_from_dirs([tmp_path]).findings if f["rank"] == 0]
-    assert f["evidence"]["steps"] == 10 and f["evidence"]["bytes_per_step"] == pytest.approx(2 * MiB)
+    [f] = [f for f in memory_from_dirs([tmp_path]).findings if f.rank == 0]
+    assert f.evidence["steps"] == 10 and f.evidence["bytes_per_step"] == pytest.approx(2 * MiB)
     # every third: 7 points, too few for a slope (min_steps 10): judged on RSS, nothing found
     write_log(tmp_path, 0, [x if x["step"] % 3 == 0 else {**x, "heap_free_bytes": None} for x in leak])
     assert (0, "growth") not in kinds(memory_from_dirs([tmp_path]).findings)
@@ -205,16 +209,16 @@ def test_host_growth_is_judged_on_the_heap_in_use(tmp_path: Path) -> None:
     write_log(tmp_path, 2, [log(s, 150e6, 250e6) for s in STEADY])
     mem = memory_from_dirs([tmp_path])
     assert kinds(mem.findings) == [(0, "growth")]
-    ev = mem.findings[0]["evidence"]
+    ev = mem.findings[0].evidence
     assert ev["series"] == "heap_in_use" and ev["bytes_per_step"] == pytest.approx(2 * MiB)
     assert ev["stderr_bytes_per_step"] == pytest.approx(0, abs=1e-3) and ev["steps"] == 20
-    assert mem.findings[0]["reason"].startswith("malloc's bytes in use rises 2.10 MB per step over 20 steps")
+    assert mem.findings[0].reason.startswith("malloc's bytes in use rises 2.10 MB per step over 20 steps")
     # without the heap in use, RSS less the free heap is judged: rank 0's leak drowns in the
     # swing and rank 1's drift reads as a leak
     write_log(tmp_path, 0, [{k: v for k, v in x.items() if k != "heap_in_use_bytes"} for x in tensors])
     write_log(tmp_path, 1, [{k: v for k, v in x.items() if k != "heap_in_use_bytes"} for x in drift])
     mem = memory_from_dirs([tmp_path])
-    assert kinds(mem.findings) == [(1, "growth")] and mem.findings[0]["evidence"]["series"] == "rss_less_heap_free"
+    assert kinds(mem.findings) == [(1, "growth")] and mem.findings[0].evidence["series"] == "rss_less_heap_free"
     # fewer than 10 steps with it (read every 3rd step in short steps): the same
     write_log(tmp_path, 0, [x if x["step"] % 3 == 0 else {**x, "heap_in_use_bytes": None} for x in tensors])
     assert kinds(memory_from_dirs([tmp_path]).findings) == [(1, "growth")]
@@ -248,7 +252,7 @@ def test_imbalance_against_the_other_ranks_median(tmp_path: Path) -> None:
     mem = memory_from_dirs([tmp_path])
     # rank 3: 14 GiB against the others' median 10 GiB = 1.4x, 4 GiB more; rank 2: 1.1x
     assert kinds(mem.findings) == [(3, "imbalance")]
-    ev = mem.findings[0]["evidence"]
+    ev = mem.findings[0].evidence
     assert (ev["memory"], ev["peak_bytes"], ev["others_median_bytes"], ev["ratio"]) == ("gpu", 14 * GiB, 10 * GiB, 1.4)
 
 
@@ -259,7 +263,7 @@ def test_imbalance_needs_a_material_excess(tmp_path: Path) -> None:
     assert memory_from_dirs([tmp_path]).findings == []
     flat_host(tmp_path, 1, rss=400e6)  # 300 MB > 256 MiB
     [f] = memory_from_dirs([tmp_path]).findings
-    assert (f["rank"], f["kind"], f["evidence"]["memory"], f["evidence"]["ratio"]) == (1, "imbalance", "host", 4.0)
+    assert (f.rank, f.kind, f.evidence["memory"], f.evidence["ratio"]) == (1, "imbalance", "host", 4.0)
 
 
 def test_cache_unused_reserved_memory(tmp_path: Path) -> None:
@@ -267,9 +271,9 @@ def test_cache_unused_reserved_memory(tmp_path: Path) -> None:
     gpu_rank(tmp_path, 1, 6 * GiB, reserved=8 * GiB)  # 1.33x: allocator rounding, not a finding
     mem = memory_from_dirs([tmp_path])
     assert kinds(mem.findings) == [(0, "cache")]
-    ev = mem.findings[0]["evidence"]
+    ev = mem.findings[0].evidence
     assert (ev["unused_bytes"], ev["ratio"]) == (6 * GiB, 2.0)
-    assert "expandable_segments" in mem.findings[0]["advice"]
+    assert "expandable_segments" in mem.findings[0].advice
     gpu_rank(tmp_path / "small", 0, 300 * MiB, reserved=900 * MiB)  # 3x but 600 MiB < 1 GiB
     assert memory_from_dirs([tmp_path / "small"]).findings == []
 
@@ -279,12 +283,12 @@ def test_headroom_gpu_and_host(tmp_path: Path) -> None:
     gpu_rank(tmp_path / "a", 1, 75e9, total=80e9)  # 6.25% free
     mem = memory_from_dirs([tmp_path / "a"])
     assert kinds(mem.findings) == [(0, "headroom")]
-    assert mem.findings[0]["evidence"]["free_fraction"] == 0.0375
+    assert mem.findings[0].evidence["free_fraction"] == 0.0375
     # host: two ranks of 1.0 and 1.1 GB on one host with 2.2 GB: 4.5% free; found on the larger
     flat_host(tmp_path / "b", 0, rss=1.0e9, host_mem_total_bytes=2.2e9)
     flat_host(tmp_path / "b", 1, rss=1.1e9, host_mem_total_bytes=2.2e9)
     [f] = memory_from_dirs([tmp_path / "b"]).findings
-    assert (f["rank"], f["kind"], f["evidence"]["ranks"], f["evidence"]["peak_bytes"]) == (1, "headroom", [0, 1], 2.1e9)
+    assert (f.rank, f.kind, f.evidence["ranks"], f.evidence["peak_bytes"]) == (1, "headroom", [0, 1], 2.1e9)
     # the same ranks on two hosts: each host has room
     flat_host(tmp_path / "c", 0, rss=1.0e9, host_mem_total_bytes=2.2e9)
     write_log(tmp_path / "c", 1, [rec(s, rss=1.1e9, host="other", host_mem_total_bytes=2.2e9) for s in STEADY])
@@ -318,12 +322,7 @@ def test_flat_ranks_have_no_finding(tmp_path: Path) -> None:
         "peak_gpu_reserved_bytes": 6 * GiB,
         "gpu_growth_bytes_per_step": 0.0,
     }
-    assert len(mem.steps) == 60 and mem.steps[0] == {
-        "rank": 0,
-        "step": 5,
-        "rss_mb": 400.0,
-        "gpu_allocated_mb": round(5 * GiB / 1e6, 3),
-    }
+    assert len(mem.steps) == 60 and mem.steps[0] == MemoryStep(rank=0, step=5, rss_mb=400.0, gpu_allocated_mb=5368.709)
 
 
 # --- damaged, partial, missing step logs --------------------------------------------------------
@@ -350,8 +349,7 @@ def test_damaged_and_partial_lines_are_skipped_with_a_warning(tmp_path: Path) ->
     # 15 good points of the exact line remain: the slope is still exact
     assert kinds(mem.findings) == [(1, "growth")]
     assert (
-        mem.findings[0]["evidence"]["bytes_per_step"] == pytest.approx(3 * MiB)
-        and mem.findings[0]["evidence"]["steps"] == 15
+        mem.findings[0].evidence["bytes_per_step"] == pytest.approx(3 * MiB) and mem.findings[0].evidence["steps"] == 15
     )
     assert mem.warnings == logs.warnings
 
@@ -366,7 +364,7 @@ def test_no_step_logs_and_warmup_only(tmp_path: Path) -> None:
 
 def test_heatmap_rows_are_thinned_beyond_the_limit(tmp_path: Path) -> None:
     write_log(tmp_path, 0, [rec(s, rss=1e6) for s in range(WARMUP, WARMUP + 2500)])
-    steps = [r["step"] for r in memory_from_dirs([tmp_path]).steps]
+    steps = [r.step for r in memory_from_dirs([tmp_path]).steps]
     assert len(steps) == 834 and steps[:3] == [5, 8, 11]  # every 3rd of 2500 steps
 
 
@@ -378,7 +376,8 @@ def test_report_markdown_view_and_console(tmp_path: Path) -> None:
     a = run_analysis(run, ring_docs(lambda r, s: 300.0, 2, 3))  # steps 1..3 traced
     flat_host(run, 0)
     write_log(run, 1, [rec(s, rss=500e6 + 3 * MiB * s if s >= 2 else 500e6) for s in range(WARMUP + 20)])
-    doc = build_report(a, ["x"], memory_from_dirs([run]), [{"rank": 1, "window": 1, "path": "/r/t.json.gz"}])
+    report = build_report(a, ["x"], memory_from_dirs([run]), [MemoryTimeline(rank=1, window=1, path="/r/t.json.gz")])
+    doc = as_document(report)
     assert kinds(doc["memory_findings"]) == [(1, "growth")]
     by = {r["rank"]: r for r in doc["ranks"]}
     assert by[1]["rss_growth_bytes_per_step"] == pytest.approx(3 * MiB) and by[0]["peak_gpu_allocated_bytes"] is None
@@ -389,17 +388,17 @@ def test_report_markdown_view_and_console(tmp_path: Path) -> None:
     # (each rank's GPU computes 300 us of a 1 ms step and idles 600: host-bound, not healthy)
     assert [n["about"] for n in doc["next_steps"]] == ["memory", "host-bound"]
     assert doc["next_steps"][0]["ranks"] == [1] and doc["next_steps"][0]["text"].startswith("Rank 1 memory growth")
-    md = render_markdown(doc)
+    md = render_markdown(report)
     assert "## Memory" in md and "| 1 | growth | host RSS rises 3.15 MB per step" in md
     assert "- rank 1 window 1: `/r/t.json.gz`" in md
-    assert said(console_table(doc), "memory")[0].startswith("rank 1 growth: host RSS rises 3.15 MB per step")
-    page = render_page(doc, None, title="t", assets="linked")
+    assert said(console_table(report), "memory")[0].startswith("rank 1 growth: host RSS rises 3.15 MB per step")
+    page = render_page(report, None, title="t", assets="linked")
     assert 'id="memory-findings"' in page and 'id="heatmap-memory"' in page and 'id="memory-timelines"' in page
     assert len(doc["memory_steps"]) == 40
     json.dumps(doc, allow_nan=False)
     # without step logs: the schema is the same, and says there is nothing
     bare = build_report(a, ["x"])
-    assert bare["memory_findings"] == [] and bare["memory_steps"] == [] and bare["ranks"][0]["peak_rss_bytes"] is None
+    assert bare.memory_findings == [] and bare.memory_steps == [] and bare.ranks[0].peak_rss_bytes is None
     assert "No step logs" in render_markdown(bare)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.report.document import build_report
+from harness.report.records import as_document
 
 from jobs import collect_quietly, said
 from tracebuild import GLOO, cpu_ring_docs, document, ring_docs, run_analysis, step, x
@@ -27,7 +28,7 @@ def test_a_bound_set_by_measured_jitter_is_given_with_the_latest_rank(tmp_path: 
     0.6 / 2.8 = 21% of the step would be too. (Were both ranks 0.4 ms slower in the same steps,
     the swing would be common to them and no noise: run_jitter_ms.)"""
     docs = cpu_ring_docs(2, 6, extra_mm_us=lambda r, s: 400.0 * ((s + r) % 2), sleep_us=lambda r, s: 300.0 * r)
-    doc = build_report(run_analysis(tmp_path, docs), ["x"])
+    doc = as_document(build_report(run_analysis(tmp_path, docs), ["x"]))
     assert doc["verdict"] == "balanced"
     floor = doc["noise_floor"]
     assert floor["bound_ms"] == pytest.approx(0.6) and floor["clean_step_ms"] == pytest.approx(2.8)
@@ -45,7 +46,7 @@ def test_a_bound_set_by_the_material_share_needs_no_next_step(tmp_path: Path) ->
     """Steady steps, rank 1 sleeping 0.15 ms: no jitter, the bound is 8% of the 2.6 ms clean
     step (0.208 ms); rank 1 is under it and nothing smaller than material passes for noise."""
     docs = cpu_ring_docs(2, 6, sleep_us=lambda r, s: 150.0 * r)
-    doc = build_report(run_analysis(tmp_path, docs), ["x"])
+    doc = as_document(build_report(run_analysis(tmp_path, docs), ["x"]))
     floor = doc["noise_floor"]
     assert doc["verdict"] == "balanced" and floor["set_by"] == "relative" and not floor["noise_limited"]
     assert floor["bound_ms"] == pytest.approx(0.208) and floor["share"] == pytest.approx(0.08)
@@ -71,7 +72,7 @@ def test_too_few_cpu_steps_say_so_and_what_to_profile(tmp_path: Path) -> None:
     """One step on CPU: no jitter measured, so no bound stands for it; rank 1 is 7 ms beyond its
     peer, over 8% of the 38 ms clean step (rank 0's 45 ms less its 7 ms wait), and named; the
     warning and the console's noise line say the jitter is not in the bound and what to profile."""
-    doc = build_report(run_analysis(tmp_path, _one_step_cpu()), ["x"])
+    doc = as_document(build_report(run_analysis(tmp_path, _one_step_cpu()), ["x"]))
     floor = doc["noise_floor"]
     assert doc["verdict"] == "straggler" and [s["rank"] for s in doc["stragglers"]] == [1]
     assert floor["set_by"] == "relative" and not floor["jitter_measured"] and floor["noise_model"] == "shared CPU cores"
@@ -91,7 +92,7 @@ def test_too_few_cpu_steps_say_so_and_what_to_profile(tmp_path: Path) -> None:
 
 def test_no_floor_without_an_analysis(tmp_path: Path) -> None:
     docs = ring_docs(lambda r, s: 500.0, 2, 2)[:1]  # one rank: inconclusive
-    doc = build_report(run_analysis(tmp_path, docs), ["x"])
+    doc = as_document(build_report(run_analysis(tmp_path, docs), ["x"]))
     assert doc["verdict"] == "inconclusive" and doc["noise_floor"] is None and _noise_steps(doc) == []
 
 

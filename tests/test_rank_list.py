@@ -4,8 +4,13 @@ per host of eight."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from reportbuild import report_of, run_record, straggler_record
+
 from harness.collect.analyse.rank_list import rank_runs, ranks_phrase
 from harness.report.document import headline, next_steps
+from harness.report.records import StragglerRecord
 
 
 def test_few_ranks_are_listed_in_the_order_given_and_many_as_runs() -> None:
@@ -27,44 +32,36 @@ def test_few_ranks_are_listed_in_the_order_given_and_many_as_runs() -> None:
     assert ranks_phrase(range(0, 260, 13)) == "20 ranks [0-247 every 13th]"
 
 
-def _straggler(rank: int, late_ms: float, phase: str | None, whatif_ms: float) -> dict:
-    return {
-        "rank": rank,
-        "host": f"node{rank // 8:04d}",
-        "late_ms": late_ms,
-        "beyond_peers_ms": late_ms,
-        "phase": phase,
-        "pattern": "persistent",
-        "steps_late": 10,
-        "steps": 10,
-        "whatif_step_ms": whatif_ms,
-    }
+def _straggler(rank: int, late_ms: float, phase: str | None, whatif_ms: float) -> StragglerRecord:
+    return straggler_record(
+        rank,
+        host=f"node{rank // 8:04d}",
+        late_ms=late_ms,
+        beyond_peers_ms=late_ms,
+        phase=phase,
+        whatif_step_ms=whatif_ms,
+    )
 
 
 def test_stragglers_alike_are_named_together_beyond_four() -> None:
     stragglers = [_straggler(r, 8.0 + (r % 3) / 100, "idle (waiting on the host)", 14.0) for r in range(7, 1024, 8)]
     stragglers.append(_straggler(1000, 9.5, "op:gemm", 13.5))
-    stragglers.sort(key=lambda s: (-s["late_ms"], s["rank"]))
+    stragglers.sort(key=lambda s: (-s.late_ms, s.rank))
     assert headline("straggler", stragglers, []) == (
         "straggler: rank 1000 on node0125 is late (spends longer in gemm), 9.50 ms per step; "
         "128 ranks [7-1023 every 8th] on 128 hosts are late (their devices sit idle waiting on their hosts), "
         "8.00-8.02 ms per step"
     )
-    doc = {
-        "verdict": "straggler",
-        "stragglers": stragglers,
-        "memory_findings": [],
-        "diagnosis": [],
-        "run": {
-            "replayed_step_ms": 14.0,
-            "measured_step_ms": 14.5,
-            "replay_faithful": True,
-            "median_step_ms": 16.0,
-            "whatif_all_fixed_step_ms": 12.5,
-            "ranks_present": list(range(1024)),
-        },
-    }
-    texts = [n["text"] for n in next_steps(doc)]
+    run = run_record(
+        replayed_step_ms=14.0,
+        measured_step_ms=14.5,
+        replay_faithful=True,
+        median_step_ms=16.0,
+        whatif_all_fixed_step_ms=12.5,
+        ranks_present=list(range(1024)),
+    )
+    doc = report_of(verdict="straggler", stragglers=stragglers, run=run)
+    texts = [n.text for n in next_steps(doc)]
     assert texts == [
         "Rank 1000: it spends longer in `gemm` than its peers: check its inputs (uneven shapes/load) and its hardware. "
         "Fixed, the step would take ~13.50 ms instead of ~14.00 ms (both replayed; measured 14.50 ms).",
@@ -74,15 +71,15 @@ def test_stragglers_alike_are_named_together_beyond_four() -> None:
         "Fixing 129 ranks [7-999 every 8th, 1000, 1007-1023 every 8th] together would bring the step from ~14.00 ms to "
         "~12.50 ms (replayed).",
     ]
-    assert sorted(next_steps(doc)[1]["ranks"]) == list(range(7, 1024, 8))  # all of them in report.json
+    assert sorted(next_steps(doc)[1].ranks) == list(range(7, 1024, 8))  # all of them in report.json
     assert headline("balanced", [], list(range(100, 140))) == (
         "balanced: no rank keeps the others waiting beyond the noise (incomplete: 40 ranks [100-139] missing)"
     )
-    some = [{**s, "whatif_step_ms": 13.9 if s["rank"] == 15 else 14.0} for s in stragglers]
+    some = [replace(s, whatif_step_ms=13.9 if s.rank == 15 else 14.0) for s in stragglers]
     assert (
         "Fixed one at a time, the step would take ~13.90-14.00 ms instead of ~14.00 ms"
-        in next_steps({**doc, "stragglers": some})[1]["text"]
+        in next_steps(replace(doc, stragglers=some))[1].text
     )
     four = stragglers[:4]
     assert headline("straggler", four, []).count("; ") == 3  # four or fewer: one by one, as before
-    assert len(next_steps({**doc, "stragglers": four})) == 5
+    assert len(next_steps(replace(doc, stragglers=four))) == 5

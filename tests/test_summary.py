@@ -12,6 +12,7 @@ import pytest
 
 import harness
 from harness.report.document import build_report
+from harness.report.records import as_document
 from harness.report.summary import SummaryError
 from harness.tracker_summary import SummaryRecord
 
@@ -44,7 +45,7 @@ def test_a_straggler_run_in_figures(tmp_path: Path) -> None:
     # 4 GPU ranks, 4 steps of 1 ms; rank 2 arrives at its all-reduce at 700 us, the others at
     # 300: 0.4 ms late a step; the device spans are 1000 us (the last 800: its all-reduce's end)
     late = {2: 700.0}
-    doc = build_report(run_analysis(tmp_path, ring_docs(lambda r, s: late.get(r, 300.0), 4, 4)), ["x"])
+    doc = as_document(build_report(run_analysis(tmp_path, ring_docs(lambda r, s: late.get(r, 300.0), 4, 4)), ["x"]))
     (tmp_path / "report").mkdir()
     (tmp_path / "report" / "report.json").write_text(json.dumps(doc))
     s = harness.summary(tmp_path)  # the run folder: its report/report.json

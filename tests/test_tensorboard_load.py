@@ -28,6 +28,7 @@ from werkzeug.test import Client
 
 from harness.report.files import view_title
 from harness.report.page import render_page
+from harness.report.records import load_report
 from harness.view.cache import BodyCache
 from harness.view.tb_plugin import DistributedViewPlugin
 
@@ -191,7 +192,8 @@ class PeakRss:
 def expected_digests(logdir: Path) -> dict[str, str]:
     report_dir = logdir / "big" / "report"
     report, timeline = (report_dir / "report.json").read_bytes(), (report_dir / "timeline.json").read_bytes()
-    page = render_page(json.loads(report), json.loads(timeline), title=view_title("big"), assets="linked").encode()
+    records = load_report(json.loads(report))
+    page = render_page(records, json.loads(timeline), title=view_title("big"), assets="linked").encode()
     return {
         route: hashlib.sha256(body).hexdigest()
         for route, body in (("view", page), ("report.json", report), ("timeline.json", timeline))

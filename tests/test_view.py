@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from harness.report.document import build_report
 from harness.report.files import view_title, write_view
 from harness.report.page import plotly_js_path, render_page
+from harness.report.records import as_document
 from harness.report.tb_scalars import write_scalars
 from harness.report.timeline import build_timeline
 from harness.scalars import ScalarWriter, step_scalars
@@ -110,35 +111,36 @@ def _data_block(page: str) -> dict:
 
 def test_render_page_escapes_and_embeds(tmp_path: Path) -> None:
     a = run_analysis(tmp_path, gpu_docs(arrive1_us=2000.0, end_us=2200.0, period_us=3000.0))
-    doc = build_report(a, ["x"])
+    report = build_report(a, ["x"])
     evil = "</script><script>alert(1)</script>"
-    for r in doc["ranks"] + doc["stragglers"]:
-        r["host"] = evil
+    for r in [*report.ranks, *report.stragglers]:
+        r.host = evil
     tl = build_timeline(a)
-    page = render_page(doc, tl, title="Distributed view: t", assets="linked")
+    page = render_page(report, tl, title="Distributed view: t", assets="linked")
     assert "<script>alert(1)" not in page
-    assert _data_block(page) == {"report": doc, "timeline": tl}
+    assert _data_block(page) == {"report": json.loads(json.dumps(as_document(report))), "timeline": tl}
     assert '<script src="plotly.min.js"></script>' in page and "Plotly.newPlot" not in page
-    assert doc["verdict"] == "straggler"
+    assert report.verdict == "straggler"
     row = re.search(r'<table id="stragglers">.*?<tbody><tr data-rank="1">(.*?)</tr>', page, re.S)
     # rank 1 arrives 1.7 ms late at both steps' allreduce: the others waited 2 x 1.7 ms for it
     assert row and 'data-key="blame_ms">3.40<' in row.group(1) and 'data-key="whatif_step_ms">1.20<' in row.group(1)
-    inline = render_page(doc, tl, title="t", assets="inline")
+    inline = render_page(report, tl, title="t", assets="inline")
     assert "<script src=" not in inline and "Plotly" in inline and len(inline) > 1_000_000
     with pytest.raises(ValueError):
-        render_page(doc, tl, title="t", assets="cdn")
+        render_page(report, tl, title="t", assets="cdn")
 
 
 def test_write_view_files(tmp_path: Path) -> None:
     a = run_analysis(tmp_path, gpu_docs())
-    doc = build_report(a, ["x"])
+    report = build_report(a, ["x"])
     timeline = build_timeline(a)
-    path = write_view(doc, timeline, tmp_path / "report")
-    assert path.name == "report.html" and _data_block(path.read_text())["report"] == doc
+    path = write_view(report, timeline, tmp_path / "report")
+    assert path.name == "report.html"
+    assert _data_block(path.read_text())["report"] == json.loads(json.dumps(as_document(report)))
     # written in parts, the page is the one render_page builds whole (the plugin serves that one)
-    title = view_title(doc["run"]["run_id"] or tmp_path.name)
+    title = view_title(report.run.run_id or tmp_path.name)
     page = path.read_text(encoding="utf-8")
-    assert page == render_page(doc, timeline, title=title, assets="inline")
+    assert page == render_page(report, timeline, title=title, assets="inline")
     # Plotly goes in as bytes: the file's text, any "</script" in it escaped, inside one <script>
     plotly = plotly_js_path().read_text(encoding="utf-8")
     assert "<script>" + plotly.replace("</script", "<\\/script") + "</script>" in page

@@ -18,7 +18,7 @@ from watch_stub import GrouplessWatch
 from harness.collect.analyse.noise import GPU, SHARED_CPU
 from harness.collect.analyse.stragglers import Thresholds, run_jitter_ms, straggler_bounds
 from harness.collect.read.discover import InputError
-from harness.collect.read.watch_log import read_watch, watch_line
+from harness.collect.read.watch_log import CaptureRecord, WatchFlagRecord, WatchRecord, read_watch, watch_line
 from harness.collect.read.windows import pick_window, trace_window
 from harness.paths import watch_path
 from harness.train.arrivals import HeldArrivals
@@ -560,14 +560,24 @@ def test_a_straggler_from_step_40_is_flagged_traced_and_named_by_the_collector(l
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((out / "report.json").read_text())
-    assert doc["window"] == {"window": 2, "windows": [1, 2], "steps": [first, last], "captured": flagged["capture"]}
+    # the capture as the watch logged it, the debug server's fields of its record null
+    debug_fields = {"start": None, "id": None, "requested_at_step": None, "requested_by": None}
+    captured = {**flagged["capture"], **debug_fields}
+    assert doc["window"] == {"window": 2, "windows": [1, 2], "steps": [first, last], "captured": captured}
     line = f"window 2 of 1, 2 (steps {first}-{last}), traced when the live watch flagged rank(s) 2"
     assert said(proc.stdout, "window")[0].startswith(line), proc.stdout
     assert doc["verdict"] == "straggler"
     assert [(s["rank"], s["phase"]) for s in doc["stragglers"]] == [(2, "data")]
     named = flagged["stragglers"][0]
     assert doc["watch"]["flags"] == [
-        {"step": flagged["step"], "rank": 2, "host": named["host"], "phase": "data", "late_ms": named["late_ms"]}
+        {
+            "step": flagged["step"],
+            "rank": 2,
+            "host": named["host"],
+            "phase": "data",
+            "late_ms": named["late_ms"],
+            "gpu": None,
+        }
     ]
     assert (
         "Live straggler watch during the run: every 10 steps, 7 interval(s) judged; straggler(s): rank 2 at step"
@@ -777,19 +787,20 @@ def test_the_collector_reads_the_watch_record_from_run_json_and_skips_what_is_ma
         )
     )
     watch = read_watch([tmp_path])
-    assert watch == {
-        "every": 10,
-        "intervals": 4,
-        "judged_steps": [10, 49],
-        "flags": [{"step": 49, "rank": 2, "host": "a", "phase": "data"}],
-        "captures": [{"first": 53, "last": 55, "watch_step": 49, "ranks": [2]}],
-    }
+    assert watch == WatchRecord(
+        every=10,
+        intervals=4,
+        judged_steps=[10, 49],
+        flags=[WatchFlagRecord(step=49, rank=2, host="a", phase="data")],
+        captures=[CaptureRecord(first=53, last=55, watch_step=49, ranks=[2])],
+    )
     assert watch_line(watch) == (
         "every 10 steps, 4 interval(s) judged; straggler(s): rank 2 at step 49 (data); traced steps 53-55"
     )
     for odd in ([49, 10], [10], "10-49"):  # a hand-edited range reads as none
         (tmp_path / "run.json").write_text(json.dumps({"watch": {"every": 10, "judged_steps": odd}}))
-        assert read_watch([tmp_path])["judged_steps"] is None  # type: ignore[index]
+        odd_watch = read_watch([tmp_path])
+        assert odd_watch is not None and odd_watch.judged_steps is None
     (tmp_path / "run.json").write_text(json.dumps({"watch": {"every": 0, "intervals": 0, "flags": [], "captures": []}}))
     assert read_watch([tmp_path]) is None  # the watch was off
 

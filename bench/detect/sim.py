@@ -60,7 +60,7 @@ import random
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -473,7 +473,7 @@ def run_case(case: SimCase, seed: int, scratch: Path) -> dict[str, Any]:
         paths = write_all(documents(case, sim, seed + 1), folder, "rank{rank}.pt.trace.json")
         a = analyze(group_ranks([parse_trace(p) for p in paths]))
         floor = floor_record(a.stragglers)
-        said = floor_step({"verdict": a.stragglers.verdict, "noise_floor": asdict(floor) if floor else None})
+        said = floor_step(floor, a.stragglers.verdict)
         seen = Seen(
             verdict=a.stragglers.verdict,
             stragglers={s.rank: s.phase for s in a.stragglers.stragglers},

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from harness.collect.read.watch_log import WatchRecord
+from harness.report.records import Report, WatchStragglerRecord
 from harness.report.watch_verdict import OVERRIDDEN, watch_stragglers
 
 JUDGED = ("straggler", "balanced")
@@ -45,7 +47,7 @@ class AcrossWindows:
     windows: list[WindowVerdict]
     ranks: list[RankRecurrence] = field(default_factory=list)
     # ranks the live watch flagged over the whole run that recur in no window (watch_verdict.py)
-    watch_stragglers: list[dict[str, Any]] = field(default_factory=list)
+    watch_stragglers: list[WatchStragglerRecord] = field(default_factory=list)
     windows_verdict: str | None = None  # the windows' own verdict, where the watch's flags override it
 
     def to_dict(self) -> dict[str, Any]:
@@ -56,19 +58,18 @@ class AcrossWindows:
         return doc
 
 
-def window_verdict(window: int, doc: dict[str, Any], report: str) -> WindowVerdict:
-    """A window's report.json, reduced to what the comparison reads: its own verdict and
-    stragglers, the trace's where the live watch's flags made it a straggler (watch_verdict.py;
-    a hang's stays: it judged no one)."""
-    entry = doc.get("window") or {}
-    own = doc.get("trace_verdict", doc["verdict"]) if doc["verdict"] in ("straggler", "balanced") else doc["verdict"]
-    named = doc.get("stragglers", [])
+def window_verdict(window: int, report: Report, folder: str) -> WindowVerdict:
+    """A window's report, reduced to what the comparison reads: its own verdict and stragglers,
+    the trace's where the live watch's flags made it a straggler (watch_verdict.py; a hang's
+    stays: it judged no one)."""
+    verdict = report.verdict
+    own = (report.trace_verdict or verdict) if verdict in ("straggler", "balanced") else verdict
     return WindowVerdict(
         window=window,
         verdict=own,
-        steps=entry.get("steps"),
-        stragglers={s["rank"]: s["phase"] for s in named},
-        report=report,
+        steps=report.window.steps if report.window else None,
+        stragglers={s.rank: s.phase for s in report.stragglers},
+        report=folder,
     )
 
 
@@ -82,7 +83,7 @@ def recurs(flagged: int, judged: int) -> bool:
     return judged >= 2 and 2 * flagged > judged
 
 
-def across_windows(verdicts: list[WindowVerdict], watch: dict[str, Any] | None = None) -> AcrossWindows:
+def across_windows(verdicts: list[WindowVerdict], watch: WatchRecord | None = None) -> AcrossWindows:
     """The verdict over several windows, and over the run where the live watch ran (`watch`,
     report.json's record of it):
     1. judged windows: those whose verdict is straggler or balanced (an inconclusive window, or
@@ -146,7 +147,7 @@ def summary_lines(result: AcrossWindows) -> list[str]:
     lines += _windows_lines(result)
     if result.watch_stragglers:
         who = "; ".join(
-            f"rank {s['rank']}" + (f" ({s['phase']})" if s.get("phase") else "") + f" at step {s['steps'][0]}"
+            f"rank {s.rank}" + (f" ({s.phase})" if s.phase else "") + f" at step {s.steps[0]}"
             for s in result.watch_stragglers
         )
         verdict = "straggler over the whole run" if result.windows_verdict else "also flagged"

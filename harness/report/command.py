@@ -269,36 +269,36 @@ def print_result(result: Collected, args: argparse.Namespace) -> str:
     """The console's account of a report (console.py), fitting console.WIDTH columns: the verdict
     block first (verdict, why, next steps, noise bound, diagnosis), then the per-rank table
     (every column with --wide), warnings and where the files are. Returns the verdict's line."""
-    doc, out = result.doc, result.out
+    report, out = result.report, result.out
     if result.flight_only:
-        print(labelled("verdict", doc["headline"]))
+        print(labelled("verdict", report.headline))
         if not args.quiet:
             for w in result.warnings:
                 print(labelled("warning", w))
-        for n in doc["next_steps"]:
-            print(labelled("next", n["text"]))
+        for n in report.next_steps:
+            print(labelled("next", n.text))
         print(
             labelled(
                 "report", f"{out}/{REPORT_MD} (also {REPORT_HTML}, {REPORT_JSON}; from Flight Recorder dumps only)"
             )
         )
         return "report from the Flight Recorder dumps alone"
-    print(labelled("verdict", doc["headline"]))
-    why = why_text(doc)
-    if why and why not in doc["headline"]:
+    print(labelled("verdict", report.headline))
+    why = why_text(report)
+    if why and why not in report.headline:
         print(labelled("why", why))
-    for n in doc["next_steps"]:
-        print(labelled("next", n["text"]))
-    if doc.get("noise_floor"):
-        print(labelled("noise", floor_line(doc["noise_floor"])))
-    print(labelled("diagnosis", doc["diagnosis_summary"]))
+    for n in report.next_steps:
+        print(labelled("next", n.text))
+    if report.noise_floor:
+        print(labelled("noise", floor_line(report.noise_floor)))
+    print(labelled("diagnosis", report.diagnosis_summary))
     if not args.quiet:
         print()
-        print(console_table(doc, wide=args.wide))
+        print(console_table(report, wide=args.wide))
         for w in result.warnings:
             print(labelled("warning", w))
-    if doc["window"] and (len(doc["window"]["windows"]) > 1 or not args.quiet):
-        print(labelled("window", window_line(doc["window"])))
+    if report.window and (len(report.window.windows) > 1 or not args.quiet):
+        print(labelled("window", window_line(report.window)))
     print(
         labelled(
             "report",
@@ -317,4 +317,4 @@ def print_result(result: Collected, args: argparse.Namespace) -> str:
         )
     elif args.merged.mode != "none":
         print(labelled("merged", f"no {MERGED_TRACE}: only the in-job summaries, not the traces, are here"))
-    return f"verdict: {doc['headline']}"
+    return f"verdict: {report.headline}"

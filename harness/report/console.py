@@ -13,6 +13,8 @@ import textwrap
 from typing import Any
 
 from harness import text_table
+from harness.report.records import Report
+from harness.report.tables import rows
 
 # A terminal's width: 100 columns, the narrowest that programmers' editors and terminals default
 # to beside a second pane; lines longer than it wrap and break the table's columns.
@@ -68,33 +70,33 @@ def labelled_texts(text: str, label: str) -> list[str]:
     return texts
 
 
-def why_text(doc: dict[str, Any]) -> str | None:
+def why_text(report: Report) -> str | None:
     """The verdict's reason in one sentence with its figures:
 
     1. a straggler verdict: the first straggler's diagnosis (its lateness, how often, its phase);
     2. an inconclusive one: the reason the rule could not judge;
     3. otherwise the bottleneck most ranks share, with the reason of its lowest rank."""
-    by_rank = {d["rank"]: d for d in doc.get("diagnosis") or []}
-    stragglers = doc.get("stragglers") or doc.get("watch_stragglers") or []
-    if stragglers and stragglers[0]["rank"] in by_rank:
-        d = by_rank[stragglers[0]["rank"]]
-        return f"rank {d['rank']} {d['reason']}"
-    if doc.get("verdict_reason"):
-        return str(doc["verdict_reason"])
+    by_rank = {d.rank: d for d in report.diagnosis}
+    first_late = [s.rank for s in report.stragglers] or [s.rank for s in report.watch_stragglers]
+    if first_late and first_late[0] in by_rank:
+        d = by_rank[first_late[0]]
+        return f"rank {d.rank} {d.reason}"
+    if report.verdict_reason:
+        return report.verdict_reason
     if not by_rank:
         return None
     counts: dict[str, list[int]] = {}
     for d in by_rank.values():
-        counts.setdefault(d["bottleneck"], []).append(d["rank"])
+        counts.setdefault(d.bottleneck, []).append(d.rank)
     kind, ranks = max(counts.items(), key=lambda kv: (len(kv[1]), -min(kv[1])))
     first = by_rank[min(ranks)]
-    who = f"rank {first['rank']}" if len(ranks) == 1 else f"{len(ranks)} of {len(by_rank)} ranks, rank {first['rank']}"
-    return f"{who} {kind}: {first['reason']}"
+    who = f"rank {first.rank}" if len(ranks) == 1 else f"{len(ranks)} of {len(by_rank)} ranks, rank {first.rank}"
+    return f"{who} {kind}: {first.reason}"
 
 
-def _marks(doc: dict[str, Any]) -> dict[int, str]:
-    marks = {s["rank"]: "  <- straggler" for s in doc["stragglers"]}
-    marks |= {s["rank"]: "  <- straggler (live watch)" for s in doc.get("watch_stragglers", [])}
+def _marks(report: Report) -> dict[int, str]:
+    marks = {s.rank: "  <- straggler" for s in report.stragglers}
+    marks |= {s.rank: "  <- straggler (live watch)" for s in report.watch_stragglers}
     return marks
 
 
@@ -107,35 +109,35 @@ def short_host(host: str, room: int) -> str:
     return first if len(first) <= room else first[: max(room - 1, 1)] + "~"
 
 
-def _per_step(total: Any, steps: Any) -> float | None:
-    return total / steps if isinstance(total, (int, float)) and isinstance(steps, int) and steps > 0 else None
+def _per_step(total: float, steps: int) -> float | None:
+    return total / steps if steps > 0 else None
 
 
-def narrow_table(doc: dict[str, Any], limit: int = NARROW_RANKS) -> str:
+def narrow_table(report: Report, limit: int = NARROW_RANKS) -> str:
     """One line per rank, the columns that carry the verdict: its step, its lateness, its waiting
     for later peers (both per step) and its bottleneck. Past `limit` ranks: the marked ones and
     those late or waiting the most, in rank order, and a line saying how many more there are."""
-    marks = _marks(doc)
-    bottleneck = {d["rank"]: d["bottleneck"] for d in doc.get("diagnosis") or []}
-    rows = [
+    marks = _marks(report)
+    bottleneck = {d.rank: d.bottleneck for d in report.diagnosis}
+    table: list[dict[str, Any]] = [
         {
-            "rank": r["rank"],
-            "host": r["host"],
-            "mean_step_ms": r.get("mean_step_ms"),
-            "late_ms": r.get("late_ms"),
-            "wait_ms_per_step": _per_step(r.get("wait_ms"), r.get("steps")),
-            "bottleneck": bottleneck.get(r["rank"], "-"),
+            "rank": r.rank,
+            "host": r.host,
+            "mean_step_ms": r.mean_step_ms,
+            "late_ms": r.late_ms,
+            "wait_ms_per_step": _per_step(r.wait_ms, r.steps),
+            "bottleneck": bottleneck.get(r.rank, "-"),
         }
-        for r in doc["ranks"]
+        for r in report.ranks
     ]
-    shown = rows
-    if len(rows) > limit:
+    shown = table
+    if len(table) > limit:
         first = sorted(
-            rows,
+            table,
             key=lambda r: (r["rank"] not in marks, -max(r["late_ms"] or 0.0, r["wait_ms_per_step"] or 0.0), r["rank"]),
         )
         keep = {r["rank"] for r in first[:limit]}
-        shown = [r for r in rows if r["rank"] in keep]
+        shown = [r for r in table if r["rank"] in keep]
     cols = [
         ("rank", "rank", "{}"),
         ("host", "host", "{}"),
@@ -150,8 +152,8 @@ def narrow_table(doc: dict[str, Any], limit: int = NARROW_RANKS) -> str:
     for r in shown:
         r["host"] = short_host(str(r["host"]), room)
     lines = [text_table.render(shown, cols, lambda r: marks.get(r["rank"], ""))]
-    if len(shown) < len(rows):
-        lines.append(f"({len(rows) - len(shown)} more ranks: --wide lists every rank, as report.md does)")
+    if len(shown) < len(table):
+        lines.append(f"({len(table) - len(shown)} more ranks: --wide lists every rank, as report.md does)")
     return "\n".join(lines)
 
 
@@ -166,7 +168,7 @@ def render_width(rows: list[dict[str, Any]], cols: list[text_table.Column], skip
     return width
 
 
-def wide_table(doc: dict[str, Any]) -> str:
+def wide_table(report: Report) -> str:
     """Every rank with every column: "(mean)" and "/step" figures are per step, "(total)" summed
     over the window."""
     cols = [
@@ -181,17 +183,17 @@ def wide_table(doc: dict[str, Any]) -> str:
         ("beyond_peers_ms", "beyond peers ms/step", "{:.2f}"),
         ("clock_offset_ms", "offset ms", "{:.3f}"),
     ]
-    if any(r.get("core_wait_ms") is not None for r in doc["ranks"]):  # CPU-only traces with step logs
+    if any(r.core_wait_ms is not None for r in report.ranks):  # CPU-only traces with step logs
         cols.insert(-1, ("core_wait_ms", "waited for a core ms/step", "{:.2f}"))
-    marks = _marks(doc)
-    return text_table.render(doc["ranks"], cols, lambda r: marks.get(r["rank"], ""))
+    marks = _marks(report)
+    return text_table.render(rows(report.ranks), cols, lambda r: marks.get(r["rank"], ""))
 
 
-def memory_lines(doc: dict[str, Any]) -> list[str]:
-    return [labelled("memory", f"rank {f['rank']} {f['kind']}: {f['reason']}") for f in doc.get("memory_findings", [])]
+def memory_lines(report: Report) -> list[str]:
+    return [labelled("memory", f"rank {f.rank} {f.kind}: {f.reason}") for f in report.memory_findings]
 
 
-def console_table(doc: dict[str, Any], wide: bool = False) -> str:
+def console_table(report: Report, wide: bool = False) -> str:
     """The per-rank table (narrow, or every column with `wide`) and the memory findings."""
-    table = wide_table(doc) if wide else narrow_table(doc)
-    return "\n".join([table, *memory_lines(doc)])
+    table = wide_table(report) if wide else narrow_table(report)
+    return "\n".join([table, *memory_lines(report)])

@@ -67,8 +67,8 @@ def collect_each(
                 WindowVerdict(window=w, verdict="inconclusive", steps=None, stragglers={}, report=f"none ({exc})")
             )
             continue
-        verdicts.append(window_verdict(w, got.doc, str(got.out)))
-        watch = got.doc.get("watch") or watch
+        verdicts.append(window_verdict(w, got.report, str(got.out)))
+        watch = got.report.watch or watch
     result = across_windows(verdicts, watch)
     base.mkdir(parents=True, exist_ok=True)
     write_text_atomic(base / WINDOWS_JSON, json.dumps(result.to_dict(), indent=1) + "\n")

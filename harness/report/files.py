@@ -13,6 +13,7 @@ from harness.atomic import atomic_file, write_text_atomic
 from harness.paths import COLLECTIVES_CSV, REPORT_HTML, REPORT_JSON, REPORT_MD, STEPS_CSV, TIMELINE_JSON
 from harness.report.markdown import render_markdown
 from harness.report.page import page_parts
+from harness.report.records import Report, as_document
 
 COLLECTIVE_COLUMNS = [
     "instance",
@@ -70,10 +71,11 @@ def write_json_in_parts(path: Path, data: Any, **options: Any) -> None:
         fh.write("".join(parts).encode("utf-8"))
 
 
-def write_report(doc: dict[str, Any], out: Path, collectives: Iterable[dict[str, Any]] = ()) -> None:
+def write_report(report: Report, out: Path, collectives: Iterable[dict[str, Any]] = ()) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    doc = as_document(report)
     write_json_in_parts(out / REPORT_JSON, doc, indent=1, allow_nan=False)
-    write_text_atomic(out / REPORT_MD, render_markdown(doc))
+    write_text_atomic(out / REPORT_MD, render_markdown(report))
     with (out / STEPS_CSV).open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=STEP_COLUMNS)
         w.writeheader()
@@ -88,13 +90,13 @@ def view_title(run_name: str) -> str:
     return f"Distributed view: {run_name}"
 
 
-def write_view(doc: dict[str, Any], timeline: dict[str, Any] | None, out: Path) -> Path:
+def write_view(report: Report, timeline: dict[str, Any] | None, out: Path) -> Path:
     """Write timeline.json and report.html (Plotly and the view's script inlined) into `out`."""
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / TIMELINE_JSON, json.dumps(timeline, separators=(",", ":"), allow_nan=False) + "\n")
-    name = doc["run"]["run_id"] or out.resolve().parent.name
+    name = report.run.run_id or out.resolve().parent.name
     path = out / REPORT_HTML
     with atomic_file(path) as fh:
-        for part in page_parts(doc, timeline, title=view_title(name), assets="inline"):
+        for part in page_parts(report, timeline, title=view_title(name), assets="inline"):
             fh.write(part if isinstance(part, bytes) else part.encode("utf-8"))
     return path

@@ -11,10 +11,8 @@ than a bare "balanced".
 
 from __future__ import annotations
 
-from typing import Any
-
 from harness.collect.analyse.stragglers import MIN_JITTER_STEPS, StragglerResult, Thresholds
-from harness.report.records import NoiseFloorRecord
+from harness.report.records import NextStepRecord, NoiseFloorRecord
 
 # The bounds that are not about the run's noise: the material share of the step, and the floor
 # a user chose (--min-lag-ms).
@@ -53,7 +51,7 @@ def floor_record(res: StragglerResult) -> NoiseFloorRecord | None:
     )
 
 
-def bound_words(floor: dict[str, Any]) -> str:
+def bound_words(floor: NoiseFloorRecord) -> str:
     """What sets the bound, in words without parentheses (they go inside one); the factors are
     the rule's, stragglers.Thresholds."""
     th = Thresholds()
@@ -65,51 +63,50 @@ def bound_words(floor: dict[str, Any]) -> str:
         "late_jitter": f"{th.jitter_factor:g}x the step-to-step swing of the punctual ranks' lateness",
         "relative": "the material bound, the share of the clean step --rel-lag sets",
         "outlier": f"{th.mad_factor:g} MADs of the ranks' lateness: how far apart the peers are",
-    }.get(floor["set_by"], floor["set_by"])
+    }.get(floor.set_by, floor.set_by)
 
 
-def _share_words(floor: dict[str, Any]) -> str:
-    if floor["share"] is None:
+def _share_words(floor: NoiseFloorRecord) -> str:
+    if floor.share is None:
         return ""
-    return f"{floor['share']:.0%} of the {floor['clean_step_ms']:.2f} ms clean step; "
+    return f"{floor.share:.0%} of the {floor.clean_step_ms:.2f} ms clean step; "
 
 
-def floor_line(floor: dict[str, Any]) -> str:
+def floor_line(floor: NoiseFloorRecord) -> str:
     """One line: the bound, its share of the step, what sets it, and the latest rank's figure;
     where the run's jitter was not measured, that the bound leaves it out."""
     unmeasured = (
         f"; the run's step-to-step jitter is not in it: profile {MIN_JITTER_STEPS} or more steps to measure it"
-        if not floor["jitter_measured"]
+        if not floor.jitter_measured
         else ""
     )
     return (
-        f"a straggler must arrive {floor['bound_ms']:.2f} ms a step later than its peers here "
-        f"({_share_words(floor)}{bound_words(floor)}); the latest, rank {floor['latest_rank']}, is "
-        f"{floor['latest_beyond_ms']:.2f} ms beyond its peers{unmeasured}"
+        f"a straggler must arrive {floor.bound_ms:.2f} ms a step later than its peers here "
+        f"({_share_words(floor)}{bound_words(floor)}); the latest, rank {floor.latest_rank}, is "
+        f"{floor.latest_beyond_ms:.2f} ms beyond its peers{unmeasured}"
     )
 
 
-def floor_step(doc: dict[str, Any]) -> dict[str, Any] | None:
+def floor_step(floor: NoiseFloorRecord | None, verdict: str, trace_verdict: str | None = None) -> NextStepRecord | None:
     """The next step of a window judged balanced whose bound the noise sets: how small a straggler
-    passes for noise here, and how to tell; None otherwise. The window's verdict is its own, where
-    the Flight Recorder or the live watch lead the report's (`trace_verdict`)."""
-    floor = doc.get("noise_floor")
-    if doc.get("trace_verdict", doc["verdict"]) != "balanced" or not floor or not floor["noise_limited"]:
+    passes for noise here, and how to tell; None otherwise. The window's verdict is its own
+    (`trace_verdict`) where the Flight Recorder or the live watch lead the report's (`verdict`)."""
+    if (trace_verdict or verdict) != "balanced" or not floor or not floor.noise_limited:
         return None
-    if floor["share"] is None:
+    if floor.share is None:
         return None
-    balanced = "Balanced" if doc["verdict"] == "balanced" else "The traced window alone is balanced"
+    balanced = "Balanced" if verdict == "balanced" else "The traced window alone is balanced"
     text = (
-        f"{balanced} within this run's noise: a straggler costing under {floor['share']:.0%} of the step would "
-        f"pass for noise here (the bound is {bound_words(floor)}; the latest, rank {floor['latest_rank']}, is "
-        f"{floor['latest_beyond_ms']:.2f} ms a step beyond its peers)."
+        f"{balanced} within this run's noise: a straggler costing under {floor.share:.0%} of the step would "
+        f"pass for noise here (the bound is {bound_words(floor)}; the latest, rank {floor.latest_rank}, is "
+        f"{floor.latest_beyond_ms:.2f} ms a step beyond its peers)."
     )
-    if not floor["jitter_measured"]:
+    if not floor.jitter_measured:
         text += f" Profile {MIN_JITTER_STEPS} or more steps (--active 8) for a bound that holds the run's own jitter."
-    if floor["set_by"] in ("jitter", "late_jitter"):
+    if floor.set_by in ("jitter", "late_jitter"):
         text += (
             " Steadier steps lower it: look for what makes them uneven (the input pipeline, other work on "
             "the hosts, garbage collection)."
         )
     text += f" To tell, {TELL_BY_WINDOWS}"
-    return {"about": "noise", "ranks": [floor["latest_rank"]], "text": text}
+    return NextStepRecord(about="noise", ranks=[floor.latest_rank], text=text)

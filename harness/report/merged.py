@@ -42,6 +42,7 @@ from harness.collect.read.discover import number_ranges
 from harness.collect.read.parse import load_json
 from harness.paths import MERGED_TRACE
 from harness.report.gzip_pieces import Piece, PieceWriter, write_gzip
+from harness.report.records import MergedRecord
 
 # Perfetto UI holds about 2 GB in the browser, at 2-4x the JSON's size once parsed: a JSON of
 # ~250 MB is the largest that opens reliably (chrome://tracing gives up earlier, ~300 MB).
@@ -523,15 +524,14 @@ def finish_merged(writing: MergedWriting, waits: list[InstanceWaits], out: Path)
     )
 
 
-def merged_entry(result: MergedResult) -> dict[str, Any]:
+def merged_entry(result: MergedResult) -> MergedRecord:
     """The report's `merged` entry."""
-    steps = result.window.steps
-    return {
-        "file": result.path.name,
-        "steps": steps,
-        "note": result.window.note,
-        "estimated_bytes": result.window.estimated_bytes,
-        "json_bytes": result.json_bytes,
-        "gz_bytes": result.gz_bytes,
-        "events": result.events,
-    }
+    return MergedRecord(
+        file=result.path.name,
+        steps=result.window.steps,
+        note=result.window.note,
+        estimated_bytes=result.window.estimated_bytes,
+        json_bytes=result.json_bytes,
+        gz_bytes=result.gz_bytes,
+        events=result.events,
+    )

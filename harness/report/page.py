@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.report.hang_report import hang_html
+from harness.report.records import Report, as_document
 from harness.report.tables import (
     CLOCK_COLUMNS,
     COLLECTIVE_STAT_COLUMNS,
@@ -42,6 +43,7 @@ from harness.report.tables import (
     memory_rank_rows,
     no_straggler_text,
     pg_rows,
+    rows,
     scope_line,
     straggler_rows,
     watch_straggler_text,
@@ -160,62 +162,63 @@ def _section(title: str, body: str, section_id: str) -> str:
     return f'<section id="{section_id}"><h2>{html.escape(title)}</h2>{body}</section>'
 
 
-def _body(doc: dict[str, Any], title: str) -> str:
-    straggling = {s["rank"] for s in doc["stragglers"]}
+def _body(report: Report, title: str) -> str:
+    straggling = {s.rank for s in report.stragglers}
     parts = [
         f"<h1>{html.escape(title)}</h1>",
-        f'<p id="verdict" class="verdict {html.escape(doc["verdict"])}">{html.escape(doc["headline"])}</p>',
-        f'<p class="scope">{html.escape(scope_line(doc))}</p>',
-        hang_html(doc),
+        f'<p id="verdict" class="verdict {html.escape(report.verdict)}">{html.escape(report.headline)}</p>',
+        f'<p class="scope">{html.escape(scope_line(report))}</p>',
+        hang_html(report),
     ]
     parts.append(
         _section(
             "What to do next",
             "<ul>"
-            + "".join(
-                f'<li data-about="{html.escape(n["about"])}">{html.escape(n["text"])}</li>'
-                for n in doc.get("next_steps", [])
-            )
+            + "".join(f'<li data-about="{html.escape(n.about)}">{html.escape(n.text)}</li>' for n in report.next_steps)
             + "</ul>",
             "sec-advice",
         )
     )
-    if doc["stragglers"]:
-        stragglers = html_table(straggler_rows(doc), STRAGGLER_COLUMNS, "stragglers")
+    if report.stragglers:
+        stragglers = html_table(straggler_rows(report), STRAGGLER_COLUMNS, "stragglers")
     else:
-        stragglers = f'<p id="stragglers">{html.escape(no_straggler_text(doc))}</p>'
-    watched = watch_straggler_text(doc)
+        stragglers = f'<p id="stragglers">{html.escape(no_straggler_text(report))}</p>'
+    watched = watch_straggler_text(report)
     if watched:
         stragglers += f'<p id="watch-stragglers">{html.escape(watched)}</p>'
     parts.append(_section("Stragglers", stragglers, "sec-stragglers"))
-    if doc.get("diagnosis"):
+    if report.diagnosis:
         parts.append(
             _section(
-                f"Diagnosis: {doc.get('diagnosis_summary', '')}",
-                html_table(doc["diagnosis"], DIAGNOSIS_COLUMNS, "diagnosis"),
+                f"Diagnosis: {report.diagnosis_summary}",
+                html_table(rows(report.diagnosis), DIAGNOSIS_COLUMNS, "diagnosis"),
                 "sec-diagnosis",
             )
         )
-    parts.append(_section("Memory", _memory(doc), "sec-memory"))
+    parts.append(_section("Memory", _memory(report), "sec-memory"))
     parts.append(
         _section(
             "Per rank",
-            html_table(doc["ranks"], RANK_COLUMNS, "ranks", lambda r: "straggler" if r["rank"] in straggling else None)
+            html_table(
+                rows(report.ranks), RANK_COLUMNS, "ranks", lambda r: "straggler" if r["rank"] in straggling else None
+            )
             + '<div id="bars" class="chart"></div>',
             "sec-ranks",
         )
     )
-    if len(doc["hosts"]) > 1:
-        parts.append(_section("Per host", html_table(host_rows(doc), HOST_COLUMNS, "hosts"), "sec-hosts"))
-    if doc.get("process_groups"):
-        parts.append(_section("Per process group", html_table(pg_rows(doc), PG_COLUMNS, "process-groups"), "sec-pgs"))
-    if doc.get("collective_stats"):
+    if len(report.hosts) > 1:
+        parts.append(_section("Per host", html_table(host_rows(report), HOST_COLUMNS, "hosts"), "sec-hosts"))
+    if report.process_groups:
+        parts.append(
+            _section("Per process group", html_table(pg_rows(report), PG_COLUMNS, "process-groups"), "sec-pgs")
+        )
+    if report.collective_stats:
         parts.append(
             _section(
                 "Collectives",
                 '<p class="note">Bus bandwidth by NCCL-tests\' conventions, '
                 "to hold against the link's speed; - where the trace gives no sizes.</p>"
-                + html_table(doc["collective_stats"], COLLECTIVE_STAT_COLUMNS, "collective-stats"),
+                + html_table(rows(report.collective_stats), COLLECTIVE_STAT_COLUMNS, "collective-stats"),
                 "sec-collectives",
             )
         )
@@ -240,60 +243,60 @@ def _body(doc: dict[str, Any], title: str) -> str:
             "sec-timeline",
         )
     )
-    if doc["gaps"]:
-        gaps = html_table(gap_rows(doc, GAPS_SHOWN), GAP_COLUMNS, "gaps")
-        gaps += f'<p class="note">{doc["gaps_total"]} gap(s) in all; report.json lists the longest.</p>'
+    if report.gaps:
+        gaps = html_table(gap_rows(report, GAPS_SHOWN), GAP_COLUMNS, "gaps")
+        gaps += f'<p class="note">{report.gaps_total} gap(s) in all; report.json lists the longest.</p>'
     else:
         gaps = '<p id="gaps">No gap of exposed communication or idle device time.</p>'
     parts.append(_section("Biggest overlap gaps", gaps, "sec-gaps"))
-    if doc["clock"]["aligned"]:
+    if report.clock.aligned:
         clock = (
             f'<p class="note">One offset per host, estimated from the end times of matched collectives, '
-            f"relative to host {html.escape(str(doc['clock'].get('reference_host')))}.</p>"
-            + html_table(clock_rows(doc), CLOCK_COLUMNS, "clock")
+            f"relative to host {html.escape(str(report.clock.reference_host))}.</p>"
+            + html_table(clock_rows(report), CLOCK_COLUMNS, "clock")
         )
     else:
         clock = '<p id="clock">Clocks not aligned (--no-align, or no collective matched across ranks).</p>'
     parts.append(_section("Clock offsets", clock, "sec-clock"))
-    if doc["warnings"]:
+    if report.warnings:
         parts.append(
             _section(
                 "Warnings",
-                "<ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in doc["warnings"]) + "</ul>",
+                "<ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in report.warnings) + "</ul>",
                 "sec-warnings",
             )
         )
     return "\n".join(parts)
 
 
-def _memory(doc: dict[str, Any]) -> str:
+def _memory(report: Report) -> str:
     """The memory findings, the per-rank memory table and links to torch's memory timelines."""
-    out = f'<p id="memory-note" class="note">{html.escape(memory_note(doc))}</p>'
-    if doc.get("memory_findings"):
-        out += html_table(doc["memory_findings"], MEMORY_FINDING_COLUMNS, "memory-findings")
-    if doc.get("memory_steps"):
-        out += html_table(memory_rank_rows(doc), MEMORY_RANK_COLUMNS, "memory-ranks")
-    if doc.get("memory_timelines"):
+    out = f'<p id="memory-note" class="note">{html.escape(memory_note(report))}</p>'
+    if report.memory_findings:
+        out += html_table(rows(report.memory_findings), MEMORY_FINDING_COLUMNS, "memory-findings")
+    if report.memory_steps:
+        out += html_table(memory_rank_rows(report), MEMORY_RANK_COLUMNS, "memory-ranks")
+    if report.memory_timelines:
         out += (
             '<p class="note">Memory timelines (torch\'s, per profiler window):</p><ul id="memory-timelines">'
             + "".join(
-                f"<li>rank {t['rank']} window {t['window']}: <code>{html.escape(t['path'])}</code></li>"
-                for t in doc["memory_timelines"]
+                f"<li>rank {t.rank} window {t.window}: <code>{html.escape(t.path)}</code></li>"
+                for t in report.memory_timelines
             )
             + "</ul>"
         )
     return out
 
 
-def render_page(doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: str, assets: str = "inline") -> str:
+def render_page(report: Report, timeline: dict[str, Any] | None, *, title: str, assets: str = "inline") -> str:
     """The whole view as one HTML document (`page_parts` joined)."""
     return "".join(
-        p if isinstance(p, str) else p.decode("utf-8") for p in page_parts(doc, timeline, title=title, assets=assets)
+        p if isinstance(p, str) else p.decode("utf-8") for p in page_parts(report, timeline, title=title, assets=assets)
     )
 
 
 def page_parts(
-    doc: dict[str, Any], timeline: dict[str, Any] | None, *, title: str, assets: str = "inline"
+    report: Report, timeline: dict[str, Any] | None, *, title: str, assets: str = "inline"
 ) -> Iterator[str | bytes]:
     """The view as one HTML document, in parts a writer can write one at a time (str, and the
     inlined Plotly as UTF-8 bytes; a 1024-rank report.html is ~11 MB: built whole, with its JSON
@@ -308,12 +311,12 @@ def page_parts(
         raise ValueError(f"assets must be 'inline' or 'linked', not {assets!r}")
     yield (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title>{head}</head><body>\n{_body(doc, title)}\n"
+        f"<title>{html.escape(title)}</title>{head}</head><body>\n{_body(report, title)}\n"
         '<script type="application/json" id="harness-data">'
     )
-    # {"report": doc, "timeline": timeline} as one compact JSON object, a member at a time
+    # {"report": report.json's document, "timeline": timeline} as one compact JSON object, a member at a time
     yield '{"report":'
-    yield from _json_parts(doc)
+    yield from _json_parts(as_document(report))
     yield ',"timeline":'
     yield from _json_parts(timeline)
     yield "}"

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from harness.collect.analyse.flight import analyze, find_dumps, read_dumps
+from harness.collect.analyse.flight_records import FlightResult
 from harness.collect.analyse.memory import (
     analyze_memory,
     find_memory_timelines,
@@ -48,6 +48,7 @@ from harness.report.files import write_report, write_view
 from harness.report.hang_report import attach, flight_only
 from harness.report.merged import MergedChoice, MergedResult, MergedWriting, finish_merged, merged_entry, start_merged
 from harness.report.merged import window_for as merged_window_for
+from harness.report.records import Report
 from harness.report.tb_scalars import write_scalars
 from harness.report.timeline import build_timeline
 from harness.report.watch_verdict import attach_watch
@@ -84,9 +85,9 @@ class CollectOptions:
 
 @dataclass(kw_only=True)
 class Collected:
-    """What the pipeline made: the report document and where it was written."""
+    """What the pipeline made: the report and where it was written."""
 
-    doc: dict[str, Any]  # report.json's content
+    report: Report  # report.json's content, as records
     out: Path  # the report folder
     warnings: list[str]  # the analysis's warnings (the trace report; the dumps' for a flight-only one)
     merged: MergedResult | None = None  # the merged trace written, if any
@@ -233,8 +234,8 @@ def collect(
     analysis = analyze_aligned(runset, alignment, options.thresholds, release=True, runq=runq, gpu=gpu)
     memory = analyze_memory(logs)
     analysis.warnings.extend(memory.warnings)
-    doc = build_report(analysis, inputs, memory, find_memory_timelines(dirs))
-    attach(doc, read_flight(dumps, inputs, options.unpickle_nccl_dumps, doc["warnings"]))
+    report = build_report(analysis, inputs, memory, find_memory_timelines(dirs))
+    attach(report, read_flight(dumps, inputs, options.unpickle_nccl_dumps, report.warnings))
     out = options.output or report_folder(inputs, files[0])
     reporter.stage("writing the merged trace")
     merged = None
@@ -242,15 +243,14 @@ def collect(
         out.mkdir(parents=True, exist_ok=True)
         merged = finish_merged(writing, analysis.waits, out)
     reporter.stage("writing the report")
-    doc["merged"] = merged_entry(merged) if merged else None
-    watch = read_watch(dirs)
-    doc["window"] = window_entry(window, runset, watch, read_requested(dirs))
-    doc["watch"] = watch
-    attach_watch(doc)
-    write_report(doc, out, collective_rows(analysis))
-    write_view(doc, build_timeline(analysis), out)
-    write_scalars(doc, out)
-    return Collected(doc=doc, out=out, warnings=analysis.warnings, merged=merged, window=window)
+    report.merged = merged_entry(merged) if merged else None
+    report.watch = read_watch(dirs)
+    report.window = window_entry(window, runset, report.watch, read_requested(dirs))
+    attach_watch(report)
+    write_report(report, out, collective_rows(analysis))
+    write_view(report, build_timeline(analysis), out)
+    write_scalars(report, out)
+    return Collected(report=report, out=out, warnings=analysis.warnings, merged=merged, window=window)
 
 
 def _start_merged_trace(
@@ -272,13 +272,13 @@ def _memory_only_lines(inputs: list[str]) -> list[str]:
         return []
     lines = [f"memory (from the step logs of {len(memory.ranks)} rank(s); no trace, so no report):"]
     for f in memory.findings:
-        lines += [f"memory: rank {f['rank']} {f['kind']}: {f['reason']}", f"next: {finding_text(f)}"]
+        lines += [f"memory: rank {f.rank} {f.kind}: {f.reason}", f"next: {finding_text(f)}"]
     if not memory.findings:
         lines.append("memory: no finding")
     return lines + [f"warning: {w}" for w in memory.warnings]
 
 
-def read_flight(paths: list[Path], inputs: list[str], unpickle: bool, warnings: list[str]) -> dict | None:
+def read_flight(paths: list[Path], inputs: list[str], unpickle: bool, warnings: list[str]) -> FlightResult | None:
     """The Flight Recorder dumps found among the inputs (`paths`, flight.find_dumps) analysed
     (flight.analyze), None when there are none; files that cannot be read become `warnings`."""
     if not paths:
@@ -308,11 +308,11 @@ def _flight_only(
         raise CollectError(f"no readable trace and no readable Flight Recorder dump: {warnings[-1]}")
     ending = [n for d in inputs if Path(d).is_dir() for n in ending_notes(Path(d))]
     warnings[:0] = ending + [f"no profiler trace ({no_traces}); the report comes from the Flight Recorder dumps alone"]
-    doc = flight_only(inputs, result, ending, warnings)
+    report = flight_only(inputs, result, ending, warnings)
     out = options.output or report_folder(inputs, dumps[0])
-    write_report(doc, out)
-    write_view(doc, None, out)
-    return Collected(doc=doc, out=out, warnings=warnings, flight_only=True)
+    write_report(report, out)
+    write_view(report, None, out)
+    return Collected(report=report, out=out, warnings=warnings, flight_only=True)
 
 
 def _traces_present(runset: RunSet) -> bool:

@@ -1,10 +1,12 @@
-"""report.json's rows as typed records: one dataclass per kind of row, a docstring per field.
+"""report.json as typed records: `Report`, the document, and one dataclass per kind of part or
+row in it, a docstring per field.
 
-`build_report` (document.py) makes each row as one of these and writes it with `asdict`, so the
-fields' order here is the keys' order in report.json. docs/report-schema.md is generated from
-this module (`python -m harness.report.records > docs/report-schema.md`) and a test keeps it
-current. Every duration is in ms unless its name says `_us`; "per step" figures are means over
-the analysed steps, "total" ones sums over them.
+`build_report` (document.py) makes each part as one of these and the pipeline completes the
+`Report`; `as_document` writes it with fields in their order here, so that order is the keys' order
+in report.json. docs/report-schema.md is generated from these records (`python -m
+harness.report.records > docs/report-schema.md`) and a test keeps it current. Every duration is
+in ms unless its name says `_us`; "per step" figures are means over the analysed steps, "total"
+ones sums over them.
 """
 
 from __future__ import annotations
@@ -13,8 +15,21 @@ import ast
 import dataclasses
 import inspect
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
+
+from harness.collect.analyse import flight_records
+from harness.collect.analyse.advisor import Diagnosis, Evidence
+from harness.collect.analyse.flight_records import Dumps, Hang, Mismatch
+from harness.collect.analyse.memory import MemoryFinding, MemoryStep, MemoryTimeline
+from harness.collect.analyse.overlap import Gap
+from harness.collect.read.watch_log import CaptureRecord, WatchFlagRecord, WatchRecord
+from harness.collect.read.windows import WindowRecord
+
+# report.json's schema version: the TensorBoard view refuses a report of another
+SCHEMA_VERSION = 1
 
 
 @dataclass(kw_only=True)
@@ -33,8 +48,8 @@ class RunRecord:
     """every rank present and the job finished"""
     ending: list[str]
     """how a job that did not finish ended, rank by rank (read/run_state.py)"""
-    skipped_windows: list[dict[str, Any]]
-    """trace windows a rank could not write: [{rank, first, last, reason}] (e.g. a full disk)"""
+    skipped_windows: list[SkippedWindowRecord]
+    """trace windows a rank could not write (e.g. a full disk)"""
     hosts: list[str]
     """the machines, sorted"""
     device: str
@@ -56,6 +71,21 @@ class RunRecord:
     not, the what-ifs are said as shares of the step, with no absolute figure"""
     whatif_all_fixed_step_ms: float | None
     """the replayed step with every straggler fixed (per step)"""
+
+
+@dataclass(kw_only=True)
+class SkippedWindowRecord:
+    """`run.skipped_windows[]`: a profiler window a rank could not write; training went on
+    (read/run_state.py)."""
+
+    rank: int | None
+    """the rank (null where its status file does not say)"""
+    first: int
+    """the window's first step"""
+    last: int
+    """its last step"""
+    reason: str
+    """why it was skipped"""
 
 
 @dataclass(kw_only=True)
@@ -343,16 +373,206 @@ class NoiseFloorRecord:
     """its lateness beyond its peers per step (beyond_peers_ms)"""
 
 
-RECORDS = (
+@dataclass(kw_only=True)
+class NextStepRecord:
+    """`next_steps[]`: what to do, most important first: the list report.md, the view and the
+    console show."""
+
+    about: str
+    """what it is about: "hang", "mismatch", "watch", "inconclusive", "straggler", "memory", a
+    bottleneck class (advisor.py) or "noise\""""
+    ranks: list[int]
+    """the ranks it is about"""
+    text: str
+    """what to do, in words"""
+
+
+@dataclass(kw_only=True)
+class CollectivesRecord:
+    """`collectives`: the collectives matched across ranks."""
+
+    matched: int
+    """matched collective instances"""
+    by_name: dict[str, int]
+    """matched instances per collective name"""
+
+
+@dataclass(kw_only=True)
+class ClockRecord:
+    """`clock`: how the ranks were put on one clock (one offset per host)."""
+
+    aligned: bool
+    """the hosts' clocks were aligned (false: one host, or --no-align)"""
+    reference_rank: int | None
+    """the rank whose clock the others are put on (the lowest present)"""
+    reference_host: str | None
+    """its host"""
+    hosts: list[ClockHostRecord]
+    """each host's offset"""
+
+
+@dataclass(kw_only=True)
+class MergedRecord:
+    """`merged`: what merged.pt.trace.json.gz holds (report/merged.py); null without one."""
+
+    file: str
+    """its file name, in the report folder"""
+    steps: list[int] | None
+    """the steps it holds (null: every event of every trace)"""
+    note: str
+    """why those steps"""
+    estimated_bytes: int
+    """the JSON size estimated before writing"""
+    json_bytes: int
+    """its JSON size, uncompressed"""
+    gz_bytes: int
+    """its file's size"""
+    events: int
+    """trace events written"""
+
+
+@dataclass(kw_only=True)
+class WatchStragglerRecord:
+    """`watch_stragglers[]`: a rank the live watch flagged that the window did not name
+    (watch_verdict.py)."""
+
+    rank: int
+    """the rank"""
+    host: str | None
+    """its host"""
+    phase: str | None
+    """the phase the watch saw it slow in, where it said one"""
+    steps: list[int]
+    """the steps at which it was flagged"""
+
+
+@dataclass(kw_only=True)
+class Report:
+    """report.json: the whole document `build_report` makes (document.py) and the pipeline
+    completes with the Flight Recorder's findings, the merged trace, the window and the live watch.
+    Written as `as_document(report)`; read back as `load_report(doc)`."""
+
+    schema_version: int
+    """report.json's schema version"""
+    inputs: list[str]
+    """the paths as given"""
+    input_dirs: list[str]
+    """the absolute folders the traces were read from"""
+    verdict: str
+    """straggler, balanced, inconclusive (nothing could be analysed: one rank, no matched
+    collective, ...), hang or mismatch (the Flight Recorder's findings lead)"""
+    verdict_reason: str | None
+    """why inconclusive, else null"""
+    headline: str
+    """the verdict in one sentence"""
+    trace_verdict: str | None = None
+    """the traced window's own verdict where the Flight Recorder or the live watch lead `verdict`, else null"""
+    run: RunRecord
+    """the job"""
+    stragglers: list[StragglerRecord]
+    """latest beyond its peers first; empty unless the window's verdict is straggler"""
+    diagnosis: list[Diagnosis]
+    """one per rank (advisor.py)"""
+    diagnosis_summary: str
+    """the diagnosis in a line, e.g. "launch-bound (ranks 0, 1)\""""
+    ranks: list[RankRecord]
+    """one per rank"""
+    hosts: list[HostRecord]
+    """one per machine"""
+    steps: list[StepRecord]
+    """one per rank and analysed step; their parts add up to step_ms"""
+    gaps: list[Gap]
+    """the longest stretches of exposed communication or idle device"""
+    gaps_total: int
+    """all such stretches, counted"""
+    process_groups: list[ProcessGroupRecord]
+    """one per process group"""
+    collective_stats: list[CollectiveStatRecord]
+    """per collective and message size (NCCL-tests conventions)"""
+    collectives: CollectivesRecord
+    """the collectives matched"""
+    clock: ClockRecord
+    """the clock alignment"""
+    memory_findings: list[MemoryFinding] = field(default_factory=list)
+    """the step logs' memory findings"""
+    memory_steps: list[MemoryStep] = field(default_factory=list)
+    """the memory heatmap's rows"""
+    memory_timelines: list[MemoryTimeline] = field(default_factory=list)
+    """torch memory timelines"""
+    threshold_ms: float | None
+    """the straggler bound applied to each rank's lateness beyond its peers (beyond_peers_ms)"""
+    bounds_ms: dict[str, float]
+    """the bounds threshold_ms is the largest of, by name"""
+    noise_floor: NoiseFloorRecord | None
+    """that bound as a share of the clean step, what sets it, the latest rank's figure; null where
+    nothing was analysed"""
+    warnings: list[str]
+    """what was missing or doubtful"""
+    next_steps: list[NextStepRecord]
+    """what to do, most important first"""
+    hang: Hang | None = None
+    """the earliest hung collective the Flight Recorder's dumps show (flight.py)"""
+    other_hangs: list[Hang] = field(default_factory=list)
+    """further process groups hung the same way"""
+    mismatches: list[Mismatch] = field(default_factory=list)
+    """collectives the ranks issued differently"""
+    flight: Dumps | None = None
+    """the Flight Recorder's dumps read (null: none)"""
+    merged: MergedRecord | None = None
+    """what merged.pt.trace.json.gz holds"""
+    window: WindowRecord | None = None
+    """the profiler window analysed"""
+    watch: WatchRecord | None = None
+    """the live straggler watch's record"""
+    watch_stragglers: list[WatchStragglerRecord] = field(default_factory=list)
+    """the ranks the watch flagged that the window did not name; where the window's verdict was
+    balanced or inconclusive and this is not empty, `verdict` is straggler"""
+
+
+def as_document(report: Report) -> dict[str, Any]:
+    """report.json's document: every record as a dict, fields in order."""
+    doc: dict[str, Any] = msgspec.to_builtins(report)
+    return doc
+
+
+def load_report(doc: Any) -> Report:
+    """A report.json document as records; ValueError, saying where, when it does not fit them (a
+    report of another version, a hand-edited file)."""
+    try:
+        return msgspec.convert(doc, Report)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"report.json does not fit this version's schema ({exc}); collect the run again") from None
+
+
+RECORDS: tuple[type, ...] = (
+    Report,
     RunRecord,
+    SkippedWindowRecord,
     StragglerRecord,
+    GpuRecord,
+    Diagnosis,
+    Evidence,
     RankRecord,
     HostRecord,
     StepRecord,
-    ClockHostRecord,
+    Gap,
     ProcessGroupRecord,
     CollectiveStatRecord,
+    CollectivesRecord,
+    ClockRecord,
+    ClockHostRecord,
+    MemoryFinding,
+    MemoryStep,
+    MemoryTimeline,
     NoiseFloorRecord,
+    NextStepRecord,
+    *flight_records.RECORDS,
+    MergedRecord,
+    WindowRecord,
+    CaptureRecord,
+    WatchRecord,
+    WatchFlagRecord,
+    WatchStragglerRecord,
 )
 
 
@@ -374,13 +594,21 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def field_types(cls: type) -> list[tuple[str, str]]:
+    """A record's fields and their types as written, in order: a dataclass's fields, a
+    TypedDict's keys."""
+    if dataclasses.is_dataclass(cls):
+        return [(f.name, str(f.type)) for f in dataclasses.fields(cls)]
+    return [(name, str(kind)) for name, kind in cls.__annotations__.items()]
+
+
 def schema_markdown() -> str:
     """docs/report-schema.md: a table per record, in field order."""
     lines = [
-        "# report.json's rows",
+        "# report.json",
         "",
-        "Generated from `harness/report/records.py` (`python -m harness.report.records`); the other",
-        "keys of report.json are described in `harness/report/document.py`. Durations are ms unless a",
+        "Generated from the records report.json is made of (`python -m harness.report.records`):",
+        "`Report` is the document, each other record one of its parts. Durations are ms unless a",
         'name says `_us`; "per step" figures are means over the analysed steps, "total" ones sums.',
         "",
     ]
@@ -394,9 +622,9 @@ def schema_markdown() -> str:
             "|---|---|---|",
         ]
         docs = field_docs(cls)
-        for f in dataclasses.fields(cls):
-            kind = str(f.type).replace("|", "\\|")  # a pipe would end the table cell
-            lines.append(f"| `{f.name}` | `{kind}` | {docs.get(f.name, '')} |")
+        for name, kind in field_types(cls):
+            cell = kind.replace("|", "\\|")  # a pipe would end the table cell
+            lines.append(f"| `{name}` | `{cell}` | {docs.get(name, '')} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -3,11 +3,15 @@ shared by report.md (markdown.py), the HTML view (page.py) and the console."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import msgspec
 
 from harness import text_table
 from harness.report.document import bytes_to_mb
 from harness.report.floor import floor_line
+from harness.report.records import Report, WatchStragglerRecord
 
 # Table columns as (key, title, format), shared by report.md and the HTML view. Every figure's title
 # says what it is over: "(mean)" or "/step" per step, "(total)" summed over the window's steps.
@@ -103,39 +107,45 @@ def cell(row: dict[str, Any], key: str, fmt: str) -> str:
     return "-" if row.get(key) is None else fmt.format(row[key])
 
 
-def scope_line(doc: dict[str, Any]) -> str:
+def rows(records: Sequence[object]) -> list[dict[str, Any]]:
+    """Records as the tables' rows: their fields by name."""
+    out: list[dict[str, Any]] = msgspec.to_builtins(records)
+    return out
+
+
+def scope_line(report: Report) -> str:
     """What the report covers, in one sentence."""
-    run = doc["run"]
-    steps = f"{run['steps'][0]}..{run['steps'][-1]}" if run["steps"] else "-..-"
+    run = report.run
+    steps = f"{run.steps[0]}..{run.steps[-1]}" if run.steps else "-..-"
     return (
-        f"{len(run['ranks_present'])} rank(s) on {len(run['hosts'])} host(s), device {run['device']}, "
+        f"{len(run.ranks_present)} rank(s) on {len(run.hosts)} host(s), device {run.device}, "
         f"steps {steps} "
-        f"({', '.join(run['steps_source'])}); {doc['collectives']['matched']} collective instance(s) matched."
+        f"({', '.join(run.steps_source)}); {report.collectives.matched} collective instance(s) matched."
     )
 
 
-def host_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+def host_rows(report: Report) -> list[dict[str, Any]]:
     return [
         {**h, "ranks": ", ".join(map(str, h["ranks"])), "stragglers": ", ".join(map(str, h["stragglers"])) or None}
-        for h in doc["hosts"]
+        for h in rows(report.hosts)
     ]
 
 
-def straggler_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{**s, "steps_late_text": f"{s['steps_late']} of {s['steps']}"} for s in doc["stragglers"]]
+def straggler_rows(report: Report) -> list[dict[str, Any]]:
+    return [{**s, "steps_late_text": f"{s['steps_late']} of {s['steps']}"} for s in rows(report.stragglers)]
 
 
-def clock_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{**h, "ranks_text": ", ".join(map(str, h["ranks"]))} for h in doc["clock"]["hosts"]]
+def clock_rows(report: Report) -> list[dict[str, Any]]:
+    return [{**h, "ranks_text": ", ".join(map(str, h["ranks"]))} for h in rows(report.clock.hosts)]
 
 
-def pg_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{**g, "ranks_text": ", ".join(map(str, g["ranks"]))} for g in doc["process_groups"]]
+def pg_rows(report: Report) -> list[dict[str, Any]]:
+    return [{**g, "ranks_text": ", ".join(map(str, g["ranks"]))} for g in rows(report.process_groups)]
 
 
-def gap_rows(doc: dict[str, Any], n: int) -> list[dict[str, Any]]:
+def gap_rows(report: Report, n: int) -> list[dict[str, Any]]:
     """The n longest gaps, with their duration in ms."""
-    return [{**g, "dur_ms": g["dur_us"] / 1e3} for g in doc["gaps"][:n]]
+    return [{**g, "dur_ms": g["dur_us"] / 1e3} for g in rows(report.gaps[:n])]
 
 
 MEMORY_FINDING_COLUMNS: list[Column] = [
@@ -154,7 +164,7 @@ MEMORY_RANK_COLUMNS: list[Column] = [
 ]
 
 
-def memory_rank_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+def memory_rank_rows(report: Report) -> list[dict[str, Any]]:
     """ranks[]' memory columns in MB, for the tables."""
     keys = {
         "peak_rss_mb": "peak_rss_bytes",
@@ -163,14 +173,14 @@ def memory_rank_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         "peak_gpu_reserved_mb": "peak_gpu_reserved_bytes",
         "gpu_growth_mb": "gpu_growth_bytes_per_step",
     }
-    return [{"rank": r["rank"], **{k: bytes_to_mb(r.get(b)) for k, b in keys.items()}} for r in doc["ranks"]]
+    return [{"rank": r.rank, **{k: bytes_to_mb(getattr(r, b)) for k, b in keys.items()}} for r in report.ranks]
 
 
-def memory_note(doc: dict[str, Any]) -> str:
+def memory_note(report: Report) -> str:
     """What the memory findings rest on, in one sentence."""
-    if not doc.get("memory_steps"):
+    if not report.memory_steps:
         return "No step logs (steps/rank<R>.jsonl) next to the traces: no memory findings."
-    if not doc["memory_findings"]:
+    if not report.memory_findings:
         return (
             "No memory finding: no steady growth, no rank far above its peers, no unused allocator cache, "
             "no peak near the limit (step logs, warm-up left out)."
@@ -178,45 +188,43 @@ def memory_note(doc: dict[str, Any]) -> str:
     return "From the step logs (steps/rank<R>.jsonl), warm-up steps left out."
 
 
-def memory_lines(doc: dict[str, Any]) -> list[str]:
-    lines = [memory_note(doc)]
-    if doc.get("memory_findings"):
-        lines += [""] + text_table.markdown(doc["memory_findings"], MEMORY_FINDING_COLUMNS)
-    if doc.get("memory_steps"):
-        lines += [""] + text_table.markdown(memory_rank_rows(doc), MEMORY_RANK_COLUMNS)
-    if doc.get("memory_timelines"):
+def memory_lines(report: Report) -> list[str]:
+    lines = [memory_note(report)]
+    if report.memory_findings:
+        lines += [""] + text_table.markdown(rows(report.memory_findings), MEMORY_FINDING_COLUMNS)
+    if report.memory_steps:
+        lines += [""] + text_table.markdown(memory_rank_rows(report), MEMORY_RANK_COLUMNS)
+    if report.memory_timelines:
         lines += ["", "Memory timelines (torch's, per profiler window; --profile-memory):", ""]
-        lines += [f"- rank {t['rank']} window {t['window']}: `{t['path']}`" for t in doc["memory_timelines"]]
+        lines += [f"- rank {t.rank} window {t.window}: `{t.path}`" for t in report.memory_timelines]
     return lines
 
 
-def no_straggler_text(doc: dict[str, Any]) -> str:
+def no_straggler_text(report: Report) -> str:
     """Why the window names no straggler (its own verdict: a hang or the watch may lead the report's)."""
-    if doc.get("trace_verdict", doc["verdict"]) == "inconclusive":
-        return f"Not analysed: {doc['verdict_reason']}."
-    if doc.get("threshold_ms") is None:
+    if (report.trace_verdict or report.verdict) == "inconclusive":
+        return f"Not analysed: {report.verdict_reason}."
+    if report.threshold_ms is None:
         return "Not analysed: no profiler trace, only Flight Recorder dumps."
-    floor = doc.get("noise_floor")
+    floor = report.noise_floor
     if not floor:
-        return f"None: no rank arrives later than its peers by more than {doc['threshold_ms']:.2f} ms per step."
+        return f"None: no rank arrives later than its peers by more than {report.threshold_ms:.2f} ms per step."
     return f"None: {floor_line(floor)}."
 
 
-def _rank_words(s: dict[str, Any], with_host: bool) -> str:
-    """'rank 1 on node1 (forward)' for a straggler entry (without its host: 'rank 1 (forward)')."""
-    host = f" on {s['host']}" if with_host and s.get("host") else ""
-    return f"rank {s['rank']}{host}" + (f" ({s['phase']})" if s.get("phase") else "")
+def _rank_words(s: WatchStragglerRecord) -> str:
+    """'rank 1 on node1 (forward)' for a watch straggler."""
+    host = f" on {s.host}" if s.host else ""
+    return f"rank {s.rank}{host}" + (f" ({s.phase})" if s.phase else "")
 
 
-def watch_straggler_text(doc: dict[str, Any]) -> str | None:
+def watch_straggler_text(report: Report) -> str | None:
     """The ranks the live watch flagged and the window did not name (watch_verdict.py), in one
     sentence; None when there are none."""
-    found = doc.get("watch_stragglers") or []
+    found = report.watch_stragglers
     if not found:
         return None
     named = "; ".join(
-        _rank_words(s, with_host=True)
-        + f" at step{'s' if len(s['steps']) > 1 else ''} {', '.join(map(str, s['steps']))}"
-        for s in found
+        _rank_words(s) + f" at step{'s' if len(s.steps) > 1 else ''} {', '.join(map(str, s.steps))}" for s in found
     )
     return f"Flagged by the live watch over the whole run, not named in the traced window: {named}."

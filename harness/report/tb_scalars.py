@@ -7,13 +7,13 @@ job's `<run>/tb/`), rewritten on every collection so a re-run does not draw poin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from harness.paths import SCALARS_DIR, scalars_dir
+from harness.report.records import RankRecord, Report, StepRecord
 from harness.scalars import ScalarWriter, clear_event_files
 from harness.write_faults import FaultLog
 
-# report.json `steps` key -> tag
+# StepRecord field -> tag
 STEP_TAGS = {
     "host_step_ms": "collector/step_ms",
     "step_ms": "collector/device_span_ms",
@@ -25,7 +25,7 @@ STEP_TAGS = {
     "memcpy_ms": "collector/memcpy_ms",
     "idle_ms": "collector/idle_ms",
 }
-# report.json `ranks` key -> tag, written once at step 0: the rank totals over the analysed steps
+# RankRecord field -> tag, written once at step 0: the rank totals over the analysed steps
 RANK_TAGS = {
     "mean_step_ms": "collector_total/mean_step_ms",
     "wait_ms": "collector_total/wait_for_others_ms",
@@ -38,24 +38,29 @@ RANK_TAGS = {
 }
 
 
-def write_scalars(doc: dict[str, Any], out: Path) -> Path:
+def write_scalars(report: Report, out: Path) -> Path:
     """1. clear the event files of a previous collection under out/tb/; 2. per rank, one event
-    per analysed step with the `STEP_TAGS` values of report.json's steps table (lag = the time
+    per analysed step with the `STEP_TAGS` fields of report.json's steps table (lag = the time
     the others waited for this rank in that step); 3. the rank's totals at step 0."""
     faults = FaultLog(prog="harness.collect")
     root = out / SCALARS_DIR
     if root.is_dir():
         for d in root.iterdir():
             clear_event_files(d)
-    by_rank: dict[int, list[dict[str, Any]]] = {}
-    for row in doc["steps"]:
-        by_rank.setdefault(row["rank"], []).append(row)
-    for r in doc["ranks"]:
-        w = ScalarWriter(scalars_dir(out, r["rank"]), faults=faults)
+    by_rank: dict[int, list[StepRecord]] = {}
+    for row in report.steps:
+        by_rank.setdefault(row.rank, []).append(row)
+    for r in report.ranks:
+        w = ScalarWriter(scalars_dir(out, r.rank), faults=faults)
         try:
-            for row in by_rank.get(r["rank"], []):
-                w.add(row["step"], {tag: float(row[k]) for k, tag in STEP_TAGS.items() if row.get(k) is not None})
-            w.add(0, {tag: float(r[k]) for k, tag in RANK_TAGS.items() if r.get(k) is not None})
+            for row in by_rank.get(r.rank, []):
+                w.add(row.step, _values(row, STEP_TAGS))
+            w.add(0, _values(r, RANK_TAGS))
         finally:
             w.close()
     return root
+
+
+def _values(record: StepRecord | RankRecord, tags: dict[str, str]) -> dict[str, float]:
+    """The record's fields named in `tags` that hold a value, by tag."""
+    return {tag: float(v) for k, tag in tags.items() if (v := getattr(record, k)) is not None}

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from harness.collect.read.watch_log import watch_line
+from harness.collect.read.watch_log import watch_line, watch_record
 from harness.paths import RUN_FILE, run_file, scalars_dir, steps_path, watch_path
 from harness.scalars import ScalarWriter, step_scalars
 from harness.tracker_summary import SummaryRecord, flat
@@ -782,8 +782,9 @@ def report(
         if r.get("unwritten_step_records"):
             print(f"skipped: rank {r['rank']}: {r['unwritten_step_records']} step record(s) not on disk")
     print(f"steps:   {ident.dir}/steps/rank<R>.jsonl")
-    if watch and watch["every"]:
-        print(f"watch:   {watch_line(watch)} ({watch_path(ident.dir)})")
+    watched = watch_record(watch)
+    if watched:
+        print(f"watch:   {watch_line(watched)} ({watch_path(ident.dir)})")
     print(f"run:     {run_json or 'not written (see the warnings above)'}")
     if len(rows) > 1:
         print(f"who waits for whom: python -m harness.collect {ident.dir}")

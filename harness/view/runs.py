@@ -34,6 +34,7 @@ from harness.paths import (
     TRACE_PATTERN,
     is_summary,
 )
+from harness.report.records import SCHEMA_VERSION, Report, load_report
 
 T = TypeVar("T")
 
@@ -192,12 +193,14 @@ def parse_json_object(data: bytes, name: str) -> dict[str, Any]:
     return doc
 
 
-def load_view_data(entry: RunEntry) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def load_view_data(entry: RunEntry) -> tuple[Report, dict[str, Any] | None]:
     """(report, timeline) of a run with a report; ValueError when the report is unusable."""
     assert entry.report_dir is not None
-    report = read_json(entry.report_file(REPORT_JSON))
-    if report is None:
+    doc = read_json(entry.report_file(REPORT_JSON))
+    if doc is None:
         raise ValueError("report.json disappeared; re-run the collector")
-    if report.get("schema_version") != 1 or "verdict" not in report:
-        raise ValueError("report.json was not written by harness.collect (schema_version 1); re-run the collector")
-    return report, read_json(entry.report_file(TIMELINE_JSON))
+    if doc.get("schema_version") != SCHEMA_VERSION or "verdict" not in doc:
+        raise ValueError(
+            f"report.json was not written by harness.collect (schema_version {SCHEMA_VERSION}); re-run the collector"
+        )
+    return load_report(doc), read_json(entry.report_file(TIMELINE_JSON))

@@ -13,7 +13,7 @@ import functools
 import re
 import statistics
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, TypedDict, cast
 
 from harness.collect.analyse.overlap import StepOverlap
@@ -166,53 +166,99 @@ class Evidence(TypedDict, total=False):
     as report.json's `diagnosis[].evidence`. Shares are of the rank's own step (its exposed
     waiting for later peers taken out) or of its device time; ms figures are per step."""
 
-    step_ms: float  # the measured step
-    own_step_ms: float  # the step less its exposed waiting for later peers
-    waiting_share: float  # exposed waiting / step
-    data_share: float  # the data phase (less waiting inside it) / own step
-    host_ops_per_step: float  # aten ops dispatched outside the data phase
-    us_per_op: float | None  # (own step - data phase) / host ops: the step time each op accounts for
-    op_floor_us: float | None  # one bare op's cost on this machine (RankTrace.op_floor_us)
-    op_cost_ratio: float | None  # us_per_op / op_floor_us: each op's step time in bare ops
-    launches_per_step: float  # kernel launches
-    device_us_per_launch: float | None  # GPU: the device's busy time per kernel launch
-    syncs_per_step: float  # blocking host-device syncs
-    sync_share: float  # blocking sync calls' time / own step
-    syncs_by_caller: dict[str, float]  # syncs per step by caller
-    sync_ms_by_caller: dict[str, float]  # sync calls' ms per step by caller
-    user_syncs_per_step: float  # syncs of callers not in host_ops.NOT_USERS
-    sync_cost_share: float  # the device idle the syncs cause / own step
-    sync_cost_ms_by_caller: dict[str, float]  # that idle's ms per step by caller
-    user_sync_cost_share: float  # the same for callers not in NOT_USERS
-    compute_share: float  # compute / device time less exposed waiting
-    reducer_share: float  # CPU: DDP's reducer / the same
-    exposed_transfer_share: float  # exposed transfer / the same
-    memcpy_share: float  # copies and memsets / the same
-    idle_share: float  # device idle / the same
-    device_lag_ms: float | None  # GPU: how far the device runs behind the host (median over steps)
-    transfer_share: float  # collective transfer (+ DDP's reducer) / own step
-    gemm_share: float  # matrix-math kernels' share of the model's compute
-    top_compute: list[list[Any]]  # [[name, share]] the three largest compute names
-    device: str  # "gpu" or "cpu"
-    practices: list[str]  # what the trace shows the job already does (practices.py)
-    waits_for: list[list[Any]]  # [[rank, ms per step]] the stragglers it waited on beyond the noise
-    late_ms_per_step: float  # stragglers: lateness at collectives
-    cost_ms_per_step: float  # stragglers: share of the collectives' delay
-    blame_ms: float  # stragglers: the others' waiting it caused, total
-    late_fraction: float  # stragglers: share of its collectives at which it was late
-    pattern: str | None  # stragglers: persistent or intermittent
-    slow_phase: str | None  # stragglers: the phase it is slow in
+    step_ms: float
+    """the measured step"""
+    own_step_ms: float
+    """the step less its exposed waiting for later peers"""
+    waiting_share: float
+    """exposed waiting / step"""
+    data_share: float
+    """the data phase (less waiting inside it) / own step"""
+    host_ops_per_step: float
+    """aten ops dispatched outside the data phase"""
+    us_per_op: float | None
+    """(own step - data phase) / host ops: the step time each op accounts for"""
+    op_floor_us: float | None
+    """one bare op's cost on this machine (RankTrace.op_floor_us)"""
+    op_cost_ratio: float | None
+    """us_per_op / op_floor_us: each op's step time in bare ops"""
+    launches_per_step: float
+    """kernel launches"""
+    device_us_per_launch: float | None
+    """GPU: the device's busy time per kernel launch"""
+    syncs_per_step: float
+    """blocking host-device syncs"""
+    sync_share: float
+    """blocking sync calls' time / own step"""
+    syncs_by_caller: dict[str, float]
+    """syncs per step by caller"""
+    sync_ms_by_caller: dict[str, float]
+    """sync calls' ms per step by caller"""
+    user_syncs_per_step: float
+    """syncs of callers not in host_ops.NOT_USERS"""
+    sync_cost_share: float
+    """the device idle the syncs cause / own step"""
+    sync_cost_ms_by_caller: dict[str, float]
+    """that idle's ms per step by caller"""
+    user_sync_cost_share: float
+    """the same for callers not in NOT_USERS"""
+    compute_share: float
+    """compute / device time less exposed waiting"""
+    reducer_share: float
+    """CPU: DDP's reducer / the same"""
+    exposed_transfer_share: float
+    """exposed transfer / the same"""
+    memcpy_share: float
+    """copies and memsets / the same"""
+    idle_share: float
+    """device idle / the same"""
+    device_lag_ms: float | None
+    """GPU: how far the device runs behind the host (median over steps)"""
+    transfer_share: float
+    """collective transfer (+ DDP's reducer) / own step"""
+    gemm_share: float
+    """matrix-math kernels' share of the model's compute"""
+    top_compute: list[list[Any]]
+    """[[name, share]] the three largest compute names"""
+    device: str
+    """"gpu" or "cpu\""""
+    practices: list[str]
+    """what the trace shows the job already does (practices.py)"""
+    waits_for: list[list[Any]]
+    """[[rank, ms per step]] the stragglers it waited on beyond the noise"""
+    late_ms_per_step: float
+    """stragglers: lateness at collectives"""
+    cost_ms_per_step: float
+    """stragglers: share of the collectives' delay"""
+    blame_ms: float
+    """stragglers: the others' waiting it caused, total"""
+    late_fraction: float
+    """stragglers: share of its collectives at which it was late"""
+    pattern: str | None
+    """stragglers: persistent or intermittent"""
+    slow_phase: str | None
+    """stragglers: the phase it is slow in"""
 
 
 @dataclass(frozen=True)
 class Diagnosis:
+    """`diagnosis[]`: one per rank, judged on the rank's own work (its waiting for later peers
+    taken out)."""
+
     rank: int
+    """the rank"""
     host: str
+    """its machine"""
     bottleneck: str
-    reason: str  # the rule that fired, with its numbers
+    """straggler, data-bound, sync-bound, launch-bound, comm-exposed, kernel-bound or healthy"""
+    reason: str
+    """the rule that fired, with its numbers"""
     evidence: Evidence
+    """the numbers the rules read (`Evidence`)"""
     advice: str
-    waits_for: list[list]  # [[rank, ms per step]] it waited on beyond the noise, most first
+    """what to do about it"""
+    waits_for: list[list[Any]]
+    """[[rank, ms per step]] the stragglers it waited on beyond the noise, most first"""
 
 
 def _share(x: float, total: float) -> float:
@@ -774,10 +820,6 @@ def late_syncs_note(syncs: dict[str, list[float]]) -> str:
     return "; its syncs made it late: " + ", ".join(
         f"{k} {c:.1f} per step ({ms:.2f} ms of device idle)" for k, (c, ms) in syncs.items()
     )
-
-
-def as_rows(diagnoses: list[Diagnosis]) -> list[dict[str, Any]]:
-    return [asdict(d) for d in diagnoses]
 
 
 def diagnosis_line(diagnoses: list[Diagnosis]) -> str:

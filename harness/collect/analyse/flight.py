@@ -23,6 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.collect.analyse.flight_records import (
+    CollectiveRef,
+    DumpRank,
+    Dumps,
+    FlightResult,
+    Hang,
+    Mismatch,
+    MismatchSide,
+    MissingAt,
+)
 from harness.collect.read.decode import Limits
 from harness.collect.read.run_state import last_logged_step
 from harness.flight_entry import process_group
@@ -302,7 +312,7 @@ def _signature(e: Entry) -> tuple[str, str, str]:
     return e.name, json.dumps(e.input_sizes), json.dumps(e.input_dtypes)
 
 
-def analyze(dumps: list[RankDump], *, run_dir: Path | None = None, world_size: int | None = None) -> dict[str, Any]:
+def analyze(dumps: list[RankDump], *, run_dir: Path | None = None, world_size: int | None = None) -> FlightResult:
     """Hang, mismatches and each rank's last collectives, as report.json's `hang`, `mismatches`
     and `flight` sections.
 
@@ -333,9 +343,9 @@ def analyze(dumps: list[RankDump], *, run_dir: Path | None = None, world_size: i
         for e in d.entries:
             groups.setdefault(e.pg, e.pg_desc)
     by_rank = {d.rank: d for d in dumps}
-    hangs: list[dict[str, Any]] = []
-    mismatches: list[dict[str, Any]] = []
-    last_completed: dict[int, list[dict[str, Any]]] = {}
+    hangs: list[tuple[int, Hang]] = []  # (the hung collective's creation time, ns; the hang)
+    mismatches: list[Mismatch] = []
+    last_completed: dict[int, list[CollectiveRef]] = {}
     no_dump: set[int] = set()
     for pg, desc in sorted(groups.items()):
         members = _members(dumps, pg, desc, ws)
@@ -351,63 +361,62 @@ def analyze(dumps: list[RankDump], *, run_dir: Path | None = None, world_size: i
             best = max(done, key=lambda e: e.seq) if done else seqs[r].get(min(last[r], floor)) if all_dumped else None
             if best:
                 last_completed.setdefault(r, []).append(
-                    {"seq": best.seq, "collective": best.name, "process_group": _pg_label(pg, desc)}
+                    CollectiveRef(seq=best.seq, collective=best.name, process_group=_pg_label(pg, desc))
                 )
         common = sorted(set.intersection(*(set(s) for s in seqs.values()))) if len(seqs) > 1 else []
         for seq in common:
             sigs = {r: _signature(seqs[r][seq]) for r in dumped}
             if len(set(sigs.values())) > 1 and len(mismatches) < MAX_MISMATCHES:
                 mismatches.append(
-                    {
-                        "seq": seq,
-                        "process_group": _pg_label(pg, desc),
-                        "ranks": {
-                            str(r): {
-                                "collective": seqs[r][seq].name,
-                                "input_sizes": seqs[r][seq].input_sizes,
-                                "input_dtypes": seqs[r][seq].input_dtypes,
-                            }
+                    Mismatch(
+                        seq=seq,
+                        process_group=_pg_label(pg, desc),
+                        ranks={
+                            str(r): MismatchSide(
+                                collective=seqs[r][seq].name,
+                                input_sizes=seqs[r][seq].input_sizes,
+                                input_dtypes=seqs[r][seq].input_dtypes,
+                            )
                             for r in dumped
                         },
-                    }
+                    )
                 )
         if top > floor:
             entered = [r for r in dumped if last[r] == top]
             missing = [r for r in dumped if last[r] < top]
-            hangs.append(_hang(pg, desc, top, entered, missing, seqs, by_rank, run_dir, members, last))
-    hangs.sort(key=lambda h: (h["_created_ns"] or 0, h["seq"]))
-    for h in hangs:
-        del h["_created_ns"]
+            created_ns = seqs[entered[0]][top].created_ns or 0
+            hangs.append((created_ns, _hang(pg, desc, top, entered, missing, seqs, by_rank, run_dir, members, last)))
+    ordered = [h for _, h in sorted(hangs, key=lambda ch: (ch[0], ch[1].seq))]
     ranks = [
-        {
-            "rank": d.rank,
-            "file": str(d.path),
-            "reason": d.harness.get("reason"),
-            "step": d.harness.get("step"),
-            "phase": d.harness.get("phase"),
-            "entries": len(d.entries),
-            "last_entered": _last_entered(d),
-            "last_completed": last_completed.get(d.rank, []),
-        }
+        DumpRank(
+            rank=d.rank,
+            file=str(d.path),
+            reason=d.harness.get("reason"),
+            step=d.harness.get("step"),
+            phase=d.harness.get("phase"),
+            entries=len(d.entries),
+            last_entered=_last_entered(d),
+            last_completed=last_completed.get(d.rank, []),
+        )
         for d in dumps
     ]
-    return {
-        "hang": hangs[0] if hangs else None,
-        "other_hangs": hangs[1:],
-        "mismatches": mismatches,
-        "flight": {"world_size": ws, "ranks": ranks, "no_dump_ranks": sorted(no_dump)},
-    }
+    return FlightResult(
+        hang=ordered[0] if ordered else None,
+        other_hangs=ordered[1:],
+        mismatches=mismatches,
+        flight=Dumps(world_size=ws, ranks=ranks, no_dump_ranks=sorted(no_dump)),
+    )
 
 
 def _pg_label(pg: str, desc: str) -> str:
     return f"{pg} ({desc})" if desc else pg
 
 
-def _last_entered(d: RankDump) -> dict[str, Any] | None:
+def _last_entered(d: RankDump) -> CollectiveRef | None:
     if not d.entries:
         return None
     e = max(d.entries, key=lambda e: (e.created_ns or 0, e.seq))
-    return {"seq": e.seq, "collective": e.name, "process_group": _pg_label(e.pg, e.pg_desc)}
+    return CollectiveRef(seq=e.seq, collective=e.name, process_group=_pg_label(e.pg, e.pg_desc))
 
 
 def _hang(
@@ -421,7 +430,7 @@ def _hang(
     run_dir: Path | None,
     members: list[int],
     last: dict[int, int],
-) -> dict[str, Any]:
+) -> Hang:
     """One hung collective (steps 3 and 4 of `analyse`)."""
     hung = seqs[entered[0]][top]
     step = _agreed([by_rank[r].harness.get("step") for r in entered])
@@ -443,53 +452,52 @@ def _hang(
         where = {k: by_rank[r].harness.get(k) for k in ("step", "phase")}
         if where["step"] is None:
             where = _status(run_dir, r).get("where") or {"step": None, "phase": None}
-        missing_at[str(r)] = {
-            "last_seq": last[r],
-            "step": where.get("step"),
-            "phase": where.get("phase"),
-            "state": _status(run_dir, r).get("state") or by_rank[r].harness.get("reason"),
-        }
-    return {
-        "seq": top,
-        "collective": hung.name,
-        "profiling_name": hung.profiling_name,
-        "process_group": _pg_label(pg, desc),
-        "input_sizes": hung.input_sizes,
-        "step": step,
-        "step_source": step_source,
-        "phase": phase,
-        "entered_ranks": entered,
-        "missing_ranks": missing,
-        "members": members,
-        "missing_at": missing_at,
-        "waited_s": round(max(waits), 1) if waits else None,
-        "_created_ns": hung.created_ns,
-    }
-
-
-def headline(result: dict[str, Any]) -> str | None:
-    """The hang (or, without one, the first mismatch) in one sentence; None when neither."""
-    h = result.get("hang")
-    if h:
-        step = f" of step {h['step']}" if h["step"] is not None else ""
-        phase = f", {h['phase']} phase" if h["phase"] else ""
-        waited = f" for {h['waited_s']:.1f} s" if h["waited_s"] is not None else ""
-        who = ", ".join(map(str, h["missing_ranks"]))
-        return (
-            f"hang: rank{'s' if len(h['missing_ranks']) > 1 else ''} {who} "
-            f"never entered the {h['collective']}{step} "
-            f"(collective #{h['seq']} of process group {h['process_group']}{phase}) that rank"
-            f"{'s' if len(h['entered_ranks']) > 1 else ''} {_and(h['entered_ranks'])} waited in{waited}"
+        missing_at[str(r)] = MissingAt(
+            last_seq=last[r],
+            step=where.get("step"),
+            phase=where.get("phase"),
+            state=_status(run_dir, r).get("state") or by_rank[r].harness.get("reason"),
         )
-    if result.get("mismatches"):
-        m = result["mismatches"][0]
+    return Hang(
+        seq=top,
+        collective=hung.name,
+        profiling_name=hung.profiling_name,
+        process_group=_pg_label(pg, desc),
+        input_sizes=hung.input_sizes,
+        step=step,
+        step_source=step_source,
+        phase=phase,
+        entered_ranks=entered,
+        missing_ranks=missing,
+        members=members,
+        missing_at=missing_at,
+        waited_s=round(max(waits), 1) if waits else None,
+    )
+
+
+def headline(result: FlightResult) -> str | None:
+    """The hang (or, without one, the first mismatch) in one sentence; None when neither."""
+    h = result.hang
+    if h:
+        step = f" of step {h.step}" if h.step is not None else ""
+        phase = f", {h.phase} phase" if h.phase else ""
+        waited = f" for {h.waited_s:.1f} s" if h.waited_s is not None else ""
+        who = ", ".join(map(str, h.missing_ranks))
+        return (
+            f"hang: rank{'s' if len(h.missing_ranks) > 1 else ''} {who} "
+            f"never entered the {h.collective}{step} "
+            f"(collective #{h.seq} of process group {h.process_group}{phase}) that rank"
+            f"{'s' if len(h.entered_ranks) > 1 else ''} {_and(h.entered_ranks)} waited in{waited}"
+        )
+    if result.mismatches:
+        m = result.mismatches[0]
         groups: dict[str, list[str]] = {}
-        for r, e in m["ranks"].items():
+        for r, e in m.ranks.items():
             groups.setdefault(
-                f"{e['collective']} of sizes {e['input_sizes']} ({', '.join(e['input_dtypes'] or [])})", []
+                f"{e.collective} of sizes {e.input_sizes} ({', '.join(e.input_dtypes or [])})", []
             ).append(r)
         parts = [f"rank{'s' if len(rs) > 1 else ''} {', '.join(rs)} issued {sig}" for sig, rs in groups.items()]
-        return f"mismatch: at collective #{m['seq']} of process group {m['process_group']}, " + "; ".join(parts)
+        return f"mismatch: at collective #{m.seq} of process group {m.process_group}, " + "; ".join(parts)
     return None
 
 
@@ -497,23 +505,23 @@ def _and(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
 
 
-def next_step(result: dict[str, Any]) -> str | None:
+def next_step(result: FlightResult) -> str | None:
     """What to do about the hang or mismatch."""
-    h = result.get("hang")
+    h = result.hang
     if h:
         where = "; ".join(
-            f"rank {r} was in step {w['step']} ({w['phase']}) when it stopped"
-            for r, w in h["missing_at"].items()
-            if w.get("step") is not None
+            f"rank {r} was in step {w.step} ({w.phase}) when it stopped"
+            for r, w in h.missing_at.items()
+            if w.step is not None
         )
         return (
-            f"Look at what rank(s) {', '.join(map(str, h['missing_ranks']))} did instead of entering collective "
-            f"#{h['seq']} ({h['collective']}): a stuck data loader or I/O, a branch that skips the collective, "
+            f"Look at what rank(s) {', '.join(map(str, h.missing_ranks))} did instead of entering collective "
+            f"#{h.seq} ({h.collective}): a stuck data loader or I/O, a branch that skips the collective, "
             f"an exception swallowed, or a dead process"
             + (f" ({where})" if where else "")
             + "; py-spy dump --pid <pid> on a live rank shows its stack."
         )
-    if result.get("mismatches"):
+    if result.mismatches:
         return (
             "Ranks issued different collectives or sizes at the same sequence number: look for rank-dependent "
             "control flow or shapes (uneven last batch, a conditional all_reduce, different model configs)."

@@ -394,7 +394,7 @@ def _growth(
     growth: float,
     limit_field: str,
     series: str = "rss",
-) -> dict[str, Any]:
+) -> MemoryFinding:
     if kind == "host":
         where = HOST_SERIES[series]
     else:
@@ -429,7 +429,7 @@ def _growth(
     text = f"{where} rises {t.slope / MB:.2f} MB per step over {t.n} steps (+{t.rise / MB:.1f} MB)"
     if evidence["steps_to_limit"] is not None:
         text += f", out of memory in ~{evidence['steps_to_limit']} more steps at this rate"
-    return {"rank": rank, "kind": "growth", "evidence": evidence, "reason": text, "advice": GROWTH_ADVICE[kind]}
+    return MemoryFinding(rank=rank, kind="growth", evidence=evidence, reason=text, advice=GROWTH_ADVICE[kind])
 
 
 def _peak(log: RankLog, key: str) -> float | None:
@@ -437,11 +437,55 @@ def _peak(log: RankLog, key: str) -> float | None:
     return max(vals) if vals else None
 
 
+@dataclass(kw_only=True)
+class MemoryFinding:
+    """`memory_findings[]`: a memory finding from the step logs (warm-up left out), growth first,
+    then headroom, imbalance and cache (`analyze_memory`)."""
+
+    rank: int
+    """the rank (for a host's headroom, its largest)"""
+    kind: str
+    """growth, headroom, imbalance or cache"""
+    evidence: dict[str, Any]
+    """the figures the rule read, by name (bytes in `_bytes` fields)"""
+    reason: str
+    """what was seen, with its figures"""
+    advice: str
+    """what to do"""
+
+
+@dataclass(kw_only=True)
+class MemoryStep:
+    """`memory_steps[]`: every logged steady step of every rank (every k-th beyond
+    MAX_HEATMAP_STEPS), for the memory heatmap."""
+
+    rank: int
+    """the rank"""
+    step: int
+    """the step"""
+    rss_mb: float | None
+    """its resident set at the step's end, MB (10^6 bytes)"""
+    gpu_allocated_mb: float | None
+    """its GPU allocation peak in the step, MB; null on CPU"""
+
+
+@dataclass(kw_only=True)
+class MemoryTimeline:
+    """`memory_timelines[]`: a torch memory timeline (--profile-memory) in a run folder."""
+
+    rank: int
+    """the rank"""
+    window: int
+    """the profiler window it covers"""
+    path: str
+    """the file, absolute"""
+
+
 @dataclass
 class MemoryResult:
-    findings: list[dict[str, Any]]  # [{rank, kind, evidence, reason, advice}]
+    findings: list[MemoryFinding]
     ranks: dict[int, dict[str, Any]]  # per-rank columns for report.json's ranks[]
-    steps: list[dict[str, Any]]  # [{rank, step, rss_mb, gpu_allocated_mb}] for the heatmap
+    steps: list[MemoryStep]  # for the heatmap
     warnings: list[str]
     logs: StepLogs  # what it was computed from (the report reads traced steps' memory from it)
 
@@ -467,7 +511,7 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
        share of the host limit, one finding on the host's largest rank.
     """
     th = th or MemoryThresholds()
-    findings: list[dict[str, Any]] = []
+    findings: list[MemoryFinding] = []
     warnings = list(logs.warnings)
     ranks: dict[int, dict[str, Any]] = {}
     trends: dict[tuple[int, str], Trend | None] = {}
@@ -535,24 +579,23 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
         med = statistics.median(others)
         if peak >= th.imbalance_ratio * med and peak - med >= th.imbalance_min_bytes:
             findings.append(
-                {
-                    "rank": r,
-                    "kind": "imbalance",
-                    "evidence": {
+                MemoryFinding(
+                    rank=r,
+                    kind="imbalance",
+                    evidence={
                         "memory": "gpu" if gpu_everywhere else "host",
                         "peak_bytes": peak,
                         "others_median_bytes": med,
                         "ratio": round(peak / med, 3) if med else None,
                     },
-                    "reason": f"{what} {peak / MB:.0f} MB, {peak / med:.2f}x the other ranks' median "
-                    f"({med / MB:.0f} MB)"
+                    reason=f"{what} {peak / MB:.0f} MB, {peak / med:.2f}x the other ranks' median ({med / MB:.0f} MB)"
                     if med
                     else f"{what} {peak / MB:.0f} MB, the others ~0",
-                    "advice": "its inputs or its work differ from its peers': uneven batches or sequence "
+                    advice="its inputs or its work differ from its peers': uneven batches or sequence "
                     "lengths (balance or bucket them), or work only this rank does (rank-0 logging, "
                     "evaluation, gathering a full checkpoint): move it off the critical rank or "
                     "shard it",
-                }
+                )
             )
     # 3. cache
     for r, v in sorted(ranks.items()):
@@ -561,21 +604,21 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
             continue
         if res >= th.cache_ratio * alloc and res - alloc >= th.cache_min_bytes:
             findings.append(
-                {
-                    "rank": r,
-                    "kind": "cache",
-                    "evidence": {
+                MemoryFinding(
+                    rank=r,
+                    kind="cache",
+                    evidence={
                         "peak_reserved_bytes": res,
                         "peak_allocated_bytes": alloc,
                         "unused_bytes": res - alloc,
                         "ratio": round(res / alloc, 3) if alloc else None,
                     },
-                    "reason": f"the caching allocator reserved {res / GiB:.2f} GiB but used at most "
+                    reason=f"the caching allocator reserved {res / GiB:.2f} GiB but used at most "
                     f"{alloc / GiB:.2f} GiB: {(res - alloc) / GiB:.2f} GiB held unused",
-                    "advice": "fragmentation, usually from tensors whose shapes change step to step: set "
+                    advice="fragmentation, usually from tensors whose shapes change step to step: set "
                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, pad or bucket shapes; "
                     "torch.cuda.empty_cache() only hides it",
-                }
+                )
             )
     # 4. headroom
     headroom_advice = (
@@ -586,19 +629,19 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
         total, peak = _limit(log, "gpu_mem_total_bytes"), ranks[r]["peak_gpu_allocated_bytes"]
         if total and peak is not None and peak >= (1 - th.headroom_fraction) * total:
             findings.append(
-                {
-                    "rank": r,
-                    "kind": "headroom",
-                    "evidence": {
+                MemoryFinding(
+                    rank=r,
+                    kind="headroom",
+                    evidence={
                         "memory": "gpu",
                         "peak_bytes": peak,
                         "limit_bytes": total,
                         "free_fraction": round(1 - peak / total, 4),
                     },
-                    "reason": f"GPU peak allocated {peak / GiB:.2f} GiB of {total / GiB:.2f} GiB "
+                    reason=f"GPU peak allocated {peak / GiB:.2f} GiB of {total / GiB:.2f} GiB "
                     f"({1 - peak / total:.1%} free)",
-                    "advice": headroom_advice,
-                }
+                    advice=headroom_advice,
+                )
             )
     for host, rs in sorted(by_host.items(), key=lambda kv: str(kv[0])):
         limits = [lim for r in rs if (lim := _limit(logs.ranks[r], "host_mem_total_bytes"))]
@@ -609,10 +652,10 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
         if used >= (1 - th.headroom_fraction) * total:
             top = max(held, key=lambda q: held[q])
             findings.append(
-                {
-                    "rank": top,
-                    "kind": "headroom",
-                    "evidence": {
+                MemoryFinding(
+                    rank=top,
+                    kind="headroom",
+                    evidence={
                         "memory": "host",
                         "host": host,
                         "ranks": sorted(held),
@@ -620,31 +663,31 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
                         "limit_bytes": total,
                         "free_fraction": round(1 - used / total, 4),
                     },
-                    "reason": f"the RSS peaks of rank(s) {', '.join(map(str, sorted(held)))} on {host} add up "
+                    reason=f"the RSS peaks of rank(s) {', '.join(map(str, sorted(held)))} on {host} add up "
                     f"to {used / GiB:.2f} GiB of {total / GiB:.2f} GiB "
                     f"({1 - used / total:.1%} free)",
-                    "advice": "the host is about to run out (the OOM killer ends a rank without a word): "
+                    advice="the host is about to run out (the OOM killer ends a rank without a word): "
                     "fewer DataLoader workers or a smaller prefetch, no per-rank copies of the "
                     "dataset, fewer ranks on this host",
-                }
+                )
             )
     order = {"growth": 0, "headroom": 1, "imbalance": 2, "cache": 3}
-    findings.sort(key=lambda f: (order[f["kind"]], f["rank"]))
+    findings.sort(key=lambda f: (order[f.kind], f.rank))
     return MemoryResult(findings=findings, ranks=ranks, steps=heatmap_rows(logs), warnings=warnings, logs=logs)
 
 
-def heatmap_rows(logs: StepLogs, max_steps: int = MAX_HEATMAP_STEPS) -> list[dict[str, Any]]:
+def heatmap_rows(logs: StepLogs, max_steps: int = MAX_HEATMAP_STEPS) -> list[MemoryStep]:
     """[{rank, step, rss_mb, gpu_allocated_mb}] over the steady steps of every rank; with more
     than `max_steps` distinct steps, every k-th (k = ceil(steps / max_steps))."""
     steps = sorted({s for log in logs.ranks.values() for s in log.steps})
     keep = set(steps[:: max(1, math.ceil(len(steps) / max_steps))])
     return [
-        {
-            "rank": r,
-            "step": s,
-            "rss_mb": _mb(rec.get("rss_bytes")),
-            "gpu_allocated_mb": _mb(rec.get("gpu_peak_allocated_bytes")),
-        }
+        MemoryStep(
+            rank=r,
+            step=s,
+            rss_mb=_mb(rec.get("rss_bytes")),
+            gpu_allocated_mb=_mb(rec.get("gpu_peak_allocated_bytes")),
+        )
         for r, log in sorted(logs.ranks.items())
         for s, rec in sorted(log.steps.items())
         if s in keep
@@ -655,16 +698,16 @@ def memory_from_dirs(dirs: list[Path], th: MemoryThresholds | None = None) -> Me
     return analyze_memory(read_step_logs(dirs), th)
 
 
-def find_memory_timelines(dirs: list[Path]) -> list[dict[str, Any]]:
+def find_memory_timelines(dirs: list[Path]) -> list[MemoryTimeline]:
     """torch memory timelines (--profile-memory) directly in the run folders: [{rank, window, path}]."""
-    out = []
+    out: list[MemoryTimeline] = []
     for d in dirs:
         for p in sorted(d.glob("*.memory_timeline.json.gz")) if d.is_dir() else []:
             if m := MEMORY_TIMELINE_PATTERN.match(p.name):
-                out.append({"rank": int(m["rank"]), "window": int(m["window"]), "path": str(p.resolve())})
-    return sorted(out, key=lambda t: (t["rank"], t["window"]))
+                out.append(MemoryTimeline(rank=int(m["rank"]), window=int(m["window"]), path=str(p.resolve())))
+    return sorted(out, key=lambda t: (t.rank, t.window))
 
 
-def finding_text(f: dict[str, Any]) -> str:
+def finding_text(f: MemoryFinding) -> str:
     """One finding as a sentence: what was seen and what to do."""
-    return f"Rank {f['rank']} memory {f['kind']}: {f['reason']}; {f['advice']}."
+    return f"Rank {f.rank} memory {f.kind}: {f.reason}; {f.advice}."

@@ -87,15 +87,22 @@ class StepOverlap:
 
 @dataclass(kw_only=True)
 class Gap:
+    """`gaps[]`: a stretch of a rank's step with its device neither computing nor hiding its
+    communication, longest first (at most LONGEST_GAPS; `gaps_total` counts all)."""
+
     rank: int
+    """the rank"""
     step: int
+    """the step"""
     start_us: float
+    """its start on the aligned clock of merged.pt.trace.json.gz"""
     dur_us: float
-    # "exposed_wait" (communication not hidden by compute, waiting for a later peer),
-    # "exposed_transfer" (the same while moving data) or "idle" (neither compute, communication
-    # nor a copy)
+    """its length"""
     kind: str
-    collective: str | None  # the collective exposed, or the one that ended last before an idle gap
+    """exposed_wait (communication not hidden by compute, waiting for a later peer),
+    exposed_transfer (the same while moving data) or idle (neither compute, communication nor a copy)"""
+    collective: str | None
+    """the collective exposed, or the one that ended last before an idle gap"""
 
 
 OpWaits = dict[tuple[int, str, int], float]  # (rank, process group, seq) -> that op's wait, us

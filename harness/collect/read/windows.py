@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from harness.collect.read.discover import InputError, RunSet
+from harness.collect.read.watch_log import CaptureRecord, WatchRecord
 from harness.paths import (
     TRACE_PATTERN,
     WINDOW_MAX_DIGITS,
@@ -89,27 +89,41 @@ def pick_window(files: list[Path], choice: str) -> tuple[list[Path], WindowPick]
     return [f for f in files if numbered[f] == window], WindowPick(window=window, windows=windows, note=note)
 
 
+@dataclass(kw_only=True)
+class WindowRecord:
+    """`window`: the profiler window analysed (--window); null for traces without harness window
+    numbers."""
+
+    window: int | None
+    """the window analysed (null: all of them)"""
+    windows: list[int]
+    """every window the traces hold"""
+    steps: list[int] | None
+    """[first, last] step analysed"""
+    captured: CaptureRecord | None
+    """the capture that recorded those steps (the live watch's or one asked for through the debug
+    server), else null"""
+
+
 def window_entry(
-    pick: WindowPick, runset: RunSet, watch: dict[str, Any] | None, requested: list[dict[str, Any]] | None = None
-) -> dict[str, Any] | None:
-    """report.json `window`: {window, windows, steps: [first, last] analysed, captured: the
-    capture that recorded those steps or null}; None when the traces carry no window numbers. A
-    capture is the live watch's ({first, last, watch_step, ranks}, from `watch`: run.json's record,
-    `watch_log.read_watch`) or one asked for through the debug server ({first, last, start, id,
-    requested_at_step, requested_by}, from `requested`: `read_requested`)."""
+    pick: WindowPick, runset: RunSet, watch: WatchRecord | None, requested: list[CaptureRecord] | None = None
+) -> WindowRecord | None:
+    """report.json `window`; None when the traces carry no window numbers. Its capture is the
+    live watch's (from `watch`: run.json's record, `watch_log.read_watch`) or one asked for through
+    the debug server (from `requested`: `read_requested`) whose steps hold those analysed."""
     if not pick.windows:
         return None
     steps = [s.number for t in runset.ranks for s in t.steps if s.number is not None]
     span = [min(steps), max(steps)] if steps else None
     captured = None
     if span:
-        for capture in [*(watch or {}).get("captures", []), *(requested or [])]:
-            if capture["first"] <= span[0] and span[1] <= capture["last"]:
+        for capture in [*(watch.captures if watch else []), *(requested or [])]:
+            if capture.first <= span[0] and span[1] <= capture.last:
                 captured = capture
-    return {"window": pick.window, "windows": list(pick.windows), "steps": span, "captured": captured}
+    return WindowRecord(window=pick.window, windows=list(pick.windows), steps=span, captured=captured)
 
 
-def read_requested(dirs: list[Path]) -> list[dict[str, Any]]:
+def read_requested(dirs: list[Path]) -> list[CaptureRecord]:
     """run.json's `debug_server.captures` (the captures asked for through the debug server) from
     the first input folder that has them; [] for none, or where a field is not a step number."""
     for d in dirs:
@@ -120,23 +134,21 @@ def read_requested(dirs: list[Path]) -> list[dict[str, Any]]:
         if isinstance(record, dict) and isinstance(record.get("captures"), list):
             keys = ("first", "last", "requested_at_step")
             found = [c for c in record["captures"] if isinstance(c, dict)]
-            return [c for c in found if all(isinstance(c.get(k), int) for k in keys)]
+            return [CaptureRecord.from_doc(c) for c in found if all(isinstance(c.get(k), int) for k in keys)]
     return []
 
 
-def window_line(entry: dict[str, Any]) -> str:
+def window_line(entry: WindowRecord) -> str:
     """The console's `window:` line."""
-    which = "all windows" if entry["window"] is None else f"window {entry['window']}"
-    text = f"{which} of {', '.join(map(str, entry['windows']))}"
-    if entry["steps"]:
-        text += f" (steps {entry['steps'][0]}-{entry['steps'][1]})"
-    c = entry["captured"]
-    if c and "ranks" in c:
-        text += (
-            f", traced when the live watch flagged rank(s) {', '.join(map(str, c['ranks']))} at step {c['watch_step']}"
-        )
+    which = "all windows" if entry.window is None else f"window {entry.window}"
+    text = f"{which} of {', '.join(map(str, entry.windows))}"
+    if entry.steps:
+        text += f" (steps {entry.steps[0]}-{entry.steps[1]})"
+    c = entry.captured
+    if c and c.ranks is not None:
+        text += f", traced when the live watch flagged rank(s) {', '.join(map(str, c.ranks))} at step {c.watch_step}"
     elif c:
-        text += f", traced when asked through the debug server at step {c['requested_at_step']}"
-    if len(entry["windows"]) > 1:
+        text += f", traced when asked through the debug server at step {c.requested_at_step}"
+    if len(entry.windows) > 1:
         text += "; --window N or all for others"
     return text
