@@ -247,13 +247,14 @@ def gpu_rank(run: Path, rank: int, alloc: float, reserved: float | None = None, 
 
 
 def test_imbalance_against_the_other_ranks_median(tmp_path: Path) -> None:
-    for r, gib in enumerate((10, 10, 11, 14)):
+    for r, gib in enumerate((10, 10, 10.5, 12)):
         gpu_rank(tmp_path, r, gib * GiB)
     mem = memory_from_dirs([tmp_path])
-    # rank 3: 14 GiB against the others' median 10 GiB = 1.4x, 4 GiB more; rank 2: 1.1x
+    # rank 3: 12 GiB against the others' median 10 GiB = 1.2x, 2 GiB more (beyond the material
+    # 10%); rank 2: 1.05x
     assert kinds(mem.findings) == [(3, "imbalance")]
     ev = mem.findings[0].evidence
-    assert (ev["memory"], ev["peak_bytes"], ev["others_median_bytes"], ev["ratio"]) == ("gpu", 14 * GiB, 10 * GiB, 1.4)
+    assert (ev["memory"], ev["peak_bytes"], ev["others_median_bytes"], ev["ratio"]) == ("gpu", 12 * GiB, 10 * GiB, 1.2)
 
 
 def test_imbalance_needs_a_material_excess(tmp_path: Path) -> None:
@@ -267,15 +268,23 @@ def test_imbalance_needs_a_material_excess(tmp_path: Path) -> None:
 
 
 def test_cache_unused_reserved_memory(tmp_path: Path) -> None:
-    gpu_rank(tmp_path, 0, 6 * GiB, reserved=12 * GiB)  # 2x, 6 GiB unused
-    gpu_rank(tmp_path, 1, 6 * GiB, reserved=8 * GiB)  # 1.33x: allocator rounding, not a finding
+    # an 80 GB device: unused cache is a finding from 5% of it (headroom_fraction), 4 GB
+    gpu_rank(tmp_path, 0, 6 * GiB, reserved=12 * GiB, total=80e9)  # 6 GiB unused
+    gpu_rank(tmp_path, 1, 6 * GiB, reserved=8 * GiB, total=80e9)  # 2 GiB unused: under the margin
     mem = memory_from_dirs([tmp_path])
     assert kinds(mem.findings) == [(0, "cache")]
     ev = mem.findings[0].evidence
-    assert (ev["unused_bytes"], ev["ratio"]) == (6 * GiB, 2.0)
+    assert (ev["unused_bytes"], ev["ratio"], ev["limit_bytes"]) == (6 * GiB, 2.0, 80e9)
     assert "expandable_segments" in mem.findings[0].advice
-    gpu_rank(tmp_path / "small", 0, 300 * MiB, reserved=900 * MiB)  # 3x but 600 MiB < 1 GiB
+    assert mem.findings[0].reason.endswith("6.00 GiB held unused, 8.1% of the device")
+    # the same 2 GiB on a 16 GB device is 13% of it; 600 MiB never is (under 1 GiB)
+    gpu_rank(tmp_path / "16gb", 0, 6 * GiB, reserved=8 * GiB, total=16e9)
+    assert kinds(memory_from_dirs([tmp_path / "16gb"]).findings) == [(0, "cache")]
+    gpu_rank(tmp_path / "small", 0, 300 * MiB, reserved=900 * MiB, total=16e9)
     assert memory_from_dirs([tmp_path / "small"]).findings == []
+    # without the device's total in the log the unused bytes cannot be weighed
+    gpu_rank(tmp_path / "no_total", 0, 6 * GiB, reserved=12 * GiB)
+    assert memory_from_dirs([tmp_path / "no_total"]).findings == []
 
 
 def test_headroom_gpu_and_host(tmp_path: Path) -> None:

@@ -87,10 +87,11 @@ class MemoryThresholds:
         "the other",
     )
     imbalance_ratio: float = threshold(
-        1.25,
-        kind="unsourced",
-        source="data-parallel ranks hold the same state, so peaks differ by uneven inputs' activations; 25% "
-        "above the other ranks' median is taken as beyond batch-to-batch variation, not measured",
+        1.10,
+        kind="definition",
+        source="data-parallel ranks hold the same state, and the job's batch is capped by its largest rank: a "
+        "peak above the other ranks' median by the material share (10%, stragglers.Thresholds.rel_lag's: what a "
+        "cause must cost to be worth naming) leaves that share of every other rank's memory unusable",
     )
     imbalance_min_bytes: float = threshold(
         256 * MiB,
@@ -98,12 +99,7 @@ class MemoryThresholds:
         source="about one CUDA context or a set of library workspaces (cuBLAS, NCCL), which differ between ranks "
         "for benign reasons",
     )
-    cache_ratio: float = threshold(
-        1.5,
-        kind="unsourced",
-        source="a third or more of what the caching allocator reserved unused at the peak; the ordinary rounding "
-        "(2 MiB blocks, 20 MiB segments) wastes less, but the third is not derived",
-    )
+
     cache_min_bytes: float = threshold(
         1 * GiB,
         kind="measurement",
@@ -504,8 +500,9 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
        in the log.
     2. imbalance: the peak (GPU allocated when every rank has it, else RSS) >= imbalance_ratio x
        the median of the other ranks' peaks and above it by >= imbalance_min_bytes (2+ ranks).
-    3. cache (GPU): peak reserved >= cache_ratio x peak allocated and above it by >=
-       cache_min_bytes.
+    3. cache (GPU): the caching allocator's unused bytes at the peak (peak reserved - peak
+       allocated) >= headroom_fraction x gpu_mem_total_bytes and >= cache_min_bytes: fragmentation
+       alone takes the margin a peak needs (none without the device's total in the log).
     4. headroom: GPU, peak allocated >= (1 - headroom_fraction) x gpu_mem_total_bytes; host, the
        sum of the peak RSS of the host's ranks (an upper bound: peaks of different steps) >= that
        share of the host limit, one finding on the host's largest rank.
@@ -600,9 +597,10 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
     # 3. cache
     for r, v in sorted(ranks.items()):
         res, alloc = v["peak_gpu_reserved_bytes"], v["peak_gpu_allocated_bytes"]
-        if res is None or alloc is None:
+        total = _limit(logs.ranks[r], "gpu_mem_total_bytes") if r in logs.ranks else None
+        if res is None or alloc is None or not total:
             continue
-        if res >= th.cache_ratio * alloc and res - alloc >= th.cache_min_bytes:
+        if res - alloc >= max(th.headroom_fraction * total, th.cache_min_bytes):
             findings.append(
                 MemoryFinding(
                     rank=r,
@@ -612,9 +610,11 @@ def analyze_memory(logs: StepLogs, th: MemoryThresholds | None = None) -> Memory
                         "peak_allocated_bytes": alloc,
                         "unused_bytes": res - alloc,
                         "ratio": round(res / alloc, 3) if alloc else None,
+                        "limit_bytes": total,
                     },
                     reason=f"the caching allocator reserved {res / GiB:.2f} GiB but used at most "
-                    f"{alloc / GiB:.2f} GiB: {(res - alloc) / GiB:.2f} GiB held unused",
+                    f"{alloc / GiB:.2f} GiB: {(res - alloc) / GiB:.2f} GiB held unused, "
+                    f"{(res - alloc) / total:.1%} of the device",
                     advice="fragmentation, usually from tensors whose shapes change step to step: set "
                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, pad or bucket shapes; "
                     "torch.cuda.empty_cache() only hides it",
