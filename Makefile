@@ -2,6 +2,9 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 NPROC ?= 2
+# The suite on two pytest-xdist workers, a test file's tests on one (tests/conftest.py: its
+# module fixtures' jobs run once); PARALLEL= runs it in one process.
+PARALLEL ?= -n 2 --dist loadgroup
 DEMO_RUN := demo-$(shell date +%Y%m%d-%H%M%S)
 # A 2-rank torch-mode DDP run with rank 1 made slow in its data phase, then the collector.
 DEMO_ARGS ?= --mode torch --parallel ddp --steps 20 --warmup-steps 5 --active 6 \
@@ -27,7 +30,7 @@ test: setup test-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(PARALLEL) --durations=15 $(PYTEST_ARGS)
 
 # The edit loop: every test that starts no torchrun job (the `slow` marker).
 test-quick: export EXTRAS := test,hf,lightning,trackers,notebook,debug,gpu
@@ -35,7 +38,7 @@ test-quick: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(PARALLEL) -m "not slow" $(PYTEST_ARGS)
 
 # The collector's C code under AddressSanitizer and UBSan: its tests, then FUZZ_SECONDS (60) of fuzzing.
 sanitize: setup

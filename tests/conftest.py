@@ -29,3 +29,16 @@ def lab_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Run]:
         return runs[mode]
 
     return get
+
+
+# The files whose tests share the session's lab runs (`lab_run`): one worker runs them all.
+LAB_FILES = ("test_advisor.py", "test_train_runs.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, as make test runs it) a file's tests run on one
+    worker, so its module fixtures (a real job each) run once; the lab files go together, for
+    their session fixture's runs."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("lab" if name in LAB_FILES else name))
