@@ -567,7 +567,11 @@ def test_a_straggler_from_step_40_is_flagged_traced_and_named_by_the_collector(l
     line = f"window 2 of 1, 2 (steps {first}-{last}), traced when the live watch flagged rank(s) 2"
     assert said(proc.stdout, "window")[0].startswith(line), proc.stdout
     assert doc["verdict"] == "straggler"
-    assert [(s["rank"], s["phase"]) for s in doc["stragglers"]] == [(2, "data")]
+    top = doc["stragglers"][0]
+    assert (top["rank"], top["phase"]) == (2, "data"), proc.stdout
+    # 4 ranks share 2 cores here: a peer kept off its core may be late too (its wait for a core
+    # said beside it), but the injected 150 ms stands far above any such rank
+    assert all(o["beyond_peers_ms"] < top["beyond_peers_ms"] / 4 for o in doc["stragglers"][1:]), proc.stdout
     named = flagged["stragglers"][0]
     assert doc["watch"]["flags"] == [
         {
