@@ -247,7 +247,7 @@ def print_comparison(rows: list[dict[str, Any]], anchors: dict[str, str], decode
 def decoder_limit(folder: Path) -> float:
     """MB/s of msgspec decoding one rank's trace into the collector's event structs, times the
     cores: what the parse could reach if it did nothing but decode."""
-    from harness.collect.read.decode import _DECODER
+    from harness.traces.read.decode import _DECODER
 
     raw = next(iter(sorted(folder.glob("*.json")))).read_bytes()
     best = min(_time(lambda: _DECODER.decode(raw)) for _ in range(3))
@@ -337,7 +337,7 @@ def summaries(work: Path, ranks: int, sizes_mb: list[float], reps: int, source: 
         for f in sorted(made.glob("*.json")):
             (folder / f.name).symlink_to(f)
         condense = [
-            measured([sys.executable, "-m", "harness.collect.read.summary", str(f)])[0]
+            measured([sys.executable, "-m", "harness.traces.read.summary", str(f)])[0]
             for f in sorted(folder.glob("*.pt.trace.json"))
         ]
         summary_mb = statistics.mean(f.stat().st_size for f in folder.glob("*.summary.json")) / 1e6
@@ -430,7 +430,7 @@ def summary_scale(work: Path, ranks: int, source: Path = SOURCE, per_host: int =
     with its world size and host rewritten, its steps repeated `steps` times (`repeated_steps`);
     the collector over the summaries alone (the traces stay on the cluster), wall and peak
     memory."""
-    from harness.collect.read.summary import VERSION, summarize
+    from harness.traces.read.summary import VERSION, summarize
 
     # a new summary version: a new set
     folder = work / (f"summaries-v{VERSION}-{source.name}-{ranks}r" + ("" if steps == 1 else f"-x{steps}"))

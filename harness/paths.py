@@ -22,7 +22,7 @@ TRACE_TEMPLATE = "{worker}.{window:04d}.pt.trace.json.gz"
 WINDOW_MAX_DIGITS = 6
 # Written first, renamed to the final name when complete: never matches TRACE_PATTERN.
 PARTIAL_SUFFIX = ".partial"
-# A trace's condensed summary (harness/collect/read/summary.py) sits next to it: the trace's own name
+# A trace's condensed summary (harness/traces/read/summary.py) sits next to it: the trace's own name
 # plus this suffix, so any trace name maps to one summary and back, and no trace pattern
 # (ours or torch-tb-profiler's) matches it.
 SUMMARY_SUFFIX = ".summary.json"
@@ -46,7 +46,7 @@ WATCH_RANGE = RANGE_PREFIX + "watch"
 WATCH_GROUP_DESC = "harness_watch"
 DEFAULT_GROUP_DESC = "default_pg"  # torch's description of the world's default group
 # Beside a trace window of a gloo job with the Flight Recorder on: the recorder's entries issued
-# in the window (harness/collect/read/gloo_groups.py), which name each collective's process group
+# in the window (harness/traces/read/gloo_groups.py), which name each collective's process group
 # where gloo's trace ranges name none. The trace's own name plus this suffix, like a summary's.
 GROUPS_SUFFIX = ".groups.json"
 
@@ -61,7 +61,7 @@ WATCH_FILE = "watch.jsonl"
 STATUS_DIR = "status"
 STATUS_TEMPLATE = "rank{rank}.json"
 STATUS_PATTERN = re.compile(r"^rank(?P<rank>\d+)\.json$")
-# Flight Recorder dumps (harness/train/flight.py writes, harness/collect/analyse/flight.py reads): one JSON file
+# Flight Recorder dumps (harness/train/flight.py writes, harness/traces/analyse/flight.py reads): one JSON file
 # per rank, written when a collective times out or fails, on SIGTERM/SIGINT, or when the rank
 # ends with an error; NCCL's own watchdog dumps (a pickle) land in the same folder under
 # NCCL_DUMP_PREFIX + rank.

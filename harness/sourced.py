@@ -83,7 +83,7 @@ def entries(owner: str, obj: Any) -> Iterator[Entry]:
 
 def registry() -> list[tuple[str, str, Any]]:
     """(section title, owner as code names it, dataclass or instance) of every threshold holder."""
-    from harness.collect.analyse import advisor, gpu_health, memory, noise, stragglers
+    from harness.traces.analyse import advisor, gpu_health, memory, noise, stragglers
 
     return [
         ("The straggler rule (collector and watch)", "stragglers.Thresholds", stragglers.Thresholds),
@@ -96,7 +96,7 @@ def registry() -> list[tuple[str, str, Any]]:
 
 
 # The modules whose module-level numbers tests/test_thresholds.py reads (harness/...).
-ANALYSIS_MODULES = ("collect/analyse/*.py", "train/watch_rule.py", "train/watch.py", "train/arrivals.py")
+ANALYSIS_MODULES = ("traces/analyse/*.py", "train/watch_rule.py", "train/watch.py", "train/arrivals.py")
 # Module-level numbers there that decide no finding: units and how much a report shows.
 NOT_THRESHOLDS = (
     "flight.MAX_MISMATCHES",

@@ -44,7 +44,7 @@ stage() {
     command -v nsys ncu 2>&1
     # the native tabler, as `pip install` builds it (optional: the collector falls back to Python)
     timeout 90 "$PY" setup.py -q build_ext --inplace 2>&1 | tail -3
-    "$PY" -c "from harness.collect import native; print('native tabler built:', native.extension is not None)" 2>&1
+    "$PY" -c "from harness.traces import native; print('native tabler built:', native.extension is not None)" 2>&1
 } > "$OUT/device.txt" 2>&1
 # 300 s: its GPU checks are the core (the lab sweep and the lab-modes check repeat parts of it)
 stage selfcheck 300 "$PY" -m harness.selfcheck --quick --out "$WORK/selfcheck"

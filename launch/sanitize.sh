@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The native extension (harness/collect/native: _scan.c, _rewrite.c, _nest.c, which parse
+# The native extension (harness/traces/native: _scan.c, _rewrite.c, _nest.c, which parse
 # untrusted trace JSON) under AddressSanitizer and UBSan: `make sanitize`.
 #
 # 1. builds the three C files into a separate extension, build/sanitize/_scan<suffix>, with
@@ -10,7 +10,7 @@
 #    tests/data/fuzz (tests/fuzz_native.py); a crash's input is saved as build/sanitize/crash-*.bin
 #    and the script exits non-zero.
 # The sanitized module is loaded in place of the installed one through HARNESS_NATIVE_PATH
-# (harness/collect/native/__init__.py), into a Python started with the ASan runtime preloaded.
+# (harness/traces/native/__init__.py), into a Python started with the ASan runtime preloaded.
 # Environment: VENV (default .venv), FUZZ_SECONDS, FUZZ_SEED (default: a new seed, printed),
 # SANITIZE_CC (default gcc: the runtime is its libasan), SANITIZE_SKIP_TESTS=1 (fuzz only);
 # PYTEST_ADDOPTS reaches the tests (tests/test_sanitize.py leaves out the two largest traces).
@@ -32,7 +32,7 @@ if [ ! -e "$LIBASAN" ]; then
     exit 2
 fi
 
-SRC=harness/collect/native
+SRC=harness/traces/native
 INCLUDE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 SUFFIX=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 # float-cast-overflow is UB that -fsanitize=undefined leaves out under gcc
@@ -55,7 +55,7 @@ SANITIZED=(env -u HARNESS_NATIVE_SCAN -u HARNESS_NATIVE_OFF
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
     PYTHONMALLOC=malloc)
-"${SANITIZED[@]}" "$PY" -c 'import os; from harness.collect import native
+"${SANITIZED[@]}" "$PY" -c 'import os; from harness.traces import native
 assert native.extension.__file__ == os.environ["HARNESS_NATIVE_PATH"], native.extension.__file__'
 
 if [ "${SANITIZE_SKIP_TESTS:-0}" != 1 ]; then

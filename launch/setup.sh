@@ -30,7 +30,7 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     "${PIP[@]}" install "$TORCH_SPEC"
 fi
 # The stamp covers what the install builds from: the metadata and the native C sources.
-stamp="$VENV/.installed-$(cat pyproject.toml setup.py harness/collect/native/_scan.c harness/collect/native/_rewrite.c harness/collect/native/_nest.c harness/collect/native/_json.h | sha1sum | cut -c1-12)-$EXTRAS"
+stamp="$VENV/.installed-$(cat pyproject.toml setup.py harness/traces/native/_scan.c harness/traces/native/_rewrite.c harness/traces/native/_nest.c harness/traces/native/_json.h | sha1sum | cut -c1-12)-$EXTRAS"
 if [ ! -f "$stamp" ]; then
     echo "setup: installing the harness and its dependencies into $VENV"
     "${PIP[@]}" install -e ".[$EXTRAS]"

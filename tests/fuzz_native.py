@@ -1,4 +1,4 @@
-"""Fuzz the native extension's three functions (harness/collect/native: scan, rewrite, nest) for a
+"""Fuzz the native extension's three functions (harness/traces/native: scan, rewrite, nest) for a
 bounded time: each call must return or raise a Python exception, never crash. Run by
 launch/sanitize.sh on the ASan + UBSan build, where any memory error or undefined behaviour aborts
 the process; it works on the installed build too (only Python-visible failures are seen then).
@@ -778,8 +778,8 @@ def load_seeds(corpus: Path) -> list[bytes]:
 
 
 def worker(args: argparse.Namespace) -> int:
-    from harness.collect import native
-    from harness.collect.read import decode  # noqa: F401  # configures scan's categories
+    from harness.traces import native
+    from harness.traces.read import decode  # noqa: F401  # configures scan's categories
 
     ext = native.extension
     if ext is None:
@@ -870,8 +870,8 @@ def supervise(args: argparse.Namespace) -> int:
 
 
 def replay(path: Path) -> int:
-    from harness.collect import native
-    from harness.collect.read import decode  # noqa: F401  # configures scan's categories
+    from harness.traces import native
+    from harness.traces.read import decode  # noqa: F401  # configures scan's categories
 
     head = json.loads(path.with_suffix(".call.json").read_text())
     call = Call(head["function"], path.read_bytes(), head["params"])

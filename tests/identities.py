@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from harness.collect.analysis import Analysis
+from harness.traces.run_analysis import Analysis
 
 ROUNDING_MS = 1e-5  # report.json rounds times to the ns (6 decimals of ms): a sum of four is within this
 SHARES = ("compute_share", "reducer_share", "exposed_transfer_share", "memcpy_share", "idle_share")

@@ -6,9 +6,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from harness.collect.analyse.advisor import Diagnosis, Evidence
-from harness.collect.read.watch_log import WatchFlagRecord, WatchRecord
-from harness.collect.read.windows import WindowRecord
 from harness.report.records import (
     ClockRecord,
     CollectivesRecord,
@@ -19,6 +16,9 @@ from harness.report.records import (
     RunRecord,
     StragglerRecord,
 )
+from harness.traces.analyse.advisor import Diagnosis, Evidence
+from harness.traces.read.watch_log import WatchFlagRecord, WatchRecord
+from harness.traces.read.windows import WindowRecord
 
 
 def run_record(**fields: Any) -> RunRecord:

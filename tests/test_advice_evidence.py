@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.analyse.advisor import ADVICE, REMEDIES, Diagnosis, advice_for, diagnose, judged_with_peers
-from harness.collect.analysis import Analysis, analyze
-from harness.collect.read.discover import group_ranks
-from harness.collect.read.parse import parse_trace
-from harness.collect.read.phases import step_phases
-from harness.collect.read.practices import practices_in
+from harness.traces.analyse.advisor import ADVICE, REMEDIES, Diagnosis, advice_for, diagnose, judged_with_peers
+from harness.traces.read.discover import group_ranks
+from harness.traces.read.parse import parse_trace
+from harness.traces.read.phases import step_phases
+from harness.traces.read.practices import practices_in
+from harness.traces.run_analysis import Analysis, analyze
 
 from devicesim import Sim, write_all
 from tracebuild import GpuRank, document, step, write, x

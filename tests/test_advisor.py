@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.analyse.advisor import Rules, classify
-from harness.collect.read.parse import parse_trace
+from harness.traces.analyse.advisor import Rules, classify
+from harness.traces.read.parse import parse_trace
 
 from identities import check_report
 from jobs import LAB, REPO, Run, run_harness, said
@@ -228,8 +228,8 @@ def test_ddp_reducer_work_is_booked_as_communication(tmp_path: Path) -> None:
     ]
     t = parse_trace(write(tmp_path / "rank0.pt.trace.json", document(events, 0, base_ns=None)))
     assert t.steps[0].compute_by_name_us == {"aten::addmm": 100.0, "ddp reducer": 400.0}
-    from harness.collect.analyse.advisor import rank_evidence
-    from harness.collect.analyse.overlap import StepOverlap
+    from harness.traces.analyse.advisor import rank_evidence
+    from harness.traces.analyse.overlap import StepOverlap
 
     row = StepOverlap(
         rank=0,

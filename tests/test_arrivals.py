@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from watch_stub import GrouplessWatch
 
-from harness.collect.analyse.noise import GPU, SHARED_CPU
-from harness.collect.analyse.stragglers import Thresholds
+from harness.traces.analyse.noise import GPU, SHARED_CPU
+from harness.traces.analyse.stragglers import Thresholds
 from harness.train.arrivals import (
     TIMING_PATIENCE_NS,
     HeldArrivals,

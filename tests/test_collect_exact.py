@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.analyse.overlap import intersect, subtract, union
-from harness.collect.read.discover import group_ranks
-from harness.collect.read.parse import parse_trace
-from harness.collect.read.runup import IDLE
 from harness.report.document import build_report
 from harness.report.records import as_document
+from harness.traces.analyse.overlap import intersect, subtract, union
+from harness.traces.read.discover import group_ranks
+from harness.traces.read.parse import parse_trace
+from harness.traces.read.runup import IDLE
 
 from jobs import REAL_TRACES, REPO
 from tracebuild import (
@@ -361,7 +361,7 @@ def test_collector_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, harness.report.command, harness.report.merged; sys.exit('torch' in sys.modules)"
+    code = "import sys, harness.collect.command, harness.report.merged; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
@@ -380,7 +380,7 @@ def test_identical_kernel_intervals_inside_and_outside_a_step(tmp_path: Path) ->
     assert trace.comms[0].run_up_start_us == 0.0
     assert trace.comms[0].run_up_us == {"op:k_in_step": 50.0, "op:k_before_steps": 50.0, IDLE: 250.0}
     windows = [write(tmp_path / f"w{i}" / f"rank0.{i}.pt.trace.json", doc) for i in (1, 2)]
-    from harness.collect.read.discover import _merge_windows
+    from harness.traces.read.discover import _merge_windows
 
     merged = _merge_windows([parse_trace(p) for p in windows])
     assert [s.cover.compute_us for s in merged.steps] == [50.0, 50.0]  # each window's step keeps its own
@@ -430,7 +430,7 @@ def _real_and_built_traces(tmp_path: Path) -> list[Path]:
 def test_streamed_decode_equals_whole_decode(tmp_path: Path, block_bytes: int) -> None:
     """Blocks cut at every size, between events and inside strings and nested arrays: the
     streamed events and top-level fields are exactly the whole-file decode's."""
-    from harness.collect.read.decode import _decode_whole, _stream, decode_trace, open_trace
+    from harness.traces.read.decode import _decode_whole, _stream, decode_trace, open_trace
 
     for path in _real_and_built_traces(tmp_path):
         if block_bytes < 1024 and path.stat().st_size > 1 << 20:
@@ -445,7 +445,7 @@ def test_releasing_what_the_analysis_read_changes_no_result(tmp_path: Path) -> N
     `release`): the same stragglers, phase included, overlap and gaps as keeping them. Four ranks
     on two hosts (the second's clock 300 us ahead, so the ranks are shifted copies), rank 2
     computing 300 us longer in every step."""
-    from harness.collect.analysis import align_ranks, analyze_aligned
+    from harness.traces.run_analysis import align_ranks, analyze_aligned
 
     docs = ring_docs(
         lambda r, s: 400.0 if r == 2 else 100.0, 4, 4, hosts=["a", "a", "b", "b"], clock_us=[0.0, 0.0, 300.0, 300.0]

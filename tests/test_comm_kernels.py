@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.read.comm_kernels import classify, looks_like_comm
+from harness.traces.read.comm_kernels import classify, looks_like_comm
 
 from jobs import REPO
 from tracebuild import GpuRank, document, run_analysis, step, write

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.model import CommOp, RankTrace, Shared, Step, StepCover, compact
-from harness.collect.read.compact import Named, Pieces, RankValues
-from harness.collect.read.summary import read_summary, write_summary
+from harness.traces.model import CommOp, RankTrace, Shared, Step, StepCover, compact
+from harness.traces.read.compact import Named, Pieces, RankValues
+from harness.traces.read.summary import read_summary, write_summary
 
 
 def test_a_named_reads_as_the_dict_it_was_made_from() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.collect.analyse.overlap import (
+from harness.traces.analyse.overlap import (
     MIN_GAP_US,
     Gap,
     LongestGaps,
@@ -25,7 +25,7 @@ from harness.collect.analyse.overlap import (
     subtract,
     union,
 )
-from harness.collect.model import Busy, CommOp, RankTrace, Step
+from harness.traces.model import Busy, CommOp, RankTrace, Step
 
 # Whole and half microseconds, offsets in whole ones: every sum and difference is exact, so the
 # shifted results must match to the bit as well.

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.analysis import Analysis, analyze
-from harness.collect.read.discover import group_ranks
-from harness.collect.read.parse import parse_trace
+from harness.traces.read.discover import group_ranks
+from harness.traces.read.parse import parse_trace
+from harness.traces.run_analysis import Analysis, analyze
 
 from devicesim import Sim, write_all
 
@@ -111,7 +111,7 @@ def test_a_comm_stream_hides_behind_compute(tmp_path: Path) -> None:
 
 
 def diagnosed(tmp_path: Path, sim: Sim) -> tuple[Analysis, dict[int, object]]:
-    from harness.collect.analyse.advisor import diagnose
+    from harness.traces.analyse.advisor import diagnose
 
     a = analysed(tmp_path, sim)
     return a, {d.rank: d for d in diagnose(a)}

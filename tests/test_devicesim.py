@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from harness.collect.read.parse import parse_trace
+from harness.traces.read.parse import parse_trace
 
 from devicesim import D2H, H2D, DeadlockError, Sim, collective_names, write_all
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.align.waits import attribute
-from harness.collect.analyse.collective_stats import bus_factor, collective_stats, message_bytes
 from harness.report.document import build_report
 from harness.report.records import as_document
+from harness.traces.align.waits import attribute
+from harness.traces.analyse.collective_stats import bus_factor, collective_stats, message_bytes
 
 from jobs import REPO, said
 from tracebuild import cpu_ring_docs, ring_docs, run_analysis, shift_doc, write
@@ -235,9 +235,9 @@ def test_steps_not_in_the_traces_exit_2(tmp_path: Path) -> None:
 
 
 def test_the_clock_check_reads_only_steady_symmetric_collectives() -> None:
-    from harness.collect.align.clocks import disagreeing_clocks
-    from harness.collect.align.matching import Instance
-    from harness.collect.model import CommOp, RankTrace
+    from harness.traces.align.clocks import disagreeing_clocks
+    from harness.traces.align.matching import Instance
+    from harness.traces.model import CommOp, RankTrace
 
     traces = [
         RankTrace(rank=r, world_size=3, host="h0", run_id=None, device="gpu", steps=[], comms=[]) for r in range(3)
@@ -289,10 +289,10 @@ def test_on_cpu_a_waiters_late_wake_up_is_no_clock_but_an_offset_in_both_roles_i
     time: a gloo thread woken late on a busy core. On GPU devices that gap reads as a clock; on
     shared CPU cores it does not. A true offset of 5 ms on rank 1, with the arrival order
     alternating (each waiting at half the instances, waking 0.3 ms late), is a clock on both."""
-    from harness.collect.align.clocks import disagreeing_clocks
-    from harness.collect.align.matching import Instance
-    from harness.collect.analyse.noise import GPU, SHARED_CPU
-    from harness.collect.model import CommOp, RankTrace
+    from harness.traces.align.clocks import disagreeing_clocks
+    from harness.traces.align.matching import Instance
+    from harness.traces.analyse.noise import GPU, SHARED_CPU
+    from harness.traces.model import CommOp, RankTrace
 
     traces = [
         RankTrace(rank=r, world_size=2, host="h0", run_id=None, device="cpu", steps=[], comms=[]) for r in range(2)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.analyse.advisor import classify
+from harness.traces.analyse.advisor import classify
 
 from identities import check_report
 from jobs import LAB_SIZE, REPO, run_harness, said

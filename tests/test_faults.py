@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.read.parse import parse_trace
 from harness.paths import PARTIAL_SUFFIX, list_traces, status_path, steps_path
+from harness.traces.read.parse import parse_trace
 
 from jobs import REPO, job_env
 
@@ -181,7 +181,7 @@ def test_compute_straggler_on_cuda_keeps_the_host_free() -> None:
 
 
 def test_ending_notes_put_the_cause_first(tmp_path: Path) -> None:
-    from harness.collect.read.run_state import ending_notes
+    from harness.traces.read.run_state import ending_notes
 
     (tmp_path / "status").mkdir()
     (tmp_path / "steps").mkdir()

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from harness.collect.analysis import analyze
-from harness.collect.read import decode
-from harness.collect.read.discover import InputError, group_ranks
-from harness.collect.read.parse import TraceError, parse_trace
 from harness.report.document import build_report
 from harness.report.records import as_document
+from harness.traces.read import decode
+from harness.traces.read.discover import InputError, group_ranks
+from harness.traces.read.parse import TraceError, parse_trace
+from harness.traces.run_analysis import analyze
 
 from jobs import REAL_TRACES
 

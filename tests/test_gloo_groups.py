@@ -1,5 +1,5 @@
 """gloo's collectives given their process groups from the Flight Recorder entries the training
-job writes beside each trace window (harness/collect/read/gloo_groups.py): exact answers on
+job writes beside each trace window (harness/traces/read/gloo_groups.py): exact answers on
 hand-built entries and traces; the real 4-rank job is tests/test_api.py's tensor-parallel test."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from harness.collect.analysis import analyze
-from harness.collect.read.discover import find_trace_files, group_ranks
-from harness.collect.read.gloo_groups import Issued, Ran, collective, sidecar_doc, thread_groups
-from harness.collect.read.parse import parse_trace
-from harness.collect.read.runup import IDLE
 from harness.paths import groups_path
+from harness.traces.read.discover import find_trace_files, group_ranks
+from harness.traces.read.gloo_groups import Issued, Ran, collective, sidecar_doc, thread_groups
+from harness.traces.read.parse import parse_trace
+from harness.traces.read.runup import IDLE
+from harness.traces.run_analysis import analyze
 
 from tracebuild import document, gpu_docs, shift_doc, step, write, x
 

@@ -1,6 +1,6 @@
 """Each GPU's health beside its timing: NVML's readings (harness/train/gpu_health.py, with a
 stand-in NVML module), and the collector naming a straggler's slower GPU from step logs that
-carry them (harness/collect/analyse/gpu_health.py), with exact answers."""
+carry them (harness/traces/analyse/gpu_health.py), with exact answers."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from harness.collect.analyse.gpu_health import GpuReading, gpu_findings
-from harness.collect.analyse.memory import read_step_logs
+from harness.traces.analyse.gpu_health import GpuReading, gpu_findings
+from harness.traces.analyse.memory import read_step_logs
 from harness.train.gpu_health import GpuHealth, read_health, throttle_reasons
 
 from jobs import collect_quietly

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.collect.analyse.advisor import GEMM, GRAD_SCALER_ADVICE, Rules, advice_for, classify, diagnose
-from harness.collect.analysis import analyze
-from harness.collect.read.discover import group_ranks
-from harness.collect.read.host_ops import caller_of, enclosing
-from harness.collect.read.parse import NO_KERNELS, parse_trace
+from harness.traces.analyse.advisor import GEMM, GRAD_SCALER_ADVICE, Rules, advice_for, classify, diagnose
+from harness.traces.read.discover import group_ranks
+from harness.traces.read.host_ops import caller_of, enclosing
+from harness.traces.read.parse import NO_KERNELS, parse_trace
+from harness.traces.run_analysis import analyze
 
 from jobs import REAL_TRACES
 from tracebuild import MAIN, STREAM, GpuRank, document, run_analysis, step, write, x

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from harness.collect.read import decode
-from harness.collect.read.decode import Limits, TraceError, decode_trace, open_trace
+from harness.traces.read import decode
+from harness.traces.read.decode import Limits, TraceError, decode_trace, open_trace
 
 from jobs import REAL_TRACES, REPO
 

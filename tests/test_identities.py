@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from test_device_timeline import gpu_bound, sync_loop
 
-from harness.collect.analysis import Analysis, analyze
-from harness.collect.read.discover import group_ranks
-from harness.collect.read.parse import parse_trace
 from harness.report.document import build_report
 from harness.report.records import as_document
+from harness.traces.read.discover import group_ranks
+from harness.traces.read.parse import parse_trace
+from harness.traces.run_analysis import Analysis, analyze
 
 from devicesim import Sim, write_all
 from identities import check_report, check_spans

@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from harness.collect.analyse.memory import (
+from harness.collect import command as collect_cli
+from harness.paths import MEMORY_TIMELINE_PATTERN, PARTIAL_SUFFIX, steps_path
+from harness.report.console import console_table
+from harness.report.document import build_report
+from harness.report.markdown import render_markdown
+from harness.report.page import render_page
+from harness.report.records import as_document
+from harness.traces.analyse.memory import (
     GiB,
     MemoryFinding,
     MemoryStep,
@@ -21,13 +28,6 @@ from harness.collect.analyse.memory import (
     t_quantile,
     trend,
 )
-from harness.paths import MEMORY_TIMELINE_PATTERN, PARTIAL_SUFFIX, steps_path
-from harness.report import command as collect_cli
-from harness.report.console import console_table
-from harness.report.document import build_report
-from harness.report.markdown import render_markdown
-from harness.report.page import render_page
-from harness.report.records import as_document
 from harness.train.config import ConfigError, LaunchEnv, build_config, resolve_environment
 from harness.train.heap import HeapStats
 

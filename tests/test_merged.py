@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.model import RankTrace, Step
-from harness.collect.read import decode
-from harness.collect.read.parse import parse_trace
 from harness.paths import MERGED_TRACE
 from harness.report.gzip_pieces import PieceWriter, crc32_combine, write_gzip
 from harness.report.merged import MERGED_BUDGET_BYTES, MergedChoice, choose_window, step_bytes, window_for
+from harness.traces.model import RankTrace, Step
+from harness.traces.read import decode
+from harness.traces.read.parse import parse_trace
 
 from jobs import REAL_TRACES, REPO, said
 from tracebuild import ring_docs, write
@@ -240,7 +240,7 @@ def test_block_index_covers_every_event_exactly(tmp_path: Path, monkeypatch: pyt
 
 
 def test_summaries_carry_what_the_window_needs(tmp_path: Path) -> None:
-    from harness.collect.read.summary import read_summary, summarize
+    from harness.traces.read.summary import read_summary, summarize
 
     f = write(tmp_path / "rank0.pt.trace.json", ring_docs(lambda r, s: 10.0 * r, 2, 5)[0])
     direct = parse_trace(f)

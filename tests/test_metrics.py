@@ -183,7 +183,7 @@ def test_the_grafana_dashboard_reads_only_metrics_the_ranks_export() -> None:
 def test_a_summarized_window_gives_syncs_and_launches_per_step(tmp_path: Path) -> None:
     """With --trace-summary, each window's parsed rank sets the syncs, their device cost and the
     launches per step: here a real DLRM GPU trace's, their means over its steps."""
-    from harness.collect.read.parse import parse_trace
+    from harness.traces.read.parse import parse_trace
 
     from jobs import REAL_TRACES
 

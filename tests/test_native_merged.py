@@ -1,4 +1,4 @@
-"""The native merged-trace rewriter (harness/collect/native/_rewrite.c) against the Python loop it
+"""The native merged-trace rewriter (harness/traces/native/_rewrite.c) against the Python loop it
 accelerates (merged._Mover.events): every block gives the same events (compared as parsed JSON:
 numbers may be spelled differently, never valued differently), the same new thread numbers and
 the same count, on the real traces in tests/data/traces and on generated events of every odd
@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_native_scan import NUMBER, ODD, REAL, TEXT
 
-from harness.collect.analyse.overlap import union
-from harness.collect.native import ALL_ENV, extension
-from harness.collect.read.decode import decode_trace, open_trace
+from harness.collect.command import main as collect_main
 from harness.report import merged
-from harness.report.command import main as collect_main
+from harness.traces.analyse.overlap import union
+from harness.traces.native import ALL_ENV, extension
+from harness.traces.read.decode import decode_trace, open_trace
 
 from jobs import REAL_TRACES
 

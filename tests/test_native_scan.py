@@ -1,4 +1,4 @@
-"""The native event tabler (harness/collect/native/_scan.c) against the Python decode it accelerates:
+"""The native event tabler (harness/traces/native/_scan.c) against the Python decode it accelerates:
 every trace decodes to the same `Trace` with it and without it (HARNESS_NATIVE_SCAN=0), on the
 real traces in tests/data/traces, on generated events of every odd shape (escapes, raw UTF-8,
 string times, string pids, duplicate keys, collective args), and on corrupted files, where both
@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.collect.native import ALL_ENV, extension
-from harness.collect.read import decode
-from harness.collect.read.decode import TraceError, decode_trace
+from harness.traces.native import ALL_ENV, extension
+from harness.traces.read import decode
+from harness.traces.read.decode import TraceError, decode_trace
 
 from jobs import REAL_TRACES
 
@@ -35,7 +35,7 @@ def _compiler() -> str | None:
 
 @pytest.mark.skipif(_compiler() is None, reason="no C compiler: the collector decodes in Python")
 def test_native_tabler_is_built_where_a_compiler_is():
-    assert extension is not None, "harness/collect/native/_scan.c was not compiled: run `make setup` (pip install -e .)"
+    assert extension is not None, "harness/traces/native/_scan.c was not compiled: run `make setup` (pip install -e .)"
 
 
 def both(path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int | None = None) -> tuple[Any, Any]:
@@ -460,7 +460,7 @@ def test_scanner_refuses_args_numbers_beyond_int():
 def test_each_native_function_switches_off_on_its_own(monkeypatch: pytest.MonkeyPatch):
     """native.function reads the switches at each call: HARNESS_NATIVE_OFF names the ones off,
     HARNESS_NATIVE_SCAN=0 turns every one off."""
-    from harness.collect import native
+    from harness.traces import native
 
     monkeypatch.delenv(native.ALL_ENV, raising=False)
     monkeypatch.delenv(native.OFF_ENV, raising=False)

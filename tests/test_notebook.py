@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import harness
+from harness.collect import command
 from harness.paths import trace_path
-from harness.report import command
 from harness.report.notebook import STEP_PARTS, LoadError
 
 from jobs import REPO

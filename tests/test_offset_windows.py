@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.align.matching import MAX_SHIFT, sequence_shift
-from harness.collect.analysis import Analysis, analyze
-from harness.collect.model import CommOp
-from harness.collect.read.discover import InputError, group_ranks
-from harness.collect.read.parse import parse_trace
+from harness.traces.align.matching import MAX_SHIFT, sequence_shift
+from harness.traces.model import CommOp
+from harness.traces.read.discover import InputError, group_ranks
+from harness.traces.read.parse import parse_trace
+from harness.traces.run_analysis import Analysis, analyze
 
 from devicesim import Sim, open_window, write_all
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.collect.read.parse import parse_trace
-from harness.collect.read.phases import is_data, is_model, phase_name, top_level
+from harness.traces.read.parse import parse_trace
+from harness.traces.read.phases import is_data, is_model, phase_name, top_level
 
 from tracebuild import document, step, write, x
 

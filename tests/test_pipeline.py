@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.collect.analysis import Analysis, analyze
-from harness.collect.read.discover import group_ranks
-from harness.collect.read.parse import parse_trace
-from harness.collect.read.runup import P2POps, p2p_wait
+from harness.traces.read.discover import group_ranks
+from harness.traces.read.parse import parse_trace
+from harness.traces.read.runup import P2POps, p2p_wait
+from harness.traces.run_analysis import Analysis, analyze
 
 from devicesim import Sim, write_all
 
@@ -166,8 +166,8 @@ def test_cpu_waiting_is_the_idle_inside_a_blocking_send_or_receive() -> None:
 def test_a_stage_s_waiting_survives_its_in_job_summary(tmp_path: Path) -> None:
     """The run-ups' waiting is parsed once, at the rank: an in-job summary carries it
     (CommOp.p2p_wait_us), and the collector reads the same straggler from the summaries."""
-    from harness.collect.read.summary import read_summary, write_summary
     from harness.paths import summary_path
+    from harness.traces.read.summary import read_summary, write_summary
 
     sim = pipeline_job(0, 600.0)
     paths = write_all(sim.run(), tmp_path)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.analysis import Analysis, analyze
-from harness.collect.read.discover import group_ranks
-from harness.collect.read.gloo_groups import unnamed_groups
-from harness.collect.read.parse import parse_trace
+from harness.traces.read.discover import group_ranks
+from harness.traces.read.gloo_groups import unnamed_groups
+from harness.traces.read.parse import parse_trace
+from harness.traces.run_analysis import Analysis, analyze
 
 from devicesim import COMM_STREAM, Sim, write_all
 

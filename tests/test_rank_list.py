@@ -8,9 +8,9 @@ from dataclasses import replace
 
 from reportbuild import report_of, run_record, straggler_record
 
-from harness.collect.analyse.rank_list import rank_runs, ranks_phrase
 from harness.report.document import headline, next_steps
 from harness.report.records import StragglerRecord
+from harness.traces.analyse.rank_list import rank_runs, ranks_phrase
 
 
 def test_few_ranks_are_listed_in_the_order_given_and_many_as_runs() -> None:

@@ -12,10 +12,10 @@ import statistics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.collect.align.matching import Instance
-from harness.collect.align.waits import InstanceWaits, instance_waits
-from harness.collect.analyse.replay import Replay, steps_to_replay
-from harness.collect.model import CommOp, RankTrace, Step
+from harness.traces.align.matching import Instance
+from harness.traces.align.waits import InstanceWaits, instance_waits
+from harness.traces.analyse.replay import Replay, steps_to_replay
+from harness.traces.model import CommOp, RankTrace, Step
 
 
 def _median_or(values: list[float], default: float) -> float:

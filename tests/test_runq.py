@@ -1,4 +1,4 @@
-"""CPU ranks' wait for a core (harness/collect/analyse/runq.py), said beside their lateness and
+"""CPU ranks' wait for a core (harness/traces/analyse/runq.py), said beside their lateness and
 never taken out of it (a rank held off its cores is late, and the report says why), on hand-built
 traces whose answers are known exactly (tracebuild.cpu_ring_docs with a harness:forward range
 over each rank's run-up) and step logs that say how long each rank waited for a core in it."""
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.analyse.memory import read_step_logs
-from harness.collect.analyse.runq import core_waits
-from harness.collect.analysis import analyze
-from harness.collect.read.discover import group_ranks
-from harness.collect.read.parse import parse_trace
+from harness.traces.analyse.memory import read_step_logs
+from harness.traces.analyse.runq import core_waits
+from harness.traces.read.discover import group_ranks
+from harness.traces.read.parse import parse_trace
+from harness.traces.run_analysis import analyze
 
 from tracebuild import cpu_ring_docs, write
 

@@ -19,12 +19,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from harness.collect.analyse.overlap import length, union
-from harness.collect.model import CommOp, Step
-from harness.collect.read.parse import COMM_OP, DDP_REDUCER, REDUCER_PREFIX, _self_times, _StepIndex
-from harness.collect.read.phases import is_model
-from harness.collect.read.runup import IDLE, OP_PREFIX, Spans, merged_by_step, merged_pieces, set_run_ups
 from harness.paths import STEP_PHASES
+from harness.traces.analyse.overlap import length, union
+from harness.traces.model import CommOp, Step
+from harness.traces.read.parse import COMM_OP, DDP_REDUCER, REDUCER_PREFIX, _self_times, _StepIndex
+from harness.traces.read.phases import is_model
+from harness.traces.read.runup import IDLE, OP_PREFIX, Spans, merged_by_step, merged_pieces, set_run_ups
 
 NAMES = ["aten::mm", "aten::add", "k1", "k2"]
 TIME = st.one_of(st.integers(0, 400).map(float), st.floats(0, 400, allow_nan=False))
@@ -166,7 +166,7 @@ def test_self_times_match_the_loop(ops: list, phases: list):
 def _native_env(value: str) -> Iterator[None]:
     """HARNESS_NATIVE_SCAN set to `value` for a block, then as it was (hypothesis runs many
     examples per test, so pytest's per-test monkeypatch does not fit)."""
-    from harness.collect.native import ALL_ENV
+    from harness.traces.native import ALL_ENV
 
     before = os.environ.get(ALL_ENV)
     os.environ[ALL_ENV] = value
@@ -193,8 +193,8 @@ def _native_env(value: str) -> Iterator[None]:
 def test_native_nest_matches_the_python_walk(rows: list):
     """host_ops.nest natively (_nest.c) and in Python: same parents and flags, NaN ends included."""
 
-    from harness.collect import native
-    from harness.collect.read.host_ops import nest
+    from harness.traces import native
+    from harness.traces.read.host_ops import nest
 
     if native.function("nest") is None:
         pytest.skip("the native extension is not built: nothing to compare")
@@ -212,7 +212,7 @@ def test_native_nest_reads_and_writes_at_any_alignment():
     """Fuzz finding (launch/sanitize.sh): nest read its doubles and wrote its int64 parents through
     pointers into the caller's buffers, misaligned where those are memoryview slices (undefined
     behaviour, UBSan's report); it goes through memcpy now, with the same answers."""
-    from harness.collect import native
+    from harness.traces import native
 
     nest = native.function("nest")
     if nest is None:
@@ -236,7 +236,7 @@ def test_native_nest_reads_and_writes_at_any_alignment():
 def test_step_positions_give_at_s_answers(times: list, nan_step: int):
     """_StepIndex.at_each (numpy search) and at (bisection) agree, also when a step's start is
     NaN (a ProfilerStep with "ts": "nan"), where bisection and searchsorted part ways."""
-    from harness.collect.read.runup import NO_STEP
+    from harness.traces.read.runup import NO_STEP
 
     steps = [
         Step(number=1, start_us=0.0, end_us=100.0),
@@ -285,8 +285,8 @@ def _device_work_by_loop(kernels: list, launches: dict[int, float], steps: list[
 def test_device_work_matches_the_loop(kernels: list, launch: list, phases: list):
     """Kernels launched in, between and outside two steps, by ids found, missing, negative and
     reused (the last launch of an id counts), with data/optimizer/forward phases."""
-    from harness.collect.read.decode import Columns
-    from harness.collect.read.parse import _device_work, _LaunchTimes
+    from harness.traces.read.decode import Columns
+    from harness.traces.read.parse import _device_work, _LaunchTimes
 
     names = ["k0", "k1", "k2"]
     kernels.sort(key=lambda k: k[0])

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect.model import CommOp, RankTrace, Shared, Step, compact
-from harness.collect.read import summary
-from harness.collect.read.decode import open_trace
-from harness.collect.read.parse import TraceError, parse_trace
-from harness.collect.read.summary import read_summary, summarize, write_summary
 from harness.paths import SUMMARY_SUFFIX, list_traces, summary_path
+from harness.traces.model import CommOp, RankTrace, Shared, Step, compact
+from harness.traces.read import summary
+from harness.traces.read.decode import open_trace
+from harness.traces.read.parse import TraceError, parse_trace
+from harness.traces.read.summary import read_summary, summarize, write_summary
 
 from jobs import REAL_TRACES, REPO, run_harness
 from tracebuild import gpu_docs, write

@@ -15,12 +15,12 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from watch_stub import GrouplessWatch
 
-from harness.collect.analyse.noise import GPU, SHARED_CPU
-from harness.collect.analyse.stragglers import Thresholds, run_jitter_ms, straggler_bounds
-from harness.collect.read.discover import InputError
-from harness.collect.read.watch_log import CaptureRecord, WatchFlagRecord, WatchRecord, read_watch, watch_line
-from harness.collect.read.windows import pick_window, trace_window
 from harness.paths import watch_path
+from harness.traces.analyse.noise import GPU, SHARED_CPU
+from harness.traces.analyse.stragglers import Thresholds, run_jitter_ms, straggler_bounds
+from harness.traces.read.discover import InputError
+from harness.traces.read.watch_log import CaptureRecord, WatchFlagRecord, WatchRecord, read_watch, watch_line
+from harness.traces.read.windows import pick_window, trace_window
 from harness.train.arrivals import HeldArrivals
 from harness.train.config import ProfilerConfig
 from harness.train.profiling import TraceRecorder
@@ -844,8 +844,8 @@ def test_the_watch_s_exchange_in_a_trace_window_is_marked_and_not_counted_as_the
     watch's, so no window has a groups file beside it: the collector would not read one."""
     import gzip
 
-    from harness.collect.read.parse import parse_trace
     from harness.paths import WATCH_RANGE, groups_path, list_traces
+    from harness.traces.read.parse import parse_trace
 
     args = ["--mode", "torch", "--steps", "20", "--watch-every", "5", "--wait", "10", "--warmup", "1"]
     run = run_harness([*args, "--active", "8"], log_dir)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.collect.analyse.noise import SHARED_CPU
+from harness.traces.analyse.noise import SHARED_CPU
 from harness.train.arrivals import HeldArrivals
 from harness.train.watch_rule import (
     COLLECTIVE_PHASES,

@@ -22,12 +22,12 @@ from reportbuild import (
     window_of,
 )
 
-from harness.collect.read.watch_log import WatchFlagRecord, WatchRecord
 from harness.paths import trace_path
 from harness.report.across_windows import WindowVerdict, across_windows, summary_lines, window_verdict
 from harness.report.document import build_report
 from harness.report.records import Report, WatchStragglerRecord, as_document
 from harness.report.watch_verdict import attach_watch, watch_stragglers
+from harness.traces.read.watch_log import WatchFlagRecord, WatchRecord
 
 from jobs import collect_quietly, said
 from tracebuild import cpu_ring_docs, run_analysis, write

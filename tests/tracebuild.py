@@ -8,9 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.collect.analysis import Analysis, analyze
-from harness.collect.read.discover import group_ranks
-from harness.collect.read.parse import parse_trace
+from harness.traces.read.discover import group_ranks
+from harness.traces.read.parse import parse_trace
+from harness.traces.run_analysis import Analysis, analyze
 
 MAIN = (100, 100)  # pid, tid of the host main thread
 GLOO = (100, 101)  # a gloo worker thread

@@ -55,7 +55,7 @@ import torch
 
 from detect.real import ONSET_STEP, WARMUP_STEPS, WATCH_EVERY
 from detect.score import Seen, Truth, score
-from harness.collect.analyse.noise import GPU
+from harness.traces.analyse.noise import GPU
 from harness.train.arrivals import HeldArrivals, TimingPatience, my_arrivals, untimed_steps
 from harness.train.watch_rule import (
     COLLECTIVE_PHASES,

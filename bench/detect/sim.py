@@ -51,7 +51,7 @@ One case (`draw_case`, from one random generator):
    steps, exact. (A delay after the last collective keeps nobody waiting; one the host hides
    by running ahead costs nothing: both are no stragglers, whatever was injected.)
 Each case's traces are written to a scratch folder, read by the collector's own parser and
-analysed (`harness.collect.analysis.analyze`, the command's analysis), then removed.
+analysed (`harness.traces.run_analysis.analyze`, the command's analysis), then removed.
 """
 
 from __future__ import annotations
@@ -70,10 +70,10 @@ from detect.score import Seen, Truth, case_row, score
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
-from harness.collect.analysis import analyze  # noqa: E402
-from harness.collect.read.discover import group_ranks  # noqa: E402
-from harness.collect.read.parse import parse_trace  # noqa: E402
 from harness.report.floor import floor_record, floor_step  # noqa: E402
+from harness.traces.read.discover import group_ranks  # noqa: E402
+from harness.traces.read.parse import parse_trace  # noqa: E402
+from harness.traces.run_analysis import analyze  # noqa: E402
 
 from devicesim import COMPUTE_STREAM, Sim, write_all  # noqa: E402
 

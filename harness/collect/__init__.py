@@ -1,7 +1,2 @@
-"""The collector: from a folder (or several) of per-rank traces to a straggler/overlap report.
-
-Stages, one module each, data flowing one way: discover -> parse (per rank, in parallel; each
-step's compute folded into its cover) -> align clocks / match collectives -> overlap ->
-stragglers -> report. Analyses are pure functions
-over `model.RankTrace`; nothing here imports torch.
-"""
+"""`python -m harness.collect`: the command (command.py) and its pipeline (pipeline.py), from
+run folders to the report folder: traces/ reads and analyses, report/ writes the files."""

@@ -1,3 +1,3 @@
-from harness.report.command import main
+from harness.collect.command import main
 
 main()

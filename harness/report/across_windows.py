@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness.collect.read.watch_log import WatchRecord
 from harness.report.records import Report, WatchStragglerRecord
 from harness.report.watch_verdict import OVERRIDDEN, watch_stragglers
+from harness.traces.read.watch_log import WatchRecord
 
 JUDGED = ("straggler", "balanced")
 

@@ -15,15 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.collect.analyse.advisor import Diagnosis, advice_for, diagnose, diagnosis_line
-from harness.collect.analyse.collective_stats import collective_stats, process_groups
-from harness.collect.analyse.gpu_health import GpuFinding
-from harness.collect.analyse.memory import MemoryResult, MemoryTimeline, finding_text
-from harness.collect.analyse.rank_list import ranks_listed, ranks_phrase
-from harness.collect.analyse.replay import REPLAY_FIDELITY
-from harness.collect.analyse.stragglers import OUTSIDE_RANGES, UNNAMED_GROUPS_REASON
-from harness.collect.analysis import Analysis
-from harness.collect.read.phases import is_data
 from harness.report.floor import TELL_BY_WINDOWS, floor_record, floor_step
 from harness.report.records import (
     SCHEMA_VERSION,
@@ -42,6 +33,15 @@ from harness.report.records import (
     StepRecord,
     StragglerRecord,
 )
+from harness.traces.analyse.advisor import Diagnosis, advice_for, diagnose, diagnosis_line
+from harness.traces.analyse.collective_stats import collective_stats, process_groups
+from harness.traces.analyse.gpu_health import GpuFinding
+from harness.traces.analyse.memory import MemoryResult, MemoryTimeline, finding_text
+from harness.traces.analyse.rank_list import ranks_listed, ranks_phrase
+from harness.traces.analyse.replay import REPLAY_FIDELITY
+from harness.traces.analyse.stragglers import OUTSIDE_RANGES, UNNAMED_GROUPS_REASON
+from harness.traces.read.phases import is_data
+from harness.traces.run_analysis import Analysis
 
 ADVICE = {
     "data": "its input pipeline is slow: more DataLoader workers (num_workers; the lab: --num-workers), "

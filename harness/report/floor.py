@@ -11,8 +11,8 @@ than a bare "balanced".
 
 from __future__ import annotations
 
-from harness.collect.analyse.stragglers import MIN_JITTER_STEPS, StragglerResult, Thresholds
 from harness.report.records import NextStepRecord, NoiseFloorRecord
+from harness.traces.analyse.stragglers import MIN_JITTER_STEPS, StragglerResult, Thresholds
 
 # The bounds that are not about the run's noise: the material share of the step, and the floor
 # a user chose (--min-lag-ms).

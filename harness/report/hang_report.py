@@ -11,9 +11,9 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from harness.collect.analyse import flight
-from harness.collect.analyse.flight_records import DumpRank, FlightResult, MissingAt
 from harness.report.records import SCHEMA_VERSION, ClockRecord, CollectivesRecord, NextStepRecord, Report, RunRecord
+from harness.traces.analyse import flight
+from harness.traces.analyse.flight_records import DumpRank, FlightResult, MissingAt
 
 
 def attach(report: Report, result: FlightResult | None) -> Report:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from harness import text_table
-from harness.collect.read.watch_log import watch_line
-from harness.collect.read.windows import window_line
 from harness.report.hang_report import hang_lines
 from harness.report.records import Report
 from harness.report.tables import (
@@ -27,6 +25,8 @@ from harness.report.tables import (
     straggler_rows,
     watch_straggler_text,
 )
+from harness.traces.read.watch_log import watch_line
+from harness.traces.read.windows import window_line
 
 
 def render_markdown(report: Report) -> str:

@@ -32,17 +32,17 @@ import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from harness.atomic import atomic_file
-from harness.collect import native
-from harness.collect.align.clocks import ClockOffset
-from harness.collect.align.waits import InstanceWaits
-from harness.collect.analyse.overlap import union
-from harness.collect.model import Block, RankTrace
-from harness.collect.read.decode import open_trace, thread_key
-from harness.collect.read.discover import number_ranges
-from harness.collect.read.parse import load_json
 from harness.paths import MERGED_TRACE
 from harness.report.gzip_pieces import Piece, PieceWriter, write_gzip
 from harness.report.records import MergedRecord
+from harness.traces import native
+from harness.traces.align.clocks import ClockOffset
+from harness.traces.align.waits import InstanceWaits
+from harness.traces.analyse.overlap import union
+from harness.traces.model import Block, RankTrace
+from harness.traces.read.decode import open_trace, thread_key
+from harness.traces.read.discover import number_ranges
+from harness.traces.read.parse import load_json
 
 # Perfetto UI holds about 2 GB in the browser, at 2-4x the JSON's size once parsed: a JSON of
 # ~250 MB is the largest that opens reliably (chrome://tracing gives up earlier, ~300 MB).

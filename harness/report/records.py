@@ -20,13 +20,13 @@ from typing import Any
 
 import msgspec
 
-from harness.collect.analyse import flight_records
-from harness.collect.analyse.advisor import Diagnosis, Evidence
-from harness.collect.analyse.flight_records import Dumps, Hang, Mismatch
-from harness.collect.analyse.memory import MemoryFinding, MemoryStep, MemoryTimeline
-from harness.collect.analyse.overlap import Gap
-from harness.collect.read.watch_log import CaptureRecord, WatchFlagRecord, WatchRecord
-from harness.collect.read.windows import WindowRecord
+from harness.traces.analyse import flight_records
+from harness.traces.analyse.advisor import Diagnosis, Evidence
+from harness.traces.analyse.flight_records import Dumps, Hang, Mismatch
+from harness.traces.analyse.memory import MemoryFinding, MemoryStep, MemoryTimeline
+from harness.traces.analyse.overlap import Gap
+from harness.traces.read.watch_log import CaptureRecord, WatchFlagRecord, WatchRecord
+from harness.traces.read.windows import WindowRecord
 
 # report.json's schema version: the TensorBoard view refuses a report of another
 SCHEMA_VERSION = 1
@@ -365,7 +365,7 @@ class NoiseFloorRecord:
     """the run's step-to-step jitter was measured (false: too few steps, and the bound then
     holds none of the run's own noise)"""
     noise_model: str
-    """the devices whose noise the rule allowed for (collect/analyse/noise.py): GPU devices or
+    """the devices whose noise the rule allowed for (traces/analyse/noise.py): GPU devices or
     shared CPU cores"""
     latest_rank: int
     """the rank furthest beyond its peers, straggler or not"""

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from harness.collect.analysis import Analysis
+from harness.traces.run_analysis import Analysis
 
 SCHEMA_VERSION = 1
 MAX_ITEMS = 60_000  # bars in the browser: beyond this Plotly's drawing and zooming get slow

@@ -19,10 +19,10 @@ In report.json (records.py `Report`):
 
 from __future__ import annotations
 
-from harness.collect.analyse.rank_list import ranks_phrase
 from harness.report.document import LISTED
 from harness.report.floor import TELL_BY_WINDOWS, floor_step
 from harness.report.records import NextStepRecord, Report, WatchRecord, WatchStragglerRecord
+from harness.traces.analyse.rank_list import ranks_phrase
 
 # The window's verdicts the watch's flags override: neither names a rank. A hang or a mismatch
 # (hang_report.py) is about a job that stopped, which leads whatever was slow before it.

@@ -146,7 +146,7 @@ TRACED = ["--mode", "torch", "--steps", "16", "--warmup-steps", "5"]
 
 def traced_step(ctx: Context) -> str:
     """One process, traced: the trace holds its steps and our phase ranges."""
-    from harness.collect.read.parse import parse_trace
+    from harness.traces.read.parse import parse_trace
 
     run = train(ctx, "traced", TRACED, nproc=None)
     traces = sorted(run.glob("*.pt.trace.json*"))
@@ -161,7 +161,7 @@ def traced_step(ctx: Context) -> str:
 
 def cuda_activity(ctx: Context) -> str:
     """The traced run on CUDA: kernels in the trace, launched from our steps."""
-    from harness.collect.read.decode import decode_trace
+    from harness.traces.read.decode import decode_trace
 
     run = (ctx.runs or {}).get("traced") or train(ctx, "traced", TRACED, nproc=None)
     trace = decode_trace(sorted(run.glob("*.pt.trace.json*"))[0])

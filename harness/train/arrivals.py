@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from harness.collect.analyse.stragglers import punctual_index
 from harness.flight_entry import process_group
+from harness.traces.analyse.stragglers import punctual_index
 from harness.train.timing import span_pairs
 
 # One arrival: (step, phase, process group, collective sequence id, issued_ns, arrived_ns):
@@ -355,7 +355,7 @@ def _apart(arrivals: Sequence[Sequence[Arrival]]) -> set[tuple[str, int]]:
     next is what each did since; a rank held at its tensor-parallel all-reduce by a slow peer
     reaches the data-parallel all-reduce after it late by that hold, which is the peer's, and
     the recorder does not say when it was released (the collector, with the traces' clocks,
-    measures run-ups there: harness/collect/analyse/stragglers.fresh_lateness)."""
+    measures run-ups there: harness/traces/analyse/stragglers.fresh_lateness)."""
     before: dict[tuple[str, int], list[tuple[str, int] | None]] = {}
     for mine in arrivals:
         previous = None

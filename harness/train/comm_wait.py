@@ -6,7 +6,7 @@ longer for a slow neighbour: its phase times then carry the neighbour's slowness
 all-reduces its gradients or metrics inside a phase of its own work (a stage's gradient
 all-reduce after its last backward pass, a loss logged every step) waits there for its slowest
 peer. The time held at each, per phase, tells a slow rank from the ranks it holds up (the
-collector measures the same from the trace: harness/collect/read/runup.p2p_wait; this is the
+collector measures the same from the trace: harness/traces/read/runup.p2p_wait; this is the
 step log's, for the watch and the scalars, with no trace).
 
 Where the waiting happens: torch.distributed's blocking calls (`send`, `recv`, a collective

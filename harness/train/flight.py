@@ -4,7 +4,7 @@ write each rank's record of the collectives it issued when the job goes wrong.
 PyTorch's Flight Recorder keeps, per process, a ring buffer of the last N collectives each
 process group issued (sequence number, name, sizes, state, time). When one rank stops
 entering collectives, the others block inside one until the process group's timeout; the
-dumps then say which rank never entered which collective (harness/collect/analyse/flight.py).
+dumps then say which rank never entered which collective (harness/traces/analyse/flight.py).
 
 Cost: one small record per collective (a few hundred bytes, strings shared), so with the
 default 2000 entries at most ~1 MB per process, a fixed buffer; recording is a mutex and a

@@ -281,7 +281,7 @@ class TraceRecorder:
         if self.cfg.trace_summary != "off":
             # Condensed here, on the rank's own node, while the profiler has handed the window
             # over (training waits for it, as it already waits for the export above).
-            from harness.collect.read.summary import summarize
+            from harness.traces.read.summary import summarize
 
             started = time.perf_counter()
             try:
@@ -307,7 +307,7 @@ class TraceRecorder:
         (`gloo_groups.unnamed_groups` over torch's pg_config_info, which the trace's
         distributedInfo holds too: the collector reads the file only then). Never raises into
         the training loop. Its cost: bench/RESULTS.md, "Flight Recorder's cost"."""
-        from harness.collect.read.gloo_groups import sidecar_doc, unnamed_groups
+        from harness.traces.read.gloo_groups import sidecar_doc, unnamed_groups
         from harness.train.arrivals import recorder_entries
 
         path = groups_path(trace)

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from harness.collect.read.watch_log import watch_line, watch_record
 from harness.paths import RUN_FILE, run_file, scalars_dir, steps_path, watch_path
 from harness.scalars import ScalarWriter, step_scalars
+from harness.traces.read.watch_log import watch_line, watch_record
 from harness.tracker_summary import SummaryRecord, flat
 from harness.train import flight
 from harness.train.auto_phases import AutoPhases, PhaseSink

@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from harness.collect.analyse.noise import GPU, SHARED_CPU
 from harness.paths import WATCH_GROUP_DESC, WATCH_RANGE, watch_path
 from harness.scalars import ScalarWriter
+from harness.traces.analyse.noise import GPU, SHARED_CPU
 from harness.train.arrivals import HeldArrivals, TimingPatience, my_arrivals, recorder_entries, untimed_steps
 from harness.train.config import WatchConfig
 from harness.train.metrics import Metrics

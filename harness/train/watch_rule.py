@@ -45,15 +45,15 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from harness.collect.analyse.gpu_health import GpuReading, gpu_findings
-from harness.collect.analyse.noise import NoiseModel
-from harness.collect.analyse.stragglers import (
+from harness.paths import STEP_PHASES
+from harness.traces.analyse.gpu_health import GpuReading, gpu_findings
+from harness.traces.analyse.noise import NoiseModel
+from harness.traces.analyse.stragglers import (
     MIN_JITTER_STEPS,
     Thresholds,
     peer_baseline,
     straggler_bounds,
 )
-from harness.paths import STEP_PHASES
 from harness.train.arrivals import HeldArrivals, held_lateness_ms, punctual_of
 from harness.train.gpu_health import THROTTLE_REASONS
 

@@ -16,14 +16,14 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, TypedDict, cast
 
-from harness.collect.analyse.overlap import StepOverlap
-from harness.collect.analyse.rank_list import ranks_phrase
-from harness.collect.analysis import Analysis
-from harness.collect.model import RankTrace
-from harness.collect.read.host_ops import DDP_LOGGER, GRAD_SCALER, NOT_USERS
-from harness.collect.read.parse import DDP_REDUCER
-from harness.collect.read.phases import is_data
 from harness.sourced import threshold
+from harness.traces.analyse.overlap import StepOverlap
+from harness.traces.analyse.rank_list import ranks_phrase
+from harness.traces.model import RankTrace
+from harness.traces.read.host_ops import DDP_LOGGER, GRAD_SCALER, NOT_USERS
+from harness.traces.read.parse import DDP_REDUCER
+from harness.traces.read.phases import is_data
+from harness.traces.run_analysis import Analysis
 
 # Dense matrix math: the work a model is made of. On GPU by kernel name, on CPU by aten op.
 # `triton_tem_*`: Inductor's template kernels (max-autotune), every one a matmul, convolution

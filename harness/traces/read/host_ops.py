@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from harness.collect import native
-from harness.collect.model import Step
-from harness.collect.read.decode import Trace, as_numpy
-from harness.collect.read.phases import is_data
+from harness.traces import native
+from harness.traces.model import Step
+from harness.traces.read.decode import Trace, as_numpy
+from harness.traces.read.phases import is_data
 
 StepAt = Callable[[float], "int | None"]  # the step a host timestamp falls in
 Event = tuple[float, float, str, bool]  # (start_us, end_us, name, is a cpu op (not an annotation))

@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from harness.collect.model import Busy, CommOp, Interval, RankTrace, StepCover
+from harness.traces.model import Busy, CommOp, Interval, RankTrace, StepCover
 
 MIN_GAP_US = 50.0  # gaps shorter than this are not listed (they are still counted in idle/exposed)
 LONGEST_GAPS = 200  # the gaps an analysis keeps (and the report lists): the longest, over all ranks

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
-from harness.collect.read.compact import Named, Pieces
+from harness.traces.read.compact import Named, Pieces
 
 Interval = tuple[float, float]  # (start_us, end_us)
 Busy = tuple[float, float, "int | None"]  # (start_us, end_us, step that launched it or None): merged per step

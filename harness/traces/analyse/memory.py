@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.collect.analyse.gpu_health import GpuReading
 from harness.paths import MEMORY_TIMELINE_PATTERN, STEPS_DIR
 from harness.sourced import threshold
+from harness.traces.analyse.gpu_health import GpuReading
 
 MiB = 2**20
 GiB = 2**30

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.collect.align.waits import InstanceWaits
-from harness.collect.analyse.overlap import StepOverlap
+from harness.traces.align.waits import InstanceWaits
+from harness.traces.analyse.overlap import StepOverlap
 
 # Element sizes of the dtype names Kineto writes in the collectives' args ("Float", "c10::BFloat16", ...)
 DTYPE_BYTES = {

@@ -9,7 +9,6 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.collect.model import RankTrace, number_by_group
 from harness.paths import (
     ATTEMPT_PATTERN,
     FLIGHT_DIR,
@@ -21,6 +20,7 @@ from harness.paths import (
     is_summary,
     trace_of_summary,
 )
+from harness.traces.model import RankTrace, number_by_group
 
 REPORT_DIR = "report"
 TRACE_SUFFIXES = (".json", ".json.gz")

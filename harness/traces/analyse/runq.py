@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from harness.collect.model import RankTrace
+from harness.traces.model import RankTrace
 
 # A step's log is laid over the trace's step only when their phases last the same: the clock's
 # mark and the range's end are taken microseconds apart in the same thread, so the two differ

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.collect.read.comm_kernels import canonical_collective
 from harness.flight_entry import process_group
 from harness.paths import WATCH_GROUP_DESC
+from harness.traces.read.comm_kernels import canonical_collective
 
 FORMAT = "harness collective groups"
 VERSION = 1

@@ -10,14 +10,14 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 from harness.atomic import write_text_atomic
-from harness.collect.analyse.flight import find_dumps
-from harness.collect.progress import Progress
-from harness.collect.read.discover import InputError, find_trace_files
-from harness.collect.read.run_state import choose_attempt
-from harness.collect.read.windows import pick_window
+from harness.collect.pipeline import CollectError, CollectOptions, collect, report_folder
 from harness.paths import WINDOW_REPORT_TEMPLATE, WINDOWS_JSON
 from harness.report.across_windows import AcrossWindows, WindowVerdict, across_windows, window_verdict
-from harness.report.pipeline import CollectError, CollectOptions, collect, report_folder
+from harness.traces.analyse.flight import find_dumps
+from harness.traces.progress import Progress
+from harness.traces.read.discover import InputError, find_trace_files
+from harness.traces.read.run_state import choose_attempt
+from harness.traces.read.windows import pick_window
 
 
 def window_numbers(options: CollectOptions) -> tuple[list[int], Path]:

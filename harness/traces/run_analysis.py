@@ -6,18 +6,18 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from harness.collect.align.clocks import ClockOffset, HostClock, clock_domain, disagreeing_clocks, estimate_offsets
-from harness.collect.align.matching import Instance, match_collectives
-from harness.collect.align.waits import InstanceWaits, instance_waits, instances_by_rank, op_waits
-from harness.collect.analyse.gpu_health import GpuReading, gpu_findings
-from harness.collect.analyse.noise import noise_model
-from harness.collect.analyse.overlap import Gap, LongestGaps, StepOverlap, rank_overlap
-from harness.collect.analyse.runq import RunQueueLog
-from harness.collect.analyse.stragglers import StragglerResult, Thresholds, analyze_stragglers
-from harness.collect.model import CommOp, RankTrace
-from harness.collect.read.compact import EMPTY
-from harness.collect.read.discover import RunSet, number_ranges
-from harness.collect.read.parse import NO_KERNELS, STUB_NOTE
+from harness.traces.align.clocks import ClockOffset, HostClock, clock_domain, disagreeing_clocks, estimate_offsets
+from harness.traces.align.matching import Instance, match_collectives
+from harness.traces.align.waits import InstanceWaits, instance_waits, instances_by_rank, op_waits
+from harness.traces.analyse.gpu_health import GpuReading, gpu_findings
+from harness.traces.analyse.noise import noise_model
+from harness.traces.analyse.overlap import Gap, LongestGaps, StepOverlap, rank_overlap
+from harness.traces.analyse.runq import RunQueueLog
+from harness.traces.analyse.stragglers import StragglerResult, Thresholds, analyze_stragglers
+from harness.traces.model import CommOp, RankTrace
+from harness.traces.read.compact import EMPTY
+from harness.traces.read.discover import RunSet, number_ranges
+from harness.traces.read.parse import NO_KERNELS, STUB_NOTE
 
 
 class NoStepsError(ValueError):

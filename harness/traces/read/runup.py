@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.collect.model import CommOp
-from harness.collect.read.comm_kernels import POINT_TO_POINT
+from harness.traces.model import CommOp
+from harness.traces.read.comm_kernels import POINT_TO_POINT
 
 IDLE = "idle (waiting on the host)"
 # The run-up's waiting at point-to-point ops (`p2p_wait_us`), a key of run_up_us of its own:

@@ -7,8 +7,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.collect.model import CommOp, RankTrace
-from harness.collect.read.comm_kernels import POINT_TO_POINT, UNMATCHED
+from harness.traces.model import CommOp, RankTrace
+from harness.traces.read.comm_kernels import POINT_TO_POINT, UNMATCHED
 
 # How far apart two ranks' sequences of one group may start (in collectives) for `sequence_shift`
 # to find it: profiler windows that open tens of milliseconds apart hold 1 to 8 collectives that

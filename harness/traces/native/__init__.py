@@ -28,7 +28,7 @@ PATH_ENV = "HARNESS_NATIVE_PATH"
 
 if not os.environ.get(PATH_ENV):
     try:  # built by the install when a C compiler is there (setup.py)
-        from harness.collect.native import _scan as extension  # type: ignore[attr-defined]  # a C extension: no stub
+        from harness.traces.native import _scan as extension  # type: ignore[attr-defined]  # a C extension: no stub
     except ImportError:
         extension = None
 else:  # this file, under the installed module's name

@@ -23,18 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.collect.analyse.flight_records import (
-    CollectiveRef,
-    DumpRank,
-    Dumps,
-    FlightResult,
-    Hang,
-    Mismatch,
-    MismatchSide,
-    MissingAt,
-)
-from harness.collect.read.decode import Limits
-from harness.collect.read.run_state import last_logged_step
 from harness.flight_entry import process_group
 from harness.paths import (
     FLIGHT_DIR,
@@ -46,6 +34,18 @@ from harness.paths import (
     status_path,
     steps_path,
 )
+from harness.traces.analyse.flight_records import (
+    CollectiveRef,
+    DumpRank,
+    Dumps,
+    FlightResult,
+    Hang,
+    Mismatch,
+    MismatchSide,
+    MissingAt,
+)
+from harness.traces.read.decode import Limits
+from harness.traces.read.run_state import last_logged_step
 
 MAX_MISMATCHES = 20
 PICKLE_HINT = (

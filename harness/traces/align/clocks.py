@@ -11,9 +11,9 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from harness.collect.align.matching import Instance
-from harness.collect.analyse.noise import GPU, NoiseModel
-from harness.collect.model import CommOp, RankTrace
+from harness.traces.align.matching import Instance
+from harness.traces.analyse.noise import GPU, NoiseModel
+from harness.traces.model import CommOp, RankTrace
 
 
 @dataclass(kw_only=True)

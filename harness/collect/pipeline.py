@@ -1,6 +1,6 @@
 """The collector's pipeline: from run folders to a written report folder, as one function that
 returns what it made (`Collected`) or raises one `CollectError` saying in a line what is wrong
-with the input. The command (report/command.py) turns options into `CollectOptions` and prints.
+with the input. The command (collect/command.py) turns options into `CollectOptions` and prints.
 
 1. the restart attempt to read, chosen once for every input (`run_state.choose_attempt`);
 2. the trace files of one profiler window (in-job summaries where present), parsed in parallel;
@@ -23,25 +23,6 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.collect.analyse.flight import analyze, find_dumps, read_dumps
-from harness.collect.analyse.flight_records import FlightResult
-from harness.collect.analyse.memory import (
-    analyze_memory,
-    find_memory_timelines,
-    finding_text,
-    memory_from_dirs,
-    read_step_logs,
-)
-from harness.collect.analyse.stragglers import Thresholds
-from harness.collect.analysis import Alignment, NoStepsError, align_ranks, analyze_aligned
-from harness.collect.model import RankTrace, Shared, compact
-from harness.collect.progress import Progress
-from harness.collect.read.discover import InputError, RunSet, find_trace_files, group_ranks
-from harness.collect.read.parse import TraceError, parse_trace
-from harness.collect.read.run_state import choose_attempt, ending_notes, skipped_note, skipped_windows
-from harness.collect.read.summary import read_summary
-from harness.collect.read.watch_log import read_watch
-from harness.collect.read.windows import WindowPick, pick_window, read_requested, window_entry
 from harness.paths import FLIGHT_DIR, is_summary, trace_of_summary
 from harness.report.document import build_report, collective_rows
 from harness.report.files import write_report, write_view
@@ -52,6 +33,25 @@ from harness.report.records import Report
 from harness.report.tb_scalars import write_scalars
 from harness.report.timeline import build_timeline
 from harness.report.watch_verdict import attach_watch
+from harness.traces.analyse.flight import analyze, find_dumps, read_dumps
+from harness.traces.analyse.flight_records import FlightResult
+from harness.traces.analyse.memory import (
+    analyze_memory,
+    find_memory_timelines,
+    finding_text,
+    memory_from_dirs,
+    read_step_logs,
+)
+from harness.traces.analyse.stragglers import Thresholds
+from harness.traces.model import RankTrace, Shared, compact
+from harness.traces.progress import Progress
+from harness.traces.read.discover import InputError, RunSet, find_trace_files, group_ranks
+from harness.traces.read.parse import TraceError, parse_trace
+from harness.traces.read.run_state import choose_attempt, ending_notes, skipped_note, skipped_windows
+from harness.traces.read.summary import read_summary
+from harness.traces.read.watch_log import read_watch
+from harness.traces.read.windows import WindowPick, pick_window, read_requested, window_entry
+from harness.traces.run_analysis import Alignment, NoStepsError, align_ranks, analyze_aligned
 
 
 class CollectError(InputError):

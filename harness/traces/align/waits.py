@@ -11,8 +11,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from harness.collect.align.matching import Instance
-from harness.collect.read.compact import RankValues
+from harness.traces.align.matching import Instance
+from harness.traces.read.compact import RankValues
 
 
 @dataclass(kw_only=True)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.collect.align.waits import InstanceWaits
-from harness.collect.model import RankTrace
+from harness.traces.align.waits import InstanceWaits
+from harness.traces.model import RankTrace
 
 START, AFTER_END, AFTER_ARRIVAL = 0, 1, 2  # what a rank's arrival at a collective waited on (step 2 below)
 

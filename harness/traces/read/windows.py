@@ -8,8 +8,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.collect.read.discover import InputError, RunSet
-from harness.collect.read.watch_log import CaptureRecord, WatchRecord
 from harness.paths import (
     TRACE_PATTERN,
     WINDOW_MAX_DIGITS,
@@ -18,6 +16,8 @@ from harness.paths import (
     run_file,
     trace_of_summary,
 )
+from harness.traces.read.discover import InputError, RunSet
+from harness.traces.read.watch_log import CaptureRecord, WatchRecord
 
 
 def harness_name(path: Path) -> tuple[int, int] | None:

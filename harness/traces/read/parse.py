@@ -33,13 +33,23 @@ from typing import Any, cast
 
 import numpy as np
 
-from harness.collect.analyse.overlap import cover_steps
-from harness.collect.analyse.rank_list import groups_text
-from harness.collect.model import CommOp, RankTrace, Step, number_by_group
-from harness.collect.read.comm_kernels import BATCH_P2P, POINT_TO_POINT, canonical_collective, looks_like_comm
-from harness.collect.read.comm_kernels import classify as classify_kernel
-from harness.collect.read.comm_kernels import plain as plain_kernel
-from harness.collect.read.decode import (
+from harness.paths import (
+    DEFAULT_GROUP_DESC,
+    RANGE_PREFIX,
+    STEP_PHASES,
+    TRACE_PATTERN,
+    WATCH_GROUP_DESC,
+    WATCH_RANGE,
+    WORKER_RANK_PATTERN,
+    groups_path,
+)
+from harness.traces.analyse.overlap import cover_steps
+from harness.traces.analyse.rank_list import groups_text
+from harness.traces.model import CommOp, RankTrace, Step, number_by_group
+from harness.traces.read.comm_kernels import BATCH_P2P, POINT_TO_POINT, canonical_collective, looks_like_comm
+from harness.traces.read.comm_kernels import classify as classify_kernel
+from harness.traces.read.comm_kernels import plain as plain_kernel
+from harness.traces.read.decode import (
     NO_ARGS,
     Args,
     Columns,
@@ -52,8 +62,8 @@ from harness.collect.read.decode import (
     number,
     read_bytes,
 )
-from harness.collect.read.gloo_groups import Ran, read_sidecar, thread_groups, unnamed_groups
-from harness.collect.read.host_ops import (
+from harness.traces.read.gloo_groups import Ran, read_sidecar, thread_groups, unnamed_groups
+from harness.traces.read.host_ops import (
     attribute_syncs,
     count_host_ops,
     nest,
@@ -61,19 +71,9 @@ from harness.collect.read.host_ops import (
     op_floor_us,
     sync_costs,
 )
-from harness.collect.read.phases import is_model, step_phases
-from harness.collect.read.practices import practices_in
-from harness.collect.read.runup import NO_PHASE, NO_STEP, Spans, merged_by_step, merged_pieces, set_run_ups
-from harness.paths import (
-    DEFAULT_GROUP_DESC,
-    RANGE_PREFIX,
-    STEP_PHASES,
-    TRACE_PATTERN,
-    WATCH_GROUP_DESC,
-    WATCH_RANGE,
-    WORKER_RANK_PATTERN,
-    groups_path,
-)
+from harness.traces.read.phases import is_model, step_phases
+from harness.traces.read.practices import practices_in
+from harness.traces.read.runup import NO_PHASE, NO_STEP, Spans, merged_by_step, merged_pieces, set_run_ups
 
 __all__ = ["TraceError", "load_json", "parse_trace"]
 

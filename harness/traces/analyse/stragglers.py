@@ -13,16 +13,16 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from harness.collect.align.clocks import ClockOffset, mad
-from harness.collect.align.waits import InstanceWaits
-from harness.collect.analyse.gpu_health import GpuFinding
-from harness.collect.analyse.noise import NoiseModel, noise_model
-from harness.collect.analyse.rank_list import groups_text
-from harness.collect.analyse.replay import Replay
-from harness.collect.analyse.runq import RunQueueLog, core_waits_of
-from harness.collect.model import RankTrace
-from harness.collect.read.runup import HANDOVER_US, NO_PHASE, PHASE_PREFIX
 from harness.sourced import threshold
+from harness.traces.align.clocks import ClockOffset, mad
+from harness.traces.align.waits import InstanceWaits
+from harness.traces.analyse.gpu_health import GpuFinding
+from harness.traces.analyse.noise import NoiseModel, noise_model
+from harness.traces.analyse.rank_list import groups_text
+from harness.traces.analyse.replay import Replay
+from harness.traces.analyse.runq import RunQueueLog, core_waits_of
+from harness.traces.model import RankTrace
+from harness.traces.read.runup import HANDOVER_US, NO_PHASE, PHASE_PREFIX
 
 # A straggler is "persistent" when it is over the bound in at least this share of the analysed
 # steps (two in three: a majority that survives one noisy step in three), else "intermittent".

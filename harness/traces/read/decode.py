@@ -41,9 +41,9 @@ from typing import Any, BinaryIO, NamedTuple, cast
 import msgspec
 import numpy as np
 
-from harness.collect import native
-from harness.collect.model import Block
 from harness.paths import TRACE_METADATA_KEY
+from harness.traces import native
+from harness.traces.model import Block
 
 
 class TraceError(ValueError):

@@ -1,5 +1,5 @@
 """`python -m harness.collect RUN_DIR [MORE ...]` (also `harness-collect`): the collector's
-command. Options into `CollectOptions`, the pipeline (report/pipeline.py), its result printed.
+command. Options into `CollectOptions`, the pipeline (collect/pipeline.py), its result printed.
 
 Exit codes: 0 report written (a partial one too, with warnings saying what is missing);
 2 nothing could be analysed (no such path, no traces, every trace unreadable, runs mixed)
@@ -16,9 +16,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from harness.collect.analyse.stragglers import Thresholds
-from harness.collect.progress import Progress
-from harness.collect.read.windows import window_line
+from harness.collect.each_window import collect_each
+from harness.collect.pipeline import Collected, CollectError, CollectOptions, collect
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser, fail
 from harness.paths import (
     COLLECTIVES_CSV,
@@ -33,10 +32,11 @@ from harness.paths import (
 )
 from harness.report.across_windows import summary_lines
 from harness.report.console import console_table, labelled, why_text
-from harness.report.each_window import collect_each
 from harness.report.floor import floor_line
 from harness.report.merged import MERGED_BUDGET_BYTES, MergedChoice
-from harness.report.pipeline import Collected, CollectError, CollectOptions, collect
+from harness.traces.analyse.stragglers import Thresholds
+from harness.traces.progress import Progress
+from harness.traces.read.windows import window_line
 
 PROG = "harness.collect"
 EXIT_INPUT = EXIT_USAGE
@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--wide", action="store_true", help="the per-rank table with every column and every rank (wider than 100)"
     )
     p.add_argument(
-        "--progress-file", type=Path, help="keep a JSON of the stage reached here (harness/collect/progress.py)"
+        "--progress-file", type=Path, help="keep a JSON of the stage reached here (harness/traces/progress.py)"
     )
     p.add_argument(
         "--memory-limit-mb",

@@ -7,7 +7,7 @@ collective with its run-up) as JSON, written next to the trace as
 collector then reads summaries instead of traces (a few hundred kB instead of hundreds of MB)
 and its report is the same as from the traces.
 
-`python -m harness.collect.read.summary TRACE|FOLDER ...` condenses traces already on disk (e.g. on
+`python -m harness.traces.read.summary TRACE|FOLDER ...` condenses traces already on disk (e.g. on
 the cluster, before copying only the summaries to a laptop).
 """
 
@@ -20,12 +20,12 @@ from pathlib import Path
 import msgspec
 
 from harness.atomic import write_bytes_atomic
-from harness.collect.model import RankTrace
-from harness.collect.read.compact import as_plain
-from harness.collect.read.decode import Limits, TraceError
-from harness.collect.read.parse import parse_trace
 from harness.oneline_argparse import OneLineArgumentParser, fail
 from harness.paths import summary_path, trace_of_summary
+from harness.traces.model import RankTrace
+from harness.traces.read.compact import as_plain
+from harness.traces.read.decode import Limits, TraceError
+from harness.traces.read.parse import parse_trace
 
 FORMAT = "harness rank summary"
 # Bump whenever parse.py's output changes meaning: an older summary is then refused (with the
@@ -106,13 +106,13 @@ def read_summary(path: Path) -> RankTrace:
 
 def main(argv: list[str] | None = None) -> None:
     p = OneLineArgumentParser(
-        prog="harness.collect.read.summary",
+        prog="harness.traces.read.summary",
         description="Condense profiler traces into summaries the collector reads instead.",
     )
     p.add_argument("inputs", nargs="+", help="trace files or folders (searched like the collector's inputs)")
     p.add_argument("--drop-traces", action="store_true", help="delete each trace once its summary is written")
     args = p.parse_args(argv)
-    from harness.collect.read.discover import InputError, find_trace_files
+    from harness.traces.read.discover import InputError, find_trace_files
 
     try:
         files = [f for f in find_trace_files(args.inputs, summaries=False)]
