@@ -172,9 +172,12 @@ def disagreeing_clocks(instances: list[Instance], traces: list[RankTrace], noise
     out: dict[int, float] = {}
     by_gap: dict[int, float] = {}
     scatter = {r: mad(g) for r, g in apart.items()}
+    compared_on: dict[str | None, list[int]] = defaultdict(list)
+    for m in gaps:
+        compared_on[host.get(m)].append(m)
     for r in sorted(gaps):
         gap, steady = statistics.median(gaps[r]), statistics.median(apart[r])
-        mates = [scatter[m] for m in _mates(r, host, gaps)]
+        mates = [scatter[m] for m in compared_on[host.get(r)] if m != r]
         if e.impossible[r] > DISAGREE_SHARE * e.shared[r] and mad(gaps[r]) <= STEADY_SHARE * abs(gap):
             out[r] = gap
         else:
@@ -216,11 +219,6 @@ def _wakeup_free_gap(
         return None
     a, b = statistics.median(waited_us), statistics.median(last_us)
     return min(a, b, key=abs) if a * b > 0 else None
-
-
-def _mates(r: int, host: dict[int, str], gaps: dict[int, list[float]]) -> list[int]:
-    """The ranks of r's host (but r) whose ends were compared."""
-    return [m for m in gaps if m != r and host.get(m) == host.get(r)]
 
 
 def _median_of_others(ordered: list[float], v: float) -> float:

@@ -696,9 +696,12 @@ def diagnose(a: Analysis, rules: Rules = Rules()) -> list[Diagnosis]:
         for r, arrival in w.arrival_us.items():
             if w.wait_us[r] > 0:
                 own_waits.setdefault(r, []).append((arrival, arrival + w.wait_us[r]))
+    overlap_of: dict[int, list[StepOverlap]] = {}
+    for o in a.overlap:
+        overlap_of.setdefault(o.rank, []).append(o)
     out = []
     for t in sorted(a.traces, key=lambda t: t.rank):
-        ev = rank_evidence(t, [r for r in a.overlap if r.rank == t.rank], transfer, own_waits.get(t.rank))
+        ev = rank_evidence(t, overlap_of.get(t.rank, []), transfer, own_waits.get(t.rank))
         b = by[t.rank]
         ev["waits_for"] = b.waits_for
         if b.straggler:
