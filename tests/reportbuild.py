@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 from harness.report.records import (
+    SCHEMA_VERSION,
     ClockRecord,
     CollectivesRecord,
     NextStepRecord,
@@ -102,7 +103,7 @@ def window_of(first: int, last: int) -> WindowRecord:
 def report_of(**fields: Any) -> Report:
     """A Report with `fields` set and every other field empty: a balanced verdict over no rank."""
     base: dict[str, Any] = {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "inputs": ["x"],
         "input_dirs": [],
         "verdict": "balanced",

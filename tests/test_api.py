@@ -36,10 +36,10 @@ def test_settings_from_every_source_later_wins(tmp_path: Path) -> None:
     toml.write_text("[profiler]\nwait = 1\nactive = 2\n[watch]\nevery = 7\n[job]\nsteps = 50\n")
     cfg = load_run_config(
         toml,
-        {"active": 4, "watch": {"min_lag_ms": 2.0}, "run_name": "x"},
+        {"active": 4, "watch": {"min_late_ms": 2.0}, "run_name": "x"},
         {"HARNESS_WATCH_EVERY": "10", "HARNESS_SCALARS": "off", "HARNESS_NATIVE_SCAN": "0"},
     )
-    assert (cfg.profiler.wait, cfg.profiler.active, cfg.watch.every, cfg.watch.min_lag_ms) == (1, 4, 10, 2.0)
+    assert (cfg.profiler.wait, cfg.profiler.active, cfg.watch.every, cfg.watch.min_late_ms) == (1, 4, 10, 2.0)
     assert (cfg.output.run_name, cfg.output.scalars, cfg.job.steps) == ("x", False, 50)
     # the TOML file named by a variable, as a launch script would
     assert load_run_config(None, {}, {"HARNESS_CONFIG": str(toml)}).profiler.wait == 1
@@ -336,7 +336,7 @@ def test_the_pipeline_example_names_the_slow_stage_not_the_stage_it_held_up(
     # beside these 4 ranks on 2 cores, a healthy rank's own work ran 4.3-6.7 ms (a fifth of the
     # step) over its stage peer's for a whole 3-step interval before the onset, its CPU time
     # inflated by the contention, which no bound of one interval measures; the watch's rule is
-    # what this tests, the floor is what a user on such a machine sets (--watch-min-lag-ms).
+    # what this tests, the floor is what a user on such a machine sets (--watch-min-late-ms).
     env = {"HARNESS_ACTIVE": "6", "HARNESS_WATCH_MIN_LAG_MS": "15"}
     torchrun(args, nproc=4, timeout=300, script=PP_EXAMPLE, env=env)
     run = tmp_path / "pp"

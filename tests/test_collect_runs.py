@@ -115,7 +115,7 @@ def test_clean_runs_are_balanced(parallel: str, log_dir: Path, caplog: pytest.Lo
     # the last window's report folder, checked below
     assert (out / "report.md").read_text().startswith("# Straggler and overlap report")
     rows = (out / "steps.csv").read_text().splitlines()
-    assert rows[0].startswith("rank,step,step_ms,host_step_ms,wait_ms,lag_ms,exposed_comm_ms")
+    assert rows[0].startswith("rank,step,step_ms,host_step_ms,wait_ms,blame_ms,exposed_comm_ms")
     assert len(rows) == 1 + 2 * 6
     coll = (out / "collectives.csv").read_text().splitlines()
     assert coll[0] == "instance,name,pg,step,rank,arrival_us,wait_us,transfer_us,delay_share_us,last_rank"

@@ -85,7 +85,7 @@ def test_too_few_cpu_steps_say_so_and_what_to_profile(tmp_path: Path) -> None:
     out = collect_quietly(tmp_path)
     assert (
         "a straggler must arrive 3.04 ms a step later than its peers here (8% of the 38.00 ms clean "
-        "step; the material bound, the share of the clean step --rel-lag sets); the latest, rank 1, is 7.00 ms "
+        "step; the material bound, the share of the clean step --rel-late sets); the latest, rank 1, is 7.00 ms "
         "beyond its peers; the run's step-to-step jitter is not in it: profile 3 or more steps to measure it"
     ) in said(out.stdout, "noise"), out.stdout
 

@@ -390,13 +390,13 @@ def test_scalars_per_rank_from_training_and_collector(server: str) -> None:
         assert {"step/time_ms", "step/data_wait_ms", "step/throughput_samples_per_s", "memory/host_rss_bytes"} <= set(
             tags[f"ddp/tb/rank0000{r}"]
         )
-        assert {"collector/wait_for_others_ms", "collector/straggler_lag_ms", "collector/exposed_comm_ms"} <= set(
+        assert {"collector/wait_for_others_ms", "collector/blame_ms", "collector/exposed_comm_ms"} <= set(
             tags[f"ddp/report/tb/rank0000{r}"]
         )
     data1 = scalar_values(server, "ddp/tb/rank00001", "step/data_wait_ms")
     data0 = scalar_values(server, "ddp/tb/rank00000", "step/data_wait_ms")
     assert sorted(data1) == list(range(12)) and min(data1.values()) >= 30 > max(data0.values())
-    lag1 = scalar_values(server, "ddp/report/tb/rank00001", "collector/straggler_lag_ms")
+    lag1 = scalar_values(server, "ddp/report/tb/rank00001", "collector/blame_ms")
     wait0 = scalar_values(server, "ddp/report/tb/rank00000", "collector/wait_for_others_ms")
     assert len(lag1) == 6 and all(v > 15 for v in lag1.values()), lag1  # the others waited for rank 1
     assert all(v > 15 for v in wait0.values()), wait0

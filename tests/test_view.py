@@ -97,9 +97,9 @@ def test_collector_scalars_are_rewritten_not_doubled(tmp_path: Path) -> None:
     write_scalars(doc, out)
     write_scalars(doc, out)  # a second collection replaces the first
     got = scalars(out / "tb" / "rank00001")
-    assert got["collector/straggler_lag_ms"] == [(1, 0.2), (2, 0.2)]
+    assert got["collector/blame_ms"] == [(1, 0.2), (2, 0.2)]
     assert scalars(out / "tb" / "rank00000")["collector/wait_for_others_ms"] == [(1, 0.2), (2, 0.2)]
-    assert got["collector_total/straggler_lag_ms"] == [(0, 0.4)]
+    assert got["collector_total/blame_ms"] == [(0, 0.4)]
     assert len(list((out / "tb" / "rank00001").iterdir())) == 1
 
 

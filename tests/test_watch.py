@@ -96,7 +96,7 @@ def test_a_slow_data_phase_is_flagged_and_its_victims_waiting_in_backward_are_no
     assert [round(r.late_ms, 6) for r in v.ranks] == [0.0, 0.0, 50.0, 0.0]
     # relative: 0.08 x 150 ms; jitter 0 (every step the same); outlier: lower half [0, 0] -> 0
     assert v.bounds_ms == {
-        "min_lag": 0.0,
+        "min_late": 0.0,
         "clock_noise": 0.0,
         "jitter": 0.0,
         "late_jitter": 0.0,
@@ -393,7 +393,7 @@ def test_the_bound_is_the_collectors_rule() -> None:
     # Same late_ms, the bounds straggler_bounds gives, on CPU as on GPU, and with a floor.
     times = {r: steps(BASE, step_ms=100.0) for r in range(3)}
     times[1] = steps({**BASE, "optimizer": 30.0}, step_ms=100.0)
-    th = watch_thresholds(min_lag_ms=25.0)
+    th = watch_thresholds(min_late_ms=25.0)
     v = judge_interval(times, {}, DDP_OWN, noise=SHARED_CPU, th=th)
     assert v.bounds_ms == straggler_bounds(
         {0: 0.0, 1: 20.0, 2: 0.0}, median_step_ms=100.0, clock_noise_ms=0.0, jitter_ms=0.0, th=th
@@ -499,7 +499,7 @@ def watch_lines(run_dir: Path) -> list[dict]:
 
 
 # 4 ranks share 2 cores here: a descheduled rank runs late by a time slice or more, so both real
-# runs set a 25 ms floor (--watch-min-lag-ms); the injected straggler is 150 ms a step, 6x over it.
+# runs set a 25 ms floor (--watch-min-late-ms); the injected straggler is 150 ms a step, 6x over it.
 REAL = [
     "--mode",
     "baseline",
@@ -513,7 +513,7 @@ REAL = [
     "5",
     "--watch-every",
     "10",
-    "--watch-min-lag-ms",
+    "--watch-min-late-ms",
     "25",
 ]
 
@@ -664,7 +664,7 @@ def test_the_watch_flags_a_rank_says_when_it_recovers_and_logs_each_interval(tmp
         for n in (3, 4)
     ]
     # 2 ranks: no outlier bound; the peers' lateness (rank 0's) never moves
-    bounds = {"min_lag": 0.0, "clock_noise": 0.0, "jitter": 0.0, "late_jitter": 0.0, "relative": 8.0}
+    bounds = {"min_late": 0.0, "clock_noise": 0.0, "jitter": 0.0, "late_jitter": 0.0, "relative": 8.0}
     assert watch_lines(tmp_path) == [
         {"step": 7, "steps": [5, 7], "threshold_ms": 8.0, "bounds_ms": bounds, "stragglers": [flagged[0]]},
         {"step": 11, "steps": [8, 11], "threshold_ms": 8.0, "bounds_ms": bounds, "stragglers": [flagged[1]]},

@@ -143,17 +143,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="parse the traces even where an in-job summary (<trace>.summary.json) is next to them",
     )
     p.add_argument(
-        "--min-lag-ms",
+        "--min-late-ms",
         type=float,
-        default=th.min_lag_ms,
-        help="straggler: least cost per step, ms (default: no absolute floor)",
+        default=th.min_late_ms,
+        help="straggler: least lateness beyond its peers per step, ms (default: no absolute floor)",
     )
     p.add_argument(
-        "--rel-lag",
+        "--rel-late",
         type=float,
-        default=th.rel_lag,
+        default=th.rel_late,
         help="straggler: least lateness per step as a share of the clean step (the punctual ranks' own work)",
     )
+    # the older spellings, still read for the scripts that pass them
+    p.add_argument("--min-lag-ms", dest="min_late_ms", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--rel-lag", dest="rel_late", type=float, help=argparse.SUPPRESS)
     p.add_argument("-j", "--jobs", type=int, default=0, help="parallel parsers (default: one per core)")
     p.add_argument(
         "--unpickle-nccl-dumps",
@@ -215,7 +218,7 @@ def options_from(args: argparse.Namespace) -> CollectOptions:
         run=args.run,
         comm_kernel=args.comm_kernel,
         from_traces=args.from_traces,
-        thresholds=Thresholds(min_lag_ms=args.min_lag_ms, rel_lag=args.rel_lag),
+        thresholds=Thresholds(min_late_ms=args.min_late_ms, rel_late=args.rel_late),
         unpickle_nccl_dumps=args.unpickle_nccl_dumps,
         progress=not args.quiet,
     )

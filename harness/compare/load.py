@@ -12,6 +12,10 @@ from typing import Any
 
 from harness.paths import REPORT_DIR, REPORT_JSON, RUN_FILE, STEPS_DIR, STEPS_PATTERN
 
+# report.json versions whose fields this reads: 2 renamed steps[].lag_ms to blame_ms, which a
+# comparison does not read
+READABLE_VERSIONS = (1, 2)
+
 
 class CompareError(ValueError):
     """Input that cannot be compared; the message says which and what to do (exit 2)."""
@@ -85,8 +89,11 @@ def _json_object(path: Path) -> dict[str, Any]:
 
 def _report(path: Path) -> dict[str, Any]:
     doc = _json_object(path)
-    if doc.get("schema_version") != 1 or "verdict" not in doc:
-        raise CompareError(f"{path}: not a report of harness.collect (schema_version 1); re-run the collector")
+    if doc.get("schema_version") not in READABLE_VERSIONS or "verdict" not in doc:
+        raise CompareError(
+            f"{path}: not a report of harness.collect (schema_version {' or '.join(map(str, READABLE_VERSIONS))}); "
+            "re-run the collector"
+        )
     return doc
 
 

@@ -177,7 +177,7 @@ def build_report(
                 step_ms=_ms(row.window_us),
                 host_step_ms=_ms(step_dur.get((row.rank, row.step), row.window_us)),
                 wait_ms=_ms(res.step_wait.get(row.step, {}).get(row.rank, 0.0)),
-                lag_ms=_ms(res.step_blame.get(row.step, {}).get(row.rank, 0.0)),
+                blame_ms=_ms(res.step_blame.get(row.step, {}).get(row.rank, 0.0)),
                 exposed_comm_ms=_ms(row.exposed_comm_us),
                 exposed_wait_ms=_ms(row.exposed_wait_us),
                 exposed_transfer_ms=_ms(row.exposed_transfer_us),

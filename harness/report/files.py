@@ -35,7 +35,7 @@ STEP_COLUMNS = [
     "step_ms",
     "host_step_ms",
     "wait_ms",
-    "lag_ms",
+    "blame_ms",
     "exposed_comm_ms",
     "exposed_wait_ms",
     "exposed_transfer_ms",

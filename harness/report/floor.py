@@ -15,8 +15,8 @@ from harness.report.records import NextStepRecord, NoiseFloorRecord
 from harness.traces.analyse.stragglers import MIN_JITTER_STEPS, StragglerResult, Thresholds
 
 # The bounds that are not about the run's noise: the material share of the step, and the floor
-# a user chose (--min-lag-ms).
-NOT_NOISE = ("relative", "min_lag")
+# a user chose (--min-late-ms).
+NOT_NOISE = ("relative", "min_late")
 # How a user tells a straggler from noise that one window cannot: more windows, independent samples.
 TELL_BY_WINDOWS = (
     "profile several windows (--repeat 3) and collect them with --window each: a rank late in most windows, "
@@ -30,7 +30,7 @@ def floor_record(res: StragglerResult) -> NoiseFloorRecord | None:
     1. bound = the threshold; set_by = the bound that makes it (the largest of bounds_ms; the
        material one, relative, where tied, since then the noise does not raise it);
     2. share = bound / the clean step (the punctual ranks' own work per step);
-    3. noise_limited = a noise bound sets it (not relative, not --min-lag-ms);
+    3. noise_limited = a noise bound sets it (not relative, not --min-late-ms);
     4. the latest rank = the one with the largest lateness beyond its peers (the lowest rank
        on a tie), with that lateness."""
     if res.verdict == "inconclusive" or not res.bounds_ms or not res.ranks:
@@ -56,12 +56,12 @@ def bound_words(floor: NoiseFloorRecord) -> str:
     the rule's, stragglers.Thresholds."""
     th = Thresholds()
     return {
-        "min_lag": "--min-lag-ms",
+        "min_late": "--min-late-ms",
         "clock_noise": f"{th.noise_factor:g}x the scatter of the collectives' ends: the clocks' noise, on "
         "shared CPU cores the ranks' wake-up delays",
         "jitter": f"{th.jitter_factor:g}x the step-to-step jitter of the ranks' own work",
         "late_jitter": f"{th.jitter_factor:g}x the step-to-step swing of the punctual ranks' lateness",
-        "relative": "the material bound, the share of the clean step --rel-lag sets",
+        "relative": "the material bound, the share of the clean step --rel-late sets",
         "outlier": f"{th.mad_factor:g} MADs of the ranks' lateness: how far apart the peers are",
     }.get(floor.set_by, floor.set_by)
 

@@ -29,7 +29,7 @@ from harness.traces.read.watch_log import CaptureRecord, WatchFlagRecord, WatchR
 from harness.traces.read.windows import WindowRecord
 
 # report.json's schema version: the TensorBoard view refuses a report of another
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(kw_only=True)
@@ -252,7 +252,7 @@ class StepRecord:
     """its ProfilerStep on the host"""
     wait_ms: float
     """this rank's waiting for others in the step"""
-    lag_ms: float
+    blame_ms: float
     """the others' waiting it caused in the step"""
     exposed_comm_ms: float
     """communication not hidden behind compute"""

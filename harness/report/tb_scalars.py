@@ -18,7 +18,7 @@ STEP_TAGS = {
     "host_step_ms": "collector/step_ms",
     "step_ms": "collector/device_span_ms",
     "wait_ms": "collector/wait_for_others_ms",
-    "lag_ms": "collector/straggler_lag_ms",
+    "blame_ms": "collector/blame_ms",
     "exposed_comm_ms": "collector/exposed_comm_ms",
     "exposed_wait_ms": "collector/exposed_wait_ms",
     "exposed_transfer_ms": "collector/exposed_transfer_ms",
@@ -29,7 +29,7 @@ STEP_TAGS = {
 RANK_TAGS = {
     "mean_step_ms": "collector_total/mean_step_ms",
     "wait_ms": "collector_total/wait_for_others_ms",
-    "blame_ms": "collector_total/straggler_lag_ms",
+    "blame_ms": "collector_total/blame_ms",
     "exposed_comm_ms": "collector_total/exposed_comm_ms",
     "exposed_wait_ms": "collector_total/exposed_wait_ms",
     "exposed_transfer_ms": "collector_total/exposed_transfer_ms",

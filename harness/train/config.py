@@ -327,18 +327,18 @@ class WatchConfig:
         flag="--capture-on-straggler",
     )
     max_captures: int = knob(1, "at most this many triggered trace windows per run", flag="--max-captures")
-    min_lag_ms: float = knob(
+    min_late_ms: float = knob(
         0.0,
         "watch: least lateness per step, ms, for a straggler (as the collector's "
-        "--min-lag-ms; default: no absolute floor)",
-        flag="--watch-min-lag-ms",
+        "--min-late-ms; default: no absolute floor)",
+        flag="--watch-min-late-ms",
     )
 
     def __post_init__(self) -> None:
         check_types(self, "watch")
         check_min("watch", "every", self.every, 0)
         check_min("watch", "max_captures", self.max_captures, 1)
-        check_min("watch", "min_lag_ms", self.min_lag_ms, 0)
+        check_min("watch", "min_late_ms", self.min_late_ms, 0)
         if self.capture_on_straggler and self.every == 0:
             raise ConfigError(
                 "watch.capture_on_straggler", "--capture-on-straggler needs the watch; drop --watch-every 0"

@@ -97,7 +97,7 @@ class Watch:
         self.scalars = scalars
         self.faults = faults
         self.metrics = metrics
-        self.th = watch_thresholds(cfg.min_lag_ms)
+        self.th = watch_thresholds(cfg.min_late_ms)
         self._recent: deque[list[float]] = deque(maxlen=table_rows(cfg.every, False))
         self.judge = WatchJudge(
             own_phases=self.own_phases, held_phases=self.held_phases, noise=SHARED_CPU if cpu else GPU, th=self.th

@@ -104,9 +104,9 @@ def table_rows(every: int, timed_by_nccl: bool) -> int:
     return (4 if timed_by_nccl else 2) * max(every, 1)
 
 
-def watch_thresholds(min_lag_ms: float = 0.0) -> Thresholds:
-    """The collector's rule as the watch applies it: the same bounds, with --watch-min-lag-ms."""
-    return Thresholds(min_lag_ms=min_lag_ms)
+def watch_thresholds(min_late_ms: float = 0.0) -> Thresholds:
+    """The collector's rule as the watch applies it: the same bounds, with --watch-min-late-ms."""
+    return Thresholds(min_late_ms=min_late_ms)
 
 
 def own_work_phases(parallel: str) -> tuple[str, ...]:

@@ -73,7 +73,7 @@ class Rules:
         0.10,
         kind="definition",
         source="GPU idle caused by the training code's blocking syncs (GradScaler's count, named; DDP's logger's "
-        "never): the material share of the step (Thresholds.rel_lag's); below it removing every sync buys less "
+        "never): the material share of the step (Thresholds.rel_late's); below it removing every sync buys less "
         "than GPU steps vary. A count says little: a sync on an empty queue costs microseconds",
     )
     sync_per_step: float = threshold(
@@ -769,7 +769,7 @@ DECIDING = (
 # A figure agrees with its peers' within this many median absolute deviations of theirs (the
 # straggler rule's outlier statistic) ...
 PEER_MADS = 3.0
-# ... or this share of their median (the material share, Thresholds.rel_lag's reasoning: a
+# ... or this share of their median (the material share, Thresholds.rel_late's reasoning: a
 # difference under it is worth no different advice), or, for a share of the step, one percentage
 # point (what the reasons print it to: two figures that print alike agree).
 PEER_SHARE = 0.10

@@ -90,7 +90,7 @@ class MemoryThresholds:
         1.10,
         kind="definition",
         source="data-parallel ranks hold the same state, and the job's batch is capped by its largest rank: a "
-        "peak above the other ranks' median by the material share (10%, stragglers.Thresholds.rel_lag's: what a "
+        "peak above the other ranks' median by the material share (10%, stragglers.Thresholds.rel_late's: what a "
         "cause must cost to be worth naming) leaves that share of every other rank's memory unusable",
     )
     imbalance_min_bytes: float = threshold(

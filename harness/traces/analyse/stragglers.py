@@ -37,16 +37,16 @@ class Thresholds:
     """When a rank counts as a straggler: its lateness per step (how much later than the punctual
     ranks it arrives at collectives, see `punctual_arrival`) beyond its peers' own
     (`peer_baseline`) exceeds every bound below, on every device alike.
-    There is no absolute floor unless asked for (--min-lag-ms): short steps (inference, small
+    There is no absolute floor unless asked for (--min-late-ms): short steps (inference, small
     models) are a few ms."""
 
-    min_lag_ms: float = threshold(
+    min_late_ms: float = threshold(
         0.0,
         kind="definition",
-        source="no absolute floor unless asked for (--min-lag-ms): short steps (inference, small models) are a few ms",
+        source="no absolute floor unless asked for (--min-late-ms): short steps (inference, small models) are a few ms",
     )
     # ... share of the clean step (the punctual ranks' own work per step, see `analyze_stragglers`)
-    rel_lag: float = threshold(
+    rel_late: float = threshold(
         0.08,
         kind="definition",
         source="material is 10% of the clean step (bench/detect/score.py: what a straggler must cost to be worth "
@@ -137,7 +137,7 @@ class StragglerResult:
         return sorted((r for r in self.ranks if r.straggler), key=lambda r: (-r.beyond_peers_ms, r.rank))
 
 
-NOISE_BOUNDS = ("min_lag", "clock_noise", "jitter", "late_jitter")
+NOISE_BOUNDS = ("min_late", "clock_noise", "jitter", "late_jitter")
 # The phase of a straggler slow in time its ranges do not cover (a loop that marks some phases only).
 OUTSIDE_RANGES = NO_PHASE  # the bounds that are about noise, not about the ranks
 
@@ -253,23 +253,23 @@ def straggler_bounds(
     (harness/train/watch_rule.py: lateness of the work between collectives, from the step
     timings).
 
-    1. min_lag = --min-lag-ms (no absolute floor by default);
+    1. min_late = --min-late-ms (no absolute floor by default);
     2. clock_noise = noise_factor x the clocks' noise (0 where no clocks are compared);
     3. jitter = jitter_factor x the run's step-to-step jitter (`run_jitter_ms`; 0 where None:
        too few steps to measure it, which the report says); late_jitter = jitter_factor x the
        peers' lateness jitter (`late_jitter_ms`, 0 where not estimated);
-    4. relative = rel_lag x `median_step_ms`: the collector gives the clean step, the punctual
+    4. relative = rel_late x `median_step_ms`: the collector gives the clean step, the punctual
        ranks' own work per step
        (`analyze_stragglers`), the watch the median rank's mean step;
     5. on 3+ ranks, outlier = mad_factor x the median absolute deviation of the lower half of the
        ranks' late_ms (the half `peer_baseline` is the median of): how far apart the peers are.
     """
     bounds = {
-        "min_lag": th.min_lag_ms,
+        "min_late": th.min_late_ms,
         "clock_noise": th.noise_factor * clock_noise_ms,
         "jitter": th.jitter_factor * (jitter_ms or 0.0),
         "late_jitter": th.jitter_factor * (late_jitter_ms or 0.0),
-        "relative": th.rel_lag * median_step_ms,
+        "relative": th.rel_late * median_step_ms,
     }
     if len(late_ms) >= 3:
         values = sorted(late_ms.values())
@@ -674,7 +674,7 @@ def analyze_stragglers(  # noqa: C901
     if reason is None and not jitter_measured:
         notes.append(
             f"step-to-step jitter not estimated: {most} full step(s) per rank, {MIN_JITTER_STEPS} needed; "
-            f"a straggler is late beyond its peers by more than {th.rel_lag:.0%} of the clean step and "
+            f"a straggler is late beyond its peers by more than {th.rel_late:.0%} of the clean step and "
             f"{th.noise_factor:g}x the clocks' noise, which do not hold the run's own noise (profile more steps)"
         )
     if reason is None:
@@ -683,7 +683,7 @@ def analyze_stragglers(  # noqa: C901
                 [own_ms[r] for r in ranks],
                 [s.number for s in by_rank[ranks[0]].steps],
                 th.jitter_factor,
-                th.rel_lag * clean_step_ms,
+                th.rel_late * clean_step_ms,
             )
         )
     noise_ms = max(bounds[k] for k in NOISE_BOUNDS)
