@@ -11,7 +11,7 @@ PYTEST := $(BIN)/python -m pytest -q
 DEMO_RUN := demo-$(shell date +%Y%m%d-%H%M%S)
 # A 2-rank torch-mode DDP run with rank 1 made slow in its data phase, then the collector.
 DEMO_ARGS ?= --mode torch --parallel ddp --steps 20 --warmup-steps 5 --active 6 \
-	--straggler-rank 1 --straggler-ms 30 --straggler-phase data
+	--slow-rank 1 --slow-ms 30 --slow-phase data
 
 .PHONY: setup test-tools demo test test-quick sanitize selfcheck tensorboard clean-logs
 

@@ -89,7 +89,7 @@ def test_each_window_of_a_run_is_collected_and_compared(tmp_path: Path) -> None:
     own folder, the straggler in every window, and windows.json saying it recurs."""
     steps = ["--steps", "32", "--warmup-steps", "2", "--wait", "3", "--warmup", "1", "--active", "6", "--repeat", "3"]
     args = ["--mode", "baseline", *steps, "--batch-size", "16", "--hidden", "128"]
-    run = run_harness([*args, "--straggler-rank", "1", "--straggler-ms", "30", "--straggler-phase", "data"], tmp_path)
+    run = run_harness([*args, "--slow-rank", "1", "--slow-ms", "30", "--slow-phase", "data"], tmp_path)
     proc = collect_quietly(run.dir, "--window", "each")
     out = run.dir / "report"
     doc = json.loads((out / "windows.json").read_text())

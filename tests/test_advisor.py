@@ -181,7 +181,7 @@ def test_lab_workloads_are_classified(mode: str, expected: str, lab_run: Callabl
 
 @pytest.mark.slow
 def test_a_straggler_injected_in_forward_is_named_with_its_phase(log_dir: Path) -> None:
-    args = ["--mode", "baseline", "--straggler-rank", "1", "--straggler-ms", "30", "--straggler-phase", "forward"]
+    args = ["--mode", "baseline", "--slow-rank", "1", "--slow-ms", "30", "--slow-phase", "forward"]
     doc = diagnosis_of(run_harness([*args, *LAB], log_dir, run_name="straggler").dir)
     assert [d["bottleneck"] for d in doc["diagnosis"]] == ["healthy", "straggler"], json.dumps(doc["diagnosis"])
     assert doc["diagnosis"][1]["evidence"]["slow_phase"] == "forward"

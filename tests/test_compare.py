@@ -178,7 +178,7 @@ def test_a_slower_phase_fails_the_gate_and_is_named(one_rank: Path, tmp_path: Pa
     it."""
     extra_ms = round(3 * median_step_ms(one_rank), 1)
     slow = run_harness(
-        [*CONFIG, "--straggler-rank", "0", "--straggler-ms", str(extra_ms), "--straggler-phase", "forward"],
+        [*CONFIG, "--slow-rank", "0", "--slow-ms", str(extra_ms), "--slow-phase", "forward"],
         tmp_path,
         nproc=None,
         run_name="one-rank-slow-forward",
@@ -200,7 +200,7 @@ def test_a_straggler_added_is_named_as_the_change(base: Path, tmp_path: Path) ->
     report states): then the change is that straggler grown worse and moved to data."""
     extra_ms = round(4 * median_step_ms(base), 1)
     strag = run_harness(
-        [*CONFIG, "--straggler-rank", "1", "--straggler-ms", str(extra_ms), "--straggler-phase", "data"],
+        [*CONFIG, "--slow-rank", "1", "--slow-ms", str(extra_ms), "--slow-phase", "data"],
         base.parent,
         run_name="straggler",
     )

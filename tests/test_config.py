@@ -61,19 +61,19 @@ def test_optimizer_defaults_per_mode_and_builds() -> None:
         (["--steps", "-1"], "workload.steps"),
         (["--steps", "5", "--warmup-steps", "5"], "workload.warmup_steps"),
         (["--prefetch-factor", "2"], "data.prefetch_factor"),
-        (["--straggler-ms", "50"], "straggler.rank"),
+        (["--slow-ms", "50"], "slow.rank"),
         (["--active", "0"], "profiler.active"),
         (["--bucket-cap-mb", "0"], "parallel.bucket_cap_mb"),
         (["--run-name", "../x"], "output.run_name"),
-        (["--straggler-rank", "1,x"], "straggler.rank"),
-        (["--straggler-rank", "1,,2"], "straggler.rank"),
-        (["--straggler-rank", "-1"], "straggler.rank"),
-        (["--straggler-rank", "0,-1"], "straggler.rank"),
-        (["--straggler-rank", "1,2,1"], "straggler.rank"),
-        (["--straggler-from", "-1"], "straggler.from_step"),
+        (["--slow-rank", "1,x"], "slow.rank"),
+        (["--slow-rank", "1,,2"], "slow.rank"),
+        (["--slow-rank", "-1"], "slow.rank"),
+        (["--slow-rank", "0,-1"], "slow.rank"),
+        (["--slow-rank", "1,2,1"], "slow.rank"),
+        (["--slow-from", "-1"], "slow.from_step"),
         (
-            ["--straggler-rank", "0", "--straggler-ms", "5", "--steps", "10", "--straggler-from", "10"],
-            "straggler.from_step",
+            ["--slow-rank", "0", "--slow-ms", "5", "--steps", "10", "--slow-from", "10"],
+            "slow.from_step",
         ),
     ],
 )
@@ -87,9 +87,9 @@ def test_invalid_values_name_the_field(argv: list[str], field: str) -> None:
     ("argv", "environment", "field"),
     [
         (["--parallel", "fsdp"], env(), "parallel.parallel"),
-        (["--straggler-rank", "2", "--straggler-ms", "5"], env(world_size=2, distributed=True), "straggler.rank"),
+        (["--slow-rank", "2", "--slow-ms", "5"], env(world_size=2, distributed=True), "slow.rank"),
         (["--backend", "nccl"], env(world_size=2, distributed=True), "parallel.backend"),
-        (["--straggler-rank", "0,2", "--straggler-ms", "5"], env(world_size=2, distributed=True), "straggler.rank"),
+        (["--slow-rank", "0,2", "--slow-ms", "5"], env(world_size=2, distributed=True), "slow.rank"),
         (
             ["--parallel", "fsdp", "--optimizer", "sgd", "--fused-optimizer"],
             env(world_size=2, distributed=True),
@@ -115,27 +115,27 @@ def test_invalid_for_the_launch(argv: list[str], environment: LaunchEnv, field: 
 
 
 def test_straggler_ranks_from_the_command_line_and_toml(tmp_path: Path) -> None:
-    assert parse_config(["--straggler-rank", "1,3", "--straggler-ms", "5"]).straggler.rank == (1, 3)
-    assert parse_config(["--straggler-rank", "2"]).straggler.rank == (2,)
-    assert parse_config([]).straggler.rank is None
+    assert parse_config(["--slow-rank", "1,3", "--slow-ms", "5"]).slow.rank == (1, 3)
+    assert parse_config(["--slow-rank", "2"]).slow.rank == (2,)
+    assert parse_config([]).slow.rank is None
     preset = tmp_path / "s.toml"
-    preset.write_text('[straggler]\nrank = [0, 3]\nms = 5\nkind = "compute"\nfrom_step = 4\n')
-    strag = parse_config(["--config", str(preset)]).straggler
+    preset.write_text('[slow]\nrank = [0, 3]\nms = 5\nkind = "compute"\nfrom_step = 4\n')
+    strag = parse_config(["--config", str(preset)]).slow
     assert (strag.rank, strag.kind, strag.from_step) == ((0, 3), "compute", 4)
-    preset.write_text("[straggler]\nrank = 1\n")
-    assert parse_config(["--config", str(preset)]).straggler.rank == (1,)
-    assert parse_config(["--config", str(preset), "--straggler-rank", "0,2"]).straggler.rank == (0, 2)
+    preset.write_text("[slow]\nrank = 1\n")
+    assert parse_config(["--config", str(preset)]).slow.rank == (1,)
+    assert parse_config(["--config", str(preset), "--slow-rank", "0,2"]).slow.rank == (0, 2)
     for bad in ('rank = [1, "x"]', "rank = []", "rank = true", "rank = [1, 1]", "rank = 1.5", 'kind = "nap"'):
-        preset.write_text(f"[straggler]\n{bad}\n")
+        preset.write_text(f"[slow]\n{bad}\n")
         with pytest.raises(ConfigError) as err:
             parse_config(["--config", str(preset)])
-        assert err.value.field in ("straggler.rank", "straggler.kind"), bad
+        assert err.value.field in ("slow.rank", "slow.kind"), bad
 
 
 def test_every_straggler_rank_must_exist_and_survives_resolution() -> None:
-    cfg = parse_config(["--straggler-rank", "0,1", "--straggler-ms", "5", "--straggler-kind", "compute"])
+    cfg = parse_config(["--slow-rank", "0,1", "--slow-ms", "5", "--slow-kind", "compute"])
     resolved = resolve_environment(cfg, env(world_size=2, distributed=True))
-    assert resolved.straggler.rank == (0, 1) and resolved.to_dict()["straggler"]["kind"] == "compute"
+    assert resolved.slow.rank == (0, 1) and resolved.to_dict()["slow"]["kind"] == "compute"
 
 
 def test_fused_optimizers_allowed_where_they_run() -> None:
@@ -204,7 +204,7 @@ def test_every_mode_has_a_preset() -> None:
         (["--parallel", "fsdp"], "parallel.parallel: fsdp needs a process group"),
         (["--steps", "0"], "workload.steps: 0 must be >= 1"),
         (["--config", "/no/such.toml"], "config: file /no/such.toml does not exist"),
-        (["--straggler-rank", "0,x"], "straggler.rank: '0,x' is not a comma-separated list of integers"),
+        (["--slow-rank", "0,x"], "slow.rank: '0,x' is not a comma-separated list of integers"),
         # a run that ends inside the profiler window (or before it) is refused before it starts
         (
             ["--steps", "12"],

@@ -35,9 +35,9 @@ JOB = [
     "2",
     "--watch-every",
     "20",
-    "--straggler-rank",
+    "--slow-rank",
     "0",
-    "--straggler-ms",
+    "--slow-ms",
     "20",
 ]
 

@@ -46,7 +46,7 @@ STRAGGLER_SHARE = 1.25
 
 def demo_straggler(clean_step_ms: float) -> list[str]:
     delay_ms = max(15, round(STRAGGLER_SHARE * clean_step_ms))
-    return ["--straggler-rank", "1", "--straggler-ms", str(delay_ms), "--straggler-phase", "data"]
+    return ["--slow-rank", "1", "--slow-ms", str(delay_ms), "--slow-phase", "data"]
 
 
 def collected(run_dir: Path) -> dict:
@@ -74,11 +74,11 @@ def test_two_stragglers_on_four_ranks_are_both_named(log_dir: Path) -> None:
             "--batch-size",
             "16",
             *STEPS,
-            "--straggler-rank",
+            "--slow-rank",
             "1,3",
-            "--straggler-ms",
+            "--slow-ms",
             "60",
-            "--straggler-phase",
+            "--slow-phase",
             "data",
         ],
         log_dir,

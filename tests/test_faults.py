@@ -36,11 +36,11 @@ LONG = [
     "3",
     "--batch-size",
     "16",
-    "--straggler-rank",
+    "--slow-rank",
     "0",
-    "--straggler-ms",
+    "--slow-ms",
     "15",
-    "--straggler-phase",
+    "--slow-phase",
     "forward",
 ]
 
@@ -111,15 +111,15 @@ def whole_lines(path: Path) -> list[dict]:
 
 
 def test_straggler_injector_picks_ranks_phases_and_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.train.config import PHASES, StragglerConfig
-    from harness.train.faults import StragglerInjector
+    from harness.train.config import PHASES, SlowConfig
+    from harness.train.faults import SlowInjector
 
     sleeps: list[float] = []
     monkeypatch.setattr("harness.train.faults.time.sleep", sleeps.append)
-    cfg = StragglerConfig(rank=(1, 3), ms=5.0, phase="backward", every=2, from_step=3)
+    cfg = SlowConfig(rank=(1, 3), ms=5.0, phase="backward", every=2, from_step=3)
     slowed = []
     for rank in range(4):
-        injector = StragglerInjector(cfg, rank)
+        injector = SlowInjector(cfg, rank)
         for step in range(10):
             for phase in PHASES:
                 before = len(sleeps)
@@ -128,19 +128,17 @@ def test_straggler_injector_picks_ranks_phases_and_steps(monkeypatch: pytest.Mon
                     slowed.append((rank, phase, step))
     assert slowed == [(rank, "backward", step) for rank in (1, 3) for step in (3, 5, 7, 9)]
     assert set(sleeps) == {0.005}
-    assert not StragglerInjector(StragglerConfig(rank=(0,), ms=0.0), 0).active
+    assert not SlowInjector(SlowConfig(rank=(0,), ms=0.0), 0).active
 
 
 def test_compute_straggler_spends_the_time_in_matmuls(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from harness.train.config import StragglerConfig
-    from harness.train.faults import StragglerInjector
+    from harness.train.config import SlowConfig
+    from harness.train.faults import SlowInjector
 
     monkeypatch.setattr("harness.train.faults.time.sleep", lambda s: pytest.fail("compute kind must not sleep"))
-    injector = StragglerInjector(
-        StragglerConfig(rank=(0,), ms=30.0, phase="forward", kind="compute"), 0, torch.device("cpu")
-    )
+    injector = SlowInjector(SlowConfig(rank=(0,), ms=30.0, phase="forward", kind="compute"), 0, torch.device("cpu"))
     calls = 0
     real_mm = torch.mm
 
@@ -163,11 +161,11 @@ def test_compute_straggler_spends_the_time_in_matmuls(monkeypatch: pytest.Monkey
 def test_compute_straggler_on_cuda_keeps_the_host_free() -> None:
     import torch
 
-    from harness.train.config import StragglerConfig
-    from harness.train.faults import StragglerInjector
+    from harness.train.config import SlowConfig
+    from harness.train.faults import SlowInjector
 
     device = torch.device("cuda", 0)
-    injector = StragglerInjector(StragglerConfig(rank=(0,), ms=50.0, kind="compute"), 0, device)
+    injector = SlowInjector(SlowConfig(rank=(0,), ms=50.0, kind="compute"), 0, device)
     injector.maybe_delay("data", 0)  # calibrates
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

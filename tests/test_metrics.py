@@ -65,7 +65,7 @@ def test_every_rank_is_scraped_while_it_runs_and_the_straggler_is_flagged(tmp_pa
     prom = tmp_path / "textfiles" / "harness.prom"
     prom.parent.mkdir()
     args = ["--mode", "torch", "--steps", "120", "--warmup-steps", "5", "--watch-every", "5", "--no-profile"]
-    args += ["--straggler-rank", "1", "--straggler-ms", "40", "--straggler-phase", "data"]
+    args += ["--slow-rank", "1", "--slow-ms", "40", "--slow-phase", "data"]
     # the default address (every interface), as the README shows it: scraped on loopback
     args += ["--metrics-port", str(port), "--metrics-file", str(prom)]
     cmd = harness_cmd(args, tmp_path / "logs", run_name="metrics")

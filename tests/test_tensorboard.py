@@ -45,11 +45,11 @@ STRAGGLER = [
     "1",
     "--active",
     "6",
-    "--straggler-rank",
+    "--slow-rank",
     "1",
-    "--straggler-ms",
+    "--slow-ms",
     "30",
-    "--straggler-phase",
+    "--slow-phase",
     "data",
 ]
 FSDP = [

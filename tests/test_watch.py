@@ -521,7 +521,7 @@ REAL = [
 @pytest.mark.slow
 def test_a_straggler_from_step_40_is_flagged_traced_and_named_by_the_collector(log_dir: Path) -> None:
     run = run_harness(
-        [*REAL, "--straggler-rank", "2", "--straggler-ms", "150", "--straggler-from", "40", "--capture-on-straggler"],
+        [*REAL, "--slow-rank", "2", "--slow-ms", "150", "--slow-from", "40", "--capture-on-straggler"],
         log_dir,
         nproc=4,
         timeout=600,
@@ -615,8 +615,8 @@ def test_a_rank_sleeping_inside_a_phase_that_holds_collectives_is_flagged_there(
     # watch sees it by its arrivals (the Flight Recorder's, on in the lab). 60 ms a step against
     # a 35%-of-the-step bound of 10-25 ms on these jobs.
     run = run_harness(
-        f"--mode baseline --parallel {parallel} --steps 40 --watch-every 10 --no-profile --straggler-rank 1 "
-        f"--straggler-ms 60 --straggler-phase {phase} --straggler-kind sleep".split(),
+        f"--mode baseline --parallel {parallel} --steps 40 --watch-every 10 --no-profile --slow-rank 1 "
+        f"--slow-ms 60 --slow-phase {phase} --slow-kind sleep".split(),
         log_dir,
         nproc=2,
     )

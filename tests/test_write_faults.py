@@ -117,9 +117,9 @@ LONG = [
     "0",
     "--batch-size",
     "16",
-    "--straggler-rank",
+    "--slow-rank",
     "0",
-    "--straggler-ms",
+    "--slow-ms",
     "15",
 ]
 

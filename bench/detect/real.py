@@ -254,17 +254,17 @@ def fault_args(fault: Fault, clean_ms: float, pp: bool = False) -> list[str]:
         ]
     if fault.kind in ("sleep", "compute"):
         return [
-            "--straggler-rank",
+            "--slow-rank",
             ",".join(map(str, fault.ranks)),
-            "--straggler-ms",
+            "--slow-ms",
             f"{fault.size * clean_ms:.2f}",
-            "--straggler-phase",
+            "--slow-phase",
             str(fault.phase),
-            "--straggler-kind",
+            "--slow-kind",
             fault.kind,
-            "--straggler-every",
+            "--slow-every",
             str(fault.every),
-            "--straggler-from",
+            "--slow-from",
             str(ONSET_STEP),
             "--watch-every",
             str(WATCH_EVERY),

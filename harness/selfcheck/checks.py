@@ -295,8 +295,8 @@ def slow_rank_named(ctx: Context) -> str:
     slower (its host sleeps inside the phase), traced and collected: the collector's verdict is
     straggler and it names rank 1 in backward, late by about the delay."""
     delay_ms = 30.0
-    args = [*TRACED, *_two_rank_backend(ctx), "--straggler-rank", "1", "--straggler-phase", "backward"]
-    args += ["--straggler-ms", f"{delay_ms:g}"]
+    args = [*TRACED, *_two_rank_backend(ctx), "--slow-rank", "1", "--slow-phase", "backward"]
+    args += ["--slow-ms", f"{delay_ms:g}"]
     report = collect(ctx, train(ctx, "slow-rank", args, nproc=2))
     named = [(s["rank"], s.get("phase"), s.get("late_ms")) for s in report.get("stragglers") or []]
     if report.get("verdict") != "straggler" or not named or named[0][:2] != (1, "backward"):
@@ -346,8 +346,8 @@ def backward_own_work(ctx: Context) -> str:
     nproc = 2
     args = ["--mode", "torch", "--steps", "30", "--warmup-steps", "5", "--no-profile", "--watch-every", "5"]
     args += ["--backend", "nccl" if ctx.gpus >= nproc else "gloo"]
-    args += ["--straggler-rank", "1", "--straggler-phase", "backward", "--straggler-kind", "compute"]
-    args += ["--straggler-ms", "20", "--straggler-from", "10"]
+    args += ["--slow-rank", "1", "--slow-phase", "backward", "--slow-kind", "compute"]
+    args += ["--slow-ms", "20", "--slow-from", "10"]
     run = train(ctx, "backward-own", args, nproc=nproc)
     timed = [r for r in step_records(run) if not r.get("warmup") and "phases_device_ms" in r]
     own = [r for r in timed if "backward" in (r.get("phases_own_device_ms") or {})]
@@ -411,8 +411,8 @@ def fsdp_arrivals(ctx: Context) -> str:
     """The live watch inside FSDP's forward on GPUs (NCCL's durations, arrivals.py): rank 1's
     extra 20 ms of forward matmuls from step 10 is flagged in forward."""
     args = ["--mode", "torch", "--parallel", "fsdp", "--backend", "nccl", "--steps", "40", "--warmup-steps", "5"]
-    args += ["--no-profile", "--watch-every", "5", "--straggler-rank", "1", "--straggler-phase", "forward"]
-    args += ["--straggler-kind", "compute", "--straggler-ms", "20", "--straggler-from", "10"]
+    args += ["--no-profile", "--watch-every", "5", "--slow-rank", "1", "--slow-phase", "forward"]
+    args += ["--slow-kind", "compute", "--slow-ms", "20", "--slow-from", "10"]
     run = train(ctx, "fsdp-arrivals", args, nproc=2)
     flags = (json.loads((run / RUN_FILE).read_text()).get("watch") or {}).get("flags") or []
     named = sorted({(f["rank"], f.get("phase")) for f in flags})

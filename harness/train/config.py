@@ -100,7 +100,7 @@ def _as_int_tuple(section: str, name: str, value: Any) -> Any:
 
 
 TRACE_SUMMARY_MODES = ("off", "alongside", "only")
-STRAGGLER_KINDS = ("sleep", "compute")
+SLOW_KINDS = ("sleep", "compute")
 MODE_HIDDEN = {"baseline": 512, "data": 256, "torch": 256, "kernel": 2048, "comm": 64}
 # Plain SGD for the embedding tables, as DLRM trains them: AdamW's per-parameter state would
 # make the comm workload optimizer-bound (measured: 60% of its CPU step) instead of comm-bound.
@@ -260,39 +260,39 @@ class ProfilerConfig:
 
 
 @dataclass(kw_only=True)
-class StragglerConfig:
+class SlowConfig:
     """Fault injection: slow one phase on some ranks by a fixed delay, reproducibly."""
 
     rank: tuple[int, ...] | None = knob(
-        None, "ranks to slow down: one rank or a comma-separated list (1,3)", flag="--straggler-rank"
+        None, "ranks to slow down: one rank or a comma-separated list (1,3)", flag="--slow-rank"
     )
-    ms: float = knob(0.0, "delay added to the phase, per affected step", flag="--straggler-ms")
-    phase: str = knob("data", "phase that is slowed", flag="--straggler-phase", choices=PHASES)
-    every: int = knob(1, "slow every N-th step only (counted from --straggler-from)", flag="--straggler-every")
+    ms: float = knob(0.0, "delay added to the phase, per affected step", flag="--slow-ms")
+    phase: str = knob("data", "phase that is slowed", flag="--slow-phase", choices=PHASES)
+    every: int = knob(1, "slow every N-th step only (counted from --slow-from)", flag="--slow-every")
     kind: str = knob(
         "sleep",
         "sleep: the host idles (a slow input or Python step); compute: extra matmuls on the "
         "rank's device for about the delay (a slow GPU: longer kernels, the host not blocked)",
-        flag="--straggler-kind",
-        choices=STRAGGLER_KINDS,
+        flag="--slow-kind",
+        choices=SLOW_KINDS,
     )
-    from_step: int = knob(0, "first step slowed (earlier steps run normally)", flag="--straggler-from")
+    from_step: int = knob(0, "first step slowed (earlier steps run normally)", flag="--slow-from")
 
     def __post_init__(self) -> None:
-        self.rank = _as_int_tuple("straggler", "rank", self.rank)
-        check_types(self, "straggler")
+        self.rank = _as_int_tuple("slow", "rank", self.rank)
+        check_types(self, "slow")
         for rank in self.rank or ():
-            check_min("straggler", "rank", rank, 0)
+            check_min("slow", "rank", rank, 0)
         if self.rank is not None and len(set(self.rank)) < len(self.rank):
             twice = sorted({r for r in self.rank if self.rank.count(r) > 1})
             raise ConfigError(
-                "straggler.rank", f"rank {', '.join(map(str, twice))} listed more than once; list each rank once"
+                "slow.rank", f"rank {', '.join(map(str, twice))} listed more than once; list each rank once"
             )
-        check_min("straggler", "ms", self.ms, 0)
-        check_min("straggler", "every", self.every, 1)
-        check_min("straggler", "from_step", self.from_step, 0)
+        check_min("slow", "ms", self.ms, 0)
+        check_min("slow", "every", self.every, 1)
+        check_min("slow", "from_step", self.from_step, 0)
         if self.rank is None and self.ms > 0:
-            raise ConfigError("straggler.rank", "--straggler-ms needs --straggler-rank")
+            raise ConfigError("slow.rank", "--slow-ms needs --slow-rank")
 
     def slows(self, rank: int, phase: str, step: int) -> bool:
         """Whether `rank` is delayed in `phase` of `step`."""
@@ -467,7 +467,7 @@ SECTIONS: dict[str, type] = {
     "parallel": ParallelConfig,
     "speed": SpeedConfig,
     "profiler": ProfilerConfig,
-    "straggler": StragglerConfig,
+    "slow": SlowConfig,
     "leak": LeakConfig,
     "hang": HangConfig,
     "watch": WatchConfig,
@@ -485,7 +485,7 @@ class TrainConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     speed: SpeedConfig = field(default_factory=SpeedConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
-    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    slow: SlowConfig = field(default_factory=SlowConfig)
     leak: LeakConfig = field(default_factory=LeakConfig)
     hang: HangConfig = field(default_factory=HangConfig)
     watch: WatchConfig = field(default_factory=WatchConfig)
@@ -493,10 +493,10 @@ class TrainConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def __post_init__(self) -> None:
-        strag = self.straggler
+        strag = self.slow
         if strag.rank is not None and strag.ms > 0 and strag.from_step >= self.workload.steps:
             raise ConfigError(
-                "straggler.from_step",
+                "slow.from_step",
                 f"{strag.from_step} is past the last step; must be < steps ({self.workload.steps})",
             )
         if self.watch.capture_on_straggler and not self.profiler.profile:
@@ -651,10 +651,10 @@ def resolve_environment(cfg: TrainConfig, env: LaunchEnv) -> TrainConfig:
                 "visible; start at most one process per GPU "
                 "(torchrun --nproc-per-node, CUDA_VISIBLE_DEVICES)",
             )
-    strag = cfg.straggler
+    strag = cfg.slow
     for rank in strag.rank or ():
         if rank >= env.world_size:
-            raise ConfigError("straggler.rank", f"{rank} must be < world size ({env.world_size})")
+            raise ConfigError("slow.rank", f"{rank} must be < world size ({env.world_size})")
     if cfg.hang.rank is not None and (env.world_size < 2 or cfg.hang.rank >= env.world_size):
         raise ConfigError(
             "hang.rank",

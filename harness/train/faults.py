@@ -1,4 +1,4 @@
-"""Fault injection: a reproducible straggler that slows one phase on some ranks, and a rank that hangs."""
+"""Fault injection: a rank slowed in one phase, reproducibly (the lab's `--slow-*` flags), and a rank that hangs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from harness.train.config import HangConfig, StragglerConfig
+from harness.train.config import HangConfig, SlowConfig
 
 
 class ComputeDelay:
@@ -60,8 +60,8 @@ class ComputeDelay:
         return max(start.elapsed_time(end) / self.CALIBRATION_CALLS, 1e-3)
 
 
-class StragglerInjector:
-    """Delays `phase` on the configured ranks by `ms`, on the steps `StragglerConfig.slows` picks.
+class SlowInjector:
+    """Delays `phase` on the configured ranks by `ms`, on the steps `SlowConfig.slows` picks.
 
     kind `sleep`: a host-side sleep. On CPU it is the phase's own time; on GPU it delays everything
     the host would have enqueued next, which is how a slow host phase (input, Python) looks.
@@ -69,7 +69,7 @@ class StragglerInjector:
     GPU (thermal throttling, a weaker part) looks.
     """
 
-    def __init__(self, cfg: StragglerConfig, rank: int, device: torch.device | None = None) -> None:
+    def __init__(self, cfg: SlowConfig, rank: int, device: torch.device | None = None) -> None:
         self.cfg = cfg
         self.rank = rank
         self.active = cfg.rank is not None and rank in cfg.rank and cfg.ms > 0

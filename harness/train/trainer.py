@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from harness.train.config import TrainConfig
-from harness.train.faults import HangInjector, StragglerInjector
+from harness.train.faults import HangInjector, SlowInjector
 from harness.train.memory_leak import LeakInjector
 from harness.train.parallel import AMP_DTYPES
 from harness.train.run import Run
@@ -59,7 +59,7 @@ class Trainer:
         speed = self.cfg.speed
         self.amp_dtype = AMP_DTYPES.get(speed.amp)
         self.scaler = torch.amp.GradScaler(self.device.type) if speed.amp == "fp16" else None
-        self.straggler = StragglerInjector(self.cfg.straggler, self.rank, self.device)
+        self.slow = SlowInjector(self.cfg.slow, self.rank, self.device)
         self.hang = HangInjector(self.cfg.hang, self.rank)
         self.loss_sum = torch.zeros((), device=self.device)
         self.loss_steps = 0
@@ -77,7 +77,7 @@ class Trainer:
 
     def train_step(self, run: Run, batches: Iterator[Any]) -> None:
         step = run.begin_step()
-        strag = self.straggler
+        strag = self.slow
 
         def delay(phase: str) -> None:
             strag.maybe_delay(phase, step)
