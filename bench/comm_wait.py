@@ -1,4 +1,4 @@
-"""What timing the waits on communication costs (harness/train/comm_wait.py): `Work.wait` with
+"""What timing the waits on communication costs (harness/run/comm_wait.py): `Work.wait` with
 and without the harness's wrapper, side by side, alternating, on two gloo ranks of this machine.
 
     python bench/comm_wait.py                  # starts 2 ranks itself (torch.distributed.run)
@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.train.comm_wait import CommWaitTimer  # noqa: E402
+from harness.run.comm_wait import CommWaitTimer  # noqa: E402
 
 
 def per_wait_us(work: dist.Work, waits: int) -> float:

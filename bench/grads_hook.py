@@ -1,4 +1,4 @@
-"""What `Run.watch_gradients`' hooks cost a backward pass (harness/train/grads_ready.py): the same
+"""What `Run.watch_gradients`' hooks cost a backward pass (harness/run/grads_ready.py): the same
 model's backward timed with and without them, side by side, alternating, on this machine's CPU.
 
     python bench/grads_hook.py                       # 200 small layers (400 parameters)
@@ -23,7 +23,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.train.grads_ready import GradientsReady  # noqa: E402
+from harness.run.grads_ready import GradientsReady  # noqa: E402
 
 
 def backward_s(model: nn.Module, x: torch.Tensor, passes: int) -> float:

@@ -59,15 +59,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.train.auto_phases import AutoPhases
+from harness.run.auto_phases import AutoPhases
+from harness.run.run import Run
+from harness.run.run_config import RunConfig
+from harness.run.settings import LaunchEnv
 from harness.train.cli import parse_config
-from harness.train.config import LaunchEnv, TrainConfig, resolve_environment
+from harness.train.config import TrainConfig, resolve_environment
 from harness.train.parallel import build_optimizer, wrap_model
-from harness.train.run import Run
-from harness.train.run_config import RunConfig
 from harness.train.trainer import Trainer, _endless, build_loader
-from harness.train.watch import Watch
 from harness.train.workloads import build_workload
+from harness.watch.exchange import Watch
 
 SIMULATED_RANKS = 8
 

@@ -25,24 +25,25 @@ import overhead
 import torch
 import torch.distributed as dist
 
+from harness.run.settings import LaunchEnv
 from harness.train.cli import parse_config
-from harness.train.config import LaunchEnv, resolve_environment
+from harness.train.config import resolve_environment
 
 # (module, class, method): the harness's calls on the step path
 PARTS = (
-    ("harness.train.run", "Run", "begin_step"),
-    ("harness.train.run", "Run", "end_step"),
-    ("harness.train.run", "Run", "_open_phase"),
-    ("harness.train.run", "Run", "end_phase"),
-    ("harness.train.run", "Run", "_write"),
-    ("harness.train.timing", "StepClock", "mark"),
-    ("harness.train.timing", "StepClock", "_resolve"),
-    ("harness.train.stats", "SystemSampler", "sample"),
-    ("harness.train.stats", "ResidentBytes", "read"),
-    ("harness.train.stats", "StepLog", "write"),
-    ("harness.train.stats", "StepTotals", "add"),
-    ("harness.train.heap", "HeapStats", "sample"),
-    ("harness.train.schedstat", "RunQueueClock", "read_ms"),
+    ("harness.run.run", "Run", "begin_step"),
+    ("harness.run.run", "Run", "end_step"),
+    ("harness.run.run", "Run", "_open_phase"),
+    ("harness.run.run", "Run", "end_phase"),
+    ("harness.run.run", "Run", "_write"),
+    ("harness.run.timing", "StepClock", "mark"),
+    ("harness.run.timing", "StepClock", "_resolve"),
+    ("harness.run.stats", "SystemSampler", "sample"),
+    ("harness.run.stats", "ResidentBytes", "read"),
+    ("harness.run.stats", "StepLog", "write"),
+    ("harness.run.stats", "StepTotals", "add"),
+    ("harness.run.heap", "HeapStats", "sample"),
+    ("harness.run.schedstat", "RunQueueClock", "read_ms"),
     ("harness.write_faults", "AppendOnlyFile", "append"),
     ("harness.scalars", "ScalarWriter", "add"),
 )

@@ -24,11 +24,11 @@ __all__ = ["ConfigError", "Run", "enable_flight_recorder", "load", "summary"]
 
 def __getattr__(name: str) -> Any:
     if name == "Run":
-        from harness.train.run import Run
+        from harness.run.run import Run
 
         return Run
     if name == "ConfigError":
-        from harness.train.config import ConfigError
+        from harness.run.settings import ConfigError
 
         return ConfigError
     if name == "summary":
@@ -40,7 +40,7 @@ def __getattr__(name: str) -> Any:
 
         return load
     if name == "enable_flight_recorder":
-        from harness.train.run import enable_flight_recorder
+        from harness.run.run import enable_flight_recorder
 
         return enable_flight_recorder
     raise AttributeError(f"module 'harness' has no attribute {name!r}")

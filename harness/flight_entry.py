@@ -1,5 +1,5 @@
 """One field of a torch Flight Recorder entry that several readers take alike: the training
-job's watch (train/arrivals.py) and its trace windows' groups files (traces/read/gloo_groups.py),
+job's watch (watch/arrivals.py) and its trace windows' groups files (traces/read/gloo_groups.py),
 and the collector's hang report (traces/analyse/flight.py). Imports nothing, so the training job
 loads none of the collector with it."""
 

@@ -54,14 +54,14 @@ STEPS_DIR = "steps"
 STEPS_TEMPLATE = "rank{rank}.jsonl"
 STEPS_PATTERN = re.compile(r"^rank(?P<rank>\d+)\.jsonl$")
 RUN_FILE = "run.json"
-# The live straggler watch (harness/train/watch.py): one JSON line per judged interval, by rank 0.
+# The live straggler watch (harness/watch/exchange.py): one JSON line per judged interval, by rank 0.
 WATCH_FILE = "watch.jsonl"
 # Each rank's state (running / finished / failed / terminated), rewritten as it changes: a rank
 # still "running" in a run that is over was killed without a word (SIGKILL, OOM, node lost).
 STATUS_DIR = "status"
 STATUS_TEMPLATE = "rank{rank}.json"
 STATUS_PATTERN = re.compile(r"^rank(?P<rank>\d+)\.json$")
-# Flight Recorder dumps (harness/train/flight.py writes, harness/traces/analyse/flight.py reads): one JSON file
+# Flight Recorder dumps (harness/run/flight.py writes, harness/traces/analyse/flight.py reads): one JSON file
 # per rank, written when a collective times out or fails, on SIGTERM/SIGINT, or when the rank
 # ends with an error; NCCL's own watchdog dumps (a pickle) land in the same folder under
 # NCCL_DUMP_PREFIX + rank.

@@ -16,7 +16,7 @@ from typing import Any
 
 from harness.write_faults import AppendOnlyFile, FaultLog
 
-# Step record key (from harness.train.timing / harness.train.stats) -> TensorBoard tag.
+# Step record key (from harness.run.timing / harness.run.stats) -> TensorBoard tag.
 STEP_TAGS = {
     "step_ms": "step/time_ms",
     "data_ms": "step/data_wait_ms",

@@ -96,7 +96,7 @@ def registry() -> list[tuple[str, str, Any]]:
 
 
 # The modules whose module-level numbers tests/test_thresholds.py reads (harness/...).
-ANALYSIS_MODULES = ("traces/analyse/*.py", "train/watch_rule.py", "train/watch.py", "train/arrivals.py")
+ANALYSIS_MODULES = ("traces/analyse/*.py", "watch/rule.py", "watch/exchange.py", "watch/arrivals.py")
 # Module-level numbers there that decide no finding: units and how much a report shows.
 NOT_THRESHOLDS = (
     "flight.MAX_MISMATCHES",
@@ -121,8 +121,8 @@ UNDECLARED = (
     "stragglers.MIN_JITTER_STEPS",
     "stragglers.SYNC_CAUSE_SHARE",
     "stragglers.SYNC_CALLER_SHARE",
-    "watch_rule.MAX_PHASED",
-    "watch.MAX_NAMED",
+    "rule.MAX_PHASED",
+    "exchange.MAX_NAMED",
     "arrivals.TIMING_PATIENCE_NS",
 )
 

@@ -1,6 +1,6 @@
 """The figures of a run in one flat record for experiment trackers (W&B, MLflow): the keys that
 `harness.summary(report)` (from the collector's report: report/summary.py) and `Run.summary()`
-(from what the job measured itself: train/run.py) share. Stable: a new key may be added, none is
+(from what the job measured itself: run/run.py) share. Stable: a new key may be added, none is
 renamed or dropped."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A tiny torchrun job for tests/test_flight.py: two ranks all-reduce tensors of different shapes
 (12 floats as [12] on rank 0, as [3, 4] on rank 1) at their 3rd collective, then each writes its
-Flight Recorder dump through the harness's own code path (harness.train.flight), as a harness rank
+Flight Recorder dump through the harness's own code path (harness.run.flight), as a harness rank
 does when a collective fails. Same bytes, so gloo completes it (different byte counts make gloo
 abort the process from its own thread, before Python can dump); the recorder sees the shapes.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from harness.train import flight
+from harness.run import flight
 from harness.write_faults import FaultLog
 
 

@@ -23,8 +23,8 @@ from harness.paths import (
     steps_path,
     watch_path,
 )
-from harness.train.config import ConfigError
-from harness.train.run_config import load_run_config
+from harness.run.run_config import load_run_config
+from harness.run.settings import ConfigError
 
 from jobs import REPO, collect_report, first_failure, job_env
 

@@ -1,5 +1,5 @@
 """The live watch's reading of arrivals at collectives inside the phases that hold them
-(harness/train/arrivals.py): exact answers on hand-built arrivals, the watch's verdict with and
+(harness/watch/arrivals.py): exact answers on hand-built arrivals, the watch's verdict with and
 without them, the step clock's phase spans, and the watch's gathering of them (clock offsets per
 host)."""
 
@@ -10,9 +10,10 @@ from pathlib import Path
 import torch
 from watch_stub import GrouplessWatch
 
+from harness.run.timing import StepClock
 from harness.traces.analyse.noise import GPU, SHARED_CPU
 from harness.traces.analyse.stragglers import Thresholds
-from harness.train.arrivals import (
+from harness.watch.arrivals import (
     TIMING_PATIENCE_NS,
     HeldArrivals,
     TimingPatience,
@@ -20,9 +21,8 @@ from harness.train.arrivals import (
     my_arrivals,
     untimed_steps,
 )
-from harness.train.timing import StepClock
-from harness.train.watch_rule import COLLECTIVE_PHASES, WatchJudge, own_work_phases, pack_rows, step_row
-from harness.train.watch_rule import judge_interval as judge_tables
+from harness.watch.rule import COLLECTIVE_PHASES, WatchJudge, own_work_phases, pack_rows, step_row
+from harness.watch.rule import judge_interval as judge_tables
 
 MS = 1_000_000  # ns
 
@@ -249,7 +249,7 @@ def test_the_watch_gathers_arrivals_and_puts_other_hosts_on_rank_0_s_clock(tmp_p
     # all-gather together: ranks 0 and 1 at 100 and 104 ns on host a's clock, rank 2 at 1 s + 100
     # on host b's, 1 s ahead: host b's offset is 1 s less the median of host a's, 102 ns.
     entries = [{"pg_id": 0, "collective_seq_id": 1, "time_created_ns": 5 * MS, "is_p2p": False}]
-    monkeypatch.setattr("harness.train.watch.recorder_entries", lambda backend: entries)
+    monkeypatch.setattr("harness.watch.exchange.recorder_entries", lambda backend: entries)
     span = {10: {"backward": [0, 100 * MS]}}
     others = [(span, [(10, "backward", "0", 1, 6 * MS, 6 * MS)], 104, []), (span, [], 1_000_000_100, [])]
     watch = ThreeRankWatch(tmp_path, others)
@@ -435,7 +435,7 @@ def test_the_watch_names_a_gpu_rank_slow_inside_fsdp_s_forward_from_nccl_s_durat
 def test_the_gpu_watch_reads_nccl_s_recorder_and_marks_the_arrivals_as_device_ones(tmp_path: Path, monkeypatch) -> None:
     entries = [{"pg_id": 0, "collective_seq_id": 1, "time_created_ns": 5 * MS, "is_p2p": False, "duration_ms": 3.0}]
     asked = []
-    monkeypatch.setattr("harness.train.watch.recorder_entries", lambda backend: asked.append(backend) or entries)
+    monkeypatch.setattr("harness.watch.exchange.recorder_entries", lambda backend: asked.append(backend) or entries)
     span = {10: {"backward": [0, 100 * MS]}}
     watch = ThreeRankWatch(tmp_path, [(span, [], 100, []), (span, [], 100, [10, 11])])
     watch.cpu, watch.backend = False, "nccl"
@@ -447,7 +447,7 @@ def test_the_gpu_watch_reads_nccl_s_recorder_and_marks_the_arrivals_as_device_on
 
 
 def test_the_recorder_is_set_to_time_nccl_s_collectives_unless_the_user_chose() -> None:
-    from harness.train.flight import enable
+    from harness.run.flight import enable
 
     env: dict[str, str] = {}
     assert "TORCH_NCCL_ENABLE_TIMING" in enable(2000, "nccl", env) and env["TORCH_NCCL_ENABLE_TIMING"] == "1"
@@ -551,7 +551,7 @@ def test_a_collective_issued_on_a_phase_boundary_is_the_ending_phase_s() -> None
 
 
 def test_tables_hold_more_steps_where_nccl_s_timing_holds_them_back() -> None:
-    from harness.train.watch_rule import table_rows
+    from harness.watch.rule import table_rows
 
     assert table_rows(5, False) == 10 and table_rows(5, True) == 20 and table_rows(0, False) == 2
 

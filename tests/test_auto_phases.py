@@ -1,4 +1,4 @@
-"""Phases found by themselves (harness/train/auto_phases.py): the order of the boundaries, exact;
+"""Phases found by themselves (harness/run/auto_phases.py): the order of the boundaries, exact;
 and one process's `harness.Run(model=, optimizer=)` with gradient accumulation, hand-marked
 phases beside the automatic ones, activation checkpointing and torch.compile. The runs under
 torchrun with a rank slow in each phase are in test_api.py."""
@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 import harness
 from harness.paths import list_traces, steps_path
-from harness.train.auto_phases import DATA, FORWARD, OPTIMIZER, Sequencer
+from harness.run.auto_phases import DATA, FORWARD, OPTIMIZER, Sequencer
 
 
 def test_what_follows_a_backward_is_named_after_the_step_before() -> None:

@@ -1,4 +1,4 @@
-"""Waiting for communication, per phase (harness/train/comm_wait.py and the step clock's
+"""Waiting for communication, per phase (harness/run/comm_wait.py and the step clock's
 phases_p2p_ms and phases_collective_wait_ms): exact figures with scripted clocks and events; the
 real gloo waits are checked on the pipeline example (tests/test_api.py)."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness.train import comm_wait
-from harness.train.comm_wait import CommWaitTimer
-from harness.train.timing import StepClock
+from harness.run import comm_wait
+from harness.run.comm_wait import CommWaitTimer
+from harness.run.timing import StepClock
 
 SEND = int(torch._C._distributed_c10d.OpType.SEND)
 ALLREDUCE = int(torch._C._distributed_c10d.OpType.ALLREDUCE)

@@ -204,12 +204,14 @@ def test_a_straggler_added_is_named_as_the_change(base: Path, tmp_path: Path) ->
         base.parent,
         run_name="straggler",
     )
-    collect_report(strag.dir)
+    collected = collect_report(strag.dir)
     proc = compare(str(base / "report"), str(strag.dir), "-o", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "out" / "compare.json").read_text())
     named = [s for s in doc["report"]["stragglers_appeared"] + doc["report"]["stragglers_kept"] if s["rank"] == 1]
-    assert named and named[0]["phase"] == "data", doc["report"]
+    # on a failure, what the collector said of the slowed run: its headline and noise bound
+    said_of_it = (collected["headline"], collected.get("noise_floor"))
+    assert named and named[0]["phase"] == "data", (doc["report"], said_of_it)
     first = doc["explanation"][0]
     assert first.startswith(("straggler appeared: rank 1", "straggler worse: rank 1")) and " in data" in first, first
     assert doc["report"]["verdict"] == [doc["base"]["verdict"], "straggler"]

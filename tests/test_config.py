@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.run.settings import ConfigError, LaunchEnv
 from harness.train.cli import parse_config
-from harness.train.config import ConfigError, LaunchEnv, resolve_environment
+from harness.train.config import resolve_environment
 from harness.train.main import configure
 
 from jobs import REPO

@@ -205,7 +205,7 @@ def test_sigterm_during_a_failing_rank_s_last_words_is_deferred() -> None:
     """torchrun SIGTERMs the other ranks as soon as one fails: while a failing rank closes its
     files and writes its status the signal is recorded, not raised (raised there, it left the
     status at "running": seen once in CI under load); the raising handler is back after."""
-    from harness.train.run_status import Terminated, raise_on_sigterm, sigterm_deferred
+    from harness.run.run_status import Terminated, raise_on_sigterm, sigterm_deferred
 
     before = signal.getsignal(signal.SIGTERM)
     try:

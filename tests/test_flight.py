@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from harness.paths import flight_path, status_path
+from harness.run.settings import ConfigError
 from harness.traces.analyse.flight import FlightError, analyze, headline, read_dump, read_dumps
 from harness.traces.analyse.flight_records import MissingAt
-from harness.train.config import ConfigError, build_config
+from harness.train.config import build_config
 
 from jobs import QUICK, REPO, job_env, run_harness, said
 

@@ -1,4 +1,4 @@
-"""Each GPU's health beside its timing: NVML's readings (harness/train/gpu_health.py, with a
+"""Each GPU's health beside its timing: NVML's readings (harness/run/gpu_health.py, with a
 stand-in NVML module), and the collector naming a straggler's slower GPU from step logs that
 carry them (harness/traces/analyse/gpu_health.py), with exact answers."""
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
+from harness.run.gpu_health import GpuHealth, read_health, throttle_reasons
 from harness.traces.analyse.gpu_health import GpuReading, gpu_findings
 from harness.traces.analyse.memory import read_step_logs
-from harness.train.gpu_health import GpuHealth, read_health, throttle_reasons
 
 from jobs import collect_quietly
 from tracebuild import ring_docs, write

@@ -1,4 +1,4 @@
-"""The call at a backward pass's last gradient (harness/train/grads_ready.py), where a DDP rank's
+"""The call at a backward pass's last gradient (harness/run/grads_ready.py), where a DDP rank's
 own work in backward ends: once per pass, whatever part of the model the pass reaches, after every
 gradient it computes is in `.grad`, also under DDP's reducer."""
 
@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harness.train.grads_ready import GradientsReady
+from harness.run.grads_ready import GradientsReady
 
 from jobs import free_port
 
@@ -131,7 +131,7 @@ def test_under_ddp_it_calls_once_per_backward_beside_the_reducers_hooks() -> Non
 def test_run_hooks_gradients_only_where_the_gpu_watch_reads_them(tmp_path: Path) -> None:
     """`Run.watch_gradients` before start() is a mistake said in one line; on CPU (the watch reads
     CPU time and arrivals there) it hooks nothing."""
-    from harness.train.run import Run
+    from harness.run.run import Run
 
     run = Run(log_dir=str(tmp_path), run_name="grads", profile=False, quiet=True)
     with pytest.raises(RuntimeError, match="after start"):

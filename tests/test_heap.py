@@ -1,4 +1,4 @@
-"""The C heap's statistics (harness/train/heap.py) against allocations whose size is known."""
+"""The C heap's statistics (harness/run/heap.py) against allocations whose size is known."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ctypes
 
 import pytest
 
-from harness.train.heap import HeapStats
+from harness.run.heap import HeapStats
 
 MiB = 2**20
 

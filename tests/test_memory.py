@@ -16,6 +16,8 @@ from harness.report.document import build_report
 from harness.report.markdown import render_markdown
 from harness.report.page import render_page
 from harness.report.records import as_document
+from harness.run.heap import HeapStats
+from harness.run.settings import ConfigError, LaunchEnv
 from harness.traces.analyse.memory import (
     GiB,
     MemoryFinding,
@@ -28,8 +30,7 @@ from harness.traces.analyse.memory import (
     t_quantile,
     trend,
 )
-from harness.train.config import ConfigError, LaunchEnv, build_config, resolve_environment
-from harness.train.heap import HeapStats
+from harness.train.config import build_config, resolve_environment
 
 from jobs import collect_report, run_harness, said
 from tracebuild import ring_docs, run_analysis

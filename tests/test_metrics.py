@@ -1,4 +1,4 @@
-"""Always-on Prometheus metrics (harness/train/metrics.py): a real 2-rank torchrun job on loopback
+"""Always-on Prometheus metrics (harness/run/metrics.py): a real 2-rank torchrun job on loopback
 whose endpoints are scraped over HTTP while it runs, with an injected straggler and the watch on;
 the textfile variant read back the same way; the naming rules and a port already in use."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.train.metrics import Metrics, MetricsTarget, rank_file
+from harness.run.metrics import Metrics, MetricsTarget, rank_file
 from harness.write_faults import FaultLog
 
 from jobs import REPO, harness_cmd, job_env
@@ -142,7 +142,7 @@ def test_a_port_past_the_last_one_is_one_line_too(capsys: pytest.CaptureFixture[
 
 
 def test_metrics_are_off_by_default(tmp_path: Path) -> None:
-    from harness.train.run_config import load_run_config
+    from harness.run.run_config import load_run_config
 
     cfg = load_run_config(environ={})
     assert cfg.output.metrics_port is None and cfg.output.metrics_file is None

@@ -1,10 +1,10 @@
-"""The kept-open /proc file the step log reads every step (harness/train/procfile.py)."""
+"""The kept-open /proc file the step log reads every step (harness/run/procfile.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from harness.train.procfile import KeptProcFile
+from harness.run.procfile import KeptProcFile
 
 
 def test_a_kept_file_reads_current_text_follows_its_path_and_gives_up_after_a_failure(tmp_path: Path) -> None:

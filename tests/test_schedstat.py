@@ -1,4 +1,4 @@
-"""The step clock's run-queue wait per step (harness/train/schedstat.py), on a real contended core."""
+"""The step clock's run-queue wait per step (harness/run/schedstat.py), on a real contended core."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from harness.train.schedstat import RunQueueClock
-from harness.train.timing import StepClock
+from harness.run.schedstat import RunQueueClock
+from harness.run.timing import StepClock
 
 pytestmark = pytest.mark.skipif(RunQueueClock().read_ms() is None, reason="no schedstat here")
 

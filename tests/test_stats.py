@@ -8,9 +8,9 @@ import numpy as np
 import psutil
 import pytest
 
-from harness.train import stats
-from harness.train.heap import BUDGET_SHARE
-from harness.train.stats import ResidentBytes, format_rank_table, percentile, step_statistics
+from harness.run import stats
+from harness.run.heap import BUDGET_SHARE
+from harness.run.stats import ResidentBytes, format_rank_table, percentile, step_statistics
 
 
 def test_percentile_interpolates_linearly() -> None:

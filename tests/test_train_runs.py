@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.paths import RANGE_PREFIX, STEP_PHASES, TRACE_METADATA_KEY, TRACE_PATTERN, WORKER_RANK_PATTERN
-from harness.train.stats import step_statistics
+from harness.run.stats import step_statistics
 
 from jobs import QUICK, Run, load_trace, run_harness
 

@@ -16,16 +16,16 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from watch_stub import GrouplessWatch
 
 from harness.paths import watch_path
+from harness.run.profiling import TraceRecorder
+from harness.run.settings import ProfilerConfig
+from harness.run.timing import StepClock
 from harness.traces.analyse.noise import GPU, SHARED_CPU
 from harness.traces.analyse.stragglers import Thresholds, run_jitter_ms, straggler_bounds
 from harness.traces.read.discover import InputError
 from harness.traces.read.watch_log import CaptureRecord, WatchFlagRecord, WatchRecord, read_watch, watch_line
 from harness.traces.read.windows import pick_window, trace_window
-from harness.train.arrivals import HeldArrivals
-from harness.train.config import ProfilerConfig
-from harness.train.profiling import TraceRecorder
-from harness.train.timing import StepClock
-from harness.train.watch_rule import (
+from harness.watch.arrivals import HeldArrivals
+from harness.watch.rule import (
     COLLECTIVE_PHASES,
     WATCH_PHASES,
     WatchJudge,
@@ -36,7 +36,7 @@ from harness.train.watch_rule import (
     step_row,
     watch_thresholds,
 )
-from harness.train.watch_rule import judge_interval as judge_tables
+from harness.watch.rule import judge_interval as judge_tables
 from harness.write_faults import AppendOnlyFile
 
 from jobs import REPO, run_harness, said

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from harness.traces.analyse.noise import SHARED_CPU
-from harness.train.arrivals import HeldArrivals
-from harness.train.watch_rule import (
+from harness.watch.arrivals import HeldArrivals
+from harness.watch.rule import (
     COLLECTIVE_PHASES,
     judge_interval,
     own_work_phases,

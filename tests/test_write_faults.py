@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from harness.paths import partial_path, trace_path
-from harness.train.run_info import host_name
-from harness.train.stats import StepLog
+from harness.run.run_info import host_name
+from harness.run.stats import StepLog
 from harness.write_faults import AppendOnlyFile, FaultLog, describe
 
 from jobs import collect_report, run_harness

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.run.profiling import TraceRecorder
 from harness.train.config import build_config
-from harness.train.profiling import TraceRecorder
-from harness.train.watch import Watch
+from harness.watch.exchange import Watch
 from harness.write_faults import FaultLog
 
 

@@ -19,17 +19,17 @@ Step records, as timing.py's StepClock makes them on GPU:
    with the data phase as the host's time in it (timing.py: blocked on the loader); step_ms =
    the end event less the start event; phases_own_device_ms: backward's own work, from its
    start event to the event the gradients-ready hook records when the host has launched the
-   last gradient's kernels (harness/train/grads_ready.py), i.e. at the all-reduce's launch (DDP
+   last gradient's kernels (harness/run/grads_ready.py), i.e. at the all-reduce's launch (DDP
    only: the watch hooks gradients under DDP);
 5. FSDP: the ranks' arrivals at the collectives of forward and backward, as the watch reads them
-   from NCCL's recorder (harness/train/arrivals.py): one entry per collective, issued at its
+   from NCCL's recorder (harness/watch/arrivals.py): one entry per collective, issued at its
    launch on the host, its `duration_ms` its kernel's time (its start on that rank to the end
    every rank shares), filled in once the watchdog saw it complete, WATCHDOG_POLL_US after its
    end at most (taken at that worst); a step with a collective not yet timed has its own work
    judged at once and the whole of it at a later exchange (`untimed_steps`, a group with none
    timed yet awaited for its first second, `TimingPatience`; `WatchJudge`, 2), as the live
    watch does; sends and receives are entries too, marked point-to-point (`is_p2p`);
-6. a pipeline's receives and its stage's gradient all-reduce (harness/train/comm_wait.py on
+6. a pipeline's receives and its stage's gradient all-reduce (harness/run/comm_wait.py on
    GPU): the host waits on each right after launching it, between two CUDA events on the
    compute stream: `python_waits`.
 4. the host polls its clock at each step's end, right after recording the step's end event,
@@ -56,8 +56,8 @@ import torch
 from detect.real import ONSET_STEP, WARMUP_STEPS, WATCH_EVERY
 from detect.score import Seen, Truth, score
 from harness.traces.analyse.noise import GPU
-from harness.train.arrivals import HeldArrivals, TimingPatience, my_arrivals, untimed_steps
-from harness.train.watch_rule import (
+from harness.watch.arrivals import HeldArrivals, TimingPatience, my_arrivals, untimed_steps
+from harness.watch.rule import (
     COLLECTIVE_PHASES,
     WatchJudge,
     own_work_phases,

@@ -24,7 +24,7 @@ from harness.debug.plan import MIN_LEAD_STEPS, CapturePlan
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from harness.train.run import Run
+    from harness.run.run import Run
 
 STATE_HANDLER = "harness_state"
 ARM_HANDLER = "harness_arm"

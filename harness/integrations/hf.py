@@ -29,7 +29,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from harness.integrations.trackers import TrackerRuns, active_runs, log_summary
-from harness.train.run import Run
+from harness.run.run import Run
 
 
 def parallel_of(args: Any) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from harness.integrations.trackers import log_summary, logger_runs
-from harness.train.run import Run
+from harness.run.run import Run
 
 # Strategies that gather parameters inside forward and backward, as FSDP does (ModelParallelStrategy
 # is FSDP2 with tensor parallelism; DeepSpeed's ZeRO-3 gathers there too, and for its stages 1-2,

@@ -22,8 +22,8 @@ from harness.lab.sweeps import SWEEPS, Host, Row, Sweep
 from harness.oneline_argparse import OneLineArgumentParser
 from harness.oneline_argparse import fail as exit_with
 from harness.paths import DEFAULT_LOG_DIR, LAB_DIR, LAB_RUNS_DIR, LAB_SUMMARY, LAB_TIMINGS, lab_dir
+from harness.run.settings import ConfigError
 from harness.train.cli import parse_config
-from harness.train.config import ConfigError
 
 PROG = "harness.lab"
 EXIT_FAILED_ROWS = 1

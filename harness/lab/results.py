@@ -14,7 +14,7 @@ from typing import Any
 from harness import text_table
 from harness.lab.sweeps import Row, Sweep
 from harness.paths import run_file, steps_path
-from harness.train.stats import percentile
+from harness.run.stats import percentile
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
 CSV_COLUMNS = [

@@ -1,7 +1,7 @@
 """The run's straggler verdict from both of its judges: the traced window's and the live watch's. Pure.
 
 The collector judges the steps of one profiler window (3 by default). The live watch judges
-every interval of the whole run with the collector's rule (harness/train/watch_rule.py). Where
+every interval of the whole run with the collector's rule (harness/watch/rule.py). Where
 the hosts are noisy a few steps cannot tell a small straggler from the noise, and more of them
 can; a slowdown in the window's steps alone is the window's to find. A report that says
 "balanced" after the watch printed "straggler" during the same run leaves the user to choose

@@ -196,13 +196,13 @@ def gpu_memory(ctx: Context) -> str:
 
 
 def gpu_health(ctx: Context) -> str:
-    """NVML's readings of the GPU in the step log (harness/train/gpu_health.py: nvidia-ml-py)."""
+    """NVML's readings of the GPU in the step log (harness/run/gpu_health.py: nvidia-ml-py)."""
     run = (ctx.runs or {}).get("traced") or train(ctx, "traced", TRACED, nproc=None)
     clocks = [r["gpu_sm_clock_mhz"] for r in step_records(run) if r.get("gpu_sm_clock_mhz") is not None]
     if not clocks:
         import torch
 
-        from harness.train.gpu_health import GpuHealth
+        from harness.run.gpu_health import GpuHealth
 
         why = GpuHealth.open(torch.device("cuda", 0)).why_off
         raise CheckFailed(f"no gpu_sm_clock_mhz in the step log ({why or 'NVML read nothing'}; the `gpu` extra)")
@@ -369,8 +369,8 @@ def backward_own_work(ctx: Context) -> str:
 # complete: it looks every ~100 ms, so the probe waits a second for it.
 NCCL_TIMING_PROBE = """
 import os, sys, time, torch, torch.distributed as dist
-from harness.train import flight
-from harness.train.arrivals import recorder_entries
+from harness.run import flight
+from harness.watch.arrivals import recorder_entries
 flight.enable(2000, "nccl")
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
 torch.cuda.set_device(0)

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from harness.oneline_argparse import EXIT_USAGE, OneLineArgumentParser, fail
-from harness.train.config import SECTIONS, ConfigError, TrainConfig, build_config, flag_of, load_toml
+from harness.run.settings import ConfigError, flag_of, load_toml
+from harness.train.config import SECTIONS, TrainConfig, build_config
 
 EXIT_CONFIG = EXIT_USAGE
 
@@ -61,7 +62,7 @@ def parse_config(argv: list[str] | None = None, prog: str = "harness.train") -> 
     preset = args.pop("config")
     layers: list[dict[str, dict[str, Any]]] = []
     if preset is not None:
-        layers.append(load_toml(preset))
+        layers.append(load_toml(preset, SECTIONS))
     cli: dict[str, dict[str, Any]] = {}
     for dest, value in args.items():
         section, name = dest.split(".", 1)

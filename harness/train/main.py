@@ -11,14 +11,15 @@ import sys
 
 import torch
 
-from harness.train import flight
+from harness.run import flight
+from harness.run.run import Run
+from harness.run.run_config import RunConfig
+from harness.run.run_info import check_output
+from harness.run.run_status import raise_on_sigterm
+from harness.run.settings import ConfigError, LaunchEnv
 from harness.train.cli import fail_config, parse_config
-from harness.train.config import ConfigError, LaunchEnv, TrainConfig, resolve_environment
+from harness.train.config import TrainConfig, resolve_environment
 from harness.train.parallel import build_optimizer, destroy_process_group, init_process_group, pick_device, wrap_model
-from harness.train.run import Run
-from harness.train.run_config import RunConfig
-from harness.train.run_info import check_output
-from harness.train.run_status import raise_on_sigterm
 from harness.train.trainer import Trainer, build_loader
 from harness.train.workloads import build_workload
 

@@ -9,8 +9,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harness.train.config import LaunchEnv, ParallelConfig, SpeedConfig
-from harness.train.run_info import elastic_attempt
+from harness.run.run_info import elastic_attempt
+from harness.run.settings import LaunchEnv
+from harness.train.config import ParallelConfig, SpeedConfig
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PG_TIMEOUT = datetime.timedelta(minutes=10)

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from harness.run.run import Run
 from harness.train.config import TrainConfig
 from harness.train.faults import HangInjector, SlowInjector
 from harness.train.memory_leak import LeakInjector
 from harness.train.parallel import AMP_DTYPES
-from harness.train.run import Run
 from harness.train.workloads import Workload
 
 

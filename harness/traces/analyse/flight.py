@@ -1,7 +1,7 @@
 """Flight Recorder dumps: which rank never entered which collective (a hang), and ranks that
 issued different collectives at the same sequence number (a mismatch). No torch.
 
-Reads `<run>/flight/rank<R>.json` (harness/train/flight.py: torch's JSON dump plus a `harness` key
+Reads `<run>/flight/rank<R>.json` (harness/run/flight.py: torch's JSON dump plus a `harness` key
 saying where the rank was and why it dumped), torch's JSON dumps written by other jobs (e.g.
 torchtitan; the rank from the file name's last digits), and NCCL's watchdog pickles only when
 the user allows it (`--unpickle-nccl-dumps`; even then no class is ever loaded).

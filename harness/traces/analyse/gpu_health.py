@@ -1,5 +1,5 @@
 """Whether a straggler's GPU ran slower than its peers': its SM clock and throttle reasons, from
-the step logs' NVML readings (harness/train/gpu_health.py).
+the step logs' NVML readings (harness/run/gpu_health.py).
 
 A rank whose code is its peers' but whose GPU runs a lower clock (throttled for temperature or
 power, or held low) is slow for its hardware, not for its work: the report says so beside its

@@ -1,5 +1,5 @@
 """The timing noise of the devices a job's ranks run on: what the straggler rule, the collector's
-(stragglers.py) and the live watch's (harness/train/watch_rule.py), must not take for a straggler.
+(stragglers.py) and the live watch's (harness/watch/rule.py), must not take for a straggler.
 
 One rule for every device: the bounds of `stragglers.straggler_bounds`. A device enters it only
 through the ways its timing can err, each a property of how that device runs work, never a

@@ -3,7 +3,7 @@ it, said beside its lateness (stragglers.py never takes it out: a rank kept off 
 late). Pure.
 
 The step logs hold, per step, the main thread's time runnable but waiting in a run queue
-(`runq_ms`, harness/train/schedstat.py), since the previous step's end. A step's log is laid
+(`runq_ms`, harness/run/schedstat.py), since the previous step's end. A step's log is laid
 over the trace's step of that number only where their phases last the same.
 """
 

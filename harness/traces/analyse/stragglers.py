@@ -250,7 +250,7 @@ def straggler_bounds(
     """The straggler rule: the bounds a rank's lateness per step beyond its peers' (`late_ms` less
     `peer_baseline` of them) must all exceed (a straggler's excess > max of them). Shared by the
     collector (lateness at collectives, from traces) and the live watch
-    (harness/train/watch_rule.py: lateness of the work between collectives, from the step
+    (harness/watch/rule.py: lateness of the work between collectives, from the step
     timings).
 
     1. min_late = --min-late-ms (no absolute floor by default);

@@ -6,7 +6,7 @@ one group cannot be told from one of another by the trace alone. The Flight Reco
 group of every collective it records, with the time the collective was issued
 (`time_created_ns`, the system clock's), but not the thread it ran on. The training job writes
 the recorder's entries of each trace window beside the trace (`<trace>.groups.json`,
-harness/train/profiling.py); this module joins the two. Two facts about ProcessGroupGloo carry
+harness/run/profiling.py); this module joins the two. Two facts about ProcessGroupGloo carry
 the join:
 
 - every process group runs its collectives on worker threads of its own, so all the ranges of

@@ -1,5 +1,5 @@
 """The live watch's record of a run as the collector reads it (run.json `watch`, written by
-harness/train/watch.py), and its one-line summary, shared by the training printout and the report."""
+harness/watch/exchange.py), and its one-line summary, shared by the training printout and the report."""
 
 from __future__ import annotations
 

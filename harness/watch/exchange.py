@@ -27,13 +27,13 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from harness.paths import WATCH_GROUP_DESC, WATCH_RANGE, watch_path
+from harness.run.metrics import Metrics
+from harness.run.profiling import TraceRecorder
+from harness.run.settings import WatchConfig
 from harness.scalars import ScalarWriter
 from harness.traces.analyse.noise import GPU, SHARED_CPU
-from harness.train.arrivals import HeldArrivals, TimingPatience, my_arrivals, recorder_entries, untimed_steps
-from harness.train.config import WatchConfig
-from harness.train.metrics import Metrics
-from harness.train.profiling import TraceRecorder
-from harness.train.watch_rule import (
+from harness.watch.arrivals import HeldArrivals, TimingPatience, my_arrivals, recorder_entries, untimed_steps
+from harness.watch.rule import (
     COLLECTIVE_PHASES,
     IntervalVerdict,
     Judgement,

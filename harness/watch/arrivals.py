@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from harness.flight_entry import process_group
+from harness.run.timing import span_pairs
 from harness.traces.analyse.stragglers import punctual_index
-from harness.train.timing import span_pairs
 
 # One arrival: (step, phase, process group, collective sequence id, issued_ns, arrived_ns):
 # issued_ns is time_created_ns (the host's epoch clock), arrived_ns the same on CPU and -duration

@@ -15,9 +15,9 @@ import psutil
 import torch
 
 from harness import text_table
-from harness.train.gpu_health import GpuHealth
-from harness.train.heap import HeapStats, TimeBudget
-from harness.train.procfile import KeptProcFile
+from harness.run.gpu_health import GpuHealth
+from harness.run.heap import HeapStats, TimeBudget
+from harness.run.procfile import KeptProcFile
 from harness.write_faults import AppendOnlyFile, FaultLog
 
 

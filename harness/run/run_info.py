@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from harness.atomic import write_text_atomic
 from harness.paths import ELASTIC_FILE, STEPS_DIR, TRACE_PATTERN, attempt_dir, run_file
-from harness.train.config import ConfigError, LaunchEnv, OutputConfig
+from harness.run.settings import ConfigError, LaunchEnv, OutputConfig
 
 MIN_FREE_BYTES = 64 * 2**20
 
@@ -176,7 +176,7 @@ def write_run_json(
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "ranks": ranks,
-        "watch": watch,  # the live straggler watch (harness/train/watch.py): flags and captured windows
+        "watch": watch,  # the live straggler watch (harness/watch/exchange.py): flags and captured windows
         # the debug server (harness/debug/), where it ran: its address and the captures it started
         "debug_server": debug_server,
     }

@@ -37,19 +37,15 @@ import torch
 import torch.distributed as dist
 
 from harness.paths import RUN_FILE, run_file, scalars_dir, steps_path, watch_path
-from harness.scalars import ScalarWriter, step_scalars
-from harness.traces.read.watch_log import watch_line, watch_record
-from harness.tracker_summary import SummaryRecord, flat
-from harness.train import flight
-from harness.train.auto_phases import AutoPhases, PhaseSink
-from harness.train.comm_wait import CommWaitTimer
-from harness.train.config import LaunchEnv
-from harness.train.grads_ready import GradientsReady
-from harness.train.metrics import Metrics, metrics_target
-from harness.train.profiling import TraceRecorder
-from harness.train.ranges import phase_range
-from harness.train.run_config import RunConfig, load_run_config
-from harness.train.run_info import (
+from harness.run import flight
+from harness.run.auto_phases import AutoPhases, PhaseSink
+from harness.run.comm_wait import CommWaitTimer
+from harness.run.grads_ready import GradientsReady
+from harness.run.metrics import Metrics, metrics_target
+from harness.run.profiling import TraceRecorder
+from harness.run.ranges import phase_range
+from harness.run.run_config import RunConfig, load_run_config
+from harness.run.run_info import (
     RunIdentity,
     agree_identity,
     check_output_everywhere,
@@ -57,10 +53,14 @@ from harness.train.run_info import (
     host_name,
     write_run_json,
 )
-from harness.train.run_status import RankStatus, Terminated, sigterm_deferred
-from harness.train.stats import StepLog, SystemSampler, format_rank_table
-from harness.train.timing import StepClock
-from harness.train.watch import Watch
+from harness.run.run_status import RankStatus, Terminated, sigterm_deferred
+from harness.run.settings import LaunchEnv
+from harness.run.stats import StepLog, SystemSampler, format_rank_table
+from harness.run.timing import StepClock
+from harness.scalars import ScalarWriter, step_scalars
+from harness.traces.read.watch_log import watch_line, watch_record
+from harness.tracker_summary import SummaryRecord, flat
+from harness.watch.exchange import Watch
 from harness.write_faults import FaultLog
 
 if TYPE_CHECKING:

@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from harness.train.schedstat import RunQueueClock
+from harness.run.schedstat import RunQueueClock
 
 
 @dataclass

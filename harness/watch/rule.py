@@ -1,6 +1,6 @@
 """The live watch's verdict on one interval of step timings: who is a straggler, in which phase.
 Pure functions over the gathered table (a tensor: every rank judges thousands of ranks' steps in
-milliseconds); the exchange between ranks is harness/train/watch.py.
+milliseconds); the exchange between ranks is harness/watch/exchange.py.
 
 Why phase times, and which ones. In synchronous training every rank leaves a collective at the
 same moment, so what makes the others wait is the work a rank does between collectives: a rank
@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from harness.paths import STEP_PHASES
+from harness.run.gpu_health import THROTTLE_REASONS
 from harness.traces.analyse.gpu_health import GpuReading, gpu_findings
 from harness.traces.analyse.noise import NoiseModel
 from harness.traces.analyse.stragglers import (
@@ -54,8 +55,7 @@ from harness.traces.analyse.stragglers import (
     peer_baseline,
     straggler_bounds,
 )
-from harness.train.arrivals import HeldArrivals, held_lateness_ms, punctual_of
-from harness.train.gpu_health import THROTTLE_REASONS
+from harness.watch.arrivals import HeldArrivals, held_lateness_ms, punctual_of
 
 # The phases the watch judges: the harness's, and `forward_backward`, which Hugging Face's Trainer
 # callback marks for forward and backward together (its hooks do not split them,
@@ -142,7 +142,7 @@ class IntervalVerdict:
 
 
 def step_row(record: dict) -> list[float]:
-    """A step record (harness/train/timing.py) as a row of the exchanged table: its phase times
+    """A step record (harness/run/timing.py) as a row of the exchanged table: its phase times
     on the device where timed there (GPU: the data phase too, as its device waited for it or
     worked in it, not the host's time blocked on the loader, which a host running ahead of its
     GPU hides), else its phase times; its own work per phase: its CPU time (CPU) or, in a phase

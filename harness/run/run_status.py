@@ -4,7 +4,7 @@
 "running" from the start, then "finished", "failed" (with the exception), "hung" (a collective
 timed out: a peer never entered it) or "terminated" (with the signal: torchrun stopping the
 other ranks after one failed, or SIGINT); `where` = {step, phase} the rank was in when it ended
-badly, `flight` its Flight Recorder dump (harness/train/flight.py), if written; `tracing` says how its
+badly, `flight` its Flight Recorder dump (harness/run/flight.py), if written; `tracing` says how its
 profiler output ended ({state: complete|degraded, skipped_windows, write_failures}). A rank killed without a chance
 to write (SIGKILL, the OOM killer, a lost node) stays "running": the collector reports it so.
 """

@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.train.config import (
+from harness.run.settings import (
     ConfigError,
     DebugConfig,
     OutputConfig,
     ProfilerConfig,
-    TrainConfig,
     WatchConfig,
     check_min,
     check_types,
@@ -33,6 +32,9 @@ from harness.train.config import (
     load_toml,
     windows_fit,
 )
+
+if typing.TYPE_CHECKING:  # the lab's config, read by from_lab; the lab imports this module
+    from harness.train.config import TrainConfig
 
 ENV_PREFIX = "HARNESS_"
 CONFIG_VARIABLE = "HARNESS_CONFIG"

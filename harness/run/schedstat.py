@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from harness.train.procfile import KeptProcFile
+from harness.run.procfile import KeptProcFile
 
 
 class RunQueueClock:

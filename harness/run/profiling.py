@@ -32,7 +32,7 @@ from harness.paths import (
     summary_path,
     trace_path,
 )
-from harness.train.config import ProfilerConfig
+from harness.run.settings import ProfilerConfig
 from harness.write_faults import FaultLog, is_disk_full
 
 # After a full disk, the next window is exported only once this much is free again: the start-up
@@ -308,7 +308,7 @@ class TraceRecorder:
         distributedInfo holds too: the collector reads the file only then). Never raises into
         the training loop. Its cost: bench/RESULTS.md, "Flight Recorder's cost"."""
         from harness.traces.read.gloo_groups import sidecar_doc, unnamed_groups
-        from harness.train.arrivals import recorder_entries
+        from harness.watch.arrivals import recorder_entries
 
         path = groups_path(trace)
         try:
