@@ -337,7 +337,7 @@ def test_the_pipeline_example_names_the_slow_stage_not_the_stage_it_held_up(
     # step) over its stage peer's for a whole 3-step interval before the onset, its CPU time
     # inflated by the contention, which no bound of one interval measures; the watch's rule is
     # what this tests, the floor is what a user on such a machine sets (--watch-min-late-ms).
-    env = {"HARNESS_ACTIVE": "6", "HARNESS_WATCH_MIN_LAG_MS": "15"}
+    env = {"HARNESS_ACTIVE": "6", "HARNESS_WATCH_MIN_LATE_MS": "15"}
     torchrun(args, nproc=4, timeout=300, script=PP_EXAMPLE, env=env)
     run = tmp_path / "pp"
     report = collect_report(run)
