@@ -515,7 +515,11 @@ def check_view(state: dict[str, Any], report: dict[str, Any]) -> None:
     assert (
         state["charts"] == ["heatmap-step", "heatmap-wait", "heatmap-memory", "bars", "timeline"] and state["svgs"] >= 5
     )
-    assert state["memY"] == ["rank 0", "rank 1"] and all(z > 0 for row in state["memZ"] for z in row), state["memZ"]
+    # a cell is empty (null) at a step whose RSS the rank did not read: the reads keep within a
+    # time budget, so on short steps not every step has one (run/stats.py, SystemSampler)
+    assert state["memY"] == ["rank 0", "rank 1"], state["memY"]
+    assert all(any(z is not None for z in row) for row in state["memZ"]), state["memZ"]
+    assert all(z > 0 for row in state["memZ"] for z in row if z is not None), state["memZ"]
     assert state["verdict"] == report["headline"] and "rank 1" in state["verdict"]
     assert state["stepY"] == state["waitY"] == ["rank 0", "rank 1"]
     # rank 0 waits ~30 ms for rank 1 in every step; rank 1 waits for nobody

@@ -28,7 +28,7 @@ from werkzeug.test import Client
 
 from harness.report.files import view_title
 from harness.report.page import render_page
-from harness.report.records import load_report
+from harness.report.records import SCHEMA_VERSION, load_report
 from harness.view.cache import BodyCache
 from harness.view.tb_plugin import DistributedViewPlugin
 
@@ -235,7 +235,7 @@ def test_the_cache_keeps_the_security_checks(server: Server) -> None:
     for route in ("view", "timeline.json"):
         status, body = fetch(server.base + url(route, "z-linked"))
         assert status == 500 and b"links outside the TensorBoard logdir" in body and b'"secret"' not in body, route
-    assert json.loads(fetch(server.base + url("report.json", "z-linked"))[1])["schema_version"] == 1
+    assert json.loads(fetch(server.base + url("report.json", "z-linked"))[1])["schema_version"] == SCHEMA_VERSION
     status, body = fetch(server.base + url("report.json", "z-broken"))
     assert status == 500 and b"not valid JSON" in body
     status, page = fetch(server.base + url("view", "z-broken"))

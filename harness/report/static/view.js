@@ -34,6 +34,9 @@
     var trace = {
       type: "heatmap", z: grid(rows, ranks, steps, key), x: steps, y: ranks.map(rankLabel),
       colorscale: colorscale, colorbar: { title: { text: unit } }, hoverongaps: false,
+      // memory: a rank reads its RSS within a time budget, not every short step; a step
+      // without a reading is drawn from its neighbours (and has no hover), not left a hole
+      connectgaps: rows !== report.steps,
       hovertemplate: "%{y}, step %{x}<br>" + title + ": %{z:.2f} " + unit + "<extra></extra>"
     };
     var layout = {
