@@ -8,10 +8,11 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from harness.traces.analyse.advisor import Rules, classify
+from harness.traces.analyse.advisor import Rules, classify, waiting_in_data
 from harness.traces.read.parse import parse_trace
 
 from identities import check_report
@@ -92,6 +93,23 @@ def test_a_gpu_idle_beyond_the_material_share_is_named_by_its_largest_part_after
     kind, reason = classify(ev, Rules())
     assert kind == "comm-exposed"
     assert reason.startswith("exposed transfer is the largest part of device time after compute (25%; compute 60%)")
+
+
+def test_waiting_inside_data_phases_is_each_waits_overlap_with_them() -> None:
+    """Data phases [0, 10] and [20, 30] (a forward [10, 20] between them); waits [5, 25] (5 us in
+    each data phase, 10 in forward), [28, 40] (2) and [12, 18] (none): 12 us. Overlapping spans
+    (a data phase inside another) count each pair, as before: [0, 10] and [2, 4] against [3, 6]
+    give 3 + 1."""
+    from types import SimpleNamespace
+
+    def trace(*phases: tuple[str, float, float]) -> Any:
+        return SimpleNamespace(steps=[SimpleNamespace(phase_spans=list(phases))])
+
+    apart = trace(("data", 0.0, 10.0), ("forward", 10.0, 20.0), ("data", 20.0, 30.0))
+    assert waiting_in_data(apart, [(5.0, 25.0), (28.0, 40.0), (12.0, 18.0)]) == 12.0
+    assert waiting_in_data(apart, []) == 0.0
+    nested = trace(("data", 0.0, 10.0), ("data", 2.0, 4.0))
+    assert waiting_in_data(nested, [(3.0, 6.0)]) == 4.0
 
 
 def test_gpu_launches_syncs_and_kernel_time_by_name(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ training code's own, GradScaler's (named as such), DDP's runtime logger's (never
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 import statistics
@@ -282,10 +283,22 @@ def waiting_in_data(trace: RankTrace, waits: list[tuple[float, float]]) -> float
     collectives' [arrival, arrival + wait], aligned clock): a loop that runs a collective while
     it loads (Hugging Face's Trainer counts tokens across ranks there) waits for a slow rank in
     its data phase, which is the slow rank's input pipeline, not its own."""
-    spans = [(a, b) for s in trace.steps for p, a, b in s.phase_spans if is_data(p)]
+    spans = sorted((a, b) for s in trace.steps for p, a, b in s.phase_spans if is_data(p))
     if not spans or not waits:
         return 0.0
-    return sum(max(min(b, w1) - max(a, w0), 0.0) for a, b in spans for w0, w1 in waits)
+    if any(b > a2 for (_, b), (a2, _) in zip(spans, spans[1:])):  # overlapping spans: every pair
+        return sum(max(min(b, w1) - max(a, w0), 0.0) for a, b in spans for w0, w1 in waits)
+    # disjoint spans in order: each wait meets only the spans that start before it ends, back
+    # to the first that ends before it starts (linear in the waits, not spans x waits)
+    starts = [a for a, _ in spans]
+    total = 0.0
+    for w0, w1 in waits:
+        j = bisect.bisect_left(starts, w1) - 1
+        while j >= 0 and spans[j][1] > w0:
+            a, b = spans[j]
+            total += max(min(b, w1) - max(a, w0), 0.0)
+            j -= 1
+    return total
 
 
 def rank_evidence(
