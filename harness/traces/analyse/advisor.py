@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import re
 import statistics
 from collections import Counter
@@ -286,15 +287,15 @@ def waiting_in_data(trace: RankTrace, waits: list[tuple[float, float]]) -> float
     spans = sorted((a, b) for s in trace.steps for p, a, b in s.phase_spans if is_data(p))
     if not spans or not waits:
         return 0.0
-    if any(b > a2 for (_, b), (a2, _) in zip(spans, spans[1:])):  # overlapping spans: every pair
-        return sum(max(min(b, w1) - max(a, w0), 0.0) for a, b in spans for w0, w1 in waits)
-    # disjoint spans in order: each wait meets only the spans that start before it ends, back
-    # to the first that ends before it starts (linear in the waits, not spans x waits)
+    # each wait meets only the spans that start before it ends, back to where every earlier span
+    # has ended before it starts (`reach`: the latest end so far, as spans may overlap): the sum
+    # over every (span, wait) pair without visiting the pairs that add nothing
     starts = [a for a, _ in spans]
+    reach = list(itertools.accumulate((b for _, b in spans), max))
     total = 0.0
     for w0, w1 in waits:
         j = bisect.bisect_left(starts, w1) - 1
-        while j >= 0 and spans[j][1] > w0:
+        while j >= 0 and reach[j] > w0:
             a, b = spans[j]
             total += max(min(b, w1) - max(a, w0), 0.0)
             j -= 1
