@@ -12,9 +12,9 @@ A threshold's kind says where its value comes from:
 - `statistic`: a statistical convention (three median absolute deviations);
 - `measurement`: a figure measured, named where it is recorded (bench/RESULTS.md, a spec, a
   library's constant);
-- `cap`: a bound on work or output size, which decides how much is said, not what is judged;
-- `unsourced`: set on this project's own runs or with no stated source; listed on the page
-  until it is sourced or removed, and the test keeps their number from growing.
+- `cap`: a bound on work or output size, which decides how much is said, not what is judged.
+A value set on this project's own runs, with no source of these kinds, is no threshold: it is
+sourced or the rule goes.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ KINDS = {
     "statistic": "a statistical convention",
     "measurement": "a figure measured, named where it is recorded",
     "cap": "a bound on work or output size: how much is said, not what is judged",
-    "unsourced": "set on this project's own runs or with no stated source: to be sourced or removed",
 }
 
 
@@ -152,7 +151,7 @@ def _cell(text: str) -> str:
 
 
 def thresholds_markdown() -> str:
-    """docs/thresholds.md: the kinds, then a table per holder, then the unsourced ones."""
+    """docs/thresholds.md: the kinds, then a table per holder, then their counts."""
     lines = [
         "# Decision thresholds",
         "",
@@ -172,11 +171,8 @@ def thresholds_markdown() -> str:
         listed += rows
         lines += ["", f"## {title}", "", f"`{owner}`", "", "| name | value | kind | source |", "|---|---|---|---|"]
         lines += [f"| `{e.name}` | {_cell(e.value)} | {e.kind} | {_cell(e.source)} |" for e in rows]
-    unsourced = [f"- `{e.owner}.{e.name}` = {e.value}" for e in listed if e.kind == "unsourced"]
     counts = {k: sum(1 for e in listed if e.kind == k) for k in KINDS}
     lines += ["", "## Counts", "", ", ".join(f"{k}: {n}" for k, n in counts.items())]
-    if unsourced:
-        lines += ["", "## Still without a source", "", *unsourced]
     modules = analysis_modules()
     lines += [
         "",

@@ -172,11 +172,11 @@ def _diagnosis(rank: int, kind: str, ratio: float, idle: float = 0.3) -> Diagnos
 
 
 def test_no_verdict_flips_on_a_threshold_between_ranks_whose_figures_agree() -> None:
-    # three ranks just under the launch-bound op cost (60x a bare op), one just over it: its
-    # figures are within the ranks' spread (62 against 55-58), so it is judged as they are
+    # three ranks just under the launch-bound op cost (39x a bare op), one just over it: its
+    # figures are within the ranks' spread (41 against 34-37), so it is judged as they are
     out = judged_with_peers(
-        [_diagnosis(0, "launch-bound", 55), _diagnosis(1, "launch-bound", 57), _diagnosis(2, "launch-bound", 58)]
-        + [_diagnosis(3, "healthy", 62)]
+        [_diagnosis(0, "launch-bound", 34), _diagnosis(1, "launch-bound", 36), _diagnosis(2, "launch-bound", 37)]
+        + [_diagnosis(3, "healthy", 41)]
     )
     assert [d.bottleneck for d in out] == ["launch-bound"] * 4
     assert (
@@ -185,10 +185,10 @@ def test_no_verdict_flips_on_a_threshold_between_ranks_whose_figures_agree() -> 
     )
     assert out[3].advice == ADVICE["launch-bound"]
     # a rank whose figures stand out keeps its own verdict; so do two ranks alone, and no majority
-    out = judged_with_peers([_diagnosis(r, "launch-bound", 56 + r) for r in range(3)] + [_diagnosis(3, "healthy", 140)])
+    out = judged_with_peers([_diagnosis(r, "launch-bound", 35 + r) for r in range(3)] + [_diagnosis(3, "healthy", 140)])
     assert out[3].bottleneck == "healthy"
     assert (
-        judged_with_peers([_diagnosis(0, "launch-bound", 58), _diagnosis(1, "healthy", 62)])[1].bottleneck == "healthy"
+        judged_with_peers([_diagnosis(0, "launch-bound", 37), _diagnosis(1, "healthy", 41)])[1].bottleneck == "healthy"
     )
-    split = [_diagnosis(0, "launch-bound", 58), _diagnosis(1, "healthy", 62), _diagnosis(2, "host-bound", 60)]
+    split = [_diagnosis(0, "launch-bound", 37), _diagnosis(1, "healthy", 41), _diagnosis(2, "host-bound", 39)]
     assert [d.bottleneck for d in judged_with_peers(split)] == ["launch-bound", "healthy", "host-bound"]

@@ -17,7 +17,7 @@ from harness.traces.read.parse import parse_trace
 
 from identities import check_report
 from jobs import LAB, REPO, Run, run_harness, said
-from tracebuild import GpuRank, document, step, write, x
+from tracebuild import GpuRank, document, run_analysis, step, write, x
 
 HEALTHY = {
     "device": "cpu",
@@ -52,14 +52,16 @@ LAUNCHES = {
     ("change", "expected"),
     [
         ({}, "healthy"),
-        ({"data_share": 0.30}, "data-bound"),
+        ({"data_share": 0.10}, "data-bound"),  # the material share of the step
+        ({"data_share": 0.099}, "healthy"),
+        ({**GPU, "data_share": 0.10}, "data-bound"),  # on GPU: the device's idle in the data phase
         ({"data_share": 0.5, "host_ops_per_step": 5000, "us_per_op": 1.0}, "data-bound"),  # input pipeline first
         ({"host_ops_per_step": 1000, "us_per_op": 19.9}, "launch-bound"),
         ({"host_ops_per_step": 1400, "us_per_op": 37.0}, "healthy"),  # the kernel lab's ops: long, not overhead
-        ({"host_ops_per_step": 999, "us_per_op": 1.0}, "healthy"),
+        ({"host_ops_per_step": 50, "us_per_op": 1.0}, "launch-bound"),  # few ops, each mostly overhead
         # in bare ops where the trace measured one: the machine's speed cancels out
-        ({"host_ops_per_step": 2153, "us_per_op": 30.0, "op_cost_ratio": 59.9}, "launch-bound"),  # a slow machine
-        ({"host_ops_per_step": 1393, "us_per_op": 17.1, "op_cost_ratio": 60.0}, "healthy"),  # a fast one's big ops
+        ({"host_ops_per_step": 2153, "us_per_op": 30.0, "op_cost_ratio": 38.9}, "launch-bound"),  # a slow machine
+        ({"host_ops_per_step": 1393, "us_per_op": 17.1, "op_cost_ratio": 39.0}, "healthy"),  # a fast one's big ops
         ({"transfer_share": 0.50, "exposed_transfer_share": 0.10}, "comm-exposed"),
         ({"transfer_share": 0.49, "exposed_transfer_share": 0.4}, "healthy"),  # little communication
         ({"transfer_share": 0.50, "exposed_transfer_share": 0.09}, "healthy"),  # communication hidden
@@ -128,6 +130,30 @@ def test_gpu_launches_syncs_and_kernel_time_by_name(tmp_path: Path) -> None:
     s = t.steps[0]
     assert (s.launches, s.syncs, s.sync_us) == (5, 2, 70.0)
     assert s.compute_by_name_us == {"ampere_sgemm_128x64_nn": 240.0, "vectorized_elementwise_kernel": 30.0}
+
+
+@pytest.mark.parametrize(("step1_kernel_end", "idle_in_data"), [(900.0, 600.0), (1500.0, 100.0)])
+def test_on_gpu_the_input_pipeline_costs_the_device_idle_inside_the_data_phase(
+    tmp_path: Path, step1_kernel_end: float, idle_in_data: float
+) -> None:
+    """Steps [0, 1000] and [1000, 2000] on the host, each loading in its data phase ([0, 300],
+    [1000, 1600]) before it launches its kernel. Step 1's kernel runs from 300 to
+    `step1_kernel_end`, step 2's [1650, 1950]: the device idles from the first's end to 1650,
+    and the part of that inside step 2's loading (600 us, or 100 us where the queued kernel
+    hides the loading up to 1500) is what the input pipeline costs. Step 1's loading lies
+    before the device's first span (no queued work to compare with). data_share = 600 (100) /
+    2 steps / the 1000 us step."""
+    from harness.traces.analyse.advisor import diagnose
+
+    g = GpuRank()
+    events = [step(1, 0, 1000), step(2, 1000, 1000)]
+    events += [x("harness:data", "user_annotation", 0, 300), x("harness:data", "user_annotation", 1000, 600)]
+    g.kernel("ampere_sgemm_128x64_nn", 300, 300, step1_kernel_end - 300)
+    g.kernel("ampere_sgemm_128x64_nn", 1600, 1650, 300)
+    a = run_analysis(tmp_path, [document(events + g.events, 0, world_size=1)])
+    assert sum(o.idle_in_data_us for o in a.overlap) == idle_in_data
+    ev = diagnose(a)[0].evidence
+    assert ev["data_share"] == idle_in_data / 2 / 1000
 
 
 def test_cpu_self_time_and_host_ops(tmp_path: Path) -> None:

@@ -142,6 +142,7 @@ SMOKE = [
         ["collector vs HTA", "src-2r-0.05mb", "faster anchor", "targets:"],
         hta_stub=True,
     ),
+    Smoke("eager_overhead.py", [], ["| trace | bare op (us) |", "| rank0.pt.trace.json.gz |"]),
 ]
 
 
@@ -173,6 +174,8 @@ def run_bench(smoke: Smoke, tmp_path: Path, source: Path) -> str:
     args = list(smoke.args)
     if smoke.script == "collector_vs_hta.py":
         args += ["--source", str(source), "--work", str(tmp_path / "work")]
+    if smoke.script == "eager_overhead.py":
+        args += [str(source / "rank0.pt.trace.json.gz")]
     proc = subprocess.run(
         [sys.executable, str(BENCH / smoke.script), *args],
         capture_output=True,

@@ -1,7 +1,7 @@
 """Every decision threshold has its source (harness/sourced.py): docs/thresholds.md is what the
 fields generate, every field of a registered holder is declared with `threshold()`, no module of
-the analysis holds a module-level number outside the page's lists, and the number of unsourced
-thresholds cannot grow."""
+the analysis holds a module-level number outside the page's lists, and no kind admits a value
+without a source."""
 
 from __future__ import annotations
 
@@ -13,9 +13,6 @@ import pytest
 from harness import sourced
 
 from jobs import REPO
-
-# The unsourced thresholds left (docs/thresholds.md): sourcing or removing one lowers it.
-UNSOURCED_AT_MOST = 3
 
 
 def test_the_page_is_what_the_fields_generate() -> None:
@@ -62,9 +59,10 @@ def test_no_module_number_of_the_analysis_is_outside_the_page() -> None:
     assert set(sourced.UNDECLARED) | set(sourced.NOT_THRESHOLDS) <= found
 
 
-def test_the_unsourced_do_not_grow() -> None:
-    unsourced = [e for e in sourced.all_entries() if e.kind == "unsourced"]
-    assert len(unsourced) <= UNSOURCED_AT_MOST, [f"{e.owner}.{e.name}" for e in unsourced]
+def test_no_threshold_is_without_a_source() -> None:
+    assert "unsourced" not in sourced.KINDS
+    with pytest.raises(ValueError, match="not one of"):
+        sourced.threshold(1.0, kind="unsourced", source="set on our own runs")
 
 
 def test_a_threshold_needs_a_known_kind_and_a_source() -> None:

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from harness.traces.model import Busy, CommOp, Interval, RankTrace, StepCover
+from harness.traces.read.phases import is_data
 
 MIN_GAP_US = 50.0  # gaps shorter than this are not listed (they are still counted in idle/exposed)
 LONGEST_GAPS = 200  # the gaps an analysis keeps (and the report lists): the longest, over all ranks
@@ -83,6 +84,7 @@ class StepOverlap:
     # process group -> {comm_us, exposed_wait_us, exposed_transfer_us} (groups may overlap in time)
     by_pg: dict[str, dict[str, float]] = field(default_factory=dict)
     memcpy_us: float = 0.0  # host<->device copies and memsets (GPU) while no compute or communication runs
+    idle_in_data_us: float = 0.0  # of idle_us, what lies in the rank's data phases (the host waiting to load)
 
 
 @dataclass(kw_only=True)
@@ -313,12 +315,17 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None) -> tuple[list[S
     6. the same split per process group, over that group's ops alone;
     7. gaps: the intervals of T - C (exposed_transfer), of (M - C) - T (exposed_wait), at least
        MIN_GAP_US long, and the cover's idle pieces (idle), each naming its collective (for
-       idle: the last one in the span to end before it, if any).
+       idle: the last one in the span to end before it, if any);
+    8. idle_in_data = |idle pieces ∩ the union of the rank's data phases (any step's)|: on GPU
+       the host loads the next batch while the device still runs the step before, so a data
+       phase costs the device only where it idles in it (the span's idle, not the step's own
+       host phase).
     """
     waits = waits or {}
     rows: list[StepOverlap] = []
     gaps: list[Gap] = []
     every = _ByStart(trace.comms)
+    data = union([(a, b) for s in trace.steps for p, a, b in s.phase_spans if is_data(p)])
     for step in trace.steps:
         cover = step.cover
         if cover is None:
@@ -349,6 +356,7 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None) -> tuple[list[S
                 idle_us=window - cover.busy_us,
                 by_pg=by_pg,
                 memcpy_us=cover.memcpy_us,
+                idle_in_data_us=length(intersect(clip(data, lo, hi), list(cover.idle))) if data else 0.0,
             )
         )
         gaps.extend(step_gaps(trace.rank, step.number, comms, moving, subtract(exposed, moving), cover.idle))
