@@ -599,7 +599,8 @@ def field_types(cls: type) -> list[tuple[str, str]]:
     TypedDict's keys."""
     if dataclasses.is_dataclass(cls):
         return [(f.name, str(f.type)) for f in dataclasses.fields(cls)]
-    return [(name, str(kind)) for name, kind in cls.__annotations__.items()]
+    # a TypedDict keeps a postponed annotation as a ForwardRef: its text is what was written
+    return [(name, getattr(kind, "__forward_arg__", str(kind))) for name, kind in cls.__annotations__.items()]
 
 
 def schema_markdown() -> str:
