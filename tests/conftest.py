@@ -37,8 +37,12 @@ LAB_FILES = ("test_advisor.py", "test_train_runs.py")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`-n 2 --dist loadgroup`, as make test runs it) a file's tests run on one
-    worker, so its module fixtures (a real job each) run once; the lab files go together, for
-    their session fixture's runs."""
+    worker, so its module fixtures (a real job each) run once. The torchrun jobs whose tests read
+    a CPU run's timing (`timing`) run one at a time on one worker, beside the rest of the suite on
+    the other: beside a second such job their verdicts move (bench/RESULTS.md, "The test suite").
+    The lab files' jobs go with them, for their session fixture's runs (its lab workloads'
+    verdicts read timing too)."""
     for item in items:
         name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("lab" if name in LAB_FILES else name))
+        timing = item.get_closest_marker("slow") and item.get_closest_marker("timing")
+        item.add_marker(pytest.mark.xdist_group("timing" if timing or name in LAB_FILES else name))

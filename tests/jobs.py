@@ -30,7 +30,7 @@ FINISHED = "test job finished, rank"
 # lab's workloads on two CPU cores"). conftest.lab_run shares one run a mode.
 LAB = ["--steps", "16", "--warmup-steps", "2", "--wait", "4", "--warmup", "1", "--active", "8"]
 LAB_SIZE = {
-    "data": ["--sample-cost", "10"],
+    "data": ["--sample-cost", "4"],
     "baseline": ["--batch-size", "256"],
     "kernel": ["--batch-size", "256"],
     "torch": ["--batch-size", "8"],

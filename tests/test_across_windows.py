@@ -14,6 +14,8 @@ from harness.report.across_windows import WindowVerdict, across_windows, recurs,
 
 from jobs import REPO, collect_quietly, run_harness
 
+pytestmark = pytest.mark.timing
+
 
 def wv(window: int, verdict: str, stragglers: dict[int, str | None] | None = None) -> WindowVerdict:
     return WindowVerdict(

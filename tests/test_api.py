@@ -156,6 +156,7 @@ def torchrun(
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_the_plain_loop_example_writes_what_the_lab_writes(parallel: str, tmp_path: Path) -> None:
     args = [
@@ -197,17 +198,16 @@ def test_the_plain_loop_example_writes_what_the_lab_writes(parallel: str, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.parametrize(
     ("phase", "more"),
     [
-        ("data", []),
         ("forward", ["--fsdp"]),
-        ("backward", []),
         ("optimizer", ["--fsdp"]),
         ("backward", ["--compile"]),
         ("data", ["--accumulate", "3"]),
     ],
-    ids=["data", "forward-fsdp", "backward", "optimizer-fsdp", "backward-compile", "data-accumulate"],
+    ids=["forward-fsdp", "optimizer-fsdp", "backward-compile", "data-accumulate"],
 )
 def test_phases_found_by_themselves_name_the_slow_ranks_phase(phase: str, more: list[str], tmp_path: Path) -> None:
     """The two-line form (`--auto-phases`: `Run(model=, optimizer=)`, the loop marks its steps
@@ -257,6 +257,7 @@ TP_EXAMPLE = REPO / "examples" / "tensor_parallel.py"
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_the_tensor_parallel_example_names_the_slow_rank_not_the_peer_it_held(tmp_path: Path) -> None:
     """4 ranks, tensor-parallel groups (0, 1) and (2, 3), data-parallel groups (0, 2) and (1, 3):
     rank 1's host sleeps 120 ms in the middle of forward from step 8 (several times the clean step
@@ -302,6 +303,7 @@ PP_EXAMPLE = REPO / "examples" / "pipeline_parallel.py"
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.parametrize(
     ("slow_rank", "phase", "held", "kind"),
     # a sleep in forward, computing in backward: each phase once, each kind of slowness once

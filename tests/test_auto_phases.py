@@ -103,11 +103,12 @@ def test_each_pass_of_a_step_adds_to_its_phase(tmp_path: Path) -> None:
         ms, lasted = r["phases_ms"], slept[r["step"]]
         assert set(ms) == {"data", "forward", "loss", "backward", "optimizer"}, ms
         # three 4 ms loads: the 2nd and 3rd between a backward and a forward; three 2 ms losses;
-        # the clipping, then the step: one phase. Each holds its sleeps as they lasted, and little
-        # else (a sleep woken late holds the wait for a core: another process may be busy beside)
-        assert lasted["data"] <= ms["data"] < lasted["data"] + 6.0, (ms, lasted)
-        assert lasted["loss"] <= ms["loss"] < lasted["loss"] + 4.0, (ms, lasted)
-        assert lasted["optimizer"] <= ms["optimizer"] < lasted["optimizer"] + 4.0, (ms, lasted)
+        # the clipping, then the step: one phase. Each holds all its sleeps as they lasted; a pass
+        # given to another phase would leave its own short of them, and one counted twice would
+        # break the sum. No bound from above: the phases' own work takes what the machine's load
+        # makes it take
+        for phase in ("data", "loss", "optimizer"):
+            assert ms[phase] >= lasted[phase], (phase, ms, lasted)
         assert sum(ms.values()) == pytest.approx(r["step_ms"], rel=0.05)
     assert ranges_per_step(tmp_path / "accumulate") == {
         "harness:data": 3,

@@ -20,6 +20,8 @@ from harness.compare.stats import block_length, median_difference
 
 from jobs import REPO, collect_report, run_harness
 
+pytestmark = pytest.mark.timing
+
 # The lab's eager workload, short: ~20 ms steps here, 80 measured.
 CONFIG = ["--mode", "torch", "--steps", "90", "--warmup-steps", "10"]
 

@@ -19,6 +19,8 @@ from harness.paths import list_traces
 
 from jobs import REPO, collect_report, free_port, harness_cmd, job_env, load_trace
 
+pytestmark = pytest.mark.timing
+
 STEPS = 600
 # every rank waits for rank 0's 20 ms a step: steps of 20 ms and more, however busy the machine,
 # so the capture's 2 s lead is at most 100 steps

@@ -15,7 +15,7 @@ from harness.traces.analyse.advisor import classify
 from identities import check_report
 from jobs import LAB_SIZE, REPO, run_harness, said
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 STEPS = ["--steps", "12", "--warmup-steps", "2", "--wait", "3", "--warmup", "1", "--active", "6"]
 # The demo's job (Makefile DEMO_ARGS) at test size: torch mode at the tests' batch (jobs.LAB_SIZE:

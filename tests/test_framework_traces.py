@@ -15,6 +15,8 @@ import pytest
 from jobs import FINISHED, REPO, collect_report, job_env
 from tracebuild import GLOO, document, step, write, x
 
+pytestmark = pytest.mark.timing
+
 
 def cpu_rank(rank: int, late_us: float, distributed: bool) -> dict:
     """Three 10 ms steps: data, forward, backward (a gloo all-reduce), optimizer; `late_us` more

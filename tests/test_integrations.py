@@ -20,6 +20,8 @@ from identities import check_report
 from jobs import REPO, collect_report, job_env
 from trackers_read import mlflow_runs, wandb_offline_summary
 
+pytestmark = pytest.mark.timing
+
 EXAMPLES = {"hf": REPO / "examples" / "hf_trainer.py", "lightning": REPO / "examples" / "lightning_module.py"}
 
 
@@ -98,10 +100,11 @@ def test_a_framework_jobs_slow_rank_is_named(framework: str, tmp_path: Path) -> 
     assert victim["waits_for"] and victim["waits_for"][0][0] == 1, victim
     if framework == "hf":
         # the victim waits for it in its own data phase too (HF counts tokens across ranks there):
-        # that waiting is not its own input pipeline. (Lightning's victim waits in backward; its
-        # own loading is about a third of its ~5 ms of own work, on either side of the data-bound
-        # rule's 30% on two shared cores: a fresh-clone CI read 39% once.)
-        assert victim["bottleneck"] != "data-bound", victim["reason"]
+        # that waiting is not its own input pipeline, so its data share holds far less than the
+        # wait. (Its own loading, a few ms of ~30 ms of own work on two shared cores, may still
+        # reach the material share: its verdict is not what is tested.)
+        ev = victim["evidence"]
+        assert ev["data_share"] * ev["own_step_ms"] < victim["waits_for"][0][1] / 2, victim["reason"]
 
 
 def test_the_lightning_callback_tells_the_watch_its_strategys_collectives() -> None:

@@ -19,6 +19,8 @@ from harness.write_faults import FaultLog
 
 from jobs import REPO, harness_cmd, job_env
 
+pytestmark = pytest.mark.timing
+
 
 def samples(text: str) -> dict[str, float]:
     """`name{rank=..}` (`name{rank=..,phase=..}` for a phase's) -> value for every sample; the

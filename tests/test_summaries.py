@@ -20,6 +20,8 @@ from harness.traces.read.summary import read_summary, summarize, write_summary
 from jobs import REAL_TRACES, REPO, run_harness
 from tracebuild import gpu_docs, write
 
+pytestmark = pytest.mark.timing
+
 A100_DDP = REAL_TRACES / "hta_single_rank" / "nccl_data_a100_rank0of2.json.gz"  # has copies
 
 STEPS = ["--steps", "12", "--warmup-steps", "2", "--wait", "3", "--warmup", "1", "--active", "6", "--batch-size", "16"]

@@ -25,7 +25,7 @@ from harness.view.runs import MAX_VIEW_FILE_BYTES
 
 from jobs import REAL_TRACES, REPO, free_port, run_harness
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 PLUGIN = "/data/plugin/harness_distributed"
 PROFILER = "/data/plugin/pytorch_profiler"

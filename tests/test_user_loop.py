@@ -15,6 +15,8 @@ import pytest
 from identities import check_report
 from jobs import REPO, job_env
 
+pytestmark = pytest.mark.timing
+
 SLOW_MS = 30.0
 
 

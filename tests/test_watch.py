@@ -41,6 +41,8 @@ from harness.write_faults import AppendOnlyFile
 
 from jobs import REPO, run_harness, said
 
+pytestmark = pytest.mark.timing
+
 DDP_OWN = own_work_phases("ddp")
 
 

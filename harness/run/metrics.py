@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 from harness.write_faults import FaultLog
 
@@ -115,6 +115,10 @@ class Metrics:
         self.state: dict[str, float] = {"straggler": 0.0}
         # (windows written, windows skipped, write failures): counts the run keeps anyway
         self.tracing_source: Callable[[], tuple[int, int, int]] | None = None
+        # prometheus_client is imported by a rank that has metrics only: ~0.1 s of every rank's
+        # start-up otherwise
+        from prometheus_client import CollectorRegistry
+
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
         self.server: Any = None
@@ -126,6 +130,8 @@ class Metrics:
         (in use, not allowed) is said in one line and the job goes on without the endpoint."""
         m = cls(labels, target, faults)
         if target.port is not None:
+            from prometheus_client import start_http_server
+
             try:
                 m.server, _ = start_http_server(target.port, addr=target.addr, registry=m.registry)
             except (OSError, OverflowError, ValueError) as exc:  # in use, not allowed; past 65535; a bad address
@@ -176,6 +182,8 @@ class Metrics:
 
     def collect(self) -> Iterator[Metric]:
         """The metric families, from the kept values (a registry calls this on each read)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
         names, values = self.label_names, self.label_values
         rec, state = self.last, self.state
         steps = CounterMetricFamily("harness_steps", "steps recorded by this rank", labels=names)
@@ -243,6 +251,8 @@ class Metrics:
         if not force and now - self._written_at < FILE_INTERVAL_S:
             return
         self._written_at = now
+        from prometheus_client import write_to_textfile
+
         try:
             write_to_textfile(str(path), self.registry)  # a temporary file renamed over it
         except OSError as exc:
