@@ -16,7 +16,7 @@ from harness.train.config import TrainConfig
 from harness.train.faults import HangInjector, SlowInjector
 from harness.train.memory_leak import LeakInjector
 from harness.train.parallel import AMP_DTYPES
-from harness.train.workloads import Workload
+from harness.train.workloads import InMemoryTensors, Workload
 
 
 def build_loader(workload: Workload, cfg: TrainConfig, device: torch.device) -> DataLoader:
@@ -32,6 +32,8 @@ def build_loader(workload: Workload, cfg: TrainConfig, device: torch.device) -> 
     }
     if data.prefetch_factor is not None:
         kwargs["prefetch_factor"] = data.prefetch_factor
+    if isinstance(workload.dataset, InMemoryTensors):  # gathered a batch at a time: nothing to stack
+        kwargs["collate_fn"] = InMemoryTensors.as_batch
     return DataLoader(workload.dataset, **kwargs)
 
 

@@ -168,6 +168,23 @@ class Workload:
         return F.cross_entropy(logits.float(), target)
 
 
+class InMemoryTensors(TensorDataset):
+    """Tensors held in memory, fetched a batch at a time: DataLoader hands `__getitems__` the
+    batch's indices, which gathers each tensor with one index op, and `as_batch` passes the
+    result through. Fetched a sample at a time and stacked by the default collate, a 256-sample
+    batch costs the main thread ~8-11% of a baseline CPU step (bench/RESULTS.md, "The lab's
+    workloads on two CPU cores"): an input-pipeline cost the healthy workloads are not meant to
+    have."""
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
+        at = torch.as_tensor(indices)
+        return tuple(t[at] for t in self.tensors)
+
+    @staticmethod
+    def as_batch(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return batch
+
+
 def _teacher_labels(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """Labels from a fixed random linear teacher, so the loss can actually go down."""
     w = torch.randn(x[0].numel(), NUM_CLASSES, generator=gen)
@@ -202,8 +219,8 @@ def build_workload(cfg: WorkloadConfig, data: DataConfig, rank: int) -> Workload
     if cfg.mode == "comm":
         ids = torch.randint(0, cfg.table_rows, (length, cfg.num_tables, BAG_SIZE), generator=gen)
         labels = ids.sum(dim=(1, 2)) % NUM_CLASSES
-        return Workload(model=model, dataset=TensorDataset(ids, labels), input_is_image=False)
+        return Workload(model=model, dataset=InMemoryTensors(ids, labels), input_is_image=False)
     image = cfg.mode == "baseline" and cfg.arch == "cnn"
     shape = IMAGE_SHAPE if image else (MLP_IN_FEATURES,)
     x = torch.randn(length, *shape, generator=gen)
-    return Workload(model=model, dataset=TensorDataset(x, _teacher_labels(x, gen)), input_is_image=image)
+    return Workload(model=model, dataset=InMemoryTensors(x, _teacher_labels(x, gen)), input_is_image=image)
