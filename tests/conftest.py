@@ -35,6 +35,7 @@ def lab_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Run]:
 LAB_FILES = ("test_advisor.py", "test_train_runs.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`-n 2 --dist loadgroup`, as make test runs it) a file's tests run on one
     worker, so its module fixtures (a real job each) run once. The torchrun jobs whose tests read
