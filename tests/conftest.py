@@ -33,6 +33,8 @@ def lab_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Run]:
 
 # The files whose tests share the session's lab runs (`lab_run`): one worker runs them all.
 LAB_FILES = ("test_advisor.py", "test_train_runs.py")
+# The longest group after the timing one (~70 s of ASan-built native tests)
+LONGEST_FIRST = ("test_sanitize.py",)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the test ids
@@ -43,7 +45,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     the other: beside a second such job their verdicts move (bench/RESULTS.md, "The test suite").
     The lab files' jobs go with them, for their session fixture's runs (its lab workloads'
     verdicts read timing too)."""
+    first: list[pytest.Item] = []
     for item in items:
         name = item.path.name
         timing = item.get_closest_marker("slow") and item.get_closest_marker("timing")
         item.add_marker(pytest.mark.xdist_group("timing" if timing or name in LAB_FILES else name))
+        if timing or name in LAB_FILES or name in LONGEST_FIRST:
+            first.append(item)
+    # the scheduler hands out groups in the order they are collected: the two longest start first,
+    # one on each worker, and the rest fill in around them
+    chosen = {id(item) for item in first}
+    items[:] = first + [item for item in items if id(item) not in chosen]

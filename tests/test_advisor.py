@@ -16,7 +16,7 @@ from harness.traces.analyse.advisor import Rules, classify, waiting_in_data
 from harness.traces.read.parse import parse_trace
 
 from identities import check_report
-from jobs import LAB, REPO, Run, run_harness, said
+from jobs import LAB, LAB_SIZE, REPO, Run, run_harness, said
 from tracebuild import GpuRank, document, run_analysis, step, write, x
 
 HEALTHY = {
@@ -226,7 +226,7 @@ def test_lab_workloads_are_classified(mode: str, expected: str, lab_run: Callabl
 @pytest.mark.slow
 def test_a_straggler_injected_in_forward_is_named_with_its_phase(log_dir: Path) -> None:
     args = ["--mode", "baseline", "--slow-rank", "1", "--slow-ms", "30", "--slow-phase", "forward"]
-    doc = diagnosis_of(run_harness([*args, *LAB], log_dir, run_name="straggler").dir)
+    doc = diagnosis_of(run_harness([*args, *LAB, *LAB_SIZE["baseline"]], log_dir, run_name="straggler").dir)
     assert [d["bottleneck"] for d in doc["diagnosis"]] == ["healthy", "straggler"], json.dumps(doc["diagnosis"])
     assert doc["diagnosis"][1]["evidence"]["slow_phase"] == "forward"
 

@@ -39,7 +39,7 @@ DEMO = [
     "1",
     "--active",
     "10",
-    *LAB_SIZE["torch"],
+    *LAB_SIZE.get("torch", []),
 ]
 STRAGGLER_SHARE = 1.25
 
