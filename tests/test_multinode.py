@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 
 from harness.paths import TRACE_METADATA_KEY, status_path
 
-from jobs import QUICK, REPO, Run, free_port, load_trace
+from jobs import QUICK, REPO, Run, free_port, load_trace, native_crash
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,29 @@ def _can_unshare() -> bool:
 
 
 def launch_two_nodes(log_dir: Path, hosts: list[str], run_name: str) -> tuple[bool, str]:
-    """Both agents of one job; (whether both exited 0, both outputs and the ranks' statuses)."""
+    """Both agents of one job; (whether both exited 0, both outputs and the ranks' statuses). A
+    rank that died in native code gets the job one fresh run, as jobs.run_harness gives it
+    (Kineto's intermittent heap corruption as a window is exported: not what is tested)."""
+    ok, told = _launch_two_nodes_once(log_dir, hosts, run_name)
+    if not ok and (crash := native_crash(told)):
+        print(f"launch_two_nodes: a rank died in native code ({crash}); running the job once more")
+        shutil.rmtree(log_dir / run_name, ignore_errors=True)
+        ok, told = _launch_two_nodes_once(log_dir, hosts, run_name)
+    teardown_only = (
+        not ok
+        and "RendezvousConnectionError" in told
+        and all(
+            s.exists() and json.loads(s.read_text())["state"] == "finished"
+            for s in (status_path(log_dir / run_name, r) for r in (0, 1))
+        )
+    )
+    if teardown_only:
+        print(f"torchrun teardown race after every rank finished:\n{told}", file=sys.stderr)
+    assert ok or teardown_only, told
+    return ok, told
+
+
+def _launch_two_nodes_once(log_dir: Path, hosts: list[str], run_name: str) -> tuple[bool, str]:
     port = free_port()
     procs = []
     for node_rank, host in enumerate(hosts):
@@ -67,19 +90,10 @@ def launch_two_nodes(log_dir: Path, hosts: list[str], run_name: str) -> tuple[bo
         f"--- node {i} (exit {p.returncode}) ---\n{out[-4000:]}" for i, (p, out) in enumerate(zip(procs, outputs))
     )
     told += "\n" + "\n".join(f"{s}: {s.read_text() if s.exists() else 'missing'}" for s in statuses)
-    ok = all(p.returncode == 0 for p in procs)
     # torchrun's c10d rendezvous store lives in one of the two agents; once, in a CI run, an agent
     # still polling it after the other had gone failed with RendezvousConnectionError. That is
-    # the launcher's teardown, not the job: accepted only where every rank finished.
-    teardown_only = (
-        not ok
-        and "RendezvousConnectionError" in told
-        and all(s.exists() and json.loads(s.read_text())["state"] == "finished" for s in statuses)
-    )
-    if teardown_only:
-        print(f"torchrun teardown race after every rank finished:\n{told}", file=sys.stderr)
-    assert ok or teardown_only, told
-    return ok, told
+    # the launcher's teardown, not the job: launch_two_nodes accepts it where every rank finished.
+    return all(p.returncode == 0 for p in procs), told
 
 
 def test_two_nodes_on_loopback(log_dir: Path) -> None:
