@@ -41,13 +41,15 @@ LONGEST_FIRST = ("test_sanitize.py",)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`-n 2 --dist loadgroup`, as make test runs it) a file's tests run on one
     worker, so its module fixtures (a real job each) run once. The torchrun jobs whose tests read
-    a CPU run's timing (`timing`) run one at a time on one worker, beside the rest of the suite on
-    the other: beside a second such job their verdicts move (bench/RESULTS.md, "The test suite").
-    The lab files' jobs go with them, for their session fixture's runs (its lab workloads'
-    verdicts read timing too)."""
+    a CPU run's timing (`timing`) are one group, and make test runs them apart, one at a time,
+    after the rest (Makefile): beside other work their verdicts move (bench/RESULTS.md, "The test
+    suite"). The lab files' torchrun jobs are `timing` too, for their session fixture's runs
+    (its lab workloads' verdicts read timing)."""
     first: list[pytest.Item] = []
     for item in items:
         name = item.path.name
+        if name in LAB_FILES and item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.timing)  # with the lab's verdicts, for their shared runs
         timing = item.get_closest_marker("slow") and item.get_closest_marker("timing")
         item.add_marker(pytest.mark.xdist_group("timing" if timing or name in LAB_FILES else name))
         if timing or name in LAB_FILES or name in LONGEST_FIRST:
