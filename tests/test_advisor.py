@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness.traces.analyse.advisor import Rules, classify, waiting_in_data
 from harness.traces.read.parse import parse_trace
@@ -154,6 +156,21 @@ def test_on_gpu_the_input_pipeline_costs_the_device_idle_inside_the_data_phase(
     assert sum(o.idle_in_data_us for o in a.overlap) == idle_in_data
     ev = diagnose(a)[0].evidence
     assert ev["data_share"] == idle_in_data / 2 / 1000
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    intervals=st.lists(st.tuples(st.integers(0, 1000), st.integers(1, 100)), max_size=20),
+    window=st.tuples(st.integers(-50, 1100), st.integers(0, 300)),
+)
+def test_a_steps_window_of_the_data_phases_is_their_clip_to_it(intervals: list, window: tuple) -> None:
+    """overlap._within, the bisected form rank_overlap takes each step's data phases with, gives
+    what clip gives on the whole list."""
+    from harness.traces.analyse.overlap import _within, clip, union
+
+    merged = union([(float(a), float(a + d)) for a, d in intervals])
+    lo, hi = float(window[0]), float(window[0] + window[1])
+    assert _within(merged, [b for _, b in merged], lo, hi) == clip(merged, lo, hi)
 
 
 def test_cpu_self_time_and_host_ops(tmp_path: Path) -> None:

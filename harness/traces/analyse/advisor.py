@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypedDict, cast
 
 from harness.sourced import threshold
-from harness.traces.analyse.overlap import StepOverlap
+from harness.traces.analyse.overlap import StepOverlap, data_spans
 from harness.traces.analyse.rank_list import ranks_phrase
 from harness.traces.model import RankTrace
 from harness.traces.read.host_ops import DDP_LOGGER, GRAD_SCALER, NOT_USERS
@@ -286,7 +286,7 @@ def waiting_in_data(trace: RankTrace, waits: list[tuple[float, float]]) -> float
     collectives' [arrival, arrival + wait], aligned clock): a loop that runs a collective while
     it loads (Hugging Face's Trainer counts tokens across ranks there) waits for a slow rank in
     its data phase, which is the slow rank's input pipeline, not its own."""
-    spans = sorted((a, b) for s in trace.steps for p, a, b in s.phase_spans if is_data(p))
+    spans = data_spans(trace)
     if not spans or not waits:
         return 0.0
     # each wait meets only the spans that start before it ends, back to where every earlier span

@@ -69,6 +69,12 @@ def clip(merged: list[Interval], lo: float, hi: float) -> list[Interval]:
     return [(max(a, lo), min(b, hi)) for a, b in merged if b > lo and a < hi]
 
 
+def data_spans(trace: RankTrace) -> list[Interval]:
+    """The rank's data phases (the input pipeline, phases.is_data), every step's, by start; they
+    may overlap (a data phase inside another)."""
+    return sorted((a, b) for s in trace.steps for p, a, b in s.phase_spans if is_data(p))
+
+
 @dataclass(kw_only=True, slots=True)  # slots: ranks x steps of them
 class StepOverlap:
     rank: int
@@ -325,7 +331,8 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None) -> tuple[list[S
     rows: list[StepOverlap] = []
     gaps: list[Gap] = []
     every = _ByStart(trace.comms)
-    data = union([(a, b) for s in trace.steps for p, a, b in s.phase_spans if is_data(p)])
+    data = union(data_spans(trace))
+    data_ends = [b for _, b in data]
     for step in trace.steps:
         cover = step.cover
         if cover is None:
@@ -356,11 +363,22 @@ def rank_overlap(trace: RankTrace, waits: OpWaits | None = None) -> tuple[list[S
                 idle_us=window - cover.busy_us,
                 by_pg=by_pg,
                 memcpy_us=cover.memcpy_us,
-                idle_in_data_us=length(intersect(clip(data, lo, hi), list(cover.idle))) if data else 0.0,
+                idle_in_data_us=length(intersect(_within(data, data_ends, lo, hi), list(cover.idle))),
             )
         )
         gaps.extend(step_gaps(trace.rank, step.number, comms, moving, subtract(exposed, moving), cover.idle))
     return rows, gaps
+
+
+def _within(merged: list[Interval], ends: list[float], lo: float, hi: float) -> list[Interval]:
+    """`clip(merged, lo, hi)` from the first interval ending after `lo` (`ends`: merged's ends),
+    not from the start: a step visits its own few intervals, not every step's."""
+    out = []
+    for a, b in itertools.islice(merged, bisect.bisect_right(ends, lo), None):
+        if a >= hi:
+            break
+        out.append((max(a, lo), min(b, hi)))
+    return out
 
 
 def step_gaps(
