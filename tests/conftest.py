@@ -33,7 +33,7 @@ def lab_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Run]:
 
 # The files whose tests share the session's lab runs (`lab_run`): one worker runs them all.
 LAB_FILES = ("test_advisor.py", "test_train_runs.py")
-# The longest group after the timing one (~70 s of ASan-built native tests)
+# The longest group beside the timing jobs (~70 s of ASan-built native tests)
 LONGEST_FIRST = ("test_sanitize.py",)
 
 
@@ -54,7 +54,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group("timing" if timing or name in LAB_FILES else name))
         if timing or name in LAB_FILES or name in LONGEST_FIRST:
             first.append(item)
-    # the scheduler hands out groups in the order they are collected: the two longest start first,
-    # one on each worker, and the rest fill in around them
+    # the scheduler hands out groups in the order they are collected: the longest start first
+    # and the rest fill in around them (make test runs the timing group apart, after the rest, so
+    # there the sanitizer starts first)
     chosen = {id(item) for item in first}
     items[:] = first + [item for item in items if id(item) not in chosen]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import pytest
 
 from harness.paths import TRACE_METADATA_KEY, status_path
 
-from jobs import QUICK, REPO, Run, free_port, load_trace, native_crash
+from jobs import QUICK, REPO, Run, free_port, fresh_run_owed, load_trace
 
 pytestmark = pytest.mark.slow
 
@@ -29,12 +28,9 @@ def _can_unshare() -> bool:
 
 def launch_two_nodes(log_dir: Path, hosts: list[str], run_name: str) -> tuple[bool, str]:
     """Both agents of one job; (whether both exited 0, both outputs and the ranks' statuses). A
-    rank that died in native code gets the job one fresh run, as jobs.run_harness gives it
-    (Kineto's intermittent heap corruption as a window is exported: not what is tested)."""
+    rank that died in native code gets the job one fresh run (jobs.fresh_run_owed)."""
     ok, told = _launch_two_nodes_once(log_dir, hosts, run_name)
-    if not ok and (crash := native_crash(told)):
-        print(f"launch_two_nodes: a rank died in native code ({crash}); running the job once more")
-        shutil.rmtree(log_dir / run_name, ignore_errors=True)
+    if not ok and fresh_run_owed("launch_two_nodes", told, log_dir / run_name):
         ok, told = _launch_two_nodes_once(log_dir, hosts, run_name)
     teardown_only = (
         not ok
