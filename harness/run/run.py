@@ -583,7 +583,7 @@ class Run(PhaseSink):
         self.end_phase()
         self._in_step = False
         step = self.step_number
-        self.clock.finish(profiler=self._profiler_state, **fields, **self.sampler.sample())
+        self.clock.finish(self.sampler.sample, profiler=self._profiler_state, **fields)
         self.recorder.step()
         watch = self.watch
         due = bool(watch and watch.due(step))

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,12 +157,14 @@ class StepClock:
         if source is not None and source >= 0:
             cur.sources_open.add(source)
 
-    def finish(self, **extra: Any) -> None:
-        """Close the step; `extra` fields are passed through to its record."""
+    def finish(self, sample: Callable[[], dict[str, Any]] | None = None, **extra: Any) -> None:
+        """Close the step; `extra` fields, and those `sample` returns, are passed through to its
+        record. `sample` is called after the step's end is marked: the harness's own reading of
+        the process is not the training step's time."""
         cur = self._current
         assert cur is not None
         self.mark("end")
-        cur.extra = extra
+        cur.extra = {**extra, **sample()} if sample is not None else extra
         self._pending.append(cur)
         self._current = None
 
