@@ -2,9 +2,9 @@
 
 Runs variant B of overhead.py (the lab's loop on harness.Run, profiler off) once to warm up and
 once timed, every call listed in PARTS wrapped with a timer, and prints each part's mean
-microseconds per step and calls per step. Nested parts overlap (Run.end_step holds Run._write,
-which holds StepLog.write): read the rows as a tree, not as a sum. Each wrapper adds ~0.5 us to
-its call.
+microseconds per step, calls per step and median microseconds per call. Nested parts overlap
+(Run.end_step holds Run._write, which holds StepLog.write): read the rows as a tree, not as a
+sum. Each wrapper adds ~0.5 us to its call.
 
     python bench/own_parts.py --mode torch --steps 400
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import statistics
 import sys
 import tempfile
 import time
@@ -42,21 +43,20 @@ PARTS = (
     ("harness.run.stats", "ResidentBytes", "read"),
     ("harness.run.stats", "StepLog", "write"),
     ("harness.run.stats", "StepTotals", "add"),
-    ("harness.run.heap", "HeapStats", "sample"),
+    ("harness.run.heap", "HeapStats", "read"),
     ("harness.run.schedstat", "RunQueueClock", "read_ms"),
     ("harness.write_faults", "AppendOnlyFile", "append"),
     ("harness.scalars", "ScalarWriter", "add"),
 )
 
 
-def _timed(call: Callable[..., Any], label: str, spent: dict[str, float], calls: dict[str, int]) -> Callable[..., Any]:
+def _timed(call: Callable[..., Any], label: str, times: dict[str, list[float]]) -> Callable[..., Any]:
     def timed(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
             return call(*args, **kwargs)
         finally:
-            spent[label] += time.perf_counter() - start
-            calls[label] += 1
+            times[label].append(time.perf_counter() - start)
 
     return timed
 
@@ -70,23 +70,22 @@ def main() -> None:
     torch.set_num_threads(1)
     env = LaunchEnv.from_environ({}, cuda=False, device_count=None)
     base = resolve_environment(parse_config(["--mode", args.mode, *extra]), env)
-    spent: dict[str, float] = defaultdict(float)
-    calls: dict[str, int] = defaultdict(int)
+    times: dict[str, list[float]] = defaultdict(list)  # part -> each call's seconds
     for module, owner, name in PARTS:
         holder = getattr(importlib.import_module(module), owner)
         label = f"{owner}.{name}"
-        setattr(holder, name, _timed(getattr(holder, name), label, spent, calls))
+        setattr(holder, name, _timed(getattr(holder, name), label, times))
     overhead.init_one_rank()
     with tempfile.TemporaryDirectory() as tmp:
         overhead.time_harness(base, max(args.steps // 4, 1), args.warmup, "off", Path(tmp))  # warm-up run
-        spent.clear()
-        calls.clear()
+        times.clear()
         wall_ms, _ = overhead.time_harness(base, args.steps, args.warmup, "off", Path(tmp))
-    steps = calls["Run.end_step"]
+    steps = len(times["Run.end_step"])
     print(f"mode={args.mode} steps={steps} (warm-up included) step {wall_ms:.3f} ms torch={torch.__version__}")
-    print(f"{'part':<28}{'us/step':>10}{'calls/step':>12}")
-    for label, s in sorted(spent.items(), key=lambda kv: -kv[1]):
-        print(f"{label:<28}{s / steps * 1e6:>10.1f}{calls[label] / steps:>12.1f}")
+    print(f"{'part':<28}{'us/step':>10}{'calls/step':>12}{'median us/call':>16}")
+    for label, each in sorted(times.items(), key=lambda kv: -sum(kv[1])):
+        line = f"{label:<28}{sum(each) / steps * 1e6:>10.1f}{len(each) / steps:>12.1f}"
+        print(f"{line}{statistics.median(each) * 1e6:>16.1f}")
     dist.destroy_process_group()
 
 

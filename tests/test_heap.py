@@ -6,7 +6,7 @@ import ctypes
 
 import pytest
 
-from harness.run.heap import HeapStats
+from harness.run.heap import HeapStats, TimeBudget
 
 MiB = 2**20
 
@@ -54,11 +54,14 @@ def test_a_tensor_is_heap_in_use() -> None:
     del t
 
 
-def test_sample_keeps_within_its_share_of_the_time() -> None:
+def test_a_time_budget_keeps_reads_within_its_share_of_the_time() -> None:
     # a share so small that the next read is due only after a minute: one read, then nothing
-    stats = HeapStats(budget_share=1e-9)
-    assert set(stats.sample()) == {"heap_in_use_bytes", "heap_free_bytes"}
-    assert stats.sample() == {} and stats.sample() == {}
+    rare = TimeBudget(share=1e-9)
+    assert rare.due()
+    rare.spent()
+    assert not rare.due() and not rare.due()
     # a share of 1: due again as soon as the read's own time has passed
-    every = HeapStats(budget_share=1.0)
-    assert all(every.sample() for _ in range(3))
+    every = TimeBudget(share=1.0)
+    for _ in range(3):
+        assert every.due()
+        every.spent()

@@ -65,3 +65,18 @@ def test_a_step_s_wait_for_a_core_runs_from_the_previous_step_s_end(monkeypatch:
         clock.finish()
     assert [rec["runq_ms"] for rec in clock.poll()] == [2.0, 1.5, 2.5]
     assert next(readings, None) is None  # four reads for three steps
+
+
+def test_only_the_steps_asked_read_the_run_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps not traced read no schedstat (`runq=False`: no figure, no read); the first step read
+    after them reads at its start, the next ones from the step before's end."""
+    readings = iter([10.0, 12.0, 13.0, 20.0, 21.5])
+    clock = StepClock(cuda=False)
+    assert clock._runq is not None
+    monkeypatch.setattr(clock._runq, "read_ms", lambda: next(readings))
+    for step, runq in enumerate([False, True, True, False, True]):
+        clock.start(step, runq=runq)
+        clock.mark("forward")
+        clock.finish()
+    assert [rec.get("runq_ms") for rec in clock.poll()] == [None, 2.0, 1.0, None, 1.5]
+    assert next(readings, None) is None  # five reads for three steps read

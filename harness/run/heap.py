@@ -8,10 +8,9 @@ leak adds a step, and a leak fills that free space before it grows RSS at all. M
 MB a step over 35 steps (no finding), RSS less malloc's free bytes 2.01 +- 0.00, its peers' 0.01.
 
 `mallinfo2` (glibc >= 2.33) walks every free chunk of every arena under its lock: 58-91 us a
-call in the lab's 1-rank torch, baseline and comm runs here (13-46 ms steps), against ~35 us of
-everything else the harness does in a step. So `sample` spends at most BUDGET_SHARE of the run's
-time on it: after a read that took c seconds, the next waits until c / BUDGET_SHARE seconds have
-passed (every step from 30 ms steps up at 60 us a read, every 5th of 6 ms steps). Other
+call in the lab's 1-rank torch, baseline and comm runs here (13-46 ms steps). So the sampler
+(stats.py) reads memory within a TimeBudget of BUDGET_SHARE of the run's time: after a reading
+that took c seconds, the next waits until c / BUDGET_SHARE seconds have passed. Other
 allocators (musl, macOS) have no `mallinfo2`; one preloaded in place of malloc (jemalloc,
 tcmalloc) leaves glibc's counts near zero, so RSS less the free bytes falls back to RSS itself.
 """
@@ -22,8 +21,8 @@ import ctypes
 import time
 from typing import Any
 
-# A tenth of the harness's whole overhead target (2% of a step: bench/RESULTS.md, "Harness and
-# profiler overhead", (a))
+# A sixth of the harness's own-time target (1.2% of a step: bench/RESULTS.md, "Harness and
+# profiler overhead", (i)): every step from ~50 ms steps up, at ~100 us a reading of RSS and heap
 BUDGET_SHARE = 0.002
 
 # struct mallinfo2, glibc's malloc.h: every field a size_t, in this order
@@ -63,8 +62,7 @@ class TimeBudget:
 
 
 class HeapStats:
-    """`read()`: {"heap_in_use_bytes", "heap_free_bytes"}, or {} without glibc's mallinfo2;
-    `sample()`: the same within BUDGET_SHARE of the time, else {}.
+    """`read()`: {"heap_in_use_bytes", "heap_free_bytes"}, or {} without glibc's mallinfo2.
 
     - heap_in_use_bytes: bytes handed out by malloc and not freed (uordblks, in the arenas, plus
       hblkhd, the chunks too large for an arena that malloc maps one by one): where tensors on
@@ -73,9 +71,8 @@ class HeapStats:
       resident: the part of RSS that is not live.
     """
 
-    def __init__(self, budget_share: float = BUDGET_SHARE) -> None:
+    def __init__(self) -> None:
         self._fn = _load()
-        self._budget = TimeBudget(budget_share)
 
     @property
     def available(self) -> bool:
@@ -86,10 +83,3 @@ class HeapStats:
             return {}
         info = self._fn()
         return {"heap_in_use_bytes": info.uordblks + info.hblkhd, "heap_free_bytes": info.fordblks}
-
-    def sample(self) -> dict[str, int]:
-        if self._fn is None or not self._budget.due():
-            return {}
-        out = self.read()
-        self._budget.spent()
-        return out

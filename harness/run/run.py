@@ -566,7 +566,7 @@ class Run(PhaseSink):
         self._profiler_state = self.recorder.state
         self._annotate = self._profiler_state == "record"
         self.progress.step, self.progress.phase = step, None
-        self.clock.start(step)
+        self.clock.start(step, runq=self._profiler_state in ("warmup", "record"))  # runq: read beside traced steps only
         if self._grads is not None:
             self._grads.new_step()
         if self._auto is not None:

@@ -201,11 +201,11 @@ class SystemSampler:
     """Memory and CPU utilisation at the end of each step.
 
     Memory: process RSS and, with glibc, the C heap's live and free bytes right after it (heap.py:
-    RSS less the free bytes is the series a leak shows in). Each read spends at most heap.py's
-    BUDGET_SHARE of the run's time (heap.TimeBudget: after an RSS read that took c seconds the
-    next waits c / BUDGET_SHARE seconds; every step from steps of ~15 ms up, at ~30 us a read
-    right after a step's kernels: bench/RESULTS.md, "Harness and profiler overhead", (i)'s
-    parts), and a step whose heap is read has its RSS read too; on GPU also the peak
+    RSS less the free bytes is the series a leak shows in), read together within heap.py's
+    BUDGET_SHARE of the run's time (heap.TimeBudget: after a reading that took c seconds the
+    next waits c / BUDGET_SHARE seconds; every step from steps of ~50 ms up, at ~100 us a
+    reading right after a step's kernels: bench/RESULTS.md, "Harness and profiler overhead",
+    (i)'s parts; a step not read carries neither); on GPU also the peak
     allocated/reserved bytes since the previous step (the caching allocator counts at enqueue
     time on the host, so no sync). The limits they run against, read once: `host_mem_total_bytes`
     (`host_memory_limit`) and on GPU `gpu_mem_total_bytes` (the device's total memory), so the
@@ -231,7 +231,7 @@ class SystemSampler:
         self._limits: dict[str, int | None] = {"host_mem_total_bytes": host_memory_limit()}
         self.heap = HeapStats()
         self.rss = ResidentBytes(self.proc)
-        self._rss_budget = TimeBudget()
+        self._memory_budget = TimeBudget()
         self.gpu_health = GpuHealth.open(device)  # NVML's readings, on a thread of its own (gpu_health.py)
         if self.cuda:
             self._limits["gpu_mem_total_bytes"] = torch.cuda.get_device_properties(device).total_memory
@@ -247,12 +247,11 @@ class SystemSampler:
                 self._cpu_read_at = now
         except (psutil.Error, OSError):  # /proc unreadable (containers, hardened kernels): no samples
             self._cpu = {"host_cpu_util_pct": None, "proc_cpu_pct": None}
-        heap = self.heap.sample()
-        out: dict[str, float | int | None] = {**heap, **self._cpu, **self._limits}
-        due = self._rss_budget.due()
-        if due or heap:
+        out: dict[str, float | int | None] = {**self._cpu, **self._limits}
+        if self._memory_budget.due():
             out["rss_bytes"] = self.rss.read()
-            self._rss_budget.spent()
+            out.update(self.heap.read())  # RSS less the heap's free bytes needs both of one moment
+            self._memory_budget.spent()
         if self.cuda:
             out["gpu_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
             out["gpu_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)

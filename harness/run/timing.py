@@ -32,10 +32,11 @@ which the phase's wall time, ending with every rank's at the same collective, is
 or with `spans` on (the watch reading arrivals, on either device), `phases_span_ns`: each phase's
 [start, end] on the host's epoch clock (a pair per occurrence), the Flight Recorder's, which
 places the collectives the rank issued in its phases (arrivals.py). On CPU always (where Linux
-keeps schedstat): `runq_ms`, the calling thread's time runnable but waiting for a core since the
-previous step's end (schedstat.py, read once a step, at its end; the first step from its start):
-the step and the loop's time before it, which together bring the rank to its next collective;
-what other work on its cores cost it, which the collector says beside a rank's lateness. In a
+keeps schedstat), in the steps `start` is asked to (the steps the profiler traces: the collector
+reads it beside a traced step's lateness, nothing else reads it): `runq_ms`, the calling thread's
+time runnable but waiting for a core since the previous step's end (schedstat.py, read once a
+step, at its end; a step after one not read, from its start): the step and the loop's time before
+it, which together bring the rank to its next collective; what other work on its cores cost it. In a
 distributed run, from comm_wait.py's timer: per phase the time waiting at point-to-point ops
 (`phases_p2p_ms`) and at collectives waited on from Python (`phases_collective_wait_ms`), the
 ranks received from (`phases_recv_from`), and where the step's first point-to-point op was a
@@ -87,11 +88,13 @@ class StepClock:
         self._current: _PendingStep | None = None
         self._pending: deque[_PendingStep] = deque()
         self._last_end_host: float | None = None
-        self._runq_end: float | None = None  # the run-queue total at the last step's end
-        self._runq_read = False
+        self._runq_end: float | None = None  # the run-queue total at the last step's end, if read there
+        self._runq_step = False  # whether the open step reads the run queue
 
-    def start(self, step: int) -> None:
+    def start(self, step: int, runq: bool = True) -> None:
+        """Open step `step`; `runq`: read its wait for a core (CPU only; ~15 us a step)."""
         self._current = _PendingStep(step=step, extra={}, device=torch.cuda.current_device() if self.cuda else None)
+        self._runq_step = runq and self._runq is not None
         self.mark("start")
 
     def mark(self, label: str) -> None:
@@ -103,15 +106,18 @@ class StepClock:
             cur.cpu_marks.append(time.thread_time())
         if self.spans or self.thread_time:
             cur.epoch_marks.append(time.time_ns())
-        if self._runq is not None:
+        if self._runq_step:
             # the period's wait for a core, not its phases': one read a step (~15 us right after
             # its kernels: bench/RESULTS.md, "Harness and profiler overhead", (i)'s parts)
-            if label == "start" and not self._runq_read:
-                self._runq_end, self._runq_read = self._runq.read_ms(), True  # the first step: from its start
+            assert self._runq is not None
+            if label == "start" and self._runq_end is None:
+                self._runq_end = self._runq.read_ms()  # the step before it not read: from its start
             elif label == "end":
                 reading = self._runq.read_ms()
                 cur.runq_marks = [self._runq_end, reading]
                 self._runq_end = reading
+        elif label == "end":
+            self._runq_end = None
         if cur.waits_open or cur.sources_open:
             if label not in ("start", "end"):
                 cur.waits.append((label, cur.waits_open))
