@@ -31,10 +31,9 @@ def lab_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Run]:
     return get
 
 
-# The files whose tests share the session's lab runs (`lab_run`): one worker runs them all.
-LAB_FILES = ("test_advisor.py", "test_train_runs.py")
-# The longest group beside the timing jobs (~70 s of ASan-built native tests)
-LONGEST_FIRST = ("test_sanitize.py",)
+# The longest groups beside the timing jobs (~70 s each: ASan-built native tests, the lab's own
+# runs outside the shared ones)
+LONGEST_FIRST = ("test_sanitize.py", "test_train_runs.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the test ids
@@ -43,16 +42,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     worker, so its module fixtures (a real job each) run once. The torchrun jobs whose tests read
     a CPU run's timing (`timing`) are one group, and make test runs them apart, one at a time,
     after the rest (Makefile): beside other work their verdicts move (bench/RESULTS.md, "The test
-    suite"). The lab files' torchrun jobs are `timing` too, for their session fixture's runs
-    (its lab workloads' verdicts read timing)."""
+    suite"). The tests of the session's lab runs (`lab_run`) are `timing` too: the lab workloads'
+    verdicts read timing, and a session fixture runs once per pytest process."""
     first: list[pytest.Item] = []
     for item in items:
         name = item.path.name
-        if name in LAB_FILES and item.get_closest_marker("slow"):
+        if "lab_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.timing)  # with the lab's verdicts, for their shared runs
         timing = item.get_closest_marker("slow") and item.get_closest_marker("timing")
-        item.add_marker(pytest.mark.xdist_group("timing" if timing or name in LAB_FILES else name))
-        if timing or name in LAB_FILES or name in LONGEST_FIRST:
+        item.add_marker(pytest.mark.xdist_group("timing" if timing else name))
+        if timing or name in LONGEST_FIRST:
             first.append(item)
     # the scheduler hands out groups in the order they are collected: the longest start first
     # and the rest fill in around them (make test runs the timing group apart, after the rest, so

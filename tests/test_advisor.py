@@ -241,6 +241,7 @@ def test_lab_workloads_are_classified(mode: str, expected: str, lab_run: Callabl
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_straggler_injected_in_forward_is_named_with_its_phase(log_dir: Path) -> None:
     args = ["--mode", "baseline", "--slow-rank", "1", "--slow-ms", "30", "--slow-phase", "forward"]
     doc = diagnosis_of(run_harness([*args, *LAB, *LAB_SIZE["baseline"]], log_dir, run_name="straggler").dir)
