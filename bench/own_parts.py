@@ -45,7 +45,7 @@ PARTS = (
     ("harness.run.stats", "StepTotals", "add"),
     ("harness.run.heap", "HeapStats", "read"),
     ("harness.run.schedstat", "RunQueueClock", "read_ms"),
-    ("harness.write_faults", "AppendOnlyFile", "append"),
+    ("harness.write_faults", "AppendOnlyFile", "extend"),
     ("harness.scalars", "ScalarWriter", "add"),
 )
 

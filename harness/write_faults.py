@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,10 +111,15 @@ class AppendOnlyFile:
         self._good = os.fstat(self._fd).st_size
 
     def append(self, data: bytes) -> None:
-        if len(self.pending) >= MAX_PENDING:
-            self.pending.popleft()
-            self.dropped += 1
-        self.pending.append(data)
+        self.extend((data,))
+
+    def extend(self, chunks: Iterable[bytes]) -> None:
+        """Queue several chunks, then write the queue once."""
+        for data in chunks:
+            if len(self.pending) >= MAX_PENDING:
+                self.pending.popleft()
+                self.dropped += 1
+            self.pending.append(data)
         if time.monotonic() >= self._retry_at:
             self.flush()
 

@@ -54,9 +54,9 @@ def test_refused_chunk_is_cut_back_and_written_later(
 
 def test_step_log_comes_back_whole_after_its_folder_is_removed(tmp_path: Path) -> None:
     log = StepLog(tmp_path / "run" / "steps" / "rank0.jsonl", FaultLog(rank=0))
-    log.write({"step": 0})
+    log.write([{"step": 0}])
     shutil.rmtree(tmp_path / "run")
-    log.write({"step": 1})
+    log.write([{"step": 1}])
     assert log.close()
     lines = (tmp_path / "run" / "steps" / "rank0.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [0, 1]

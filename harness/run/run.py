@@ -401,8 +401,7 @@ class Run(PhaseSink):
         if self._in_step:
             self.end_step()
         self._unhook()
-        for rec in self.clock.drain():
-            self._write(rec)
+        self._write(self.clock.drain())
         if self.cfg.profiler.cuda_profiler_api and self.device.type == "cuda" and self._steps_marked:
             torch.cuda.profiler.stop()
         self.recorder.__exit__(None, None, None)
@@ -509,8 +508,7 @@ class Run(PhaseSink):
             try:
                 # the finished steps' records that wait for RECORDS_EVERY_S: no sync (the device
                 # may be what failed), so a step whose device work never completed stays out
-                for rec in self.clock.poll():
-                    self._write(rec)
+                self._write(self.clock.poll())
             except Exception:  # noqa: BLE001 - a broken device's events: what is written stays
                 pass
             try:
@@ -591,8 +589,9 @@ class Run(PhaseSink):
         if not due and now - self._polled_at < RECORDS_EVERY_S:
             return  # its record waits in the clock with the steps after it
         self._polled_at = now
-        for rec in self.clock.poll():
-            self._write(rec)
+        records = self.clock.poll()
+        self._write(records)
+        for rec in records:
             if watch:
                 watch.add(rec)
             if self._live:
@@ -665,16 +664,20 @@ class Run(PhaseSink):
             self._grads.detach()
             self._grads = None
 
-    def _write(self, rec: dict[str, Any]) -> None:
+    def _write(self, records: list[dict[str, Any]]) -> None:
+        """The finished steps' records, in order: completed with the rank's fields, then written
+        (the step log in one append) and passed to the scalars and metrics."""
         job = self.cfg.job
-        rec.update(
-            rank=self.env.rank, host=self.host, samples=job.samples_per_step, warmup=rec["step"] < job.warmup_steps
-        )
-        self.log.write(rec)
-        if self.scalars:
-            self.scalars.add(rec["step"], step_scalars(rec))
-        if self.metrics:
-            self.metrics.step(rec)
+        for rec in records:
+            rec.update(
+                rank=self.env.rank, host=self.host, samples=job.samples_per_step, warmup=rec["step"] < job.warmup_steps
+            )
+        self.log.write(records)
+        for rec in records:
+            if self.scalars:
+                self.scalars.add(rec["step"], step_scalars(rec))
+            if self.metrics:
+                self.metrics.step(rec)
 
     def _notes(self) -> list[str]:
         """What the loop did not mark, said once (what the run has without it)."""

@@ -1,4 +1,4 @@
-"""Per-step statistics: the JSONL log (flushed every step), system samples and the steady-state statistics."""
+"""Per-step statistics: the JSONL log (written as the records come), system samples and the steady-state statistics."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import sys
 import time
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -283,9 +284,11 @@ class StepLog:
         self.totals = StepTotals()  # the run's statistics so far; no record is kept
         self._file = AppendOnlyFile(path, faults or FaultLog(), "step log")
 
-    def write(self, record: dict[str, Any]) -> None:
-        self.totals.add(record)
-        self._file.append(_line(record))
+    def write(self, records: Sequence[dict[str, Any]]) -> None:
+        """Records in step order, queued a line each and written in one go."""
+        for record in records:
+            self.totals.add(record)
+        self._file.extend([_line(record) for record in records])
 
     @property
     def unwritten(self) -> int:

@@ -56,7 +56,7 @@ import torch
 from harness.run.schedstat import RunQueueClock
 
 
-@dataclass
+@dataclass(slots=True)
 class _PendingStep:
     step: int
     extra: dict[str, Any]
