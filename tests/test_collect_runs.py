@@ -17,7 +17,9 @@ from identities import check_report
 from jobs import QUICK, REAL_TRACES, REPO, run_harness, said
 from tracebuild import shift_doc
 
-pytestmark = [pytest.mark.slow, pytest.mark.timing]
+# The tests that read a run's verdict are `timing` (run alone: tests/conftest.py); the rest read
+# what the collector makes of a run's folders.
+pytestmark = pytest.mark.slow
 
 # 12 steps, 6 of them recorded: enough steps for persistence, small enough to stay quick.
 STEPS = ["--steps", "12", "--warmup-steps", "2", "--wait", "3", "--warmup", "1", "--active", "6", "--batch-size", "16"]
@@ -40,6 +42,7 @@ def report_of(run_dir: Path) -> dict:
     return doc
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     ("parallel", "nproc", "rank", "phase", "mode"),
     # each wrapper once, four ranks once: the phase rule itself is held to exact answers on
@@ -94,6 +97,7 @@ def test_injected_straggler_is_named_with_its_phase(
 THREE_WINDOWS = ["--steps", "32", *STEPS[2:], "--repeat", "3"]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_clean_runs_are_balanced(parallel: str, log_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     """No rank of a clean run is a straggler in every window. One window is not enough to say so
@@ -140,6 +144,7 @@ def test_clean_runs_are_balanced(parallel: str, log_dir: Path, caplog: pytest.Lo
     assert not [r for r in caplog.records if "should not intersect" in r.getMessage()]
 
 
+@pytest.mark.timing
 def test_skew_injected_into_one_rank_is_recovered(log_dir: Path, tmp_path: Path) -> None:
     run = run_harness(
         [
@@ -185,24 +190,28 @@ def test_skew_injected_into_one_rank_is_recovered(log_dir: Path, tmp_path: Path)
     assert unaligned["ranks"][1]["clock_offset_ms"] == 0.0
 
 
-def test_several_node_folders_at_once(log_dir: Path, tmp_path: Path) -> None:
-    run = run_harness(["--mode", "torch", *QUICK, "--micro-ops", "5"], log_dir)
-    for rank, path in enumerate(list_traces(run.dir)):
-        node = tmp_path / f"node{rank}" / run.dir.name
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-rank torch-mode run: its folder, which the tests below copy in parts."""
+    return run_harness(["--mode", "torch", *QUICK, "--micro-ops", "5"], tmp_path_factory.mktemp("four"), nproc=4).dir
+
+
+def test_several_node_folders_at_once(four_ranks: Path, tmp_path: Path) -> None:
+    for rank, path in enumerate(list_traces(four_ranks)):
+        node = tmp_path / f"node{rank}" / four_ranks.name
         node.mkdir(parents=True)
         shutil.copy(path, node)
     out = tmp_path / "out"
     proc = collect(str(tmp_path / "node0"), str(tmp_path / "node*"), "-o", str(out))
     doc = json.loads((out / "report.json").read_text())
-    assert doc["run"]["ranks_present"] == [0, 1] and doc["run"]["complete"]
+    assert doc["run"]["ranks_present"] == [0, 1, 2, 3] and doc["run"]["complete"]
     assert "report:" in proc.stdout
 
 
-def test_missing_rank_gives_a_partial_report(log_dir: Path, tmp_path: Path) -> None:
-    run = run_harness(["--mode", "torch", *QUICK, "--micro-ops", "5"], log_dir, nproc=4)
+def test_missing_rank_gives_a_partial_report(four_ranks: Path, tmp_path: Path) -> None:
     part = tmp_path / "part"
     part.mkdir()
-    for path in list_traces(run.dir):
+    for path in list_traces(four_ranks):
         if not path.name.startswith("rank00002-"):
             shutil.copy(path, part)
     proc = collect(str(part))

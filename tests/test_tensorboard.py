@@ -25,11 +25,12 @@ from harness.view.runs import MAX_VIEW_FILE_BYTES
 
 from jobs import REAL_TRACES, REPO, free_port, run_harness
 
-pytestmark = [pytest.mark.slow, pytest.mark.timing]
+pytestmark = pytest.mark.slow
 
 PLUGIN = "/data/plugin/harness_distributed"
 PROFILER = "/data/plugin/pytorch_profiler"
-# Rank 1 sleeps 30 ms in its data phase every step: rank 0 waits for it at every allreduce.
+# Rank 1 sleeps 100 ms in its data phase every step: rank 0 waits for it at every allreduce. Ten
+# times the clean step: named with other jobs busy beside this one (not a `timing` test).
 STRAGGLER = [
     "--mode",
     "torch",
@@ -48,7 +49,7 @@ STRAGGLER = [
     "--slow-rank",
     "1",
     "--slow-ms",
-    "30",
+    "100",
     "--slow-phase",
     "data",
 ]
@@ -522,8 +523,9 @@ def check_view(state: dict[str, Any], report: dict[str, Any]) -> None:
     assert all(z > 0 for row in state["memZ"] for z in row if z is not None), state["memZ"]
     assert state["verdict"] == report["headline"] and "rank 1" in state["verdict"]
     assert state["stepY"] == state["waitY"] == ["rank 0", "rank 1"]
-    # rank 0 waits ~30 ms for rank 1 in every step; rank 1 waits for nobody
-    assert all(z > 15 for z in state["waitZ"][0]) and all(z < 5 for z in state["waitZ"][1]), state["waitZ"]
+    # rank 0 waits ~100 ms for rank 1 in every step; rank 1 waits for nobody (a quarter of that
+    # for other work beside the job keeping rank 0 off its core)
+    assert all(z > 50 for z in state["waitZ"][0]) and all(z < 25 for z in state["waitZ"][1]), state["waitZ"]
     bars = {name: dict(zip(y, x)) for name, y, x in state["bars"]}
     assert set(bars) == {
         "compute only",
