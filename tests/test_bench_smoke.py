@@ -133,7 +133,7 @@ SMOKE = [
     ),
     Smoke(
         "detection.py",
-        ["--smoke", "--seed", "2"],
+        ["--smoke", "--seed", "4"],  # a 2-rank job (seed 2's took 14 s) and a generated material straggler
         ["real runs (1 cases", "generated (1 cases", "real: recall", "generated: false alarms"],
     ),
     Smoke(

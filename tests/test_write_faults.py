@@ -94,10 +94,10 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 # Many short windows (--repeat 0) so that some fall inside the fault and some after it: the fault
 # starts at the first window and holds 2 s of wall time, and the run outlasts it by more than the
-# writers' 1 s retry on any machine: rank 0 sleeps 15 ms a step, which every rank waits for, so the
-# 300 steps take 4.5 s at least (without it, a run whose windows the full disk skipped finished
+# writers' 1 s retry on any machine: rank 0 sleeps 30 ms a step, which every rank waits for, so the
+# 150 steps take 4.5 s at least (without it, a run whose windows the full disk skipped finished
 # inside the fault, and its step records could not be written at its end).
-LONG_STEPS = 300
+LONG_STEPS = 150
 LONG = [
     "--mode",
     "torch",
@@ -120,7 +120,7 @@ LONG = [
     "--slow-rank",
     "0",
     "--slow-ms",
-    "15",
+    "30",
 ]
 
 
