@@ -263,7 +263,7 @@ def test_the_tensor_parallel_example_names_the_slow_rank_not_the_peer_it_held(tm
     rank 1's host sleeps 120 ms in the middle of forward from step 8 (several times the clean step
     here: a wide margin on 2 shared cores). Rank 0 waits for it at the next all-reduce and then
     reaches its data-parallel all-reduce in backward late by that wait. The watch flags rank 1
-    in forward and no other rank: it matches collectives by the Flight Recorder's group names,
+    in forward and not the held peer: it matches collectives by the Flight Recorder's group names,
     and leaves out the data-parallel all-reduces, whose ranks come from different groups'
     all-reduces. gloo's trace ranges name no group: each trace window has the recorder's
     entries beside it (`<trace>.groups.json`), from which the collector gives every collective
@@ -271,9 +271,10 @@ def test_the_tensor_parallel_example_names_the_slow_rank_not_the_peer_it_held(tm
     all-reduces with another's, and a 60 ms sleeper read 'balanced'). The watch exchanges every
     3 steps, so the traced window holds an exchange, whose entries have no ranges left.
     With a busy loop beside the 4 ranks on 2 cores, a rank released with the sleeper can take
-    10-20 ms longer than its peers to reach its next collective: real time off its core, which
-    the collector measures and may name. Rank 0, the held peer, would read late by the whole
-    sleep if its hold were counted, so any other named rank stays under a quarter of rank 1."""
+    10-20 ms longer than its peers to reach its next collective (23 ms over one of the watch's
+    3-step intervals): real time off its core, which the collector and the watch measure and may
+    name. Rank 0, the held peer, would read late by the whole sleep if its hold were counted, so
+    any other named rank stays under a quarter of rank 1, in the report and in each interval."""
     slow_ms = 120
     args = ["--log-dir", str(tmp_path), "--run-name", "tp", "--steps", "30", "--tp", "2"]
     args += ["--slow-rank", "1", "--slow-ms", str(slow_ms), "--slow-phase", "forward", "--slow-from", "8"]
@@ -281,11 +282,11 @@ def test_the_tensor_parallel_example_names_the_slow_rank_not_the_peer_it_held(tm
     torchrun(args, nproc=4, timeout=300, script=TP_EXAMPLE)
     run = tmp_path / "tp"
     lines = [json.loads(line) for line in watch_path(run).read_text().splitlines()]
-    # every interval of the slow steps flags rank 1 in forward, and no other rank
-    slow = [line for line in lines if line["steps"][0] >= 8]
-    assert slow and all({(s["rank"], s["phase"]) for s in line["stragglers"]} == {(1, "forward")} for line in slow), (
-        lines
-    )
+    # every interval of the slow steps flags rank 1 in forward, and any other rank it flags by far
+    # less (time off its core, not the hold)
+    slow = [{s["rank"]: s for s in line["stragglers"]} for line in lines if line["steps"][0] >= 8]
+    assert slow and all(1 in flags and flags[1]["phase"] == "forward" for flags in slow), lines
+    assert all(s["late_ms"] < flags[1]["late_ms"] / 4 for flags in slow for r, s in flags.items() if r != 1), lines
     # before them nothing is injected: 4 ranks share 2 cores here, and a rank kept off its core can
     # stand over an interval's bound, by far less than the sleep
     assert all(s["late_ms"] < slow_ms / 8 for line in lines if line["steps"][1] < 8 for s in line["stragglers"]), lines
