@@ -31,16 +31,16 @@ the thread off its core, so in a phase that holds collectives this is the rank's
 which the phase's wall time, ending with every rank's at the same collective, is not. With it,
 or with `spans` on (the watch reading arrivals, on either device), `phases_span_ns`: each phase's
 [start, end] on the host's epoch clock (a pair per occurrence), the Flight Recorder's, which
-places the collectives the rank issued in its phases (arrivals.py). On CPU always (where Linux
-keeps schedstat), in the steps `start` is asked to (the steps the profiler traces: the collector
-reads it beside a traced step's lateness, nothing else reads it): `runq_ms`, the calling thread's
-time runnable but waiting for a core since the previous step's end (schedstat.py, read once a
-step, at its end; a step after one not read, from its start): the step and the loop's time before
-it, which together bring the rank to its next collective; what other work on its cores cost it. In a
-distributed run, from comm_wait.py's timer: per phase the time waiting at point-to-point ops
-(`phases_p2p_ms`) and at collectives waited on from Python (`phases_collective_wait_ms`), the
-ranks received from (`phases_recv_from`), and where the step's first point-to-point op was a
-receive, its source (`first_recv_from`).
+places the collectives the rank issued in its phases (arrivals.py). On CPU (where Linux keeps
+schedstat), in the steps opened with `start(..., runq=True)` (Run asks it of the steps the
+profiler traces: the collector reads it beside a traced step's lateness, nothing else reads it):
+`runq_ms`, the calling thread's time runnable but waiting for a core since the previous step's
+end (schedstat.py, read once a step, at its end; a step after one not read, from its start): the
+step and the loop's time before it, which together bring the rank to its next collective; what
+other work on its cores cost it. In a distributed run, from comm_wait.py's timer: per phase the
+time waiting at point-to-point ops (`phases_p2p_ms`) and at collectives waited on from Python
+(`phases_collective_wait_ms`), the ranks received from (`phases_recv_from`), and where the
+step's first point-to-point op was a receive, its source (`first_recv_from`).
 """
 
 from __future__ import annotations
