@@ -31,9 +31,9 @@ def lab_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Run]:
     return get
 
 
-# The longest groups beside the timing jobs (~70 s each: ASan-built native tests, the lab's own
-# runs outside the shared ones)
-LONGEST_FIRST = ("test_sanitize.py", "test_train_runs.py")
+# The longest groups beside the timing jobs (~60-90 s each: harness.Run's example jobs, ASan-built
+# native tests, the lab's own runs outside the shared ones)
+LONGEST_FIRST = ("test_api.py", "test_sanitize.py", "test_train_runs.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the test ids
