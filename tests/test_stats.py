@@ -99,17 +99,20 @@ def test_resident_bytes_reads_what_psutil_reads_and_follows_growth() -> None:
 
 
 def test_memory_is_read_within_its_time_budget_rss_and_heap_together(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A reading taking 20 us is followed by none until 20 us / BUDGET_SHARE (10 ms) have passed;
-    RSS and the heap are read together: RSS less the heap's free bytes needs both of one moment."""
+    """A reading costing 20 us of CPU is followed by none until 20 us / BUDGET_SHARE (10 ms) have
+    passed, however long it took on the wall clock (a descheduled reading is charged its CPU time
+    only); RSS and the heap are read together: RSS less the heap's free bytes needs both of one
+    moment."""
     import torch
 
     sampler = stats.SystemSampler(torch.device("cpu"))
     monkeypatch.setattr(sampler.heap, "read", lambda: {"heap_free_bytes": 1})
     monkeypatch.setattr(sampler.rss, "read", lambda: 5)
     seen = []
-    # the clock at each sample; each reading's two clock calls 20 us apart
+    # the wall clock at each sample; each reading's two CPU-clock calls 20 us apart
     for t in [0.0, 0.005, 0.0099, 0.0101, 0.012, 0.0202]:
-        monkeypatch.setattr(stats.time, "perf_counter", iter([t, t + 20e-6]).__next__)
+        monkeypatch.setattr(stats.time, "perf_counter", lambda t=t: t)
+        monkeypatch.setattr(stats.time, "thread_time", iter([1.0, 1.0 + 20e-6]).__next__)
         out = sampler.sample()
         assert ("rss_bytes" in out) == ("heap_free_bytes" in out), out
         seen.append("rss_bytes" in out)

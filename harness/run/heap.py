@@ -10,7 +10,7 @@ MB a step over 35 steps (no finding), RSS less malloc's free bytes 2.01 +- 0.00,
 `mallinfo2` (glibc >= 2.33) walks every free chunk of every arena under its lock: 58-91 us a
 call in the lab's 1-rank torch, baseline and comm runs here (13-46 ms steps). So the sampler
 (stats.py) reads memory within a TimeBudget of BUDGET_SHARE of the run's time: after a reading
-that took c seconds, the next waits until c / BUDGET_SHARE seconds have passed. Other
+that took c seconds of CPU, the next waits until c / BUDGET_SHARE seconds have passed. Other
 allocators (musl, macOS) have no `mallinfo2`; one preloaded in place of malloc (jemalloc,
 tcmalloc) leaves glibc's counts near zero, so RSS less the free bytes falls back to RSS itself.
 """
@@ -43,22 +43,30 @@ def _load() -> Any:
 
 
 class TimeBudget:
-    """At most `share` of the run's time spent on a read: after a read that took c seconds, the
-    next is due once c / share seconds have passed. `due()` before the read, `spent()` after it."""
+    """At most `share` of the run's time spent on a read: after a read that cost c seconds of this
+    thread's CPU time, the next is due once c / share seconds have passed. `due()` before the
+    read, `spent()` after it. The cost is CPU time, not wall time: a read descheduled halfway (a
+    busy host) would otherwise charge the time another process ran, and one 2 ms wait would put
+    the next reading a second away, past the end of a short run."""
 
     def __init__(self, share: float = BUDGET_SHARE) -> None:
         self.share = share
         self._next_at = -float("inf")
         self._start = 0.0
+        self._cpu_start = 0.0
 
     def due(self) -> bool:
-        """Whether a read is due now; a read that follows is timed from here."""
-        self._start = time.perf_counter()
-        return self._start >= self._next_at
+        """Whether a read is due now; a read that follows is charged from here."""
+        now = time.perf_counter()
+        if now < self._next_at:
+            return False
+        self._start = now
+        self._cpu_start = time.thread_time()
+        return True
 
     def spent(self) -> None:
-        """The read is done: the next waits its cost / share."""
-        self._next_at = self._start + (time.perf_counter() - self._start) / self.share
+        """The read is done: the next waits its CPU time / share."""
+        self._next_at = self._start + (time.thread_time() - self._cpu_start) / self.share
 
 
 class HeapStats:

@@ -203,7 +203,7 @@ class SystemSampler:
 
     Memory: process RSS and, with glibc, the C heap's live and free bytes right after it (heap.py:
     RSS less the free bytes is the series a leak shows in), read together within heap.py's
-    BUDGET_SHARE of the run's time (heap.TimeBudget: after a reading that took c seconds the
+    BUDGET_SHARE of the run's time (heap.TimeBudget: after a reading that cost c seconds of CPU the
     next waits c / BUDGET_SHARE seconds; every step from steps of ~50 ms up, at ~100 us a
     reading right after a step's kernels: bench/RESULTS.md, "Harness and profiler overhead",
     (i)'s parts; a step not read carries neither); on GPU also the peak
