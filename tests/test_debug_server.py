@@ -21,8 +21,8 @@ from jobs import REPO, collect_report, free_port, harness_cmd, job_env, load_tra
 
 STEPS = 120
 # every rank waits for rank 0's 60 ms a step: steps of 60 ms and more, however busy the machine,
-# so the capture's 2 s lead is at most 34 steps. The sleep is ten times the clean step here, so
-# the watch names rank 0 with other jobs beside this one (not a `timing` test).
+# so the capture's 2 s lead is at most 34 steps. The sleep is ~12x the clean step here (~5 ms),
+# so the watch names rank 0 with other jobs beside this one (not a `timing` test).
 JOB = [
     "--mode",
     "baseline",

@@ -108,8 +108,8 @@ def test_collector_prefers_summaries_and_falls_back_to_the_trace(tmp_path: Path)
 
 @pytest.mark.slow
 def test_in_job_summaries_give_the_report_of_the_full_traces(log_dir: Path, tmp_path: Path) -> None:
-    # 100 ms a step, ten times the clean step here: rank 1 is named first with other jobs beside
-    # this one (not a `timing` test)
+    # 100 ms a step, ~12x the clean step here (~8.6 ms): rank 1 is named first with other jobs
+    # beside this one (not a `timing` test)
     run = run_harness(
         [
             "--mode",
